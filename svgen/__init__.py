@@ -1,0 +1,1 @@
+"""svgen: video-attention mask specs compiled to specialized Pallas TPU kernels."""

@@ -1,0 +1,157 @@
+"""Tile classification: EMPTY / BOUNDARY / FULL for every (q tile, kv tile) pair.
+
+Query rows are processed in chunks of whole q tiles. For each chunk, the mask's row bounds
+(`rowsets`) are turned into per-tile counts with two difference arrays:
+  * `full_rows[t, j]`: rows of q tile t whose certainly-allowed keys cover all real keys of
+    kv tile j; the tile is FULL when that is every real row of t;
+  * `touching_rows[t, j]`: rows whose possibly-allowed keys meet kv tile j; the tile is EMPTY
+    when that is zero.
+Both cost O(intervals), never O(rows x tiles). Padding rows and keys are outside every
+interval, so they never make a tile non-empty, and "full" means every *real* pair.
+
+Sound by construction (lo <= keep <= hi); exact when lo == hi, i.e. for built-in primitives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from svgen import ir
+from svgen.analysis.intervals import IntervalSet
+from svgen.analysis.rowsets import RowChunk, row_bounds
+from svgen.layout import SequenceLayout
+from svgen.runtime.kinds import TileKind
+
+# Rows per chunk: bounds the memory of one chunk's intervals (a temporal head emits one
+# interval per frame per row) while keeping NumPy calls large.
+TARGET_ROWS_PER_CHUNK = 1 << 15
+# Above this many undecided pairs, the density of a user predicate is reported as bounds.
+MAX_UNDECIDED_PAIRS = 1 << 27
+
+
+@dataclasses.dataclass(frozen=True)
+class TileGrid:
+    seq_len: int
+    block_q: int
+    block_kv: int
+
+    @property
+    def num_q_blocks(self) -> int:
+        return -(-self.seq_len // self.block_q)
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return -(-self.seq_len // self.block_kv)
+
+    @property
+    def padded_seq_len(self) -> int:
+        return max(self.num_q_blocks * self.block_q, self.num_kv_blocks * self.block_kv)
+
+
+@dataclasses.dataclass(frozen=True)
+class Classification:
+    kinds: np.ndarray  # int8 [num_q_blocks, num_kv_blocks] of TileKind
+    kept_pairs: int  # exact number of allowed real (q, k) pairs (lower bound if not exact)
+    kept_pairs_upper: int  # equal to kept_pairs when exact
+    unproven_tiles: int  # BOUNDARY tiles that a user predicate left undecided
+
+    @property
+    def density_is_exact(self) -> bool:
+        return self.kept_pairs == self.kept_pairs_upper
+
+
+def classify_tiles(mask: ir.Node, layout: SequenceLayout, grid: TileGrid,
+                   progress: Callable[[int, int], None] | None = None) -> Classification:
+    nq, nk = grid.num_q_blocks, grid.num_kv_blocks
+    kinds = np.empty((nq, nk), np.int8)
+    tiles_per_chunk = max(1, TARGET_ROWS_PER_CHUNK // grid.block_q)
+    lower = upper = counted = unproven = undecided_pairs = 0
+    for first_tile in range(0, nq, tiles_per_chunk):
+        last_tile = min(first_tile + tiles_per_chunk, nq)
+        first_row = first_tile * grid.block_q
+        chunk = RowChunk(layout, grid.block_q, grid.block_kv, first_row,
+                         min(last_tile * grid.block_q, layout.seq_len) - first_row)
+        bounds = row_bounds(mask, chunk)
+        real_rows = _real_rows(chunk, first_tile, last_tile)[:, None]
+        full = _full_rows(chunk, bounds.lo, nk) == real_rows
+        touched = _touching_rows(chunk, bounds.hi, nk) > 0
+        kinds[first_tile:last_tile] = np.where(
+            full, TileKind.FULL, np.where(touched, TileKind.BOUNDARY, TileKind.EMPTY))
+        lower += bounds.lo.total_length()
+        upper += bounds.hi.total_length()
+        if not bounds.is_exact:
+            # BOUNDARY tiles that the true mask might make EMPTY (nothing certain in them) or
+            # FULL (everything possible in them): left BOUNDARY for lack of proof.
+            maybe_empty = _touching_rows(chunk, bounds.lo, nk) == 0
+            maybe_full = _full_rows(chunk, bounds.hi, nk) == real_rows
+            unproven += int(np.sum(~full & touched & (maybe_empty | maybe_full)))
+            undecided = bounds.hi.intersection(bounds.lo.complement_within(chunk.universe))
+            undecided_pairs += undecided.total_length()
+            if undecided_pairs <= MAX_UNDECIDED_PAIRS:
+                counted += _count_allowed(mask, chunk, undecided)
+        if progress is not None:
+            progress(last_tile, nq)
+    kept = lower + counted
+    return Classification(kinds, kept, kept if undecided_pairs <= MAX_UNDECIDED_PAIRS else upper,
+                          unproven)
+
+
+def _real_rows(chunk: RowChunk, first_tile: int, last_tile: int) -> np.ndarray:
+    starts = np.arange(first_tile, last_tile) * chunk.block_q
+    return np.minimum(starts + chunk.block_q, chunk.layout.seq_len) - starts
+
+
+def _split_rows(chunk: RowChunk, s: IntervalSet):
+    row = s.starts // chunk.stride
+    base = row * chunk.stride
+    q_tile = (chunk.first_row + row) // chunk.block_q - chunk.first_row // chunk.block_q
+    return q_tile, s.starts - base, s.ends - base
+
+
+def _count_runs(chunk: RowChunk, q_tile, first, last, nk) -> np.ndarray:
+    """counts[t, j] = number of runs [first, last) of q tile t containing kv tile j."""
+    num_tiles = -(-(chunk.first_row % chunk.block_q + chunk.num_rows) // chunk.block_q)
+    keep = last > first
+    width = nk + 1
+    index = np.concatenate([q_tile[keep] * width + first[keep], q_tile[keep] * width + last[keep]])
+    weight = np.concatenate([np.ones(keep.sum()), -np.ones(keep.sum())])
+    diff = np.bincount(index, weight, minlength=num_tiles * width).reshape(num_tiles, width)
+    return np.cumsum(diff, axis=1)[:, :nk].astype(np.int64)
+
+
+def _full_rows(chunk: RowChunk, s: IntervalSet, nk: int) -> np.ndarray:
+    q_tile, start, end = _split_rows(chunk, s)
+    bkv = chunk.block_kv
+    first = -(-start // bkv)
+    # An interval reaching the last real key covers the real part of the last tile.
+    last = np.where(end >= chunk.layout.seq_len, nk, end // bkv)
+    return _count_runs(chunk, q_tile, first, last, nk)
+
+
+def _touching_rows(chunk: RowChunk, s: IntervalSet, nk: int) -> np.ndarray:
+    q_tile, start, end = _split_rows(chunk, s)
+    bkv = chunk.block_kv
+    return _count_runs(chunk, q_tile, start // bkv, -(-end // bkv), nk)
+
+
+def _count_allowed(mask: ir.Node, chunk: RowChunk, pairs: IntervalSet) -> int:
+    """Exactly count allowed pairs among `pairs` (row, key intervals) with the dense oracle."""
+    total = 0
+    lengths = pairs.ends - pairs.starts
+    batch_starts = np.searchsorted(np.cumsum(lengths), np.arange(0, lengths.sum(), 1 << 22))
+    bounds = list(batch_starts) + [len(pairs)]
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        if lo >= hi:
+            continue
+        seg_len = lengths[lo:hi]
+        seg = np.repeat(np.arange(lo, hi), seg_len)
+        offset = np.arange(seg.size) - np.repeat(np.cumsum(seg_len) - seg_len, seg_len)
+        line = pairs.starts[seg] + offset
+        row = line // chunk.stride
+        q = chunk.layout.coordinates(chunk.first_row + row)
+        k = chunk.layout.coordinates(line - row * chunk.stride)
+        total += int(np.count_nonzero(mask.evaluate(q, k)))
+    return total

@@ -1,0 +1,273 @@
+"""Per query row, the keys a mask allows, as interval sets (exact for built-in primitives).
+
+For a chunk of query rows, `row_bounds(node, chunk)` returns two interval sets on the chunk's
+line (see `intervals`): `lo`, keys certainly allowed, and `hi`, keys possibly allowed, with
+lo <= keep <= hi. For built-in primitives and their unions, intersections and complements
+lo == hi exactly: each primitive allows, per query row, a short union of key intervals in
+kernel order (a frame window is one interval, a temporal column one interval per frame), and
+the algebra of interval sets is closed. User predicates contribute sound bounds proven per
+tile (`bounds`), which the same algebra then combines.
+
+Nothing here is proportional to seq_len**2: the work is the number of intervals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from svgen import ir
+from svgen.analysis import bounds as box_bounds
+from svgen.analysis.intervals import IntervalSet, ragged_arange
+from svgen.layout import SequenceLayout
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    lo: IntervalSet  # certainly allowed
+    hi: IntervalSet  # possibly allowed
+
+    @classmethod
+    def exact(cls, s: IntervalSet) -> "Bounds":
+        return cls(s, s)
+
+    @property
+    def is_exact(self) -> bool:
+        return self.lo is self.hi
+
+
+@dataclasses.dataclass
+class RowChunk:
+    """Query rows [first_row, first_row + num_rows) (all real), laid out on one line."""
+
+    layout: SequenceLayout
+    block_q: int
+    block_kv: int
+    first_row: int
+    num_rows: int
+
+    @property
+    def stride(self) -> int:
+        return self.layout.seq_len + 1
+
+    @functools.cached_property
+    def positions(self) -> np.ndarray:
+        return np.arange(self.first_row, self.first_row + self.num_rows, dtype=np.int64)
+
+    @functools.cached_property
+    def coords(self):
+        return self.layout.coordinates(self.positions)
+
+    @functools.cached_property
+    def universe(self) -> IntervalSet:
+        """Every real key of every row."""
+        base = np.arange(self.num_rows, dtype=np.int64) * self.stride
+        return IntervalSet(base, base + self.layout.seq_len)
+
+    def rows_where(self, selected: np.ndarray) -> np.ndarray:
+        return np.flatnonzero(selected)
+
+    def per_row(self, rows: np.ndarray, starts, ends) -> IntervalSet:
+        """Intervals [starts, ends) of key positions for local rows `rows` (clipped)."""
+        seq_len = self.layout.seq_len
+        starts = np.clip(starts, 0, seq_len)
+        ends = np.clip(ends, 0, seq_len)
+        base = rows.astype(np.int64) * self.stride
+        return IntervalSet.normalized(base + starts, base + ends)
+
+
+@functools.singledispatch
+def row_bounds(node, chunk: RowChunk) -> Bounds:
+    raise TypeError(f"no row analysis for {type(node).__name__}")
+
+
+@row_bounds.register
+def _(node: ir.Always, chunk: RowChunk) -> Bounds:
+    return Bounds.exact(chunk.universe if node.value else IntervalSet.empty())
+
+
+def _all_rows(chunk: RowChunk, start: int, end: int) -> Bounds:
+    rows = np.arange(chunk.num_rows)
+    return Bounds.exact(chunk.per_row(rows, np.full(rows.size, start), np.full(rows.size, end)))
+
+
+@row_bounds.register
+def _(node: ir.FirstFrame, chunk: RowChunk) -> Bounds:
+    lay = chunk.layout
+    frames = min(node.frames, lay.frames)
+    return _all_rows(chunk, lay.video_start, lay.video_start + frames * lay.tokens_per_frame)
+
+
+@row_bounds.register
+def _(node: ir.Prefix, chunk: RowChunk) -> Bounds:
+    return _all_rows(chunk, 0, node.tokens)
+
+
+@row_bounds.register
+def _(node: ir.Band, chunk: RowChunk) -> Bounds:
+    rows = np.arange(chunk.num_rows)
+    pos = chunk.positions  # frame-major: the layout's order is the kernel order
+    return Bounds.exact(chunk.per_row(rows, pos - node.width, pos + node.width + 1))
+
+
+@row_bounds.register
+def _(node: ir.Text, chunk: RowChunk) -> Bounds:
+    lay = chunk.layout
+    is_text = chunk.coords.is_text
+    text_rows = chunk.rows_where(is_text)
+    video_rows = chunk.rows_where(~is_text)
+    everything = chunk.per_row(text_rows, np.zeros(text_rows.size), np.full(text_rows.size, lay.seq_len))
+    text_keys = chunk.per_row(video_rows, np.full(video_rows.size, lay.text_start),
+                              np.full(video_rows.size, lay.text_start + lay.text_tokens))
+    return Bounds.exact(everything.union(text_keys))
+
+
+@row_bounds.register
+def _(node: ir.CausalFrames, chunk: RowChunk) -> Bounds:
+    lay = chunk.layout
+    rows = chunk.rows_where(~chunk.coords.is_text)
+    frame = chunk.coords.frame[rows]
+    return Bounds.exact(chunk.per_row(
+        rows, np.full(rows.size, lay.video_start),
+        lay.video_start + (frame + 1) * lay.tokens_per_frame))
+
+
+def _window(center: np.ndarray, radius: int | None, size: int):
+    """Inclusive [lo, hi] of |x - center| <= radius within [0, size)."""
+    if radius is None:
+        return np.zeros_like(center), np.full_like(center, size - 1)
+    return np.maximum(center - radius, 0), np.minimum(center + radius, size - 1)
+
+
+def _video_box_keys(chunk: RowChunk, rows, f_first, f_count, f_step, h_lo, h_hi, w_lo, w_hi,
+                    full_rows: bool, full_cols: bool) -> IntervalSet:
+    """Keys (f, h, w) with f = f_first + j*f_step (j < f_count), h in [h_lo, h_hi], w in [w_lo, w_hi].
+
+    Collapses whole rows (full_cols) and whole frames (full_rows, f_step == 1) into single
+    intervals, so a frame window costs one interval per row and a temporal column one per frame.
+    """
+    lay = chunk.layout
+    s, width, v0 = lay.tokens_per_frame, lay.width, lay.video_start
+    f_count = np.maximum(f_count, 0)
+    if full_cols and full_rows and f_step == 1:
+        start = v0 + f_first * s
+        return chunk.per_row(rows, start, start + f_count * s)
+    if full_cols:
+        h_count = np.ones_like(f_count)
+    else:
+        h_count = h_hi - h_lo + 1
+    counts = f_count * h_count
+    which = np.repeat(np.arange(rows.size), counts)
+    within = ragged_arange(counts)
+    hc = h_count[which]
+    frame = f_first[which] + (within // hc) * f_step
+    if full_cols:
+        start = v0 + frame * s + h_lo[which] * width
+        end = v0 + frame * s + (h_hi[which] + 1) * width
+    else:
+        row = h_lo[which] + within % hc
+        start = v0 + frame * s + row * width + w_lo[which]
+        end = v0 + frame * s + row * width + w_hi[which] + 1
+    return chunk.per_row(rows[which], start, end)
+
+
+def _covers(radius: int | None, size: int) -> bool:
+    return radius is None or radius >= size - 1
+
+
+@row_bounds.register
+def _(node: ir.SpatialWindow, chunk: RowChunk) -> Bounds:
+    lay = chunk.layout
+    rows = chunk.rows_where(~chunk.coords.is_text)
+    c = chunk.coords
+    f_lo, f_hi = _window(c.frame[rows], node.frames, lay.frames)
+    h_lo, h_hi = _window(c.row[rows], node.rows, lay.height)
+    w_lo, w_hi = _window(c.col[rows], node.cols, lay.width)
+    return Bounds.exact(_video_box_keys(
+        chunk, rows, f_lo, f_hi - f_lo + 1, 1, h_lo, h_hi, w_lo, w_hi,
+        full_rows=_covers(node.rows, lay.height), full_cols=_covers(node.cols, lay.width)))
+
+
+@row_bounds.register
+def _(node: ir.TemporalStride, chunk: RowChunk) -> Bounds:
+    lay = chunk.layout
+    rows = chunk.rows_where(~chunk.coords.is_text)
+    c = chunk.coords
+    frame = c.frame[rows]
+    f_lo, f_hi = _window(frame, node.frames, lay.frames)
+    # Frames congruent to the query's frame modulo the stride, inside [f_lo, f_hi].
+    f_first = frame - (frame - f_lo) // node.stride * node.stride
+    f_count = (f_hi - f_first) // node.stride + 1
+    h_lo, h_hi = _window(c.row[rows], node.rows, lay.height)
+    w_lo, w_hi = _window(c.col[rows], node.cols, lay.width)
+    return Bounds.exact(_video_box_keys(
+        chunk, rows, f_first, f_count, node.stride, h_lo, h_hi, w_lo, w_hi,
+        full_rows=_covers(node.rows, lay.height), full_cols=_covers(node.cols, lay.width)))
+
+
+@row_bounds.register
+def _(node: ir.Predicate, chunk: RowChunk) -> Bounds:
+    lay = chunk.layout
+    bq, bkv = chunk.block_q, chunk.block_kv
+    q_tiles = np.arange(chunk.first_row // bq, (chunk.first_row + chunk.num_rows - 1) // bq + 1)
+    k_tiles = np.arange(-(-lay.seq_len // bkv))
+    proven_true, proven_false = box_bounds.classify_predicate(
+        node.expr,
+        box_bounds.tile_boxes(lay, bq, range(q_tiles[0], q_tiles[-1] + 1)),
+        _kv_boxes(lay, bkv), q_tiles, k_tiles)
+    return Bounds(_tile_runs_to_rows(chunk, q_tiles, proven_true),
+                  _tile_runs_to_rows(chunk, q_tiles, ~proven_false))
+
+
+@functools.lru_cache(maxsize=8)
+def _kv_boxes(layout: SequenceLayout, block_kv: int):
+    return box_bounds.tile_boxes(layout, block_kv, range(-(-layout.seq_len // block_kv)))
+
+
+def _tile_runs_to_rows(chunk: RowChunk, q_tiles: np.ndarray, allowed: np.ndarray) -> IntervalSet:
+    """Per row, the keys of the kv tiles `allowed[q tile of the row]`."""
+    padded = np.zeros((allowed.shape[0], allowed.shape[1] + 2), bool)
+    padded[:, 1:-1] = allowed
+    edges = np.diff(padded.astype(np.int8), axis=1)
+    tile_idx, run_start = np.nonzero(edges == 1)
+    _, run_end = np.nonzero(edges == -1)
+    bq, bkv = chunk.block_q, chunk.block_kv
+    rows_of_tile = []
+    for t in q_tiles:
+        lo = max(t * bq, chunk.first_row) - chunk.first_row
+        hi = min((t + 1) * bq, chunk.first_row + chunk.num_rows) - chunk.first_row
+        rows_of_tile.append((lo, hi))
+    rows_of_tile = np.array(rows_of_tile, np.int64)
+    counts = rows_of_tile[tile_idx, 1] - rows_of_tile[tile_idx, 0]
+    run = np.repeat(np.arange(tile_idx.size), counts)
+    rows = rows_of_tile[tile_idx[run], 0] + ragged_arange(counts)
+    return chunk.per_row(rows, run_start[run] * bkv, run_end[run] * bkv)
+
+
+@row_bounds.register
+def _(node: ir.AnyOf, chunk: RowChunk) -> Bounds:
+    parts = [row_bounds(c, chunk) for c in node.children]
+    lo = functools.reduce(IntervalSet.union, (p.lo for p in parts))
+    if all(p.is_exact for p in parts):
+        return Bounds.exact(lo)
+    return Bounds(lo, functools.reduce(IntervalSet.union, (p.hi for p in parts)))
+
+
+@row_bounds.register
+def _(node: ir.AllOf, chunk: RowChunk) -> Bounds:
+    parts = [row_bounds(c, chunk) for c in node.children]
+    lo = functools.reduce(IntervalSet.intersection, (p.lo for p in parts))
+    if all(p.is_exact for p in parts):
+        return Bounds.exact(lo)
+    return Bounds(lo, functools.reduce(IntervalSet.intersection, (p.hi for p in parts)))
+
+
+@row_bounds.register
+def _(node: ir.Not, chunk: RowChunk) -> Bounds:
+    inner = row_bounds(node.child, chunk)
+    hi = inner.lo.complement_within(chunk.universe)
+    if inner.is_exact:
+        return Bounds.exact(hi)
+    return Bounds(inner.hi.complement_within(chunk.universe), hi)

@@ -1,0 +1,47 @@
+"""User-facing errors raised while reading and checking specs."""
+
+from __future__ import annotations
+
+
+class SpecError(Exception):
+    """One clear, user-facing error in a spec: file, line, column, key path, message.
+
+    ``str(error)`` reads ``file:line:column: key: message``; parts that are ``None``
+    are left out (``file: key: message``, ``key: message`` or just ``message``).
+    ``line`` and ``column`` are 1-based.
+    """
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
+                 column: int | None = None, key: str | None = None):
+        self.message = message
+        self.file = file
+        self.line = line
+        self.column = column
+        self.key = key
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = ""
+        if self.file is not None:
+            where = str(self.file)
+        if self.line is not None:
+            where = f"{where}:{self.line}" if where else str(self.line)
+            if self.column is not None:
+                where = f"{where}:{self.column}"
+        parts = []
+        if where:
+            parts.append(where)
+        if self.key:
+            parts.append(self.key)
+        parts.append(self.message)
+        return ": ".join(parts)
+
+    def __str__(self) -> str:
+        return self._format()
+
+    def __reduce__(self):
+        return (_rebuild_spec_error, (self.message, self.file, self.line, self.column, self.key))
+
+
+def _rebuild_spec_error(message, file, line, column, key):
+    return SpecError(message, file=file, line=line, column=column, key=key)

@@ -1,0 +1,398 @@
+"""A whitelist parser for user mask predicates, producing sympy expressions.
+
+The user's text is never handed to ``eval``, ``sympify``, ``parse_expr`` or Python's
+``ast``: a small tokenizer and a recursive-descent parser accept only the grammar below
+and build the sympy tree directly.
+
+Grammar (Python-like precedence, lowest first)::
+
+    or_expr    := and_expr ('or' and_expr)*
+    and_expr   := not_expr ('and' not_expr)*
+    not_expr   := 'not' not_expr | comparison
+    comparison := sum (('<' | '<=' | '>' | '>=' | '==' | '!=') sum)*   # chained like Python
+    sum        := term (('+' | '-') term)*
+    term       := unary (('*' | '//' | '%') unary)*
+    unary      := ('-' | '+') unary | atom
+    atom       := INT | NAME | 'true' | 'false' | ('abs' | 'min' | 'max') '(' args ')' | '(' or_expr ')'
+
+Every sub-expression is an integer or a boolean; mixing them is a syntax error, except
+that a bare ``is_text_q`` / ``is_text_k`` where a boolean is needed means ``== 1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+__all__ = [
+    "SYMBOLS",
+    "FloorDiv",
+    "FloorMod",
+    "ExprSyntaxError",
+    "parse_predicate",
+    "free_symbol_names",
+]
+
+_SYMBOL_NAMES = ("f_q", "h_q", "w_q", "f_k", "h_k", "w_k", "i_q", "i_k", "is_text_q", "is_text_k")
+
+#: The only names a predicate may use. f/h/w: frame/row/column of a video token;
+#: i: position in the layout order; is_text: 1 for a text token, else 0.
+SYMBOLS: dict[str, sympy.Symbol] = {
+    name: sympy.Symbol(name, integer=True, nonnegative=True) for name in _SYMBOL_NAMES
+}
+
+_BOOL_COERCIBLE = frozenset({"is_text_q", "is_text_k"})
+_FUNCTIONS = ("abs", "min", "max")
+_KEYWORDS = frozenset({"and", "or", "not", "true", "false"})
+
+
+class FloorDiv(sympy.Function):
+    """``a // b`` with Python (floor) semantics; folds only for two integer literals."""
+
+    nargs = 2
+
+    @classmethod
+    def eval(cls, a, b):
+        if isinstance(a, sympy.Integer) and isinstance(b, sympy.Integer) and b != 0:
+            return sympy.Integer(int(a) // int(b))
+        return None
+
+    def _eval_is_integer(self):
+        return True
+
+
+class FloorMod(sympy.Function):
+    """``a % b`` with Python (floor) semantics; folds only for two integer literals."""
+
+    nargs = 2
+
+    @classmethod
+    def eval(cls, a, b):
+        if isinstance(a, sympy.Integer) and isinstance(b, sympy.Integer) and b != 0:
+            return sympy.Integer(int(a) % int(b))
+        return None
+
+    def _eval_is_integer(self):
+        return True
+
+    def _eval_is_nonnegative(self):
+        if self.args[1].is_positive:
+            return True
+        return None
+
+
+class ExprSyntaxError(ValueError):
+    """A predicate that does not parse or type-check.
+
+    ``offset`` is the 0-based character offset into the text where the problem is.
+    """
+
+    def __init__(self, message: str, offset: int):
+        self.message = message
+        self.offset = offset
+        super().__init__(f"{message} (at offset {offset})")
+
+
+# ----------------------------------------------------------------------------- tokens
+
+@dataclass(frozen=True)
+class _Tok:
+    kind: str  # "int", "name", "op", "end"
+    text: str
+    offset: int
+
+
+_TWO_CHAR_OPS = ("<=", ">=", "==", "!=", "//")
+_ONE_CHAR_OPS = "<>+-*%(),"
+
+
+def _describe_tok(tok: _Tok) -> str:
+    if tok.kind == "end":
+        return "the end of the expression"
+    return f"'{tok.text}'"
+
+
+def _tokenize(text: str) -> list[_Tok]:
+    toks: list[_Tok] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in " \t\r\n":
+            i += 1
+            continue
+        if c.isdigit() and c.isascii():
+            j = i
+            while j < n and text[j].isascii() and text[j].isdigit():
+                j += 1
+            if j < n and (text[j].isalpha() or text[j] == "_" or text[j] == "."):
+                raise ExprSyntaxError(
+                    f"invalid number '{text[i:j + 1]}': only non-negative integer literals are allowed", i)
+            if j - i > 1 and text[i] == "0":
+                raise ExprSyntaxError(f"invalid number '{text[i:j]}': leading zeros are not allowed", i)
+            toks.append(_Tok("int", text[i:j], i))
+            i = j
+            continue
+        if (c.isascii() and c.isalpha()) or c == "_":
+            j = i
+            while j < n and text[j].isascii() and (text[j].isalnum() or text[j] == "_"):
+                j += 1
+            toks.append(_Tok("name", text[i:j], i))
+            i = j
+            continue
+        two = text[i:i + 2]
+        if two in _TWO_CHAR_OPS:
+            toks.append(_Tok("op", two, i))
+            i += 2
+            continue
+        if two in ("&&", "||"):
+            word = "and" if two == "&&" else "or"
+            raise ExprSyntaxError(f"unexpected '{two}'; use '{word}'", i)
+        if c in _ONE_CHAR_OPS:
+            toks.append(_Tok("op", c, i))
+            i += 1
+            continue
+        if c == "/":
+            raise ExprSyntaxError("'/' is not supported; use '//' for floor division", i)
+        if c == "=":
+            raise ExprSyntaxError("unexpected '='; use '==' to compare", i)
+        if c == "!":
+            raise ExprSyntaxError("unexpected '!'; use 'not' or '!='", i)
+        if c == "&":
+            raise ExprSyntaxError("unexpected '&'; use 'and'", i)
+        if c == "|":
+            raise ExprSyntaxError("unexpected '|'; use 'or'", i)
+        raise ExprSyntaxError(f"unexpected character {c!r}", i)
+    toks.append(_Tok("end", "", n))
+    return toks
+
+
+# ----------------------------------------------------------------------------- parser
+
+@dataclass(frozen=True)
+class _Val:
+    expr: sympy.Basic
+    is_bool: bool
+    offset: int
+    text_flag: bool = False  # a bare is_text_q / is_text_k (may be read as a boolean)
+
+
+class _Parser:
+    def __init__(self, text: str):
+        self.text = text
+        self.toks = _tokenize(text)
+        self.pos = 0
+
+    # -- helpers
+    @property
+    def tok(self) -> _Tok:
+        return self.toks[self.pos]
+
+    def _at_op(self, *ops: str) -> bool:
+        t = self.tok
+        return t.kind == "op" and t.text in ops
+
+    def _at_kw(self, kw: str) -> bool:
+        t = self.tok
+        return t.kind == "name" and t.text == kw
+
+    def _advance(self) -> _Tok:
+        t = self.tok
+        self.pos += 1
+        return t
+
+    @staticmethod
+    def _as_bool(v: _Val, message: str) -> sympy.Basic:
+        if v.is_bool:
+            return v.expr
+        if v.text_flag:
+            return sympy.Eq(v.expr, 1)
+        raise ExprSyntaxError(message, v.offset)
+
+    @staticmethod
+    def _as_int(v: _Val, message: str) -> sympy.Basic:
+        if v.is_bool:
+            raise ExprSyntaxError(message, v.offset)
+        return v.expr
+
+    # -- grammar
+    def parse(self) -> sympy.Basic:
+        if self.tok.kind == "end":
+            raise ExprSyntaxError("empty predicate: expected a boolean expression", 0)
+        v = self._or()
+        t = self.tok
+        if t.kind != "end":
+            if t.kind == "op" and t.text == ")":
+                raise ExprSyntaxError("unbalanced ')': no matching '('", t.offset)
+            raise ExprSyntaxError(f"unexpected {_describe_tok(t)} after a complete expression", t.offset)
+        if not v.is_bool and not v.text_flag:
+            raise ExprSyntaxError(
+                "the predicate must be a boolean expression, got an integer expression", v.offset)
+        return self._as_bool(v, "")
+
+    def _or(self) -> _Val:
+        first = self._and()
+        if not self._at_kw("or"):
+            return first
+        parts = [self._as_bool(first, "'or' needs boolean operands")]
+        while self._at_kw("or"):
+            self._advance()
+            parts.append(self._as_bool(self._and(), "'or' needs boolean operands"))
+        return _Val(sympy.Or(*parts), True, first.offset)
+
+    def _and(self) -> _Val:
+        first = self._not()
+        if not self._at_kw("and"):
+            return first
+        parts = [self._as_bool(first, "'and' needs boolean operands")]
+        while self._at_kw("and"):
+            self._advance()
+            parts.append(self._as_bool(self._not(), "'and' needs boolean operands"))
+        return _Val(sympy.And(*parts), True, first.offset)
+
+    def _not(self) -> _Val:
+        if self._at_kw("not"):
+            t = self._advance()
+            inner = self._not()
+            return _Val(sympy.Not(self._as_bool(inner, "'not' needs a boolean operand")), True, t.offset)
+        return self._comparison()
+
+    _REL = {"<": sympy.Lt, "<=": sympy.Le, ">": sympy.Gt, ">=": sympy.Ge, "==": sympy.Eq, "!=": sympy.Ne}
+
+    def _comparison(self) -> _Val:
+        first = self._sum()
+        if not self._at_op(*self._REL):
+            return first
+        msg = "comparison needs integer operands"
+        left = self._as_int(first, msg)
+        parts = []
+        while self._at_op(*self._REL):
+            op = self._advance().text
+            right_v = self._sum()
+            right = self._as_int(right_v, msg)
+            parts.append(self._REL[op](left, right))
+            left = right
+        return _Val(sympy.And(*parts) if len(parts) > 1 else parts[0], True, first.offset)
+
+    def _sum(self) -> _Val:
+        acc = self._term()
+        while self._at_op("+", "-"):
+            op = self._advance().text
+            msg = f"'{op}' needs integer operands"
+            left = self._as_int(acc, msg)
+            right = self._as_int(self._term(), msg)
+            expr = left + right if op == "+" else left - right
+            acc = _Val(expr, False, acc.offset)
+        return acc
+
+    def _term(self) -> _Val:
+        acc = self._unary()
+        while self._at_op("*", "//", "%"):
+            op = self._advance().text
+            msg = f"'{op}' needs integer operands"
+            left = self._as_int(acc, msg)
+            right_v = self._unary()
+            right = self._as_int(right_v, msg)
+            if op == "*":
+                expr = left * right
+            else:
+                if not (isinstance(right, sympy.Integer) and right > 0):
+                    raise ExprSyntaxError(
+                        f"divisor of '{op}' must be a positive integer literal", right_v.offset)
+                expr = FloorDiv(left, right) if op == "//" else FloorMod(left, right)
+            acc = _Val(expr, False, acc.offset)
+        return acc
+
+    def _unary(self) -> _Val:
+        if self._at_op("-", "+"):
+            t = self._advance()
+            inner = self._unary()
+            e = self._as_int(inner, f"unary '{t.text}' needs an integer operand")
+            return _Val(-e if t.text == "-" else e, False, t.offset)
+        return self._atom()
+
+    def _atom(self) -> _Val:
+        t = self.tok
+        if t.kind == "int":
+            self._advance()
+            return _Val(sympy.Integer(int(t.text)), False, t.offset)
+        if t.kind == "op" and t.text == "(":
+            self._advance()
+            inner = self._or()
+            if not self._at_op(")"):
+                if self.tok.kind == "end":
+                    raise ExprSyntaxError("unbalanced '(': missing ')'", t.offset)
+                raise ExprSyntaxError(f"expected ')' but got {_describe_tok(self.tok)}", self.tok.offset)
+            self._advance()
+            return _Val(inner.expr, inner.is_bool, t.offset, inner.text_flag)
+        if t.kind == "name":
+            name = t.text
+            if name == "true" or name == "false":
+                self._advance()
+                return _Val(sympy.true if name == "true" else sympy.false, True, t.offset)
+            if name in _FUNCTIONS:
+                return self._call()
+            if name in SYMBOLS:
+                self._advance()
+                return _Val(SYMBOLS[name], False, t.offset, name in _BOOL_COERCIBLE)
+            if name in _KEYWORDS:
+                raise ExprSyntaxError(f"expected an operand but got '{name}'", t.offset)
+            nxt = self.toks[self.pos + 1]
+            if nxt.kind == "op" and nxt.text == "(":
+                raise ExprSyntaxError(
+                    f"unknown function '{name}'; allowed functions: {', '.join(_FUNCTIONS)}", t.offset)
+            raise ExprSyntaxError(
+                f"unknown name '{name}'; allowed names: {', '.join(_SYMBOL_NAMES)}", t.offset)
+        if t.kind == "end":
+            raise ExprSyntaxError("unexpected end of expression: expected an operand", t.offset)
+        if t.kind == "op" and t.text == ")":
+            raise ExprSyntaxError("unexpected ')': expected an operand", t.offset)
+        raise ExprSyntaxError(f"unexpected '{t.text}': expected an operand", t.offset)
+
+    def _call(self) -> _Val:
+        name_tok = self._advance()
+        name = name_tok.text
+        if not self._at_op("("):
+            raise ExprSyntaxError(f"'{name}' is a function; call it as {name}(...)", name_tok.offset)
+        open_tok = self._advance()
+        args: list[_Val] = []
+        if self._at_op(")"):
+            self._advance()
+        else:
+            while True:
+                args.append(self._or())
+                if self._at_op(","):
+                    self._advance()
+                    continue
+                if self._at_op(")"):
+                    self._advance()
+                    break
+                if self.tok.kind == "end":
+                    raise ExprSyntaxError("unbalanced '(': missing ')'", open_tok.offset)
+                raise ExprSyntaxError(
+                    f"expected ',' or ')' in {name}(...) but got {_describe_tok(self.tok)}", self.tok.offset)
+        if name == "abs":
+            if len(args) != 1:
+                raise ExprSyntaxError(f"abs() takes exactly 1 argument, got {len(args)}", name_tok.offset)
+            e = self._as_int(args[0], "abs() needs an integer argument")
+            return _Val(sympy.Abs(e), False, name_tok.offset)
+        if len(args) < 2:
+            raise ExprSyntaxError(f"{name}() needs at least 2 arguments, got {len(args)}", name_tok.offset)
+        es = [self._as_int(a, f"{name}() needs integer arguments") for a in args]
+        fn = sympy.Min if name == "min" else sympy.Max
+        return _Val(fn(*es), False, name_tok.offset)
+
+
+def parse_predicate(text: str) -> sympy.Basic:
+    """Parse a user predicate into a sympy Boolean (possibly ``sympy.true``/``false``).
+
+    Raises ``ExprSyntaxError`` (with ``message`` and 0-based ``offset``) on any problem.
+    """
+    if not isinstance(text, str):
+        raise ExprSyntaxError(f"the predicate must be a string, got {type(text).__name__}", 0)
+    return _Parser(text).parse()
+
+
+def free_symbol_names(expr: sympy.Basic) -> tuple[str, ...]:
+    """The names of the free symbols of ``expr``, sorted."""
+    return tuple(sorted(s.name for s in expr.free_symbols))

@@ -1,0 +1,460 @@
+"""The mask algebra: a few hashable nodes that every spec desugars to.
+
+Each node knows three things about itself:
+  * `evaluate(q, k)`: the brute-force oracle, keep(q, k) on NumPy coordinate arrays, written
+    straight from the documented semantics (tests check everything else against it);
+  * `predicate()`: the same predicate as a sympy boolean over the coordinate symbols of
+    `svgen.expr`; code generation prints it as the boundary-tile mask;
+  * `describe()`: the pattern in words, for the generated docstring.
+Tile classification of nodes lives in `svgen.analysis`, which dispatches on the node types.
+
+`lower(spec)` resolves named patterns (a networkx dependency graph: unknown names and cycles
+are errors naming the chain), desugars spec terms to nodes and simplifies the result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Union
+
+import networkx as nx
+import numpy as np
+import sympy
+
+from svgen.errors import SpecError
+from svgen.expr import SYMBOLS, FloorDiv, FloorMod
+from svgen.layout import Coordinates
+from svgen.spec import MaskTerm, Spec
+
+_S = SYMBOLS
+
+
+def _video_pair():
+    return sympy.And(sympy.Eq(_S["is_text_q"], 0), sympy.Eq(_S["is_text_k"], 0))
+
+
+def _within(a, b, bound):
+    """|a - b| <= bound, or True when unbounded."""
+    return sympy.true if bound is None else sympy.Le(sympy.Abs(a - b), bound)
+
+
+def _both_video(q: Coordinates, k: Coordinates) -> np.ndarray:
+    return ~q.is_text & ~k.is_text
+
+
+def _near(a: np.ndarray, b: np.ndarray, bound: int | None) -> np.ndarray:
+    return np.ones(np.broadcast_shapes(a.shape, b.shape), bool) if bound is None else (
+        np.abs(a - b) <= bound
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Always:
+    """Every pair (value=True) or none (value=False)."""
+
+    value: bool
+
+    def evaluate(self, q, k):
+        return np.full(np.broadcast_shapes(q.index.shape, k.index.shape), self.value)
+
+    def predicate(self):
+        return sympy.true if self.value else sympy.false
+
+    def describe(self):
+        return "every pair" if self.value else "no pair"
+
+
+@dataclasses.dataclass(frozen=True)
+class FirstFrame:
+    """k is a video token of the first `frames` frames (any query, text queries included)."""
+
+    frames: int
+
+    def evaluate(self, q, k):
+        return np.broadcast_to(~k.is_text & (k.frame < self.frames),
+                               np.broadcast_shapes(q.index.shape, k.index.shape))
+
+    def predicate(self):
+        return sympy.And(sympy.Eq(_S["is_text_k"], 0), sympy.Lt(_S["f_k"], self.frames))
+
+    def describe(self):
+        return f"every query attends the first {self.frames} frame(s)"
+
+
+@dataclasses.dataclass(frozen=True)
+class SpatialWindow:
+    """Both video, |df| <= frames, |dh| <= rows, |dw| <= cols (None = unbounded)."""
+
+    frames: int
+    rows: int | None
+    cols: int | None
+
+    def evaluate(self, q, k):
+        return (_both_video(q, k) & _near(q.frame, k.frame, self.frames)
+                & _near(q.row, k.row, self.rows) & _near(q.col, k.col, self.cols))
+
+    def predicate(self):
+        return sympy.And(_video_pair(), _within(_S["f_q"], _S["f_k"], self.frames),
+                         _within(_S["h_q"], _S["h_k"], self.rows),
+                         _within(_S["w_q"], _S["w_k"], self.cols))
+
+    def describe(self):
+        parts = [f"|frame difference| <= {self.frames}"]
+        if self.rows is not None:
+            parts.append(f"|row difference| <= {self.rows}")
+        if self.cols is not None:
+            parts.append(f"|column difference| <= {self.cols}")
+        return "spatial window: video pairs with " + ", ".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class TemporalStride:
+    """Both video, |dh| <= rows, |dw| <= cols, df = 0 mod stride, |df| <= frames."""
+
+    rows: int
+    cols: int
+    stride: int
+    frames: int | None
+
+    def evaluate(self, q, k):
+        df = q.frame - k.frame
+        return (_both_video(q, k) & _near(q.row, k.row, self.rows)
+                & _near(q.col, k.col, self.cols) & (df % self.stride == 0)
+                & _near(q.frame, k.frame, self.frames))
+
+    def predicate(self):
+        df = _S["f_q"] - _S["f_k"]
+        on_stride = sympy.true if self.stride == 1 else sympy.Eq(FloorMod(df, self.stride), 0)
+        return sympy.And(_video_pair(), _within(_S["h_q"], _S["h_k"], self.rows),
+                         _within(_S["w_q"], _S["w_k"], self.cols), on_stride,
+                         _within(_S["f_q"], _S["f_k"], self.frames))
+
+    def describe(self):
+        where = ("the same position" if self.rows == 0 and self.cols == 0 else
+                 f"positions within {self.rows} row(s) and {self.cols} column(s)")
+        frames = "every frame" if self.frames is None else f"frames within {self.frames}"
+        stride = "" if self.stride == 1 else f", every {self.stride}th frame"
+        return f"temporal: video pairs at {where}, {frames}{stride}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Band:
+    """|i_q - i_k| <= width, i = position in the layout's order (text included)."""
+
+    width: int
+
+    def evaluate(self, q, k):
+        return np.abs(q.index - k.index) <= self.width
+
+    def predicate(self):
+        return sympy.Le(sympy.Abs(_S["i_q"] - _S["i_k"]), self.width)
+
+    def describe(self):
+        return f"band: |position difference| <= {self.width}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Prefix:
+    """The key's position in the layout's order is < tokens."""
+
+    tokens: int
+
+    def evaluate(self, q, k):
+        return np.broadcast_to(k.index < self.tokens,
+                               np.broadcast_shapes(q.index.shape, k.index.shape))
+
+    def predicate(self):
+        return sympy.Lt(_S["i_k"], self.tokens)
+
+    def describe(self):
+        return f"every query attends the first {self.tokens} positions"
+
+
+@dataclasses.dataclass(frozen=True)
+class Text:
+    """q or k is a text token."""
+
+    def evaluate(self, q, k):
+        return q.is_text | k.is_text
+
+    def predicate(self):
+        return sympy.Or(sympy.Eq(_S["is_text_q"], 1), sympy.Eq(_S["is_text_k"], 1))
+
+    def describe(self):
+        return "text tokens attend and are attended globally"
+
+
+@dataclasses.dataclass(frozen=True)
+class CausalFrames:
+    """Both video and f_k <= f_q."""
+
+    def evaluate(self, q, k):
+        return _both_video(q, k) & (k.frame <= q.frame)
+
+    def predicate(self):
+        return sympy.And(_video_pair(), sympy.Le(_S["f_k"], _S["f_q"]))
+
+    def describe(self):
+        return "causal over frames: video keys of the same or earlier frames"
+
+
+@dataclasses.dataclass(frozen=True)
+class Predicate:
+    """A user `expr`, parsed by svgen.expr into sympy; `source` is the user's text."""
+
+    source: str
+    expr: sympy.Basic = dataclasses.field(compare=False, hash=False, repr=False)
+
+    def evaluate(self, q, k):
+        return np.broadcast_to(evaluate_sympy(self.expr, q, k),
+                               np.broadcast_shapes(q.index.shape, k.index.shape))
+
+    def predicate(self):
+        return self.expr
+
+    def describe(self):
+        return f"expr: {self.source}"
+
+
+@dataclasses.dataclass(frozen=True)
+class AnyOf:
+    children: tuple["Node", ...]
+
+    def evaluate(self, q, k):
+        return np.logical_or.reduce([c.evaluate(q, k) for c in self.children])
+
+    def predicate(self):
+        return sympy.Or(*(c.predicate() for c in self.children))
+
+    def describe(self):
+        return "any of: " + "; ".join(c.describe() for c in self.children)
+
+
+@dataclasses.dataclass(frozen=True)
+class AllOf:
+    children: tuple["Node", ...]
+
+    def evaluate(self, q, k):
+        return np.logical_and.reduce([c.evaluate(q, k) for c in self.children])
+
+    def predicate(self):
+        return sympy.And(*(c.predicate() for c in self.children))
+
+    def describe(self):
+        return "all of: " + "; ".join(c.describe() for c in self.children)
+
+
+@dataclasses.dataclass(frozen=True)
+class Not:
+    child: "Node"
+
+    def evaluate(self, q, k):
+        return ~self.child.evaluate(q, k)
+
+    def predicate(self):
+        return sympy.Not(self.child.predicate())
+
+    def describe(self):
+        return f"not ({self.child.describe()})"
+
+
+Node = Union[Always, FirstFrame, SpatialWindow, TemporalStride, Band, Prefix, Text,
+             CausalFrames, Predicate, AnyOf, AllOf, Not]
+PRIMITIVES = (FirstFrame, SpatialWindow, TemporalStride, Band, Prefix, Text, CausalFrames,
+              Predicate)
+
+
+# ---------------------------------------------------------------------------------------------
+# The oracle for user predicates: sympy -> NumPy, Python integer semantics.
+
+_COORD_OF_SYMBOL = {
+    "f": "frame", "h": "row", "w": "col", "i": "index",
+}
+
+
+def _symbol_value(name: str, q: Coordinates, k: Coordinates):
+    if name.startswith("is_text_"):
+        side = q if name.endswith("_q") else k
+        return side.is_text.astype(np.int64)
+    coord, side = name.split("_")
+    return getattr(q if side == "q" else k, _COORD_OF_SYMBOL[coord])
+
+
+def evaluate_sympy(expr: sympy.Basic, q: Coordinates, k: Coordinates):
+    """Evaluate a predicate or integer expression of svgen.expr on coordinate arrays."""
+
+    def ev(e):
+        if e is sympy.true or e is sympy.false:
+            return np.bool_(bool(e))
+        if isinstance(e, sympy.Symbol):
+            return _symbol_value(e.name, q, k)
+        if isinstance(e, sympy.Integer):
+            return np.int64(int(e))
+        args = [ev(a) for a in e.args]
+        if isinstance(e, sympy.Add):
+            return sum(args[1:], args[0])
+        if isinstance(e, sympy.Mul):
+            out = args[0]
+            for a in args[1:]:
+                out = out * a
+            return out
+        if isinstance(e, sympy.Abs):
+            return np.abs(args[0])
+        if isinstance(e, sympy.Min):
+            return np.minimum.reduce(np.broadcast_arrays(*args))
+        if isinstance(e, sympy.Max):
+            return np.maximum.reduce(np.broadcast_arrays(*args))
+        if isinstance(e, FloorDiv):
+            return args[0] // args[1]
+        if isinstance(e, FloorMod):
+            return args[0] % args[1]
+        relations = {sympy.Eq: np.equal, sympy.Ne: np.not_equal, sympy.Lt: np.less,
+                     sympy.Le: np.less_equal, sympy.Gt: np.greater, sympy.Ge: np.greater_equal}
+        for cls, fn in relations.items():
+            if isinstance(e, cls):
+                return fn(args[0], args[1])
+        if isinstance(e, sympy.And):
+            return np.logical_and.reduce(np.broadcast_arrays(*args))
+        if isinstance(e, sympy.Or):
+            return np.logical_or.reduce(np.broadcast_arrays(*args))
+        if isinstance(e, sympy.Not):
+            return np.logical_not(args[0])
+        raise TypeError(f"unsupported expression node {type(e).__name__}: {e}")
+
+    return ev(expr)
+
+
+# ---------------------------------------------------------------------------------------------
+# Lowering: spec terms -> nodes.
+
+def band_width_from_density(density: float, video_tokens: int) -> int:
+    """w = 128 * ceil(N * (1 - sqrt(1 - d)) / 128): the TPU port's rule (N = video tokens)."""
+    return 128 * math.ceil(video_tokens * (1.0 - math.sqrt(1.0 - density)) / 128)
+
+
+def _where(term: MaskTerm) -> dict:
+    w = term.where
+    return {} if w is None else {"file": w.file, "line": w.line, "column": w.column, "key": w.key}
+
+
+def lower(spec: Spec) -> Node:
+    """The spec's mask as a simplified node, named patterns resolved."""
+    patterns = dict(spec.patterns)
+    order = _pattern_order(spec, patterns)
+    lowered: dict[str, Node] = {}
+    for name in order:
+        lowered[name] = _lower_term(patterns[name], spec, lowered)
+    return simplify(_lower_term(spec.mask, spec, lowered))
+
+
+def _refs(term: MaskTerm):
+    if term.op == "ref":
+        yield term
+    for child in term.children:
+        yield from _refs(child)
+
+
+def _pattern_order(spec: Spec, patterns: dict[str, MaskTerm]) -> list[str]:
+    """Patterns in dependency order; unknown names and cycles are SpecErrors."""
+    graph = nx.DiGraph()
+    graph.add_nodes_from(sorted(patterns))
+    roots = [("mask", spec.mask)] + sorted(patterns.items())
+    for owner, term in roots:
+        for ref in _refs(term):
+            target = ref.param("name")
+            if target not in patterns:
+                known = ", ".join(sorted(patterns)) or "none defined"
+                raise SpecError(f"unknown pattern {target!r} (patterns: {known})", **_where(ref))
+            if owner != "mask":
+                graph.add_edge(owner, target)
+    try:
+        cycle = nx.find_cycle(graph)
+    except nx.NetworkXNoCycle:
+        cycle = None
+    if cycle:
+        chain = " -> ".join([a for a, _ in cycle] + [cycle[0][0]])
+        first = patterns[cycle[0][0]]
+        raise SpecError(f"patterns refer to each other in a cycle: {chain}", **_where(first))
+    # Dependencies first; ties broken by name so lowering is deterministic.
+    return list(nx.lexicographical_topological_sort(graph.reverse(copy=True)))
+
+
+def _lower_term(term: MaskTerm, spec: Spec, patterns: dict[str, Node]) -> Node:
+    op, p = term.op, term.param
+    g = spec.geometry
+    if op == "ref":
+        return patterns[p("name")]
+    if op == "first_frame":
+        return FirstFrame(p("frames", 1))
+    if op == "spatial_window":
+        return SpatialWindow(p("frames"), p("rows"), p("cols"))
+    if op == "temporal_stride":
+        return TemporalStride(p("rows", 0), p("cols", 0), p("stride", 1), p("frames"))
+    if op == "band":
+        width = p("width")
+        if width is None:
+            width = band_width_from_density(float(p("density")), g.video_tokens)
+        return Band(width)
+    if op == "prefix":
+        return Prefix(p("tokens"))
+    if op == "text":
+        return Text()
+    if op == "causal_frames":
+        return CausalFrames()
+    if op == "expr":
+        from svgen.expr import parse_predicate
+
+        source = p("source")
+        return Predicate(source, parse_predicate(source))
+    children = tuple(_lower_term(c, spec, patterns) for c in term.children)
+    if op == "any_of":
+        return AnyOf(children)
+    if op == "all_of":
+        return AllOf(children)
+    if op == "not":
+        return Not(children[0])
+    raise AssertionError(f"unknown mask op {op!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Simplification: flatten nested unions/intersections, drop duplicates and constants.
+
+def simplify(node: Node) -> Node:
+    if isinstance(node, Not):
+        child = simplify(node.child)
+        if isinstance(child, Not):
+            return child.child
+        if isinstance(child, Always):
+            return Always(not child.value)
+        return Not(child)
+    if isinstance(node, (AnyOf, AllOf)):
+        kind = type(node)
+        absorbing = isinstance(node, AnyOf)  # True absorbs a union, False an intersection
+        flat: list[Node] = []
+        for child in map(simplify, node.children):
+            parts = child.children if isinstance(child, kind) else (child,)
+            for part in parts:
+                if isinstance(part, Always):
+                    if part.value == absorbing:
+                        return Always(absorbing)
+                    continue
+                if part not in flat:
+                    flat.append(part)
+        if not flat:
+            return Always(not absorbing)
+        return flat[0] if len(flat) == 1 else kind(tuple(flat))
+    if isinstance(node, Predicate) and node.expr in (sympy.true, sympy.false):
+        return Always(bool(node.expr))
+    return node
+
+
+def is_exactly_analyzable(node: Node) -> bool:
+    """True when tile classification of `node` is exact (no user predicate inside)."""
+    if isinstance(node, Predicate):
+        return False
+    if isinstance(node, (AnyOf, AllOf)):
+        return all(map(is_exactly_analyzable, node.children))
+    if isinstance(node, Not):
+        return is_exactly_analyzable(node.child)
+    return True

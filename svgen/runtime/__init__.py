@@ -1,0 +1,1 @@
+"""Hand-written code that generated kernels import (no dependency on spec/analysis)."""

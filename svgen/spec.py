@@ -1,0 +1,575 @@
+"""YAML spec -> frozen, validated dataclasses, with file/line/column/key errors.
+
+The YAML text is composed into nodes (``yaml.compose`` with the safe loader) and the
+values are built here by hand, so that every error can name the file, the 1-based line
+and column, and the key path (``mask.any_of[1].spatial_window.frames``) it is about.
+Every error raised from this module is a :class:`svgen.errors.SpecError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from svgen.errors import SpecError
+from svgen.expr import ExprSyntaxError, parse_predicate
+
+__all__ = [
+    "Location",
+    "Geometry",
+    "Attention",
+    "Tiling",
+    "MaskTerm",
+    "Spec",
+    "MASK_OPS",
+    "NAME_RE",
+    "parse_spec",
+    "load_spec",
+    "canonical_json",
+]
+
+NAME_PATTERN = "[a-z][a-z0-9_]*"
+NAME_RE = re.compile(r"[a-z][a-z0-9_]*\Z")
+MAX_NAME_LEN = 64
+SPEC_VERSION = 1
+LAYOUTS = ("frame_major", "temporal_major")
+DTYPES = ("bfloat16", "float32")
+HEAD_DIMS = (64, 128, 256)
+TEXT_POSITIONS = ("first", "last")
+BLOCK_MULTIPLE = 128
+BLOCK_MIN = 128
+BLOCK_MAX = 4096
+DEFAULT_BLOCK = 512
+MAX_MASK_DEPTH = 64
+
+#: Every mask primitive / combinator, in the order they are documented.
+MASK_OPS = ("first_frame", "spatial_window", "temporal_stride", "band", "prefix", "text",
+            "causal_frames", "expr", "any_of", "all_of", "not", "ref")
+
+
+# ----------------------------------------------------------------------------- dataclasses
+
+@dataclass(frozen=True)
+class Location:
+    """Where something was written: file, 1-based line and column, key path."""
+
+    file: str
+    line: int
+    column: int
+    key: str
+
+
+@dataclass(frozen=True)
+class Geometry:
+    frames: int
+    height: int
+    width: int
+    text_tokens: int = 0
+    text_position: str = "last"  # "first" | "last"
+
+    @property
+    def tokens_per_frame(self) -> int:
+        return self.height * self.width
+
+    @property
+    def video_tokens(self) -> int:
+        return self.frames * self.tokens_per_frame
+
+    @property
+    def seq_len(self) -> int:
+        return self.video_tokens + self.text_tokens
+
+
+@dataclass(frozen=True)
+class Attention:
+    heads: int
+    head_dim: int
+    dtype: str  # "bfloat16" | "float32"
+
+
+@dataclass(frozen=True)
+class Tiling:
+    block_q: int
+    block_kv: int
+
+
+@dataclass(frozen=True)
+class MaskTerm:
+    """One node of a mask tree.
+
+    ``params`` holds only the keys the user gave (no defaults filled in), sorted by
+    name. ``where`` points at the primitive's key in the YAML (its ``key`` is the key
+    path of that primitive, e.g. ``mask.any_of[1].ref``); it takes no part in equality.
+    """
+
+    op: str
+    params: tuple[tuple[str, object], ...]
+    children: tuple["MaskTerm", ...] = ()
+    where: Location | None = field(default=None, compare=False, hash=False)
+
+    def param(self, name: str, default: Any = None) -> Any:
+        for key, value in self.params:
+            if key == name:
+                return value
+        return default
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    geometry: Geometry
+    attention: Attention
+    layout: str  # "frame_major" | "temporal_major"
+    mask: MaskTerm
+    patterns: tuple[tuple[str, MaskTerm], ...]  # sorted by name
+    tiling: Tiling
+    source: str  # the path string as given
+    digest: str  # sha256 hex of canonical_json(spec)
+
+
+# ----------------------------------------------------------------------------- canonical form
+
+def _term_json(term: MaskTerm) -> dict:
+    return {
+        "op": term.op,
+        "params": {k: v for k, v in term.params},
+        "children": [_term_json(c) for c in term.children],
+    }
+
+
+def _canonical_obj(name, geometry, attention, layout, mask, patterns, tiling) -> dict:
+    return {
+        "name": name,
+        "geometry": {
+            "frames": geometry.frames,
+            "height": geometry.height,
+            "width": geometry.width,
+            "text_tokens": geometry.text_tokens,
+            "text_position": geometry.text_position,
+        },
+        "attention": {"heads": attention.heads, "head_dim": attention.head_dim, "dtype": attention.dtype},
+        "layout": layout,
+        "mask": _term_json(mask),
+        "patterns": {n: _term_json(t) for n, t in patterns},
+        "tiling": {"block_q": tiling.block_q, "block_kv": tiling.block_kv},
+    }
+
+
+def _dumps(obj: dict) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def canonical_json(spec: Spec) -> str:
+    """The canonical JSON text the digest is computed from (no source, no locations)."""
+    return _dumps(_canonical_obj(spec.name, spec.geometry, spec.attention, spec.layout,
+                                 spec.mask, spec.patterns, spec.tiling))
+
+
+# ----------------------------------------------------------------------------- node helpers
+
+_MISSING = object()
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+class _Reader:
+    def __init__(self, text: str, source: str):
+        self.text = text
+        self.source = source
+        self._constructor = yaml.constructor.SafeConstructor()
+
+    # -- errors
+    def error(self, node: Node | None, key: str | None, message: str) -> SpecError:
+        if node is None:
+            return SpecError(message, file=self.source, key=key or None)
+        mark = node.start_mark
+        return SpecError(message, file=self.source, line=mark.line + 1, column=mark.column + 1,
+                         key=key or None)
+
+    def location(self, node: Node, key: str) -> Location:
+        return Location(self.source, node.start_mark.line + 1, node.start_mark.column + 1, key)
+
+    # -- values
+    def scalar(self, node: Node, path: str | None = None) -> Any:
+        """The Python value of a scalar node (int, float, bool, None, str, ...)."""
+        try:
+            return self._constructor.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:  # e.g. an unknown tag such as !foo
+            self._constructor.recursive_objects.clear()
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise self.error(node, path, f"unsupported YAML value: {problem}") from None
+
+    def describe(self, node: Node) -> str:
+        """What a node holds, for 'got ...' in messages."""
+        if isinstance(node, MappingNode):
+            return "an empty mapping" if not node.value else "a mapping"
+        if isinstance(node, SequenceNode):
+            return "an empty list" if not node.value else "a list"
+        try:
+            value = self._constructor.construct_object(node, deep=True)
+        except yaml.YAMLError:
+            self._constructor.recursive_objects.clear()
+            return f"a value tagged {node.tag}"
+        if value is None:
+            return "null"
+        if isinstance(value, bool):
+            return f"a boolean ({node.value})"
+        if isinstance(value, int):
+            return f"an integer ({value})"
+        if isinstance(value, float):
+            return f"a number ({node.value})"
+        if isinstance(value, str):
+            return f"a string ({value!r})"
+        return f"a {type(value).__name__} ({node.value})"
+
+    def mapping(self, node: Node, path: str, allowed: tuple[str, ...], what: str = "a mapping",
+                allowed_note: str | None = None) -> dict[str, tuple[Node, Node]]:
+        """Check a mapping node: no duplicate or unknown keys. Returns key -> (key node, value node)."""
+        if not isinstance(node, MappingNode):
+            raise self.error(node, path, f"must be {what}, got {self.describe(node)}")
+        out: dict[str, tuple[Node, Node]] = {}
+        for knode, vnode in node.value:
+            if not isinstance(knode, ScalarNode):
+                raise self.error(knode, path, f"keys must be plain names, got {self.describe(knode)}")
+            key = knode.value
+            if key in out:
+                first = out[key][0].start_mark.line + 1
+                raise self.error(knode, _join(path, key), f"duplicate key '{key}' (first given on line {first})")
+            if key not in allowed:
+                note = allowed_note or (f"allowed keys: {', '.join(allowed)}" if allowed else "no keys are allowed")
+                raise self.error(knode, _join(path, key), f"unknown key '{key}'; {note}")
+            out[key] = (knode, vnode)
+        return out
+
+    def require(self, node: Node, path: str, entries: dict, keys: tuple[str, ...]) -> None:
+        for key in keys:
+            if key not in entries:
+                raise self.error(node, path, f"missing required key '{key}'")
+
+    def integer(self, node: Node, path: str, minimum: int | None) -> int:
+        desc = {None: "an integer", 0: "a non-negative integer", 1: "a positive integer"}.get(
+            minimum, f"an integer >= {minimum}")
+        value = self.scalar(node, path) if isinstance(node, ScalarNode) else _MISSING
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(node, path, f"must be {desc}, got {self.describe(node)}")
+        if minimum is not None and value < minimum:
+            raise self.error(node, path, f"must be {desc}, got {value}")
+        return value
+
+    def string(self, node: Node, path: str, what: str = "a string") -> str:
+        value = self.scalar(node, path) if isinstance(node, ScalarNode) else _MISSING
+        if not isinstance(value, str):
+            raise self.error(node, path, f"must be {what}, got {self.describe(node)}")
+        return value
+
+    def choice(self, node: Node, path: str, choices: tuple) -> Any:
+        value = self.scalar(node, path) if isinstance(node, ScalarNode) else _MISSING
+        ok = any(type(value) is type(c) and value == c for c in choices)
+        if not ok:
+            listed = ", ".join(str(c) for c in choices)
+            got = self.describe(node)
+            if isinstance(value, (str, int)) and not isinstance(value, bool) and value is not _MISSING:
+                got = repr(value) if isinstance(value, str) else str(value)
+            raise self.error(node, path, f"must be one of {listed}, got {got}")
+        return value
+
+    def name(self, node: Node, path: str, what: str = "a name") -> str:
+        must = f"{what} matching {NAME_PATTERN} of at most {MAX_NAME_LEN} characters"
+        value = self.string(node, path, must)
+        if not NAME_RE.match(value) or len(value) > MAX_NAME_LEN:
+            raise self.error(node, path, f"must be {must}, got {value!r}")
+        return value
+
+
+# ----------------------------------------------------------------------------- sections
+
+_TOP_KEYS = ("svgen", "name", "geometry", "attention", "layout", "mask", "patterns", "tiling")
+_GEOMETRY_KEYS = ("frames", "height", "width", "text_tokens", "text_position")
+_ATTENTION_KEYS = ("heads", "head_dim", "dtype")
+_TILING_KEYS = ("block_q", "block_kv")
+
+
+def _read_geometry(r: _Reader, node: Node, path: str) -> Geometry:
+    e = r.mapping(node, path, _GEOMETRY_KEYS)
+    r.require(node, path, e, ("frames", "height", "width"))
+    frames = r.integer(e["frames"][1], _join(path, "frames"), 1)
+    height = r.integer(e["height"][1], _join(path, "height"), 1)
+    width = r.integer(e["width"][1], _join(path, "width"), 1)
+    text_tokens = 0
+    if "text_tokens" in e:
+        text_tokens = r.integer(e["text_tokens"][1], _join(path, "text_tokens"), 0)
+    text_position = "last"
+    if "text_position" in e:
+        text_position = r.choice(e["text_position"][1], _join(path, "text_position"), TEXT_POSITIONS)
+    return Geometry(frames, height, width, text_tokens, text_position)
+
+
+def _read_attention(r: _Reader, node: Node, path: str) -> Attention:
+    e = r.mapping(node, path, _ATTENTION_KEYS)
+    r.require(node, path, e, _ATTENTION_KEYS)
+    heads = r.integer(e["heads"][1], _join(path, "heads"), 1)
+    head_dim = r.choice(e["head_dim"][1], _join(path, "head_dim"), HEAD_DIMS)
+    dtype = r.choice(e["dtype"][1], _join(path, "dtype"), DTYPES)
+    return Attention(heads, head_dim, dtype)
+
+
+def _read_block(r: _Reader, node: Node, path: str, key: str) -> int:
+    value = r.scalar(node, path) if isinstance(node, ScalarNode) else _MISSING
+    ok = (isinstance(value, int) and not isinstance(value, bool)
+          and value % BLOCK_MULTIPLE == 0 and BLOCK_MIN <= value <= BLOCK_MAX)
+    if not ok:
+        got = str(value) if isinstance(value, int) and not isinstance(value, bool) else r.describe(node)
+        raise r.error(node, path,
+                      f"{key} must be a multiple of {BLOCK_MULTIPLE} between {BLOCK_MIN} and {BLOCK_MAX} "
+                      f"(TPU tiles are 8x128 and the VMEM budget), got {got}")
+    return value
+
+
+def _read_tiling(r: _Reader, node: Node, path: str) -> Tiling:
+    if _is_null(r, node, path):
+        return Tiling(DEFAULT_BLOCK, DEFAULT_BLOCK)
+    e = r.mapping(node, path, _TILING_KEYS)
+    vals = {}
+    for key in _TILING_KEYS:
+        vals[key] = _read_block(r, e[key][1], _join(path, key), key) if key in e else DEFAULT_BLOCK
+    return Tiling(**vals)
+
+
+# ----------------------------------------------------------------------------- masks
+
+# op -> (allowed keys, required keys, minimum per key)
+_PARAM_OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...], dict[str, int]]] = {
+    "first_frame": (("frames",), (), {"frames": 1}),
+    "spatial_window": (("frames", "rows", "cols"), ("frames",), {"frames": 0, "rows": 0, "cols": 0}),
+    "temporal_stride": (("rows", "cols", "stride", "frames"), (),
+                        {"rows": 0, "cols": 0, "stride": 1, "frames": 0}),
+    "band": (("width", "density"), (), {"width": 0}),
+    "prefix": (("tokens",), ("tokens",), {"tokens": 1}),
+    "text": ((), (), {}),
+    "causal_frames": ((), (), {}),
+}
+
+
+def _is_null(r: _Reader, node: Node, path: str | None = None) -> bool:
+    return isinstance(node, ScalarNode) and r.scalar(node, path) is None
+
+
+def _expr_error_position(r: _Reader, node: ScalarNode, value: str, offset: int) -> tuple[int, int] | None:
+    """1-based (line, column) of ``offset`` into the expression, when it can be told exactly."""
+    lines = r.text.splitlines()
+    offset = min(offset, len(value.rstrip()))  # "unexpected end": just after the last character
+    start, end = node.start_mark, node.end_mark
+    if node.style in (None, "'", '"'):
+        if start.line != end.line or start.line >= len(lines):
+            return None
+        quote = 1 if node.style else 0
+        col0 = start.column + quote
+        if lines[start.line][col0:col0 + len(value)] != value:
+            return None  # escapes or folding: the text differs from the value
+        return start.line + 1, col0 + offset + 1
+    if node.style == "|":
+        before = value[:offset]
+        k = before.count("\n")
+        col_in_line = offset - (before.rfind("\n") + 1)
+        value_lines = value.split("\n")
+        # Content starts on the line after the indicator; find where this value line sits.
+        src_index = start.line + 1 + k
+        if k >= len(value_lines) or src_index >= len(lines):
+            return None
+        src = lines[src_index]
+        vline = value_lines[k]
+        if not vline or not src.endswith(vline):
+            return None
+        return src_index + 1, len(src) - len(vline) + col_in_line + 1
+    return None
+
+
+class _MaskReader:
+    def __init__(self, r: _Reader):
+        self.r = r
+
+    def read(self, node: Node, path: str, depth: int = 0) -> MaskTerm:
+        r = self.r
+        if depth > MAX_MASK_DEPTH:
+            raise r.error(node, path, f"masks are nested more than {MAX_MASK_DEPTH} deep")
+        if not isinstance(node, MappingNode):
+            raise r.error(node, path, f"a mask must be a mapping with exactly one key (one of: "
+                                      f"{', '.join(MASK_OPS)}), got {r.describe(node)}")
+        keys = [k.value if isinstance(k, ScalarNode) else "?" for k, _ in node.value]
+        if len(keys) != 1:
+            listed = f": {', '.join(keys)}" if keys else ""
+            raise r.error(node, path, f"a mask has exactly one key, got {len(keys)}{listed}")
+        knode, vnode = node.value[0]
+        if not isinstance(knode, ScalarNode):
+            raise r.error(knode, path, f"a mask key must be a primitive name, got {r.describe(knode)}")
+        op = knode.value
+        op_path = _join(path, op)
+        if op not in MASK_OPS:
+            raise r.error(knode, op_path, f"unknown mask primitive '{op}'; allowed: {', '.join(MASK_OPS)}")
+        where = r.location(knode, op_path)
+        if op in _PARAM_OPS:
+            return self._param_op(op, vnode, op_path, where)
+        if op == "expr":
+            source = r.string(vnode, op_path, "a string holding a predicate")
+            try:
+                parse_predicate(source)
+            except ExprSyntaxError as exc:
+                pos = _expr_error_position(r, vnode, source, exc.offset)
+                if pos is None:
+                    raise r.error(vnode, op_path, f"invalid expression: {exc.message}") from None
+                raise SpecError(f"invalid expression: {exc.message}", file=r.source, line=pos[0],
+                                column=pos[1], key=op_path) from None
+            return MaskTerm("expr", (("source", source),), (), where)
+        if op in ("any_of", "all_of"):
+            if not isinstance(vnode, SequenceNode) or not vnode.value:
+                raise r.error(vnode, op_path, f"must be a non-empty list of masks, got {r.describe(vnode)}")
+            children = tuple(self.read(item, f"{op_path}[{i}]", depth + 1) for i, item in enumerate(vnode.value))
+            return MaskTerm(op, (), children, where)
+        if op == "not":
+            return MaskTerm("not", (), (self.read(vnode, op_path, depth + 1),), where)
+        assert op == "ref"
+        name = r.name(vnode, op_path, "a pattern name")
+        return MaskTerm("ref", (("name", name),), (), where)
+
+    def _param_op(self, op: str, vnode: Node, op_path: str, where: Location) -> MaskTerm:
+        r = self.r
+        allowed, required, minimum = _PARAM_OPS[op]
+        if not allowed:
+            if _is_null(r, vnode, op_path):
+                return MaskTerm(op, (), (), where)
+            if not isinstance(vnode, MappingNode):
+                raise r.error(vnode, op_path, f"must be an empty mapping {{}} or null, got {r.describe(vnode)}")
+            r.mapping(vnode, op_path, allowed, allowed_note=f"'{op}' takes no parameters")
+            return MaskTerm(op, (), (), where)
+        if _is_null(r, vnode, op_path):
+            entries: dict[str, tuple[Node, Node]] = {}
+        else:
+            entries = r.mapping(vnode, op_path, allowed)
+        r.require(vnode, op_path, entries, required)
+        params: dict[str, object] = {}
+        if op == "band":
+            present = [k for k in ("width", "density") if k in entries]
+            if len(present) != 1:
+                got = "both" if present else "neither"
+                raise r.error(vnode, op_path, f"band needs exactly one of 'width' or 'density', got {got}")
+            if "density" in entries:
+                dnode = entries["density"][1]
+                value = r.scalar(dnode, _join(op_path, "density")) if isinstance(dnode, ScalarNode) else _MISSING
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise r.error(dnode, _join(op_path, "density"),
+                                  f"must be a number with 0 < density <= 1, got {r.describe(dnode)}")
+                if not (math.isfinite(value) and 0 < value <= 1):
+                    raise r.error(dnode, _join(op_path, "density"),
+                                  f"must be a number with 0 < density <= 1, got {dnode.value}")
+                params["density"] = float(value)
+        for key in allowed:
+            if key in entries and key in minimum:
+                params[key] = r.integer(entries[key][1], _join(op_path, key), minimum[key])
+        return MaskTerm(op, tuple(sorted(params.items())), (), where)
+
+
+# ----------------------------------------------------------------------------- entry points
+
+def _compose(text: str, source: str) -> Node | None:
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or "invalid YAML"
+        message = f"YAML syntax error: {problem}"
+        if exc.context:
+            message += f" ({exc.context})"
+        if mark is None:
+            raise SpecError(message, file=source) from None
+        raise SpecError(message, file=source, line=mark.line + 1, column=mark.column + 1) from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"YAML syntax error: {exc}", file=source) from None
+
+
+def parse_spec(text: str, *, source: str = "<string>") -> Spec:
+    """Parse and validate a spec from YAML text; ``source`` names it in errors."""
+    source = str(source)
+    root = _compose(text, source)
+    if root is None:
+        raise SpecError("the spec is empty; expected a mapping with keys "
+                        f"{', '.join(_TOP_KEYS)}", file=source)
+    r = _Reader(text, source)
+    top = r.mapping(root, "", _TOP_KEYS, what="a mapping at the top level")
+
+    if "svgen" not in top:
+        raise r.error(root, None, "missing required key 'svgen' (the spec format version; write 'svgen: 1')")
+    vnode = top["svgen"][1]
+    version = r.scalar(vnode, "svgen") if isinstance(vnode, ScalarNode) else _MISSING
+    if isinstance(version, bool) or version != SPEC_VERSION or not isinstance(version, int):
+        got = str(version) if isinstance(version, int) and not isinstance(version, bool) else r.describe(vnode)
+        raise r.error(vnode, "svgen", f"must be {SPEC_VERSION} (the only spec format version this svgen "
+                                      f"understands), got {got}")
+    r.require(root, "", top, ("name", "geometry", "attention", "mask"))
+
+    name = r.name(top["name"][1], "name", "a spec name")
+    geometry = _read_geometry(r, top["geometry"][1], "geometry")
+    attention = _read_attention(r, top["attention"][1], "attention")
+    layout = "frame_major"
+    if "layout" in top:
+        layout = r.choice(top["layout"][1], "layout", LAYOUTS)
+    masks = _MaskReader(r)
+    mask = masks.read(top["mask"][1], "mask")
+
+    patterns: list[tuple[str, MaskTerm]] = []
+    if "patterns" in top and not _is_null(r, top["patterns"][1], "patterns"):
+        pnode = top["patterns"][1]
+        if not isinstance(pnode, MappingNode):
+            raise r.error(pnode, "patterns", f"must be a mapping from pattern names to masks, "
+                                             f"got {r.describe(pnode)}")
+        seen: dict[str, Node] = {}
+        for knode, vnode in pnode.value:
+            if not isinstance(knode, ScalarNode):
+                raise r.error(knode, "patterns", f"pattern names must be plain names, got {r.describe(knode)}")
+            pname = knode.value
+            ppath = f"patterns.{pname}"
+            if pname in seen:
+                first = seen[pname].start_mark.line + 1
+                raise r.error(knode, ppath, f"duplicate key '{pname}' (first given on line {first})")
+            if not NAME_RE.match(pname) or len(pname) > MAX_NAME_LEN:
+                raise r.error(knode, ppath, f"pattern name must match {NAME_PATTERN} and be at most "
+                                            f"{MAX_NAME_LEN} characters, got {pname!r}")
+            seen[pname] = knode
+            patterns.append((pname, masks.read(vnode, ppath)))
+    patterns.sort(key=lambda item: item[0])
+
+    tiling = Tiling(DEFAULT_BLOCK, DEFAULT_BLOCK)
+    if "tiling" in top:
+        tiling = _read_tiling(r, top["tiling"][1], "tiling")
+
+    pats = tuple(patterns)
+    digest = hashlib.sha256(
+        _dumps(_canonical_obj(name, geometry, attention, layout, mask, pats, tiling)).encode("utf-8")
+    ).hexdigest()
+    return Spec(name=name, geometry=geometry, attention=attention, layout=layout, mask=mask,
+                patterns=pats, tiling=tiling, source=source, digest=digest)
+
+
+def load_spec(path: str | os.PathLike) -> Spec:
+    """Read and parse the spec file at ``path``."""
+    source = os.fspath(path)
+    try:
+        with open(source, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise SpecError(f"cannot read the spec file: {reason}", file=source) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"the spec file is not valid UTF-8 (byte {exc.start})", file=source) from None
+    return parse_spec(text, source=source)

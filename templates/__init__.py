@@ -1,0 +1,1 @@
+"""Jinja templates for svgen code generation (installed as the package svgen.templates)."""

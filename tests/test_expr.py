@@ -1,0 +1,243 @@
+"""Tests for svgen.expr: the whitelist predicate parser."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import sympy
+
+from svgen.expr import (
+    SYMBOLS,
+    ExprSyntaxError,
+    FloorDiv,
+    FloorMod,
+    free_symbol_names,
+    parse_predicate,
+)
+
+NAMES = tuple(SYMBOLS)
+
+
+# ----------------------------------------------------------------------------- a test-only evaluator
+
+def _ev(e, env):
+    """Evaluate a parsed predicate with Python integer semantics (independent of sympy folding)."""
+    if isinstance(e, sympy.Symbol):
+        return env[e.name]
+    if isinstance(e, sympy.Integer):
+        return int(e)
+    if e is sympy.true:
+        return True
+    if e is sympy.false:
+        return False
+    if isinstance(e, sympy.Add):
+        return sum(_ev(a, env) for a in e.args)
+    if isinstance(e, sympy.Mul):
+        out = 1
+        for a in e.args:
+            out *= _ev(a, env)
+        return out
+    if isinstance(e, sympy.Pow):
+        assert e.exp.is_Integer and int(e.exp) >= 0
+        return _ev(e.base, env) ** int(e.exp)
+    if isinstance(e, sympy.Abs):
+        return abs(_ev(e.args[0], env))
+    if isinstance(e, sympy.Min):
+        return min(_ev(a, env) for a in e.args)
+    if isinstance(e, sympy.Max):
+        return max(_ev(a, env) for a in e.args)
+    if isinstance(e, FloorDiv):
+        return _ev(e.args[0], env) // _ev(e.args[1], env)
+    if isinstance(e, FloorMod):
+        return _ev(e.args[0], env) % _ev(e.args[1], env)
+    rel = {sympy.Eq: lambda a, b: a == b, sympy.Ne: lambda a, b: a != b, sympy.Lt: lambda a, b: a < b,
+           sympy.Le: lambda a, b: a <= b, sympy.Gt: lambda a, b: a > b, sympy.Ge: lambda a, b: a >= b}
+    for cls, fn in rel.items():
+        if isinstance(e, cls):
+            return fn(_ev(e.lhs, env), _ev(e.rhs, env))
+    if isinstance(e, sympy.And):
+        return all(_ev(a, env) for a in e.args)
+    if isinstance(e, sympy.Or):
+        return any(_ev(a, env) for a in e.args)
+    if isinstance(e, sympy.Not):
+        return not _ev(e.args[0], env)
+    raise AssertionError(f"unexpected node {type(e).__name__}: {e}")
+
+
+def _envs(n, seed=0):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        env = {name: rng.randint(0, 12) for name in NAMES}
+        env["is_text_q"] = rng.randint(0, 1)
+        env["is_text_k"] = rng.randint(0, 1)
+        out.append(env)
+    return out
+
+
+ENVS = _envs(200)
+
+# (predicate text, Python reference with Python semantics)
+VALID = [
+    ("f_q == f_k", lambda e: e["f_q"] == e["f_k"]),
+    ("f_q <= f_k", lambda e: e["f_q"] <= e["f_k"]),
+    ("abs(f_q - f_k) <= 1", lambda e: abs(e["f_q"] - e["f_k"]) <= 1),
+    ("abs(h_q - h_k) <= 2 and abs(w_q - w_k) <= 3",
+     lambda e: abs(e["h_q"] - e["h_k"]) <= 2 and abs(e["w_q"] - e["w_k"]) <= 3),
+    ("f_q // 4 == f_k // 4", lambda e: e["f_q"] // 4 == e["f_k"] // 4),
+    ("(f_q - f_k) // 3 == -1", lambda e: (e["f_q"] - e["f_k"]) // 3 == -1),
+    ("(h_q - h_k) % 4 == 3", lambda e: (e["h_q"] - e["h_k"]) % 4 == 3),
+    ("(i_q - i_k) % 5 < 2 or f_k == 0", lambda e: (e["i_q"] - e["i_k"]) % 5 < 2 or e["f_k"] == 0),
+    ("i_k // (2 * 3) != 1", lambda e: e["i_k"] // 6 != 1),
+    ("i_k // (7 - 5) * 3 > h_q", lambda e: (e["i_k"] // 2) * 3 > e["h_q"]),
+    ("0 <= f_q - f_k < 3", lambda e: 0 <= e["f_q"] - e["f_k"] < 3),
+    ("f_q < f_k <= h_q != w_q", lambda e: e["f_q"] < e["f_k"] <= e["h_q"] != e["w_q"]),
+    ("1 + 2 * 3 == f_q", lambda e: 1 + 2 * 3 == e["f_q"]),
+    ("(1 + 2) * 3 == f_q", lambda e: (1 + 2) * 3 == e["f_q"]),
+    ("f_q - f_k - h_q < 0", lambda e: e["f_q"] - e["f_k"] - e["h_q"] < 0),
+    ("-f_q * 2 + 11 > h_k", lambda e: -e["f_q"] * 2 + 11 > e["h_k"]),
+    ("- -f_q == +f_q", lambda e: True),
+    ("f_q * f_k >= h_q * 3", lambda e: e["f_q"] * e["f_k"] >= e["h_q"] * 3),
+    ("f_q * f_q > 30", lambda e: e["f_q"] * e["f_q"] > 30),
+    ("-7 // 2 == -4 and -7 % 2 == 1", lambda e: True),
+    ("f_q - 20 // 3 < 0", lambda e: e["f_q"] - 20 // 3 < 0),
+    ("min(f_q, f_k) == 0", lambda e: min(e["f_q"], e["f_k"]) == 0),
+    ("max(f_q, f_k, h_q) - min(w_q, w_k) >= 5",
+     lambda e: max(e["f_q"], e["f_k"], e["h_q"]) - min(e["w_q"], e["w_k"]) >= 5),
+    ("not f_q == f_k", lambda e: not e["f_q"] == e["f_k"]),
+    ("not f_q < 3 and f_k < 3", lambda e: (not e["f_q"] < 3) and e["f_k"] < 3),
+    ("not (f_q < 3 and f_k < 3)", lambda e: not (e["f_q"] < 3 and e["f_k"] < 3)),
+    ("f_q < 2 or f_k < 2 and h_q < 2", lambda e: e["f_q"] < 2 or (e["f_k"] < 2 and e["h_q"] < 2)),
+    ("(f_q < 2 or f_k < 2) and h_q < 2", lambda e: (e["f_q"] < 2 or e["f_k"] < 2) and e["h_q"] < 2),
+    ("not not f_q > 6", lambda e: e["f_q"] > 6),
+    ("is_text_q", lambda e: e["is_text_q"] == 1),
+    ("is_text_q or is_text_k", lambda e: e["is_text_q"] == 1 or e["is_text_k"] == 1),
+    ("not is_text_k and (is_text_q)", lambda e: e["is_text_k"] != 1 and e["is_text_q"] == 1),
+    ("is_text_q + is_text_k == 1", lambda e: e["is_text_q"] + e["is_text_k"] == 1),
+    ("is_text_q == 0 and i_q >= i_k", lambda e: e["is_text_q"] == 0 and e["i_q"] >= e["i_k"]),
+    ("true", lambda e: True),
+    ("false or f_q == 1", lambda e: e["f_q"] == 1),
+    ("true and false", lambda e: False),
+    ("f_q >= 0", lambda e: True),
+    ("f_q < f_q", lambda e: False),
+    ("\n  f_q\t<=\n f_k  ", lambda e: e["f_q"] <= e["f_k"]),
+    ("abs(f_q - 12) // 5 % 2 == 1", lambda e: abs(e["f_q"] - 12) // 5 % 2 == 1),
+]
+
+
+@pytest.mark.parametrize("text,ref", VALID, ids=[t for t, _ in VALID])
+def test_valid_predicates_match_python_semantics(text, ref):
+    expr = parse_predicate(text)
+    assert isinstance(expr, sympy.logic.boolalg.Boolean)
+    for env in ENVS:
+        assert bool(_ev(expr, env)) == bool(ref(env)), (text, env)
+
+
+@pytest.mark.parametrize("text,ref", VALID[:12], ids=[t for t, _ in VALID[:12]])
+def test_sympy_substitution_agrees(text, ref):
+    # sympy's own folding (FloorDiv/FloorMod.eval on Integers) gives the same answers.
+    expr = parse_predicate(text)
+    for env in ENVS[:5]:
+        value = expr.subs({SYMBOLS[n]: v for n, v in env.items()})
+        assert value in (sympy.true, sympy.false)
+        assert bool(value) == bool(ref(env))
+
+
+def test_floor_semantics_on_negative_numerators():
+    for a in range(-13, 14):
+        for b in (1, 2, 3, 7):
+            assert FloorDiv(sympy.Integer(a), sympy.Integer(b)) == a // b
+            assert FloorMod(sympy.Integer(a), sympy.Integer(b)) == a % b
+    assert FloorDiv(sympy.Integer(-7), sympy.Integer(2)) == -4
+    assert FloorMod(sympy.Integer(-7), sympy.Integer(2)) == 1
+    x = SYMBOLS["f_q"]
+    assert isinstance(FloorDiv(x, 2), FloorDiv)  # stays unevaluated
+    assert isinstance(FloorMod(x - 3, 4), FloorMod)
+    assert FloorDiv(x, 2).subs(x, 3) == 1
+
+
+def test_result_structure():
+    f_q, f_k, h_q = SYMBOLS["f_q"], SYMBOLS["f_k"], SYMBOLS["h_q"]
+    assert parse_predicate("f_q // 2 == f_k") == sympy.Eq(FloorDiv(f_q, 2), f_k)
+    assert parse_predicate("f_q % 3 != 0") == sympy.Ne(FloorMod(f_q, 3), 0)
+    assert parse_predicate("f_q < f_k <= h_q") == sympy.And(sympy.Lt(f_q, f_k), sympy.Le(f_k, h_q))
+    assert parse_predicate("is_text_k") == sympy.Eq(SYMBOLS["is_text_k"], 1)
+    assert parse_predicate("f_q >= 0") is sympy.true
+    assert parse_predicate("false") is sympy.false
+    assert parse_predicate("abs(f_q - f_k) < 2") == sympy.Lt(sympy.Abs(f_q - f_k), 2)
+    assert parse_predicate("i_k // (4 - 2) == 0") == sympy.Eq(FloorDiv(SYMBOLS["i_k"], 2), 0)
+
+
+def test_symbols_and_free_symbol_names():
+    for name, sym in SYMBOLS.items():
+        assert sym.name == name
+        assert sym.is_integer and sym.is_nonnegative
+    assert set(SYMBOLS) == {"f_q", "h_q", "w_q", "f_k", "h_k", "w_k", "i_q", "i_k", "is_text_q", "is_text_k"}
+    assert free_symbol_names(parse_predicate("w_k < f_q and is_text_q")) == ("f_q", "is_text_q", "w_k")
+    assert free_symbol_names(parse_predicate("true")) == ()
+
+
+ALLOWED = "f_q, h_q, w_q, f_k, h_k, w_k, i_q, i_k, is_text_q, is_text_k"
+
+# (text, exact message, offset)
+INVALID = [
+    ("", "empty predicate: expected a boolean expression", 0),
+    ("   ", "empty predicate: expected a boolean expression", 0),
+    ("f_q", "the predicate must be a boolean expression, got an integer expression", 0),
+    ("  f_q + 1", "the predicate must be a boolean expression, got an integer expression", 2),
+    ("x < 1", f"unknown name 'x'; allowed names: {ALLOWED}", 0),
+    ("f_q < frame", f"unknown name 'frame'; allowed names: {ALLOWED}", 6),
+    ("sqrt(f_q) < 1", "unknown function 'sqrt'; allowed functions: abs, min, max", 0),
+    ("f_q < 1 $", "unexpected character '$'", 8),
+    ("f_q / 2 == 1", "'/' is not supported; use '//' for floor division", 4),
+    ("f_q = 1", "unexpected '='; use '==' to compare", 4),
+    ("f_q < 1 && f_k < 1", "unexpected '&&'; use 'and'", 8),
+    ("!is_text_q", "unexpected '!'; use 'not' or '!='", 0),
+    ("(f_q < 1", "unbalanced '(': missing ')'", 0),
+    ("f_q < (1 + (2)", "unbalanced '(': missing ')'", 6),
+    ("f_q < 1)", "unbalanced ')': no matching '('", 7),
+    ("f_q < 1 f_k", "unexpected 'f_k' after a complete expression", 8),
+    ("f_q <", "unexpected end of expression: expected an operand", 5),
+    ("f_q < * 2", "unexpected '*': expected an operand", 6),
+    ("()", "unexpected ')': expected an operand", 1),
+    ("f_q // f_k == 0", "divisor of '//' must be a positive integer literal", 7),
+    ("f_q % 0 == 0", "divisor of '%' must be a positive integer literal", 6),
+    ("f_q // -2 == 0", "divisor of '//' must be a positive integer literal", 7),
+    ("f_q // (1 - 3) == 0", "divisor of '//' must be a positive integer literal", 7),
+    ("f_q and f_k < 1", "'and' needs boolean operands", 0),
+    ("f_q < 1 or 2", "'or' needs boolean operands", 11),
+    ("not f_q", "'not' needs a boolean operand", 4),
+    ("(f_q < 1) < 2", "comparison needs integer operands", 0),
+    ("f_q == true", "comparison needs integer operands", 7),
+    ("(f_q < 1) + 1 == 2", "'+' needs integer operands", 0),
+    ("f_q * (f_k < 1) == 0", "'*' needs integer operands", 6),
+    ("-true", "unary '-' needs an integer operand", 1),
+    ("abs(f_q, f_k) < 1", "abs() takes exactly 1 argument, got 2", 0),
+    ("abs(f_q < 1) < 1", "abs() needs an integer argument", 4),
+    ("min(f_q) < 1", "min() needs at least 2 arguments, got 1", 0),
+    ("max() < 1", "max() needs at least 2 arguments, got 0", 0),
+    ("min(f_q f_k) < 1", "expected ',' or ')' in min(...) but got 'f_k'", 8),
+    ("min(f_q, 1 < 1", "unbalanced '(': missing ')'", 3),
+    ("abs < 1", "'abs' is a function; call it as abs(...)", 0),
+    ("f_q < 1.5", "invalid number '1.': only non-negative integer literals are allowed", 6),
+    ("f_q < 007", "invalid number '007': leading zeros are not allowed", 6),
+    ("f_q < and", "expected an operand but got 'and'", 6),
+    ("is_text_q + 1", "the predicate must be a boolean expression, got an integer expression", 0),
+]
+
+
+@pytest.mark.parametrize("text,message,offset", INVALID, ids=[t or "<empty>" for t, _, _ in INVALID])
+def test_invalid_predicates(text, message, offset):
+    with pytest.raises(ExprSyntaxError) as info:
+        parse_predicate(text)
+    assert info.value.message == message
+    assert info.value.offset == offset
+    assert isinstance(info.value, ValueError)
+
+
+def test_parser_never_evaluates_python():
+    # Python-looking payloads are plain syntax errors, never executed.
+    for text in ("__import__('os').system('true')", "f_q.__class__ == 1", "[f_q] == 1", "lambda: 1"):
+        with pytest.raises(ExprSyntaxError):
+            parse_predicate(text)

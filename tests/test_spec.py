@@ -1,0 +1,394 @@
+"""Tests for svgen.spec: YAML specs to frozen, validated dataclasses with precise errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import pytest
+
+from svgen.errors import SpecError
+from svgen.spec import (
+    Attention,
+    Geometry,
+    Location,
+    MaskTerm,
+    Spec,
+    Tiling,
+    canonical_json,
+    load_spec,
+    parse_spec,
+)
+
+FULL = """\
+# a full spec exercising every section
+svgen: 1
+name: wan21_720p_spatial
+geometry: {frames: 21, height: 45, width: 80, text_tokens: 512, text_position: first}
+attention: {heads: 10, head_dim: 128, dtype: bfloat16}
+layout: temporal_major
+mask:
+  any_of:
+    - first_frame: {}
+    - spatial_window: {frames: 1, rows: 3, cols: 5}
+    - ref: local
+    - expr: "f_q // 2 == f_k // 2 and is_text_k"
+    - not:
+        band: {density: 0.5}
+    - all_of:
+        - prefix: {tokens: 64}
+        - causal_frames: {}
+patterns:
+  local: {temporal_stride: {stride: 2, rows: 1}}
+  caption:
+    text:
+tiling: {block_q: 256, block_kv: 1024}
+"""
+
+# Same content: keys reordered, block vs flow style, different comments and quoting.
+FULL_REORDERED = """\
+tiling:
+  block_kv: 1024   # kv tiles
+  block_q: 256
+patterns:
+  caption: {text: {}}
+  local:
+    temporal_stride: {rows: 1, stride: 2}
+mask:
+  any_of:
+    - first_frame: {}
+    - spatial_window: {cols: 5, rows: 3, frames: 1}
+    - ref: 'local'
+    - expr: 'f_q // 2 == f_k // 2 and is_text_k'
+    - not: {band: {density: 0.50}}
+    - all_of: [{prefix: {tokens: 64}}, {causal_frames: null}]
+layout: temporal_major
+attention: {dtype: bfloat16, head_dim: 128, heads: 10}
+geometry:
+  text_position: first
+  text_tokens: 512
+  width: 80
+  height: 45
+  frames: 21
+name: "wan21_720p_spatial"
+svgen: 1
+"""
+
+
+def test_full_spec_parses_to_expected_dataclasses():
+    spec = parse_spec(FULL, source="specs/full.yaml")
+    assert isinstance(spec, Spec)
+    assert spec.name == "wan21_720p_spatial"
+    assert spec.geometry == Geometry(frames=21, height=45, width=80, text_tokens=512, text_position="first")
+    assert spec.geometry.tokens_per_frame == 3600
+    assert spec.geometry.video_tokens == 21 * 3600
+    assert spec.geometry.seq_len == 21 * 3600 + 512
+    assert spec.attention == Attention(heads=10, head_dim=128, dtype="bfloat16")
+    assert spec.layout == "temporal_major"
+    assert spec.tiling == Tiling(block_q=256, block_kv=1024)
+    assert spec.source == "specs/full.yaml"
+    expected_mask = MaskTerm("any_of", (), (
+        MaskTerm("first_frame", ()),
+        MaskTerm("spatial_window", (("cols", 5), ("frames", 1), ("rows", 3))),
+        MaskTerm("ref", (("name", "local"),)),
+        MaskTerm("expr", (("source", "f_q // 2 == f_k // 2 and is_text_k"),)),
+        MaskTerm("not", (), (MaskTerm("band", (("density", 0.5),)),)),
+        MaskTerm("all_of", (), (MaskTerm("prefix", (("tokens", 64),)), MaskTerm("causal_frames", ()))),
+    ))
+    assert spec.mask == expected_mask
+    assert spec.patterns == (
+        ("caption", MaskTerm("text", ())),
+        ("local", MaskTerm("temporal_stride", (("rows", 1), ("stride", 2)))),
+    )
+    assert spec.digest == hashlib.sha256(canonical_json(spec).encode("utf-8")).hexdigest()
+    assert len(spec.digest) == 64
+
+
+def test_mask_terms_know_where_they_were_written():
+    spec = parse_spec(FULL, source="specs/full.yaml")
+    assert spec.mask.where == Location("specs/full.yaml", 8, 3, "mask.any_of")
+    window = spec.mask.children[1]
+    assert window.where == Location("specs/full.yaml", 10, 7, "mask.any_of[1].spatial_window")
+    band = spec.mask.children[4].children[0]
+    assert band.where == Location("specs/full.yaml", 14, 9, "mask.any_of[4].not.band")
+    assert dict(spec.patterns)["local"].where.key == "patterns.local.temporal_stride"
+
+
+def test_mask_term_param_and_hashing():
+    spec = parse_spec(FULL)
+    window = spec.mask.children[1]
+    assert window.param("rows") == 3
+    assert window.param("frames") == 1
+    assert window.param("missing") is None
+    assert window.param("missing", 7) == 7
+    assert spec.mask.children[0].param("frames", 1) == 1  # defaults are not filled in
+    # Locations take no part in equality or hashing.
+    moved = dataclasses.replace(window, where=Location("elsewhere.yaml", 99, 1, "x"))
+    assert moved == window and hash(moved) == hash(window)
+    assert hash(spec) == hash(parse_spec(FULL))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.name = "other"  # type: ignore[misc]
+
+
+def test_digest_is_stable_across_order_style_and_comments():
+    a = parse_spec(FULL, source="a.yaml")
+    b = parse_spec(FULL_REORDERED, source="b.yaml")
+    assert a == dataclasses.replace(b, source="a.yaml")
+    assert a.digest == b.digest
+    assert canonical_json(a) == canonical_json(b)
+    assert "a.yaml" not in canonical_json(a)
+
+
+@pytest.mark.parametrize("old,new", [
+    ("heads: 10", "heads: 12"),
+    ("block_q: 256", "block_q: 512"),
+    ("text_position: first", "text_position: last"),
+    ("layout: temporal_major", "layout: frame_major"),
+    ("rows: 3", "rows: 4"),
+    ("first_frame: {}", "first_frame: {frames: 1}"),
+    ("density: 0.5", "density: 0.25"),
+    ("f_k // 2 and", "f_k // 2 or"),
+    ("name: wan21_720p_spatial", "name: wan21_720p_spatial2"),
+    ("  caption:\n    text:\n", "  caption:\n    causal_frames:\n"),
+    ("any_of:", "all_of:"),
+])
+def test_digest_changes_when_a_value_changes(old, new):
+    assert FULL.count(old) == 1
+    assert parse_spec(FULL).digest != parse_spec(FULL.replace(old, new)).digest
+
+
+MINIMAL = """\
+svgen: 1
+name: tiny
+geometry: {frames: 2, height: 1, width: 1}
+attention: {heads: 1, head_dim: 64, dtype: float32}
+mask: {causal_frames: }
+"""
+
+
+def test_defaults():
+    spec = parse_spec(MINIMAL)
+    assert spec.geometry == Geometry(2, 1, 1, 0, "last")
+    assert spec.layout == "frame_major"
+    assert spec.tiling == Tiling(512, 512)
+    assert spec.patterns == ()
+    assert spec.mask == MaskTerm("causal_frames", ())
+    assert spec.source == "<string>"
+
+
+def test_values_may_exceed_geometry():
+    text = MINIMAL.replace("mask: {causal_frames: }",
+                           "mask: {any_of: [{first_frame: {frames: 50}}, {prefix: {tokens: 100000}},"
+                           " {spatial_window: {frames: 9, rows: 0, cols: 0}}, {band: {width: 0}}, {band: {density: 1}}]}")
+    spec = parse_spec(text)
+    assert spec.mask.children[0].param("frames") == 50
+    assert spec.mask.children[4].param("density") == 1.0
+
+
+def test_load_spec(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(MINIMAL)
+    spec = load_spec(path)
+    assert spec.source == str(path)
+    assert spec.digest == parse_spec(MINIMAL).digest
+    assert load_spec(str(path)) == spec
+
+
+def test_load_spec_missing_file(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(SpecError) as info:
+        load_spec(missing)
+    assert str(info.value) == f"{missing}: cannot read the spec file: No such file or directory"
+    assert info.value.file == str(missing)
+
+
+def test_spec_error_formatting():
+    e = SpecError("must be a non-negative integer, got -1", file="specs/x.yaml", line=12, column=7,
+                  key="mask.any_of[1].spatial_window.frames")
+    assert str(e) == "specs/x.yaml:12:7: mask.any_of[1].spatial_window.frames: must be a non-negative integer, got -1"
+    assert (e.message, e.file, e.line, e.column, e.key) == (
+        "must be a non-negative integer, got -1", "specs/x.yaml", 12, 7, "mask.any_of[1].spatial_window.frames")
+    assert str(SpecError("msg", file="specs/x.yaml", key="k")) == "specs/x.yaml: k: msg"
+    assert str(SpecError("msg")) == "msg"
+    assert str(SpecError("msg", file="f.yaml", line=3)) == "f.yaml:3: msg"
+
+
+def test_yaml_error_has_line_and_column():
+    with pytest.raises(SpecError) as info:
+        parse_spec("svgen: 1\nname: [x\n", source="s.yaml")
+    assert info.value.file == "s.yaml"
+    assert info.value.line is not None and info.value.column is not None
+    assert info.value.message.startswith("YAML syntax error: ")
+
+
+def test_empty_spec():
+    with pytest.raises(SpecError) as info:
+        parse_spec("# nothing here\n", source="e.yaml")
+    assert str(info.value) == ("e.yaml: the spec is empty; expected a mapping with keys svgen, name, geometry, "
+                               "attention, layout, mask, patterns, tiling")
+
+
+def test_deeply_nested_masks_are_refused():
+    text = MINIMAL.replace("mask: {causal_frames: }", "mask: " + "{not: " * 80 + "{text: {}}" + "}" * 80)
+    with pytest.raises(SpecError) as info:
+        parse_spec(text)
+    assert "nested more than 64 deep" in info.value.message
+
+
+BASE = """\
+svgen: 1
+name: demo
+geometry: {frames: 4, height: 2, width: 3, text_tokens: 8, text_position: last}
+attention: {heads: 2, head_dim: 128, dtype: bfloat16}
+layout: frame_major
+mask:
+  any_of:
+    - first_frame: {frames: 1}
+    - spatial_window: {frames: 1, rows: 1, cols: 2}
+    - ref: local
+patterns:
+  local: {band: {width: 3}}
+tiling: {block_q: 256, block_kv: 512}
+"""
+
+
+def _sub(old, new):
+    assert BASE.count(old) == 1, old
+    return BASE.replace(old, new)
+
+
+def test_base_is_valid():
+    spec = parse_spec(BASE, source="specs/demo.yaml")
+    assert spec.name == "demo"
+
+
+CASES = [  # (id, spec text)
+    ("unknown_top_level_key", _sub("layout: frame_major\n", "layout: frame_major\nheads: 4\n")),
+    ("unknown_primitive", _sub("- ref: local", "- sliding: {width: 2}")),
+    ("unknown_param_key", _sub("rows: 1, cols: 2", "rows: 1, colz: 2")),
+    ("string_where_int", _sub("frames: 4,", "frames: four,")),
+    ("bool_where_int", _sub("heads: 2,", "heads: true,")),
+    ("float_where_int", _sub("height: 2,", "height: 2.5,")),
+    ("zero_frames", _sub("frames: 4,", "frames: 0,")),
+    ("negative_window", _sub("rows: 1, cols: 2", "rows: -1, cols: 2")),
+    ("negative_text_tokens", _sub("text_tokens: 8", "text_tokens: -8")),
+    ("bad_text_position", _sub("text_position: last", "text_position: middle")),
+    ("bad_head_dim", _sub("head_dim: 128", "head_dim: 96")),
+    ("bad_dtype", _sub("dtype: bfloat16", "dtype: float16")),
+    ("bad_layout", _sub("layout: frame_major", "layout: row_major")),
+    ("block_not_multiple", _sub("block_q: 256", "block_q: 100")),
+    ("block_too_big", _sub("block_kv: 512", "block_kv: 8192")),
+    ("block_bool", _sub("block_kv: 512", "block_kv: yes")),
+    ("bad_name", _sub("name: demo", "name: Demo-Spec")),
+    ("name_too_long", _sub("name: demo", "name: " + "a" * 65)),
+    ("name_not_string", _sub("name: demo", "name: 42")),
+    ("duplicate_key", _sub("attention:", "name: again\nattention:")),
+    ("duplicate_param", _sub("{frames: 1, rows: 1,", "{frames: 1, frames: 2, rows: 1,")),
+    ("yaml_syntax_error", _sub("dtype: bfloat16}", "dtype: bfloat16")),
+    ("yaml_bad_indent", _sub("    - ref: local", "    - ref: local\n   - text: {}")),
+    ("missing_mask", _sub("mask:\n  any_of:\n    - first_frame: {frames: 1}\n    - spatial_window: {frames: 1, rows: 1, cols: 2}\n    - ref: local\n", "")),
+    ("missing_svgen", _sub("svgen: 1\n", "")),
+    ("missing_geometry_key", _sub("height: 2, ", "")),
+    ("missing_attention_key", _sub(", dtype: bfloat16", "")),
+    ("svgen_2", _sub("svgen: 1", "svgen: 2")),
+    ("svgen_string", _sub("svgen: 1", "svgen: '1'")),
+    ("two_keys_in_mask", _sub("    - ref: local", "    - {band: {width: 1}, prefix: {tokens: 2}}")),
+    ("zero_keys_in_mask", _sub("    - ref: local", "    - {}")),
+    ("mask_not_mapping", _sub("    - ref: local", "    - band")),
+    ("empty_any_of", _sub("local: {band: {width: 3}}", "local: {any_of: []}")),
+    ("all_of_not_list", _sub("local: {band: {width: 3}}", "local: {all_of: {band: {width: 1}}}")),
+    ("band_both", _sub("{band: {width: 3}}", "{band: {width: 3, density: 0.5}}")),
+    ("band_neither", _sub("{band: {width: 3}}", "{band: {}}")),
+    ("band_density_range", _sub("{band: {width: 3}}", "{band: {density: 1.5}}")),
+    ("band_density_zero", _sub("{band: {width: 3}}", "{band: {density: 0}}")),
+    ("prefix_missing_tokens", _sub("{band: {width: 3}}", "{prefix: {}}")),
+    ("prefix_zero", _sub("{band: {width: 3}}", "{prefix: {tokens: 0}}")),
+    ("stride_zero", _sub("{band: {width: 3}}", "{temporal_stride: {stride: 0}}")),
+    ("spatial_window_missing_frames", _sub("{frames: 1, rows: 1, cols: 2}", "{rows: 1, cols: 2}")),
+    ("first_frame_zero", _sub("first_frame: {frames: 1}", "first_frame: {frames: 0}")),
+    ("text_with_params", _sub("{band: {width: 3}}", "{text: {tokens: 3}}")),
+    ("causal_frames_scalar", _sub("{band: {width: 3}}", "{causal_frames: 3}")),
+    ("bad_expr_syntax", _sub("{band: {width: 3}}", "{expr: \"abs(f_q - f_k) <= bogus\"}")),
+    ("bad_expr_plain", _sub("    - ref: local", "    - expr: f_q // f_k == 0")),
+    ("bad_expr_block", _sub("    - ref: local", "    - expr: |\n        f_q < 1 and\n          f_k <\n")),
+    ("expr_not_string", _sub("    - ref: local", "    - expr: 3")),
+    ("bad_ref_name", _sub("ref: local", "ref: Local")),
+    ("bad_pattern_name", _sub("  local: {band", "  local: {band: {width: 1}}\n  Bad: {band")),
+    ("duplicate_pattern", _sub("  local: {band", "  local: {band: {width: 1}}\n  local: {band")),
+    ("not_with_list", _sub("    - ref: local", "    - not: [ {text: {}} ]")),
+    ("top_level_list", "- svgen: 1\n"),
+    ("geometry_not_mapping", _sub("geometry: {frames: 4, height: 2, width: 3, text_tokens: 8, text_position: last}", "geometry: 4x2x3")),
+    ("unknown_tag", _sub("heads: 2,", "heads: !big 2,")),
+]
+
+EXPECTED = {
+    'unknown_top_level_key': "specs/demo.yaml:6:1: heads: unknown key 'heads'; allowed keys: svgen, name, geometry, attention, layout, mask, patterns, tiling",
+    'unknown_primitive': "specs/demo.yaml:10:7: mask.any_of[2].sliding: unknown mask primitive 'sliding'; allowed: first_frame, spatial_window, temporal_stride, band, prefix, text, causal_frames, expr, any_of, all_of, not, ref",
+    'unknown_param_key': "specs/demo.yaml:9:44: mask.any_of[1].spatial_window.colz: unknown key 'colz'; allowed keys: frames, rows, cols",
+    'string_where_int': "specs/demo.yaml:3:20: geometry.frames: must be a positive integer, got a string ('four')",
+    'bool_where_int': 'specs/demo.yaml:4:20: attention.heads: must be a positive integer, got a boolean (true)',
+    'float_where_int': 'specs/demo.yaml:3:31: geometry.height: must be a positive integer, got a number (2.5)',
+    'zero_frames': 'specs/demo.yaml:3:20: geometry.frames: must be a positive integer, got 0',
+    'negative_window': 'specs/demo.yaml:9:41: mask.any_of[1].spatial_window.rows: must be a non-negative integer, got -1',
+    'negative_text_tokens': 'specs/demo.yaml:3:57: geometry.text_tokens: must be a non-negative integer, got -8',
+    'bad_text_position': "specs/demo.yaml:3:75: geometry.text_position: must be one of first, last, got 'middle'",
+    'bad_head_dim': 'specs/demo.yaml:4:33: attention.head_dim: must be one of 64, 128, 256, got 96',
+    'bad_dtype': "specs/demo.yaml:4:45: attention.dtype: must be one of bfloat16, float32, got 'float16'",
+    'bad_layout': "specs/demo.yaml:5:9: layout: must be one of frame_major, temporal_major, got 'row_major'",
+    'block_not_multiple': 'specs/demo.yaml:13:19: tiling.block_q: block_q must be a multiple of 128 between 128 and 4096 (TPU tiles are 8x128 and the VMEM budget), got 100',
+    'block_too_big': 'specs/demo.yaml:13:34: tiling.block_kv: block_kv must be a multiple of 128 between 128 and 4096 (TPU tiles are 8x128 and the VMEM budget), got 8192',
+    'block_bool': 'specs/demo.yaml:13:34: tiling.block_kv: block_kv must be a multiple of 128 between 128 and 4096 (TPU tiles are 8x128 and the VMEM budget), got a boolean (yes)',
+    'bad_name': "specs/demo.yaml:2:7: name: must be a spec name matching [a-z][a-z0-9_]* of at most 64 characters, got 'Demo-Spec'",
+    'name_too_long': "specs/demo.yaml:2:7: name: must be a spec name matching [a-z][a-z0-9_]* of at most 64 characters, got 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'",
+    'name_not_string': 'specs/demo.yaml:2:7: name: must be a spec name matching [a-z][a-z0-9_]* of at most 64 characters, got an integer (42)',
+    'duplicate_key': "specs/demo.yaml:4:1: name: duplicate key 'name' (first given on line 2)",
+    'duplicate_param': "specs/demo.yaml:9:35: mask.any_of[1].spatial_window.frames: duplicate key 'frames' (first given on line 9)",
+    'yaml_syntax_error': "specs/demo.yaml:5:7: YAML syntax error: expected ',' or '}', but got ':' (while parsing a flow mapping)",
+    'yaml_bad_indent': "specs/demo.yaml:11:4: YAML syntax error: expected <block end>, but found '<block sequence start>' (while parsing a block mapping)",
+    'missing_mask': "specs/demo.yaml:1:1: missing required key 'mask'",
+    'missing_svgen': "specs/demo.yaml:1:1: missing required key 'svgen' (the spec format version; write 'svgen: 1')",
+    'missing_geometry_key': "specs/demo.yaml:3:11: geometry: missing required key 'height'",
+    'missing_attention_key': "specs/demo.yaml:4:12: attention: missing required key 'dtype'",
+    'svgen_2': 'specs/demo.yaml:1:8: svgen: must be 1 (the only spec format version this svgen understands), got 2',
+    'svgen_string': "specs/demo.yaml:1:8: svgen: must be 1 (the only spec format version this svgen understands), got a string ('1')",
+    'two_keys_in_mask': 'specs/demo.yaml:10:7: mask.any_of[2]: a mask has exactly one key, got 2: band, prefix',
+    'zero_keys_in_mask': 'specs/demo.yaml:10:7: mask.any_of[2]: a mask has exactly one key, got 0',
+    'mask_not_mapping': "specs/demo.yaml:10:7: mask.any_of[2]: a mask must be a mapping with exactly one key (one of: first_frame, spatial_window, temporal_stride, band, prefix, text, causal_frames, expr, any_of, all_of, not, ref), got a string ('band')",
+    'empty_any_of': 'specs/demo.yaml:12:19: patterns.local.any_of: must be a non-empty list of masks, got an empty list',
+    'all_of_not_list': 'specs/demo.yaml:12:19: patterns.local.all_of: must be a non-empty list of masks, got a mapping',
+    'band_both': "specs/demo.yaml:12:17: patterns.local.band: band needs exactly one of 'width' or 'density', got both",
+    'band_neither': "specs/demo.yaml:12:17: patterns.local.band: band needs exactly one of 'width' or 'density', got neither",
+    'band_density_range': 'specs/demo.yaml:12:27: patterns.local.band.density: must be a number with 0 < density <= 1, got 1.5',
+    'band_density_zero': 'specs/demo.yaml:12:27: patterns.local.band.density: must be a number with 0 < density <= 1, got 0',
+    'prefix_missing_tokens': "specs/demo.yaml:12:19: patterns.local.prefix: missing required key 'tokens'",
+    'prefix_zero': 'specs/demo.yaml:12:28: patterns.local.prefix.tokens: must be a positive integer, got 0',
+    'stride_zero': 'specs/demo.yaml:12:37: patterns.local.temporal_stride.stride: must be a positive integer, got 0',
+    'spatial_window_missing_frames': "specs/demo.yaml:9:23: mask.any_of[1].spatial_window: missing required key 'frames'",
+    'first_frame_zero': 'specs/demo.yaml:8:29: mask.any_of[0].first_frame.frames: must be a positive integer, got 0',
+    'text_with_params': "specs/demo.yaml:12:18: patterns.local.text.tokens: unknown key 'tokens'; 'text' takes no parameters",
+    'causal_frames_scalar': 'specs/demo.yaml:12:26: patterns.local.causal_frames: must be an empty mapping {} or null, got an integer (3)',
+    'bad_expr_syntax': "specs/demo.yaml:12:36: patterns.local.expr: invalid expression: unknown name 'bogus'; allowed names: f_q, h_q, w_q, f_k, h_k, w_k, i_q, i_k, is_text_q, is_text_k",
+    'bad_expr_plain': "specs/demo.yaml:10:20: mask.any_of[2].expr: invalid expression: divisor of '//' must be a positive integer literal",
+    'bad_expr_block': 'specs/demo.yaml:12:16: mask.any_of[2].expr: invalid expression: unexpected end of expression: expected an operand',
+    'expr_not_string': 'specs/demo.yaml:10:13: mask.any_of[2].expr: must be a string holding a predicate, got an integer (3)',
+    'bad_ref_name': "specs/demo.yaml:10:12: mask.any_of[2].ref: must be a pattern name matching [a-z][a-z0-9_]* of at most 64 characters, got 'Local'",
+    'bad_pattern_name': "specs/demo.yaml:13:3: patterns.Bad: pattern name must match [a-z][a-z0-9_]* and be at most 64 characters, got 'Bad'",
+    'duplicate_pattern': "specs/demo.yaml:13:3: patterns.local: duplicate key 'local' (first given on line 12)",
+    'not_with_list': 'specs/demo.yaml:10:12: mask.any_of[2].not: a mask must be a mapping with exactly one key (one of: first_frame, spatial_window, temporal_stride, band, prefix, text, causal_frames, expr, any_of, all_of, not, ref), got a list',
+    'top_level_list': 'specs/demo.yaml:1:1: must be a mapping at the top level, got a list',
+    'geometry_not_mapping': "specs/demo.yaml:3:11: geometry: must be a mapping, got a string ('4x2x3')",
+    'unknown_tag': "specs/demo.yaml:4:20: attention.heads: unsupported YAML value: could not determine a constructor for the tag '!big'",
+}
+
+
+@pytest.mark.parametrize("case_id,text", CASES, ids=[c for c, _ in CASES])
+def test_invalid_specs(case_id, text):
+    with pytest.raises(SpecError) as info:
+        parse_spec(text, source="specs/demo.yaml")
+    assert str(info.value) == EXPECTED[case_id]
+    assert info.value.file == "specs/demo.yaml"
+
+
+def test_every_invalid_case_has_an_expectation():
+    assert len(CASES) >= 20
+    assert {c for c, _ in CASES} == set(EXPECTED)
