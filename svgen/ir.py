@@ -36,7 +36,9 @@ def _video_pair():
 
 def _within(a, b, bound):
     """|a - b| <= bound, or True when unbounded."""
-    return sympy.true if bound is None else sympy.Le(sympy.Abs(a - b), bound)
+    if bound is None:
+        return sympy.true
+    return sympy.Eq(a, b) if bound == 0 else sympy.Le(sympy.Abs(a - b), bound)
 
 
 def _both_video(q: Coordinates, k: Coordinates) -> np.ndarray:
@@ -134,7 +136,7 @@ class TemporalStride:
         where = ("the same position" if self.rows == 0 and self.cols == 0 else
                  f"positions within {self.rows} row(s) and {self.cols} column(s)")
         frames = "every frame" if self.frames is None else f"frames within {self.frames}"
-        stride = "" if self.stride == 1 else f", every {self.stride}th frame"
+        stride = "" if self.stride == 1 else f", frame difference divisible by {self.stride}"
         return f"temporal: video pairs at {where}, {frames}{stride}"
 
 

@@ -92,7 +92,7 @@ def classify_predicate(expr: sympy.Basic, q_boxes: Boxes, k_boxes: Boxes,
     for c in _COORDS:
         env[f"{c}_q"] = (q_boxes.lo[c][:, None], q_boxes.hi[c][:, None])
         env[f"{c}_k"] = (k_boxes.lo[c][None, :], k_boxes.hi[c][None, :])
-    can_true, can_false = _boolean(expr, env)
+    can_true, can_false = boolean_bounds(expr, env)
     shape = (q_boxes.tile.size, k_boxes.tile.size)
     can_true = np.broadcast_to(can_true, shape)
     can_false = np.broadcast_to(can_false, shape)
@@ -106,14 +106,14 @@ def classify_predicate(expr: sympy.Basic, q_boxes: Boxes, k_boxes: Boxes,
     return ~any_per_tile(can_false), ~any_per_tile(can_true)
 
 
-def _integer(e, env):
+def integer_bounds(e, env):
     """(lo, hi) arrays bounding an integer expression."""
     if isinstance(e, sympy.Symbol):
         return env[e.name]
     if isinstance(e, sympy.Integer):
         v = np.int64(int(e))
         return v, v
-    parts = [_integer(a, env) for a in e.args]
+    parts = [integer_bounds(a, env) for a in e.args]
     if isinstance(e, sympy.Add):
         return sum(p[0] for p in parts[1:]) + parts[0][0], sum(p[1] for p in parts[1:]) + parts[0][1]
     if isinstance(e, sympy.Mul):
@@ -143,24 +143,24 @@ def _integer(e, env):
     raise TypeError(f"unsupported integer expression {type(e).__name__}: {e}")
 
 
-def _boolean(e, env):
+def boolean_bounds(e, env):
     """(can_be_true, can_be_false) arrays for a boolean expression."""
     if e is sympy.true:
         return np.bool_(True), np.bool_(False)
     if e is sympy.false:
         return np.bool_(False), np.bool_(True)
     if isinstance(e, sympy.And):
-        parts = [_boolean(a, env) for a in e.args]
+        parts = [boolean_bounds(a, env) for a in e.args]
         return (np.logical_and.reduce(np.broadcast_arrays(*(p[0] for p in parts))),
                 np.logical_or.reduce(np.broadcast_arrays(*(p[1] for p in parts))))
     if isinstance(e, sympy.Or):
-        parts = [_boolean(a, env) for a in e.args]
+        parts = [boolean_bounds(a, env) for a in e.args]
         return (np.logical_or.reduce(np.broadcast_arrays(*(p[0] for p in parts))),
                 np.logical_and.reduce(np.broadcast_arrays(*(p[1] for p in parts))))
     if isinstance(e, sympy.Not):
-        t, f = _boolean(e.args[0], env)
+        t, f = boolean_bounds(e.args[0], env)
         return f, t
-    (alo, ahi), (blo, bhi) = (_integer(a, env) for a in e.args)
+    (alo, ahi), (blo, bhi) = (integer_bounds(a, env) for a in e.args)
     if isinstance(e, sympy.Eq):
         return (alo <= bhi) & (blo <= ahi), ~((alo == ahi) & (blo == bhi) & (alo == blo))
     if isinstance(e, sympy.Ne):

@@ -1,0 +1,205 @@
+"""The `svgen` command: compile specs into generated/, check them, inspect them.
+
+Exit status: 0 success; 1 `--check` found stale or hand-edited files; 2 bad input (a spec
+error, printed as file:line:column: key: message, without a traceback). Nothing is written
+unless every spec compiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import pathlib
+import sys
+import time
+
+import numpy as np
+
+from svgen import codegen
+from svgen.analysis import Plan, analyze
+from svgen.errors import SpecError
+from svgen.spec import load_spec
+
+EXIT_STALE = 1
+EXIT_BAD_INPUT = 2
+# Report progress for analyses that take longer than this (seconds).
+PROGRESS_AFTER = 1.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except SpecError as err:
+        print(f"svgen: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="svgen", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    p = sub.add_parser("compile", help="compile specs into generated kernel modules")
+    p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files (YAML)")
+    p.add_argument("--out", default="generated", help="output directory (default: generated)")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 if any generated file is stale or hand-edited")
+    p.add_argument("--diff", action="store_true", help="with --check: show what would change")
+    p.add_argument("--quiet", "-q", action="store_true", help="print errors only")
+    p.set_defaults(run=_compile)
+
+    p = sub.add_parser("inspect", help="print what the compiler found for a spec")
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.add_argument("--tiles", metavar="FILE.npy",
+                   help="save the int8 tile kinds [num_q_blocks, num_kv_blocks] "
+                        "(EMPTY=0, BOUNDARY=1, FULL=2)")
+    p.set_defaults(run=_inspect)
+    return parser
+
+
+class _Progress:
+    """Prints analysis progress to stderr once an analysis has run for a while."""
+
+    def __init__(self, label: str, quiet: bool):
+        self.label, self.quiet = label, quiet
+        self.start = time.perf_counter()
+        self.shown = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.quiet or time.perf_counter() - self.start < PROGRESS_AFTER:
+            return
+        self.shown = True
+        end = "\n" if done == total else ""
+        print(f"\r  {self.label}: classified {done}/{total} q tiles", end=end, file=sys.stderr,
+              flush=True)
+
+
+def _plan(spec_file: str, quiet: bool) -> Plan:
+    spec = load_spec(spec_file)
+    return analyze(spec, progress=_Progress(spec_file, quiet))
+
+
+def _spec_path_for_header(spec_file: str, out_dir: pathlib.Path) -> str:
+    """The spec's path relative to the output directory's parent (the repository root)."""
+    rel = os.path.relpath(pathlib.Path(spec_file).resolve(), out_dir.resolve().parent)
+    return pathlib.PurePath(rel).as_posix()
+
+
+def _compile(args) -> int:
+    out_dir = pathlib.Path(args.out)
+    rendered: dict[pathlib.Path, bytes] = {}
+    errors: list[str] = []
+    names: dict[str, str] = {}
+    for spec_file in args.specs:
+        start = time.perf_counter()
+        try:
+            plan = _plan(spec_file, args.quiet)
+        except SpecError as err:
+            errors.append(str(err))
+            continue
+        if plan.spec.name in names:
+            errors.append(f"{spec_file}: name: {plan.spec.name!r} is also the name of "
+                          f"{names[plan.spec.name]}; generated module names must be unique")
+            continue
+        names[plan.spec.name] = spec_file
+        files = codegen.render(plan, _spec_path_for_header(spec_file, out_dir))
+        for filename, data in files.items():
+            rendered[out_dir / filename] = data
+        if not args.quiet and not args.check:
+            counts = plan.tile_counts()
+            print(f"{spec_file} -> {out_dir / codegen.module_filename(plan.spec.name)}: "
+                  f"{counts['full']} full, {counts['boundary']} boundary, {counts['empty']} "
+                  f"empty tiles; {plan.table.num_steps} steps; "
+                  f"{time.perf_counter() - start:.2f} s", file=sys.stderr)
+    if errors:
+        for message in errors:
+            print(f"svgen: error: {message}", file=sys.stderr)
+        print("svgen: nothing written", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.check:
+        return _check(rendered, out_dir, args.diff)
+    _write_all(rendered)
+    return 0
+
+
+def _write_all(rendered: dict[pathlib.Path, bytes]) -> None:
+    """Write changed files only, each through a temporary file and an atomic rename."""
+    for path, data in rendered.items():
+        if path.exists() and path.read_bytes() == data:
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+
+def _check(rendered: dict[pathlib.Path, bytes], out_dir: pathlib.Path, show_diff: bool) -> int:
+    problems = []
+    for path, data in rendered.items():
+        if not path.exists():
+            problems.append(f"{path}: missing (run svgen compile)")
+            continue
+        current = path.read_bytes()
+        if current == data:
+            continue
+        if path.suffix == ".py":
+            text = current.decode(errors="replace")
+            header = codegen.parse_header(text)
+            if header is None or header.body_sha256 != codegen.body_checksum(codegen.body_of(text)):
+                problems.append(f"{path}: edited by hand (its checksum does not match its body)")
+            else:
+                problems.append(f"{path}: stale (the spec or svgen changed; run svgen compile)")
+            if show_diff:
+                sys.stdout.writelines(difflib.unified_diff(
+                    text.splitlines(keepends=True), data.decode().splitlines(keepends=True),
+                    fromfile=str(path), tofile=f"{path} (regenerated)"))
+        else:
+            problems.append(f"{path}: stale or edited (binary table differs)")
+    problems += _orphans(out_dir, set(rendered))
+    for p in problems:
+        print(f"svgen: {p}", file=sys.stderr)
+    if problems:
+        return EXIT_STALE
+    print(f"svgen: {len(rendered)} generated file(s) up to date", file=sys.stderr)
+    return 0
+
+
+def _orphans(out_dir: pathlib.Path, expected: set[pathlib.Path]) -> list[str]:
+    """Generated modules whose spec no longer exists."""
+    found = []
+    for path in sorted(out_dir.glob("*.py")):
+        if path in expected:
+            continue
+        header = codegen.parse_header(path.read_text(errors="replace"))
+        if header and not (out_dir.resolve().parent / header.spec_path).exists():
+            found.append(f"{path}: stale (its spec {header.spec_path} no longer exists)")
+    return found
+
+
+def _inspect(args) -> int:
+    plan = _plan(args.spec, quiet=args.json)
+    if args.tiles:
+        np.save(args.tiles, plan.kinds.astype(np.int8), allow_pickle=False)
+    if args.json:
+        print(json.dumps(plan.summary(), indent=2, sort_keys=False))
+        return 0
+    from svgen.codegen.tilemap import render_tile_map
+
+    summary = plan.summary()
+    print(f"{plan.spec.name} ({args.spec})")
+    print(f"  pattern: {plan.mask.describe()}")
+    for key, value in summary.items():
+        if key != "name":
+            print(f"  {key}: {value}")
+    print()
+    for line in render_tile_map(plan.kinds):
+        print(f"  {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""The mask IR as Python source for a BOUNDARY tile: one named line per primitive.
+
+Leaves print their sympy predicate over `q.<coord>` / `k.<coord>` (runtime.coords.TokenCoords);
+combinators combine the names, so the generated function reads like the spec. Floor division
+and modulo are printed with `lax.div` / `lax.rem` on operands shifted to be non-negative
+(shift from interval bounds over the whole geometry), because jnp `//` and `%` do not lower
+for TPU from a CPU host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import sympy
+
+from svgen import ir
+from svgen.analysis.bounds import integer_bounds
+from svgen.expr import FloorDiv, FloorMod
+from svgen.layout import SequenceLayout
+
+_COORD = {"f": "frame", "h": "row", "w": "col", "i": "index"}
+_NAMES = {
+    ir.Always: "always", ir.FirstFrame: "first_frame", ir.SpatialWindow: "spatial_window",
+    ir.TemporalStride: "temporal_stride", ir.Band: "band", ir.Prefix: "prefix",
+    ir.Text: "text", ir.CausalFrames: "causal_frames", ir.Predicate: "expr",
+    ir.AnyOf: "any_of", ir.AllOf: "all_of", ir.Not: "negated",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskSource:
+    lines: tuple[str, ...]  # statements, without indentation
+    result: str  # the expression the function returns
+    sides: tuple[str, ...]  # which of "q", "k" the statements read
+
+
+def emit_mask(mask: ir.Node, layout: SequenceLayout) -> MaskSource:
+    emitter = _Emitter(layout)
+    result = emitter.node(mask)
+    used = tuple(side for side in ("q", "k") if any(f"{side}." in line for line in
+                                                  emitter.lines + [result]))
+    return MaskSource(tuple(emitter.lines), result, used)
+
+
+class _Emitter:
+    def __init__(self, layout: SequenceLayout):
+        self.layout = layout
+        self.lines: list[str] = []
+        self.taken: dict[str, int] = {}
+        s = {
+            "f": (0, layout.frames - 1), "h": (0, layout.height - 1),
+            "w": (0, layout.width - 1), "i": (0, layout.seq_len - 1), "is_text": (0, 1),
+        }
+        self.domain = {f"{c}_{side}": (np.int64(lo), np.int64(hi))
+                       for c, (lo, hi) in s.items() for side in ("q", "k")}
+
+    def fresh(self, base: str) -> str:
+        n = self.taken.get(base, 0)
+        self.taken[base] = n + 1
+        return base if n == 0 else f"{base}_{n + 1}"
+
+    def node(self, node) -> str:
+        name = self.fresh(_NAMES[type(node)])
+        if isinstance(node, (ir.AnyOf, ir.AllOf)):
+            parts = [self.node(c) for c in node.children]
+            op = " | " if isinstance(node, ir.AnyOf) else " & "
+            self.lines.append(f"{name} = {op.join(parts)}")
+        elif isinstance(node, ir.Not):
+            child = self.node(node.child)
+            self.lines.append(f"{name} = ~{child}")
+        elif isinstance(node, ir.Always):
+            fill = "ones_like" if node.value else "zeros_like"
+            self.lines.append(f"{name} = jnp.{fill}(k_pos, dtype=jnp.bool_)")
+        else:
+            self.lines.append(f"# {node.describe()}")
+            self.lines.append(f"{name} = {_strip(self.boolean(node.predicate()))}")
+        return name
+
+    # -- sympy printing: every returned string is atomic or parenthesized ----------------
+
+    def boolean(self, e) -> str:
+        if e is sympy.true or e is sympy.false:
+            fill = "ones_like" if e is sympy.true else "zeros_like"
+            return f"jnp.{fill}(k_pos, dtype=jnp.bool_)"
+        if isinstance(e, (sympy.And, sympy.Or)):
+            op = " & " if isinstance(e, sympy.And) else " | "
+            args = sorted(e.args, key=_print_order)
+            return "(" + op.join(self.boolean(a) for a in args) + ")"
+        if isinstance(e, sympy.Not):
+            return "~" + self.boolean(e.args[0])
+        if isinstance(e, (sympy.Eq, sympy.Ne)):
+            text = self._is_text_test(e)
+            if text is not None:
+                return text
+        ops = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=",
+               sympy.Gt: ">", sympy.Ge: ">="}
+        for cls, op in ops.items():
+            if isinstance(e, cls):
+                return f"({_strip(self.integer(e.args[0]))} {op} {_strip(self.integer(e.args[1]))})"
+        raise TypeError(f"cannot print boolean {e}")
+
+    def _is_text_test(self, e):
+        """is_text_x == 0/1 printed as the boolean itself."""
+        sym, val = e.args
+        if isinstance(sym, sympy.Integer):
+            sym, val = val, sym
+        if not (isinstance(sym, sympy.Symbol) and sym.name.startswith("is_text_")
+                and isinstance(val, sympy.Integer) and int(val) in (0, 1)):
+            return None
+        side = sym.name[-1]
+        truth = (int(val) == 1) == isinstance(e, sympy.Eq)
+        return f"{side}.is_text" if truth else f"~{side}.is_text"
+
+    def integer(self, e) -> str:
+        if isinstance(e, sympy.Symbol):
+            if e.name.startswith("is_text_"):
+                return f"{e.name[-1]}.is_text_int"
+            coord, side = e.name.split("_")
+            return f"{side}.{_COORD[coord]}"
+        if isinstance(e, sympy.Integer):
+            v = int(e)
+            return str(v) if v >= 0 else f"({v})"
+        if isinstance(e, sympy.Add):
+            # Positive terms first, so "q.frame - k.frame" rather than "(-k.frame) + q.frame".
+            terms = sorted(e.as_ordered_terms(), key=_is_negative_term)
+            out = ""
+            for t in terms:
+                negative = _is_negative_term(t)
+                body = _strip(self.integer(-t if negative else t))
+                out += (" - " if negative else " + ") + body if out else ("-" if negative else "") + body
+            return f"({out})"
+        if isinstance(e, sympy.Mul):
+            coeff, rest = e.as_coeff_Mul()
+            factors = " * ".join(self.integer(a) for a in sympy.Mul.make_args(rest))
+            if coeff == 1:
+                return f"({factors})"
+            if coeff == -1:
+                return f"(-{factors})"
+            return f"({self.integer(coeff)} * {factors})"
+        if isinstance(e, sympy.Abs):
+            return f"jnp.abs({_strip(self.integer(e.args[0]))})"
+        if isinstance(e, (sympy.Min, sympy.Max)):
+            fn = "jnp.minimum" if isinstance(e, sympy.Min) else "jnp.maximum"
+            args = [self.integer(a) for a in sorted(e.args, key=_print_order)]
+            out = _strip(args[0])
+            for a in args[1:]:
+                out = f"{fn}({out}, {_strip(a)})"
+            return out
+        if isinstance(e, (FloorDiv, FloorMod)):
+            numerator, divisor = e.args
+            d = int(divisor)
+            lo, _ = integer_bounds(numerator, self.domain)
+            shift = int(-(int(lo) // d) * d) if int(lo) < 0 else 0  # multiple of d making it >= 0
+            num = _strip(self.integer(numerator))
+            shifted = f"{num} + {shift}" if shift else num
+            if isinstance(e, FloorMod):
+                return f"lax.rem({shifted}, {d})"
+            return f"(lax.div({shifted}, {d}) - {shift // d})" if shift else f"lax.div({num}, {d})"
+        raise TypeError(f"cannot print integer expression {e}")
+
+
+def _strip(s: str) -> str:
+    """Drop one pair of enclosing parentheses when they enclose the whole string."""
+    if not (s.startswith("(") and s.endswith(")")):
+        return s
+    depth = 0
+    for i, ch in enumerate(s):
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth == 0 and i < len(s) - 1:
+            return s
+    return s[1:-1]
+
+
+def _print_order(e):
+    return sympy.default_sort_key(e)
+
+
+def _is_negative_term(t) -> bool:
+    return bool(t.as_coeff_Mul()[0].is_negative)
