@@ -111,7 +111,7 @@ def _compile(args) -> int:
             rendered[out_dir / filename] = data
         if not args.quiet and not args.check:
             counts = plan.tile_counts()
-            print(f"{spec_file} -> {out_dir / codegen.module_filename(plan.spec.name)}: "
+            print(f"{spec_file}: "
                   f"{counts['full']} full, {counts['boundary']} boundary, {counts['empty']} "
                   f"empty tiles; {plan.table.num_steps} steps; "
                   f"{time.perf_counter() - start:.2f} s", file=sys.stderr)
@@ -122,12 +122,18 @@ def _compile(args) -> int:
         return EXIT_BAD_INPUT
     if args.check:
         return _check(rendered, out_dir, args.diff)
-    _write_all(rendered)
+    written = _write_all(rendered)
+    if not args.quiet:
+        for path in written:
+            print(f"wrote {path}", file=sys.stderr)
+        print(f"svgen: {len(written)} file(s) written, {len(rendered) - len(written)} unchanged",
+              file=sys.stderr)
     return 0
 
 
-def _write_all(rendered: dict[pathlib.Path, bytes]) -> None:
+def _write_all(rendered: dict[pathlib.Path, bytes]) -> list[pathlib.Path]:
     """Write changed files only, each through a temporary file and an atomic rename."""
+    written = []
     for path, data in rendered.items():
         if path.exists() and path.read_bytes() == data:
             continue
@@ -135,6 +141,8 @@ def _write_all(rendered: dict[pathlib.Path, bytes]) -> None:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_bytes(data)
         os.replace(tmp, path)
+        written.append(path)
+    return written
 
 
 def _check(rendered: dict[pathlib.Path, bytes], out_dir: pathlib.Path, show_diff: bool) -> int:

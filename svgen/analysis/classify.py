@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 
 from svgen import ir
-from svgen.analysis.intervals import IntervalSet
+from svgen.analysis.intervals import IntervalSet, ragged_arange
 from svgen.analysis.rowsets import RowChunk, row_bounds
 from svgen.layout import SequenceLayout
 from svgen.runtime.kinds import TileKind
@@ -28,8 +28,9 @@ from svgen.runtime.kinds import TileKind
 # Rows per chunk: bounds the memory of one chunk's intervals (a temporal head emits one
 # interval per frame per row) while keeping NumPy calls large.
 TARGET_ROWS_PER_CHUNK = 1 << 15
-# Above this many undecided pairs, the density of a user predicate is reported as bounds.
-MAX_UNDECIDED_PAIRS = 1 << 27
+# User predicates: up to this many pairs left open by the proofs are evaluated exactly (which
+# settles the count and the tile kinds); beyond it, counts are bounds and tiles stay BOUNDARY.
+MAX_UNDECIDED_PAIRS = 1 << 26
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +57,7 @@ class Classification:
     kinds: np.ndarray  # int8 [num_q_blocks, num_kv_blocks] of TileKind
     kept_pairs: int  # exact number of allowed real (q, k) pairs (lower bound if not exact)
     kept_pairs_upper: int  # equal to kept_pairs when exact
-    unproven_tiles: int  # BOUNDARY tiles that a user predicate left undecided
+    unproven_tiles: int  # BOUNDARY tiles that might be EMPTY or FULL, unsettled (over budget)
 
     @property
     def density_is_exact(self) -> bool:
@@ -68,7 +69,8 @@ def classify_tiles(mask: ir.Node, layout: SequenceLayout, grid: TileGrid,
     nq, nk = grid.num_q_blocks, grid.num_kv_blocks
     kinds = np.empty((nq, nk), np.int8)
     tiles_per_chunk = max(1, TARGET_ROWS_PER_CHUNK // grid.block_q)
-    lower = upper = counted = unproven = undecided_pairs = 0
+    lower = upper = counted = unproven = 0
+    budget = MAX_UNDECIDED_PAIRS
     for first_tile in range(0, nq, tiles_per_chunk):
         last_tile = min(first_tile + tiles_per_chunk, nq)
         first_row = first_tile * grid.block_q
@@ -78,25 +80,33 @@ def classify_tiles(mask: ir.Node, layout: SequenceLayout, grid: TileGrid,
         real_rows = _real_rows(chunk, first_tile, last_tile)[:, None]
         full = _full_rows(chunk, bounds.lo, nk) == real_rows
         touched = _touching_rows(chunk, bounds.hi, nk) > 0
-        kinds[first_tile:last_tile] = np.where(
-            full, TileKind.FULL, np.where(touched, TileKind.BOUNDARY, TileKind.EMPTY))
+        chunk_kinds = np.where(full, TileKind.FULL,
+                               np.where(touched, TileKind.BOUNDARY, TileKind.EMPTY))
         lower += bounds.lo.total_length()
         upper += bounds.hi.total_length()
         if not bounds.is_exact:
-            # BOUNDARY tiles that the true mask might make EMPTY (nothing certain in them) or
-            # FULL (everything possible in them): left BOUNDARY for lack of proof.
+            # Pairs the proofs left open (possible but not certain). Within the budget they
+            # are evaluated with the oracle, which settles both the count and the tile kinds.
+            undecided = bounds.hi.intersection(bounds.lo.complement_within(chunk.universe))
             maybe_empty = _touching_rows(chunk, bounds.lo, nk) == 0
             maybe_full = _full_rows(chunk, bounds.hi, nk) == real_rows
-            unproven += int(np.sum(~full & touched & (maybe_empty | maybe_full)))
-            undecided = bounds.hi.intersection(bounds.lo.complement_within(chunk.universe))
-            undecided_pairs += undecided.total_length()
-            if undecided_pairs <= MAX_UNDECIDED_PAIRS:
-                counted += _count_allowed(mask, chunk, undecided)
+            open_tiles = (chunk_kinds == TileKind.BOUNDARY) & (maybe_empty | maybe_full)
+            if undecided.total_length() <= budget:
+                budget -= undecided.total_length()
+                allowed, per_tile_allowed, per_tile_open = _evaluate_open_pairs(
+                    mask, chunk, undecided, nk)
+                counted += allowed
+                chunk_kinds[open_tiles & maybe_empty & (per_tile_allowed == 0)] = TileKind.EMPTY
+                chunk_kinds[open_tiles & maybe_full & (per_tile_allowed == per_tile_open)] = (
+                    TileKind.FULL)
+            else:
+                budget = -1  # counts are bounds from here on
+                unproven += int(np.count_nonzero(open_tiles))
+        kinds[first_tile:last_tile] = chunk_kinds
         if progress is not None:
             progress(last_tile, nq)
     kept = lower + counted
-    return Classification(kinds, kept, kept if undecided_pairs <= MAX_UNDECIDED_PAIRS else upper,
-                          unproven)
+    return Classification(kinds, kept, kept if budget >= 0 else upper, unproven)
 
 
 def _real_rows(chunk: RowChunk, first_tile: int, last_tile: int) -> np.ndarray:
@@ -137,21 +147,30 @@ def _touching_rows(chunk: RowChunk, s: IntervalSet, nk: int) -> np.ndarray:
     return _count_runs(chunk, q_tile, start // bkv, -(-end // bkv), nk)
 
 
-def _count_allowed(mask: ir.Node, chunk: RowChunk, pairs: IntervalSet) -> int:
-    """Exactly count allowed pairs among `pairs` (row, key intervals) with the dense oracle."""
-    total = 0
+def _evaluate_open_pairs(mask: ir.Node, chunk: RowChunk, pairs: IntervalSet, nk: int):
+    """Evaluate `pairs` (row, key intervals) with the dense oracle, in batches.
+
+    Returns (allowed pairs, allowed per tile, evaluated per tile), tiles indexed as the chunk's
+    [q tile, kv tile].
+    """
+    num_tiles = -(-(chunk.first_row % chunk.block_q + chunk.num_rows) // chunk.block_q)
+    per_tile_allowed = np.zeros(num_tiles * nk, np.int64)
+    per_tile_open = np.zeros(num_tiles * nk, np.int64)
     lengths = pairs.ends - pairs.starts
-    batch_starts = np.searchsorted(np.cumsum(lengths), np.arange(0, lengths.sum(), 1 << 22))
-    bounds = list(batch_starts) + [len(pairs)]
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        if lo >= hi:
-            continue
+    cuts = np.searchsorted(np.cumsum(lengths), np.arange(0, lengths.sum(), 1 << 22))
+    edges = sorted(set(cuts.tolist()) | {0, len(pairs)})
+    for lo, hi in zip(edges[:-1], edges[1:]):
         seg_len = lengths[lo:hi]
-        seg = np.repeat(np.arange(lo, hi), seg_len)
-        offset = np.arange(seg.size) - np.repeat(np.cumsum(seg_len) - seg_len, seg_len)
-        line = pairs.starts[seg] + offset
+        line = np.repeat(pairs.starts[lo:hi], seg_len) + ragged_arange(seg_len)
         row = line // chunk.stride
+        key = line - row * chunk.stride
         q = chunk.layout.coordinates(chunk.first_row + row)
-        k = chunk.layout.coordinates(line - row * chunk.stride)
-        total += int(np.count_nonzero(mask.evaluate(q, k)))
-    return total
+        k = chunk.layout.coordinates(key)
+        allowed = mask.evaluate(q, k)
+        tile = ((chunk.first_row + row) // chunk.block_q - chunk.first_row // chunk.block_q) * nk \
+            + key // chunk.block_kv
+        per_tile_allowed += np.bincount(tile, allowed, minlength=per_tile_allowed.size).astype(np.int64)
+        per_tile_open += np.bincount(tile, minlength=per_tile_open.size)
+    shape = (num_tiles, nk)
+    return (int(per_tile_allowed.sum()), per_tile_allowed.reshape(shape),
+            per_tile_open.reshape(shape))

@@ -1,0 +1,172 @@
+"""Tile classification against brute force, over hundreds of seeded random masks."""
+
+import numpy as np
+import pytest
+import yaml
+
+from svgen import ir
+from svgen.analysis import analyze
+from svgen.analysis.classify import TileGrid, classify_tiles
+from svgen.expr import parse_predicate
+from svgen.layout import SequenceLayout
+from svgen.runtime.kinds import TileKind
+from svgen.spec import parse_spec
+
+from conftest import brute_force_kinds, dense_keep
+
+PREDICATES = [
+    "abs(f_q - f_k) <= 1 and (h_q + f_k) % 3 != 1",
+    "i_k < 100 or w_q == w_k",
+    "(f_q - f_k) // 2 == 0 and not is_text_k",
+    "max(h_q, h_k) - min(w_q, w_k) > 2",
+    "is_text_q or abs(i_q - i_k) <= 17",
+    "f_k * 2 <= f_q + 1 and h_q == h_k",
+]
+
+
+def _random_primitive(rng, lay: SequenceLayout) -> dict:
+    f, h, w = lay.frames, lay.height, lay.width
+
+    def maybe(hi):
+        return {} if rng.random() < 0.3 else {"v": int(rng.integers(0, hi + 1))}
+
+    kind = rng.integers(0, 8)
+    if kind == 0:
+        return {"first_frame": {"frames": int(rng.integers(1, f + 2))}}
+    if kind == 1:
+        params = {"frames": int(rng.integers(0, f))}
+        for key, size in (("rows", h), ("cols", w)):
+            params.update({key: v for v in maybe(size).values()})
+        return {"spatial_window": params}
+    if kind == 2:
+        params = {"rows": int(rng.integers(0, h)), "cols": int(rng.integers(0, w)),
+                  "stride": int(rng.integers(1, 4))}
+        params.update({"frames": v for v in maybe(f).values()})
+        return {"temporal_stride": params}
+    if kind == 3:
+        if rng.random() < 0.5:
+            return {"band": {"width": int(rng.integers(0, lay.seq_len))}}
+        return {"band": {"density": float(rng.choice([0.05, 0.2, 0.35, 0.9]))}}
+    if kind == 4:
+        return {"prefix": {"tokens": int(rng.integers(1, lay.seq_len + 5))}}
+    if kind == 5:
+        return {"text": {}}
+    if kind == 6:
+        return {"causal_frames": {}}
+    return {"expr": str(rng.choice(PREDICATES))}
+
+
+def _random_mask(rng, lay, depth=0) -> dict:
+    r = rng.random()
+    if depth >= 3 or r < 0.35:
+        return _random_primitive(rng, lay)
+    if r < 0.6:
+        return {"any_of": [_random_mask(rng, lay, depth + 1) for _ in range(rng.integers(1, 4))]}
+    if r < 0.85:
+        return {"all_of": [_random_mask(rng, lay, depth + 1) for _ in range(rng.integers(1, 4))]}
+    return {"not": _random_mask(rng, lay, depth + 1)}
+
+
+def _random_layout(rng) -> SequenceLayout:
+    text = int(rng.choice([0, 0, 3, 17]))
+    return SequenceLayout(int(rng.integers(1, 6)), int(rng.integers(1, 6)),
+                          int(rng.integers(1, 9)), text, bool(rng.integers(0, 2)))
+
+
+def _check(kinds, kept, keep, expected_kinds, exact):
+    """exact: built-ins, or a user predicate whose open pairs were all evaluated."""
+    assert kept == int(keep.sum())
+    if exact:
+        np.testing.assert_array_equal(kinds, expected_kinds)
+    else:  # sound: EMPTY and FULL only where brute force agrees
+        assert np.all((kinds != TileKind.EMPTY) | (expected_kinds == TileKind.EMPTY))
+        assert np.all((kinds != TileKind.FULL) | (expected_kinds == TileKind.FULL))
+
+
+def _lower_dict(mask: dict, lay: SequenceLayout, bq: int, bkv: int):
+    spec = parse_spec(yaml.safe_dump({
+        "svgen": 1, "name": "random",
+        "geometry": {"frames": lay.frames, "height": lay.height, "width": lay.width,
+                     "text_tokens": lay.text_tokens,
+                     "text_position": "first" if lay.text_first else "last"},
+        "attention": {"heads": 1, "head_dim": 128, "dtype": "float32"},
+        "mask": mask, "tiling": {"block_q": bq, "block_kv": bkv},
+    }))
+    return spec, ir.lower(spec)
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_random_masks_small_tiles(seed):
+    """Small tiles (8..24, sizes that do not divide them) give many tiles per case."""
+    rng = np.random.default_rng(seed)
+    lay = _random_layout(rng)
+    bq, bkv = int(rng.choice([8, 16, 32])), int(rng.choice([8, 16, 24]))
+    _, mask = _lower_dict(_random_mask(rng, lay), lay, 128, 128)
+    got = classify_tiles(mask, lay, TileGrid(lay.seq_len, bq, bkv))
+    keep = dense_keep(mask, lay)
+    assert got.density_is_exact and got.unproven_tiles == 0  # small: within the budget
+    _check(got.kinds, got.kept_pairs, keep, brute_force_kinds(keep, bq, bkv), exact=True)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_specs_through_the_whole_analysis(seed):
+    """Spec text -> analyze(): real block sizes, geometries that do not divide them."""
+    rng = np.random.default_rng(1000 + seed)
+    lay = SequenceLayout(int(rng.integers(2, 6)), int(rng.integers(3, 9)),
+                         int(rng.integers(10, 30)), int(rng.choice([0, 40])),
+                         bool(rng.integers(0, 2)))
+    bq, bkv = int(rng.choice([128, 256])), int(rng.choice([128, 256]))
+    spec, mask = _lower_dict(_random_mask(rng, lay), lay, bq, bkv)
+    plan = analyze(spec)
+    keep = dense_keep(mask, lay)
+    _check(plan.kinds, plan.classification.kept_pairs, keep, brute_force_kinds(keep, bq, bkv),
+           exact=plan.classification.density_is_exact)
+    assert plan.density == pytest.approx(keep.mean())
+
+
+@pytest.mark.parametrize("bq,bkv", [(8, 8), (16, 8), (8, 24)])
+def test_predicates_that_interval_arithmetic_can_decide_are_exact(bq, bkv):
+    """A monotone user predicate classifies exactly like its built-in twin."""
+    lay = SequenceLayout(5, 3, 7, 0, False)
+    grid = TileGrid(lay.seq_len, bq, bkv)
+    builtin = ir.SpatialWindow(1, None, None)
+    user = ir.Predicate("abs(f_q - f_k) <= 1", parse_predicate("abs(f_q - f_k) <= 1"))
+    a, b = classify_tiles(builtin, lay, grid), classify_tiles(user, lay, grid)
+    np.testing.assert_array_equal(a.kinds, b.kinds)
+    assert b.unproven_tiles == 0 and b.kept_pairs == a.kept_pairs and b.density_is_exact
+
+
+def test_unprovable_tiles_are_counted():
+    lay = SequenceLayout(4, 4, 8, 0, False)
+    grid = TileGrid(lay.seq_len, 16, 16)
+    # (h_q + h_k) % 2 == 0 holds on exactly half of each tile: boundary everywhere, honestly.
+    p = ir.Predicate("x", parse_predicate("(w_q + w_k) % 2 == 0"))
+    got = classify_tiles(p, lay, grid)
+    assert np.all(got.kinds == TileKind.BOUNDARY)
+    keep = dense_keep(p, lay)
+    assert got.kept_pairs == keep.sum() and got.density_is_exact
+
+
+def test_blog_configuration_counts():
+    """Wan 720p band(0.35) + prefix 3600: kept fraction 0.3887 as published."""
+    lay = SequenceLayout(21, 45, 80, 0, False)
+    mask = ir.AnyOf((ir.Band(ir.band_width_from_density(0.35, lay.video_tokens)), ir.Prefix(3600)))
+    assert ir.band_width_from_density(0.35, lay.video_tokens) == 14720
+    got = classify_tiles(mask, lay, TileGrid(lay.seq_len, 512, 512))
+    assert round(got.kept_pairs / lay.seq_len ** 2, 4) == 0.3887
+
+
+def test_over_budget_predicates_stay_sound(monkeypatch):
+    """Past the evaluation budget, tiles stay BOUNDARY, counts become bounds, and it says so."""
+    from svgen.analysis import classify
+
+    monkeypatch.setattr(classify, "MAX_UNDECIDED_PAIRS", 0)
+    lay = SequenceLayout(4, 4, 8, 0, False)
+    p = ir.Predicate("x", parse_predicate("abs(w_q - w_k) <= 2 and f_q == f_k"))
+    got = classify_tiles(p, lay, TileGrid(lay.seq_len, 16, 16))
+    keep = dense_keep(p, lay)
+    expected = brute_force_kinds(keep, 16, 16)
+    _check(got.kinds, int(keep.sum()), keep, expected, exact=False)
+    assert not got.density_is_exact
+    assert got.kept_pairs <= keep.sum() <= got.kept_pairs_upper
+    assert got.unproven_tiles > 0

@@ -1,0 +1,96 @@
+"""Generated source: the emitted boundary mask equals the oracle; files parse; headers hold."""
+
+import ast
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import sympy
+
+from svgen import codegen, ir
+from svgen.analysis import analyze
+from svgen.codegen.predicate import emit_mask
+from svgen.codegen.tilemap import render_tile_map
+from svgen.layout import SequenceLayout
+from svgen.runtime import coords
+from svgen.runtime.kinds import TileKind
+from svgen.spec import load_spec
+
+from conftest import REPO, SPECS, dense_keep
+from test_classify import _lower_dict, _random_layout, _random_mask
+
+
+def _emitted_function(mask, layout: SequenceLayout):
+    src = emit_mask(mask, layout)
+    body = "\n".join(f"    {line}" for line in src.lines)
+    sides = "\n".join(f"    {s} = coords.TokenCoords({s}_pos, LAYOUT)" for s in src.sides)
+    text = f"def boundary_mask(q_pos, k_pos):\n{sides}\n{body}\n    return {src.result}\n"
+    namespace = {"coords": coords, "jnp": jnp, "lax": __import__("jax").lax,
+                 "LAYOUT": coords.FrameMajorLayout(layout.frames, layout.height, layout.width,
+                                                   layout.text_tokens, layout.text_first)}
+    exec(compile(text, "<generated>", "exec"), namespace)
+    return namespace["boundary_mask"], text
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_emitted_mask_equals_the_oracle(seed):
+    rng = np.random.default_rng(5000 + seed)
+    lay = _random_layout(rng)
+    _, mask = _lower_dict(_random_mask(rng, lay), lay, 128, 128)
+    fn, text = _emitted_function(mask, lay)
+    pos = jnp.arange(lay.seq_len, dtype=jnp.int32)
+    got = np.broadcast_to(np.asarray(fn(pos[:, None], pos[None, :])),
+                          (lay.seq_len, lay.seq_len))
+    np.testing.assert_array_equal(got, dense_keep(mask, lay), err_msg=text)
+    code = [line for line in text.splitlines() if not line.strip().startswith("#")]
+    assert not any("//" in line or "%" in line for line in code)  # lax.div / lax.rem only
+
+
+def test_sympy_predicate_agrees_with_the_oracle():
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        lay = _random_layout(rng)
+        _, mask = _lower_dict(_random_mask(rng, lay), lay, 128, 128)
+        c = lay.coordinates(np.arange(lay.seq_len))
+        q, k = c.reshape(-1, 1), c.reshape(1, -1)
+        via_sympy = np.broadcast_to(ir.evaluate_sympy(mask.predicate(), q, k),
+                                    (lay.seq_len, lay.seq_len))
+        np.testing.assert_array_equal(via_sympy, mask.evaluate(q, k))
+
+
+@pytest.mark.parametrize("spec_path", SPECS, ids=lambda p: p.stem)
+def test_shipped_modules_parse_and_carry_a_valid_header(spec_path):
+    text = (REPO / "generated" / f"{spec_path.stem}.py").read_text()
+    ast.parse(text)
+    header = codegen.parse_header(text)
+    assert header is not None and header.spec_path == f"specs/{spec_path.name}"
+    assert header.body_sha256 == codegen.body_checksum(codegen.body_of(text))
+    assert header.spec_digest == load_spec(spec_path).digest
+    assert "/work" not in text and "/tmp" not in text  # no absolute paths
+    assert "Tile map:" in text and "Kept pairs:" in text
+
+
+def test_large_tables_go_to_a_checked_npy_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(codegen, "MAX_INLINE_RUNS", 4)
+    plan = analyze(load_spec(REPO / "specs" / "wan21_720p_spatial.yaml"))
+    files = codegen.render(plan, "specs/wan21_720p_spatial.yaml")
+    assert sorted(files) == ["wan21_720p_spatial.py", "wan21_720p_spatial_tables.npy"]
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    from conftest import import_file
+
+    module = import_file(tmp_path / "wan21_720p_spatial.py")
+    np.testing.assert_array_equal(module.STEP_RUNS, plan.table.runs)
+    (tmp_path / "wan21_720p_spatial_tables.npy").write_bytes(
+        files["wan21_720p_spatial_tables.npy"][:-4] + b"\0\0\0\0")
+    with pytest.raises(RuntimeError, match="does not match the module"):
+        import_file(tmp_path / "wan21_720p_spatial.py")
+
+
+def test_tile_map_downsamples_and_marks_mixed_cells():
+    kinds = np.zeros((4, 4), np.int8)
+    kinds[0, 0] = TileKind.FULL
+    kinds[:2, 2:] = TileKind.FULL
+    lines = render_tile_map(kinds, max_rows=2, max_cols=2)
+    assert lines[2:] == ["+#", ".."]
+    assert render_tile_map(kinds)[2] == "#.##"
