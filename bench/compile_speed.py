@@ -1,0 +1,102 @@
+"""Compile time and peak memory of svgen's analysis + code generation, as a table.
+
+Each case runs in a fresh subprocess so its peak RSS is its own (the baseline of an idle
+Python with svgen, jax and sympy imported is printed too). Cases: the shipped specs and
+400K-token variants (111 x 45 x 80) of the Wan spatial/temporal/band heads.
+
+    python bench/compile_speed.py            # all cases
+    python bench/compile_speed.py --quick    # shipped specs only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import resource
+import subprocess
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+LONG_VIDEO = {"frames": 111, "height": 45, "width": 80}
+VARIANTS = [  # (label, shipped spec, geometry overrides, tiling overrides)
+    ("wan_spatial_400k", "wan21_720p_spatial", LONG_VIDEO, None),
+    ("wan_temporal_400k", "wan21_720p_temporal", LONG_VIDEO, None),
+    ("wan_band_400k", "wan21_720p_band", LONG_VIDEO, None),
+    ("wan_spatial_400k_t128", "wan21_720p_spatial", LONG_VIDEO, {"block_q": 128, "block_kv": 128}),
+]
+
+
+def _child(spec_text: str, label: str) -> None:
+    """Runs in the subprocess: analyze + render one spec, print one JSON line."""
+    from svgen import codegen
+    from svgen.analysis import analyze
+    from svgen.spec import parse_spec
+
+    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    spec = parse_spec(spec_text, source=f"{label}.yaml")
+    t1 = time.perf_counter()
+    plan = analyze(spec)
+    t2 = time.perf_counter()
+    files = codegen.render(plan, f"specs/{label}.yaml")
+    t3 = time.perf_counter()
+    s = plan.summary()
+    print(json.dumps({
+        "case": label, "tokens": s["seq_len"], "tile": f"{s['block_q']}x{s['block_kv']}",
+        "tiles": s["tiles"], "density": s["density"], "visited": s["visited_fraction"],
+        "steps": s["grid_steps"], "table_bytes": s["table_bytes"],
+        "parse_s": t1 - t0, "analyze_s": t2 - t1, "render_s": t3 - t2,
+        "out_bytes": sum(len(b) for b in files.values()),
+        "baseline_mib": baseline / 1024,
+        "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }))
+
+
+def _override(text: str, geometry: dict | None, tiling: dict | None, label: str) -> str:
+    import yaml
+
+    spec = yaml.safe_load(text)
+    spec["name"] = label
+    if geometry:
+        spec["geometry"] = dict(spec["geometry"], **geometry)
+    if tiling:
+        spec["tiling"] = dict(spec.get("tiling", {}), **tiling)
+    return yaml.safe_dump(spec, sort_keys=False)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--child", nargs=2, metavar=("LABEL", "SPEC_TEXT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child(args.child[1], args.child[0])
+        return
+    cases = [(p.stem, p.read_text()) for p in sorted((REPO / "specs").glob("*.yaml"))]
+    if not args.quick:
+        for label, base, geometry, tiling in VARIANTS:
+            text = (REPO / "specs" / f"{base}.yaml").read_text()
+            cases.append((label, _override(text, geometry, tiling, label)))
+    rows = []
+    for label, text in cases:
+        out = subprocess.run([sys.executable, __file__, "--child", label, text],
+                             capture_output=True, text=True, check=True)
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(f"  measured {label}", file=sys.stderr)
+    header = ("| case | tokens | tile | full / boundary / empty | density | visited | steps "
+              "| SMEM table B | analyze s | render s | peak RSS MiB (idle) |")
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
+    for r in rows:
+        t = r["tiles"]
+        print(f"| {r['case']} | {r['tokens']:,} | {r['tile']} | {t['full']:,} / "
+              f"{t['boundary']:,} / {t['empty']:,} | {r['density']:.4f} | {r['visited']:.4f} | "
+              f"{r['steps']:,} | {r['table_bytes']:,} | {r['analyze_s']:.3f} | "
+              f"{r['render_s']:.3f} | {r['peak_mib']:.0f} ({r['baseline_mib']:.0f}) |")
+
+
+if __name__ == "__main__":
+    main()
