@@ -44,6 +44,7 @@ KV_BLOCK_SHIFT = 2
 KV_BLOCK_MASK = (1 << (Q_BLOCK_SHIFT - KV_BLOCK_SHIFT)) - 1
 KIND_MASK = (1 << KV_BLOCK_SHIFT) - 1
 MAX_BLOCKS = 1 << (Q_BLOCK_SHIFT - KV_BLOCK_SHIFT)  # 32768 tiles per side
+LANES = 128
 
 # Finite "minus infinity": exp(MASK_VALUE - m) underflows to 0 without inf - inf = NaN.
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
@@ -133,10 +134,12 @@ def _attention_kernel(
         k = k_ref[...]
         v = v_ref[...]
         precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+        # Scaling q ([block_q, d]) is cheaper than scaling the [block_q, block_kv] scores.
+        q = (q.astype(jnp.float32) * sm_scale).astype(q.dtype)
         scores = lax.dot_general(
             q, k, (((1,), (1,)), ((), ())),
             preferred_element_type=jnp.float32, precision=precision,
-        ) * sm_scale
+        )
         assert scores.shape == (shape.block_q, shape.block_kv)
         if masked:
             q_pos = q_block * shape.block_q + lax.broadcasted_iota(
@@ -148,20 +151,20 @@ def _attention_kernel(
             # Padding keys are never attended, whatever the predicate says about them.
             keep = boundary_mask(q_pos, k_pos) & (k_pos < shape.seq_len)
             scores = jnp.where(keep, scores, MASK_VALUE)
+        # m and l are kept lane-replicated ([block_q, 128]): full vregs, no relayouts.
         m_prev = m_scratch[...]
         m_next = jnp.maximum(m_prev, jnp.max(scores, axis=1, keepdims=True))
-        probs = jnp.exp(scores - m_next)
-        if masked:
-            # A row with nothing allowed yet has m_next == MASK_VALUE and exp(0) == 1 on its
-            # masked entries: zero them so its denominator stays 0 and its output 0.
-            probs = jnp.where(keep, probs, 0.0)
+        # A row with no allowed key so far has m_next == MASK_VALUE and exp(0) = 1 on its
+        # masked entries; the first allowed key rescales that away (alpha = 0), and a row
+        # that never gets one is zeroed in finalize. So no select on the probabilities.
+        probs = jnp.exp(scores - _lanes(m_next, shape.block_kv))
         alpha = jnp.exp(m_prev - m_next)
         l_scratch[...] = alpha * l_scratch[...] + jnp.sum(probs, axis=1, keepdims=True)
         pv = lax.dot_general(
             probs.astype(v.dtype), v, (((1,), (0,)), ((), ())),
             preferred_element_type=jnp.float32, precision=precision,
         )
-        acc_scratch[...] = alpha * acc_scratch[...] + pv
+        acc_scratch[...] = _lanes(alpha, shape.head_dim) * acc_scratch[...] + pv
         m_scratch[...] = m_next
 
     @pl.when(kind == TileKind.FULL)
@@ -174,9 +177,17 @@ def _attention_kernel(
 
     @pl.when(is_last)
     def finalize():
-        denom = l_scratch[...]
-        inv = jnp.where(denom > 0.0, 1.0 / jnp.where(denom > 0.0, denom, 1.0), 0.0)
-        o_ref[...] = (acc_scratch[...] * inv).astype(o_ref.dtype)
+        # Rows that saw no allowed key (m still MASK_VALUE) are 0, never NaN.
+        seen = m_scratch[...] > 0.5 * MASK_VALUE
+        inv = jnp.where(seen, 1.0 / jnp.where(seen, l_scratch[...], 1.0), 0.0)
+        o_ref[...] = (acc_scratch[...] * _lanes(inv, shape.head_dim)).astype(o_ref.dtype)
+
+
+def _lanes(x, width: int):
+    """A lane-replicated [rows, 128] array as [rows, width] (width a multiple of 128, or less)."""
+    if width <= LANES:
+        return x[:, :width]
+    return jnp.tile(x, (1, width // LANES))
 
 
 def _flat_attention(q, k, v, steps, *, shape, boundary_mask, interpret, sm_scale):
@@ -207,8 +218,8 @@ def _flat_attention(q, k, v, steps, *, shape, boundary_mask, interpret, sm_scale
         ],
         out_specs=pl.BlockSpec((None, shape.block_q, d), q_index_map),
         scratch_shapes=[
-            pltpu.VMEM((shape.block_q, 1), jnp.float32),
-            pltpu.VMEM((shape.block_q, 1), jnp.float32),
+            pltpu.VMEM((shape.block_q, LANES), jnp.float32),
+            pltpu.VMEM((shape.block_q, LANES), jnp.float32),
             pltpu.VMEM((shape.block_q, d), jnp.float32),
         ],
     )
