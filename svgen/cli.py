@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from svgen import codegen
-from svgen.analysis import Plan, analyze
+from svgen.analysis import DEFAULT_SMEM_BUDGET, Plan, analyze
 from svgen.errors import SpecError
 from svgen.spec import load_spec
 
@@ -49,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="write nothing; exit 1 if any generated file is stale or hand-edited")
     p.add_argument("--diff", action="store_true", help="with --check: show what would change")
     p.add_argument("--quiet", "-q", action="store_true", help="print errors only")
+    _add_budget(p)
     p.set_defaults(run=_compile)
 
     p = sub.add_parser("inspect", help="print what the compiler found for a spec")
@@ -57,8 +58,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tiles", metavar="FILE.npy",
                    help="save the int8 tile kinds [num_q_blocks, num_kv_blocks] "
                         "(EMPTY=0, BOUNDARY=1, FULL=2)")
+    _add_budget(p)
     p.set_defaults(run=_inspect)
     return parser
+
+
+def _add_budget(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--smem-budget", type=int, default=DEFAULT_SMEM_BUDGET, metavar="BYTES",
+                   help="fail when a kernel's scalar-prefetch tables exceed this many bytes "
+                        f"(default {DEFAULT_SMEM_BUDGET}: one TPU core's SMEM)")
 
 
 class _Progress:
@@ -78,9 +86,9 @@ class _Progress:
               flush=True)
 
 
-def _plan(spec_file: str, quiet: bool) -> Plan:
+def _plan(spec_file: str, quiet: bool, smem_budget: int) -> Plan:
     spec = load_spec(spec_file)
-    return analyze(spec, progress=_Progress(spec_file, quiet))
+    return analyze(spec, progress=_Progress(spec_file, quiet), smem_budget=smem_budget)
 
 
 def _spec_path_for_header(spec_file: str, out_dir: pathlib.Path) -> str:
@@ -97,7 +105,7 @@ def _compile(args) -> int:
     for spec_file in args.specs:
         start = time.perf_counter()
         try:
-            plan = _plan(spec_file, args.quiet)
+            plan = _plan(spec_file, args.quiet, args.smem_budget)
         except SpecError as err:
             errors.append(str(err))
             continue
@@ -113,7 +121,7 @@ def _compile(args) -> int:
             counts = plan.tile_counts()
             print(f"{spec_file}: "
                   f"{counts['full']} full, {counts['boundary']} boundary, {counts['empty']} "
-                  f"empty tiles; {plan.table.num_steps} steps; "
+                  f"empty tiles; {plan.table.grid_steps} grid steps; "
                   f"{time.perf_counter() - start:.2f} s", file=sys.stderr)
     if errors:
         for message in errors:
@@ -189,7 +197,7 @@ def _orphans(out_dir: pathlib.Path, expected: set[pathlib.Path]) -> list[str]:
 
 
 def _inspect(args) -> int:
-    plan = _plan(args.spec, quiet=args.json)
+    plan = _plan(args.spec, quiet=args.json, smem_budget=args.smem_budget)
     if args.tiles:
         np.save(args.tiles, plan.kinds.astype(np.int8), allow_pickle=False)
     if args.json:

@@ -47,10 +47,10 @@ def import_file(path: pathlib.Path):
     return module
 
 
-def compile_spec_text(text: str, out_dir: pathlib.Path):
+def compile_spec_text(text: str, out_dir: pathlib.Path, **analyze_options):
     """Analyze + render a spec given as YAML text; import the generated module."""
     spec = parse_spec(text, source="test.yaml")
-    plan = analyze(spec)
+    plan = analyze(spec, **analyze_options)
     out_dir.mkdir(parents=True, exist_ok=True)
     for filename, data in codegen.render(plan, "specs/test.yaml").items():
         (out_dir / filename).write_bytes(data)
@@ -61,7 +61,7 @@ def compile_spec_text(text: str, out_dir: pathlib.Path):
 def compile_text(tmp_path):
     counter = itertools.count()
 
-    def run(text: str):
-        return compile_spec_text(text, tmp_path / f"gen{next(counter)}")
+    def run(text: str, **analyze_options):
+        return compile_spec_text(text, tmp_path / f"gen{next(counter)}", **analyze_options)
 
     return run

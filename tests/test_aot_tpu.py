@@ -39,3 +39,13 @@ def test_float32_and_batched_variants_compile():
     module = import_file(REPO / "generated" / "wan21_720p_spatial.py")
     compile_for_v6e(module, dtype="float32")
     compile_for_v6e(module, batch=2)
+
+
+def test_multi_tile_pieces_compile(tmp_path):
+    """The kernel variant with a piece-length table (slots > 1) is accepted by Mosaic too."""
+    from conftest import compile_spec_text
+
+    text = (REPO / "specs" / "wan21_720p_band.yaml").read_text()
+    plan, module = compile_spec_text(text, tmp_path, smem_budget=16384)
+    assert plan.table.pieces.slots > 1
+    compile_for_v6e(module)

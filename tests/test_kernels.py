@@ -115,3 +115,18 @@ tiling: {block_q: 128, block_kv: 128}
     q = rng.standard_normal((1, 240, 128)).astype(np.float32)
     out = np.asarray(module.attention(q, q, q, interpret=POISONED))
     assert np.all(out == 0.0)
+
+
+def test_pieces_longer_than_one_tile(compile_text):
+    """A tight SMEM budget cuts runs into multi-tile pieces with skipped slots: same result."""
+    text = """
+svgen: 1
+name: long_runs
+geometry: {frames: 12, height: 4, width: 32}
+attention: {heads: 2, head_dim: 128, dtype: float32}
+mask: {any_of: [{first_frame: {frames: 4}}, {spatial_window: {frames: 3}}]}
+tiling: {block_q: 128, block_kv: 128}
+"""
+    plan, module = compile_text(text, smem_budget=200)
+    assert plan.table.pieces.slots > 1 and plan.table.grid_steps > plan.table.visited_steps
+    run_and_compare(plan, module, "float32", seed=11)

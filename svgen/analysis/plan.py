@@ -8,7 +8,7 @@ import numpy as np
 
 from svgen import ir
 from svgen.analysis.classify import Classification, TileGrid
-from svgen.analysis.tables import StepTable
+from svgen.analysis.tables import BlockTable
 from svgen.layout import SequenceLayout
 from svgen.runtime.kinds import TileKind
 from svgen.spec import Spec
@@ -21,7 +21,7 @@ class Plan:
     mask: ir.Node
     grid: TileGrid
     classification: Classification
-    table: StepTable
+    table: BlockTable
 
     @property
     def kinds(self) -> np.ndarray:
@@ -60,7 +60,9 @@ class Plan:
             "density_is_exact": c.density_is_exact,
             "visited_fraction": self.visited_fraction,
             "table_bytes": self.table.scalar_prefetch_bytes,
-            "grid_steps": self.table.num_steps,
+            "grid_steps": self.table.grid_steps,
+            "visited_steps": self.table.visited_steps,
+            "slots_per_piece": self.table.pieces.slots,
             "unproven_boundary_tiles": c.unproven_tiles,
         }
         if not c.density_is_exact:

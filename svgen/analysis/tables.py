@@ -1,14 +1,15 @@
-"""Block tables for the kernel: the visited tiles of each q tile, as runs and as packed steps.
+"""Block tables for the kernel: the visited tiles of each q tile, as runs and as SMEM pieces.
 
-The kernel walks a flat list of steps (see `svgen.runtime.kernel`): for each q tile in order,
-its visited kv tiles in increasing order. Two adjustments turn tile kinds into kernel kinds:
+The kernel walks the visited tiles q tile by q tile (see `svgen.runtime.kernel`). Two
+adjustments turn tile kinds into kernel kinds:
   * a FULL tile in the last kv tile, when the sequence does not fill it, runs as BOUNDARY:
     its padding keys must be masked out (the boundary mask always drops keys >= seq_len);
   * a q tile with no visited tile gets one EMPTY step, which only writes its zero output.
     It names the previous step's kv tile, so the pipeline fetches nothing new for it.
-The table shipped to the kernel is one int32 per step; the generated module stores it as runs
-(q_block, kv_start, length, kind) of consecutive kv tiles of one kind, which are shorter and
-readable, and expands them at import.
+The generated module stores runs (q_block, kv_start, length, kind) of consecutive kv tiles of
+one kind, which are short and readable. The kernel's scalar prefetch holds them cut into
+pieces of at most `slots` tiles: the smallest `slots` (a power of two) whose table fits the
+SMEM budget, so tables stay one entry per visited tile unless that would not fit.
 """
 
 from __future__ import annotations
@@ -18,22 +19,43 @@ import dataclasses
 import numpy as np
 
 from svgen.analysis.classify import TileGrid
-from svgen.runtime.kernel import expand_runs
+from svgen.runtime.kernel import PieceTable
 from svgen.runtime.kinds import TileKind
+
+DEFAULT_SMEM_BUDGET = 1 << 20  # bytes: the SMEM of one TPU v6e TensorCore
+MAX_SLOTS = 256
+
+
+class TableBudgetError(Exception):
+    """No piece size fits the SMEM budget; `smallest` is the best table found."""
+
+    def __init__(self, smallest: PieceTable):
+        super().__init__(f"{smallest.scalar_prefetch_bytes} bytes")
+        self.smallest = smallest
 
 
 @dataclasses.dataclass(frozen=True)
-class StepTable:
+class BlockTable:
     runs: np.ndarray  # int64 [num_runs, 4]: q_block, kv_start, length, kernel kind
-    steps: np.ndarray  # int32 [num_steps], packed (runtime.kernel.pack_steps)
+    pieces: PieceTable  # what the kernel's scalar prefetch holds
 
     @property
-    def num_steps(self) -> int:
-        return int(self.steps.size)
+    def visited_steps(self) -> int:
+        """Grid steps that do work: visited tiles plus one per q tile with none."""
+        return int(self.runs[:, 2].sum())
+
+    @property
+    def grid_steps(self) -> int:
+        """Grid steps launched per head (visited steps plus skipped slots)."""
+        return self.pieces.num_pieces * self.pieces.slots
 
     @property
     def scalar_prefetch_bytes(self) -> int:
-        return int(self.steps.nbytes)
+        return self.pieces.scalar_prefetch_bytes
+
+    @property
+    def num_steps(self) -> int:  # TODO(remove): kept while bench/vs_splash.py moves over
+        return self.grid_steps
 
 
 def kernel_kinds(kinds: np.ndarray, grid: TileGrid) -> np.ndarray:
@@ -44,18 +66,31 @@ def kernel_kinds(kinds: np.ndarray, grid: TileGrid) -> np.ndarray:
     return out
 
 
-def build_step_table(kinds: np.ndarray, grid: TileGrid) -> StepTable:
+def build_runs(kinds: np.ndarray, grid: TileGrid) -> np.ndarray:
     kinds = kernel_kinds(kinds, grid)
-    q_block, kv_block = np.nonzero(kinds != TileKind.EMPTY)  # row-major: sorted as the kernel walks
+    q_block, kv_block = np.nonzero(kinds != TileKind.EMPTY)  # row-major: the kernel's order
     kind = kinds[q_block, kv_block].astype(np.int64)
     new_run = np.ones(q_block.size, bool)
     new_run[1:] = ((q_block[1:] != q_block[:-1]) | (kv_block[1:] != kv_block[:-1] + 1)
                    | (kind[1:] != kind[:-1]))
     first = np.flatnonzero(new_run)
     lengths = np.diff(np.append(first, q_block.size))
-    runs = np.stack([q_block[first], kv_block[first], lengths, kind[first]], axis=1).astype(np.int64)
-    runs = _add_zero_fill_runs(runs, grid.num_q_blocks)
-    return StepTable(runs=runs, steps=expand_runs(runs))
+    runs = np.stack([q_block[first], kv_block[first], lengths, kind[first]], axis=1)
+    return _add_zero_fill_runs(runs.astype(np.int64).reshape(-1, 4), grid.num_q_blocks)
+
+
+def build_block_table(kinds: np.ndarray, grid: TileGrid,
+                      smem_budget: int = DEFAULT_SMEM_BUDGET) -> BlockTable:
+    """Raises TableBudgetError when even MAX_SLOTS-tile pieces exceed the budget."""
+    runs = build_runs(kinds, grid)
+    slots = 1
+    while True:
+        pieces = PieceTable.from_runs(runs, slots)
+        if pieces.scalar_prefetch_bytes <= smem_budget:
+            return BlockTable(runs, pieces)
+        if slots >= MAX_SLOTS:
+            raise TableBudgetError(pieces)
+        slots *= 2
 
 
 def _add_zero_fill_runs(runs: np.ndarray, num_q_blocks: int) -> np.ndarray:

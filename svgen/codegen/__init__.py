@@ -144,7 +144,8 @@ def _context(plan: Plan, spec_path: str, inline_runs, tables_file, tables_sha) -
         f"BOUNDARY, {_int(counts['empty'])} EMPTY",
         f"Kept pairs: {density}",
         f"Visited fraction: {plan.visited_fraction:.4f} of tiles",
-        f"Kernel: {_int(plan.table.num_steps)} grid steps per head; step table "
+        f"Kernel: {_int(plan.table.grid_steps)} grid steps per head ({_int(plan.table.visited_steps)} "
+        f"doing work), pieces of up to {plan.table.pieces.slots} kv tile(s); tables "
         f"{_int(plan.table.scalar_prefetch_bytes)} bytes of SMEM (scalar prefetch)",
     ]
     if c.unproven_tiles:
@@ -164,6 +165,7 @@ def _context(plan: Plan, spec_path: str, inline_runs, tables_file, tables_sha) -
             ("HEADS", str(spec.attention.heads)),
             ("HEAD_DIM", str(spec.attention.head_dim)),
             ("DTYPE", repr(spec.attention.dtype)),
+            ("SLOTS_PER_PIECE", str(plan.table.pieces.slots)),
         ],
         "layout_args": (f"frames={layout.frames}, height={layout.height}, width={layout.width}, "
                         f"text_tokens={layout.text_tokens}, text_first={layout.text_first}"),

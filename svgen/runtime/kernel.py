@@ -6,15 +6,22 @@ generated files show only spec-dependent code.
 
 Grid and tables
 ---------------
-The grid is (batch*heads, num_steps). Step s visits one (q tile, kv tile) pair, read from one
-packed int32 per step in SMEM (scalar prefetch):
+The visited tiles, sorted by q tile, are grouped into *pieces*: up to `slots` consecutive kv
+tiles of one q tile and one kind. The grid is (batch*heads, num_pieces, slots); grid step
+(piece, slot) visits kv tile kv_start + slot of its piece. Per piece, SMEM (scalar prefetch)
+holds one packed int32
 
-    entry = q_block << 17 | kv_block << 2 | kind        (kind: TileKind)
+    entry = q_block << 17 | kv_start << 2 | kind        (kind: TileKind)
 
-Steps are sorted by q tile, so the q tile and output block stay resident while its kv tiles
-stream past; a step is the first (last) of its q tile when the previous (next) entry names
-another q tile. The step list holds only visited tiles, so EMPTY tiles cost no grid step at
-all; a q tile with no visited tile at all gets a single EMPTY step that writes zeros.
+and, when slots > 1, its length. Slots past a piece's length are skipped and repeat the last
+kv tile, so they fetch nothing. slots = 1 is one entry per visited tile (no skipped steps);
+larger pieces trade a few skipped steps for tables that fit the 1 MiB of SMEM when long runs
+of FULL tiles would not (the compiler picks the smallest slots that fit its budget).
+
+A q tile's pieces are consecutive, so the q tile and output block stay resident while its kv
+tiles stream past; a step is the first (last) of its q tile when it opens (closes) its piece
+and the previous (next) piece names another q tile. EMPTY tiles cost no grid step; a q tile
+with no visited tile gets one EMPTY piece that only writes zeros.
 
 Per step (names of the phases as in the code):
   init      first step of a q tile: reset the running max, denominator and accumulator;
@@ -64,15 +71,43 @@ def pack_steps(q_block: np.ndarray, kv_block: np.ndarray, kind: np.ndarray) -> n
     return packed.astype(np.uint32).view(np.int32)
 
 
-def expand_runs(runs: tuple[tuple[int, int, int, int], ...] | np.ndarray) -> np.ndarray:
-    """Packed step table from runs (q_block, kv_start, length, kind), in table order."""
+def split_runs(runs, slots: int) -> np.ndarray:
+    """Runs (q_block, kv_start, length, kind) cut into pieces of at most `slots` kv tiles."""
     runs = np.asarray(runs, dtype=np.int64).reshape(-1, 4)
-    lengths = runs[:, 2]
-    run_of_step = np.repeat(np.arange(len(runs)), lengths)
-    offset_in_run = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return pack_steps(
-        runs[run_of_step, 0], runs[run_of_step, 1] + offset_in_run, runs[run_of_step, 3]
-    )
+    pieces_per_run = -(-runs[:, 2] // slots)
+    run = np.repeat(np.arange(len(runs)), pieces_per_run)
+    index = np.arange(int(pieces_per_run.sum())) - np.repeat(
+        np.cumsum(pieces_per_run) - pieces_per_run, pieces_per_run)
+    start = runs[run, 1] + index * slots
+    length = np.minimum(runs[run, 2] - index * slots, slots)
+    return np.stack([runs[run, 0], start, length, runs[run, 3]], axis=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class PieceTable:
+    """What the kernel's scalar prefetch holds (see the module docstring)."""
+
+    entries: np.ndarray  # int32 [num_pieces]
+    lengths: np.ndarray | None  # int32 [num_pieces], None when slots == 1
+    slots: int
+
+    @classmethod
+    def from_runs(cls, runs, slots: int) -> "PieceTable":
+        pieces = split_runs(runs, slots)
+        entries = pack_steps(pieces[:, 0], pieces[:, 1], pieces[:, 3])
+        lengths = pieces[:, 2].astype(np.int32) if slots > 1 else None
+        return cls(entries, lengths, slots)
+
+    @property
+    def num_pieces(self) -> int:
+        return int(self.entries.size)
+
+    @property
+    def scalar_prefetch_bytes(self) -> int:
+        return int(self.entries.nbytes + (0 if self.lengths is None else self.lengths.nbytes))
+
+    def operands(self) -> tuple[np.ndarray, ...]:
+        return (self.entries,) if self.lengths is None else (self.entries, self.lengths)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,33 +130,55 @@ def _kv_block(entry):
     return lax.shift_right_logical(entry, KV_BLOCK_SHIFT) & KV_BLOCK_MASK
 
 
-def _attention_kernel(
-    # prefetched scalars (SMEM)
-    steps_ref,
-    # inputs (VMEM blocks)
-    q_ref,
-    k_ref,
-    v_ref,
-    # outputs
-    o_ref,
-    # scratch, carried across the steps of one q tile
-    m_scratch,
-    l_scratch,
-    acc_scratch,
-    *,
-    shape: KernelShape,
-    num_steps: int,
-    sm_scale: float,
-    boundary_mask: BoundaryMask,
-):
-    step = pl.program_id(1)
-    entry = steps_ref[step]
+@dataclasses.dataclass(frozen=True)
+class _Pieces:
+    """Reads of the piece table inside the kernel and its index maps (scalar code)."""
+
+    entries: object  # SMEM ref, int32 [num_pieces]
+    lengths: object | None  # SMEM ref, int32 [num_pieces], or None when slots == 1
+    num_pieces: int
+
+    def length(self, piece):
+        return 1 if self.lengths is None else self.lengths[piece]
+
+    def kv_block(self, piece, slot):
+        # Slots past the piece's end repeat its last kv tile: the pipeline fetches nothing.
+        last = self.length(piece) - 1
+        return _kv_block(self.entries[piece]) + jnp.minimum(slot, last)
+
+    def q_block(self, piece):
+        return _q_block(self.entries[piece])
+
+
+def _pieces(refs, num_pieces: int) -> _Pieces:
+    return _Pieces(refs[0], refs[1] if len(refs) > 1 else None, num_pieces)
+
+
+def _attention_kernel(*refs, shape: KernelShape, num_pieces: int, num_tables: int,
+                      sm_scale: float, boundary_mask: BoundaryMask):
+    (
+        # prefetched scalars (SMEM): the piece table
+        table_refs,
+        # inputs (VMEM blocks)
+        (q_ref, k_ref, v_ref),
+        # outputs
+        o_ref,
+        # scratch, carried across the steps of one q tile
+        (m_scratch, l_scratch, acc_scratch),
+    ) = refs[:num_tables], refs[num_tables:num_tables + 3], refs[num_tables + 3], refs[-3:]
+    pieces = _pieces(table_refs, num_pieces)
+    piece, slot = pl.program_id(1), pl.program_id(2)
+    entry = pieces.entries[piece]
     kind = entry & KIND_MASK
     q_block = _q_block(entry)
-    is_first = (step == 0) | (_q_block(steps_ref[jnp.maximum(step - 1, 0)]) != q_block)
-    is_last = (step == num_steps - 1) | (
-        _q_block(steps_ref[jnp.minimum(step + 1, num_steps - 1)]) != q_block
-    )
+    length = pieces.length(piece)
+    active = slot < length
+    is_first = (slot == 0) & (
+        (piece == 0) | (pieces.q_block(jnp.maximum(piece - 1, 0)) != q_block))
+    is_last = (slot == length - 1) & (
+        (piece == num_pieces - 1)
+        | (pieces.q_block(jnp.minimum(piece + 1, num_pieces - 1)) != q_block))
+    kv_block = pieces.kv_block(piece, slot)
 
     @pl.when(is_first)
     def init():
@@ -145,7 +202,7 @@ def _attention_kernel(
             q_pos = q_block * shape.block_q + lax.broadcasted_iota(
                 jnp.int32, (shape.block_q, 1), 0
             )
-            k_pos = _kv_block(entry) * shape.block_kv + lax.broadcasted_iota(
+            k_pos = kv_block * shape.block_kv + lax.broadcasted_iota(
                 jnp.int32, (1, shape.block_kv), 1
             )
             # Padding keys are never attended, whatever the predicate says about them.
@@ -167,11 +224,11 @@ def _attention_kernel(
         acc_scratch[...] = _lanes(alpha, shape.head_dim) * acc_scratch[...] + pv
         m_scratch[...] = m_next
 
-    @pl.when(kind == TileKind.FULL)
+    @pl.when(active & (kind == TileKind.FULL))
     def full():
         online_softmax_update(masked=False)
 
-    @pl.when(kind == TileKind.BOUNDARY)
+    @pl.when(active & (kind == TileKind.BOUNDARY))
     def boundary():
         online_softmax_update(masked=True)
 
@@ -190,27 +247,28 @@ def _lanes(x, width: int):
     return jnp.tile(x, (1, width // LANES))
 
 
-def _flat_attention(q, k, v, steps, *, shape, boundary_mask, interpret, sm_scale):
+def _flat_attention(q, k, v, table: PieceTable, *, shape, boundary_mask, interpret, sm_scale):
     """q, k, v: [batch*heads, padded_seq_len, head_dim] in kernel order."""
-    num_steps = int(steps.shape[0])
+    operands = table.operands()
     kernel = functools.partial(
         _attention_kernel,
         shape=shape,
-        num_steps=num_steps,
+        num_pieces=table.num_pieces,
+        num_tables=len(operands),
         sm_scale=sm_scale,
         boundary_mask=boundary_mask,
     )
 
-    def q_index_map(head, step, steps_ref):
-        return head, _q_block(steps_ref[step]), 0
+    def q_index_map(head, piece, slot, *table_refs):
+        return head, _pieces(table_refs, table.num_pieces).q_block(piece), 0
 
-    def kv_index_map(head, step, steps_ref):
-        return head, _kv_block(steps_ref[step]), 0
+    def kv_index_map(head, piece, slot, *table_refs):
+        return head, _pieces(table_refs, table.num_pieces).kv_block(piece, slot), 0
 
     d = shape.head_dim
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=1,
-        grid=(q.shape[0], num_steps),
+        num_scalar_prefetch=len(operands),
+        grid=(q.shape[0], table.num_pieces, table.slots),
         in_specs=[
             pl.BlockSpec((None, shape.block_q, d), q_index_map),
             pl.BlockSpec((None, shape.block_kv, d), kv_index_map),
@@ -227,20 +285,22 @@ def _flat_attention(q, k, v, steps, *, shape, boundary_mask, interpret, sm_scale
         kernel,
         grid_spec=grid_spec,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary", "arbitrary")),
         interpret=interpret,
-    )(steps, q, k, v)
+    )(*(jnp.asarray(t) for t in operands), q, k, v)
 
 
-def make_attention(*, shape: KernelShape, steps: np.ndarray, boundary_mask: BoundaryMask):
+def make_attention(*, shape: KernelShape, runs, slots: int, boundary_mask: BoundaryMask):
     """The public `attention(q, k, v, *, interpret=False, sm_scale=None)` of a generated module.
 
-    q, k, v are [heads, seq, head_dim] or [batch, heads, seq, head_dim] in the user's token
-    order; the output has the shape and dtype of q.
+    `runs` are the visited tiles as (q_block, kv_start, length, kind), cut into pieces of at
+    most `slots` tiles. q, k, v are [heads, seq, head_dim] or [batch, heads, seq, head_dim] in
+    the user's token order; the output has the shape and dtype of q.
     """
-    steps = np.asarray(steps, dtype=np.int32)
+    table = PieceTable.from_runs(runs, slots)
 
-    def attention(q, k, v, *, interpret: bool = False, sm_scale: float | None = None):
+    def attention(q, k, v, *, interpret=False, sm_scale: float | None = None):
         _check_operands(q, k, v, shape)
         lead = q.shape[:-2]
         if sm_scale is None:
@@ -252,12 +312,13 @@ def make_attention(*, shape: KernelShape, steps: np.ndarray, boundary_mask: Boun
             return jnp.pad(x, ((0, 0), (0, pad), (0, 0))) if pad else x
 
         out = _flat_attention(
-            to_kernel(q), to_kernel(k), to_kernel(v), jnp.asarray(steps),
+            to_kernel(q), to_kernel(k), to_kernel(v), table,
             shape=shape, boundary_mask=boundary_mask, interpret=interpret,
             sm_scale=float(sm_scale),
         )
         return out[:, : shape.seq_len].reshape(lead + (shape.seq_len, shape.head_dim))
 
+    attention.table = table
     return attention
 
 
