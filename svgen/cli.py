@@ -58,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tiles", metavar="FILE.npy",
                    help="save the int8 tile kinds [num_q_blocks, num_kv_blocks] "
                         "(EMPTY=0, BOUNDARY=1, FULL=2)")
+    p.add_argument("--png", metavar="FILE.png",
+                   help="write a picture of the tile map, colored by tile kind")
     _add_budget(p)
     p.set_defaults(run=_inspect)
     return parser
@@ -200,6 +202,12 @@ def _inspect(args) -> int:
     plan = _plan(args.spec, quiet=args.json, smem_budget=args.smem_budget)
     if args.tiles:
         np.save(args.tiles, plan.kinds.astype(np.int8), allow_pickle=False)
+    if args.png:
+        from svgen.pictures import write_tile_map_png
+
+        write_tile_map_png(plan.kinds, args.png, title=(
+            f"{plan.spec.name}: {plan.grid.block_q} x {plan.grid.block_kv} tiles, density "
+            f"{plan.density:.4f}, visited fraction {plan.visited_fraction:.4f}"))
     if args.json:
         print(json.dumps(plan.summary(), indent=2, sort_keys=False))
         return 0

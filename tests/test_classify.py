@@ -170,3 +170,29 @@ def test_over_budget_predicates_stay_sound(monkeypatch):
     assert not got.density_is_exact
     assert got.kept_pairs <= keep.sum() <= got.kept_pairs_upper
     assert got.unproven_tiles > 0
+
+
+@pytest.mark.parametrize("name,frames,mask", [
+    ("spatial_400k", 111, ir.AnyOf((ir.FirstFrame(1), ir.SpatialWindow(1, None, None)))),
+    ("band_400k", 111, ir.AnyOf((ir.Band(78080), ir.Prefix(3600)))),
+    ("temporal_75k", 21, ir.AnyOf((ir.FirstFrame(1), ir.TemporalStride(0, 0, 1, None)))),
+    ("window3d_75k", 21, ir.SpatialWindow(2, 6, 9)),
+])
+def test_large_geometry_agrees_with_brute_force_on_sampled_tiles(name, frames, mask):
+    """Full-size classification, checked exactly on sampled tiles (no N x N mask anywhere)."""
+    lay = SequenceLayout(frames, 45, 80, 0, False)
+    block = 512
+    kinds = classify_tiles(mask, lay, TileGrid(lay.seq_len, block, block)).kinds
+    rng = np.random.default_rng(len(name))
+    visited = np.argwhere(kinds != TileKind.EMPTY)
+    samples = np.concatenate([
+        np.stack([rng.integers(0, kinds.shape[0], 60), rng.integers(0, kinds.shape[1], 60)], 1),
+        visited[rng.integers(0, len(visited), 60)],
+    ])
+    for i, j in samples:
+        q = lay.coordinates(np.arange(i * block, min((i + 1) * block, lay.seq_len)))
+        k = lay.coordinates(np.arange(j * block, min((j + 1) * block, lay.seq_len)))
+        tile = mask.evaluate(q.reshape(-1, 1), k.reshape(1, -1))
+        expected = (TileKind.FULL if tile.all() else
+                    TileKind.BOUNDARY if tile.any() else TileKind.EMPTY)
+        assert kinds[i, j] == expected, (i, j)

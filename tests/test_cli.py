@@ -166,3 +166,24 @@ def test_output_is_identical_across_hash_seeds(tmp_path):
         outputs.append({p.name: p.read_bytes() for p in sorted(out.iterdir())})
     assert outputs[0] == outputs[1]
     assert len(outputs[0]) == len(SPECS)
+
+
+def test_inspect_png_pixels_match_the_tile_kinds(project):
+    import matplotlib.image
+
+    from svgen.pictures import COLORS, TITLE_PX, tile_image
+
+    png = project / "map.png"
+    assert main(["inspect", str(project / "specs" / "tiny.yaml"), "--png", str(png)]) == 0
+    plan = analyze(load_spec(project / "specs" / "tiny.yaml"))
+    pixels = (matplotlib.image.imread(png)[..., :3] * 255).round().astype(int)
+    image, scale = tile_image(plan.kinds)
+    assert pixels.shape[0] == TITLE_PX + image.shape[0]
+    assert pixels.shape[1] == max(image.shape[1], 480)
+    nq, nk = plan.kinds.shape
+    for i in range(nq):
+        for j in range(nk):
+            y = TITLE_PX + i * scale + scale // 2
+            x = j * scale + scale // 2
+            assert tuple(pixels[y, x]) == COLORS[plan.kinds[i, j]], (i, j)
+    assert len(set(plan.kinds.ravel().tolist())) == 3  # all three colors were checked
