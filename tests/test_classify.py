@@ -196,3 +196,33 @@ def test_large_geometry_agrees_with_brute_force_on_sampled_tiles(name, frames, m
         expected = (TileKind.FULL if tile.all() else
                     TileKind.BOUNDARY if tile.any() else TileKind.EMPTY)
         assert kinds[i, j] == expected, (i, j)
+
+
+def _random_frame_invariant(rng, lay, depth=0):
+    r = rng.random()
+    if depth >= 2 or r < 0.4:
+        return rng.choice([
+            lambda: ir.FirstFrame(int(rng.integers(1, lay.frames + 1))),
+            lambda: ir.Prefix(int(rng.integers(1, lay.seq_len))),
+            lambda: ir.TemporalStride(int(rng.integers(0, 3)), int(rng.integers(0, 4)), 1, None),
+        ])()
+    if r < 0.7:
+        return ir.AnyOf(tuple(_random_frame_invariant(rng, lay, depth + 1) for _ in range(2)))
+    if r < 0.9:
+        return ir.AllOf(tuple(_random_frame_invariant(rng, lay, depth + 1) for _ in range(2)))
+    return ir.Not(_random_frame_invariant(rng, lay, depth + 1))
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_frame_invariant_fast_path_matches_brute_force(seed):
+    from svgen.analysis import classify
+
+    rng = np.random.default_rng(9000 + seed)
+    lay = SequenceLayout(int(rng.integers(2, 7)), int(rng.integers(1, 5)),
+                         int(rng.integers(2, 9)), 0, False)
+    bq, bkv = int(rng.choice([8, 16, 40, 64])), int(rng.choice([8, 16, 24]))
+    mask = ir.simplify(_random_frame_invariant(rng, lay))
+    assert classify.is_frame_invariant(mask)
+    got = classify_tiles(mask, lay, TileGrid(lay.seq_len, bq, bkv))
+    keep = dense_keep(mask, lay)
+    _check(got.kinds, got.kept_pairs, keep, brute_force_kinds(keep, bq, bkv), exact=True)

@@ -66,6 +66,8 @@ class Classification:
 
 def classify_tiles(mask: ir.Node, layout: SequenceLayout, grid: TileGrid,
                    progress: Callable[[int, int], None] | None = None) -> Classification:
+    if layout.text_tokens == 0 and layout.frames > 1 and is_frame_invariant(mask):
+        return _classify_frame_invariant(mask, layout, grid, progress)
     nq, nk = grid.num_q_blocks, grid.num_kv_blocks
     kinds = np.empty((nq, nk), np.int8)
     tiles_per_chunk = max(1, TARGET_ROWS_PER_CHUNK // grid.block_q)
@@ -109,6 +111,86 @@ def classify_tiles(mask: ir.Node, layout: SequenceLayout, grid: TileGrid,
     return Classification(kinds, kept, kept if budget >= 0 else upper, unproven)
 
 
+def _classify_frame_invariant(mask: ir.Node, layout: SequenceLayout, grid: TileGrid,
+                              progress) -> Classification:
+    """For masks whose row sets do not depend on the query's frame (a temporal head).
+
+    Query rows (f, p) and (f', p) allow the same keys, so the row sets of one frame's S rows
+    say everything: per kv tile j, cover[p, j] (does row p cover / touch tile j) is summed over
+    the rows of each q tile through prefix sums over p, a q tile's rows being the positions
+    v0..v1, i.e. p = v mod S. Work: S rows instead of N.
+    """
+    s, nq, nk = layout.tokens_per_frame, grid.num_q_blocks, grid.num_kv_blocks
+    chunk = RowChunk(layout, grid.block_q, grid.block_kv, 0, s)
+    bounds = row_bounds(mask, chunk)  # exact: frame-invariant masks contain no user predicate
+    one_tile_chunk = RowChunk(layout, s, grid.block_kv, 0, s)  # all S rows as "q tile 0"
+    first = np.arange(nq, dtype=np.int64) * grid.block_q
+    last = np.minimum(first + grid.block_q, layout.seq_len)
+    # The sum of cover[v mod S] over v in [a, b) is F(b) - F(a) with
+    # F(x) = (x // S) * prefix[S] + prefix[x mod S]: only these prefix rows are needed.
+    wanted = np.concatenate([first % s, last % s, [s]])
+
+    def rows_over(runs_of, bound):
+        prefix = _row_prefix_sums(one_tile_chunk, bound, nk, runs_of, wanted)
+        at_first, at_last, period = prefix[:nq], prefix[nq:2 * nq], prefix[-1].astype(np.int64)
+        return ((last // s)[:, None] * period + at_last
+                - (first // s)[:, None] * period - at_first)
+
+    full = rows_over(_full_runs, bounds.lo) == (last - first)[:, None]
+    touched = rows_over(_touching_runs, bounds.hi) > 0
+    kinds = np.where(full, TileKind.FULL, np.where(touched, TileKind.BOUNDARY, TileKind.EMPTY))
+    if progress is not None:
+        progress(nq, nq)
+    kept = bounds.lo.total_length() * layout.frames
+    return Classification(kinds.astype(np.int8), kept, kept, 0)
+
+
+def is_frame_invariant(node: ir.Node) -> bool:
+    """True when, for video queries, the allowed keys never depend on the query's frame."""
+    if isinstance(node, (ir.Always, ir.FirstFrame, ir.Prefix, ir.Text)):
+        return True
+    if isinstance(node, ir.TemporalStride):
+        return node.frames is None and node.stride == 1
+    if isinstance(node, (ir.AnyOf, ir.AllOf)):
+        return all(map(is_frame_invariant, node.children))
+    if isinstance(node, ir.Not):
+        return is_frame_invariant(node.child)
+    return False
+
+
+PREFIX_ROWS_PER_BLOCK = 1024
+
+
+def _row_prefix_sums(chunk: RowChunk, s: IntervalSet, nk: int, runs_of,
+                     wanted: np.ndarray) -> np.ndarray:
+    """prefix[i, j] = number of rows < wanted[i] whose runs (full or touching) contain kv
+    tile j. Rows are streamed in blocks, so memory is O(block x nk + wanted x nk)."""
+    row = s.starts // chunk.stride
+    _, first, last = runs_of(chunk, s)
+    keep = last > first
+    row, first, last = row[keep], first[keep], last[keep]
+    order = np.argsort(wanted, kind="stable")
+    out = np.zeros((wanted.size, nk), np.int32)
+    running = np.zeros(nk, np.int32)
+    width = nk + 1
+    w = 0
+    for lo in range(0, chunk.num_rows + 1, PREFIX_ROWS_PER_BLOCK):
+        hi = min(lo + PREFIX_ROWS_PER_BLOCK, chunk.num_rows)
+        sel = (row >= lo) & (row < hi)
+        local = (row[sel] - lo) * width
+        diff = (np.bincount(local + first[sel], minlength=(hi - lo) * width)
+                - np.bincount(local + last[sel], minlength=(hi - lo) * width))
+        cover = np.cumsum(diff.reshape(hi - lo, width), axis=1)[:, :nk].astype(np.int32)
+        block_prefix = running + np.concatenate(
+            [np.zeros((1, nk), np.int32), np.cumsum(cover, axis=0, dtype=np.int32)])
+        # Rows lo..hi of the prefix are block_prefix[0..hi-lo].
+        while w < wanted.size and wanted[order[w]] <= hi:
+            out[order[w]] = block_prefix[wanted[order[w]] - lo]
+            w += 1
+        running = block_prefix[-1]
+    return out
+
+
 def _real_rows(chunk: RowChunk, first_tile: int, last_tile: int) -> np.ndarray:
     starts = np.arange(first_tile, last_tile) * chunk.block_q
     return np.minimum(starts + chunk.block_q, chunk.layout.seq_len) - starts
@@ -132,19 +214,29 @@ def _count_runs(chunk: RowChunk, q_tile, first, last, nk) -> np.ndarray:
     return np.cumsum(diff, axis=1)[:, :nk].astype(np.int64)
 
 
-def _full_rows(chunk: RowChunk, s: IntervalSet, nk: int) -> np.ndarray:
+def _full_runs(chunk: RowChunk, s: IntervalSet):
+    """Per interval: its q tile and the kv tiles [first, last) it covers entirely."""
     q_tile, start, end = _split_rows(chunk, s)
     bkv = chunk.block_kv
     first = -(-start // bkv)
     # An interval reaching the last real key covers the real part of the last tile.
-    last = np.where(end >= chunk.layout.seq_len, nk, end // bkv)
-    return _count_runs(chunk, q_tile, first, last, nk)
+    last = np.where(end >= chunk.layout.seq_len, -(-chunk.layout.seq_len // bkv), end // bkv)
+    return q_tile, first, last
+
+
+def _touching_runs(chunk: RowChunk, s: IntervalSet):
+    """Per interval: its q tile and the kv tiles [first, last) it meets."""
+    q_tile, start, end = _split_rows(chunk, s)
+    bkv = chunk.block_kv
+    return q_tile, start // bkv, -(-end // bkv)
+
+
+def _full_rows(chunk: RowChunk, s: IntervalSet, nk: int) -> np.ndarray:
+    return _count_runs(chunk, *_full_runs(chunk, s), nk)
 
 
 def _touching_rows(chunk: RowChunk, s: IntervalSet, nk: int) -> np.ndarray:
-    q_tile, start, end = _split_rows(chunk, s)
-    bkv = chunk.block_kv
-    return _count_runs(chunk, q_tile, start // bkv, -(-end // bkv), nk)
+    return _count_runs(chunk, *_touching_runs(chunk, s), nk)
 
 
 def _evaluate_open_pairs(mask: ir.Node, chunk: RowChunk, pairs: IntervalSet, nk: int):
