@@ -57,9 +57,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.add_argument("--tiles", metavar="FILE.npy",
                    help="save the int8 tile kinds [num_q_blocks, num_kv_blocks] "
-                        "(EMPTY=0, BOUNDARY=1, FULL=2)")
+                        "(EMPTY=0, BOUNDARY=1, FULL=2); [patterns, ...] for several patterns")
     p.add_argument("--png", metavar="FILE.png",
-                   help="write a picture of the tile map, colored by tile kind")
+                   help="write a picture of the tile map, colored by tile kind "
+                        "(FILE_<pattern>.png per pattern when there are several)")
     _add_budget(p)
     p.set_defaults(run=_inspect)
     return parser
@@ -120,10 +121,11 @@ def _compile(args) -> int:
         for filename, data in files.items():
             rendered[out_dir / filename] = data
         if not args.quiet and not args.check:
-            counts = plan.tile_counts()
-            print(f"{spec_file}: "
-                  f"{counts['full']} full, {counts['boundary']} boundary, {counts['empty']} "
-                  f"empty tiles; {plan.table.grid_steps} grid steps; "
+            tiles = "; ".join(
+                f"{p.name}: {c['full']} full, {c['boundary']} boundary, {c['empty']} empty"
+                for p, c in ((p, p.tile_counts()) for p in plan.patterns))
+            print(f"{spec_file}: {tiles}; {plan.grid_steps} grid steps per head; "
+                  f"{plan.table_bytes} bytes of SMEM tables; "
                   f"{time.perf_counter() - start:.2f} s", file=sys.stderr)
     if errors:
         for message in errors:
@@ -200,28 +202,40 @@ def _orphans(out_dir: pathlib.Path, expected: set[pathlib.Path]) -> list[str]:
 
 def _inspect(args) -> int:
     plan = _plan(args.spec, quiet=args.json, smem_budget=args.smem_budget)
+    single = len(plan.patterns) == 1
     if args.tiles:
-        np.save(args.tiles, plan.kinds.astype(np.int8), allow_pickle=False)
+        np.save(args.tiles, plan.kinds.astype(np.int8) if single else np.stack(
+            [p.kinds.astype(np.int8) for p in plan.patterns]), allow_pickle=False)
     if args.png:
         from svgen.pictures import write_tile_map_png
 
-        write_tile_map_png(plan.kinds, args.png, title=(
-            f"{plan.spec.name}: {plan.grid.block_q} x {plan.grid.block_kv} tiles, density "
-            f"{plan.density:.4f}, visited fraction {plan.visited_fraction:.4f}"))
+        for pattern in plan.patterns:
+            path = pathlib.Path(args.png)
+            if not single:
+                path = path.with_name(f"{path.stem}_{pattern.name}{path.suffix}")
+            title = (f"{plan.spec.name}{'' if single else ' / ' + pattern.name}: "
+                     f"{pattern.grid.block_q} x {pattern.grid.block_kv} tiles, "
+                     f"{pattern.layout.order}, density {pattern.density:.4f}, "
+                     f"visited fraction {pattern.visited_fraction:.4f}")
+            write_tile_map_png(pattern.kinds, path, title=title)
+    summary = plan.summary()
     if args.json:
-        print(json.dumps(plan.summary(), indent=2, sort_keys=False))
+        print(json.dumps(summary, indent=2, sort_keys=False))
         return 0
     from svgen.codegen.tilemap import render_tile_map
 
-    summary = plan.summary()
     print(f"{plan.spec.name} ({args.spec})")
-    print(f"  pattern: {plan.mask.describe()}")
     for key, value in summary.items():
-        if key != "name":
+        if key not in ("name", "patterns"):
             print(f"  {key}: {value}")
-    print()
-    for line in render_tile_map(plan.kinds):
-        print(f"  {line}")
+    for pattern in plan.patterns:
+        print()
+        print(f"  pattern {pattern.name}: {pattern.mask.describe()}")
+        if not single:
+            for key, value in pattern.summary().items():
+                print(f"    {key}: {value}")
+        for line in render_tile_map(pattern.kinds):
+            print(f"    {line}")
     return 0
 
 

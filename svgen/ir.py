@@ -340,14 +340,26 @@ def _where(term: MaskTerm) -> dict:
     return {} if w is None else {"file": w.file, "line": w.line, "column": w.column, "key": w.key}
 
 
-def lower(spec: Spec) -> Node:
-    """The spec's mask as a simplified node, named patterns resolved."""
+def lower(spec: Spec, term: MaskTerm | None = None) -> Node:
+    """A mask term of the spec (default: its `mask`) as a simplified node, refs resolved."""
+    term = spec.mask if term is None else term
     patterns = dict(spec.patterns)
-    order = _pattern_order(spec, patterns)
+    order = _pattern_order(term, patterns)
     lowered: dict[str, Node] = {}
     for name in order:
         lowered[name] = _lower_term(patterns[name], spec, lowered)
-    return simplify(_lower_term(spec.mask, spec, lowered))
+    return simplify(_lower_term(term, spec, lowered))
+
+
+def anchor_frames(node: Node) -> int:
+    """The most leading frames any first_frame in `node` attends (0 if none)."""
+    if isinstance(node, FirstFrame):
+        return node.frames
+    if isinstance(node, (AnyOf, AllOf)):
+        return max(map(anchor_frames, node.children))
+    if isinstance(node, Not):
+        return anchor_frames(node.child)
+    return 0
 
 
 def _refs(term: MaskTerm):
@@ -357,18 +369,18 @@ def _refs(term: MaskTerm):
         yield from _refs(child)
 
 
-def _pattern_order(spec: Spec, patterns: dict[str, MaskTerm]) -> list[str]:
+def _pattern_order(term: MaskTerm, patterns: dict[str, MaskTerm]) -> list[str]:
     """Patterns in dependency order; unknown names and cycles are SpecErrors."""
     graph = nx.DiGraph()
     graph.add_nodes_from(sorted(patterns))
-    roots = [("mask", spec.mask)] + sorted(patterns.items())
+    roots = [(None, term)] + sorted(patterns.items())
     for owner, term in roots:
         for ref in _refs(term):
             target = ref.param("name")
             if target not in patterns:
                 known = ", ".join(sorted(patterns)) or "none defined"
                 raise SpecError(f"unknown pattern {target!r} (patterns: {known})", **_where(ref))
-            if owner != "mask":
+            if owner is not None:
                 graph.add_edge(owner, target)
     try:
         cycle = nx.find_cycle(graph)

@@ -28,6 +28,8 @@ __all__ = [
     "Attention",
     "Tiling",
     "MaskTerm",
+    "Candidate",
+    "HeadPatterns",
     "Spec",
     "MASK_OPS",
     "NAME_RE",
@@ -123,16 +125,61 @@ class MaskTerm:
 
 
 @dataclass(frozen=True)
+class Candidate:
+    """One pattern a head may use: a name from ``Spec.patterns`` and its token layout.
+
+    ``where`` points at the candidate's mapping in the YAML (key ``heads.candidates[i]``);
+    it takes no part in equality.
+    """
+
+    pattern: str
+    layout: str  # "frame_major" | "temporal_major"; the spec's layout when not given
+    where: Location | None = field(default=None, compare=False, hash=False)
+
+
+@dataclass(frozen=True)
+class HeadPatterns:
+    """The patterns heads choose from, and which head uses which.
+
+    A head's pattern index is the position of its candidate in ``candidates``.
+    ``assign`` names one candidate pattern per head (``attention.heads`` entries), or is
+    ``None`` when the assignment is chosen at run time (``assign: runtime``).
+    """
+
+    candidates: tuple[Candidate, ...]
+    assign: tuple[str, ...] | None  # None = chosen at run time ("runtime")
+
+
+#: The candidate name of a spec's top-level ``mask`` in :meth:`Spec.head_patterns`.
+IMPLICIT_PATTERN = "mask"
+
+
+@dataclass(frozen=True)
 class Spec:
     name: str
     geometry: Geometry
     attention: Attention
-    layout: str  # "frame_major" | "temporal_major"
-    mask: MaskTerm
+    layout: str  # "frame_major" | "temporal_major"; the default layout of head candidates
+    mask: MaskTerm | None  # one pattern for every head; None when ``heads`` is given
     patterns: tuple[tuple[str, MaskTerm], ...]  # sorted by name
+    heads: HeadPatterns | None  # patterns per head; None when ``mask`` is given
     tiling: Tiling
     source: str  # the path string as given
     digest: str  # sha256 hex of canonical_json(spec)
+
+    def head_patterns(self) -> HeadPatterns:
+        """``heads``, or for a ``mask`` spec its one implicit candidate named ``"mask"`` on every head."""
+        if self.heads is not None:
+            return self.heads
+        return HeadPatterns((Candidate(IMPLICIT_PATTERN, self.layout),),
+                            (IMPLICIT_PATTERN,) * self.attention.heads)
+
+    def pattern_mask(self, name: str) -> MaskTerm:
+        """The mask of the candidate pattern ``name`` (a name from :meth:`head_patterns`)."""
+        if self.heads is None and name == IMPLICIT_PATTERN:
+            assert self.mask is not None
+            return self.mask
+        return dict(self.patterns)[name]
 
 
 # ----------------------------------------------------------------------------- canonical form
@@ -145,8 +192,17 @@ def _term_json(term: MaskTerm) -> dict:
     }
 
 
-def _canonical_obj(name, geometry, attention, layout, mask, patterns, tiling) -> dict:
+def _heads_json(heads: HeadPatterns) -> dict:
     return {
+        "candidates": [{"pattern": c.pattern, "layout": c.layout} for c in heads.candidates],
+        "assign": "runtime" if heads.assign is None else list(heads.assign),
+    }
+
+
+def _canonical_obj(name, geometry, attention, layout, mask, patterns, heads, tiling) -> dict:
+    # A mask spec's form is exactly what it was before ``heads`` existed (no "heads" key),
+    # so the digests embedded in generated files stay valid; a heads spec has no "mask".
+    obj = {
         "name": name,
         "geometry": {
             "frames": geometry.frames,
@@ -157,10 +213,14 @@ def _canonical_obj(name, geometry, attention, layout, mask, patterns, tiling) ->
         },
         "attention": {"heads": attention.heads, "head_dim": attention.head_dim, "dtype": attention.dtype},
         "layout": layout,
-        "mask": _term_json(mask),
+        "mask": _term_json(mask) if mask is not None else None,
         "patterns": {n: _term_json(t) for n, t in patterns},
         "tiling": {"block_q": tiling.block_q, "block_kv": tiling.block_kv},
     }
+    if heads is not None:
+        del obj["mask"]
+        obj["heads"] = _heads_json(heads)
+    return obj
 
 
 def _dumps(obj: dict) -> str:
@@ -170,7 +230,7 @@ def _dumps(obj: dict) -> str:
 def canonical_json(spec: Spec) -> str:
     """The canonical JSON text the digest is computed from (no source, no locations)."""
     return _dumps(_canonical_obj(spec.name, spec.geometry, spec.attention, spec.layout,
-                                 spec.mask, spec.patterns, spec.tiling))
+                                 spec.mask, spec.patterns, spec.heads, spec.tiling))
 
 
 # ----------------------------------------------------------------------------- node helpers
@@ -293,10 +353,12 @@ class _Reader:
 
 # ----------------------------------------------------------------------------- sections
 
-_TOP_KEYS = ("svgen", "name", "geometry", "attention", "layout", "mask", "patterns", "tiling")
+_TOP_KEYS = ("svgen", "name", "geometry", "attention", "layout", "mask", "heads", "patterns", "tiling")
 _GEOMETRY_KEYS = ("frames", "height", "width", "text_tokens", "text_position")
 _ATTENTION_KEYS = ("heads", "head_dim", "dtype")
 _TILING_KEYS = ("block_q", "block_kv")
+_HEADS_KEYS = ("candidates", "assign")
+_CANDIDATE_KEYS = ("pattern", "layout")
 
 
 def _read_geometry(r: _Reader, node: Node, path: str) -> Geometry:
@@ -343,6 +405,61 @@ def _read_tiling(r: _Reader, node: Node, path: str) -> Tiling:
     for key in _TILING_KEYS:
         vals[key] = _read_block(r, e[key][1], _join(path, key), key) if key in e else DEFAULT_BLOCK
     return Tiling(**vals)
+
+
+def _read_heads(r: _Reader, node: Node, path: str, patterns: tuple[str, ...], layout: str,
+                heads: int) -> HeadPatterns:
+    """The ``heads`` section; ``patterns`` are the defined pattern names, ``layout`` the default."""
+    e = r.mapping(node, path, _HEADS_KEYS)
+    r.require(node, path, e, _HEADS_KEYS)
+
+    cpath = _join(path, "candidates")
+    cnode = e["candidates"][1]
+    if not isinstance(cnode, SequenceNode) or not cnode.value:
+        raise r.error(cnode, cpath, f"must be a non-empty list of candidates "
+                                    f"({{pattern: NAME, layout: LAYOUT}}), got {r.describe(cnode)}")
+    candidates: list[Candidate] = []
+    seen: dict[str, str] = {}
+    for i, item in enumerate(cnode.value):
+        ipath = f"{cpath}[{i}]"
+        entries = r.mapping(item, ipath, _CANDIDATE_KEYS,
+                            what="a mapping with a 'pattern' and an optional 'layout'")
+        r.require(item, ipath, entries, ("pattern",))
+        pnode = entries["pattern"][1]
+        ppath = _join(ipath, "pattern")
+        pname = r.name(pnode, ppath, "a pattern name")
+        if pname not in patterns:
+            known = (f"known patterns: {', '.join(patterns)}" if patterns
+                     else "no patterns are defined (define them under 'patterns')")
+            raise r.error(pnode, ppath, f"unknown pattern '{pname}'; {known}")
+        if pname in seen:
+            raise r.error(pnode, ppath, f"pattern '{pname}' is already a candidate ({seen[pname]}); "
+                                        f"each pattern may be a candidate only once")
+        seen[pname] = ipath
+        clayout = layout
+        if "layout" in entries:
+            clayout = r.choice(entries["layout"][1], _join(ipath, "layout"), LAYOUTS)
+        candidates.append(Candidate(pname, clayout, r.location(item, ipath)))
+
+    apath = _join(path, "assign")
+    anode = e["assign"][1]
+    names = tuple(c.pattern for c in candidates)
+    if isinstance(anode, ScalarNode) and r.scalar(anode, apath) == "runtime":
+        return HeadPatterns(tuple(candidates), None)
+    if not isinstance(anode, SequenceNode):
+        raise r.error(anode, apath, f"must be 'runtime' or a list of candidate pattern names, one per "
+                                    f"head, got {r.describe(anode)}")
+    if len(anode.value) != heads:
+        raise r.error(anode, apath, f"must name one candidate pattern per head: attention.heads is "
+                                    f"{heads}, got {len(anode.value)} {'entry' if len(anode.value) == 1 else 'entries'}")
+    assign: list[str] = []
+    for i, item in enumerate(anode.value):
+        ipath = f"{apath}[{i}]"
+        aname = r.name(item, ipath, "a candidate pattern name")
+        if aname not in names:
+            raise r.error(item, ipath, f"'{aname}' is not a candidate; candidates: {', '.join(names)}")
+        assign.append(aname)
+    return HeadPatterns(tuple(candidates), tuple(assign))
 
 
 # ----------------------------------------------------------------------------- masks
@@ -514,7 +631,12 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
         got = str(version) if isinstance(version, int) and not isinstance(version, bool) else r.describe(vnode)
         raise r.error(vnode, "svgen", f"must be {SPEC_VERSION} (the only spec format version this svgen "
                                       f"understands), got {got}")
-    r.require(root, "", top, ("name", "geometry", "attention", "mask"))
+    r.require(root, "", top, ("name", "geometry", "attention"))
+    if "mask" in top and "heads" in top:
+        raise r.error(top["heads"][0], "heads", "give either mask (one pattern for every head) or heads "
+                                                "(patterns per head), not both")
+    if "mask" not in top and "heads" not in top:
+        raise r.error(root, None, "missing required key 'mask' (or 'heads')")
 
     name = r.name(top["name"][1], "name", "a spec name")
     geometry = _read_geometry(r, top["geometry"][1], "geometry")
@@ -523,7 +645,7 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
     if "layout" in top:
         layout = r.choice(top["layout"][1], "layout", LAYOUTS)
     masks = _MaskReader(r)
-    mask = masks.read(top["mask"][1], "mask")
+    mask = masks.read(top["mask"][1], "mask") if "mask" in top else None
 
     patterns: list[tuple[str, MaskTerm]] = []
     if "patterns" in top and not _is_null(r, top["patterns"][1], "patterns"):
@@ -547,16 +669,21 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
             patterns.append((pname, masks.read(vnode, ppath)))
     patterns.sort(key=lambda item: item[0])
 
+    heads = None
+    if "heads" in top:
+        heads = _read_heads(r, top["heads"][1], "heads", tuple(n for n, _ in patterns), layout,
+                            attention.heads)
+
     tiling = Tiling(DEFAULT_BLOCK, DEFAULT_BLOCK)
     if "tiling" in top:
         tiling = _read_tiling(r, top["tiling"][1], "tiling")
 
     pats = tuple(patterns)
     digest = hashlib.sha256(
-        _dumps(_canonical_obj(name, geometry, attention, layout, mask, pats, tiling)).encode("utf-8")
+        _dumps(_canonical_obj(name, geometry, attention, layout, mask, pats, heads, tiling)).encode("utf-8")
     ).hexdigest()
     return Spec(name=name, geometry=geometry, attention=attention, layout=layout, mask=mask,
-                patterns=pats, tiling=tiling, source=source, digest=digest)
+                patterns=pats, heads=heads, tiling=tiling, source=source, digest=digest)
 
 
 def load_spec(path: str | os.PathLike) -> Spec:

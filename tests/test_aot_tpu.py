@@ -47,5 +47,5 @@ def test_multi_tile_pieces_compile(tmp_path):
 
     text = (REPO / "specs" / "wan21_720p_band.yaml").read_text()
     plan, module = compile_spec_text(text, tmp_path, smem_budget=16384)
-    assert plan.table.pieces.slots > 1
+    assert plan.tables.slots > 1
     compile_for_v6e(module)

@@ -69,8 +69,11 @@ def _random_mask(rng, lay, depth=0) -> dict:
 
 def _random_layout(rng) -> SequenceLayout:
     text = int(rng.choice([0, 0, 3, 17]))
-    return SequenceLayout(int(rng.integers(1, 6)), int(rng.integers(1, 6)),
-                          int(rng.integers(1, 9)), text, bool(rng.integers(0, 2)))
+    frames = int(rng.integers(1, 6))
+    order = str(rng.choice(["frame_major", "temporal_major"]))
+    anchors = int(rng.integers(0, frames + 1)) if order == "temporal_major" else 0
+    return SequenceLayout(frames, int(rng.integers(1, 6)), int(rng.integers(1, 9)), text,
+                          bool(rng.integers(0, 2)), order, anchors)
 
 
 def _check(kinds, kept, keep, expected_kinds, exact):

@@ -131,7 +131,7 @@ def test_inspect_json_and_tiles(project, capsys):
     assert saved.dtype == np.int8 and saved.shape == (3, 3)
     np.testing.assert_array_equal(saved, plan.kinds)
     assert sum(summary["tiles"].values()) == 9
-    assert summary["table_bytes"] == 4 * summary["grid_steps"]
+    assert summary["table_bytes"] == 4 * summary["grid_steps"] + 4 * 2 + 8  # + head_pattern, first/count
 
 
 def test_inspect_prints_a_tile_map(project, capsys):

@@ -20,14 +20,18 @@ from conftest import REPO, SPECS, dense_keep
 from test_classify import _lower_dict, _random_layout, _random_mask
 
 
+def kernel_layout(layout: SequenceLayout) -> coords.KernelLayout:
+    return coords.KernelLayout(layout.frames, layout.height, layout.width, layout.text_tokens,
+                               layout.text_first, layout.is_temporal_major, layout.anchor_frames)
+
+
 def _emitted_function(mask, layout: SequenceLayout):
     src = emit_mask(mask, layout)
     body = "\n".join(f"    {line}" for line in src.lines)
     sides = "\n".join(f"    {s} = coords.TokenCoords({s}_pos, LAYOUT)" for s in src.sides)
     text = f"def boundary_mask(q_pos, k_pos):\n{sides}\n{body}\n    return {src.result}\n"
     namespace = {"coords": coords, "jnp": jnp, "lax": __import__("jax").lax,
-                 "LAYOUT": coords.FrameMajorLayout(layout.frames, layout.height, layout.width,
-                                                   layout.text_tokens, layout.text_first)}
+                 "LAYOUT": kernel_layout(layout)}
     exec(compile(text, "<generated>", "exec"), namespace)
     return namespace["boundary_mask"], text
 

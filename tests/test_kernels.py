@@ -128,5 +128,5 @@ mask: {any_of: [{first_frame: {frames: 4}}, {spatial_window: {frames: 3}}]}
 tiling: {block_q: 128, block_kv: 128}
 """
     plan, module = compile_text(text, smem_budget=200)
-    assert plan.table.pieces.slots > 1 and plan.table.grid_steps > plan.table.visited_steps
+    assert plan.tables.slots > 1 and plan.grid_steps > plan.table.visited_steps
     run_and_compare(plan, module, "float32", seed=11)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from pathlib import Path
 
 import pytest
 
 from svgen.errors import SpecError
 from svgen.spec import (
     Attention,
+    Candidate,
     Geometry,
+    HeadPatterns,
     Location,
     MaskTerm,
     Spec,
@@ -225,7 +228,7 @@ def test_empty_spec():
     with pytest.raises(SpecError) as info:
         parse_spec("# nothing here\n", source="e.yaml")
     assert str(info.value) == ("e.yaml: the spec is empty; expected a mapping with keys svgen, name, geometry, "
-                               "attention, layout, mask, patterns, tiling")
+                               "attention, layout, mask, heads, patterns, tiling")
 
 
 def test_deeply_nested_masks_are_refused():
@@ -234,6 +237,116 @@ def test_deeply_nested_masks_are_refused():
         parse_spec(text)
     assert "nested more than 64 deep" in info.value.message
 
+
+# ----------------------------------------------------------------------------- heads
+
+MIXED = """\
+svgen: 1
+name: wan21_720p_mixed
+geometry: {frames: 21, height: 45, width: 80}
+attention: {heads: 10, head_dim: 128, dtype: bfloat16}
+layout: frame_major            # default layout for candidates that do not say
+patterns:
+  spatial: {any_of: [{first_frame: {frames: 1}}, {spatial_window: {frames: 1}}]}
+  temporal: {any_of: [{first_frame: {frames: 1}}, {temporal_stride: {}}]}
+heads:
+  candidates:                  # head pattern index = position in this list
+    - {pattern: spatial}
+    - {pattern: temporal, layout: temporal_major}
+  assign: runtime              # or a list of candidate pattern names, exactly attention.heads long
+tiling: {block_q: 512, block_kv: 512}
+"""
+
+MIXED_ASSIGN = "[spatial, temporal, spatial, spatial, temporal, temporal, spatial, spatial, spatial, temporal]"
+
+#: Digest of specs/wan21_720p_spatial.yaml before the 'heads' section existed. Generated
+#: files embed digests: a spec without 'heads' must keep exactly this one.
+SPATIAL_DIGEST = "77fc9c45d81818d477f1004f8cb332251e9848fc2fc585e070f798e33c570ecf"
+
+
+def test_mask_only_digest_is_unchanged():
+    spec = load_spec(Path(__file__).resolve().parent.parent / "specs" / "wan21_720p_spatial.yaml")
+    assert spec.heads is None
+    assert spec.digest == SPATIAL_DIGEST
+    assert '"heads":{' not in canonical_json(spec) and '"heads":null' not in canonical_json(spec)
+
+
+def test_mixed_spec_parses_to_expected_dataclasses():
+    spec = parse_spec(MIXED, source="specs/mixed.yaml")
+    assert spec.mask is None
+    assert spec.layout == "frame_major"
+    spatial = MaskTerm("any_of", (), (MaskTerm("first_frame", (("frames", 1),)),
+                                      MaskTerm("spatial_window", (("frames", 1),))))
+    temporal = MaskTerm("any_of", (), (MaskTerm("first_frame", (("frames", 1),)),
+                                       MaskTerm("temporal_stride", ())))
+    assert spec.patterns == (("spatial", spatial), ("temporal", temporal))
+    assert spec.heads == HeadPatterns(
+        candidates=(Candidate("spatial", "frame_major"), Candidate("temporal", "temporal_major")),
+        assign=None,
+    )
+    assert spec.heads.candidates[1].where == Location("specs/mixed.yaml", 12, 7, "heads.candidates[1]")
+    assert spec.head_patterns() is spec.heads
+    assert spec.pattern_mask("spatial") == spatial
+    assert spec.pattern_mask("temporal") == temporal
+    assert spec.digest == hashlib.sha256(canonical_json(spec).encode("utf-8")).hexdigest()
+    assert hash(spec) == hash(parse_spec(MIXED, source="specs/mixed.yaml"))
+    assert '"mask"' not in canonical_json(spec)
+
+    listed = parse_spec(MIXED.replace("assign: runtime", f"assign: {MIXED_ASSIGN}"))
+    assert listed.heads.assign == ("spatial", "temporal", "spatial", "spatial", "temporal", "temporal",
+                                   "spatial", "spatial", "spatial", "temporal")
+    assert listed.heads.candidates == spec.heads.candidates
+    assert listed.digest != spec.digest
+    # The spec's layout is the default for candidates that do not give one.
+    flipped = parse_spec(MIXED.replace("layout: frame_major ", "layout: temporal_major "))
+    assert [c.layout for c in flipped.heads.candidates] == ["temporal_major", "temporal_major"]
+    # dataclasses.replace keeps working on Spec.
+    other = dataclasses.replace(spec, heads=listed.heads)
+    assert other.head_patterns().assign == listed.heads.assign
+
+
+def test_mask_spec_has_one_implicit_candidate():
+    spec = parse_spec(FULL)
+    assert spec.heads is None
+    assert spec.head_patterns() == HeadPatterns((Candidate("mask", "temporal_major"),), ("mask",) * 10)
+    assert spec.pattern_mask("mask") is spec.mask
+    assert spec.pattern_mask("local") == MaskTerm("temporal_stride", (("rows", 1), ("stride", 2)))
+    # A user pattern named 'mask' next to a top-level mask: the implicit candidate is the top-level mask.
+    named = parse_spec(MINIMAL + "patterns: {mask: {text: {}}}\n")
+    assert named.pattern_mask("mask") == MaskTerm("causal_frames", ())
+    # In a heads spec, 'mask' is just a pattern name.
+    heads = parse_spec(MIXED.replace("  spatial:", "  mask:").replace("pattern: spatial", "pattern: mask"))
+    assert heads.heads.candidates[0].pattern == "mask"
+    assert heads.pattern_mask("mask") == dict(heads.patterns)["mask"]
+
+
+def test_mixed_digest_ignores_defaulted_layouts_and_style():
+    a = parse_spec(MIXED)
+    b = parse_spec(MIXED.replace("{pattern: spatial}", "{layout: frame_major, pattern: spatial}"))
+    assert a.heads == b.heads and a.digest == b.digest
+
+
+@pytest.mark.parametrize("old,new", [
+    ("layout: temporal_major}", "layout: frame_major}"),
+    ("{pattern: spatial}", "{pattern: spatial, layout: temporal_major}"),
+    ("layout: frame_major ", "layout: temporal_major "),
+    ("    - {pattern: spatial}\n    - {pattern: temporal, layout: temporal_major}\n",
+     "    - {pattern: temporal, layout: temporal_major}\n    - {pattern: spatial}\n"),
+    ("assign: runtime", f"assign: {MIXED_ASSIGN}"),
+    ("    - {pattern: temporal, layout: temporal_major}\n", ""),
+])
+def test_mixed_digest_changes_when_heads_change(old, new):
+    assert MIXED.count(old) == 1
+    assert parse_spec(MIXED).digest != parse_spec(MIXED.replace(old, new)).digest
+
+
+def test_mixed_assign_changes_digest():
+    listed = MIXED.replace("assign: runtime", f"assign: {MIXED_ASSIGN}")
+    swapped = MIXED.replace("assign: runtime", f"assign: {MIXED_ASSIGN.replace('[spatial', '[temporal', 1)}")
+    assert parse_spec(listed).digest != parse_spec(swapped).digest
+
+
+# ----------------------------------------------------------------------------- invalid specs
 
 BASE = """\
 svgen: 1
@@ -257,13 +370,39 @@ def _sub(old, new):
     return BASE.replace(old, new)
 
 
+HEADS_BASE = """\
+svgen: 1
+name: demo
+geometry: {frames: 4, height: 2, width: 3}
+attention: {heads: 3, head_dim: 128, dtype: bfloat16}
+layout: frame_major
+patterns:
+  spatial: {spatial_window: {frames: 1}}
+  temporal: {temporal_stride: {}}
+  local: {band: {width: 3}}
+heads:
+  candidates:
+    - {pattern: spatial}
+    - {pattern: temporal, layout: temporal_major}
+  assign: [spatial, temporal, spatial]
+tiling: {block_q: 256, block_kv: 512}
+"""
+
+
+def _hsub(old, new):
+    assert HEADS_BASE.count(old) == 1, old
+    return HEADS_BASE.replace(old, new)
+
+
 def test_base_is_valid():
     spec = parse_spec(BASE, source="specs/demo.yaml")
     assert spec.name == "demo"
+    spec = parse_spec(HEADS_BASE, source="specs/demo.yaml")
+    assert spec.heads.assign == ("spatial", "temporal", "spatial")
 
 
 CASES = [  # (id, spec text)
-    ("unknown_top_level_key", _sub("layout: frame_major\n", "layout: frame_major\nheads: 4\n")),
+    ("unknown_top_level_key", _sub("layout: frame_major\n", "layout: frame_major\nkernel: flash\n")),
     ("unknown_primitive", _sub("- ref: local", "- sliding: {width: 2}")),
     ("unknown_param_key", _sub("rows: 1, cols: 2", "rows: 1, colz: 2")),
     ("string_where_int", _sub("frames: 4,", "frames: four,")),
@@ -319,10 +458,46 @@ CASES = [  # (id, spec text)
     ("top_level_list", "- svgen: 1\n"),
     ("geometry_not_mapping", _sub("geometry: {frames: 4, height: 2, width: 3, text_tokens: 8, text_position: last}", "geometry: 4x2x3")),
     ("unknown_tag", _sub("heads: 2,", "heads: !big 2,")),
+    # heads
+    ("both_mask_and_heads", _hsub("heads:\n", "mask: {text: {}}\nheads:\n")),
+    ("neither_mask_nor_heads", _hsub("heads:\n  candidates:\n    - {pattern: spatial}\n"
+                                     "    - {pattern: temporal, layout: temporal_major}\n"
+                                     "  assign: [spatial, temporal, spatial]\n", "")),
+    ("heads_not_mapping", _hsub("heads:\n  candidates:\n    - {pattern: spatial}\n"
+                                "    - {pattern: temporal, layout: temporal_major}\n"
+                                "  assign: [spatial, temporal, spatial]\n", "heads: [spatial]\n")),
+    ("heads_unknown_key", _hsub("  assign:", "  default: spatial\n  assign:")),
+    ("heads_missing_assign", _hsub("  assign: [spatial, temporal, spatial]\n", "")),
+    ("heads_missing_candidates", _hsub("  candidates:\n    - {pattern: spatial}\n"
+                                       "    - {pattern: temporal, layout: temporal_major}\n", "")),
+    ("candidates_empty", _hsub("  candidates:\n    - {pattern: spatial}\n"
+                               "    - {pattern: temporal, layout: temporal_major}\n", "  candidates: []\n")),
+    ("candidates_not_list", _hsub("  candidates:\n    - {pattern: spatial}\n"
+                                  "    - {pattern: temporal, layout: temporal_major}\n",
+                                  "  candidates: {pattern: spatial}\n")),
+    ("candidate_not_mapping", _hsub("- {pattern: spatial}", "- spatial")),
+    ("candidate_missing_pattern", _hsub("{pattern: temporal, layout: temporal_major}",
+                                        "{layout: temporal_major}")),
+    ("candidate_unknown_key", _hsub("{pattern: spatial}", "{pattern: spatial, tiling: 256}")),
+    ("candidate_unknown_pattern", _hsub("{pattern: temporal, layout", "{pattern: radial, layout")),
+    ("candidate_bad_pattern_name", _hsub("{pattern: temporal, layout", "{pattern: Temporal, layout")),
+    ("candidate_duplicate", _hsub("{pattern: temporal, layout: temporal_major}",
+                                  "{pattern: temporal, layout: temporal_major}\n"
+                                  "    - {pattern: spatial, layout: temporal_major}")),
+    ("candidate_bad_layout", _hsub("layout: temporal_major}", "layout: column_major}")),
+    ("assign_too_short", _hsub("assign: [spatial, temporal, spatial]", "assign: [spatial, temporal]")),
+    ("assign_too_long", _hsub("assign: [spatial, temporal, spatial]",
+                              "assign: [spatial, temporal, spatial, spatial]")),
+    ("assign_unknown_name", _hsub("assign: [spatial, temporal, spatial]", "assign: [spatial, temporal, radial]")),
+    ("assign_not_a_candidate", _hsub("assign: [spatial, temporal, spatial]", "assign: [spatial, local, spatial]")),
+    ("assign_entry_not_name", _hsub("assign: [spatial, temporal, spatial]", "assign: [spatial, 1, spatial]")),
+    ("assign_wrong_string", _hsub("assign: [spatial, temporal, spatial]", "assign: spatial")),
+    ("assign_mapping", _hsub("assign: [spatial, temporal, spatial]", "assign: {0: spatial}")),
+    ("assign_integer", _hsub("assign: [spatial, temporal, spatial]", "assign: 3")),
 ]
 
 EXPECTED = {
-    'unknown_top_level_key': "specs/demo.yaml:6:1: heads: unknown key 'heads'; allowed keys: svgen, name, geometry, attention, layout, mask, patterns, tiling",
+    'unknown_top_level_key': "specs/demo.yaml:6:1: kernel: unknown key 'kernel'; allowed keys: svgen, name, geometry, attention, layout, mask, heads, patterns, tiling",
     'unknown_primitive': "specs/demo.yaml:10:7: mask.any_of[2].sliding: unknown mask primitive 'sliding'; allowed: first_frame, spatial_window, temporal_stride, band, prefix, text, causal_frames, expr, any_of, all_of, not, ref",
     'unknown_param_key': "specs/demo.yaml:9:44: mask.any_of[1].spatial_window.colz: unknown key 'colz'; allowed keys: frames, rows, cols",
     'string_where_int': "specs/demo.yaml:3:20: geometry.frames: must be a positive integer, got a string ('four')",
@@ -345,7 +520,7 @@ EXPECTED = {
     'duplicate_param': "specs/demo.yaml:9:35: mask.any_of[1].spatial_window.frames: duplicate key 'frames' (first given on line 9)",
     'yaml_syntax_error': "specs/demo.yaml:5:7: YAML syntax error: expected ',' or '}', but got ':' (while parsing a flow mapping)",
     'yaml_bad_indent': "specs/demo.yaml:11:4: YAML syntax error: expected <block end>, but found '<block sequence start>' (while parsing a block mapping)",
-    'missing_mask': "specs/demo.yaml:1:1: missing required key 'mask'",
+    'missing_mask': "specs/demo.yaml:1:1: missing required key 'mask' (or 'heads')",
     'missing_svgen': "specs/demo.yaml:1:1: missing required key 'svgen' (the spec format version; write 'svgen: 1')",
     'missing_geometry_key': "specs/demo.yaml:3:11: geometry: missing required key 'height'",
     'missing_attention_key': "specs/demo.yaml:4:12: attention: missing required key 'dtype'",
@@ -378,6 +553,30 @@ EXPECTED = {
     'top_level_list': 'specs/demo.yaml:1:1: must be a mapping at the top level, got a list',
     'geometry_not_mapping': "specs/demo.yaml:3:11: geometry: must be a mapping, got a string ('4x2x3')",
     'unknown_tag': "specs/demo.yaml:4:20: attention.heads: unsupported YAML value: could not determine a constructor for the tag '!big'",
+    # heads
+    'both_mask_and_heads': 'specs/demo.yaml:11:1: heads: give either mask (one pattern for every head) or heads (patterns per head), not both',
+    'neither_mask_nor_heads': "specs/demo.yaml:1:1: missing required key 'mask' (or 'heads')",
+    'heads_not_mapping': 'specs/demo.yaml:10:8: heads: must be a mapping, got a list',
+    'heads_unknown_key': "specs/demo.yaml:14:3: heads.default: unknown key 'default'; allowed keys: candidates, assign",
+    'heads_missing_assign': "specs/demo.yaml:11:3: heads: missing required key 'assign'",
+    'heads_missing_candidates': "specs/demo.yaml:11:3: heads: missing required key 'candidates'",
+    'candidates_empty': 'specs/demo.yaml:11:15: heads.candidates: must be a non-empty list of candidates ({pattern: NAME, layout: LAYOUT}), got an empty list',
+    'candidates_not_list': 'specs/demo.yaml:11:15: heads.candidates: must be a non-empty list of candidates ({pattern: NAME, layout: LAYOUT}), got a mapping',
+    'candidate_not_mapping': "specs/demo.yaml:12:7: heads.candidates[0]: must be a mapping with a 'pattern' and an optional 'layout', got a string ('spatial')",
+    'candidate_missing_pattern': "specs/demo.yaml:13:7: heads.candidates[1]: missing required key 'pattern'",
+    'candidate_unknown_key': "specs/demo.yaml:12:26: heads.candidates[0].tiling: unknown key 'tiling'; allowed keys: pattern, layout",
+    'candidate_unknown_pattern': "specs/demo.yaml:13:17: heads.candidates[1].pattern: unknown pattern 'radial'; known patterns: local, spatial, temporal",
+    'candidate_bad_pattern_name': "specs/demo.yaml:13:17: heads.candidates[1].pattern: must be a pattern name matching [a-z][a-z0-9_]* of at most 64 characters, got 'Temporal'",
+    'candidate_duplicate': "specs/demo.yaml:14:17: heads.candidates[2].pattern: pattern 'spatial' is already a candidate (heads.candidates[0]); each pattern may be a candidate only once",
+    'candidate_bad_layout': "specs/demo.yaml:13:35: heads.candidates[1].layout: must be one of frame_major, temporal_major, got 'column_major'",
+    'assign_too_short': 'specs/demo.yaml:14:11: heads.assign: must name one candidate pattern per head: attention.heads is 3, got 2 entries',
+    'assign_too_long': 'specs/demo.yaml:14:11: heads.assign: must name one candidate pattern per head: attention.heads is 3, got 4 entries',
+    'assign_unknown_name': "specs/demo.yaml:14:31: heads.assign[2]: 'radial' is not a candidate; candidates: spatial, temporal",
+    'assign_not_a_candidate': "specs/demo.yaml:14:21: heads.assign[1]: 'local' is not a candidate; candidates: spatial, temporal",
+    'assign_entry_not_name': 'specs/demo.yaml:14:21: heads.assign[1]: must be a candidate pattern name matching [a-z][a-z0-9_]* of at most 64 characters, got an integer (1)',
+    'assign_wrong_string': "specs/demo.yaml:14:11: heads.assign: must be 'runtime' or a list of candidate pattern names, one per head, got a string ('spatial')",
+    'assign_mapping': "specs/demo.yaml:14:11: heads.assign: must be 'runtime' or a list of candidate pattern names, one per head, got a mapping",
+    'assign_integer': "specs/demo.yaml:14:11: heads.assign: must be 'runtime' or a list of candidate pattern names, one per head, got an integer (3)",
 }
 
 

@@ -47,17 +47,56 @@ def tile_boxes(layout: SequenceLayout, block: int, tiles: range) -> Boxes:
 
 
 def _range_boxes(layout: SequenceLayout, start: int, end: int):
-    """Boxes (f_lo, f_hi, h_lo, h_hi, w_lo, w_hi, i_lo, i_hi, t_lo, t_hi) of positions [start, end)."""
+    """Boxes (f_lo, f_hi, h_lo, h_hi, w_lo, w_hi, i_lo, i_hi, t_lo, t_hi) of kernel positions
+    [start, end); i is the nominal position."""
     v0, n = layout.video_start, layout.video_tokens
     t0, p = layout.text_start, layout.text_tokens
     ts, te = max(start, t0), min(end, t0 + p)
     if ts < te:
         yield (0, 0, 0, 0, 0, 0, ts, te - 1, 1, 1)
     vs, ve = max(start, v0) - v0, min(end, v0 + n) - v0
-    for a, b in _video_pieces(layout, vs, ve):
+    if not layout.is_temporal_major:
+        for a, b in _video_pieces(layout, vs, ve):
+            f0, h0, w0 = _decode(layout, a)
+            f1, h1, w1 = _decode(layout, b - 1)
+            yield (f0, f1, h0, h1, w0, w1, a + v0, b - 1 + v0, 0, 0)
+        return
+    anchor_end = layout.anchor_frames * layout.tokens_per_frame
+    for a, b in _video_pieces(layout, vs, min(ve, anchor_end)):
         f0, h0, w0 = _decode(layout, a)
         f1, h1, w1 = _decode(layout, b - 1)
-        yield (f0, f1, h0, h1, w0, w1, a + v0, b - 1 + v0, 0, 0)
+        yield _with_nominal(layout, f0, f1, h0, h1, w0, w1)
+    for f0, f1, p0, p1 in _main_pieces(layout, max(vs, anchor_end) - anchor_end, ve - anchor_end):
+        for a, b in _video_pieces(layout, p0, p1 + 1):  # places of one "frame": rows/cols boxes
+            _, h0, w0 = _decode(layout, a)
+            _, h1, w1 = _decode(layout, b - 1)
+            yield _with_nominal(layout, f0, f1, h0, h1, w0, w1)
+
+
+def _with_nominal(layout: SequenceLayout, f0, f1, h0, h1, w0, w1):
+    big_t, v0, w = layout.frames, layout.video_start, layout.width
+    return (f0, f1, h0, h1, w0, w1, v0 + (h0 * w + w0) * big_t + f0,
+            v0 + (h1 * w + w1) * big_t + f1, 0, 0)
+
+
+def _main_pieces(layout: SequenceLayout, ja: int, jb: int):
+    """temporal_major main block offsets [ja, jb) as (f_lo, f_hi, p_lo, p_hi) boxes."""
+    t, anchors = layout.main_frames, layout.anchor_frames
+    if ja >= jb or t == 0:
+        return
+    pa, pb = ja // t, (jb - 1) // t
+    fa, fb = anchors + ja % t, anchors + (jb - 1) % t
+    if pa == pb:
+        yield fa, fb, pa, pa
+        return
+    if fa > anchors:  # partial first place
+        yield fa, layout.frames - 1, pa, pa
+        pa += 1
+    if fb < layout.frames - 1:  # partial last place
+        yield anchors, fb, pb, pb
+        pb -= 1
+    if pa <= pb:
+        yield anchors, layout.frames - 1, pa, pb
 
 
 def _decode(layout: SequenceLayout, v: int):
@@ -66,7 +105,7 @@ def _decode(layout: SequenceLayout, v: int):
 
 
 def _video_pieces(layout: SequenceLayout, vs: int, ve: int):
-    """Split video indices [vs, ve) at row and frame boundaries into box-shaped pieces."""
+    """Split frame-major video indices [vs, ve) at row and frame boundaries into boxes."""
     w, s = layout.width, layout.tokens_per_frame
     while vs < ve:
         if vs % w:  # partial first row

@@ -66,7 +66,8 @@ class Classification:
 
 def classify_tiles(mask: ir.Node, layout: SequenceLayout, grid: TileGrid,
                    progress: Callable[[int, int], None] | None = None) -> Classification:
-    if layout.text_tokens == 0 and layout.frames > 1 and is_frame_invariant(mask):
+    if (layout.text_tokens == 0 and layout.frames > 1 and not layout.is_temporal_major
+            and is_frame_invariant(mask)):
         return _classify_frame_invariant(mask, layout, grid, progress)
     nq, nk = grid.num_q_blocks, grid.num_kv_blocks
     kinds = np.empty((nq, nk), np.int8)

@@ -10,13 +10,16 @@ from svgen import ir
 from svgen.analysis.classify import Classification, TileGrid
 from svgen.analysis.tables import BlockTable
 from svgen.layout import SequenceLayout
+from svgen.runtime.kernel import PieceTables
 from svgen.runtime.kinds import TileKind
 from svgen.spec import Spec
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
-    spec: Spec
+class PatternPlan:
+    """One candidate pattern: its mask, layout, tile kinds and runs."""
+
+    name: str
     layout: SequenceLayout
     mask: ir.Node
     grid: TileGrid
@@ -45,8 +48,88 @@ class Plan:
         return float(np.count_nonzero(self.kinds != TileKind.EMPTY)) / self.kinds.size
 
     def summary(self) -> dict:
-        """The `svgen inspect --json` object."""
         c = self.classification
+        out = {
+            "layout": self.layout.order,
+            "tiles": self.tile_counts(),
+            "density": self.density,
+            "density_is_exact": c.density_is_exact,
+            "visited_fraction": self.visited_fraction,
+            "visited_steps": self.table.visited_steps,
+            "unproven_boundary_tiles": c.unproven_tiles,
+        }
+        if self.layout.is_temporal_major:
+            out["anchor_frames"] = self.layout.anchor_frames
+        if not c.density_is_exact:
+            out["density_upper"] = c.kept_pairs_upper / self.total_pairs
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    spec: Spec
+    patterns: tuple[PatternPlan, ...]  # the candidates, in head_pattern index order
+    assign: tuple[int, ...] | None  # pattern index per head; None: chosen at run time
+    tables: PieceTables  # the kernel's scalar prefetch, all patterns
+
+    # -- single-pattern views (a spec with `mask`) -----------------------------------------
+    @property
+    def only(self) -> PatternPlan:
+        if len(self.patterns) != 1:
+            raise ValueError(f"{self.spec.name} has {len(self.patterns)} patterns")
+        return self.patterns[0]
+
+    @property
+    def kinds(self) -> np.ndarray:
+        return self.only.kinds
+
+    @property
+    def layout(self) -> SequenceLayout:
+        return self.patterns[0].layout  # all patterns share the geometry
+
+    @property
+    def mask(self) -> ir.Node:
+        return self.only.mask
+
+    @property
+    def grid(self) -> TileGrid:
+        return self.patterns[0].grid  # all patterns share the tiling
+
+    @property
+    def classification(self) -> Classification:
+        return self.only.classification
+
+    @property
+    def table(self) -> BlockTable:
+        return self.only.table
+
+    def tile_counts(self) -> dict[str, int]:
+        return self.only.tile_counts()
+
+    @property
+    def total_pairs(self) -> int:
+        return self.layout.seq_len ** 2
+
+    @property
+    def density(self) -> float:
+        return self.only.density
+
+    @property
+    def visited_fraction(self) -> float:
+        return self.only.visited_fraction
+
+    # -- kernel-wide -----------------------------------------------------------------------
+    @property
+    def table_bytes(self) -> int:
+        return self.tables.scalar_prefetch_bytes(self.spec.attention.heads)
+
+    @property
+    def grid_steps(self) -> int:
+        """Grid steps per head: every head walks the longest pattern's pieces."""
+        return self.tables.max_pieces * self.tables.slots
+
+    def summary(self) -> dict:
+        """The `svgen inspect --json` object (v1 keys unchanged for single-pattern specs)."""
         out = {
             "name": self.spec.name,
             "seq_len": self.layout.seq_len,
@@ -55,16 +138,27 @@ class Plan:
             "block_kv": self.grid.block_kv,
             "num_q_blocks": self.grid.num_q_blocks,
             "num_kv_blocks": self.grid.num_kv_blocks,
-            "tiles": self.tile_counts(),
-            "density": self.density,
-            "density_is_exact": c.density_is_exact,
-            "visited_fraction": self.visited_fraction,
-            "table_bytes": self.table.scalar_prefetch_bytes,
-            "grid_steps": self.table.grid_steps,
-            "visited_steps": self.table.visited_steps,
-            "slots_per_piece": self.table.pieces.slots,
-            "unproven_boundary_tiles": c.unproven_tiles,
         }
-        if not c.density_is_exact:
-            out["density_upper"] = c.kept_pairs_upper / self.total_pairs
+        if len(self.patterns) == 1:
+            single = self.only.summary()
+            out.update({k: single[k] for k in ("tiles", "density", "density_is_exact",
+                                               "visited_fraction")})
+        out["table_bytes"] = self.table_bytes
+        out["grid_steps"] = self.grid_steps
+        out["slots_per_piece"] = self.tables.slots
+        if len(self.patterns) == 1:
+            out.update({k: v for k, v in self.only.summary().items()
+                        if k not in out and k != "layout"})
+            out["layout"] = self.layout.order
+        else:
+            out["patterns"] = {p.name: dict(p.summary(), table_bytes=_pattern_bytes(self, i))
+                               for i, p in enumerate(self.patterns)}
+            out["assign"] = ("runtime" if self.assign is None else
+                             [self.patterns[i].name for i in self.assign])
         return out
+
+
+def _pattern_bytes(plan: Plan, index: int) -> int:
+    """One pattern's share of the SMEM tables: its pieces (entries and lengths)."""
+    per_piece = 4 if plan.tables.lengths is None else 8
+    return int(plan.tables.num_pieces[index]) * per_piece

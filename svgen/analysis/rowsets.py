@@ -96,20 +96,24 @@ def _all_rows(chunk: RowChunk, start: int, end: int) -> Bounds:
 @row_bounds.register
 def _(node: ir.FirstFrame, chunk: RowChunk) -> Bounds:
     lay = chunk.layout
-    frames = min(node.frames, lay.frames)
-    return _all_rows(chunk, lay.video_start, lay.video_start + frames * lay.tokens_per_frame)
+    rows = np.arange(chunk.num_rows)  # every query, text included
+    return Bounds.exact(_video_box_keys(
+        chunk, rows, np.zeros(rows.size, np.int64),
+        np.full(rows.size, min(node.frames, lay.frames)), 1, *_full_box(lay, rows.size)))
 
 
 @row_bounds.register
 def _(node: ir.Prefix, chunk: RowChunk) -> Bounds:
-    return _all_rows(chunk, 0, node.tokens)
+    rows = np.arange(chunk.num_rows)
+    return Bounds.exact(_nominal_keys(chunk, rows, np.zeros(rows.size, np.int64),
+                                      np.full(rows.size, node.tokens)))
 
 
 @row_bounds.register
 def _(node: ir.Band, chunk: RowChunk) -> Bounds:
     rows = np.arange(chunk.num_rows)
-    pos = chunk.positions  # frame-major: the layout's order is the kernel order
-    return Bounds.exact(chunk.per_row(rows, pos - node.width, pos + node.width + 1))
+    nominal = chunk.coords.index
+    return Bounds.exact(_nominal_keys(chunk, rows, nominal - node.width, nominal + node.width + 1))
 
 
 @row_bounds.register
@@ -128,10 +132,15 @@ def _(node: ir.Text, chunk: RowChunk) -> Bounds:
 def _(node: ir.CausalFrames, chunk: RowChunk) -> Bounds:
     lay = chunk.layout
     rows = chunk.rows_where(~chunk.coords.is_text)
-    frame = chunk.coords.frame[rows]
-    return Bounds.exact(chunk.per_row(
-        rows, np.full(rows.size, lay.video_start),
-        lay.video_start + (frame + 1) * lay.tokens_per_frame))
+    return Bounds.exact(_video_box_keys(
+        chunk, rows, np.zeros(rows.size, np.int64), chunk.coords.frame[rows] + 1, 1,
+        *_full_box(lay, rows.size)))
+
+
+def _full_box(lay, n: int):
+    """(h_lo, h_hi, w_lo, w_hi, full_rows, full_cols) of whole frames, for n rows."""
+    return (np.zeros(n, np.int64), np.full(n, lay.height - 1), np.zeros(n, np.int64),
+            np.full(n, lay.width - 1), True, True)
 
 
 def _window(center: np.ndarray, radius: int | None, size: int):
@@ -141,36 +150,144 @@ def _window(center: np.ndarray, radius: int | None, size: int):
     return np.maximum(center - radius, 0), np.minimum(center + radius, size - 1)
 
 
+def _expand(counts: np.ndarray):
+    """(parent, index) pairs: parent i repeated counts[i] times, index 0..counts[i]-1."""
+    counts = np.maximum(counts, 0)
+    return np.repeat(np.arange(counts.size), counts), ragged_arange(counts)
+
+
 def _video_box_keys(chunk: RowChunk, rows, f_first, f_count, f_step, h_lo, h_hi, w_lo, w_hi,
                     full_rows: bool, full_cols: bool) -> IntervalSet:
-    """Keys (f, h, w) with f = f_first + j*f_step (j < f_count), h in [h_lo, h_hi], w in [w_lo, w_hi].
+    """Keys (f, h, w) with f = f_first + j*f_step (j < f_count), h in [h_lo, h_hi],
+    w in [w_lo, w_hi], as kernel-position intervals per row (all arguments per row)."""
+    lay = chunk.layout
+    f_count = np.maximum(f_count, 0)
+    if not lay.is_temporal_major:
+        return _frame_major_box(chunk, lay.video_start, rows, f_first, f_count, f_step,
+                                h_lo, h_hi, w_lo, w_hi, full_rows, full_cols)
+    # Anchor frames (f < anchor_frames) sit first, frame-major; the rest temporal-major.
+    anchors = lay.anchor_frames
+    in_anchor = np.clip(-(-(anchors - f_first) // f_step), 0, f_count)
+    anchor_part = _frame_major_box(chunk, lay.video_start, rows, f_first, in_anchor, f_step,
+                                   h_lo, h_hi, w_lo, w_hi, full_rows, full_cols)
+    main_part = _temporal_major_box(chunk, rows, f_first + in_anchor * f_step,
+                                    f_count - in_anchor, f_step, h_lo, h_hi, w_lo, w_hi,
+                                    full_rows, full_cols)
+    return anchor_part.union(main_part)
+
+
+def _frame_major_box(chunk: RowChunk, base: int, rows, f_first, f_count, f_step, h_lo, h_hi,
+                     w_lo, w_hi, full_rows: bool, full_cols: bool) -> IntervalSet:
+    """The box in frame-major positions from `base`.
 
     Collapses whole rows (full_cols) and whole frames (full_rows, f_step == 1) into single
     intervals, so a frame window costs one interval per row and a temporal column one per frame.
     """
     lay = chunk.layout
-    s, width, v0 = lay.tokens_per_frame, lay.width, lay.video_start
-    f_count = np.maximum(f_count, 0)
+    s, width = lay.tokens_per_frame, lay.width
     if full_cols and full_rows and f_step == 1:
-        start = v0 + f_first * s
+        start = base + f_first * s
         return chunk.per_row(rows, start, start + f_count * s)
-    if full_cols:
-        h_count = np.ones_like(f_count)
-    else:
-        h_count = h_hi - h_lo + 1
-    counts = f_count * h_count
-    which = np.repeat(np.arange(rows.size), counts)
-    within = ragged_arange(counts)
+    h_count = np.ones_like(f_count) if full_cols else h_hi - h_lo + 1
+    which, within = _expand(f_count * h_count)
     hc = h_count[which]
     frame = f_first[which] + (within // hc) * f_step
     if full_cols:
-        start = v0 + frame * s + h_lo[which] * width
-        end = v0 + frame * s + (h_hi[which] + 1) * width
+        start = base + frame * s + h_lo[which] * width
+        end = base + frame * s + (h_hi[which] + 1) * width
     else:
         row = h_lo[which] + within % hc
-        start = v0 + frame * s + row * width + w_lo[which]
-        end = v0 + frame * s + row * width + w_hi[which] + 1
+        start = base + frame * s + row * width + w_lo[which]
+        end = base + frame * s + row * width + w_hi[which] + 1
     return chunk.per_row(rows[which], start, end)
+
+
+def _temporal_major_box(chunk: RowChunk, rows, f_first, f_count, f_step, h_lo, h_hi, w_lo,
+                        w_hi, full_rows: bool, full_cols: bool) -> IntervalSet:
+    """The box among frames >= anchor_frames, at main_start + p*T' + (f - anchor_frames).
+
+    A place p holds its frames contiguously: a temporal column is one interval; when the
+    frames span the whole block, consecutive places merge too (rows of places per h).
+    """
+    lay = chunk.layout
+    t, width, anchors = lay.main_frames, lay.width, lay.anchor_frames
+    base = lay.main_start
+    live = f_count > 0
+    rows, f_first, f_count = rows[live], f_first[live], f_count[live]
+    h_lo, h_hi, w_lo, w_hi = h_lo[live], h_hi[live], w_lo[live], w_hi[live]
+    if f_step == 1:
+        whole = (f_first == anchors) & (f_count == t)
+        parts = [_whole_frame_places(chunk, rows[whole], h_lo[whole], h_hi[whole], w_lo[whole],
+                                     w_hi[whole], full_rows, full_cols)]
+        some = ~whole
+        rows, f_first, f_count = rows[some], f_first[some], f_count[some]
+        h_lo, h_hi, w_lo, w_hi = h_lo[some], h_hi[some], w_lo[some], w_hi[some]
+    else:
+        parts = []
+    # One interval per place (f_step == 1) or one point per frame (strided).
+    n_places = (h_hi - h_lo + 1) * (w_hi - w_lo + 1)
+    per_place = np.ones_like(f_count) if f_step == 1 else f_count
+    which, within = _expand(n_places * per_place)
+    wc = (w_hi - w_lo + 1)[which]
+    place_index = within // per_place[which]
+    place = (h_lo[which] + place_index // wc) * width + w_lo[which] + place_index % wc
+    if f_step == 1:
+        start = base + place * t + f_first[which] - anchors
+        end = start + f_count[which]
+    else:
+        frame = f_first[which] + (within % per_place[which]) * f_step
+        start = base + place * t + frame - anchors
+        end = start + 1
+    parts.append(chunk.per_row(rows[which], start, end))
+    return parts[0] if len(parts) == 1 else parts[0].union(parts[1])
+
+
+def _whole_frame_places(chunk: RowChunk, rows, h_lo, h_hi, w_lo, w_hi, full_rows, full_cols):
+    """All main frames of the places in the box: places of a row h are one interval."""
+    lay = chunk.layout
+    t, width, base = lay.main_frames, lay.width, lay.main_start
+    if full_cols:
+        return chunk.per_row(rows, base + h_lo * width * t, base + (h_hi + 1) * width * t)
+    which, within = _expand(h_hi - h_lo + 1)
+    h = h_lo[which] + within
+    return chunk.per_row(rows[which], base + (h * width + w_lo[which]) * t,
+                         base + (h * width + w_hi[which] + 1) * t)
+
+
+def _nominal_keys(chunk: RowChunk, rows, start, end) -> IntervalSet:
+    """Keys whose nominal position is in [start, end) (per row), as kernel positions."""
+    lay = chunk.layout
+    if not lay.is_temporal_major:
+        return chunk.per_row(rows, start, end)
+    # Text keeps its positions; video nominal offsets u = p*T + f map to the anchor block
+    # (f < anchor_frames: one run of places per anchor frame) and the main block (monotone).
+    text = chunk.per_row(rows, np.maximum(start, lay.text_start),
+                         np.minimum(end, lay.text_start + lay.text_tokens))
+    v0, n, big_t = lay.video_start, lay.video_tokens, lay.frames
+    ua = np.clip(start - v0, 0, n)
+    ub = np.clip(end - v0, 0, n)
+    parts = [text]
+    anchors, t = lay.anchor_frames, lay.main_frames
+    for f in range(anchors):
+        p_lo = -(-(ua - f) // big_t)
+        p_hi = (ub - 1 - f) // big_t  # inclusive
+        parts.append(chunk.per_row(rows, v0 + f * lay.tokens_per_frame + p_lo,
+                                   v0 + f * lay.tokens_per_frame + p_hi + 1))
+    if t > 0:
+        first = np.where(ua % big_t >= anchors, ua, ua - ua % big_t + anchors)
+        last = ub - 1
+        last = np.where(last % big_t >= anchors, last, last - last % big_t - 1)
+
+        def main_index(u):
+            return (u // big_t) * t + u % big_t - anchors
+
+        ok = (first <= last) & (ub > ua)
+        parts.append(chunk.per_row(rows[ok], lay.main_start + main_index(first[ok]),
+                                   lay.main_start + main_index(last[ok]) + 1))
+    out = parts[0]
+    for part in parts[1:]:
+        out = out.union(part)
+    return out
 
 
 def _covers(radius: int | None, size: int) -> bool:

@@ -19,7 +19,7 @@ import dataclasses
 import numpy as np
 
 from svgen.analysis.classify import TileGrid
-from svgen.runtime.kernel import PieceTable
+from svgen.runtime.kernel import PieceTables
 from svgen.runtime.kinds import TileKind
 
 DEFAULT_SMEM_BUDGET = 1 << 20  # bytes: the SMEM of one TPU v6e TensorCore
@@ -27,35 +27,23 @@ MAX_SLOTS = 256
 
 
 class TableBudgetError(Exception):
-    """No piece size fits the SMEM budget; `smallest` is the best table found."""
+    """No piece size fits the SMEM budget; `smallest` is the best tables found."""
 
-    def __init__(self, smallest: PieceTable):
-        super().__init__(f"{smallest.scalar_prefetch_bytes} bytes")
+    def __init__(self, smallest: PieceTables):
+        super().__init__("tables over the SMEM budget")
         self.smallest = smallest
 
 
 @dataclasses.dataclass(frozen=True)
 class BlockTable:
+    """One pattern's visited tiles, as the generated module stores them."""
+
     runs: np.ndarray  # int64 [num_runs, 4]: q_block, kv_start, length, kernel kind
-    pieces: PieceTable  # what the kernel's scalar prefetch holds
 
     @property
     def visited_steps(self) -> int:
         """Grid steps that do work: visited tiles plus one per q tile with none."""
         return int(self.runs[:, 2].sum())
-
-    @property
-    def grid_steps(self) -> int:
-        """Grid steps launched per head (visited steps plus skipped slots)."""
-        return self.pieces.num_pieces * self.pieces.slots
-
-    @property
-    def scalar_prefetch_bytes(self) -> int:
-        return self.pieces.scalar_prefetch_bytes
-
-    @property
-    def num_steps(self) -> int:  # TODO(remove): kept while bench/vs_splash.py moves over
-        return self.grid_steps
 
 
 def kernel_kinds(kinds: np.ndarray, grid: TileGrid) -> np.ndarray:
@@ -79,17 +67,19 @@ def build_runs(kinds: np.ndarray, grid: TileGrid) -> np.ndarray:
     return _add_zero_fill_runs(runs.astype(np.int64).reshape(-1, 4), grid.num_q_blocks)
 
 
-def build_block_table(kinds: np.ndarray, grid: TileGrid,
-                      smem_budget: int = DEFAULT_SMEM_BUDGET) -> BlockTable:
-    """Raises TableBudgetError when even MAX_SLOTS-tile pieces exceed the budget."""
-    runs = build_runs(kinds, grid)
+def choose_piece_tables(runs_per_pattern, heads: int,
+                        smem_budget: int = DEFAULT_SMEM_BUDGET) -> PieceTables:
+    """The SMEM tables with the smallest piece size (a power of two) that fits the budget.
+
+    Raises TableBudgetError when even MAX_SLOTS-tile pieces do not fit.
+    """
     slots = 1
     while True:
-        pieces = PieceTable.from_runs(runs, slots)
-        if pieces.scalar_prefetch_bytes <= smem_budget:
-            return BlockTable(runs, pieces)
+        tables = PieceTables.from_runs(runs_per_pattern, slots)
+        if tables.scalar_prefetch_bytes(heads) <= smem_budget:
+            return tables
         if slots >= MAX_SLOTS:
-            raise TableBudgetError(pieces)
+            raise TableBudgetError(tables)
         slots *= 2
 
 

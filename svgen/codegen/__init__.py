@@ -55,18 +55,25 @@ def render(plan: Plan, spec_path: str) -> dict[str, bytes]:
     """The generated files for `plan`; `spec_path` is how the header names the spec."""
     name = plan.spec.name
     files: dict[str, bytes] = {}
-    runs = plan.table.runs
-    if len(runs) > MAX_INLINE_RUNS:
-        tables = _npy_bytes(runs.astype(np.int32))
-        files[tables_filename(name)] = tables
-        inline_runs = None
-        tables_file = tables_filename(name)
-        tables_sha = hashlib.sha256(tables).hexdigest()
-    else:
-        inline_runs = _format_runs(runs)
-        tables_file = tables_sha = None
+    single = len(plan.patterns) == 1
+    patterns = []
+    for pattern in plan.patterns:
+        prefix = "" if single else f"{pattern.name}_"
+        runs = pattern.table.runs
+        entry = {"runs_name": f"{prefix.upper()}STEP_RUNS" if single else f"{prefix.upper()}RUNS",
+                 "layout_name": f"{prefix.upper()}LAYOUT",
+                 "mask_name": f"{prefix}boundary_mask", "inline_runs": None,
+                 "tables_file": None, "tables_sha256": None}
+        if len(runs) > MAX_INLINE_RUNS:
+            data = _npy_bytes(runs.astype(np.int32))
+            filename = tables_filename(name if single else f"{name}_{pattern.name}")
+            files[filename] = data
+            entry.update(tables_file=filename, tables_sha256=hashlib.sha256(data).hexdigest())
+        else:
+            entry["inline_runs"] = _format_runs(runs)
+        patterns.append(entry)
     body = _environment().get_template("pallas_tpu/module.py.j2").render(
-        _context(plan, spec_path, inline_runs, tables_file, tables_sha))
+        _context(plan, spec_path, patterns))
     files[module_filename(name)] = (_header(spec_path, plan.spec.digest, body) + body).encode()
     return dict(sorted(files.items()))
 
@@ -122,41 +129,85 @@ def _int(n: int) -> str:
     return f"{n:,}"
 
 
-def _context(plan: Plan, spec_path: str, inline_runs, tables_file, tables_sha) -> dict:
-    spec, layout, grid, c = plan.spec, plan.layout, plan.grid, plan.classification
-    counts = plan.tile_counts()
-    mask = emit_mask(plan.mask, layout)
+def _pattern_lines(plan: Plan, pattern) -> list[str]:
+    """Docstring lines of one pattern: counts, density, visited fraction."""
+    layout, grid, c = pattern.layout, pattern.grid, pattern.classification
+    counts = pattern.tile_counts()
     if c.density_is_exact:
-        density = f"{_int(c.kept_pairs)} of {_int(plan.total_pairs)} (density {plan.density:.6f})"
+        density = (f"{_int(c.kept_pairs)} of {_int(pattern.total_pairs)} "
+                   f"(density {pattern.density:.6f})")
     else:
         density = (f"between {_int(c.kept_pairs)} and {_int(c.kept_pairs_upper)} of "
-                   f"{_int(plan.total_pairs)} (density {plan.density:.6f} to "
-                   f"{c.kept_pairs_upper / plan.total_pairs:.6f})")
+                   f"{_int(pattern.total_pairs)} (density {pattern.density:.6f} to "
+                   f"{c.kept_pairs_upper / pattern.total_pairs:.6f})")
+    order = layout.order
+    if layout.is_temporal_major:
+        order += f", the first {layout.anchor_frames} frame(s) kept first as anchors"
+    lines = [
+        f"Layout: {order}",
+        f"Tiles: {grid.block_q} x {grid.block_kv}, {grid.num_q_blocks} x {grid.num_kv_blocks} = "
+        f"{_int(pattern.kinds.size)}: {_int(counts['full'])} FULL, {_int(counts['boundary'])} "
+        f"BOUNDARY, {_int(counts['empty'])} EMPTY",
+        f"Kept pairs: {density}",
+        f"Visited fraction: {pattern.visited_fraction:.4f} of tiles "
+        f"({_int(pattern.table.visited_steps)} steps doing work per head)",
+    ]
+    if c.unproven_tiles:
+        lines.append(f"Unproven: {_int(c.unproven_tiles)} BOUNDARY tiles could not be proven "
+                     f"EMPTY or FULL (user predicate); they stay exact through the mask")
+    return lines
+
+
+def _layout_args(layout) -> str:
+    args = (f"frames={layout.frames}, height={layout.height}, width={layout.width}, "
+            f"text_tokens={layout.text_tokens}, text_first={layout.text_first}")
+    if layout.is_temporal_major:
+        args += f", temporal_major=True, anchor_frames={layout.anchor_frames}"
+    return args
+
+
+def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
+    spec, layout, grid = plan.spec, plan.layout, plan.grid
     text_where = f", {spec.geometry.text_position}" if layout.text_tokens else ""
     summary = [
         f"Geometry: {layout.frames} frames x {layout.height} x {layout.width} = "
         f"{_int(layout.video_tokens)} video tokens, {_int(layout.text_tokens)} text tokens"
         f"{text_where}; seq_len {_int(layout.seq_len)} (padded to {_int(grid.padded_seq_len)})",
-        f"Layout: {spec.layout}; {spec.attention.heads} heads x head_dim "
-        f"{spec.attention.head_dim}, {spec.attention.dtype}",
-        f"Tiles: {grid.block_q} x {grid.block_kv}, {grid.num_q_blocks} x {grid.num_kv_blocks} = "
-        f"{_int(plan.kinds.size)}: {_int(counts['full'])} FULL, {_int(counts['boundary'])} "
-        f"BOUNDARY, {_int(counts['empty'])} EMPTY",
-        f"Kept pairs: {density}",
-        f"Visited fraction: {plan.visited_fraction:.4f} of tiles",
-        f"Kernel: {_int(plan.table.grid_steps)} grid steps per head ({_int(plan.table.visited_steps)} "
-        f"doing work), pieces of up to {plan.table.pieces.slots} kv tile(s); tables "
-        f"{_int(plan.table.scalar_prefetch_bytes)} bytes of SMEM (scalar prefetch)",
+        f"Attention: {spec.attention.heads} heads x head_dim {spec.attention.head_dim}, "
+        f"{spec.attention.dtype}",
+        f"Kernel: {_int(plan.grid_steps)} grid steps per head, pieces of up to "
+        f"{plan.tables.slots} kv tile(s); tables {_int(plan.table_bytes)} bytes of SMEM "
+        f"(scalar prefetch)",
     ]
-    if c.unproven_tiles:
-        summary.append(f"Unproven: {_int(c.unproven_tiles)} BOUNDARY tiles could not be proven "
-                       f"EMPTY or FULL (user predicate); they stay exact through the mask")
+    if len(plan.patterns) == 1:
+        heads = "every head uses the one pattern"
+    elif plan.assign is None:
+        heads = "chosen at run time: attention(..., head_pattern=profile(q, k, v, key=...))"
+    else:
+        heads = "static: " + ", ".join(plan.patterns[i].name for i in plan.assign)
+    patterns = []
+    for index, (pattern, files) in enumerate(zip(plan.patterns, pattern_files)):
+        mask = emit_mask(pattern.mask, pattern.layout)
+        patterns.append(dict(
+            files,
+            index=index,
+            name=pattern.name,
+            words=pattern.mask.describe(),
+            lines=_pattern_lines(plan, pattern),
+            tile_map=render_tile_map(pattern.kinds),
+            layout_args=_layout_args(pattern.layout),
+            num_runs=_int(len(pattern.table.runs)),
+            mask_lines=list(mask.lines),
+            mask_result=mask.result,
+            mask_sides=list(mask.sides),
+        ))
     return {
         "name": spec.name,
         "spec_path": spec_path,
-        "pattern": plan.mask.describe(),
+        "single": len(plan.patterns) == 1,
         "summary": summary,
-        "tile_map": render_tile_map(plan.kinds),
+        "heads": heads,
+        "patterns": patterns,
         "constants": [
             ("SEQ_LEN", str(layout.seq_len)),
             ("PADDED_SEQ_LEN", str(grid.padded_seq_len)),
@@ -165,16 +216,10 @@ def _context(plan: Plan, spec_path: str, inline_runs, tables_file, tables_sha) -
             ("HEADS", str(spec.attention.heads)),
             ("HEAD_DIM", str(spec.attention.head_dim)),
             ("DTYPE", repr(spec.attention.dtype)),
-            ("SLOTS_PER_PIECE", str(plan.table.pieces.slots)),
+            ("SLOTS_PER_PIECE", str(plan.tables.slots)),
         ],
-        "layout_args": (f"frames={layout.frames}, height={layout.height}, width={layout.width}, "
-                        f"text_tokens={layout.text_tokens}, text_first={layout.text_first}"),
+        "pattern_names": repr(tuple(p.name for p in plan.patterns)),
+        "head_pattern": "None" if plan.assign is None else repr(tuple(plan.assign)),
         "kinds": [(k.name, int(k)) for k in TileKind],
-        "inline_runs": inline_runs,
-        "tables_file": tables_file,
-        "tables_sha256": tables_sha,
-        "num_runs": _int(len(plan.table.runs)),
-        "mask_lines": list(mask.lines),
-        "mask_result": mask.result,
-        "mask_sides": list(mask.sides),
+        "any_tables_file": any(p["tables_file"] for p in pattern_files),
     }

@@ -1,32 +1,38 @@
-"""The invariant part of every svgen kernel: block-sparse flash attention over a step list.
+"""The invariant part of every svgen kernel: block-sparse flash attention over piece tables.
 
-A generated module supplies only what depends on its spec: the step table, the layout
-constants and `boundary_mask(q_pos, k_pos)`. Everything here is shared, so diffs between
-generated files show only spec-dependent code.
+A generated module supplies only what depends on its spec: per candidate pattern its visited
+tiles (runs), its token layout and `boundary_mask(q_pos, k_pos)`; and the default assignment
+of heads to patterns. Everything here is shared, so diffs between generated files show only
+spec-dependent code.
 
 Grid and tables
 ---------------
-The visited tiles, sorted by q tile, are grouped into *pieces*: up to `slots` consecutive kv
-tiles of one q tile and one kind. The grid is (batch*heads, num_pieces, slots); grid step
-(piece, slot) visits kv tile kv_start + slot of its piece. Per piece, SMEM (scalar prefetch)
-holds one packed int32
+The visited tiles of a pattern, sorted by q tile, are grouped into *pieces*: up to `slots`
+consecutive kv tiles of one q tile and one kind. The grid is
+(batch*heads, max pieces over patterns, slots); for head h, grid step (piece, slot) visits
+kv tile kv_start + slot of piece `piece` of the head's pattern. Scalar prefetch (SMEM) holds:
 
-    entry = q_block << 17 | kv_start << 2 | kind        (kind: TileKind)
+    head_pattern[heads]          the pattern of each head (a traced argument)
+    first_piece[patterns]        where each pattern's pieces start in `entries`
+    num_pieces[patterns]
+    entries[all pieces]          q_block << 17 | kv_start << 2 | kind     (kind: TileKind)
+    lengths[all pieces]          only when slots > 1
 
-and, when slots > 1, its length. Slots past a piece's length are skipped and repeat the last
-kv tile, so they fetch nothing. slots = 1 is one entry per visited tile (no skipped steps);
-larger pieces trade a few skipped steps for tables that fit the 1 MiB of SMEM when long runs
-of FULL tiles would not (the compiler picks the smallest slots that fit its budget).
+One copy of each pattern's table, however many heads use it. Steps past a piece's length or
+past the head's pattern's pieces are skipped and repeat the last blocks, so they fetch nothing.
+slots = 1 is one entry per visited tile (no skipped steps for a single pattern); larger pieces
+trade a few skipped steps for tables that fit the 1 MiB of SMEM (the compiler picks the
+smallest slots that fit its budget).
 
 A q tile's pieces are consecutive, so the q tile and output block stay resident while its kv
-tiles stream past; a step is the first (last) of its q tile when it opens (closes) its piece
-and the previous (next) piece names another q tile. EMPTY tiles cost no grid step; a q tile
-with no visited tile gets one EMPTY piece that only writes zeros.
+tiles stream past. EMPTY tiles cost no grid step; a q tile with no visited tile gets one EMPTY
+piece that only writes zeros.
 
 Per step (names of the phases as in the code):
   init      first step of a q tile: reset the running max, denominator and accumulator;
   full      kind FULL: online-softmax update with no mask;
-  boundary  kind BOUNDARY: the same update with keep(q, k) computed from coordinates;
+  boundary  kind BOUNDARY: the same update with the head's pattern's keep(q, k) computed
+            from coordinates (one branch per pattern);
   finalize  last step of a q tile: write acc / l, or 0 where no key was allowed (never NaN).
 """
 
@@ -35,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +50,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from svgen.runtime.coords import KernelLayout
 from svgen.runtime.kinds import TileKind
 
 Q_BLOCK_SHIFT = 17
@@ -60,7 +67,7 @@ BoundaryMask = Callable[[jax.Array, jax.Array], jax.Array]
 
 
 def pack_steps(q_block: np.ndarray, kv_block: np.ndarray, kind: np.ndarray) -> np.ndarray:
-    """The packed int32 step table (see the module docstring)."""
+    """Packed int32 entries (see the module docstring)."""
     q_block = np.asarray(q_block, dtype=np.int64)
     kv_block = np.asarray(kv_block, dtype=np.int64)
     kind = np.asarray(kind, dtype=np.int64)
@@ -84,30 +91,36 @@ def split_runs(runs, slots: int) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
-class PieceTable:
-    """What the kernel's scalar prefetch holds (see the module docstring)."""
+class PieceTables:
+    """The SMEM tables of all candidate patterns (see the module docstring)."""
 
-    entries: np.ndarray  # int32 [num_pieces]
-    lengths: np.ndarray | None  # int32 [num_pieces], None when slots == 1
+    first_piece: np.ndarray  # int32 [patterns]
+    num_pieces: np.ndarray  # int32 [patterns]
+    entries: np.ndarray  # int32 [all pieces]
+    lengths: np.ndarray | None  # int32 [all pieces], None when slots == 1
     slots: int
 
     @classmethod
-    def from_runs(cls, runs, slots: int) -> "PieceTable":
-        pieces = split_runs(runs, slots)
-        entries = pack_steps(pieces[:, 0], pieces[:, 1], pieces[:, 3])
-        lengths = pieces[:, 2].astype(np.int32) if slots > 1 else None
-        return cls(entries, lengths, slots)
+    def from_runs(cls, runs_per_pattern: Sequence, slots: int) -> "PieceTables":
+        pieces = [split_runs(runs, slots) for runs in runs_per_pattern]
+        counts = np.array([len(p) for p in pieces], np.int32)
+        first = (np.cumsum(counts) - counts).astype(np.int32)
+        allp = np.concatenate(pieces)
+        entries = pack_steps(allp[:, 0], allp[:, 1], allp[:, 3])
+        lengths = allp[:, 2].astype(np.int32) if slots > 1 else None
+        return cls(first, counts, entries, lengths, slots)
 
     @property
-    def num_pieces(self) -> int:
-        return int(self.entries.size)
+    def max_pieces(self) -> int:
+        return int(self.num_pieces.max())
 
-    @property
-    def scalar_prefetch_bytes(self) -> int:
-        return int(self.entries.nbytes + (0 if self.lengths is None else self.lengths.nbytes))
+    def scalar_prefetch_bytes(self, heads: int) -> int:
+        return int(4 * heads + self.first_piece.nbytes + self.num_pieces.nbytes
+                   + self.entries.nbytes + (0 if self.lengths is None else self.lengths.nbytes))
 
     def operands(self) -> tuple[np.ndarray, ...]:
-        return (self.entries,) if self.lengths is None else (self.entries, self.lengths)
+        tables = (self.first_piece, self.num_pieces, self.entries)
+        return tables if self.lengths is None else tables + (self.lengths,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +135,16 @@ class KernelShape:
     heads: int
 
 
+@dataclasses.dataclass(frozen=True)
+class Pattern:
+    """One candidate pattern of a generated module."""
+
+    name: str
+    runs: object  # (q_block, kv_start, length, kind) rows
+    layout: KernelLayout
+    boundary_mask: BoundaryMask
+
+
 def _q_block(entry):
     return lax.shift_right_logical(entry, Q_BLOCK_SHIFT)
 
@@ -131,33 +154,43 @@ def _kv_block(entry):
 
 
 @dataclasses.dataclass(frozen=True)
-class _Pieces:
-    """Reads of the piece table inside the kernel and its index maps (scalar code)."""
+class _TableView:
+    """Reads of the SMEM tables for one head, inside the kernel and its index maps."""
 
-    entries: object  # SMEM ref, int32 [num_pieces]
-    lengths: object | None  # SMEM ref, int32 [num_pieces], or None when slots == 1
-    num_pieces: int
+    refs: tuple  # head_pattern, first_piece, num_pieces, entries[, lengths]
+    heads: int
+    head: object  # the flattened batch*head grid index
 
-    def length(self, piece):
-        return 1 if self.lengths is None else self.lengths[piece]
+    @property
+    def pattern(self):
+        return self.refs[0][self.head % self.heads]
 
-    def kv_block(self, piece, slot):
+    @property
+    def count(self):
+        return self.refs[2][self.pattern]
+
+    def piece(self, local):
+        """Index into `entries` of the head's local piece (clamped to its last piece)."""
+        return self.refs[1][self.pattern] + jnp.minimum(local, self.count - 1)
+
+    def entry(self, local):
+        return self.refs[3][self.piece(local)]
+
+    def length(self, local):
+        return 1 if len(self.refs) < 5 else self.refs[4][self.piece(local)]
+
+    def q_block(self, local):
+        return _q_block(self.entry(local))
+
+    def kv_block(self, local, slot):
         # Slots past the piece's end repeat its last kv tile: the pipeline fetches nothing.
-        last = self.length(piece) - 1
-        return _kv_block(self.entries[piece]) + jnp.minimum(slot, last)
-
-    def q_block(self, piece):
-        return _q_block(self.entries[piece])
+        return _kv_block(self.entry(local)) + jnp.minimum(slot, self.length(local) - 1)
 
 
-def _pieces(refs, num_pieces: int) -> _Pieces:
-    return _Pieces(refs[0], refs[1] if len(refs) > 1 else None, num_pieces)
-
-
-def _attention_kernel(*refs, shape: KernelShape, num_pieces: int, num_tables: int,
-                      sm_scale: float, boundary_mask: BoundaryMask):
+def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int, sm_scale: float,
+                      boundary_masks: tuple[BoundaryMask, ...]):
     (
-        # prefetched scalars (SMEM): the piece table
+        # prefetched scalars (SMEM): head_pattern, first_piece, num_pieces, entries[, lengths]
         table_refs,
         # inputs (VMEM blocks)
         (q_ref, k_ref, v_ref),
@@ -166,19 +199,19 @@ def _attention_kernel(*refs, shape: KernelShape, num_pieces: int, num_tables: in
         # scratch, carried across the steps of one q tile
         (m_scratch, l_scratch, acc_scratch),
     ) = refs[:num_tables], refs[num_tables:num_tables + 3], refs[num_tables + 3], refs[-3:]
-    pieces = _pieces(table_refs, num_pieces)
-    piece, slot = pl.program_id(1), pl.program_id(2)
-    entry = pieces.entries[piece]
+    local, slot = pl.program_id(1), pl.program_id(2)
+    view = _TableView(table_refs, heads, pl.program_id(0))
+    count = view.count
+    entry = view.entry(local)
     kind = entry & KIND_MASK
     q_block = _q_block(entry)
-    length = pieces.length(piece)
-    active = slot < length
-    is_first = (slot == 0) & (
-        (piece == 0) | (pieces.q_block(jnp.maximum(piece - 1, 0)) != q_block))
-    is_last = (slot == length - 1) & (
-        (piece == num_pieces - 1)
-        | (pieces.q_block(jnp.minimum(piece + 1, num_pieces - 1)) != q_block))
-    kv_block = pieces.kv_block(piece, slot)
+    length = view.length(local)
+    active = (local < count) & (slot < length)
+    is_first = active & (slot == 0) & (
+        (local == 0) | (view.q_block(jnp.maximum(local - 1, 0)) != q_block))
+    is_last = active & (slot == length - 1) & (
+        (local == count - 1) | (view.q_block(local + 1) != q_block))
+    kv_block = view.kv_block(local, slot)
 
     @pl.when(is_first)
     def init():
@@ -186,7 +219,7 @@ def _attention_kernel(*refs, shape: KernelShape, num_pieces: int, num_tables: in
         l_scratch[...] = jnp.zeros(l_scratch.shape, jnp.float32)
         acc_scratch[...] = jnp.zeros(acc_scratch.shape, jnp.float32)
 
-    def online_softmax_update(masked: bool):
+    def online_softmax_update(boundary_mask: BoundaryMask | None):
         q = q_ref[...]
         k = k_ref[...]
         v = v_ref[...]
@@ -198,7 +231,7 @@ def _attention_kernel(*refs, shape: KernelShape, num_pieces: int, num_tables: in
             preferred_element_type=jnp.float32, precision=precision,
         )
         assert scores.shape == (shape.block_q, shape.block_kv)
-        if masked:
+        if boundary_mask is not None:
             q_pos = q_block * shape.block_q + lax.broadcasted_iota(
                 jnp.int32, (shape.block_q, 1), 0
             )
@@ -226,11 +259,14 @@ def _attention_kernel(*refs, shape: KernelShape, num_pieces: int, num_tables: in
 
     @pl.when(active & (kind == TileKind.FULL))
     def full():
-        online_softmax_update(masked=False)
+        online_softmax_update(None)
 
-    @pl.when(active & (kind == TileKind.BOUNDARY))
-    def boundary():
-        online_softmax_update(masked=True)
+    for index, mask in enumerate(boundary_masks):
+        is_pattern = True if len(boundary_masks) == 1 else view.pattern == index
+
+        @pl.when(active & (kind == TileKind.BOUNDARY) & is_pattern)
+        def boundary():
+            online_softmax_update(mask)
 
     @pl.when(is_last)
     def finalize():
@@ -247,28 +283,26 @@ def _lanes(x, width: int):
     return jnp.tile(x, (1, width // LANES))
 
 
-def _flat_attention(q, k, v, table: PieceTable, *, shape, boundary_mask, interpret, sm_scale):
-    """q, k, v: [batch*heads, padded_seq_len, head_dim] in kernel order."""
-    operands = table.operands()
+def _flat_attention(q, k, v, head_pattern, tables: PieceTables, boundary_masks, *, shape,
+                    interpret, sm_scale):
+    """q, k, v: [batch*heads, padded_seq_len, head_dim], each head in its pattern's order."""
+    heads = int(head_pattern.shape[0])
+    operands = (head_pattern,) + tuple(jnp.asarray(t) for t in tables.operands())
     kernel = functools.partial(
-        _attention_kernel,
-        shape=shape,
-        num_pieces=table.num_pieces,
-        num_tables=len(operands),
-        sm_scale=sm_scale,
-        boundary_mask=boundary_mask,
+        _attention_kernel, shape=shape, heads=heads, num_tables=len(operands),
+        sm_scale=sm_scale, boundary_masks=tuple(boundary_masks),
     )
 
-    def q_index_map(head, piece, slot, *table_refs):
-        return head, _pieces(table_refs, table.num_pieces).q_block(piece), 0
+    def q_index_map(head, local, slot, *table_refs):
+        return head, _TableView(table_refs, heads, head).q_block(local), 0
 
-    def kv_index_map(head, piece, slot, *table_refs):
-        return head, _pieces(table_refs, table.num_pieces).kv_block(piece, slot), 0
+    def kv_index_map(head, local, slot, *table_refs):
+        return head, _TableView(table_refs, heads, head).kv_block(local, slot), 0
 
     d = shape.head_dim
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=len(operands),
-        grid=(q.shape[0], table.num_pieces, table.slots),
+        grid=(q.shape[0], tables.max_pieces, tables.slots),
         in_specs=[
             pl.BlockSpec((None, shape.block_q, d), q_index_map),
             pl.BlockSpec((None, shape.block_kv, d), kv_index_map),
@@ -288,37 +322,67 @@ def _flat_attention(q, k, v, table: PieceTable, *, shape, boundary_mask, interpr
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary")),
         interpret=interpret,
-    )(*(jnp.asarray(t) for t in operands), q, k, v)
+    )(*operands, q, k, v)
 
 
-def make_attention(*, shape: KernelShape, runs, slots: int, boundary_mask: BoundaryMask):
-    """The public `attention(q, k, v, *, interpret=False, sm_scale=None)` of a generated module.
+def _per_head_layout(x, layouts: list[KernelLayout], head_layout, to_kernel: bool):
+    """Apply each head's layout permutation to x [..., heads, seq, d]."""
+    move = (lambda lay, y: lay.to_kernel(y)) if to_kernel else (lambda lay, y: lay.from_kernel(y))
+    if len(layouts) == 1:
+        return move(layouts[0], x)
+    out = move(layouts[0], x)
+    for index, lay in enumerate(layouts[1:], start=1):
+        out = jnp.where((head_layout == index)[:, None, None], move(lay, x), out)
+    return out
 
-    `runs` are the visited tiles as (q_block, kv_start, length, kind), cut into pieces of at
-    most `slots` tiles. q, k, v are [heads, seq, head_dim] or [batch, heads, seq, head_dim] in
-    the user's token order; the output has the shape and dtype of q.
+
+def make_attention(*, shape: KernelShape, patterns: Sequence[Pattern], slots: int,
+                   default_head_pattern: Sequence[int] | None):
+    """The public `attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None)`.
+
+    q, k, v are [heads, seq, head_dim] or [batch, heads, seq, head_dim] in the user's token
+    order; the output has the shape and dtype of q. `head_pattern` (int [heads], may be traced)
+    picks each head's pattern; it defaults to the spec's static assignment.
     """
-    table = PieceTable.from_runs(runs, slots)
+    tables = PieceTables.from_runs([p.runs for p in patterns], slots)
+    layouts: list[KernelLayout] = []
+    for p in patterns:
+        if p.layout not in layouts:
+            layouts.append(p.layout)
+    layout_of_pattern = jnp.asarray([layouts.index(p.layout) for p in patterns], jnp.int32)
+    boundary_masks = [p.boundary_mask for p in patterns]
 
-    def attention(q, k, v, *, interpret=False, sm_scale: float | None = None):
+    def attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None):
         _check_operands(q, k, v, shape)
+        heads = q.shape[-3]
+        if head_pattern is None:
+            if default_head_pattern is None:
+                raise ValueError("this kernel's patterns are assigned at run time: pass "
+                                 "head_pattern (int [heads]), e.g. from profile()")
+            if heads != shape.heads:
+                raise ValueError(f"q has {heads} heads, the spec {shape.heads}: pass the "
+                                 "head_pattern of these heads (e.g. its shard under shard_map)")
+            head_pattern = default_head_pattern
+        head_pattern = jnp.asarray(head_pattern, jnp.int32).reshape(heads)
+        head_layout = layout_of_pattern[head_pattern]
         lead = q.shape[:-2]
         if sm_scale is None:
             sm_scale = 1.0 / math.sqrt(shape.head_dim)
         pad = shape.padded_seq_len - shape.seq_len
 
         def to_kernel(x):
+            x = _per_head_layout(x, layouts, head_layout, to_kernel=True)
             x = x.reshape((-1,) + x.shape[-2:])
             return jnp.pad(x, ((0, 0), (0, pad), (0, 0))) if pad else x
 
         out = _flat_attention(
-            to_kernel(q), to_kernel(k), to_kernel(v), table,
-            shape=shape, boundary_mask=boundary_mask, interpret=interpret,
-            sm_scale=float(sm_scale),
+            to_kernel(q), to_kernel(k), to_kernel(v), head_pattern, tables, boundary_masks,
+            shape=shape, interpret=interpret, sm_scale=float(sm_scale),
         )
-        return out[:, : shape.seq_len].reshape(lead + (shape.seq_len, shape.head_dim))
+        out = out[:, : shape.seq_len].reshape(lead + (shape.seq_len, shape.head_dim))
+        return _per_head_layout(out, layouts, head_layout, to_kernel=False)
 
-    attention.table = table
+    attention.tables = tables
     return attention
 
 
