@@ -7,17 +7,20 @@ import itertools
 import pathlib
 import sys
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from svgen import codegen
 from svgen.analysis import analyze
 from svgen.runtime.kinds import TileKind
+from svgen.runtime.reference import masked_attention_reference
 from svgen.spec import parse_spec
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SPECS = sorted((REPO / "specs").glob("*.yaml"))
 _module_counter = itertools.count()
+TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
 
 
 def dense_keep(mask, layout) -> np.ndarray:
@@ -36,6 +39,36 @@ def brute_force_kinds(keep: np.ndarray, block_q: int, block_kv: int) -> np.ndarr
             kinds[i, j] = (TileKind.FULL if tile.all() else
                            TileKind.BOUNDARY if tile.any() else TileKind.EMPTY)
     return kinds
+
+
+def user_order_keep(pattern) -> np.ndarray:
+    """keep[q, k] in the user's token order for one pattern (oracle, small geometry)."""
+    keep = dense_keep(pattern.mask, pattern.layout)  # kernel order
+    position = np.empty(pattern.layout.seq_len, np.int64)
+    position[pattern.layout.original_index(np.arange(pattern.layout.seq_len))] = np.arange(
+        pattern.layout.seq_len)
+    return keep[np.ix_(position, position)]
+
+
+def mixed_inputs(plan, dtype, seed, heads=4):
+    rng = np.random.default_rng(seed)
+    shape = (heads, plan.layout.seq_len, plan.spec.attention.head_dim)
+    q, k, v = (rng.standard_normal(shape).astype(np.float32) for _ in range(3))
+    if dtype == "bfloat16":
+        q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
+    return q, k, v
+
+
+def check_per_head(plan, out, q, k, v, head_pattern, dtype):
+    out = np.asarray(jnp.asarray(out, jnp.float32))
+    assert np.all(np.isfinite(out)), "unwritten (NaN) or non-finite output rows"
+    q64, k64, v64 = (np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (q, k, v))
+    keeps = [user_order_keep(p) for p in plan.patterns]
+    for head, pattern in enumerate(np.asarray(head_pattern).tolist()):
+        ref = masked_attention_reference(q64[head], k64[head], v64[head], keeps[pattern])
+        err = np.max(np.abs(out[head] - ref)) / np.max(np.abs(ref))
+        assert err <= TOLERANCE[dtype], f"head {head} ({plan.patterns[pattern].name}): {err:.2e}"
+        assert np.all(out[head][~keeps[pattern].any(axis=1)] == 0.0)  # no key: exactly 0
 
 
 def import_file(path: pathlib.Path):

@@ -25,7 +25,13 @@ def compile_for_v6e(module, dtype=None, batch=None):
     lead = (module.HEADS,) if batch is None else (batch, module.HEADS)
     arg = jax.ShapeDtypeStruct(lead + (module.SEQ_LEN, module.HEAD_DIM),
                                jnp.dtype(dtype or module.DTYPE), sharding=sharding)
-    return jax.jit(module.attention).lower(arg, arg, arg).compile()
+    # The head -> pattern assignment is a traced argument, as when it comes from profile().
+    head_pattern = jax.ShapeDtypeStruct((module.HEADS,), jnp.int32, sharding=sharding)
+
+    def run(q, k, v, hp):
+        return module.attention(q, k, v, head_pattern=hp)
+
+    return jax.jit(run).lower(arg, arg, arg, head_pattern).compile()
 
 
 @pytest.mark.parametrize("spec_path", SPECS, ids=lambda p: p.stem)
@@ -49,3 +55,18 @@ def test_multi_tile_pieces_compile(tmp_path):
     plan, module = compile_spec_text(text, tmp_path, smem_budget=16384)
     assert plan.tables.slots > 1
     compile_for_v6e(module)
+
+
+def test_profile_compiles_for_v6e():
+    """Online profiling (plain XLA) runs inside jit on the TPU too, at full geometry."""
+    module = import_file(REPO / "generated" / "wan21_720p_mixed.py")
+    sharding = jax.sharding.SingleDeviceSharding(v6e_device())
+    arg = jax.ShapeDtypeStruct((module.HEADS, module.SEQ_LEN, module.HEAD_DIM), jnp.bfloat16,
+                               sharding=sharding)
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding)
+
+    def pick_then_attend(q, k, v, key):
+        return module.attention(q, k, v, head_pattern=module.profile(q, k, v, key=key))
+
+    compiled = jax.jit(pick_then_attend).lower(arg, arg, arg, key).compile()
+    assert "tpu_custom_call" in compiled.as_text()

@@ -14,15 +14,14 @@ from jax.experimental.pallas import tpu as pltpu
 
 from svgen.runtime.reference import masked_attention_reference
 
-from conftest import SPECS, dense_keep
+from conftest import SPECS, TOLERANCE, check_per_head, dense_keep, mixed_inputs
 
 POISONED = pltpu.InterpretParams(uninitialized_memory="nan")
 SMALL_GEOMETRY = {"frames": 5, "height": 4, "width": 26}  # 520 video tokens: not a tile multiple
-TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
 
 
-def scaled_spec_text(path, text_tokens=None) -> str:
-    """The same pattern at SMALL_GEOMETRY, 2 heads, 128 x 128 tiles."""
+def scaled_spec_text(path, text_tokens=None, heads=2) -> str:
+    """The same pattern at SMALL_GEOMETRY, `heads` heads, 128 x 128 tiles."""
     spec = yaml.safe_load(path.read_text())
     full = spec["geometry"]
     full_video = full["frames"] * full["height"] * full["width"]
@@ -31,7 +30,7 @@ def scaled_spec_text(path, text_tokens=None) -> str:
     if full.get("text_tokens"):
         small["text_tokens"] = 40 if text_tokens is None else text_tokens
     spec["geometry"] = small
-    spec["attention"] = dict(spec["attention"], heads=2)
+    spec["attention"] = dict(spec["attention"], heads=heads)
     spec["tiling"] = {"block_q": 128, "block_kv": 128}
 
     def scale(node):
@@ -47,7 +46,7 @@ def scaled_spec_text(path, text_tokens=None) -> str:
             for item in node:
                 scale(item)
 
-    scale(spec["mask"])
+    scale(spec.get("mask", {}))
     scale(spec.get("patterns", {}))
     return yaml.safe_dump(spec, sort_keys=False)
 
@@ -80,9 +79,12 @@ def run_and_compare(plan, module, dtype, seed, batch=None):
 @pytest.mark.parametrize("spec_path", SPECS, ids=lambda p: p.stem)
 def test_shipped_spec_scaled_down(spec_path, dtype, compile_text):
     plan, module = compile_text(scaled_spec_text(spec_path))
-    counts = plan.tile_counts()
-    assert counts["boundary"] > 0  # the masked path is exercised
-    run_and_compare(plan, module, dtype, seed=zlib.crc32(spec_path.stem.encode()))
+    for pattern in plan.patterns:
+        assert pattern.tile_counts()["boundary"] > 0  # the masked path is exercised
+    q, k, v = mixed_inputs(plan, dtype, seed=zlib.crc32(spec_path.stem.encode()), heads=2)
+    head_pattern = np.arange(2) % len(plan.patterns)  # every pattern on some head
+    out = module.attention(q, k, v, head_pattern=head_pattern, interpret=POISONED)
+    check_per_head(plan, out, q, k, v, head_pattern, dtype)
 
 
 def test_rows_without_keys_are_zero_and_batch_dims_work(compile_text):

@@ -1,0 +1,82 @@
+"""Per-head patterns: temporal-major layouts, mixed heads in one call, online profiling."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import REPO, check_per_head, mixed_inputs
+from test_kernels import POISONED, scaled_spec_text
+
+MIXED_SPECS = ["wan21_720p_mixed", "hunyuan_720p_mixed", "cogvideox_mixed"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", MIXED_SPECS)
+def test_mixed_heads_traced_pattern_equal_dense_references(name, dtype, compile_text):
+    plan, module = compile_text(scaled_spec_text(REPO / "specs" / f"{name}.yaml", heads=4))
+    assert [p.layout.order for p in plan.patterns] == ["frame_major", "temporal_major"]
+    q, k, v = mixed_inputs(plan, dtype, seed=len(name))
+    head_pattern = jnp.asarray([1, 0, 0, 1], jnp.int32)
+    run = jax.jit(lambda q, k, v, hp: module.attention(q, k, v, head_pattern=hp,
+                                                       interpret=POISONED))
+    check_per_head(plan, run(q, k, v, head_pattern), q, k, v, head_pattern, dtype)
+
+
+def test_static_assignment_and_all_heads_one_pattern(compile_text):
+    text = scaled_spec_text(REPO / "specs" / "wan21_720p_mixed.yaml", heads=4).replace(
+        "assign: runtime", "assign: [temporal, spatial, temporal, temporal]")
+    plan, module = compile_text(text)
+    assert module.HEAD_PATTERN == (1, 0, 1, 1)
+    q, k, v = mixed_inputs(plan, "float32", seed=5)
+    check_per_head(plan, module.attention(q, k, v, interpret=POISONED), q, k, v,
+                   module.HEAD_PATTERN, "float32")
+    everything_temporal = jnp.ones(4, jnp.int32)
+    check_per_head(plan, module.attention(q, k, v, head_pattern=everything_temporal,
+                                          interpret=POISONED), q, k, v, everything_temporal,
+                   "float32")
+
+
+def test_runtime_assignment_requires_head_pattern(compile_text):
+    plan, module = compile_text(scaled_spec_text(REPO / "specs" / "wan21_720p_mixed.yaml",
+                                                 heads=4))
+    q, k, v = mixed_inputs(plan, "float32", seed=1)
+    with pytest.raises(ValueError, match="assigned at run time: pass head_pattern"):
+        module.attention(q, k, v, interpret=True)
+
+
+def planted_inputs(plan, kinds, seed, strength=6.0):
+    """q = k with a shared component per frame (spatial heads) or per place (temporal)."""
+    lay = plan.layout
+    rng = np.random.default_rng(seed)
+    d = plan.spec.attention.head_dim
+    s = lay.tokens_per_frame
+    original = np.arange(lay.seq_len)
+    video = original - lay.video_start
+    is_text = (video < 0) | (video >= lay.video_tokens)
+    frame, place = np.where(is_text, 0, video // s), np.where(is_text, 0, video % s)
+    frame_vec = rng.standard_normal((lay.frames, d)) / np.sqrt(d)
+    place_vec = rng.standard_normal((s, d)) / np.sqrt(d)
+    heads = []
+    for kind in kinds:
+        base = frame_vec[frame] if kind == 0 else place_vec[place]
+        x = strength * base * np.sqrt(np.sqrt(d)) + 0.3 * rng.standard_normal((lay.seq_len, d))
+        x[is_text] = 0.3 * rng.standard_normal((int(is_text.sum()), d))
+        heads.append(x)
+    q = np.stack(heads).astype(np.float32)
+    v = rng.standard_normal(q.shape).astype(np.float32)
+    return q, q.copy(), v
+
+
+@pytest.mark.parametrize("name", ["wan21_720p_mixed", "cogvideox_mixed"])
+def test_profiling_recovers_planted_head_kinds(name, compile_text):
+    plan, module = compile_text(scaled_spec_text(REPO / "specs" / f"{name}.yaml", heads=8))
+    right = total = 0
+    profile = jax.jit(module.profile)
+    for seed in range(4):
+        kinds = np.random.default_rng(seed).integers(0, 2, 8)
+        q, k, v = planted_inputs(plan, kinds, seed)
+        chosen = np.asarray(profile(q, k, v, key=jax.random.PRNGKey(seed)))
+        right += int(np.sum(chosen == kinds))
+        total += kinds.size
+    assert right / total >= 0.95, f"{right}/{total} heads recovered"
