@@ -10,17 +10,18 @@ it can run; nothing is run on an accelerator. Measured per case and system:
   SMEM bytes     bytes the kernel scalar-prefetches into SMEM. Splash (jax 0.10.2,
                  `_splash_attention_forward`): `num_scalar_prefetch = 3`, the arrays
                  `data_next`, `block_mask`, `mask_next` of the forward MaskInfo (`mask_next` is
-                 None with an in-kernel mask function). svgen: `plan.table.scalar_prefetch_bytes`.
+                 None with an in-kernel mask function). svgen: `table_bytes` of
+                 `plan.summary()` (the `svgen inspect --json` object).
   other metadata the MaskInfo arrays the Splash kernel takes from HBM through BlockSpecs:
                  `partial_mask_blocks` (loaded masks) and `q_sequence` (the query indices an
                  in-kernel mask function reads). svgen computes masks in-kernel from coordinates:
                  0.
   grid steps     the forward kernel's grid size as launched. Splash: heads x q_blocks x
                  data_next.shape[-1] (the grid `_splash_attention_forward` builds; checked
-                 against the traced pallas_call). svgen: `plan.table.num_steps` x heads.
+                 against the traced pallas_call). svgen: `grid_steps` (per head) x heads.
   visited        fraction of (head, q tile, kv tile) triples the kernel computes. Splash:
                  non-zero `block_mask` entries / (heads in block_mask x q_blocks x kv_blocks);
-                 svgen: `plan.visited_fraction`.
+                 svgen: `visited_fraction`.
 
 Masks (f = token // S, S = 45 x 80 tokens per frame, frame-major, no text tokens):
   spatial   keep(q, k) = |f_q - f_k| <= 1  or  f_k < 1
@@ -189,7 +190,11 @@ def svgen_spec_text(pattern: str, frames: int, heads: int) -> str:
 
 
 def measure_svgen(frames: int, patterns: tuple[str, ...]) -> dict:
-    """svgen v1 has one mask for all heads: one plan per distinct pattern, summed over heads."""
+    """One plan per distinct pattern (a spec whose heads all use it), summed over the heads.
+
+    The figures come from `plan.summary()`, the documented `svgen inspect --json` object:
+    `table_bytes` (scalar-prefetch bytes), `grid_steps` (per head), `visited_fraction`.
+    """
     import numpy as np
     from svgen.analysis import analyze
     from svgen.analysis.tables import kernel_kinds
@@ -203,22 +208,24 @@ def measure_svgen(frames: int, patterns: tuple[str, ...]) -> dict:
              for p, n in counts.items()}
     build_s = time.perf_counter() - t0
     peak = _max_rss_mib() - baseline
+    summaries = {p: plan.summary() for p, plan in plans.items()}
+    # tile kinds as the kernel runs them (a FULL tile in the padded last kv tile: BOUNDARY)
+    kinds = {p: kernel_kinds(plan.kinds, plan.grid) for p, plan in plans.items()}
 
-    def tiles(plan, kind):  # as the kernel runs them (last kv tile with padding: BOUNDARY)
-        return int(np.count_nonzero(kernel_kinds(plan.kinds, plan.grid) == kind))
+    def over_heads(value_of) -> int:
+        return sum(value_of(p) * n for p, n in counts.items())
 
     return {
         "build_s": build_s, "peak_mib": peak, "baseline_mib": baseline,
-        "smem_bytes": sum(pl.table.scalar_prefetch_bytes for pl in plans.values()),
+        "smem_bytes": sum(s["table_bytes"] for s in summaries.values()),
         "other_bytes": 0,
-        "grid_steps": sum(pl.table.num_steps * counts[p] for p, pl in plans.items()),
-        "visited": sum(pl.visited_fraction * counts[p] for p, pl in plans.items()) / len(patterns),
-        "full": sum(tiles(pl, TileKind.FULL) * counts[p] for p, pl in plans.items()),
-        "partial": sum(tiles(pl, TileKind.BOUNDARY) * counts[p] for p, pl in plans.items()),
+        "grid_steps": over_heads(lambda p: summaries[p]["grid_steps"]),
+        "visited": over_heads(lambda p: summaries[p]["visited_fraction"]) / len(patterns),
+        "full": over_heads(lambda p: int(np.count_nonzero(kinds[p] == TileKind.FULL))),
+        "partial": over_heads(lambda p: int(np.count_nonzero(kinds[p] == TileKind.BOUNDARY))),
         # FULL tiles in the last q tile: Splash cannot have any (its padded rows keep nothing)
-        "full_in_last_q_tile": sum(
-            int(np.count_nonzero(kernel_kinds(pl.kinds, pl.grid)[-1] == TileKind.FULL))
-            * counts[p] for p, pl in plans.items()),
+        "full_in_last_q_tile": over_heads(
+            lambda p: int(np.count_nonzero(kinds[p][-1] == TileKind.FULL))),
     }
 
 
@@ -274,15 +281,16 @@ def print_table(results: list[tuple[str, str, dict]]) -> None:
           + ", ".join(f"{s} {_span([r['baseline_mib'] for _, t, r in results if t == s])} MiB"
                       for s in SYSTEMS) + ").")
     print()
-    print("¹ svgen v1 has one mask for all heads: the mixed case analyzes the two patterns, "
-          "its SMEM bytes are the sum of the two step tables (one copy per pattern), its grid "
-          "steps are 5 x spatial + 5 x temporal and its build time covers both analyses.")
+    print("¹ svgen's mixed case is two single-pattern plans (5 heads each), as svgen v1 had "
+          "one mask for all heads: its SMEM bytes are the sum of the two tables (one copy per "
+          "pattern), its grid steps 5 x spatial + 5 x temporal, its build time both analyses.")
     for label, system, r in results:
         if system == "Splash":
             print(f"\n{label}, Splash: grid {' x '.join(map(str, r['grid']))}; SMEM arrays "
                   + ", ".join(f"{k} {v[0]} {v[1]}" for k, v in r["smem_shapes"].items())
                   + "; other: " + ", ".join(f"{k} {v:,} B" for k, v in r["other_detail"].items())
-                  + " (q_sequence is broadcast to 128 lanes at call time: x128 in HBM).")
+                  + (" (q_sequence is broadcast to 128 lanes at call time: x128 in HBM)"
+                     if "q_sequence" in r["other_detail"] else "") + ".")
 
 
 def main() -> None:

@@ -25,9 +25,11 @@ from svgen.analysis.rowsets import RowChunk, row_bounds
 from svgen.layout import SequenceLayout
 from svgen.runtime.kinds import TileKind
 
-# Rows per chunk: bounds the memory of one chunk's intervals (a temporal head emits one
-# interval per frame per row) while keeping NumPy calls large.
+# Chunk size: at most this many rows, and about this many intervals (a temporal head in
+# frame-major order emits one interval per frame per row, a spatial window in temporal-major
+# order one per place): bounds the memory of a chunk while keeping NumPy calls large.
 TARGET_ROWS_PER_CHUNK = 1 << 15
+TARGET_INTERVALS_PER_CHUNK = 1 << 22
 # User predicates: up to this many pairs left open by the proofs are evaluated exactly (which
 # settles the count and the tile kinds); beyond it, counts are bounds and tiles stay BOUNDARY.
 MAX_UNDECIDED_PAIRS = 1 << 26
@@ -71,10 +73,12 @@ def classify_tiles(mask: ir.Node, layout: SequenceLayout, grid: TileGrid,
         return _classify_frame_invariant(mask, layout, grid, progress)
     nq, nk = grid.num_q_blocks, grid.num_kv_blocks
     kinds = np.empty((nq, nk), np.int8)
-    tiles_per_chunk = max(1, TARGET_ROWS_PER_CHUNK // grid.block_q)
+    max_tiles_per_chunk = max(1, TARGET_ROWS_PER_CHUNK // grid.block_q)
+    tiles_per_chunk = 1  # the first chunk measures how many intervals a row needs
     lower = upper = counted = unproven = 0
     budget = MAX_UNDECIDED_PAIRS
-    for first_tile in range(0, nq, tiles_per_chunk):
+    first_tile = 0
+    while first_tile < nq:
         last_tile = min(first_tile + tiles_per_chunk, nq)
         first_row = first_tile * grid.block_q
         chunk = RowChunk(layout, grid.block_q, grid.block_kv, first_row,
@@ -108,6 +112,10 @@ def classify_tiles(mask: ir.Node, layout: SequenceLayout, grid: TileGrid,
         kinds[first_tile:last_tile] = chunk_kinds
         if progress is not None:
             progress(last_tile, nq)
+        per_tile = (len(bounds.lo) + len(bounds.hi)) / (last_tile - first_tile) + 1
+        tiles_per_chunk = int(np.clip(TARGET_INTERVALS_PER_CHUNK // per_tile, 1,
+                                      max_tiles_per_chunk))
+        first_tile = last_tile
     kept = lower + counted
     return Classification(kinds, kept, kept if budget >= 0 else upper, unproven)
 
