@@ -131,7 +131,8 @@ def test_inspect_json_and_tiles(project, capsys):
     assert saved.dtype == np.int8 and saved.shape == (3, 3)
     np.testing.assert_array_equal(saved, plan.kinds)
     assert sum(summary["tiles"].values()) == 9
-    assert summary["table_bytes"] == 4 * summary["grid_steps"] + 4 * 2 + 8  # + head_pattern, first/count
+    # one int32 per step, and per head its pattern, first piece and piece count
+    assert summary["table_bytes"] == 4 * summary["grid_steps"] + 12 * 2
 
 
 def test_inspect_prints_a_tile_map(project, capsys):

@@ -71,7 +71,7 @@ def test_smallest_piece_size_that_fits_is_chosen():
     grid = TileGrid(64 * 128, 2048, 128)  # 4 q tiles x 64 kv tiles, all FULL: 4 runs of 64
     runs = [build_runs(kinds, grid)]
     assert choose_piece_tables(runs, heads=1).slots == 1
-    overhead = 4 + 4 + 4  # head_pattern, first_piece, num_pieces
+    overhead = 4 + 4 + 4  # per head: pattern, first piece, piece count
     small = choose_piece_tables(runs, heads=1, smem_budget=256 + overhead)  # 1 KiB at 1 per step
     assert small.slots == 8 and small.max_pieces == 32
     assert small.scalar_prefetch_bytes(1) == 256 + overhead

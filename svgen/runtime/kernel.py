@@ -13,8 +13,8 @@ consecutive kv tiles of one q tile and one kind. The grid is
 kv tile kv_start + slot of piece `piece` of the head's pattern. Scalar prefetch (SMEM) holds:
 
     head_pattern[heads]          the pattern of each head (a traced argument)
-    first_piece[patterns]        where each pattern's pieces start in `entries`
-    num_pieces[patterns]
+    head_first_piece[heads]      where the head's pattern's pieces start in `entries`
+    head_num_pieces[heads]       (both gathered from per-pattern tables by the wrapper)
     entries[all pieces]          q_block << 17 | kv_start << 2 | kind     (kind: TileKind)
     lengths[all pieces]          only when slots > 1
 
@@ -115,12 +115,12 @@ class PieceTables:
         return int(self.num_pieces.max())
 
     def scalar_prefetch_bytes(self, heads: int) -> int:
-        return int(4 * heads + self.first_piece.nbytes + self.num_pieces.nbytes
-                   + self.entries.nbytes + (0 if self.lengths is None else self.lengths.nbytes))
+        """Bytes of SMEM: per head its pattern, first piece and piece count; the pieces."""
+        return int(12 * heads + self.entries.nbytes
+                   + (0 if self.lengths is None else self.lengths.nbytes))
 
-    def operands(self) -> tuple[np.ndarray, ...]:
-        tables = (self.first_piece, self.num_pieces, self.entries)
-        return tables if self.lengths is None else tables + (self.lengths,)
+    def piece_operands(self) -> tuple[np.ndarray, ...]:
+        return (self.entries,) if self.lengths is None else (self.entries, self.lengths)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,21 +157,28 @@ def _kv_block(entry):
 class _TableView:
     """Reads of the SMEM tables for one head, inside the kernel and its index maps."""
 
-    refs: tuple  # head_pattern, first_piece, num_pieces, entries[, lengths]
+    refs: tuple  # head_pattern, head_first_piece, head_num_pieces, entries[, lengths]
     heads: int
     head: object  # the flattened batch*head grid index
+    single_pattern_pieces: int | None  # static piece count when there is one pattern
 
     @property
     def pattern(self):
+        if self.single_pattern_pieces is not None:
+            return 0
         return self.refs[0][self.head % self.heads]
 
     @property
     def count(self):
-        return self.refs[2][self.pattern]
+        if self.single_pattern_pieces is not None:
+            return self.single_pattern_pieces
+        return self.refs[2][self.head % self.heads]
 
     def piece(self, local):
         """Index into `entries` of the head's local piece (clamped to its last piece)."""
-        return self.refs[1][self.pattern] + jnp.minimum(local, self.count - 1)
+        if self.single_pattern_pieces is not None:  # static bounds: no table indirection
+            return jnp.minimum(local, self.single_pattern_pieces - 1)
+        return self.refs[1][self.head % self.heads] + jnp.minimum(local, self.count - 1)
 
     def entry(self, local):
         return self.refs[3][self.piece(local)]
@@ -188,7 +195,7 @@ class _TableView:
 
 
 def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int, sm_scale: float,
-                      boundary_masks: tuple[BoundaryMask, ...]):
+                      boundary_masks: tuple[BoundaryMask, ...], single: int | None):
     (
         # prefetched scalars (SMEM): head_pattern, first_piece, num_pieces, entries[, lengths]
         table_refs,
@@ -200,7 +207,7 @@ def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int, sm
         (m_scratch, l_scratch, acc_scratch),
     ) = refs[:num_tables], refs[num_tables:num_tables + 3], refs[num_tables + 3], refs[-3:]
     local, slot = pl.program_id(1), pl.program_id(2)
-    view = _TableView(table_refs, heads, pl.program_id(0))
+    view = _TableView(table_refs, heads, pl.program_id(0), single)
     count = view.count
     entry = view.entry(local)
     kind = entry & KIND_MASK
@@ -287,17 +294,22 @@ def _flat_attention(q, k, v, head_pattern, tables: PieceTables, boundary_masks, 
                     interpret, sm_scale):
     """q, k, v: [batch*heads, padded_seq_len, head_dim], each head in its pattern's order."""
     heads = int(head_pattern.shape[0])
-    operands = (head_pattern,) + tuple(jnp.asarray(t) for t in tables.operands())
+    # Per head, where its pattern's pieces are: one SMEM read per lookup instead of two.
+    head_first = jnp.asarray(tables.first_piece)[head_pattern]
+    head_count = jnp.asarray(tables.num_pieces)[head_pattern]
+    operands = (head_pattern, head_first, head_count) + tuple(
+        jnp.asarray(t) for t in tables.piece_operands())
+    single = tables.max_pieces if len(boundary_masks) == 1 else None
     kernel = functools.partial(
         _attention_kernel, shape=shape, heads=heads, num_tables=len(operands),
-        sm_scale=sm_scale, boundary_masks=tuple(boundary_masks),
+        sm_scale=sm_scale, boundary_masks=tuple(boundary_masks), single=single,
     )
 
     def q_index_map(head, local, slot, *table_refs):
-        return head, _TableView(table_refs, heads, head).q_block(local), 0
+        return head, _TableView(table_refs, heads, head, single).q_block(local), 0
 
     def kv_index_map(head, local, slot, *table_refs):
-        return head, _TableView(table_refs, heads, head).kv_block(local, slot), 0
+        return head, _TableView(table_refs, heads, head, single).kv_block(local, slot), 0
 
     d = shape.head_dim
     grid_spec = pltpu.PrefetchScalarGridSpec(
@@ -322,6 +334,7 @@ def _flat_attention(q, k, v, head_pattern, tables: PieceTables, boundary_masks, 
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary")),
         interpret=interpret,
+        name="svgen_attention",  # the kernel's name in profiles and libtpu dumps
     )(*operands, q, k, v)
 
 
