@@ -188,3 +188,11 @@ def test_inspect_png_pixels_match_the_tile_kinds(project):
             x = j * scale + scale // 2
             assert tuple(pixels[y, x]) == COLORS[plan.kinds[i, j]], (i, j)
     assert len(set(plan.kinds.ravel().tolist())) == 3  # all three colors were checked
+
+
+def test_over_smem_budget_exits_2_and_writes_nothing(project):
+    result = run_cli(["compile", "--smem-budget", "64", "specs/tiny.yaml"], project)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "bytes of scalar-prefetch tables at 128 x 128 tiles, over the SMEM budget of 64" \
+        in result.stderr
+    assert not (project / "generated").exists()

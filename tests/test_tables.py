@@ -73,8 +73,9 @@ def test_smallest_piece_size_that_fits_is_chosen():
     assert choose_piece_tables(runs, heads=1).slots == 1
     overhead = 4 + 4 + 4  # per head: pattern, first piece, piece count
     small = choose_piece_tables(runs, heads=1, smem_budget=256 + overhead)  # 1 KiB at 1 per step
-    assert small.slots == 8 and small.max_pieces == 32
-    assert small.scalar_prefetch_bytes(1) == 256 + overhead
+    # 4-tile pieces: 64 x (4 + 1) bytes = 320, too many; 8-tile pieces: 32 x 5 = 160.
+    assert small.slots == 8 and small.max_pieces == 32 and small.lengths.dtype == np.int8
+    assert small.scalar_prefetch_bytes(1) == 32 * 5 + overhead
 
 
 def test_over_budget_spec_fails_with_bytes_pattern_and_a_tile_size_that_fits():

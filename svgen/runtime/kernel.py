@@ -16,7 +16,7 @@ kv tile kv_start + slot of piece `piece` of the head's pattern. Scalar prefetch 
     head_first_piece[heads]      where the head's pattern's pieces start in `entries`
     head_num_pieces[heads]       (both gathered from per-pattern tables by the wrapper)
     entries[all pieces]          q_block << 17 | kv_start << 2 | kind     (kind: TileKind)
-    lengths[all pieces]          only when slots > 1
+    lengths[all pieces]          only when slots > 1 (int8, or int16 past 127)
 
 One copy of each pattern's table, however many heads use it. Steps past a piece's length or
 past the head's pattern's pieces are skipped and repeat the last blocks, so they fetch nothing.
@@ -97,7 +97,7 @@ class PieceTables:
     first_piece: np.ndarray  # int32 [patterns]
     num_pieces: np.ndarray  # int32 [patterns]
     entries: np.ndarray  # int32 [all pieces]
-    lengths: np.ndarray | None  # int32 [all pieces], None when slots == 1
+    lengths: np.ndarray | None  # int8/int16 [all pieces], None when slots == 1
     slots: int
 
     @classmethod
@@ -107,7 +107,8 @@ class PieceTables:
         first = (np.cumsum(counts) - counts).astype(np.int32)
         allp = np.concatenate(pieces)
         entries = pack_steps(allp[:, 0], allp[:, 1], allp[:, 3])
-        lengths = allp[:, 2].astype(np.int32) if slots > 1 else None
+        # The smallest integer type that holds a piece length (SMEM is 1 MiB).
+        lengths = allp[:, 2].astype(np.int8 if slots < 128 else np.int16) if slots > 1 else None
         return cls(first, counts, entries, lengths, slots)
 
     @property
@@ -184,7 +185,7 @@ class _TableView:
         return self.refs[3][self.piece(local)]
 
     def length(self, local):
-        return 1 if len(self.refs) < 5 else self.refs[4][self.piece(local)]
+        return 1 if len(self.refs) < 5 else self.refs[4][self.piece(local)].astype(jnp.int32)
 
     def q_block(self, local):
         return _q_block(self.entry(local))
