@@ -191,8 +191,8 @@ def test_inspect_png_pixels_match_the_tile_kinds(project):
 
 
 def test_over_smem_budget_exits_2_and_writes_nothing(project):
-    result = run_cli(["compile", "--smem-budget", "40", "specs/tiny.yaml"], project)  # needs 56
+    result = run_cli(["compile", "--smem-budget", "30", "specs/tiny.yaml"], project)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "bytes of scalar-prefetch tables at 128 x 128 tiles, over the SMEM budget of 40" \
+    assert "bytes of scalar-prefetch tables at 128 x 128 tiles, over the SMEM budget of 30" \
         in result.stderr
     assert not (project / "generated").exists()
