@@ -19,6 +19,7 @@ COLORS = {  # RGB
 }
 TITLE_PX = 48
 TARGET_PX = 640
+MIN_WIDTH_PX = 800  # room for the title
 MAX_CELLS = 1280
 
 
@@ -41,7 +42,7 @@ def write_tile_map_png(kinds: np.ndarray, path, title: str) -> tuple[int, int]:
     from matplotlib.figure import Figure
 
     image, _ = tile_image(kinds)
-    height, width = image.shape[0] + TITLE_PX, max(image.shape[1], 480)
+    height, width = image.shape[0] + TITLE_PX, max(image.shape[1], MIN_WIDTH_PX)
     dpi = 100
     fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi, facecolor="white")
     fig.figimage(image, xo=0, yo=0, origin="upper")

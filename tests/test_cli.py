@@ -172,7 +172,7 @@ def test_output_is_identical_across_hash_seeds(tmp_path):
 def test_inspect_png_pixels_match_the_tile_kinds(project):
     import matplotlib.image
 
-    from svgen.pictures import COLORS, TITLE_PX, tile_image
+    from svgen.pictures import COLORS, MIN_WIDTH_PX, TITLE_PX, tile_image
 
     png = project / "map.png"
     assert main(["inspect", str(project / "specs" / "tiny.yaml"), "--png", str(png)]) == 0
@@ -180,7 +180,7 @@ def test_inspect_png_pixels_match_the_tile_kinds(project):
     pixels = (matplotlib.image.imread(png)[..., :3] * 255).round().astype(int)
     image, scale = tile_image(plan.kinds)
     assert pixels.shape[0] == TITLE_PX + image.shape[0]
-    assert pixels.shape[1] == max(image.shape[1], 480)
+    assert pixels.shape[1] == max(image.shape[1], MIN_WIDTH_PX)
     nq, nk = plan.kinds.shape
     for i in range(nq):
         for j in range(nk):
