@@ -176,24 +176,35 @@ def measure_splash(frames: int, patterns: tuple[str, ...]) -> dict:
 
 # ------------------------------------------------------------------------------ svgen side
 
-def svgen_spec_text(pattern: str, frames: int, heads: int) -> str:
-    return "\n".join([
+def svgen_spec_text(frames: int, patterns: tuple[str, ...]) -> str:
+    """One spec for the case: a `mask` when all heads agree, else patterns assigned per head
+    (all frame-major, the same masks as Splash's)."""
+    distinct = list(dict.fromkeys(patterns))
+    lines = [
         "svgen: 1",
-        f"name: bench_{pattern}_{frames}f",
+        f"name: bench_{'_'.join(distinct)}_{frames}f",
         f"geometry: {{frames: {frames}, height: {HEIGHT}, width: {WIDTH}, text_tokens: 0}}",
-        f"attention: {{heads: {heads}, head_dim: 128, dtype: bfloat16}}",
+        f"attention: {{heads: {len(patterns)}, head_dim: 128, dtype: bfloat16}}",
         "layout: frame_major",
-        f"mask: {{{SVGEN_MASKS[pattern]}}}",
         f"tiling: {{block_q: {BLOCK}, block_kv: {BLOCK}}}",
-        "",
-    ])
+    ]
+    if len(distinct) == 1:
+        lines.append(f"mask: {{{SVGEN_MASKS[distinct[0]]}}}")
+    else:
+        lines.append("patterns:")
+        lines += [f"  {p}: {{{SVGEN_MASKS[p]}}}" for p in distinct]
+        lines.append("heads:")
+        lines.append("  candidates: [" + ", ".join(f"{{pattern: {p}}}" for p in distinct) + "]")
+        lines.append(f"  assign: [{', '.join(patterns)}]")
+    return "\n".join(lines + [""])
 
 
 def measure_svgen(frames: int, patterns: tuple[str, ...]) -> dict:
-    """One plan per distinct pattern (a spec whose heads all use it), summed over the heads.
+    """One plan for all heads (one table per distinct pattern).
 
     The figures come from `plan.summary()`, the documented `svgen inspect --json` object:
-    `table_bytes` (scalar-prefetch bytes), `grid_steps` (per head), `visited_fraction`.
+    `table_bytes` (scalar-prefetch bytes), `grid_steps` (per head: every head walks the
+    longest pattern's table), and the per-pattern tile kinds.
     """
     import numpy as np
     from svgen.analysis import analyze
@@ -202,25 +213,25 @@ def measure_svgen(frames: int, patterns: tuple[str, ...]) -> dict:
     from svgen.spec import parse_spec
 
     baseline = _max_rss_mib()
-    counts = {p: patterns.count(p) for p in dict.fromkeys(patterns)}
     t0 = time.perf_counter()
-    plans = {p: analyze(parse_spec(svgen_spec_text(p, frames, n), source=f"{p}.yaml"))
-             for p, n in counts.items()}
+    plan = analyze(parse_spec(svgen_spec_text(frames, patterns), source="bench.yaml"))
     build_s = time.perf_counter() - t0
     peak = _max_rss_mib() - baseline
-    summaries = {p: plan.summary() for p, plan in plans.items()}
+    summary = plan.summary()
+    by_name = {p.name: p for p in plan.patterns}
+    name_of = (lambda p: p) if len(by_name) > 1 else (lambda p: plan.patterns[0].name)
     # tile kinds as the kernel runs them (a FULL tile in the padded last kv tile: BOUNDARY)
-    kinds = {p: kernel_kinds(plan.kinds, plan.grid) for p, plan in plans.items()}
+    kinds = {p: kernel_kinds(by_name[name_of(p)].kinds, plan.grid) for p in set(patterns)}
 
     def over_heads(value_of) -> int:
-        return sum(value_of(p) * n for p, n in counts.items())
+        return sum(value_of(p) for p in patterns)
 
     return {
         "build_s": build_s, "peak_mib": peak, "baseline_mib": baseline,
-        "smem_bytes": sum(s["table_bytes"] for s in summaries.values()),
+        "smem_bytes": summary["table_bytes"],
         "other_bytes": 0,
-        "grid_steps": over_heads(lambda p: summaries[p]["grid_steps"]),
-        "visited": over_heads(lambda p: summaries[p]["visited_fraction"]) / len(patterns),
+        "grid_steps": summary["grid_steps"] * len(patterns),
+        "visited": over_heads(lambda p: by_name[name_of(p)].visited_fraction) / len(patterns),
         "full": over_heads(lambda p: int(np.count_nonzero(kinds[p] == TileKind.FULL))),
         "partial": over_heads(lambda p: int(np.count_nonzero(kinds[p] == TileKind.BOUNDARY))),
         # FULL tiles in the last q tile: Splash cannot have any (its padded rows keep nothing)
@@ -281,9 +292,9 @@ def print_table(results: list[tuple[str, str, dict]]) -> None:
           + ", ".join(f"{s} {_span([r['baseline_mib'] for _, t, r in results if t == s])} MiB"
                       for s in SYSTEMS) + ").")
     print()
-    print("¹ svgen's mixed case is two single-pattern plans (5 heads each), as svgen v1 had "
-          "one mask for all heads: its SMEM bytes are the sum of the two tables (one copy per "
-          "pattern), its grid steps 5 x spatial + 5 x temporal, its build time both analyses.")
+    print("¹ svgen's mixed case is one kernel with two patterns assigned per head (both "
+          "frame-major, the masks Splash gets): one table per pattern, however many heads use "
+          "it; every head walks the longest pattern's table, skipping past its own end.")
     for label, system, r in results:
         if system == "Splash":
             print(f"\n{label}, Splash: grid {' x '.join(map(str, r['grid']))}; SMEM arrays "
