@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as err:
         print(f"svgen: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:  # `svgen inspect ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _parser() -> argparse.ArgumentParser:
