@@ -57,7 +57,9 @@ def _child(spec_text: str, label: str) -> None:
     s = plan.summary()
     print(json.dumps({
         "case": label, "tokens": s["seq_len"], "tile": f"{s['block_q']}x{s['block_kv']}",
-        "tiles": s["tiles"], "density": s["density"], "visited": s["visited_fraction"],
+        # one entry per pattern: (name, layout, tiles, density, visited fraction)
+        "patterns": [(p.name, p.layout.order, p.tile_counts(), p.density, p.visited_fraction)
+                     for p in plan.patterns],
         "steps": s["grid_steps"], "slots": s["slots_per_piece"], "table_bytes": s["table_bytes"],
         "parse_s": t1 - t0, "analyze_s": t2 - t1, "render_s": t3 - t2,
         "out_bytes": sum(len(b) for b in files.values()),
@@ -105,11 +107,15 @@ def main() -> None:
         if "error" in r:
             print(f"| {r['case']} | error: {r['error']} |")
             continue
-        t = r["tiles"]
-        print(f"| {r['case']} | {r['tokens']:,} | {r['tile']} | {t['full']:,} / "
-              f"{t['boundary']:,} / {t['empty']:,} | {r['density']:.4f} | {r['visited']:.4f} | "
-              f"{r['steps']:,} | {r['slots']} | {r['table_bytes']:,} | {r['analyze_s']:.3f} | "
-              f"{r['render_s']:.3f} | {r['peak_mib']:.0f} ({r['baseline_mib']:.0f}) |")
+        for i, (name, order, t, density, visited) in enumerate(r["patterns"]):
+            case = r["case"] if len(r["patterns"]) == 1 else f"{r['case']} / {name} ({order})"
+            shared = (f"{r['steps']:,} | {r['slots']} | {r['table_bytes']:,} | "
+                      f"{r['analyze_s']:.3f} | {r['render_s']:.3f} | "
+                      f"{r['peak_mib']:.0f} ({r['baseline_mib']:.0f})") if i == 0 else \
+                "〃 | 〃 | 〃 | 〃 | 〃 | 〃"
+            print(f"| {case} | {r['tokens']:,} | {r['tile']} | {t['full']:,} / "
+                  f"{t['boundary']:,} / {t['empty']:,} | {density:.4f} | {visited:.4f} | "
+                  f"{shared} |")
 
 
 if __name__ == "__main__":
