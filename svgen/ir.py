@@ -420,7 +420,8 @@ def _lower_term(term: MaskTerm, spec: Spec, patterns: dict[str, Node]) -> Node:
         from svgen.expr import parse_predicate
 
         source = p("source")
-        return Predicate(source, parse_predicate(source))
+        expr = parse_predicate(source)
+        return recognize_window(expr, g) or Predicate(source, expr)
     children = tuple(_lower_term(c, spec, patterns) for c in term.children)
     if op == "any_of":
         return AnyOf(children)
@@ -429,6 +430,80 @@ def _lower_term(term: MaskTerm, spec: Spec, patterns: dict[str, Node]) -> Node:
     if op == "not":
         return Not(children[0])
     raise AssertionError(f"unknown mask op {op!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Recognizing built-ins in user predicates: a conjunction of coordinate windows is a
+# temporal_stride / spatial_window, whose tiles the analysis classifies exactly.
+
+def _difference_of(e, name: str) -> bool:
+    """e is +-(name_q - name_k)."""
+    q, k = _S[f"{name}_q"], _S[f"{name}_k"]
+    return sympy.expand(e - (q - k)) == 0 or sympy.expand(e + (q - k)) == 0
+
+
+def _window_bound(atom):
+    """(coordinate, bound) for |x_q - x_k| <= b (or < b, x_q == x_k); else None."""
+    if isinstance(atom, sympy.Eq):
+        a, b = atom.args
+        for name in ("f", "h", "w"):
+            if {a, b} == {_S[f"{name}_q"], _S[f"{name}_k"]}:
+                return name, 0
+        return None
+    if isinstance(atom, (sympy.Ge, sympy.Gt)):  # b >= |d|  ->  |d| <= b
+        atom = (sympy.Le if isinstance(atom, sympy.Ge) else sympy.Lt)(atom.args[1], atom.args[0])
+    if not isinstance(atom, (sympy.Le, sympy.Lt)):
+        return None
+    lhs, rhs = atom.args
+    if not (isinstance(lhs, sympy.Abs) and isinstance(rhs, sympy.Integer)):
+        return None
+    bound = int(rhs) - (1 if isinstance(atom, sympy.Lt) else 0)
+    for name in ("f", "h", "w"):
+        if _difference_of(lhs.args[0], name) and bound >= 0:
+            return name, bound
+    return None
+
+
+def _stride_of(atom):
+    """s for (f_q - f_k) % s == 0; else None."""
+    if isinstance(atom, sympy.Eq) and atom.args[1] == 0 and isinstance(atom.args[0], FloorMod):
+        numerator, divisor = atom.args[0].args
+        if _difference_of(numerator, "f"):
+            return int(divisor)
+    return None
+
+
+def recognize_window(expr, geometry) -> Node | None:
+    """The built-in equal to `expr` when it is a conjunction of windows on f, h, w (and an
+    optional frame stride), else None. Text tokens (f = h = w = 0) would satisfy such windows,
+    so this applies only without text tokens or when the predicate excludes them."""
+    bounds: dict[str, int] = {}
+    stride = 1
+    excluded = set()
+    for atom in sympy.And.make_args(expr):
+        window = _window_bound(atom)
+        if window is not None:
+            bounds[window[0]] = min(bounds.get(window[0], window[1]), window[1])
+            continue
+        step = _stride_of(atom)
+        if step is not None:
+            stride = math.lcm(stride, step)
+            continue
+        if isinstance(atom, (sympy.Eq, sympy.Ne)) and atom.args[0].is_Symbol and \
+                atom.args[0].name.startswith("is_text_"):
+            video = (atom.args[1] == 0) == isinstance(atom, sympy.Eq)
+            if video:
+                excluded.add(atom.args[0].name)
+                continue
+        return None
+    if (not bounds and stride == 1) or (
+            geometry.text_tokens and excluded != {"is_text_q", "is_text_k"}):
+        return None
+    frames, rows, cols = bounds.get("f"), bounds.get("h"), bounds.get("w")
+    if stride == 1:
+        return SpatialWindow(geometry.frames - 1 if frames is None else frames, rows, cols)
+    return TemporalStride(geometry.height - 1 if rows is None else rows,
+                          geometry.width - 1 if cols is None else cols, stride, frames)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -54,3 +54,38 @@ def test_simplify_flattens_and_folds_constants():
 def test_defaults_of_primitives():
     assert lower("mask: {temporal_stride: {}}\n") == ir.TemporalStride(0, 0, 1, None)
     assert lower("mask: {first_frame: {}}\n") == ir.FirstFrame(1)
+
+
+RECOGNIZABLE = [
+    "abs(f_q - f_k) <= 4 and (f_q - f_k) % 2 == 0 and abs(h_q - h_k) <= 1 and abs(w_q - w_k) <= 2",
+    "2 >= abs(f_k - f_q)",
+    "h_q == h_k and w_q == w_k",
+    "abs(h_q - h_k) < 2 and f_q == f_k",
+    "(f_k - f_q) % 3 == 0",
+    "abs(w_q - w_k) <= 1 and not is_text_q and not is_text_k",
+]
+NOT_RECOGNIZABLE = ["abs(h_q - h_k) < 3 and i_k < 5", "abs(f_q - f_k) <= 1 or h_q == h_k",
+                    "abs(f_q - 2 * f_k) <= 1"]
+
+
+@pytest.mark.parametrize("text_tokens", [0, 9])
+@pytest.mark.parametrize("source", RECOGNIZABLE + NOT_RECOGNIZABLE)
+def test_window_predicates_become_builtins_with_the_same_meaning(source, text_tokens):
+    import numpy as np
+
+    from svgen.expr import parse_predicate
+    from svgen.layout import SequenceLayout
+    from svgen.spec import Geometry
+
+    expr = parse_predicate(source)
+    node = ir.recognize_window(expr, Geometry(5, 4, 6, text_tokens, "first"))
+    guarded = "is_text" in source
+    if source in NOT_RECOGNIZABLE or (text_tokens and not guarded):
+        assert node is None
+        return
+    assert isinstance(node, (ir.SpatialWindow, ir.TemporalStride))
+    lay = SequenceLayout(5, 4, 6, text_tokens, True)
+    c = lay.coordinates(np.arange(lay.seq_len))
+    q, k = c.reshape(-1, 1), c.reshape(1, -1)
+    np.testing.assert_array_equal(node.evaluate(q, k),
+                                  np.broadcast_to(ir.evaluate_sympy(expr, q, k), (lay.seq_len,) * 2))
