@@ -23,7 +23,7 @@ import numpy as np
 import sympy
 
 from svgen.errors import SpecError
-from svgen.expr import SYMBOLS, FloorDiv, FloorMod
+from svgen.expr import SYMBOLS, FloorDiv, FloorMod, parse_predicate
 from svgen.layout import Coordinates
 from svgen.spec import MaskTerm, Spec
 
@@ -417,8 +417,6 @@ def _lower_term(term: MaskTerm, spec: Spec, patterns: dict[str, Node]) -> Node:
     if op == "causal_frames":
         return CausalFrames()
     if op == "expr":
-        from svgen.expr import parse_predicate
-
         source = p("source")
         expr = parse_predicate(source)
         return recognize_window(expr, g) or Predicate(source, expr)

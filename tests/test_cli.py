@@ -9,7 +9,6 @@ import sys
 import numpy as np
 import pytest
 
-from svgen import codegen
 from svgen.analysis import analyze
 from svgen.cli import main
 from svgen.spec import load_spec

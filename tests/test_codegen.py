@@ -5,7 +5,6 @@ import ast
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import sympy
 
 from svgen import codegen, ir
 from svgen.analysis import analyze

@@ -87,8 +87,7 @@ def classify_tiles(mask: ir.Node, layout: SequenceLayout, grid: TileGrid,
         real_rows = _real_rows(chunk, first_tile, last_tile)[:, None]
         full = _full_rows(chunk, bounds.lo, nk) == real_rows
         touched = _touching_rows(chunk, bounds.hi, nk) > 0
-        chunk_kinds = np.where(full, TileKind.FULL,
-                               np.where(touched, TileKind.BOUNDARY, TileKind.EMPTY))
+        chunk_kinds = _tile_kinds(full, touched)
         lower += bounds.lo.total_length()
         upper += bounds.hi.total_length()
         if not bounds.is_exact:
@@ -147,11 +146,16 @@ def _classify_frame_invariant(mask: ir.Node, layout: SequenceLayout, grid: TileG
 
     full = rows_over(_full_runs, bounds.lo) == (last - first)[:, None]
     touched = rows_over(_touching_runs, bounds.hi) > 0
-    kinds = np.where(full, TileKind.FULL, np.where(touched, TileKind.BOUNDARY, TileKind.EMPTY))
     if progress is not None:
         progress(nq, nq)
     kept = bounds.lo.total_length() * layout.frames
-    return Classification(kinds.astype(np.int8), kept, kept, 0)
+    return Classification(_tile_kinds(full, touched), kept, kept, 0)
+
+
+def _tile_kinds(full: np.ndarray, touched: np.ndarray) -> np.ndarray:
+    """FULL where every real row covers the tile, else BOUNDARY where any row meets it."""
+    return np.where(full, TileKind.FULL,
+                    np.where(touched, TileKind.BOUNDARY, TileKind.EMPTY)).astype(np.int8)
 
 
 def is_frame_invariant(node: ir.Node) -> bool:
@@ -208,13 +212,12 @@ def _real_rows(chunk: RowChunk, first_tile: int, last_tile: int) -> np.ndarray:
 def _split_rows(chunk: RowChunk, s: IntervalSet):
     row = s.starts // chunk.stride
     base = row * chunk.stride
-    q_tile = (chunk.first_row + row) // chunk.block_q - chunk.first_row // chunk.block_q
-    return q_tile, s.starts - base, s.ends - base
+    return chunk.q_tile_of(row), s.starts - base, s.ends - base
 
 
 def _count_runs(chunk: RowChunk, q_tile, first, last, nk) -> np.ndarray:
     """counts[t, j] = number of runs [first, last) of q tile t containing kv tile j."""
-    num_tiles = -(-(chunk.first_row % chunk.block_q + chunk.num_rows) // chunk.block_q)
+    num_tiles = chunk.num_q_tiles
     keep = last > first
     width = nk + 1
     index = np.concatenate([q_tile[keep] * width + first[keep], q_tile[keep] * width + last[keep]])
@@ -254,7 +257,7 @@ def _evaluate_open_pairs(mask: ir.Node, chunk: RowChunk, pairs: IntervalSet, nk:
     Returns (allowed pairs, allowed per tile, evaluated per tile), tiles indexed as the chunk's
     [q tile, kv tile].
     """
-    num_tiles = -(-(chunk.first_row % chunk.block_q + chunk.num_rows) // chunk.block_q)
+    num_tiles = chunk.num_q_tiles
     per_tile_allowed = np.zeros(num_tiles * nk, np.int64)
     per_tile_open = np.zeros(num_tiles * nk, np.int64)
     lengths = pairs.ends - pairs.starts
@@ -268,8 +271,7 @@ def _evaluate_open_pairs(mask: ir.Node, chunk: RowChunk, pairs: IntervalSet, nk:
         q = chunk.layout.coordinates(chunk.first_row + row)
         k = chunk.layout.coordinates(key)
         allowed = mask.evaluate(q, k)
-        tile = ((chunk.first_row + row) // chunk.block_q - chunk.first_row // chunk.block_q) * nk \
-            + key // chunk.block_kv
+        tile = chunk.q_tile_of(row) * nk + key // chunk.block_kv
         per_tile_allowed += np.bincount(tile, allowed, minlength=per_tile_allowed.size).astype(np.int64)
         per_tile_open += np.bincount(tile, minlength=per_tile_open.size)
     shape = (num_tiles, nk)

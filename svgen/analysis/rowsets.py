@@ -66,8 +66,14 @@ class RowChunk:
         base = np.arange(self.num_rows, dtype=np.int64) * self.stride
         return IntervalSet(base, base + self.layout.seq_len)
 
-    def rows_where(self, selected: np.ndarray) -> np.ndarray:
-        return np.flatnonzero(selected)
+    @property
+    def num_q_tiles(self) -> int:
+        """q tiles the chunk's rows fall in (chunks start on a q tile, except in tests)."""
+        return -(-(self.first_row % self.block_q + self.num_rows) // self.block_q)
+
+    def q_tile_of(self, local_rows: np.ndarray) -> np.ndarray:
+        """The chunk-relative q tile of local rows."""
+        return (self.first_row + local_rows) // self.block_q - self.first_row // self.block_q
 
     def per_row(self, rows: np.ndarray, starts, ends) -> IntervalSet:
         """Intervals [starts, ends) of key positions for local rows `rows` (clipped)."""
@@ -120,8 +126,8 @@ def _(node: ir.Band, chunk: RowChunk) -> Bounds:
 def _(node: ir.Text, chunk: RowChunk) -> Bounds:
     lay = chunk.layout
     is_text = chunk.coords.is_text
-    text_rows = chunk.rows_where(is_text)
-    video_rows = chunk.rows_where(~is_text)
+    text_rows = np.flatnonzero(is_text)
+    video_rows = np.flatnonzero(~is_text)
     everything = chunk.per_row(text_rows, np.zeros(text_rows.size), np.full(text_rows.size, lay.seq_len))
     text_keys = chunk.per_row(video_rows, np.full(video_rows.size, lay.text_start),
                               np.full(video_rows.size, lay.text_start + lay.text_tokens))
@@ -131,7 +137,7 @@ def _(node: ir.Text, chunk: RowChunk) -> Bounds:
 @row_bounds.register
 def _(node: ir.CausalFrames, chunk: RowChunk) -> Bounds:
     lay = chunk.layout
-    rows = chunk.rows_where(~chunk.coords.is_text)
+    rows = np.flatnonzero(~chunk.coords.is_text)
     return Bounds.exact(_video_box_keys(
         chunk, rows, np.zeros(rows.size, np.int64), chunk.coords.frame[rows] + 1, 1,
         *_full_box(lay, rows.size)))
@@ -297,7 +303,7 @@ def _covers(radius: int | None, size: int) -> bool:
 @row_bounds.register
 def _(node: ir.SpatialWindow, chunk: RowChunk) -> Bounds:
     lay = chunk.layout
-    rows = chunk.rows_where(~chunk.coords.is_text)
+    rows = np.flatnonzero(~chunk.coords.is_text)
     c = chunk.coords
     f_lo, f_hi = _window(c.frame[rows], node.frames, lay.frames)
     h_lo, h_hi = _window(c.row[rows], node.rows, lay.height)
@@ -310,7 +316,7 @@ def _(node: ir.SpatialWindow, chunk: RowChunk) -> Bounds:
 @row_bounds.register
 def _(node: ir.TemporalStride, chunk: RowChunk) -> Bounds:
     lay = chunk.layout
-    rows = chunk.rows_where(~chunk.coords.is_text)
+    rows = np.flatnonzero(~chunk.coords.is_text)
     c = chunk.coords
     frame = c.frame[rows]
     f_lo, f_hi = _window(frame, node.frames, lay.frames)

@@ -129,7 +129,7 @@ def _int(n: int) -> str:
     return f"{n:,}"
 
 
-def _pattern_lines(plan: Plan, pattern) -> list[str]:
+def _pattern_lines(pattern) -> list[str]:
     """Docstring lines of one pattern: counts, density, visited fraction."""
     layout, grid, c = pattern.layout, pattern.grid, pattern.classification
     counts = pattern.tile_counts()
@@ -193,7 +193,7 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
             index=index,
             name=pattern.name,
             words=pattern.mask.describe(),
-            lines=_pattern_lines(plan, pattern),
+            lines=_pattern_lines(pattern),
             tile_map=render_tile_map(pattern.kinds),
             layout_args=_layout_args(pattern.layout),
             num_runs=_int(len(pattern.table.runs)),
