@@ -363,7 +363,8 @@ def make_attention(*, shape: KernelShape, patterns: Sequence[Pattern], slots: in
     for p in patterns:
         if p.layout not in layouts:
             layouts.append(p.layout)
-    layout_of_pattern = jnp.asarray([layouts.index(p.layout) for p in patterns], jnp.int32)
+    # NumPy here: importing a generated module must not start a JAX backend.
+    layout_of_pattern = np.asarray([layouts.index(p.layout) for p in patterns], np.int32)
     boundary_masks = [p.boundary_mask for p in patterns]
 
     def attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None):
@@ -378,7 +379,7 @@ def make_attention(*, shape: KernelShape, patterns: Sequence[Pattern], slots: in
                                  "head_pattern of these heads (e.g. its shard under shard_map)")
             head_pattern = default_head_pattern
         head_pattern = jnp.asarray(head_pattern, jnp.int32).reshape(heads)
-        head_layout = layout_of_pattern[head_pattern]
+        head_layout = jnp.asarray(layout_of_pattern)[head_pattern]
         lead = q.shape[:-2]
         if sm_scale is None:
             sm_scale = 1.0 / math.sqrt(shape.head_dim)
