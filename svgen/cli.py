@@ -21,6 +21,7 @@ from svgen import codegen
 from svgen.analysis import DEFAULT_SMEM_BUDGET, Plan, analyze
 from svgen.errors import SpecError
 from svgen.spec import load_spec
+from svgen.targets import DEFAULT_TARGET, TARGETS
 
 EXIT_STALE = 1
 EXIT_BAD_INPUT = 2
@@ -66,6 +67,15 @@ def _parser() -> argparse.ArgumentParser:
                         "(FILE_<pattern>.png per pattern when there are several)")
     _add_budget(p)
     p.set_defaults(run=_inspect)
+
+    p = sub.add_parser("cost", help="static model of the kernel's time on a TPU (libtpu's "
+                                    "schedule, compiled on this host)")
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.add_argument("--no-cache", action="store_true",
+                   help="compile even when the per-path costs are cached (~/.cache/svgen)")
+    _add_budget(p)
+    p.set_defaults(run=_cost)
     return parser
 
 
@@ -73,6 +83,9 @@ def _add_budget(p: argparse.ArgumentParser) -> None:
     p.add_argument("--smem-budget", type=int, default=DEFAULT_SMEM_BUDGET, metavar="BYTES",
                    help="fail when a kernel's scalar-prefetch tables exceed this many bytes "
                         f"(default {DEFAULT_SMEM_BUDGET}: one TPU core's SMEM)")
+    p.add_argument("--target", choices=sorted(TARGETS), default=DEFAULT_TARGET,
+                   help=f"the TPU the kernel is for: its VMEM decides which tilings fit "
+                        f"(default {DEFAULT_TARGET})")
 
 
 class _Progress:
@@ -92,9 +105,10 @@ class _Progress:
               flush=True)
 
 
-def _plan(spec_file: str, quiet: bool, smem_budget: int) -> Plan:
+def _plan(spec_file: str, quiet: bool, smem_budget: int, target: str) -> Plan:
     spec = load_spec(spec_file)
-    return analyze(spec, progress=_Progress(spec_file, quiet), smem_budget=smem_budget)
+    return analyze(spec, progress=_Progress(spec_file, quiet), smem_budget=smem_budget,
+                   target_name=target)
 
 
 def _spec_path_for_header(spec_file: str, out_dir: pathlib.Path) -> str:
@@ -111,7 +125,7 @@ def _compile(args) -> int:
     for spec_file in args.specs:
         start = time.perf_counter()
         try:
-            plan = _plan(spec_file, args.quiet, args.smem_budget)
+            plan = _plan(spec_file, args.quiet, args.smem_budget, args.target)
         except SpecError as err:
             errors.append(str(err))
             continue
@@ -204,7 +218,7 @@ def _orphans(out_dir: pathlib.Path, expected: set[pathlib.Path]) -> list[str]:
 
 
 def _inspect(args) -> int:
-    plan = _plan(args.spec, quiet=args.json, smem_budget=args.smem_budget)
+    plan = _plan(args.spec, quiet=args.json, smem_budget=args.smem_budget, target=args.target)
     single = len(plan.patterns) == 1
     if args.tiles:
         np.save(args.tiles, plan.kinds.astype(np.int8) if single else np.stack(
@@ -239,6 +253,23 @@ def _inspect(args) -> int:
                 print(f"    {key}: {value}")
         for line in render_tile_map(pattern.kinds):
             print(f"    {line}")
+    return 0
+
+
+def _cost(args) -> int:
+    from svgen import cost
+
+    # libtpu must learn where to dump its schedules before anything starts it.
+    from svgen.tpu_schedule import ensure_dump_flags
+    ensure_dump_flags()
+    plan = _plan(args.spec, quiet=args.json, smem_budget=args.smem_budget, target=args.target)
+    progress = None if args.json else (lambda message: print(f"  {message}", file=sys.stderr))
+    report = cost.cost_plan(plan, args.spec, use_cache=not args.no_cache, progress=progress)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        for line in cost.format_report(report, plan):
+            print(line)
     return 0
 
 

@@ -99,8 +99,25 @@ class Attention:
 
 @dataclass(frozen=True)
 class Tiling:
+    """Tiles (what one grid step brings into VMEM) and the compute blocks inside them (what
+    one matmul pair works on; None: the whole tile)."""
+
     block_q: int
     block_kv: int
+    compute_q: int | None = None
+    compute_kv: int | None = None
+
+    @property
+    def cq(self) -> int:
+        return self.compute_q or self.block_q
+
+    @property
+    def ckv(self) -> int:
+        return self.compute_kv or self.block_kv
+
+    @property
+    def compute_blocks(self) -> int:
+        return (self.block_q // self.cq) * (self.block_kv // self.ckv)
 
 
 @dataclass(frozen=True)
@@ -215,12 +232,21 @@ def _canonical_obj(name, geometry, attention, layout, mask, patterns, heads, til
         "layout": layout,
         "mask": _term_json(mask) if mask is not None else None,
         "patterns": {n: _term_json(t) for n, t in patterns},
-        "tiling": {"block_q": tiling.block_q, "block_kv": tiling.block_kv},
+        "tiling": _tiling_json(tiling),
     }
     if heads is not None:
         del obj["mask"]
         obj["heads"] = _heads_json(heads)
     return obj
+
+
+def _tiling_json(tiling: Tiling) -> dict:
+    # Compute blocks appear only when given, so digests of older specs stay valid.
+    out = {"block_q": tiling.block_q, "block_kv": tiling.block_kv}
+    for key in ("compute_q", "compute_kv"):
+        if getattr(tiling, key) is not None:
+            out[key] = getattr(tiling, key)
+    return out
 
 
 def _dumps(obj: dict) -> str:
@@ -356,7 +382,8 @@ class _Reader:
 _TOP_KEYS = ("svgen", "name", "geometry", "attention", "layout", "mask", "heads", "patterns", "tiling")
 _GEOMETRY_KEYS = ("frames", "height", "width", "text_tokens", "text_position")
 _ATTENTION_KEYS = ("heads", "head_dim", "dtype")
-_TILING_KEYS = ("block_q", "block_kv")
+_TILING_KEYS = ("block_q", "block_kv", "compute_q", "compute_kv")
+MAX_COMPUTE_BLOCKS = 16  # per tile: their kinds fit one int32 of SMEM (2 bits each)
 _HEADS_KEYS = ("candidates", "assign")
 _CANDIDATE_KEYS = ("pattern", "layout")
 
@@ -402,9 +429,26 @@ def _read_tiling(r: _Reader, node: Node, path: str) -> Tiling:
         return Tiling(DEFAULT_BLOCK, DEFAULT_BLOCK)
     e = r.mapping(node, path, _TILING_KEYS)
     vals = {}
-    for key in _TILING_KEYS:
+    for key in ("block_q", "block_kv"):
         vals[key] = _read_block(r, e[key][1], _join(path, key), key) if key in e else DEFAULT_BLOCK
-    return Tiling(**vals)
+    for key, block_key in (("compute_q", "block_q"), ("compute_kv", "block_kv")):
+        if key not in e:
+            continue
+        knode = e[key][1]
+        value = _read_block(r, knode, _join(path, key), key)
+        if vals[block_key] % value:
+            raise r.error(knode, _join(path, key),
+                          f"{key} must divide {block_key} ({vals[block_key]}): a tile is cut "
+                          f"into whole compute blocks, got {value}")
+        vals[key] = value
+    tiling = Tiling(**vals)
+    if tiling.compute_blocks > MAX_COMPUTE_BLOCKS:
+        key = "compute_kv" if "compute_kv" in e else "compute_q"
+        raise r.error(e[key][1], _join(path, key),
+                      f"at most {MAX_COMPUTE_BLOCKS} compute blocks per tile (their kinds take "
+                      f"2 bits each of one SMEM word), got {tiling.block_q // tiling.cq} x "
+                      f"{tiling.block_kv // tiling.ckv} = {tiling.compute_blocks}")
+    return tiling
 
 
 def _read_heads(r: _Reader, node: Node, path: str, patterns: tuple[str, ...], layout: str,

@@ -85,7 +85,7 @@ def test_large_tables_go_to_a_checked_npy_file(tmp_path, monkeypatch):
     module = import_file(tmp_path / "wan21_720p_spatial.py")
     np.testing.assert_array_equal(module.STEP_RUNS, plan.table.runs)
     (tmp_path / "wan21_720p_spatial_tables.npy").write_bytes(
-        files["wan21_720p_spatial_tables.npy"][:-4] + b"\0\0\0\0")
+        files["wan21_720p_spatial_tables.npy"][:-4] + b"\xff\xff\xff\xff")
     with pytest.raises(RuntimeError, match="does not match the module"):
         import_file(tmp_path / "wan21_720p_spatial.py")
 

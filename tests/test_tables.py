@@ -5,10 +5,10 @@ import pytest
 
 from svgen.analysis import analyze
 from svgen.analysis.classify import TileGrid
-from svgen.analysis.tables import build_runs, choose_piece_tables, kernel_kinds
+from svgen.analysis.tables import build_runs, choose_piece_tables, kernel_tiles, tile_kinds
 from svgen.errors import SpecError
 from svgen.runtime.kernel import (KIND_MASK, KV_BLOCK_MASK, KV_BLOCK_SHIFT, Q_BLOCK_SHIFT,
-                                  PieceTables)
+                                  PieceTables, split_runs)
 from svgen.runtime.kinds import TileKind
 from svgen.spec import parse_spec
 
@@ -29,8 +29,13 @@ def decode(tables: PieceTables, pattern: int):
     return steps
 
 
+def runs_of(kinds, grid):
+    """Runs of tiles that are one compute block each."""
+    return build_runs(*kernel_tiles(kinds, grid, grid), grid)
+
+
 def _expected_steps(kinds, grid):
-    kk = kernel_kinds(kinds, grid)
+    kk = kernel_tiles(kinds, grid, grid)[0]
     expected = []
     for q in range(kinds.shape[0]):
         visited = [(q, kv, int(kk[q, kv])) for kv in range(kinds.shape[1])
@@ -49,7 +54,7 @@ def test_pieces_decode_to_exactly_the_visited_tiles(seed):
         # nq x nk tiles, the last kv tile partly padding (its FULL tiles run as BOUNDARY).
         grid = TileGrid(nq * nk * 128 - 5, nk * 128, nq * 128)
         assert (grid.num_q_blocks, grid.num_kv_blocks) == (nq, nk)
-        patterns.append((kinds, grid, build_runs(kinds, grid)))
+        patterns.append((kinds, grid, runs_of(kinds, grid)))
     runs = [r for _, _, r in patterns]
     total_runs = sum(len(r) for r in runs)
     total_steps = sum(int(r[:, 2].sum()) for r in runs)
@@ -69,7 +74,7 @@ def test_pieces_decode_to_exactly_the_visited_tiles(seed):
 def test_smallest_piece_size_that_fits_is_chosen():
     kinds = np.full((4, 64), TileKind.FULL, np.int8)
     grid = TileGrid(64 * 128, 2048, 128)  # 4 q tiles x 64 kv tiles, all FULL: 4 runs of 64
-    runs = [build_runs(kinds, grid)]
+    runs = [runs_of(kinds, grid)]
     assert choose_piece_tables(runs, heads=1).slots == 1
     overhead = 4 + 4 + 4  # per head: pattern, first piece, piece count
     small = choose_piece_tables(runs, heads=1, smem_budget=256 + overhead)  # 1 KiB at 1 per step
@@ -94,3 +99,73 @@ tiling: {block_q: 128, block_kv: 128}
     assert "bytes of scalar-prefetch tables at 128 x 128 tiles, over the SMEM budget of 500" \
         in message
     assert "tiling {block_q: 512, block_kv: 512} would fit" in message
+
+
+def _brute_kernel_tiles(compute_kinds, grid, compute):
+    """kernel_tiles, one tile at a time, straight from the rules in tables.py's docstring."""
+    rq, rk = grid.block_q // compute.block_q, grid.block_kv // compute.block_kv
+    ncq, nck = compute_kinds.shape
+    kinds = np.zeros((grid.num_q_blocks, grid.num_kv_blocks), np.int64)
+    words = np.zeros_like(kinds)
+    for i in range(grid.num_q_blocks):
+        for j in range(grid.num_kv_blocks):
+            block_kinds, wildcard = [], []
+            for a in range(rq):
+                for b in range(rk):
+                    r, c = i * rq + a, j * rk + b
+                    if c >= nck:
+                        k = TileKind.EMPTY  # padding keys only
+                    elif r >= ncq:
+                        k = None  # padding rows only
+                    else:
+                        k = int(compute_kinds[r, c])
+                        if (k == TileKind.FULL and c == nck - 1
+                                and grid.seq_len % compute.block_kv):
+                            k = TileKind.BOUNDARY  # holds the end of the real keys
+                    block_kinds.append(k)
+            real = [k for k in block_kinds if k is not None]
+            full = all(k == TileKind.FULL for k in real)
+            block_kinds = [(TileKind.FULL if full else TileKind.EMPTY) if k is None else k
+                           for k in block_kinds]
+            if full:
+                kinds[i, j] = TileKind.FULL
+            elif all(k == TileKind.EMPTY for k in block_kinds):
+                kinds[i, j] = TileKind.EMPTY
+            else:
+                kinds[i, j] = TileKind.BOUNDARY
+                if rq * rk > 1:
+                    words[i, j] = sum(int(k) << (2 * n) for n, k in enumerate(block_kinds))
+    return kinds, words
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_two_level_tiles_match_a_tile_by_tile_reading(seed):
+    rng = np.random.default_rng(seed)
+    cq, ckv = (int(x) for x in rng.choice([128, 256], 2))
+    bq, bkv = cq * int(rng.integers(1, 4)), ckv * int(rng.integers(1, 5))
+    seq_len = int(rng.integers(1, 12)) * 128 + int(rng.integers(0, 128)) + 1
+    grid, compute = TileGrid(seq_len, bq, bkv), TileGrid(seq_len, cq, ckv)
+    compute_kinds = rng.choice([0, 1, 2, 2], size=(compute.num_q_blocks,
+                                                  compute.num_kv_blocks)).astype(np.int8)
+    kinds, words = kernel_tiles(compute_kinds, grid, compute)
+    want_kinds, want_words = _brute_kernel_tiles(compute_kinds, grid, compute)
+    np.testing.assert_array_equal(kinds, want_kinds)
+    np.testing.assert_array_equal(words, want_words)
+    # Tile kinds for reports: FULL / EMPTY iff every real compute block is.
+    reported = tile_kinds(compute_kinds, grid, compute)
+    for i in range(grid.num_q_blocks):
+        for j in range(grid.num_kv_blocks):
+            rows = slice(i * bq // cq, (i + 1) * bq // cq)
+            cols = slice(j * bkv // ckv, (j + 1) * bkv // ckv)
+            inside = compute_kinds[rows, cols]
+            want = (TileKind.FULL if np.all(inside == TileKind.FULL) else
+                    TileKind.EMPTY if np.all(inside == TileKind.EMPTY) else TileKind.BOUNDARY)
+            assert reported[i, j] == want
+    # The blocks words survive the SMEM tables (narrow integer types, read back masked).
+    runs = build_runs(kinds, words, grid)
+    tables = PieceTables.from_runs([runs], 1, (bq // cq) * (bkv // ckv))
+    if (bq // cq) * (bkv // ckv) > 1:
+        stored = tables.blocks.astype(np.int64) & ((1 << (8 * tables.blocks.itemsize)) - 1)
+        np.testing.assert_array_equal(stored, split_runs(runs, 1)[:, 4])
+    else:
+        assert tables.blocks is None

@@ -4,9 +4,10 @@ runs; for the kernel: the SMEM piece tables of all patterns).
 The passes, in order (each a pure function; `analyze` is only this list):
   1. lower_mask          per candidate pattern: spec terms -> simplified mask IR
   2. choose_layout       per pattern: kernel order (anchor frames for temporal_major)
-  3. classify_tiles      EMPTY / BOUNDARY / FULL per tile pair, exact kept-pair count
-  4. build_runs          the visited tiles as runs, in the kernel's order
-  5. build_tables        SMEM pieces of all patterns, within the SMEM budget
+  3. classify_tiles      EMPTY / BOUNDARY / FULL per compute-block pair, exact kept-pair count
+  4. kernel_tiles        tile kinds and per-tile compute-block words, as the kernel runs them
+  5. build_runs          the visited tiles as runs, in the kernel's order
+  6. build_tables        SMEM pieces of all patterns, within the SMEM budget
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from svgen import ir
 from svgen.analysis.classify import Classification, TileGrid, classify_tiles
 from svgen.analysis.plan import PatternPlan, Plan
 from svgen.analysis.tables import (DEFAULT_SMEM_BUDGET, BlockTable, TableBudgetError,
-                                   build_runs, choose_piece_tables)
+                                   build_runs, choose_piece_tables, kernel_tiles, tile_kinds)
 from svgen.errors import SpecError
 from svgen.layout import FRAME_MAJOR, SequenceLayout
 from svgen.spec import BLOCK_MAX, Spec
+from svgen.targets import DEFAULT_TARGET, VMEM_RESERVE, MIB, Target, kernel_vmem, target
 
 __all__ = ["analyze", "Plan", "PatternPlan", "TileGrid", "Classification", "BlockTable",
            "DEFAULT_SMEM_BUDGET", "choose_layout"]
@@ -34,31 +36,67 @@ def choose_layout(spec: Spec, order: str, mask: ir.Node) -> SequenceLayout:
 
 
 def analyze(spec: Spec, progress: Callable[[int, int], None] | None = None,
-            smem_budget: int = DEFAULT_SMEM_BUDGET) -> Plan:
+            smem_budget: int = DEFAULT_SMEM_BUDGET, target_name: str = DEFAULT_TARGET) -> Plan:
+    chip = target(target_name)
+    vmem = check_vmem(spec, chip)  # before any analysis work: a tiling that cannot run
     heads = spec.head_patterns()
     patterns = []
     for candidate in heads.candidates:
         mask = ir.lower(spec, spec.pattern_mask(candidate.pattern))
         layout = choose_layout(spec, candidate.layout, mask)
         grid = TileGrid(layout.seq_len, spec.tiling.block_q, spec.tiling.block_kv)
-        classification = classify_tiles(mask, layout, grid, progress)
-        runs = build_runs(classification.kinds, grid)
-        patterns.append(PatternPlan(candidate.pattern, layout, mask, grid, classification,
+        compute = TileGrid(layout.seq_len, spec.tiling.cq, spec.tiling.ckv)
+        classification = classify_tiles(mask, layout, compute, progress)
+        runs = build_runs(*kernel_tiles(classification.kinds, grid, compute), grid)
+        patterns.append(PatternPlan(candidate.pattern, layout, mask, grid, compute,
+                                    classification,
+                                    tile_kinds(classification.kinds, grid, compute),
                                     BlockTable(runs)))
     names = [c.pattern for c in heads.candidates]
     assign = None if heads.assign is None else tuple(names.index(n) for n in heads.assign)
     try:
         tables = choose_piece_tables([p.table.runs for p in patterns], spec.attention.heads,
-                                     smem_budget)
+                                     smem_budget, spec.tiling.compute_blocks)
     except TableBudgetError as err:
         raise _over_budget_error(spec, patterns, err, smem_budget) from None
-    return Plan(spec=spec, patterns=tuple(patterns), assign=assign, tables=tables)
+    return Plan(spec=spec, patterns=tuple(patterns), assign=assign, tables=tables,
+                target=chip, vmem=vmem)
+
+
+def _spec_vmem(spec: Spec, block_q: int, block_kv: int, compute_q: int, compute_kv: int):
+    return kernel_vmem(block_q, block_kv, compute_q, compute_kv, spec.attention.head_dim,
+                       spec.attention.dtype)
+
+
+def check_vmem(spec: Spec, chip: Target):
+    """The kernel's VMEM need on `chip`; a SpecError (with a tiling that fits) when over."""
+    t = spec.tiling
+    need = _spec_vmem(spec, t.block_q, t.block_kv, t.cq, t.ckv)
+    available = chip.vmem_bytes - VMEM_RESERVE
+    if need.limit() <= available:
+        return need
+    bq, bkv, cq, ckv = t.block_q, t.block_kv, t.cq, t.ckv
+    while _spec_vmem(spec, bq, bkv, cq, ckv).limit() > available and max(bq, bkv) > 128:
+        # Halve the larger side (and its compute block with it when it is the whole tile).
+        if bq >= bkv:
+            bq, cq = bq // 2, min(cq, bq // 2)
+        else:
+            bkv, ckv = bkv // 2, min(ckv, bkv // 2)
+    hint = (f"tiling {{block_q: {bq}, block_kv: {bkv}, compute_q: {cq}, compute_kv: {ckv}}} "
+            f"would fit ({_spec_vmem(spec, bq, bkv, cq, ckv).limit() / MIB:.0f} MiB)")
+    raise SpecError(
+        f"the kernel needs {need.limit() / MIB:.1f} MiB of VMEM at {t.block_q} x {t.block_kv} "
+        f"tiles with {t.cq} x {t.ckv} compute blocks (blocks {need.pipeline / MIB:.1f}, "
+        f"scratch {need.scratch / MIB:.1f}, score tiles {need.temporaries / MIB:.1f} MiB), "
+        f"over the {available / MIB:.0f} MiB a kernel may use on {chip.name} "
+        f"({chip.vmem_bytes / MIB:.0f} MiB per TensorCore); {hint}",
+        file=spec.source, key="tiling")
 
 
 def _over_budget_error(spec: Spec, patterns, err, smem_budget) -> SpecError:
     """Says how many bytes, for which pattern, and which tile size would fit."""
     need = err.smallest.scalar_prefetch_bytes(spec.attention.heads)
-    per_piece = 4 if err.smallest.lengths is None else 8
+    per_piece = err.smallest.bytes_per_piece
     biggest = max(range(len(patterns)), key=lambda i: int(err.smallest.num_pieces[i]))
     worst = patterns[biggest]
     hint = "no tile size up to 4096 x 4096 fits either"
@@ -67,8 +105,8 @@ def _over_budget_error(spec: Spec, patterns, err, smem_budget) -> SpecError:
     while max(bq, bkv) < BLOCK_MAX:
         bq, bkv = min(2 * bq, BLOCK_MAX), min(2 * bkv, BLOCK_MAX)
         bigger = TileGrid(grid.seq_len, bq, bkv)
-        runs = [build_runs(classify_tiles(p.mask, p.layout, bigger).kinds, bigger)
-                for p in patterns]
+        runs = [build_runs(*kernel_tiles(classify_tiles(p.mask, p.layout, bigger).kinds,
+                                         bigger, bigger), bigger) for p in patterns]
         try:
             t = choose_piece_tables(runs, spec.attention.heads, smem_budget)
         except TableBudgetError:

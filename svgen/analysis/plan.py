@@ -13,22 +13,34 @@ from svgen.layout import SequenceLayout
 from svgen.runtime.kernel import PieceTables
 from svgen.runtime.kinds import TileKind
 from svgen.spec import Spec
+from svgen.targets import Target, VmemNeed
 
 
 @dataclasses.dataclass(frozen=True)
 class PatternPlan:
-    """One candidate pattern: its mask, layout, tile kinds and runs."""
+    """One candidate pattern: its mask, layout, tile kinds and runs.
+
+    `classification` is at the compute-block granularity (`compute_grid`); `kinds` are the
+    tiles' (`grid`), the same as classifying the tiles directly.
+    """
 
     name: str
     layout: SequenceLayout
     mask: ir.Node
     grid: TileGrid
+    compute_grid: TileGrid
     classification: Classification
+    kinds: np.ndarray  # int8 [q tiles, kv tiles] of TileKind
     table: BlockTable
 
     @property
-    def kinds(self) -> np.ndarray:
+    def compute_kinds(self) -> np.ndarray:
         return self.classification.kinds
+
+    def compute_block_counts(self) -> dict[str, int]:
+        counts = np.bincount(self.compute_kinds.ravel(), minlength=len(TileKind))
+        return {k.name.lower(): int(counts[k]) for k in (TileKind.FULL, TileKind.BOUNDARY,
+                                                          TileKind.EMPTY)}
 
     def tile_counts(self) -> dict[str, int]:
         counts = np.bincount(self.kinds.ravel(), minlength=len(TileKind))
@@ -52,6 +64,7 @@ class PatternPlan:
         out = {
             "layout": self.layout.order,
             "tiles": self.tile_counts(),
+            "compute_blocks": self.compute_block_counts(),
             "density": self.density,
             "density_is_exact": c.density_is_exact,
             "visited_fraction": self.visited_fraction,
@@ -71,6 +84,8 @@ class Plan:
     patterns: tuple[PatternPlan, ...]  # the candidates, in head_pattern index order
     assign: tuple[int, ...] | None  # pattern index per head; None: chosen at run time
     tables: PieceTables  # the kernel's scalar prefetch, all patterns
+    target: Target  # the chip the kernel is compiled for
+    vmem: VmemNeed  # what the kernel keeps in VMEM there
 
     # -- single-pattern views (a spec with `mask`) -----------------------------------------
     @property
@@ -136,13 +151,18 @@ class Plan:
             "padded_seq_len": self.grid.padded_seq_len,
             "block_q": self.grid.block_q,
             "block_kv": self.grid.block_kv,
+            "compute_q": self.patterns[0].compute_grid.block_q,
+            "compute_kv": self.patterns[0].compute_grid.block_kv,
             "num_q_blocks": self.grid.num_q_blocks,
             "num_kv_blocks": self.grid.num_kv_blocks,
         }
         if len(self.patterns) == 1:
             single = self.only.summary()
-            out.update({k: single[k] for k in ("tiles", "density", "density_is_exact",
-                                               "visited_fraction")})
+            out.update({k: single[k] for k in ("tiles", "compute_blocks", "density",
+                                               "density_is_exact", "visited_fraction")})
+        out["target"] = self.target.name
+        out["vmem_bytes"] = self.vmem.total
+        out["vmem_limit_bytes"] = self.vmem.limit()
         out["table_bytes"] = self.table_bytes
         out["grid_steps"] = self.grid_steps
         out["slots_per_piece"] = self.tables.slots
@@ -160,5 +180,4 @@ class Plan:
 
 def _pattern_bytes(plan: Plan, index: int) -> int:
     """One pattern's share of the SMEM tables: its pieces (entries and lengths)."""
-    per_piece = 4 if plan.tables.lengths is None else 8
-    return int(plan.tables.num_pieces[index]) * per_piece
+    return int(plan.tables.num_pieces[index]) * plan.tables.bytes_per_piece

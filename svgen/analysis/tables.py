@@ -1,13 +1,17 @@
 """Block tables for the kernel: the visited tiles of each q tile, as runs and as SMEM pieces.
 
-The kernel walks the visited tiles q tile by q tile (see `svgen.runtime.kernel`). Two
-adjustments turn tile kinds into kernel kinds:
-  * a FULL tile in the last kv tile, when the sequence does not fill it, runs as BOUNDARY:
-    its padding keys must be masked out (the boundary mask always drops keys >= seq_len);
+Classification happens at the compute-block granularity (see `svgen.runtime.kernel`: a tile
+is cut into compute blocks). Here compute-block kinds become kernel kinds:
+  * a FULL compute block holding the end of the sequence's keys (the sequence does not fill
+    it) runs as BOUNDARY: its padding keys must be masked out (the boundary mask always drops
+    keys >= seq_len); a compute block of padding only (keys or queries) is EMPTY;
+  * a tile is FULL when all its compute blocks are FULL (one unmasked straight-line body),
+    else BOUNDARY with a `blocks` word holding each compute block's kind (2 bits, row-major);
+    a q-padding-only block of an otherwise FULL tile counts as FULL (its rows are discarded);
   * a q tile with no visited tile gets one EMPTY step, which only writes its zero output.
     It names the previous step's kv tile, so the pipeline fetches nothing new for it.
-The generated module stores runs (q_block, kv_start, length, kind) of consecutive kv tiles of
-one kind, which are short and readable. The kernel's scalar prefetch holds them cut into
+The generated module stores runs (q_block, kv_start, length, kind, blocks) of consecutive kv
+tiles of one kind and blocks word, which are short and readable. The kernel's scalar prefetch holds them cut into
 pieces of at most `slots` tiles: the smallest `slots` (a power of two) whose table fits the
 SMEM budget, so tables stay one entry per visited tile unless that would not fit.
 """
@@ -19,7 +23,7 @@ import dataclasses
 import numpy as np
 
 from svgen.analysis.classify import TileGrid
-from svgen.runtime.kernel import PieceTables
+from svgen.runtime.kernel import BITS_PER_BLOCK, PieceTables
 from svgen.runtime.kinds import TileKind
 
 DEFAULT_SMEM_BUDGET = 1 << 20  # bytes: the SMEM of one TPU v6e TensorCore
@@ -38,7 +42,7 @@ class TableBudgetError(Exception):
 class BlockTable:
     """One pattern's visited tiles, as the generated module stores them."""
 
-    runs: np.ndarray  # int64 [num_runs, 4]: q_block, kv_start, length, kernel kind
+    runs: np.ndarray  # int64 [num_runs, 5]: q_block, kv_start, length, kernel kind, blocks
 
     @property
     def visited_steps(self) -> int:
@@ -46,36 +50,89 @@ class BlockTable:
         return int(self.runs[:, 2].sum())
 
 
-def kernel_kinds(kinds: np.ndarray, grid: TileGrid) -> np.ndarray:
-    out = kinds.copy()
-    if grid.seq_len % grid.block_kv:
-        last = out[:, -1]
-        last[last == TileKind.FULL] = TileKind.BOUNDARY
+def _blocks_per_tile(grid: TileGrid, compute: TileGrid) -> tuple[int, int]:
+    return grid.block_q // compute.block_q, grid.block_kv // compute.block_kv
+
+
+def _padded(blocks: np.ndarray, grid: TileGrid, compute: TileGrid, fill) -> np.ndarray:
+    """Compute-block values extended to whole tiles; blocks past the compute grid (padding
+    only) get `fill`."""
+    rq, rk = _blocks_per_tile(grid, compute)
+    out = np.full((grid.num_q_blocks * rq, grid.num_kv_blocks * rk), fill, blocks.dtype)
+    out[:blocks.shape[0], :blocks.shape[1]] = blocks
     return out
 
 
-def build_runs(kinds: np.ndarray, grid: TileGrid) -> np.ndarray:
-    kinds = kernel_kinds(kinds, grid)
+def _per_tile(padded: np.ndarray, grid: TileGrid, compute: TileGrid) -> np.ndarray:
+    """[q tiles, kv tiles, blocks of the tile] (row-major inside a tile) of a padded array."""
+    rq, rk = _blocks_per_tile(grid, compute)
+    nq, nk = grid.num_q_blocks, grid.num_kv_blocks
+    return padded.reshape(nq, rq, nk, rk).transpose(0, 2, 1, 3).reshape(nq, nk, rq * rk)
+
+
+def tile_kinds(compute_kinds: np.ndarray, grid: TileGrid, compute: TileGrid) -> np.ndarray:
+    """Tile kinds from compute-block kinds: FULL / EMPTY when every real block is, else
+    BOUNDARY (equal to classifying the tiles directly; padding blocks do not count)."""
+    if _blocks_per_tile(grid, compute) == (1, 1):
+        return compute_kinds
+    real = _per_tile(_padded(np.ones(compute_kinds.shape, bool), grid, compute, False),
+                     grid, compute)
+    kinds = _per_tile(_padded(compute_kinds, grid, compute, TileKind.EMPTY), grid, compute)
+    full = np.all((kinds == TileKind.FULL) | ~real, axis=2)
+    empty = np.all((kinds == TileKind.EMPTY) | ~real, axis=2)
+    return np.where(full, TileKind.FULL,
+                    np.where(empty, TileKind.EMPTY, TileKind.BOUNDARY)).astype(np.int8)
+
+
+def kernel_tiles(compute_kinds: np.ndarray, grid: TileGrid,
+                 compute: TileGrid) -> tuple[np.ndarray, np.ndarray]:
+    """(kernel kind, blocks word), each [q tiles, kv tiles] (see the module docstring)."""
+    blocks = compute_kinds.copy()
+    if grid.seq_len % compute.block_kv:  # the last real key block holds padding keys
+        last = blocks[:, -1]
+        last[last == TileKind.FULL] = TileKind.BOUNDARY
+    padded = _padded(blocks, grid, compute, TileKind.EMPTY)
+    # Blocks of padding rows (real keys): wildcards, FULL where the rest of the tile is.
+    q_padding = np.zeros(padded.shape, bool)
+    q_padding[blocks.shape[0]:, :blocks.shape[1]] = True
+    per_tile = _per_tile(padded, grid, compute)
+    wildcard = _per_tile(q_padding, grid, compute)
+    all_full = np.all((per_tile == TileKind.FULL) | wildcard, axis=2)
+    per_tile = np.where(wildcard, np.where(all_full[:, :, None], TileKind.FULL, TileKind.EMPTY),
+                        per_tile).astype(np.int64)
+    all_empty = np.all(per_tile == TileKind.EMPTY, axis=2)
+    kind = np.where(all_full, TileKind.FULL,
+                    np.where(all_empty, TileKind.EMPTY, TileKind.BOUNDARY)).astype(np.int64)
+    if per_tile.shape[2] == 1:  # one compute block per tile: the kind says everything
+        return kind, np.zeros(kind.shape, np.int64)
+    shifts = BITS_PER_BLOCK * np.arange(per_tile.shape[2], dtype=np.int64)
+    word = (per_tile << shifts).sum(axis=2)
+    return kind, np.where(kind == TileKind.BOUNDARY, word, 0)
+
+
+def build_runs(kinds: np.ndarray, words: np.ndarray, grid: TileGrid) -> np.ndarray:
+    """The visited tiles as runs (q_block, kv_start, length, kind, blocks), row-major."""
     q_block, kv_block = np.nonzero(kinds != TileKind.EMPTY)  # row-major: the kernel's order
     kind = kinds[q_block, kv_block].astype(np.int64)
+    word = words[q_block, kv_block].astype(np.int64)
     new_run = np.ones(q_block.size, bool)
     new_run[1:] = ((q_block[1:] != q_block[:-1]) | (kv_block[1:] != kv_block[:-1] + 1)
-                   | (kind[1:] != kind[:-1]))
+                   | (kind[1:] != kind[:-1]) | (word[1:] != word[:-1]))
     first = np.flatnonzero(new_run)
     lengths = np.diff(np.append(first, q_block.size))
-    runs = np.stack([q_block[first], kv_block[first], lengths, kind[first]], axis=1)
-    return _add_zero_fill_runs(runs.astype(np.int64).reshape(-1, 4), grid.num_q_blocks)
+    runs = np.stack([q_block[first], kv_block[first], lengths, kind[first], word[first]], axis=1)
+    return _add_zero_fill_runs(runs.astype(np.int64).reshape(-1, 5), grid.num_q_blocks)
 
 
-def choose_piece_tables(runs_per_pattern, heads: int,
-                        smem_budget: int = DEFAULT_SMEM_BUDGET) -> PieceTables:
+def choose_piece_tables(runs_per_pattern, heads: int, smem_budget: int = DEFAULT_SMEM_BUDGET,
+                        compute_blocks: int = 1) -> PieceTables:
     """The SMEM tables with the smallest piece size (a power of two) that fits the budget.
 
     Raises TableBudgetError when even MAX_SLOTS-tile pieces do not fit.
     """
     slots = 1
     while True:
-        tables = PieceTables.from_runs(runs_per_pattern, slots)
+        tables = PieceTables.from_runs(runs_per_pattern, slots, compute_blocks)
         if tables.scalar_prefetch_bytes(heads) <= smem_budget:
             return tables
         if slots >= MAX_SLOTS:
@@ -87,7 +144,7 @@ def _add_zero_fill_runs(runs: np.ndarray, num_q_blocks: int) -> np.ndarray:
     missing = np.setdiff1d(np.arange(num_q_blocks), runs[:, 0])
     if missing.size == 0:
         return runs
-    fill = np.zeros((missing.size, 4), np.int64)
+    fill = np.zeros((missing.size, 5), np.int64)
     fill[:, 0] = missing
     fill[:, 2] = 1
     fill[:, 3] = TileKind.EMPTY

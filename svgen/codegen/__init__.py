@@ -121,8 +121,15 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 
 
 def _format_runs(runs: np.ndarray) -> list[str]:
-    cells = [f"({q}, {kv}, {n}, {k})," for q, kv, n, k in runs.tolist()]
+    # The blocks word in binary, 2 bits per compute block (last block first), so a reviewer
+    # can read each block's kind; 0 when the tile is not BOUNDARY or has one compute block.
+    cells = [f"({q}, {kv}, {n}, {k}, {_blocks_literal(w)}),"
+             for q, kv, n, k, w in runs.tolist()]
     return [" ".join(cells[i:i + _RUNS_PER_LINE]) for i in range(0, len(cells), _RUNS_PER_LINE)]
+
+
+def _blocks_literal(word: int) -> str:
+    return "0" if word == 0 else f"0b{word:b}"
 
 
 def _int(n: int) -> str:
@@ -148,6 +155,16 @@ def _pattern_lines(pattern) -> list[str]:
         f"Tiles: {grid.block_q} x {grid.block_kv}, {grid.num_q_blocks} x {grid.num_kv_blocks} = "
         f"{_int(pattern.kinds.size)}: {_int(counts['full'])} FULL, {_int(counts['boundary'])} "
         f"BOUNDARY, {_int(counts['empty'])} EMPTY",
+    ]
+    cgrid = pattern.compute_grid
+    if (cgrid.block_q, cgrid.block_kv) != (grid.block_q, grid.block_kv):
+        blocks = pattern.compute_block_counts()
+        lines.append(
+            f"Compute blocks: {cgrid.block_q} x {cgrid.block_kv}, {cgrid.num_q_blocks} x "
+            f"{cgrid.num_kv_blocks} = {_int(pattern.compute_kinds.size)}: "
+            f"{_int(blocks['full'])} FULL, {_int(blocks['boundary'])} BOUNDARY, "
+            f"{_int(blocks['empty'])} EMPTY")
+    lines += [
         f"Kept pairs: {density}",
         f"Visited fraction: {pattern.visited_fraction:.4f} of tiles "
         f"({_int(pattern.table.visited_steps)} steps doing work per head)",
@@ -213,10 +230,14 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
             ("PADDED_SEQ_LEN", str(grid.padded_seq_len)),
             ("BLOCK_Q", str(grid.block_q)),
             ("BLOCK_KV", str(grid.block_kv)),
+            ("COMPUTE_Q", str(plan.patterns[0].compute_grid.block_q)),
+            ("COMPUTE_KV", str(plan.patterns[0].compute_grid.block_kv)),
             ("HEADS", str(spec.attention.heads)),
             ("HEAD_DIM", str(spec.attention.head_dim)),
             ("DTYPE", repr(spec.attention.dtype)),
             ("SLOTS_PER_PIECE", str(plan.tables.slots)),
+            ("TARGET", repr(plan.target.name)),
+            ("VMEM_LIMIT_BYTES", str(plan.vmem.limit())),
         ],
         "pattern_names": repr(tuple(p.name for p in plan.patterns)),
         "head_pattern": "None" if plan.assign is None else repr(tuple(plan.assign)),

@@ -5,10 +5,22 @@ tiles (runs), its token layout and `boundary_mask(q_pos, k_pos)`; and the defaul
 of heads to patterns. Everything here is shared, so diffs between generated files show only
 spec-dependent code.
 
+Two levels of tiles
+-------------------
+A *tile* (block_q x block_kv) is what one grid step brings into VMEM: few, large steps, so the
+per-step bookkeeping (table reads, index maps, DMA issue) is amortized. A tile is cut into
+*compute blocks* (compute_q x compute_kv): what one QK^T / PV matmul pair works on. Tiles and
+compute blocks are both classified; a tile is
+  FULL      every compute block FULL: one straight-line body, no mask, no branch;
+  BOUNDARY  anything else: each compute block runs by its own kind (FULL without a mask,
+            BOUNDARY with keep(q, k) computed from coordinates, EMPTY not at all), read from
+            the tile's `blocks` word (2 bits per compute block, row-major);
+  EMPTY     only a q tile with nothing visited: one step that writes zeros.
+
 Grid and tables
 ---------------
 The visited tiles of a pattern, sorted by q tile, are grouped into *pieces*: up to `slots`
-consecutive kv tiles of one q tile and one kind. The grid is
+consecutive kv tiles of one q tile, one kind and one `blocks` word. The grid is
 (batch*heads, max pieces over patterns, slots); for head h, grid step (piece, slot) visits
 kv tile kv_start + slot of piece `piece` of the head's pattern. Scalar prefetch (SMEM) holds:
 
@@ -17,23 +29,25 @@ kv tile kv_start + slot of piece `piece` of the head's pattern. Scalar prefetch 
     head_num_pieces[heads]       (both gathered from per-pattern tables by the wrapper)
     entries[all pieces]          q_block << 17 | kv_start << 2 | kind     (kind: TileKind)
     lengths[all pieces]          only when slots > 1 (int8, or int16 past 127)
+    blocks[all pieces]           only with several compute blocks per tile (int8/16/32)
 
 One copy of each pattern's table, however many heads use it. Steps past a piece's length or
 past the head's pattern's pieces are skipped and repeat the last blocks, so they fetch nothing.
-slots = 1 is one entry per visited tile (no skipped steps for a single pattern); larger pieces
-trade a few skipped steps for tables that fit the 1 MiB of SMEM (the compiler picks the
-smallest slots that fit its budget).
-
-A q tile's pieces are consecutive, so the q tile and output block stay resident while its kv
-tiles stream past. EMPTY tiles cost no grid step; a q tile with no visited tile gets one EMPTY
-piece that only writes zeros.
 
 Per step (names of the phases as in the code):
-  init      first step of a q tile: reset the running max, denominator and accumulator;
-  full      kind FULL: online-softmax update with no mask;
-  boundary  kind BOUNDARY: the same update with the head's pattern's keep(q, k) computed
-            from coordinates (one branch per pattern);
+  init      first step of a q tile: reset the running max and the accumulator;
+  full      a FULL tile: online-softmax update of every compute block, no mask;
+  mixed     a BOUNDARY tile: per compute block, by its kind (one branch per pattern);
   finalize  last step of a q tile: write acc / l, or 0 where no key was allowed (never NaN).
+
+Arithmetic (why each choice; measured on libtpu's v6e schedule, see `svgen cost`):
+  * q arrives pre-scaled by sm_scale * log2(e) (done once by the wrapper, fused with the
+    layout permutation), so scores are already in base 2 and the kernel uses exp2: no
+    per-score multiply;
+  * at head_dim 128 the PV matmul fills half of a 256-wide MXU pass, so V is widened to
+    [V | 1] in VMEM: the second half of the product is the row sum l, lane-replicated, for
+    free, and the accumulator carries it ([acc | l]);
+  * m (and l when it is not on the MXU) are lane-replicated [rows, 128]: full vregs.
 """
 
 from __future__ import annotations
@@ -58,12 +72,15 @@ KV_BLOCK_SHIFT = 2
 KV_BLOCK_MASK = (1 << (Q_BLOCK_SHIFT - KV_BLOCK_SHIFT)) - 1
 KIND_MASK = (1 << KV_BLOCK_SHIFT) - 1
 MAX_BLOCKS = 1 << (Q_BLOCK_SHIFT - KV_BLOCK_SHIFT)  # 32768 tiles per side
+BITS_PER_BLOCK = 2  # a compute block's TileKind in a tile's `blocks` word
 LANES = 128
+LOG2_E = 1.4426950408889634
 
-# Finite "minus infinity": exp(MASK_VALUE - m) underflows to 0 without inf - inf = NaN.
+# Finite "minus infinity": exp2(MASK_VALUE - m) underflows to 0 without inf - inf = NaN.
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
 BoundaryMask = Callable[[jax.Array, jax.Array], jax.Array]
+RUN_COLUMNS = 5  # q_block, kv_start, length, kind, blocks
 
 
 def pack_steps(q_block: np.ndarray, kv_block: np.ndarray, kind: np.ndarray) -> np.ndarray:
@@ -78,16 +95,30 @@ def pack_steps(q_block: np.ndarray, kv_block: np.ndarray, kind: np.ndarray) -> n
     return packed.astype(np.uint32).view(np.int32)
 
 
+def as_runs(runs) -> np.ndarray:
+    """Runs as int64 [n, 5]; 4-column runs (one compute block per tile) get blocks = 0."""
+    runs = np.asarray(runs, dtype=np.int64)
+    if runs.ndim == 2 and runs.shape[1] == RUN_COLUMNS - 1:
+        runs = np.concatenate([runs, np.zeros((len(runs), 1), np.int64)], axis=1)
+    return runs.reshape(-1, RUN_COLUMNS)
+
+
 def split_runs(runs, slots: int) -> np.ndarray:
-    """Runs (q_block, kv_start, length, kind) cut into pieces of at most `slots` kv tiles."""
-    runs = np.asarray(runs, dtype=np.int64).reshape(-1, 4)
+    """Runs (q_block, kv_start, length, kind, blocks) cut into pieces of at most `slots` tiles."""
+    runs = as_runs(runs)
     pieces_per_run = -(-runs[:, 2] // slots)
     run = np.repeat(np.arange(len(runs)), pieces_per_run)
     index = np.arange(int(pieces_per_run.sum())) - np.repeat(
         np.cumsum(pieces_per_run) - pieces_per_run, pieces_per_run)
     start = runs[run, 1] + index * slots
     length = np.minimum(runs[run, 2] - index * slots, slots)
-    return np.stack([runs[run, 0], start, length, runs[run, 3]], axis=1)
+    return np.stack([runs[run, 0], start, length, runs[run, 3], runs[run, 4]], axis=1)
+
+
+def blocks_dtype(compute_blocks: int):
+    """The smallest integer type holding 2 bits per compute block (read back masked)."""
+    bits = BITS_PER_BLOCK * compute_blocks
+    return np.int8 if bits <= 8 else np.int16 if bits <= 16 else np.int32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,10 +129,12 @@ class PieceTables:
     num_pieces: np.ndarray  # int32 [patterns]
     entries: np.ndarray  # int32 [all pieces]
     lengths: np.ndarray | None  # int8/int16 [all pieces], None when slots == 1
+    blocks: np.ndarray | None  # int8/16/32 [all pieces], None with one compute block per tile
     slots: int
 
     @classmethod
-    def from_runs(cls, runs_per_pattern: Sequence, slots: int) -> "PieceTables":
+    def from_runs(cls, runs_per_pattern: Sequence, slots: int,
+                  compute_blocks: int = 1) -> "PieceTables":
         pieces = [split_runs(runs, slots) for runs in runs_per_pattern]
         counts = np.array([len(p) for p in pieces], np.int32)
         first = (np.cumsum(counts) - counts).astype(np.int32)
@@ -109,19 +142,28 @@ class PieceTables:
         entries = pack_steps(allp[:, 0], allp[:, 1], allp[:, 3])
         # The smallest integer type that holds a piece length (SMEM is 1 MiB).
         lengths = allp[:, 2].astype(np.int8 if slots < 128 else np.int16) if slots > 1 else None
-        return cls(first, counts, entries, lengths, slots)
+        blocks = None
+        if compute_blocks > 1:
+            # Keep the bit pattern; the kernel masks the sign extension away.
+            blocks = allp[:, 4].astype(np.uint32).astype(
+                np.dtype(blocks_dtype(compute_blocks)).str.replace("i", "u")).view(
+                blocks_dtype(compute_blocks))
+        return cls(first, counts, entries, lengths, blocks, slots)
 
     @property
     def max_pieces(self) -> int:
         return int(self.num_pieces.max())
 
+    @property
+    def bytes_per_piece(self) -> int:
+        return sum(t.itemsize for t in (self.entries, self.lengths, self.blocks) if t is not None)
+
     def scalar_prefetch_bytes(self, heads: int) -> int:
         """Bytes of SMEM: per head its pattern, first piece and piece count; the pieces."""
-        return int(12 * heads + self.entries.nbytes
-                   + (0 if self.lengths is None else self.lengths.nbytes))
+        return int(12 * heads + sum(t.nbytes for t in self.piece_operands()))
 
     def piece_operands(self) -> tuple[np.ndarray, ...]:
-        return (self.entries,) if self.lengths is None else (self.entries, self.lengths)
+        return tuple(t for t in (self.entries, self.lengths, self.blocks) if t is not None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +176,38 @@ class KernelShape:
     block_kv: int
     head_dim: int
     heads: int
+    compute_q: int | None = None  # None: the whole tile is one compute block
+    compute_kv: int | None = None
+    vmem_limit_bytes: int | None = None  # None: the compiler's default scoped limit
+
+    @property
+    def cq(self) -> int:
+        return self.compute_q or self.block_q
+
+    @property
+    def ckv(self) -> int:
+        return self.compute_kv or self.block_kv
+
+    @property
+    def q_blocks_per_tile(self) -> int:
+        return self.block_q // self.cq
+
+    @property
+    def kv_blocks_per_tile(self) -> int:
+        return self.block_kv // self.ckv
+
+    @property
+    def compute_blocks(self) -> int:
+        return self.q_blocks_per_tile * self.kv_blocks_per_tile
+
+    @property
+    def row_sum_on_mxu(self) -> bool:
+        """True when [V | 1] costs no extra MXU pass: head_dim fills half a 256-wide pass."""
+        return self.head_dim % 256 == 128
+
+    @property
+    def acc_width(self) -> int:
+        return self.head_dim + (LANES if self.row_sum_on_mxu else 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +215,7 @@ class Pattern:
     """One candidate pattern of a generated module."""
 
     name: str
-    runs: object  # (q_block, kv_start, length, kind) rows
+    runs: object  # (q_block, kv_start, length, kind[, blocks]) rows
     layout: KernelLayout
     boundary_mask: BoundaryMask
 
@@ -158,10 +232,12 @@ def _kv_block(entry):
 class _TableView:
     """Reads of the SMEM tables for one head, inside the kernel and its index maps."""
 
-    refs: tuple  # head_pattern, head_first_piece, head_num_pieces, entries[, lengths]
+    refs: tuple  # head_pattern, head_first_piece, head_num_pieces, entries[, lengths][, blocks]
     heads: int
     head: object  # the flattened batch*head grid index
     single_pattern_pieces: int | None  # static piece count when there is one pattern
+    has_lengths: bool
+    has_blocks: bool
 
     @property
     def pattern(self):
@@ -185,30 +261,99 @@ class _TableView:
         return self.refs[3][self.piece(local)]
 
     def length(self, local):
-        return 1 if len(self.refs) < 5 else self.refs[4][self.piece(local)].astype(jnp.int32)
+        return self.refs[4][self.piece(local)].astype(jnp.int32) if self.has_lengths else 1
+
+    def blocks(self, local):
+        """The tile's `blocks` word (2 bits per compute block), sign extension masked off."""
+        word = self.refs[-1][self.piece(local)]
+        bits = 8 * word.dtype.itemsize
+        word = word.astype(jnp.int32)
+        return word if bits == 32 else word & ((1 << bits) - 1)
 
     def q_block(self, local):
         return _q_block(self.entry(local))
 
     def kv_block(self, local, slot):
         # Slots past the piece's end repeat its last kv tile: the pipeline fetches nothing.
+        if not self.has_lengths:
+            return _kv_block(self.entry(local))
         return _kv_block(self.entry(local)) + jnp.minimum(slot, self.length(local) - 1)
 
 
-def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int, sm_scale: float,
-                      boundary_masks: tuple[BoundaryMask, ...], single: int | None):
+def _lanes(x, width: int):
+    """A lane-replicated [rows, 128] array as [rows, width] (a multiple of 128, or less)."""
+    if width <= LANES:
+        return x[:, :width]
+    return jnp.tile(x, (1, width // LANES))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Block:
+    """One compute block of the current tile: its rows and columns inside the VMEM blocks."""
+
+    qi: int
+    ki: int
+    shape: KernelShape
+
+    @property
+    def rows(self):
+        return pl.ds(self.qi * self.shape.cq, self.shape.cq)
+
+    @property
+    def cols(self):
+        return pl.ds(self.ki * self.shape.ckv, self.shape.ckv)
+
+    @property
+    def bit(self) -> int:
+        return BITS_PER_BLOCK * (self.qi * self.shape.kv_blocks_per_tile + self.ki)
+
+
+def _softmax_step(state, q, k, v, keep, shape: KernelShape):
+    """One online-softmax update of (m, acc[, l]) with a compute block's keys.
+
+    q is pre-scaled into base 2; keep is None (FULL: no mask) or a bool [cq, ckv].
+    """
+    m_prev, acc_prev, l_prev = state
+    precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+    scores = lax.dot_general(q, k, (((1,), (1,)), ((), ())),
+                             preferred_element_type=jnp.float32, precision=precision)
+    if keep is not None:
+        scores = jnp.where(keep, scores, MASK_VALUE)
+    m_next = jnp.maximum(m_prev, jnp.max(scores, axis=1, keepdims=True))
+    # A row with no allowed key so far has m_next == MASK_VALUE and exp2(0) = 1 on its
+    # masked entries; the first allowed key rescales that away (alpha = 0), and a row
+    # that never gets one is zeroed in finalize. So no select on the probabilities.
+    probs = jnp.exp2(scores - _lanes(m_next, shape.ckv))
+    alpha = jnp.exp2(m_prev - m_next)
+    if shape.row_sum_on_mxu:
+        v = jnp.concatenate([v, jnp.ones((v.shape[0], LANES), v.dtype)], axis=1)
+        l_next = None
+    else:
+        l_next = alpha * l_prev + jnp.sum(probs, axis=1, keepdims=True)
+    pv = lax.dot_general(probs.astype(v.dtype), v, (((1,), (0,)), ((), ())),
+                         preferred_element_type=jnp.float32, precision=precision)
+    acc_next = _lanes(alpha, shape.acc_width) * acc_prev + pv
+    return m_next, acc_next, l_next
+
+
+def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int,
+                      boundary_masks: tuple[BoundaryMask, ...], single: int | None,
+                      has_lengths: bool, has_blocks: bool):
     (
-        # prefetched scalars (SMEM): head_pattern, first_piece, num_pieces, entries[, lengths]
+        # prefetched scalars (SMEM): head_pattern, first_piece, num_pieces, entries, ...
         table_refs,
         # inputs (VMEM blocks)
         (q_ref, k_ref, v_ref),
         # outputs
         o_ref,
-        # scratch, carried across the steps of one q tile
-        (m_scratch, l_scratch, acc_scratch),
-    ) = refs[:num_tables], refs[num_tables:num_tables + 3], refs[num_tables + 3], refs[-3:]
+        # scratch, carried across the steps of one q tile: m, [acc | l] (or acc and l)
+        scratch,
+    ) = refs[:num_tables], refs[num_tables:num_tables + 3], refs[num_tables + 3], refs[
+        num_tables + 4:]
+    m_scratch, acc_scratch = scratch[0], scratch[1]
+    l_scratch = None if shape.row_sum_on_mxu else scratch[2]
     local, slot = pl.program_id(1), pl.program_id(2)
-    view = _TableView(table_refs, heads, pl.program_id(0), single)
+    view = _TableView(table_refs, heads, pl.program_id(0), single, has_lengths, has_blocks)
     count = view.count
     entry = view.entry(local)
     kind = entry & KIND_MASK
@@ -220,80 +365,80 @@ def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int, sm
     is_last = active & (slot == length - 1) & (
         (local == count - 1) | (view.q_block(local + 1) != q_block))
     kv_block = view.kv_block(local, slot)
+    blocks = [_Block(qi, ki, shape) for qi in range(shape.q_blocks_per_tile)
+              for ki in range(shape.kv_blocks_per_tile)]
 
     @pl.when(is_first)
     def init():
         m_scratch[...] = jnp.full(m_scratch.shape, MASK_VALUE, jnp.float32)
-        l_scratch[...] = jnp.zeros(l_scratch.shape, jnp.float32)
         acc_scratch[...] = jnp.zeros(acc_scratch.shape, jnp.float32)
+        if l_scratch is not None:
+            l_scratch[...] = jnp.zeros(l_scratch.shape, jnp.float32)
 
-    def online_softmax_update(boundary_mask: BoundaryMask | None):
-        q = q_ref[...]
-        k = k_ref[...]
-        v = v_ref[...]
-        precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
-        # Scaling q ([block_q, d]) is cheaper than scaling the [block_q, block_kv] scores.
-        q = (q.astype(jnp.float32) * sm_scale).astype(q.dtype)
-        scores = lax.dot_general(
-            q, k, (((1,), (1,)), ((), ())),
-            preferred_element_type=jnp.float32, precision=precision,
-        )
-        assert scores.shape == (shape.block_q, shape.block_kv)
-        if boundary_mask is not None:
-            q_pos = q_block * shape.block_q + lax.broadcasted_iota(
-                jnp.int32, (shape.block_q, 1), 0
-            )
-            k_pos = kv_block * shape.block_kv + lax.broadcasted_iota(
-                jnp.int32, (1, shape.block_kv), 1
-            )
-            # Padding keys are never attended, whatever the predicate says about them.
-            keep = boundary_mask(q_pos, k_pos) & (k_pos < shape.seq_len)
-            scores = jnp.where(keep, scores, MASK_VALUE)
-        # m and l are kept lane-replicated ([block_q, 128]): full vregs, no relayouts.
-        m_prev = m_scratch[...]
-        m_next = jnp.maximum(m_prev, jnp.max(scores, axis=1, keepdims=True))
-        # A row with no allowed key so far has m_next == MASK_VALUE and exp(0) = 1 on its
-        # masked entries; the first allowed key rescales that away (alpha = 0), and a row
-        # that never gets one is zeroed in finalize. So no select on the probabilities.
-        probs = jnp.exp(scores - _lanes(m_next, shape.block_kv))
-        alpha = jnp.exp(m_prev - m_next)
-        l_scratch[...] = alpha * l_scratch[...] + jnp.sum(probs, axis=1, keepdims=True)
-        pv = lax.dot_general(
-            probs.astype(v.dtype), v, (((1,), (0,)), ((), ())),
-            preferred_element_type=jnp.float32, precision=precision,
-        )
-        acc_scratch[...] = _lanes(alpha, shape.head_dim) * acc_scratch[...] + pv
-        m_scratch[...] = m_next
+    def load(rows):
+        return (m_scratch[rows, :], acc_scratch[rows, :],
+                None if l_scratch is None else l_scratch[rows, :])
+
+    def store(rows, state):
+        m_scratch[rows, :], acc_scratch[rows, :] = state[0], state[1]
+        if l_scratch is not None:
+            l_scratch[rows, :] = state[2]
+
+    def keep_of(block: _Block, mask: BoundaryMask):
+        q_pos = (q_block * shape.block_q + block.qi * shape.cq
+                 + lax.broadcasted_iota(jnp.int32, (shape.cq, 1), 0))
+        k_pos = (kv_block * shape.block_kv + block.ki * shape.ckv
+                 + lax.broadcasted_iota(jnp.int32, (1, shape.ckv), 1))
+        # Padding keys are never attended, whatever the predicate says about them.
+        return mask(q_pos, k_pos) & (k_pos < shape.seq_len)
+
+    def update(block: _Block, state, mask: BoundaryMask | None):
+        keep = None if mask is None else keep_of(block, mask)
+        return _softmax_step(state, q_ref[block.rows, :], k_ref[block.cols, :],
+                             v_ref[block.cols, :], keep, shape)
 
     @pl.when(active & (kind == TileKind.FULL))
     def full():
-        online_softmax_update(None)
+        # Straight-line code over all compute blocks: the state stays in values, so the
+        # scheduler overlaps one block's softmax with the next block's QK^T.
+        for qi in range(shape.q_blocks_per_tile):
+            row_blocks = [b for b in blocks if b.qi == qi]
+            state = load(row_blocks[0].rows)
+            for block in row_blocks:
+                state = update(block, state, None)
+            store(row_blocks[0].rows, state)
 
     for index, mask in enumerate(boundary_masks):
         is_pattern = True if len(boundary_masks) == 1 else view.pattern == index
 
         @pl.when(active & (kind == TileKind.BOUNDARY) & is_pattern)
-        def boundary():
-            online_softmax_update(mask)
+        def mixed():
+            if not has_blocks:  # one compute block per tile: it is BOUNDARY
+                store(blocks[0].rows, update(blocks[0], load(blocks[0].rows), mask))
+                return
+            word = view.blocks(local)
+            for block in blocks:
+                block_kind = lax.shift_right_logical(word, block.bit) & KIND_MASK
+                for kind_here, block_mask in ((TileKind.FULL, None), (TileKind.BOUNDARY, mask)):
+                    @pl.when(block_kind == kind_here)
+                    def _(block=block, block_mask=block_mask):
+                        store(block.rows, update(block, load(block.rows), block_mask))
 
     @pl.when(is_last)
     def finalize():
         # Rows that saw no allowed key (m still MASK_VALUE) are 0, never NaN.
         seen = m_scratch[...] > 0.5 * MASK_VALUE
-        inv = jnp.where(seen, 1.0 / jnp.where(seen, l_scratch[...], 1.0), 0.0)
-        o_ref[...] = (acc_scratch[...] * _lanes(inv, shape.head_dim)).astype(o_ref.dtype)
-
-
-def _lanes(x, width: int):
-    """A lane-replicated [rows, 128] array as [rows, width] (width a multiple of 128, or less)."""
-    if width <= LANES:
-        return x[:, :width]
-    return jnp.tile(x, (1, width // LANES))
+        l = (acc_scratch[:, shape.head_dim:shape.head_dim + LANES] if l_scratch is None
+             else l_scratch[...])
+        inv = jnp.where(seen, 1.0 / jnp.where(seen, l, 1.0), 0.0)
+        o_ref[...] = (acc_scratch[:, :shape.head_dim] * _lanes(inv, shape.head_dim)).astype(
+            o_ref.dtype)
 
 
 def _flat_attention(q, k, v, head_pattern, tables: PieceTables, boundary_masks, *, shape,
-                    interpret, sm_scale):
-    """q, k, v: [batch*heads, padded_seq_len, head_dim], each head in its pattern's order."""
+                    interpret):
+    """q, k, v: [batch*heads, padded_seq_len, head_dim], each head in its pattern's order,
+    q already scaled by sm_scale * log2(e)."""
     heads = int(head_pattern.shape[0])
     # Per head, where its pattern's pieces are: one SMEM read per lookup instead of two.
     head_first = jnp.asarray(tables.first_piece)[head_pattern]
@@ -301,18 +446,27 @@ def _flat_attention(q, k, v, head_pattern, tables: PieceTables, boundary_masks, 
     operands = (head_pattern, head_first, head_count) + tuple(
         jnp.asarray(t) for t in tables.piece_operands())
     single = tables.max_pieces if len(boundary_masks) == 1 else None
+    has_lengths, has_blocks = tables.lengths is not None, tables.blocks is not None
     kernel = functools.partial(
         _attention_kernel, shape=shape, heads=heads, num_tables=len(operands),
-        sm_scale=sm_scale, boundary_masks=tuple(boundary_masks), single=single,
+        boundary_masks=tuple(boundary_masks), single=single, has_lengths=has_lengths,
+        has_blocks=has_blocks,
     )
 
+    def view(head, table_refs):
+        return _TableView(table_refs, heads, head, single, has_lengths, has_blocks)
+
     def q_index_map(head, local, slot, *table_refs):
-        return head, _TableView(table_refs, heads, head, single).q_block(local), 0
+        return head, view(head, table_refs).q_block(local), 0
 
     def kv_index_map(head, local, slot, *table_refs):
-        return head, _TableView(table_refs, heads, head, single).kv_block(local, slot), 0
+        return head, view(head, table_refs).kv_block(local, slot), 0
 
     d = shape.head_dim
+    scratch = [pltpu.VMEM((shape.block_q, LANES), jnp.float32),
+               pltpu.VMEM((shape.block_q, shape.acc_width), jnp.float32)]
+    if not shape.row_sum_on_mxu:
+        scratch.append(pltpu.VMEM((shape.block_q, LANES), jnp.float32))
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=len(operands),
         grid=(q.shape[0], tables.max_pieces, tables.slots),
@@ -322,18 +476,15 @@ def _flat_attention(q, k, v, head_pattern, tables: PieceTables, boundary_masks, 
             pl.BlockSpec((None, shape.block_kv, d), kv_index_map),
         ],
         out_specs=pl.BlockSpec((None, shape.block_q, d), q_index_map),
-        scratch_shapes=[
-            pltpu.VMEM((shape.block_q, LANES), jnp.float32),
-            pltpu.VMEM((shape.block_q, LANES), jnp.float32),
-            pltpu.VMEM((shape.block_q, d), jnp.float32),
-        ],
+        scratch_shapes=scratch,
     )
     return pl.pallas_call(
         kernel,
         grid_spec=grid_spec,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary", "arbitrary")),
+            dimension_semantics=("parallel", "arbitrary", "arbitrary"),
+            vmem_limit_bytes=shape.vmem_limit_bytes),
         interpret=interpret,
         name="svgen_attention",  # the kernel's name in profiles and libtpu dumps
     )(*operands, q, k, v)
@@ -358,7 +509,7 @@ def make_attention(*, shape: KernelShape, patterns: Sequence[Pattern], slots: in
     order; the output has the shape and dtype of q. `head_pattern` (int [heads], may be traced)
     picks each head's pattern; it defaults to the spec's static assignment.
     """
-    tables = PieceTables.from_runs([p.runs for p in patterns], slots)
+    tables = PieceTables.from_runs([p.runs for p in patterns], slots, shape.compute_blocks)
     layouts: list[KernelLayout] = []
     for p in patterns:
         if p.layout not in layouts:
@@ -385,14 +536,16 @@ def make_attention(*, shape: KernelShape, patterns: Sequence[Pattern], slots: in
             sm_scale = 1.0 / math.sqrt(shape.head_dim)
         pad = shape.padded_seq_len - shape.seq_len
 
-        def to_kernel(x):
+        def to_kernel(x, scale=None):
+            if scale is not None:  # fused by XLA with the permutation and the padding
+                x = (x.astype(jnp.float32) * scale).astype(x.dtype)
             x = _per_head_layout(x, layouts, head_layout, to_kernel=True)
             x = x.reshape((-1,) + x.shape[-2:])
             return jnp.pad(x, ((0, 0), (0, pad), (0, 0))) if pad else x
 
         out = _flat_attention(
-            to_kernel(q), to_kernel(k), to_kernel(v), head_pattern, tables, boundary_masks,
-            shape=shape, interpret=interpret, sm_scale=float(sm_scale),
+            to_kernel(q, float(sm_scale) * LOG2_E), to_kernel(k), to_kernel(v), head_pattern,
+            tables, boundary_masks, shape=shape, interpret=interpret,
         )
         out = out[:, : shape.seq_len].reshape(lead + (shape.seq_len, shape.head_dim))
         return _per_head_layout(out, layouts, head_layout, to_kernel=False)

@@ -1,0 +1,363 @@
+"""`svgen cost`: a static model of a generated kernel's time on a TPU, from libtpu's schedule.
+
+The TPU TensorCore issues one VLIW bundle per cycle, in order. libtpu compiles the kernel for
+the target on this host (no TPU needed) and dumps its final schedule; `svgen.tpu_schedule`
+counts the bundles along each control-flow path of one grid step. The kernel's phases are
+`pl.when` branches in a fixed order (see `svgen.runtime.kernel`), inside the pipeline's
+per-step branch:
+
+    init, full, mixed[pattern 0], ..., mixed[pattern P-1], finalize
+
+and, inside each `mixed` branch of a kernel with several compute blocks per tile, one FULL and
+one BOUNDARY branch per compute block, row-major. Per path:
+
+    bookkeeping   a step with every body skipped (table reads, index maps, DMA issue/waits)
+    full          a FULL tile: bookkeeping + the unmasked body
+    mixed         a BOUNDARY tile: bookkeeping + its branch + per compute block, its kind's cost
+    init/finalize once per q tile
+
+The modelled time is the sum over the tables of every head of the cost of each step (read
+from the same tables the kernel walks) plus the pipeline's two extra iterations. It is a
+*static* model: no DMA stalls (a FULL step's K/V fetch hides under its compute), no clock
+measured (the target's assumed clock converts cycles to ms). Ratios between kernels compiled
+by the same toolchain are the reliable output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+
+import numpy as np
+
+from svgen.runtime.kinds import TileKind
+
+KERNEL_NAME = "svgen_attention"
+CACHE_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class PathCosts:
+    """Bundles of each path of one grid step (see the module docstring)."""
+
+    bookkeeping: int
+    full: int  # a FULL tile's step, bookkeeping included
+    mixed: tuple[int, ...]  # per pattern: a BOUNDARY tile's step with every block EMPTY
+    block: tuple[tuple[tuple[int, int], ...], ...]  # [pattern][block] = (FULL, BOUNDARY) extra
+    init: int
+    finalize: int
+    pipeline: int  # one of the two extra iterations (prologue / epilogue)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "PathCosts":
+        return cls(obj["bookkeeping"], obj["full"], tuple(obj["mixed"]),
+                   tuple(tuple(tuple(b) for b in p) for p in obj["block"]), obj["init"],
+                   obj["finalize"], obj["pipeline"])
+
+    def tile_cost(self, pattern: int, kind: int, word: int) -> int:
+        """Bundles of one grid step on a tile of this kind (and blocks word)."""
+        if kind == TileKind.FULL:
+            return self.full
+        if kind == TileKind.EMPTY:
+            return self.bookkeeping
+        blocks = self.block[pattern]
+        if len(blocks) == 1 and word == 0:  # one compute block per tile: BOUNDARY
+            return self.mixed[pattern] + blocks[0][1]
+        cost = self.mixed[pattern]
+        for index, (full, boundary) in enumerate(blocks):
+            block_kind = (word >> (2 * index)) & 3
+            cost += full if block_kind == TileKind.FULL else (
+                boundary if block_kind == TileKind.BOUNDARY else 0)
+        return cost
+
+
+def read_paths(schedule, patterns: int, compute_blocks: int) -> PathCosts:
+    """Map the kernel's branches onto its phases (order checked against their contents)."""
+    loop_branches = schedule.branches_in_loop()
+    stage = min(b.depth for b in loop_branches)
+    top = [b for b in loop_branches if b.depth == stage + 1]
+    expected = 2 + patterns + 1
+    if len(top) != expected:
+        raise RuntimeError(f"expected {expected} phases in the kernel's schedule, found "
+                           f"{len(top)}: the kernel and the cost model disagree")
+    init, full, *mixed, finalize = top
+    if not full.mix.get("vmatmul") or any(not m.mix.get("vmatmul") for m in mixed):
+        raise RuntimeError("the FULL / BOUNDARY phases of the schedule do no matmul")
+    phases = {b.address for b in top}
+    cost = schedule.path_cost
+
+    def only(*run):  # a step where the given phases run and every other phase is skipped
+        return cost(phases - {b.address for b in run})
+
+    bookkeeping = only()
+    per_pattern_blocks = []
+    mixed_base = []
+    for m in mixed:
+        inner = [b for b in loop_branches if b.depth == stage + 2 and m.skipped.start
+                 <= b.address < m.skipped.stop]
+        if compute_blocks == 1 or not inner:
+            mixed_base.append(bookkeeping)
+            per_pattern_blocks.append(((0, only(m) - bookkeeping),))
+            continue
+        if len(inner) != 2 * compute_blocks:
+            raise RuntimeError(f"expected {2 * compute_blocks} compute-block branches in a "
+                               f"BOUNDARY tile, found {len(inner)}")
+        addresses = {b.address for b in inner}
+        base = cost(phases - {m.address} | addresses)
+        mixed_base.append(base)
+        blocks = []
+        for index in range(compute_blocks):
+            f, b = inner[2 * index], inner[2 * index + 1]
+            blocks.append((cost(phases - {m.address} | (addresses - {f.address})) - base,
+                           cost(phases - {m.address} | (addresses - {b.address})) - base))
+        per_pattern_blocks.append(tuple(blocks))
+    stage_branch = [b for b in loop_branches if b.depth == stage]
+    pipeline = cost({b.address for b in stage_branch}) if stage_branch else bookkeeping
+    return PathCosts(bookkeeping, only(full), tuple(mixed_base), tuple(per_pattern_blocks),
+                     only(init) - bookkeeping, only(finalize) - bookkeeping, pipeline)
+
+
+@dataclasses.dataclass(frozen=True)
+class CostReport:
+    target: str
+    clock_ghz: float
+    paths: PathCosts
+    steps: dict  # per kind over all heads: {"full": n, "mixed": n, "empty": n, "skipped": n}
+    cycles: int
+    cycles_by_path: dict
+    dense_cycles: int | None
+    vmem_bytes: int
+    smem_bytes: int
+    heads: int
+
+    @property
+    def ms(self) -> float:
+        return self.cycles / (self.clock_ghz * 1e6)
+
+    def to_json(self) -> dict:
+        return {
+            "target": self.target,
+            "clock_ghz": self.clock_ghz,
+            "cycles": self.cycles,
+            "ms": self.ms,
+            "paths": self.paths.to_json(),
+            "steps": self.steps,
+            "cycles_by_path": self.cycles_by_path,
+            "dense_cycles": self.dense_cycles,
+            "dense_ms": None if self.dense_cycles is None else
+            self.dense_cycles / (self.clock_ghz * 1e6),
+            "vmem_bytes": self.vmem_bytes,
+            "smem_bytes": self.smem_bytes,
+            "heads": self.heads,
+            "model": "static: libtpu's bundle schedule, no DMA stalls, clock assumed",
+        }
+
+
+def model_cycles(paths: PathCosts, tables, head_pattern) -> tuple[int, dict, dict]:
+    """Cycles of one call over all heads, walking each head's tables as the kernel does."""
+    from svgen.runtime.kernel import KIND_MASK, Q_BLOCK_SHIFT
+
+    steps = {"full": 0, "mixed": 0, "empty": 0, "skipped": 0}
+    by_path = {"bookkeeping": 0, "full": 0, "mixed": 0, "empty": 0, "skipped": 0,
+               "init_finalize": 0, "pipeline": 2 * paths.pipeline}
+    grid_steps = tables.max_pieces * tables.slots
+    for pattern in np.asarray(head_pattern).tolist():
+        first, count = int(tables.first_piece[pattern]), int(tables.num_pieces[pattern])
+        entries = tables.entries[first:first + count].astype(np.int64) & 0xFFFFFFFF
+        lengths = (np.ones(count, np.int64) if tables.lengths is None else
+                   tables.lengths[first:first + count].astype(np.int64))
+        words = (np.zeros(count, np.int64) if tables.blocks is None else
+                 tables.blocks[first:first + count].astype(np.int64) & (
+                     (1 << (8 * tables.blocks.itemsize)) - 1))
+        kinds = entries & KIND_MASK
+        q_tiles = len(np.unique(entries >> Q_BLOCK_SHIFT))
+        for kind, word, length in _grouped(kinds, words, lengths):
+            step = paths.tile_cost(pattern, kind, word)
+            name = {TileKind.FULL: "full", TileKind.BOUNDARY: "mixed",
+                    TileKind.EMPTY: "empty"}[TileKind(kind)]
+            steps[name] += length
+            by_path[name] += length * step
+        work = int(lengths.sum())
+        skipped = grid_steps - work
+        steps["skipped"] += skipped
+        by_path["skipped"] += skipped * paths.bookkeeping
+        by_path["init_finalize"] += q_tiles * (paths.init + paths.finalize)
+    total = sum(by_path.values())
+    return total, steps, by_path
+
+
+def _grouped(kinds, words, lengths):
+    """(kind, word, total length) for each distinct (kind, word): few distinct words."""
+    key = kinds * (1 << 40) + words
+    uniq, inverse = np.unique(key, return_inverse=True)
+    totals = np.bincount(inverse, weights=lengths).astype(np.int64)
+    for k, total in zip(uniq.tolist(), totals.tolist()):
+        yield k >> 40, k & ((1 << 40) - 1), total
+
+
+# ----------------------------------------------------------------------------- compiling
+def _cache_dir() -> pathlib.Path:
+    base = os.environ.get("SVGEN_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "svgen")
+    return pathlib.Path(base) / "cost"
+
+
+def _cache_key(target: str, shape, patterns_key: str, slots: int, tables_shape: tuple,
+               dtype: str) -> str:
+    import jax
+    import jaxlib
+
+    from svgen.runtime import kernel
+    kernel_source = pathlib.Path(kernel.__file__).read_bytes()
+    text = json.dumps([CACHE_VERSION, target, dataclasses.asdict(shape), patterns_key, slots,
+                       list(tables_shape), dtype, jax.__version__, jaxlib.__version__,
+                       hashlib.sha256(kernel_source).hexdigest()], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def measure_paths(module, target: str, *, use_cache: bool = True,
+                  progress=None) -> PathCosts:
+    """Compile the generated module's kernel for `target` and read its per-path costs.
+
+    Cached on disk by everything the schedule depends on (kernel source, shapes, the masks'
+    code, table dtypes, jax version): a spec costs one compile the first time, none after.
+    """
+    import inspect
+
+    tables = module.attention.tables
+    masks = "\n".join(inspect.getsource(p.boundary_mask) for p in module._PATTERNS)
+    key = _cache_key(target, module.SHAPE, masks, tables.slots,
+                     tuple(str(t.dtype) for t in tables.piece_operands()), module.DTYPE)
+    path = _cache_dir() / f"{key}.json"
+    if use_cache and path.exists():
+        return PathCosts.from_json(json.loads(path.read_text()))
+    if progress:
+        progress(f"compiling {module.__name__} for {target} (libtpu)")
+    schedule = _compile(module, target)
+    paths = read_paths(schedule, len(module._PATTERNS), module.SHAPE.compute_blocks)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(paths.to_json()))
+    tmp.replace(path)
+    return paths
+
+
+def _compile(module, target: str):
+    import jax
+    import jax.numpy as jnp
+
+    from svgen import tpu_schedule
+    sharding = tpu_schedule.tpu_sharding(target)
+    arg = jax.ShapeDtypeStruct((module.HEADS, module.SEQ_LEN, module.HEAD_DIM),
+                               jnp.dtype(module.DTYPE), sharding=sharding)
+    head_pattern = jax.ShapeDtypeStruct((module.HEADS,), jnp.int32, sharding=sharding)
+
+    def run(q, k, v, hp):
+        return module.attention(q, k, v, head_pattern=hp)
+
+    return tpu_schedule.compile_and_dump(run, arg, arg, arg, head_pattern,
+                                         kernel_name=KERNEL_NAME, target=target)
+
+
+
+# ----------------------------------------------------------------------------- a spec
+def model_head_pattern(plan) -> list[int]:
+    """The static assignment; for run-time specs, candidates in turn (an assumption: the
+    report says so)."""
+    if plan.assign is not None:
+        return list(plan.assign)
+    return [h % len(plan.patterns) for h in range(plan.spec.attention.heads)]
+
+
+def dense_cycles(paths: PathCosts, plan) -> int:
+    """The same kernel's paths on a mask that keeps every pair (pattern 0's BOUNDARY costs
+    for the compute blocks that hold padding keys)."""
+    from svgen.analysis.tables import build_runs, kernel_tiles
+    from svgen.runtime.kernel import PieceTables
+
+    compute = plan.patterns[0].compute_grid
+    full = np.full((compute.num_q_blocks, compute.num_kv_blocks), TileKind.FULL, np.int8)
+    runs = build_runs(*kernel_tiles(full, plan.grid, compute), plan.grid)
+    tables = PieceTables.from_runs([runs], 1, plan.spec.tiling.compute_blocks)
+    heads = plan.spec.attention.heads
+    total, _, _ = model_cycles(paths, tables, [0] * heads)
+    return total
+
+
+def cost_plan(plan, spec_path: str, *, use_cache: bool = True, progress=None) -> CostReport:
+    """Render the plan's module, compile its kernel for the plan's target, model one call."""
+    import importlib.util
+    import sys
+    import tempfile
+
+    from svgen import codegen
+
+    with tempfile.TemporaryDirectory(prefix="svgen_cost_") as tmp:
+        for filename, data in codegen.render(plan, spec_path).items():
+            (pathlib.Path(tmp) / filename).write_bytes(data)
+        name = f"_svgen_cost_{plan.spec.name}"
+        module_spec = importlib.util.spec_from_file_location(
+            name, pathlib.Path(tmp) / codegen.module_filename(plan.spec.name))
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        try:
+            module_spec.loader.exec_module(module)
+            paths = measure_paths(module, plan.target.name, use_cache=use_cache,
+                                  progress=progress)
+        finally:
+            sys.modules.pop(name, None)
+    head_pattern = model_head_pattern(plan)
+    cycles, steps, by_path = model_cycles(paths, plan.tables, head_pattern)
+    return CostReport(plan.target.name, plan.target.clock_ghz, paths, steps, cycles, by_path,
+                      dense_cycles(paths, plan), plan.vmem.total, plan.table_bytes,
+                      len(head_pattern))
+
+
+def format_report(report: CostReport, plan) -> list[str]:
+    p, t = report.paths, plan.spec.tiling
+    per_tile = t.block_q * t.block_kv / (512 * 512)
+    per_block = t.cq * t.ckv / (512 * 512)
+    lines = [
+        f"{plan.spec.name}: static cost model on {report.target} (libtpu's schedule; no DMA "
+        f"stalls; clock {report.clock_ghz} GHz assumed)",
+        f"  tiles {t.block_q} x {t.block_kv}, compute blocks {t.cq} x {t.ckv}; "
+        f"VMEM {report.vmem_bytes / 2**20:.1f} MiB, SMEM tables {report.smem_bytes:,} B",
+        "  bundles per grid step (per 512x512-equivalent in brackets):",
+        f"    bookkeeping (skipped step) {p.bookkeeping}",
+        f"    FULL tile                  {p.full} ({(p.full - p.bookkeeping) / per_tile:.0f} "
+        f"body + {p.bookkeeping / per_tile:.0f} bookkeeping)",
+    ]
+    for index, pattern in enumerate(plan.patterns):
+        blocks = p.block[index]
+        full_blocks = [f for f, _ in blocks if f]
+        boundary_blocks = [b for _, b in blocks]
+        label = "" if len(plan.patterns) == 1 else f" [{pattern.name}]"
+        lines.append(
+            f"    BOUNDARY tile{label}: {p.mixed[index] - p.bookkeeping} branch overhead; per "
+            f"compute block FULL {_mean(full_blocks)} ({_mean(full_blocks) / per_block:.0f}), "
+            f"BOUNDARY {_mean(boundary_blocks)} ({_mean(boundary_blocks) / per_block:.0f})")
+    lines.append(f"    init {p.init}, finalize {p.finalize} (per q tile)")
+    steps = report.steps
+    lines.append(f"  steps over {report.heads} heads: {steps['full']:,} FULL, "
+                 f"{steps['mixed']:,} BOUNDARY, {steps['empty']:,} zero-fill, "
+                 f"{steps['skipped']:,} skipped")
+    share = {k: v / report.cycles for k, v in report.cycles_by_path.items() if v}
+    lines.append("  time by path: " + ", ".join(f"{k} {v:.1%}" for k, v in share.items()))
+    if plan.assign is None:
+        lines.append("  heads: assigned at run time; modelled with the candidates in turn")
+    lines.append(f"  modelled: {report.cycles:,} cycles = {report.ms:.2f} ms per call")
+    if report.dense_cycles:
+        lines.append(f"  the same kernel on a dense mask: {report.dense_cycles:,} cycles = "
+                     f"{report.dense_cycles / (report.clock_ghz * 1e6):.2f} ms "
+                     f"({report.dense_cycles / report.cycles:.2f}x this kernel's time)")
+    return lines
+
+
+def _mean(values) -> int:
+    return int(round(sum(values) / len(values))) if values else 0
