@@ -70,3 +70,49 @@ def test_profile_compiles_for_v6e():
 
     compiled = jax.jit(pick_then_attend).lower(arg, arg, arg, key).compile()
     assert "tpu_custom_call" in compiled.as_text()
+
+
+# Per target: tilings (block_q, block_kv, compute_q, compute_kv) from small to past the VMEM.
+BIG_TILINGS = {
+    "v6e": [(2048, 2048, 2048, 2048), (3328, 2816, 3328, 2816), (2048, 4096, 1024, 512),
+            (4096, 4096, 4096, 4096)],
+    "v5e": [(2048, 4096, 1024, 512), (4096, 4096, 4096, 4096)],
+    "v7x": [(2048, 2048, 2048, 2048), (3328, 2816, 3328, 2816)],
+}
+
+
+@functools.lru_cache(maxsize=None)
+def target_device(topology: str):
+    return topologies.get_topology_desc(platform="tpu", topology_name=topology).devices[0]
+
+
+@pytest.mark.parametrize("target", sorted(BIG_TILINGS))
+def test_every_tiling_the_compiler_accepts_compiles_for_its_target(target, tmp_path):
+    """`svgen compile --target T` accepts a tiling only if libtpu compiles it for T (at the
+    VMEM limit the generated module asks for); the rest are refused with the VMEM error."""
+    import re
+
+    from conftest import compile_spec_text
+    from svgen.errors import SpecError
+    from svgen.targets import TARGETS
+
+    base = (REPO / "specs" / "wan21_720p_band.yaml").read_text()
+    outcomes = []
+    for n, (bq, bkv, cq, ckv) in enumerate(BIG_TILINGS[target]):
+        text = re.sub(r"^tiling:.*$", f"tiling: {{block_q: {bq}, block_kv: {bkv}, "
+                      f"compute_q: {cq}, compute_kv: {ckv}}}", base, flags=re.M)
+        try:
+            _, module = compile_spec_text(text, tmp_path / str(n), target_name=target)
+        except SpecError as err:
+            assert "of VMEM" in str(err) and f"on {target}" in str(err)
+            outcomes.append("refused")
+            continue
+        assert module.TARGET == target
+        device = target_device(TARGETS[target].topology)
+        sharding = jax.sharding.SingleDeviceSharding(device)
+        arg = jax.ShapeDtypeStruct((module.HEADS, module.SEQ_LEN, module.HEAD_DIM),
+                                   jnp.bfloat16, sharding=sharding)
+        compiled = jax.jit(lambda q, k, v: module.attention(q, k, v)).lower(arg, arg, arg).compile()
+        assert "tpu_custom_call" in compiled.as_text()
+        outcomes.append("compiled")
+    assert outcomes[0] == "compiled" and outcomes[-1] == "refused"  # the list spans the limit

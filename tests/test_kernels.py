@@ -20,8 +20,11 @@ POISONED = pltpu.InterpretParams(uninitialized_memory="nan")
 SMALL_GEOMETRY = {"frames": 5, "height": 4, "width": 26}  # 520 video tokens: not a tile multiple
 
 
-def scaled_spec_text(path, text_tokens=None, heads=2) -> str:
-    """The same pattern at SMALL_GEOMETRY, `heads` heads, 128 x 128 tiles."""
+TWO_LEVEL = {"block_q": 256, "block_kv": 512, "compute_q": 128, "compute_kv": 128}
+
+
+def scaled_spec_text(path, text_tokens=None, heads=2, tiling=None) -> str:
+    """The same pattern at SMALL_GEOMETRY, `heads` heads, 128 x 128 tiles (or `tiling`)."""
     spec = yaml.safe_load(path.read_text())
     full = spec["geometry"]
     full_video = full["frames"] * full["height"] * full["width"]
@@ -31,7 +34,7 @@ def scaled_spec_text(path, text_tokens=None, heads=2) -> str:
         small["text_tokens"] = 40 if text_tokens is None else text_tokens
     spec["geometry"] = small
     spec["attention"] = dict(spec["attention"], heads=heads)
-    spec["tiling"] = {"block_q": 128, "block_kv": 128}
+    spec["tiling"] = tiling or {"block_q": 128, "block_kv": 128}
 
     def scale(node):
         if isinstance(node, dict):
@@ -85,6 +88,35 @@ def test_shipped_spec_scaled_down(spec_path, dtype, compile_text):
     head_pattern = np.arange(2) % len(plan.patterns)  # every pattern on some head
     out = module.attention(q, k, v, head_pattern=head_pattern, interpret=POISONED)
     check_per_head(plan, out, q, k, v, head_pattern, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("spec_path", SPECS, ids=lambda p: p.stem)
+def test_shipped_spec_two_level_tiles(spec_path, dtype, compile_text):
+    """256 x 512 tiles of 128 x 128 compute blocks: BOUNDARY tiles run each compute block by
+    its own kind (FULL unmasked, BOUNDARY masked, EMPTY skipped), padding blocks included."""
+    plan, module = compile_text(scaled_spec_text(spec_path, tiling=TWO_LEVEL))
+    words = np.concatenate([p.table.runs[:, 4] for p in plan.patterns])
+    kinds_in_words = {(int(w) >> (2 * b)) & 3 for w in words for b in range(8)}
+    assert {0, 1} <= kinds_in_words  # mixed tiles with BOUNDARY and EMPTY compute blocks
+    q, k, v = mixed_inputs(plan, dtype, seed=zlib.crc32(spec_path.stem.encode()) + 1, heads=2)
+    head_pattern = np.arange(2) % len(plan.patterns)
+    out = module.attention(q, k, v, head_pattern=head_pattern, interpret=POISONED)
+    check_per_head(plan, out, q, k, v, head_pattern, dtype)
+
+
+def test_two_level_tiles_with_multi_tile_pieces(compile_text):
+    text = """
+svgen: 1
+name: long_runs_two_level
+geometry: {frames: 12, height: 4, width: 32}
+attention: {heads: 2, head_dim: 64, dtype: float32}
+mask: {any_of: [{first_frame: {frames: 4}}, {spatial_window: {frames: 3}}]}
+tiling: {block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}
+"""
+    plan, module = compile_text(text, smem_budget=140)
+    assert plan.tables.slots > 1 and plan.tables.blocks is not None
+    run_and_compare(plan, module, "float32", seed=12)
 
 
 def test_rows_without_keys_are_zero_and_batch_dims_work(compile_text):

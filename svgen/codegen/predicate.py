@@ -16,7 +16,7 @@ import sympy
 
 from svgen import ir
 from svgen.analysis.bounds import integer_bounds
-from svgen.expr import FloorDiv, FloorMod
+from svgen.expr import SYMBOLS, FloorDiv, FloorMod
 from svgen.layout import SequenceLayout
 
 _COORD = {"f": "frame", "h": "row", "w": "col", "i": "index"}
@@ -74,8 +74,14 @@ class _Emitter:
             self.lines.append(f"{name} = jnp.{fill}(k_pos, dtype=jnp.bool_)")
         else:
             self.lines.append(f"# {node.describe()}")
-            self.lines.append(f"{name} = {_strip(self.boolean(node.predicate()))}")
+            self.lines.append(f"{name} = {_strip(self.boolean(self._specialize(node.predicate())))}")
         return name
+
+    def _specialize(self, predicate):
+        """Drop the text tests of a geometry without text: each is a full-tile VALU op."""
+        if self.layout.text_tokens:
+            return predicate
+        return predicate.subs({SYMBOLS["is_text_q"]: 0, SYMBOLS["is_text_k"]: 0})
 
     # -- sympy printing: every returned string is atomic or parenthesized ----------------
 
@@ -93,12 +99,27 @@ class _Emitter:
             text = self._is_text_test(e)
             if text is not None:
                 return text
+        within = self._abs_within(e)
+        if within is not None:
+            return within
         ops = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=",
                sympy.Gt: ">", sympy.Ge: ">="}
         for cls, op in ops.items():
             if isinstance(e, cls):
                 return f"({_strip(self.integer(e.args[0]))} {op} {_strip(self.integer(e.args[1]))})"
         raise TypeError(f"cannot print boolean {e}")
+
+    def _abs_within(self, e):
+        """|x| <= c as one unsigned compare of x + c against 2c (runtime.coords.within):
+        two full-tile VALU ops instead of four; the constant joins the narrow operand."""
+        if isinstance(e, sympy.Ge):
+            e = sympy.Le(e.args[1], e.args[0], evaluate=False)
+        if not (isinstance(e, sympy.Le) and isinstance(e.args[0], sympy.Abs)
+                and isinstance(e.args[1], sympy.Integer) and int(e.args[1]) >= 0):
+            return None
+        bound = int(e.args[1])
+        shifted = _strip(self.integer(sympy.Add(e.args[0].args[0], bound)))
+        return f"coords.within({shifted}, {2 * bound})"
 
     def _is_text_test(self, e):
         """is_text_x == 0/1 printed as the boolean itself."""

@@ -175,3 +175,10 @@ class TokenCoords:
         frame, place = self._frame_place
         nominal = lay.video_start + place * lay.frames + frame
         return nominal if lay.text_tokens == 0 else jnp.where(self.is_text, self.pos, nominal)
+
+
+def within(shifted, width: int):
+    """0 <= shifted <= width, i.e. |x| <= width / 2 for shifted = x + width / 2: one unsigned
+    compare (a negative value wraps above any width), two VALU ops per vreg less than
+    abs and a signed compare."""
+    return lax.bitcast_convert_type(shifted, jnp.uint32) <= jnp.uint32(width)

@@ -1,0 +1,106 @@
+"""One table: svgen's kernels at several tilings against dense Splash, in one static model.
+
+    .venv/bin/python bench/kernel_cost.py [--quick]
+
+Every kernel is AOT-compiled for TPU v6e by libtpu on this host and costed from its final
+schedule (`svgen cost` for svgen, `bench/splash_cost.py` for dense Splash at its best blocks,
+2048/2048/512): the same toolchain, the same counting. Ratios are the result; milliseconds
+assume the clock in `svgen.targets` (static model: no DMA stalls).
+
+Cases: the blog configuration (band 0.35 + the first 3,600 keys, 75,600 tokens, 10 heads,
+head_dim 128, bf16), the Wan 2.1 spatial and temporal heads (the temporal head in both token
+orders) and the mixed spec (5 spatial + 5 temporal-major heads). For each, svgen at the
+tilings below; "dense kernel" is svgen's own kernel on a mask that keeps every pair.
+The shipped specs' tilings were chosen from this table (the fastest per spec).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO))
+
+from svgen import tpu_schedule  # noqa: E402
+
+tpu_schedule.ensure_dump_flags()  # before anything starts libtpu
+
+import yaml  # noqa: E402
+
+from splash_cost import dense_splash_cost  # noqa: E402
+from svgen import cost  # noqa: E402
+from svgen.analysis import analyze  # noqa: E402
+from svgen.errors import SpecError  # noqa: E402
+from svgen.spec import parse_spec  # noqa: E402
+
+TILINGS = {
+    "512²": {"block_q": 512, "block_kv": 512},
+    "1024²": {"block_q": 1024, "block_kv": 1024},
+    "1024x2048 / 1024x512": {"block_q": 1024, "block_kv": 2048, "compute_kv": 512},
+    "2048² / 1024x512": {"block_q": 2048, "block_kv": 2048, "compute_q": 1024,
+                         "compute_kv": 512},
+    "2048x4096 / 1024x512": {"block_q": 2048, "block_kv": 4096, "compute_q": 1024,
+                             "compute_kv": 512},
+}
+QUICK = ("1024²", "2048² / 1024x512")
+CASES = [
+    ("blog: band 0.35 + first frame", "wan21_720p_band.yaml", {}),
+    ("Wan spatial", "wan21_720p_spatial.yaml", {}),
+    ("Wan temporal, frame-major", "wan21_720p_temporal.yaml", {}),
+    ("Wan temporal, temporal-major", "wan21_720p_temporal.yaml", {"layout": "temporal_major"}),
+    ("Wan mixed (5 + 5 heads)", "wan21_720p_mixed.yaml", {}),
+]
+
+
+def spec_text(filename: str, tiling: dict, overrides: dict) -> str:
+    spec = yaml.safe_load((REPO / "specs" / filename).read_text())
+    spec.update(overrides)
+    spec["tiling"] = tiling
+    return yaml.safe_dump(spec, sort_keys=False)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
+    args = parser.parse_args()
+    tilings = {k: v for k, v in TILINGS.items() if not args.quick or k in QUICK}
+    splash = dense_splash_cost(seq_len=75_600, heads=10, head_dim=128)
+    print(f"dense Splash (2048/2048/512): {splash['cycles']:,} cycles = {splash['ms']:.1f} ms "
+          f"(static model, v6e at {splash['clock_ghz']} GHz)\n")
+    header = ("| case | tiles / compute blocks | FULL per 512² | BOUNDARY / FULL | "
+              "book-keeping share | steps (FULL / BOUNDARY / skipped) | ms | vs dense Splash "
+              "| vs own dense |")
+    print(header)
+    print("|" + "---|" * 9)
+    for label, filename, overrides in CASES:
+        for tiling_name, tiling in tilings.items():
+            row = _row(label, filename, overrides, tiling_name, tiling, splash["cycles"])
+            print(row, flush=True)
+
+
+def _row(label, filename, overrides, tiling_name, tiling, splash_cycles) -> str:
+    text = spec_text(filename, tiling, overrides)
+    try:
+        plan = analyze(parse_spec(text, source=filename))
+    except SpecError as err:
+        return f"| {label} | {tiling_name} | refused: {err} | | | | | | |"
+    report = cost.cost_plan(plan, f"specs/{filename}")
+    p, t = report.paths, plan.spec.tiling
+    per_tile = t.block_q * t.block_kv / (512 * 512)
+    full = (p.full - p.bookkeeping) / per_tile
+    boundary = [b for blocks in p.block for _, b in blocks]
+    full_block = (p.full - p.bookkeeping) / t.compute_blocks
+    ratio = (sum(boundary) / len(boundary)) / full_block
+    busy = report.cycles - report.cycles_by_path["skipped"]
+    book = (report.steps["full"] + report.steps["mixed"]) * p.bookkeeping / busy
+    s = report.steps
+    return (f"| {label} | {tiling_name} | {full:.0f} | {ratio:.2f} | {book:.1%} | "
+            f"{s['full']:,} / {s['mixed']:,} / {s['skipped']:,} | {report.ms:.1f} | "
+            f"{splash_cycles / report.cycles:.2f}x | {report.dense_cycles / report.cycles:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

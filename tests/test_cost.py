@@ -1,0 +1,73 @@
+"""`svgen cost`: per-path bundles from libtpu's schedule, and a model that adds up.
+
+The command runs in a subprocess: libtpu must get its dump flags before it starts, and other
+tests in this process start it without them.
+"""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+
+from svgen.cost import PathCosts, model_cycles
+from svgen.runtime.kernel import PieceTables
+from svgen.runtime.kinds import TileKind
+
+SMALL = """svgen: 1
+name: small_cost
+geometry: {frames: 4, height: 8, width: 40}
+attention: {heads: 2, head_dim: 128, dtype: bfloat16}
+mask:
+  any_of:
+    - first_frame: {frames: 1}
+    - spatial_window: {frames: 1}
+tiling: {block_q: 256, block_kv: 512, compute_q: 128, compute_kv: 256}
+"""
+
+
+def test_cost_json_on_a_small_spec(tmp_path):
+    (tmp_path / "small.yaml").write_text(SMALL)
+    env_cache = {"SVGEN_CACHE_DIR": str(tmp_path / "cache")}
+    result = subprocess.run([sys.executable, "-m", "svgen.cli", "cost", "small.yaml", "--json"],
+                            cwd=tmp_path, capture_output=True, text=True,
+                            env={**__import__("os").environ, **env_cache})
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    for key in ("target", "cycles", "ms", "clock_ghz", "paths", "steps", "dense_cycles",
+                "vmem_bytes", "smem_bytes"):
+        assert key in report
+    assert report["target"] == "v6e" and "static" in report["model"]
+    paths = report["paths"]
+    assert 0 < paths["bookkeeping"] < paths["full"]
+    assert paths["init"] > 0 and paths["finalize"] > 0 and paths["pipeline"] > 0
+    # 2 x 2 compute blocks per tile: a FULL and a BOUNDARY cost for each, all positive.
+    assert len(paths["block"][0]) == 4
+    assert all(full > 0 and boundary > full for full, boundary in paths["block"][0])
+    by_path = report["cycles_by_path"]
+    assert report["cycles"] == sum(by_path.values())
+    assert by_path["full"] == report["steps"]["full"] * paths["full"]
+    assert report["ms"] == report["cycles"] / (report["clock_ghz"] * 1e6)
+    assert report["dense_cycles"] > report["cycles"]  # the mask skips work
+    # A second run reads the cached per-path costs: no compile, the same numbers.
+    again = subprocess.run([sys.executable, "-m", "svgen.cli", "cost", "small.yaml", "--json"],
+                           cwd=tmp_path, capture_output=True, text=True,
+                           env={**__import__("os").environ, **env_cache})
+    assert json.loads(again.stdout)["cycles"] == report["cycles"]
+
+
+def test_model_walks_each_heads_tables():
+    """Steps and cycles come from the tables the kernel walks: FULL tiles at the FULL cost,
+    BOUNDARY tiles at their overhead plus each compute block's kind's cost."""
+    paths = PathCosts(bookkeeping=10, full=100, mixed=(20,), block=((30, 50), (31, 51)),
+                      init=5, finalize=7, pipeline=3)
+    f, b = TileKind.FULL, TileKind.BOUNDARY
+    word = int(b) | (int(f) << 2)  # block 0 BOUNDARY, block 1 FULL
+    runs = np.array([[0, 0, 2, f, 0], [0, 2, 1, b, word], [1, 0, 1, b, int(b)]])
+    tables = PieceTables.from_runs([runs], 1, compute_blocks=2)
+    cycles, steps, by_path = model_cycles(paths, tables, [0, 0, 0])
+    assert steps == {"full": 6, "mixed": 6, "empty": 0, "skipped": 0}
+    assert by_path["full"] == 6 * 100
+    assert by_path["mixed"] == 3 * ((20 + 50 + 31) + (20 + 50))
+    assert by_path["init_finalize"] == 3 * 2 * (5 + 7)
+    assert cycles == sum(by_path.values())
