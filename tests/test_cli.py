@@ -195,3 +195,29 @@ def test_over_smem_budget_exits_2_and_writes_nothing(project):
     assert "bytes of scalar-prefetch tables at 128 x 128 tiles, over the SMEM budget of 30" \
         in result.stderr
     assert not (project / "generated").exists()
+
+
+def test_over_vmem_exits_2_and_writes_nothing(project):
+    """A tiling whose kernel cannot fit the target's VMEM is refused before any analysis."""
+    big = GOOD.replace("tiling: {block_q: 128, block_kv: 128}",
+                       "tiling: {block_q: 4096, block_kv: 4096}")
+    (project / "specs" / "tiny.yaml").write_text(big)
+    result = run_cli(["compile", "specs/tiny.yaml"], project)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    err = result.stderr
+    assert "tiny.yaml: tiling: the kernel needs" in err
+    assert "MiB of VMEM at 4096 x 4096 tiles with 4096 x 4096 compute blocks" in err
+    assert "over the 120 MiB a kernel may use on v6e" in err and "would fit" in err
+    assert not (project / "generated").exists()
+    # The suggested tiling is accepted.
+    hint = err[err.index("tiling {"):err.index("} would fit") + 1][len("tiling "):]
+    (project / "specs" / "tiny.yaml").write_text(big.replace(
+        "tiling: {block_q: 4096, block_kv: 4096}", f"tiling: {hint}"))
+    assert run_cli(["compile", "specs/tiny.yaml"], project).returncode == 0
+    # v7x has half the VMEM per TensorCore: a tiling v6e takes can be over there.
+    mid = GOOD.replace("tiling: {block_q: 128, block_kv: 128}",
+                       "tiling: {block_q: 2048, block_kv: 4096}")
+    (project / "specs" / "tiny.yaml").write_text(mid)
+    assert run_cli(["compile", "--check", "specs/tiny.yaml"], project).returncode == 1  # stale
+    result = run_cli(["compile", "--target", "v7x", "specs/tiny.yaml"], project)
+    assert result.returncode == 2 and "on v7x" in result.stderr

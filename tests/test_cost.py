@@ -16,12 +16,12 @@ from svgen.runtime.kinds import TileKind
 
 SMALL = """svgen: 1
 name: small_cost
-geometry: {frames: 4, height: 8, width: 40}
+geometry: {frames: 8, height: 8, width: 40}
 attention: {heads: 2, head_dim: 128, dtype: bfloat16}
 mask:
   any_of:
     - first_frame: {frames: 1}
-    - spatial_window: {frames: 1}
+    - spatial_window: {frames: 0}
 tiling: {block_q: 256, block_kv: 512, compute_q: 128, compute_kv: 256}
 """
 
@@ -59,7 +59,7 @@ def test_cost_json_on_a_small_spec(tmp_path):
 def test_model_walks_each_heads_tables():
     """Steps and cycles come from the tables the kernel walks: FULL tiles at the FULL cost,
     BOUNDARY tiles at their overhead plus each compute block's kind's cost."""
-    paths = PathCosts(bookkeeping=10, full=100, mixed=(20,), block=((30, 50), (31, 51)),
+    paths = PathCosts(bookkeeping=10, full=100, mixed=(20,), block=(((30, 50), (31, 51)),),
                       init=5, finalize=7, pipeline=3)
     f, b = TileKind.FULL, TileKind.BOUNDARY
     word = int(b) | (int(f) << 2)  # block 0 BOUNDARY, block 1 FULL

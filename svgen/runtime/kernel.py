@@ -66,6 +66,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from svgen.runtime.coords import KernelLayout
 from svgen.runtime.kinds import TileKind
+from svgen.runtime.vmem import kernel_vmem
 
 Q_BLOCK_SHIFT = 17
 KV_BLOCK_SHIFT = 2
@@ -435,6 +436,15 @@ def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int,
             o_ref.dtype)
 
 
+def _vmem_limit(shape: KernelShape, dtype) -> int | None:
+    """The module's limit (for its spec's dtype), raised when called with a wider dtype."""
+    if shape.vmem_limit_bytes is None:
+        return None
+    need = kernel_vmem(shape.block_q, shape.block_kv, shape.cq, shape.ckv, shape.head_dim,
+                       jnp.dtype(dtype).name)
+    return max(shape.vmem_limit_bytes, need.limit())
+
+
 def _flat_attention(q, k, v, head_pattern, tables: PieceTables, boundary_masks, *, shape,
                     interpret):
     """q, k, v: [batch*heads, padded_seq_len, head_dim], each head in its pattern's order,
@@ -484,7 +494,7 @@ def _flat_attention(q, k, v, head_pattern, tables: PieceTables, boundary_masks, 
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
-            vmem_limit_bytes=shape.vmem_limit_bytes),
+            vmem_limit_bytes=_vmem_limit(shape, q.dtype)),
         interpret=interpret,
         name="svgen_attention",  # the kernel's name in profiles and libtpu dumps
     )(*operands, q, k, v)
