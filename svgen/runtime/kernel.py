@@ -145,10 +145,10 @@ class PieceTables:
         lengths = allp[:, 2].astype(np.int8 if slots < 128 else np.int16) if slots > 1 else None
         blocks = None
         if compute_blocks > 1:
-            # Keep the bit pattern; the kernel masks the sign extension away.
-            blocks = allp[:, 4].astype(np.uint32).astype(
-                np.dtype(blocks_dtype(compute_blocks)).str.replace("i", "u")).view(
-                blocks_dtype(compute_blocks))
+            # Keep the low bits (wrapping into the sign bit); the kernel masks the sign
+            # extension away when it reads them back.
+            signed = np.dtype(blocks_dtype(compute_blocks))
+            blocks = allp[:, 4].astype(f"u{signed.itemsize}").view(signed)
         return cls(first, counts, entries, lengths, blocks, slots)
 
     @property
