@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from svgen import codegen
+from svgen import codegen, libtpu_env
 from svgen.analysis import analyze
 from svgen.spec import load_spec
 
@@ -104,6 +104,9 @@ def run(seed: int = 0, verbose: bool = True):
 
 
 def main(argv=None) -> int:
+    # Before JAX starts its backends: JAX loads libtpu even for CPU work when it is installed,
+    # and on a machine without a TPU libtpu would print warnings that look like a crash.
+    libtpu_env.prepare()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

@@ -1,8 +1,9 @@
 """The `svgen` command: compile specs into generated/, check them, inspect them.
 
-Exit status: 0 success; 1 `--check` found stale or hand-edited files; 2 bad input (a spec
-error, printed as file:line:column: key: message, without a traceback). Nothing is written
-unless every spec compiled.
+Exit status: 0 success; 1 `--check` (or `--diff`, which implies it) found stale or
+hand-edited files; 2 bad input (a spec error, printed as file:line:column: key: message,
+without a traceback). Nothing is written unless every spec compiled, and never with --check
+or --diff.
 """
 
 from __future__ import annotations
@@ -17,19 +18,23 @@ import time
 
 import numpy as np
 
-from svgen import codegen
+from svgen import codegen, libtpu_env
 from svgen.analysis import DEFAULT_SMEM_BUDGET, Plan, analyze
 from svgen.errors import SpecError
 from svgen.spec import load_spec
 from svgen.targets import DEFAULT_TARGET, TARGETS
 
+OUT_DEFAULT = "generated"
 EXIT_STALE = 1
 EXIT_BAD_INPUT = 2
 # Report progress for analyses that take longer than this (seconds).
 PROGRESS_AFTER = 1.0
+REFRESH_EVERY = 0.1  # seconds between updates of the progress line on a terminal
+LOG_EVERY = 10.0  # seconds between progress lines when stderr is a file or a pipe
 
 
 def main(argv: list[str] | None = None) -> int:
+    libtpu_env.prepare()  # before anything starts JAX's backends (and with them libtpu)
     parser = _parser()
     args = parser.parse_args(argv)
     try:
@@ -48,10 +53,12 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compile", help="compile specs into generated kernel modules")
     p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files (YAML)")
-    p.add_argument("--out", default="generated", help="output directory (default: generated)")
+    p.add_argument("--out", default=OUT_DEFAULT,
+                   help=f"output directory (default: {OUT_DEFAULT})")
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 if any generated file is stale or hand-edited")
-    p.add_argument("--diff", action="store_true", help="with --check: show what would change")
+    p.add_argument("--diff", action="store_true",
+                   help="show what would change; implies --check (writes nothing)")
     p.add_argument("--quiet", "-q", action="store_true", help="print errors only")
     _add_budget(p)
     p.set_defaults(run=_compile)
@@ -89,36 +96,85 @@ def _add_budget(p: argparse.ArgumentParser) -> None:
 
 
 class _Progress:
-    """Prints analysis progress to stderr once an analysis has run for a while."""
+    """Analysis progress on stderr, once an analysis has run for `after` seconds.
 
-    def __init__(self, label: str, quiet: bool):
-        self.label, self.quiet = label, quiet
+    On a terminal one line is rewritten in place (carriage return). In a log a carriage return
+    does not erase anything, so the updates would pile up into one huge line: there, plain
+    lines, at most one every LOG_EVERY seconds, and the last.
+    """
+
+    def __init__(self, label: str, quiet: bool, stream=None, after: float = PROGRESS_AFTER):
+        self.label, self.quiet, self.after = label, quiet, after
+        self.stream = stream if stream is not None else sys.stderr
+        self.live = _is_terminal(self.stream)
         self.start = time.perf_counter()
-        self.shown = False
+        self.last_shown: float | None = None
+        self.line_open = False  # a live line without its newline yet
 
     def __call__(self, done: int, total: int) -> None:
-        if self.quiet or time.perf_counter() - self.start < PROGRESS_AFTER:
+        now = time.perf_counter()
+        if self.quiet or now - self.start < self.after:
             return
-        self.shown = True
-        end = "\n" if done == total else ""
-        print(f"\r  {self.label}: classified {done}/{total} q tiles", end=end, file=sys.stderr,
-              flush=True)
+        final = done == total
+        interval = REFRESH_EVERY if self.live else LOG_EVERY
+        if not final and self.last_shown is not None and now - self.last_shown < interval:
+            return
+        self.last_shown = now
+        text = f"  {self.label}: classified {done}/{total} q tiles"
+        if self.live:
+            print(f"\r{text}", end="\n" if final else "", file=self.stream, flush=True)
+            self.line_open = not final
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        """End a live line cut short (an error), so the next message starts on its own line."""
+        if self.line_open:
+            print(file=self.stream, flush=True)
+            self.line_open = False
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
 
 
 def _plan(spec_file: str, quiet: bool, smem_budget: int, target: str) -> Plan:
     spec = load_spec(spec_file)
-    return analyze(spec, progress=_Progress(spec_file, quiet), smem_budget=smem_budget,
-                   target_name=target)
+    progress = _Progress(spec_file, quiet)
+    try:
+        return analyze(spec, progress=progress, smem_budget=smem_budget, target_name=target)
+    finally:
+        progress.close()
 
 
 def _spec_path_for_header(spec_file: str, out_dir: pathlib.Path) -> str:
-    """The spec's path relative to the output directory's parent (the repository root)."""
+    """The spec's path relative to the output directory's parent (the repository root).
+
+    Not relative to the working directory: the files must not depend on where svgen ran."""
     rel = os.path.relpath(pathlib.Path(spec_file).resolve(), out_dir.resolve().parent)
     return pathlib.PurePath(rel).as_posix()
 
 
+def _regenerate_options(args, out_dir: pathlib.Path) -> list[str]:
+    """The options a generated header's Regenerate line repeats: those that change the files
+    and differ from their defaults. Like the spec path, `--out` is relative to the output
+    directory's parent, where the line's command is meant to run."""
+    options = []
+    if out_dir.resolve().name != OUT_DEFAULT:
+        options += ["--out", out_dir.resolve().name]
+    if args.target != DEFAULT_TARGET:
+        options += ["--target", args.target]
+    if args.smem_budget != DEFAULT_SMEM_BUDGET:
+        options += ["--smem-budget", str(args.smem_budget)]
+    return options
+
+
 def _compile(args) -> int:
     out_dir = pathlib.Path(args.out)
+    check = args.check or args.diff  # a diff is always a dry run: --diff implies --check
     rendered: dict[pathlib.Path, bytes] = {}
     errors: list[str] = []
     names: dict[str, str] = {}
@@ -134,10 +190,11 @@ def _compile(args) -> int:
                           f"{names[plan.spec.name]}; generated module names must be unique")
             continue
         names[plan.spec.name] = spec_file
-        files = codegen.render(plan, _spec_path_for_header(spec_file, out_dir))
+        files = codegen.render(plan, _spec_path_for_header(spec_file, out_dir),
+                               _regenerate_options(args, out_dir))
         for filename, data in files.items():
             rendered[out_dir / filename] = data
-        if not args.quiet and not args.check:
+        if not args.quiet and not check:
             tiles = "; ".join(
                 f"{p.name}: {c['full']} full, {c['boundary']} boundary, {c['empty']} empty"
                 for p, c in ((p, p.tile_counts()) for p in plan.patterns))
@@ -149,8 +206,8 @@ def _compile(args) -> int:
             print(f"svgen: error: {message}", file=sys.stderr)
         print("svgen: nothing written", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.check:
-        return _check(rendered, out_dir, args.diff)
+    if check:
+        return _check(rendered, out_dir, args.diff, args.quiet)
     written = _write_all(rendered)
     if not args.quiet:
         for path in written:
@@ -174,7 +231,8 @@ def _write_all(rendered: dict[pathlib.Path, bytes]) -> list[pathlib.Path]:
     return written
 
 
-def _check(rendered: dict[pathlib.Path, bytes], out_dir: pathlib.Path, show_diff: bool) -> int:
+def _check(rendered: dict[pathlib.Path, bytes], out_dir: pathlib.Path, show_diff: bool,
+           quiet: bool) -> int:
     problems = []
     for path, data in rendered.items():
         if not path.exists():
@@ -201,7 +259,8 @@ def _check(rendered: dict[pathlib.Path, bytes], out_dir: pathlib.Path, show_diff
         print(f"svgen: {p}", file=sys.stderr)
     if problems:
         return EXIT_STALE
-    print(f"svgen: {len(rendered)} generated file(s) up to date", file=sys.stderr)
+    if not quiet:
+        print(f"svgen: {len(rendered)} generated file(s) up to date", file=sys.stderr)
     return 0
 
 
@@ -239,20 +298,10 @@ def _inspect(args) -> int:
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=False))
         return 0
-    from svgen.codegen.tilemap import render_tile_map
+    from svgen.inspect_text import inspect_lines
 
-    print(f"{plan.spec.name} ({args.spec})")
-    for key, value in summary.items():
-        if key not in ("name", "patterns"):
-            print(f"  {key}: {value}")
-    for pattern in plan.patterns:
-        print()
-        print(f"  pattern {pattern.name}: {pattern.mask.describe()}")
-        if not single:
-            for key, value in pattern.summary().items():
-                print(f"    {key}: {value}")
-        for line in render_tile_map(pattern.kinds):
-            print(f"    {line}")
+    for line in inspect_lines(plan, args.spec):
+        print(line)
     return 0
 
 

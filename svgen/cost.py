@@ -9,7 +9,9 @@ per-step branch:
     init, full, mixed[pattern 0], ..., mixed[pattern P-1], finalize
 
 and, inside each `mixed` branch of a kernel with several compute blocks per tile, one FULL and
-one BOUNDARY branch per compute block, row-major. Per path:
+one BOUNDARY branch per compute block, row-major. The BOUNDARY branch of the block column that
+can hold padding keys has two variants (without and with the padding test, chosen by the kv
+tile); so does a one-block tile's `mixed` branch. Per path:
 
     bookkeeping   a step with every body skipped (table reads, index maps, DMA issue/waits)
     full          a FULL tile: bookkeeping + the unmasked body
@@ -36,7 +38,7 @@ import numpy as np
 from svgen.runtime.kinds import TileKind
 
 KERNEL_NAME = "svgen_attention"
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +48,9 @@ class PathCosts:
     bookkeeping: int
     full: int  # a FULL tile's step, bookkeeping included
     mixed: tuple[int, ...]  # per pattern: a BOUNDARY tile's step with every block EMPTY
-    block: tuple[tuple[tuple[int, int], ...], ...]  # [pattern][block] = (FULL, BOUNDARY) extra
+    # [pattern][block] = extra bundles of the block as (FULL, BOUNDARY, BOUNDARY on the kv tile
+    # holding padding keys)
+    block: tuple[tuple[tuple[int, int, int], ...], ...]
     init: int
     finalize: int
     pipeline: int  # one of the two extra iterations (prologue / epilogue)
@@ -60,20 +64,21 @@ class PathCosts:
                    tuple(tuple(tuple(b) for b in p) for p in obj["block"]), obj["init"],
                    obj["finalize"], obj["pipeline"])
 
-    def tile_cost(self, pattern: int, kind: int, word: int) -> int:
-        """Bundles of one grid step on a tile of this kind (and blocks word)."""
+    def tile_cost(self, pattern: int, kind: int, word: int, padding: bool = False) -> int:
+        """Bundles of one grid step on a tile of this kind (and blocks word); `padding`: the
+        kv tile that holds padding keys."""
         if kind == TileKind.FULL:
             return self.full
         if kind == TileKind.EMPTY:
             return self.bookkeeping
         blocks = self.block[pattern]
         if len(blocks) == 1 and word == 0:  # one compute block per tile: BOUNDARY
-            return self.mixed[pattern] + blocks[0][1]
+            return self.mixed[pattern] + blocks[0][2 if padding else 1]
         cost = self.mixed[pattern]
-        for index, (full, boundary) in enumerate(blocks):
+        for index, (full, boundary, padded) in enumerate(blocks):
             block_kind = (word >> (2 * index)) & 3
             cost += full if block_kind == TileKind.FULL else (
-                boundary if block_kind == TileKind.BOUNDARY else 0)
+                (padded if padding else boundary) if block_kind == TileKind.BOUNDARY else 0)
         return cost
 
 
@@ -98,24 +103,41 @@ def read_paths(schedule, patterns: int, compute_blocks: int) -> PathCosts:
     bookkeeping = only()
     per_pattern_blocks = []
     mixed_base = []
+
+    def inside(branch, depth):
+        return [b for b in loop_branches if b.depth == depth
+                and branch.skipped.start <= b.address < branch.skipped.stop]
+
+    def variants(branch, skipped: set[int], base: int) -> tuple[int, int]:
+        """(without, with) the padding test of a masked body inside `branch`."""
+        pair = inside(branch, branch.depth + 1)
+        if not pair:
+            cost_here = cost(skipped) - base
+            return cost_here, cost_here
+        if len(pair) != 2:
+            raise RuntimeError(f"expected 2 padding variants of a masked block, found {len(pair)}")
+        plain, padded = pair
+        return (cost(skipped | {padded.address}) - base, cost(skipped | {plain.address}) - base)
+
     for m in mixed:
-        inner = [b for b in loop_branches if b.depth == stage + 2 and m.skipped.start
-                 <= b.address < m.skipped.stop]
-        if compute_blocks == 1 or not inner:
+        others = phases - {m.address}
+        if compute_blocks == 1:
             mixed_base.append(bookkeeping)
-            per_pattern_blocks.append(((0, only(m) - bookkeeping),))
+            plain, padded = variants(m, others, bookkeeping)
+            per_pattern_blocks.append(((0, plain, padded),))
             continue
+        inner = inside(m, stage + 2)
         if len(inner) != 2 * compute_blocks:
             raise RuntimeError(f"expected {2 * compute_blocks} compute-block branches in a "
                                f"BOUNDARY tile, found {len(inner)}")
         addresses = {b.address for b in inner}
-        base = cost(phases - {m.address} | addresses)
+        base = cost(others | addresses)
         mixed_base.append(base)
         blocks = []
         for index in range(compute_blocks):
             f, b = inner[2 * index], inner[2 * index + 1]
-            blocks.append((cost(phases - {m.address} | (addresses - {f.address})) - base,
-                           cost(phases - {m.address} | (addresses - {b.address})) - base))
+            blocks.append((cost(others | (addresses - {f.address})) - base,
+                           *variants(b, others | (addresses - {b.address}), base)))
         per_pattern_blocks.append(tuple(blocks))
     stage_branch = [b for b in loop_branches if b.depth == stage]
     pipeline = cost({b.address for b in stage_branch}) if stage_branch else bookkeeping
@@ -159,14 +181,15 @@ class CostReport:
         }
 
 
-def model_cycles(paths: PathCosts, tables, head_pattern) -> tuple[int, dict, dict]:
-    """Cycles of one call over all heads, walking each head's tables as the kernel does."""
-    from svgen.runtime.kernel import KIND_MASK, Q_BLOCK_SHIFT
+def model_cycles(paths: PathCosts, tables, head_pattern,
+                 padding_tile: int | None = None) -> tuple[int, dict, dict]:
+    """Cycles of one call over all heads, walking each head's tables as the kernel does;
+    `padding_tile`: the kv tile holding padding keys (KernelShape.padding_kv_tile)."""
+    from svgen.runtime.kernel import KIND_MASK, KV_BLOCK_MASK, KV_BLOCK_SHIFT, Q_BLOCK_SHIFT
 
     steps = {"full": 0, "mixed": 0, "empty": 0, "skipped": 0}
     by_path = {"bookkeeping": 0, "full": 0, "mixed": 0, "empty": 0, "skipped": 0,
                "init_finalize": 0, "pipeline": 2 * paths.pipeline}
-    grid_steps = tables.max_pieces * tables.slots
     for pattern in np.asarray(head_pattern).tolist():
         first, count = int(tables.first_piece[pattern]), int(tables.num_pieces[pattern])
         entries = tables.entries[first:first + count].astype(np.int64) & 0xFFFFFFFF
@@ -177,14 +200,20 @@ def model_cycles(paths: PathCosts, tables, head_pattern) -> tuple[int, dict, dic
                      (1 << (8 * tables.blocks.itemsize)) - 1))
         kinds = entries & KIND_MASK
         q_tiles = len(np.unique(entries >> Q_BLOCK_SHIFT))
-        for kind, word, length in _grouped(kinds, words, lengths):
-            step = paths.tile_cost(pattern, kind, word)
+        # The one step of a piece that visits the kv tile holding padding keys.
+        kv_start = (entries >> KV_BLOCK_SHIFT) & KV_BLOCK_MASK
+        padding = (np.zeros(count, np.int64) if padding_tile is None else
+                   ((kv_start <= padding_tile) & (padding_tile < kv_start + lengths)).astype(
+                       np.int64))
+        for kind, word, length, on_padding in _grouped(kinds, words, lengths, padding):
             name = {TileKind.FULL: "full", TileKind.BOUNDARY: "mixed",
                     TileKind.EMPTY: "empty"}[TileKind(kind)]
             steps[name] += length
-            by_path[name] += length * step
+            by_path[name] += ((length - on_padding) * paths.tile_cost(pattern, kind, word)
+                              + on_padding * paths.tile_cost(pattern, kind, word, True))
         work = int(lengths.sum())
-        skipped = grid_steps - work
+        # The flat walk gives a head its own pattern's pieces; the per-head one the longest's.
+        skipped = (count if tables.flat else tables.max_pieces) * tables.slots - work
         steps["skipped"] += skipped
         by_path["skipped"] += skipped * paths.bookkeeping
         by_path["init_finalize"] += q_tiles * (paths.init + paths.finalize)
@@ -192,13 +221,14 @@ def model_cycles(paths: PathCosts, tables, head_pattern) -> tuple[int, dict, dic
     return total, steps, by_path
 
 
-def _grouped(kinds, words, lengths):
-    """(kind, word, total length) for each distinct (kind, word): few distinct words."""
+def _grouped(kinds, words, lengths, padding):
+    """(kind, word, total length, steps on the padding tile) per distinct (kind, word)."""
     key = kinds * (1 << 40) + words
     uniq, inverse = np.unique(key, return_inverse=True)
     totals = np.bincount(inverse, weights=lengths).astype(np.int64)
-    for k, total in zip(uniq.tolist(), totals.tolist()):
-        yield k >> 40, k & ((1 << 40) - 1), total
+    on_padding = np.bincount(inverse, weights=padding).astype(np.int64)
+    for k, total, pad in zip(uniq.tolist(), totals.tolist(), on_padding.tolist()):
+        yield k >> 40, k & ((1 << 40) - 1), total, pad
 
 
 # ----------------------------------------------------------------------------- compiling
@@ -213,8 +243,9 @@ def _cache_key(target: str, shape, patterns_key: str, slots: int, tables_shape: 
     import jax
     import jaxlib
 
-    from svgen.runtime import kernel
-    kernel_source = pathlib.Path(kernel.__file__).read_bytes()
+    from svgen.runtime import coords, kernel
+    # The kernel body and the coordinate decoding it traces.
+    kernel_source = b"".join(pathlib.Path(m.__file__).read_bytes() for m in (kernel, coords))
     text = json.dumps([CACHE_VERSION, target, dataclasses.asdict(shape), patterns_key, slots,
                        list(tables_shape), dtype, jax.__version__, jaxlib.__version__,
                        hashlib.sha256(kernel_source).hexdigest()], sort_keys=True)
@@ -286,8 +317,14 @@ def dense_cycles(paths: PathCosts, plan) -> int:
     runs = build_runs(*kernel_tiles(full, plan.grid, compute), plan.grid)
     tables = PieceTables.from_runs([runs], 1, plan.spec.tiling.compute_blocks)
     heads = plan.spec.attention.heads
-    total, _, _ = model_cycles(paths, tables, [0] * heads)
+    total, _, _ = model_cycles(paths, tables, [0] * heads, padding_tile(plan))
     return total
+
+
+def padding_tile(plan) -> int | None:
+    """The kv tile holding padding keys, as the kernel computes it (KernelShape)."""
+    seq_len, t = plan.grid.seq_len, plan.spec.tiling
+    return None if seq_len % t.ckv == 0 else (seq_len - 1) // t.block_kv
 
 
 def cost_plan(plan, spec_path: str, *, use_cache: bool = True, progress=None) -> CostReport:
@@ -313,7 +350,7 @@ def cost_plan(plan, spec_path: str, *, use_cache: bool = True, progress=None) ->
         finally:
             sys.modules.pop(name, None)
     head_pattern = model_head_pattern(plan)
-    cycles, steps, by_path = model_cycles(paths, plan.tables, head_pattern)
+    cycles, steps, by_path = model_cycles(paths, plan.tables, head_pattern, padding_tile(plan))
     return CostReport(plan.target.name, plan.target.clock_ghz, paths, steps, cycles, by_path,
                       dense_cycles(paths, plan), plan.vmem.total, plan.table_bytes,
                       len(head_pattern))
@@ -335,13 +372,18 @@ def format_report(report: CostReport, plan) -> list[str]:
     ]
     for index, pattern in enumerate(plan.patterns):
         blocks = p.block[index]
-        full_blocks = [f for f, _ in blocks if f]
-        boundary_blocks = [b for _, b in blocks]
+        full_blocks = [f for f, _, _ in blocks if f]
+        boundary_blocks = [b for _, b, _ in blocks]
+        padded = max(padding for _, _, padding in blocks)
         label = "" if len(plan.patterns) == 1 else f" [{pattern.name}]"
+        full, boundary = _mean(full_blocks), _mean(boundary_blocks)
+        ratio = f", {boundary / full:.2f}x FULL" if full else ""
         lines.append(
             f"    BOUNDARY tile{label}: {p.mixed[index] - p.bookkeeping} branch overhead; per "
-            f"compute block FULL {_mean(full_blocks)} ({_mean(full_blocks) / per_block:.0f}), "
-            f"BOUNDARY {_mean(boundary_blocks)} ({_mean(boundary_blocks) / per_block:.0f})")
+            f"compute block FULL {full} ({full / per_block:.0f}), "
+            f"BOUNDARY {boundary} ({boundary / per_block:.0f}{ratio})"
+            + (f"; {padded} with the padding test (one kv tile)" if padded > max(
+                boundary_blocks) else ""))
     lines.append(f"    init {p.init}, finalize {p.finalize} (per q tile)")
     steps = report.steps
     lines.append(f"  steps over {report.heads} heads: {steps['full']:,} FULL, "

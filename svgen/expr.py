@@ -17,13 +17,20 @@ Grammar (Python-like precedence, lowest first)::
 
 Every sub-expression is an integer or a boolean; mixing them is a syntax error, except
 that a bare ``is_text_q`` / ``is_text_k`` where a boolean is needed means ``== 1``.
+
+The text's length, its number of tokens, its nesting and its integer literals are bounded
+(:mod:`svgen.limits`) before sympy sees anything, so no predicate can make parsing slow or
+overflow Python's stack.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import sympy
+
+from svgen.limits import MAX_EXPR_CHARS, MAX_EXPR_DEPTH, MAX_EXPR_LITERAL, MAX_EXPR_TOKENS
 
 __all__ = [
     "SYMBOLS",
@@ -31,6 +38,7 @@ __all__ = [
     "FloorMod",
     "ExprSyntaxError",
     "parse_predicate",
+    "predicate_tokens",
     "free_symbol_names",
 ]
 
@@ -113,7 +121,24 @@ def _describe_tok(tok: _Tok) -> str:
     return f"'{tok.text}'"
 
 
+def _check_length(text: str) -> None:
+    if len(text) > MAX_EXPR_CHARS:
+        raise ExprSyntaxError(f"the predicate is longer than {MAX_EXPR_CHARS} characters "
+                              f"(MAX_EXPR_CHARS), got {len(text)}", MAX_EXPR_CHARS)
+
+
+def _literal(text: str, offset: int) -> _Tok:
+    """An integer literal, refused past the kernel's int32 before Python converts it (a
+    string of thousands of digits would otherwise be slow, or refused by ``int`` itself)."""
+    if len(text) > len(str(MAX_EXPR_LITERAL)) or int(text) > MAX_EXPR_LITERAL:
+        shown = text if len(text) <= 20 else f"{text[:12]}... ({len(text)} digits)"
+        raise ExprSyntaxError(f"integer literal {shown} is larger than {MAX_EXPR_LITERAL} "
+                              f"(MAX_EXPR_LITERAL: the kernel computes predicates in int32)", offset)
+    return _Tok("int", text, offset)
+
+
 def _tokenize(text: str) -> list[_Tok]:
+    _check_length(text)
     toks: list[_Tok] = []
     i, n = 0, len(text)
     while i < n:
@@ -121,6 +146,9 @@ def _tokenize(text: str) -> list[_Tok]:
         if c in " \t\r\n":
             i += 1
             continue
+        if len(toks) == MAX_EXPR_TOKENS:  # a token starts here, one past the limit
+            raise ExprSyntaxError(f"the predicate has more than {MAX_EXPR_TOKENS} tokens "
+                                  f"(MAX_EXPR_TOKENS)", i)
         if c.isdigit() and c.isascii():
             j = i
             while j < n and text[j].isascii() and text[j].isdigit():
@@ -130,7 +158,7 @@ def _tokenize(text: str) -> list[_Tok]:
                     f"invalid number '{text[i:j + 1]}': only non-negative integer literals are allowed", i)
             if j - i > 1 and text[i] == "0":
                 raise ExprSyntaxError(f"invalid number '{text[i:j]}': leading zeros are not allowed", i)
-            toks.append(_Tok("int", text[i:j], i))
+            toks.append(_literal(text[i:j], i))
             i = j
             continue
         if (c.isascii() and c.isalpha()) or c == "_":
@@ -182,6 +210,20 @@ class _Parser:
         self.text = text
         self.toks = _tokenize(text)
         self.pos = 0
+        self.depth = 0
+
+    @contextlib.contextmanager
+    def _nested(self, offset: int):
+        """One more level of recursion (a parenthesis, call, 'not' or sign), bounded so that
+        no predicate overflows Python's stack."""
+        self.depth += 1
+        if self.depth > MAX_EXPR_DEPTH:
+            raise ExprSyntaxError(f"the predicate is nested more than {MAX_EXPR_DEPTH} deep "
+                                  f"(MAX_EXPR_DEPTH)", offset)
+        try:
+            yield
+        finally:
+            self.depth -= 1
 
     # -- helpers
     @property
@@ -253,7 +295,8 @@ class _Parser:
     def _not(self) -> _Val:
         if self._at_kw("not"):
             t = self._advance()
-            inner = self._not()
+            with self._nested(t.offset):
+                inner = self._not()
             return _Val(sympy.Not(self._as_bool(inner, "'not' needs a boolean operand")), True, t.offset)
         return self._comparison()
 
@@ -306,7 +349,8 @@ class _Parser:
     def _unary(self) -> _Val:
         if self._at_op("-", "+"):
             t = self._advance()
-            inner = self._unary()
+            with self._nested(t.offset):
+                inner = self._unary()
             e = self._as_int(inner, f"unary '{t.text}' needs an integer operand")
             return _Val(-e if t.text == "-" else e, False, t.offset)
         return self._atom()
@@ -318,7 +362,8 @@ class _Parser:
             return _Val(sympy.Integer(int(t.text)), False, t.offset)
         if t.kind == "op" and t.text == "(":
             self._advance()
-            inner = self._or()
+            with self._nested(t.offset):
+                inner = self._or()
             if not self._at_op(")"):
                 if self.tok.kind == "end":
                     raise ExprSyntaxError("unbalanced '(': missing ')'", t.offset)
@@ -360,7 +405,8 @@ class _Parser:
             self._advance()
         else:
             while True:
-                args.append(self._or())
+                with self._nested(name_tok.offset):
+                    args.append(self._or())
                 if self._at_op(","):
                     self._advance()
                     continue
@@ -391,6 +437,15 @@ def parse_predicate(text: str) -> sympy.Basic:
     if not isinstance(text, str):
         raise ExprSyntaxError(f"the predicate must be a string, got {type(text).__name__}", 0)
     return _Parser(text).parse()
+
+
+def predicate_tokens(text: str) -> int:
+    """How many tokens ``text`` has: an ``expr``'s share of its mask's size limit.
+
+    Cheap (no sympy); raises ``ExprSyntaxError`` like :func:`parse_predicate` for text that
+    is too long or does not tokenize.
+    """
+    return len(_tokenize(text)) - 1  # without the end marker
 
 
 def free_symbol_names(expr: sympy.Basic) -> tuple[str, ...]:

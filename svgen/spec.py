@@ -1,18 +1,26 @@
 """YAML spec -> frozen, validated dataclasses, with file/line/column/key errors.
 
-The YAML text is composed into nodes (``yaml.compose`` with the safe loader) and the
-values are built here by hand, so that every error can name the file, the 1-based line
-and column, and the key path (``mask.any_of[1].spatial_window.frames``) it is about.
+The YAML text is composed into nodes (PyYAML's safe loader, bounded: ``_BoundedLoader``)
+and the values are built here by hand, so that every error can name the file, the 1-based
+line and column, and the key path (``mask.any_of[1].spatial_window.frames``) it is about.
 Every error raised from this module is a :class:`svgen.errors.SpecError`.
+
+Hostile input is bounded before the work it would blow up (:mod:`svgen.limits`): the file
+size before parsing, YAML nesting and alias expansion while composing, every integer
+against a range before any arithmetic, the geometry and its tile grid before analysis,
+and each mask's size and depth, refs expanded, before lowering.
 """
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
+import keyword
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +28,10 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from svgen.errors import SpecError
-from svgen.expr import ExprSyntaxError, parse_predicate
+from svgen.expr import ExprSyntaxError, parse_predicate, predicate_tokens
+from svgen.limits import (MAX_HEADS, MAX_MASK_DEPTH, MAX_MASK_SIZE, MAX_NAME_LEN, MAX_PARAM,
+                          MAX_PATTERNS, MAX_SEQ_LEN, MAX_SPEC_BYTES, MAX_TILE_PAIRS,
+                          MAX_YAML_DEPTH, MAX_YAML_NODES)
 
 __all__ = [
     "Location",
@@ -40,7 +51,6 @@ __all__ = [
 
 NAME_PATTERN = "[a-z][a-z0-9_]*"
 NAME_RE = re.compile(r"[a-z][a-z0-9_]*\Z")
-MAX_NAME_LEN = 64
 SPEC_VERSION = 1
 LAYOUTS = ("frame_major", "temporal_major")
 DTYPES = ("bfloat16", "float32")
@@ -50,11 +60,38 @@ BLOCK_MULTIPLE = 128
 BLOCK_MIN = 128
 BLOCK_MAX = 4096
 DEFAULT_BLOCK = 512
-MAX_MASK_DEPTH = 64
 
 #: Every mask primitive / combinator, in the order they are documented.
 MASK_OPS = ("first_frame", "spatial_window", "temporal_stride", "band", "prefix", "text",
             "causal_frames", "expr", "any_of", "all_of", "not", "ref")
+
+#: Top-level modules besides the standard library that a spec name must not shadow: the
+#: spec name becomes ``<name>.py`` next to other generated modules, and importing that
+#: folder would then hide the real module from every module in it. svgen, what svgen and
+#: its generated code import, and their usual neighbours in a model's environment.
+THIRD_PARTY_MODULES = frozenset({
+    "svgen", "jax", "jaxlib", "libtpu", "numpy", "ml_dtypes", "opt_einsum", "scipy", "yaml",
+    "jinja2", "markupsafe", "sympy", "mpmath", "networkx", "matplotlib", "pytest",
+    "setuptools", "pip", "pkg_resources", "flax", "optax", "torch", "einops",
+})
+_BUILTIN_NAMES = frozenset(dir(builtins))
+
+
+def reserved_name_reason(name: str) -> str | None:
+    """Why ``name`` may not name a spec or pattern (None when it may).
+
+    A keyword makes the generated module unimportable; a builtin or an importable module
+    name makes it shadow what other code means by that name.
+    """
+    if keyword.iskeyword(name):
+        return "a Python keyword"
+    if name in _BUILTIN_NAMES:
+        return "a Python builtin"
+    if name in sys.stdlib_module_names:
+        return "a standard-library module"
+    if name in THIRD_PARTY_MODULES:
+        return "an importable module that svgen or generated code may use"
+    return None
 
 
 # ----------------------------------------------------------------------------- dataclasses
@@ -294,6 +331,12 @@ class _Reader:
             self._constructor.recursive_objects.clear()
             problem = getattr(exc, "problem", None) or str(exc)
             raise self.error(node, path, f"unsupported YAML value: {problem}") from None
+        except (ValueError, OverflowError):
+            # An integer of thousands of digits (Python refuses to convert it), a timestamp
+            # such as 2024-13-45: a value no key here could accept anyway.
+            self._constructor.recursive_objects.clear()
+            raise self.error(node, path, f"unsupported YAML value: cannot read "
+                                         f"{_abbreviate(node.value)}") from None
 
     def describe(self, node: Node) -> str:
         """What a node holds, for 'got ...' in messages."""
@@ -306,17 +349,20 @@ class _Reader:
         except yaml.YAMLError:
             self._constructor.recursive_objects.clear()
             return f"a value tagged {node.tag}"
+        except (ValueError, OverflowError):
+            self._constructor.recursive_objects.clear()
+            return f"an unreadable value ({_abbreviate(node.value)})"
         if value is None:
             return "null"
         if isinstance(value, bool):
             return f"a boolean ({node.value})"
         if isinstance(value, int):
-            return f"an integer ({value})"
+            return f"an integer ({_show_int(value)})"
         if isinstance(value, float):
-            return f"a number ({node.value})"
+            return f"a number ({_clip(node.value)})"
         if isinstance(value, str):
-            return f"a string ({value!r})"
-        return f"a {type(value).__name__} ({node.value})"
+            return f"a string ({_abbreviate(value)})"
+        return f"a {type(value).__name__} ({_clip(node.value)})"
 
     def mapping(self, node: Node, path: str, allowed: tuple[str, ...], what: str = "a mapping",
                 allowed_note: str | None = None) -> dict[str, tuple[Node, Node]]:
@@ -328,12 +374,13 @@ class _Reader:
             if not isinstance(knode, ScalarNode):
                 raise self.error(knode, path, f"keys must be plain names, got {self.describe(knode)}")
             key = knode.value
+            shown = _key_text(key)
             if key in out:
                 first = out[key][0].start_mark.line + 1
-                raise self.error(knode, _join(path, key), f"duplicate key '{key}' (first given on line {first})")
+                raise self.error(knode, _join(path, shown), f"duplicate key '{shown}' (first given on line {first})")
             if key not in allowed:
                 note = allowed_note or (f"allowed keys: {', '.join(allowed)}" if allowed else "no keys are allowed")
-                raise self.error(knode, _join(path, key), f"unknown key '{key}'; {note}")
+                raise self.error(knode, _join(path, shown), f"unknown key '{shown}'; {note}")
             out[key] = (knode, vnode)
         return out
 
@@ -342,14 +389,19 @@ class _Reader:
             if key not in entries:
                 raise self.error(node, path, f"missing required key '{key}'")
 
-    def integer(self, node: Node, path: str, minimum: int | None) -> int:
-        desc = {None: "an integer", 0: "a non-negative integer", 1: "a positive integer"}.get(
+    def integer(self, node: Node, path: str, minimum: int, maximum: int, limit: str) -> int:
+        """An integer in [minimum, maximum]; ``limit`` names the maximum in the message
+        (every integer is range-checked here, before any arithmetic sees it)."""
+        desc = {0: "a non-negative integer", 1: "a positive integer"}.get(
             minimum, f"an integer >= {minimum}")
         value = self.scalar(node, path) if isinstance(node, ScalarNode) else _MISSING
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.error(node, path, f"must be {desc}, got {self.describe(node)}")
-        if minimum is not None and value < minimum:
-            raise self.error(node, path, f"must be {desc}, got {value}")
+        if value < minimum:
+            raise self.error(node, path, f"must be {desc}, got {_show_int(value)}")
+        if value > maximum:
+            raise self.error(node, path, f"must be at most {maximum:,} ({limit}), "
+                                         f"got {_show_int(value)}")
         return value
 
     def string(self, node: Node, path: str, what: str = "a string") -> str:
@@ -365,7 +417,7 @@ class _Reader:
             listed = ", ".join(str(c) for c in choices)
             got = self.describe(node)
             if isinstance(value, (str, int)) and not isinstance(value, bool) and value is not _MISSING:
-                got = repr(value) if isinstance(value, str) else str(value)
+                got = _abbreviate(value) if isinstance(value, str) else _show_int(value)
             raise self.error(node, path, f"must be one of {listed}, got {got}")
         return value
 
@@ -373,8 +425,38 @@ class _Reader:
         must = f"{what} matching {NAME_PATTERN} of at most {MAX_NAME_LEN} characters"
         value = self.string(node, path, must)
         if not NAME_RE.match(value) or len(value) > MAX_NAME_LEN:
-            raise self.error(node, path, f"must be {must}, got {value!r}")
+            raise self.error(node, path, f"must be {must}, got {_abbreviate(value)}")
         return value
+
+    def unreserved(self, node: Node, path: str, name: str, becomes: str) -> str:
+        """``name`` unless it is a keyword, builtin or module name (``becomes`` says why
+        that matters for this name)."""
+        reason = reserved_name_reason(name)
+        if reason is not None:
+            raise self.error(node, path, f"{name!r} is {reason}; {becomes}, so it may not be "
+                                         f"a keyword, builtin or module name: choose another")
+        return name
+
+
+def _show_int(value: int) -> str:
+    """An integer for a message: in full unless it has more digits than any limit."""
+    text = str(value)
+    return text if len(text) <= 24 else f"{text[:12]}... ({len(text)} digits)"
+
+
+def _key_text(key: str, keep: int = 80) -> str:
+    """A key as written, cut short for a key path (a key may be any length)."""
+    return key if len(key) <= keep else f"{key[:keep]}..."
+
+
+def _clip(text: str, keep: int = 80) -> str:
+    """``text`` as written, cut short so that one hostile value cannot flood the message."""
+    return text if len(text) <= keep else f"{text[:keep]}... ({len(text)} characters)"
+
+
+def _abbreviate(text: str, keep: int = 80) -> str:
+    """``repr(text)``, cut short so that one hostile value cannot flood the message."""
+    return repr(text) if len(text) <= keep else f"{text[:keep]!r}... ({len(text)} characters)"
 
 
 # ----------------------------------------------------------------------------- sections
@@ -391,22 +473,54 @@ _CANDIDATE_KEYS = ("pattern", "layout")
 def _read_geometry(r: _Reader, node: Node, path: str) -> Geometry:
     e = r.mapping(node, path, _GEOMETRY_KEYS)
     r.require(node, path, e, ("frames", "height", "width"))
-    frames = r.integer(e["frames"][1], _join(path, "frames"), 1)
-    height = r.integer(e["height"][1], _join(path, "height"), 1)
-    width = r.integer(e["width"][1], _join(path, "width"), 1)
-    text_tokens = 0
-    if "text_tokens" in e:
-        text_tokens = r.integer(e["text_tokens"][1], _join(path, "text_tokens"), 0)
+    sizes = {}
+    for key, minimum in (("frames", 1), ("height", 1), ("width", 1), ("text_tokens", 0)):
+        sizes[key] = 0
+        if key in e:
+            sizes[key] = r.integer(e[key][1], _join(path, key), minimum, MAX_SEQ_LEN, _SEQ_LIMIT)
     text_position = "last"
     if "text_position" in e:
         text_position = r.choice(e["text_position"][1], _join(path, "text_position"), TEXT_POSITIONS)
-    return Geometry(frames, height, width, text_tokens, text_position)
+    geometry = Geometry(text_position=text_position, **sizes)
+    if geometry.seq_len > MAX_SEQ_LEN:
+        raise r.error(node, path, f"{geometry.frames:,} frames of {geometry.height:,} x "
+                                  f"{geometry.width:,} plus {geometry.text_tokens:,} text tokens "
+                                  f"make {geometry.seq_len:,} tokens, more than {MAX_SEQ_LEN:,} "
+                                  f"({_SEQ_LIMIT})")
+    return geometry
+
+
+_SEQ_LIMIT = "MAX_SEQ_LEN, the most tokens a sequence may have"
+
+
+def _check_tile_grid(r: _Reader, node: Node, path: str, geometry: Geometry, tiling: Tiling,
+                     patterns: int) -> None:
+    """Refuse a geometry and tiling whose dense grids of compute-block pairs (one byte each,
+    one grid per candidate pattern) would exceed MAX_TILE_PAIRS, before analysis allocates
+    them; suggest square compute blocks that fit."""
+    def pairs(cq: int, ckv: int) -> int:
+        return -(-geometry.seq_len // cq) * -(-geometry.seq_len // ckv) * patterns
+
+    need = pairs(tiling.cq, tiling.ckv)
+    if need <= MAX_TILE_PAIRS:
+        return
+    block = BLOCK_MIN
+    while block < BLOCK_MAX and pairs(block, block) > MAX_TILE_PAIRS:
+        block *= 2
+    hint = "use fewer tokens or fewer candidate patterns"
+    if pairs(block, block) <= MAX_TILE_PAIRS:
+        hint = f"tiling {{block_q: {block}, block_kv: {block}}} would fit"
+    per = f" ({patterns} candidate patterns of {need // patterns:,})" if patterns > 1 else ""
+    raise r.error(node, path, f"{geometry.seq_len:,} tokens in {tiling.cq} x {tiling.ckv} compute "
+                              f"blocks make {need:,} block pairs to classify{per}, more than "
+                              f"{MAX_TILE_PAIRS:,} (MAX_TILE_PAIRS: the analysis keeps one byte "
+                              f"per pair); {hint}")
 
 
 def _read_attention(r: _Reader, node: Node, path: str) -> Attention:
     e = r.mapping(node, path, _ATTENTION_KEYS)
     r.require(node, path, e, _ATTENTION_KEYS)
-    heads = r.integer(e["heads"][1], _join(path, "heads"), 1)
+    heads = r.integer(e["heads"][1], _join(path, "heads"), 1, MAX_HEADS, "MAX_HEADS")
     head_dim = r.choice(e["head_dim"][1], _join(path, "head_dim"), HEAD_DIMS)
     dtype = r.choice(e["dtype"][1], _join(path, "dtype"), DTYPES)
     return Attention(heads, head_dim, dtype)
@@ -417,7 +531,7 @@ def _read_block(r: _Reader, node: Node, path: str, key: str) -> int:
     ok = (isinstance(value, int) and not isinstance(value, bool)
           and value % BLOCK_MULTIPLE == 0 and BLOCK_MIN <= value <= BLOCK_MAX)
     if not ok:
-        got = str(value) if isinstance(value, int) and not isinstance(value, bool) else r.describe(node)
+        got = _show_int(value) if isinstance(value, int) and not isinstance(value, bool) else r.describe(node)
         raise r.error(node, path,
                       f"{key} must be a multiple of {BLOCK_MULTIPLE} between {BLOCK_MIN} and {BLOCK_MAX} "
                       f"(TPU tiles are 8x128 and the VMEM budget), got {got}")
@@ -521,6 +635,9 @@ _PARAM_OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...], dict[str, int]]] =
 }
 
 
+_PARAM_LIMIT = "MAX_PARAM: no count in a mask exceeds the longest sequence"
+
+
 def _is_null(r: _Reader, node: Node, path: str | None = None) -> bool:
     return isinstance(node, ScalarNode) and r.scalar(node, path) is None
 
@@ -555,41 +672,93 @@ def _expr_error_position(r: _Reader, node: ScalarNode, value: str, offset: int) 
     return None
 
 
+_SIZE_LIMIT = "MAX_MASK_SIZE: one per primitive or combinator, one per token of an expr"
+
+
+def _error_at(term: MaskTerm, message: str) -> SpecError:
+    w = term.where
+    if w is None:
+        return SpecError(message)
+    return SpecError(message, file=w.file, line=w.line, column=w.column, key=w.key)
+
+
+def _refs(term: MaskTerm):
+    """The names ``term`` refers to (the written tree, at most MAX_MASK_DEPTH deep)."""
+    if term.op == "ref":
+        yield term.param("name")
+    for child in term.children:
+        yield from _refs(child)
+
+
+def _dependency_order(patterns: dict[str, MaskTerm]) -> list[str]:
+    """Pattern names, each after every pattern it refers to (iterative: a chain of
+    thousands of refs must not recurse). Patterns in a ref cycle, or referring to one,
+    are left out; lowering reports the cycle."""
+    needs = {name: {n for n in _refs(term) if n in patterns} for name, term in patterns.items()}
+    users: dict[str, list[str]] = {name: [] for name in patterns}
+    for name, deps in needs.items():
+        for dep in deps:
+            users[dep].append(name)
+    ready = sorted((name for name, deps in needs.items() if not deps), reverse=True)
+    order = []
+    while ready:
+        name = ready.pop()
+        order.append(name)
+        for user in users[name]:
+            needs[user].discard(name)
+            if not needs[user]:
+                ready.append(user)
+    return order
+
+
 class _MaskReader:
+    """Reads masks, bounding each one's size as it is written (before any expr is handed to
+    sympy) and, once every pattern is read, its size and depth with refs expanded."""
+
     def __init__(self, r: _Reader):
         self.r = r
+        self.size = 0  # of the mask being read
+        self.tokens: dict[str, int] = {}  # expr text -> tokens; each text is parsed once
+
+    def read_mask(self, node: Node, path: str) -> MaskTerm:
+        """One whole mask: the spec's ``mask`` or one pattern."""
+        self.size = 0
+        return self.read(node, path)
+
+    def _grow(self, node: Node, path: str, weight: int) -> None:
+        self.size += weight
+        if self.size > MAX_MASK_SIZE:
+            raise self.r.error(node, path, f"the mask is larger than {MAX_MASK_SIZE} nodes "
+                                           f"({_SIZE_LIMIT})")
 
     def read(self, node: Node, path: str, depth: int = 0) -> MaskTerm:
         r = self.r
         if depth > MAX_MASK_DEPTH:
-            raise r.error(node, path, f"masks are nested more than {MAX_MASK_DEPTH} deep")
+            raise r.error(node, path, f"masks are nested more than {MAX_MASK_DEPTH} deep "
+                                      f"(MAX_MASK_DEPTH)")
         if not isinstance(node, MappingNode):
             raise r.error(node, path, f"a mask must be a mapping with exactly one key (one of: "
                                       f"{', '.join(MASK_OPS)}), got {r.describe(node)}")
-        keys = [k.value if isinstance(k, ScalarNode) else "?" for k, _ in node.value]
+        keys = [_key_text(k.value) if isinstance(k, ScalarNode) else "?" for k, _ in node.value]
         if len(keys) != 1:
-            listed = f": {', '.join(keys)}" if keys else ""
+            listed = f": {', '.join(keys[:8])}{', ...' if len(keys) > 8 else ''}" if keys else ""
             raise r.error(node, path, f"a mask has exactly one key, got {len(keys)}{listed}")
         knode, vnode = node.value[0]
         if not isinstance(knode, ScalarNode):
             raise r.error(knode, path, f"a mask key must be a primitive name, got {r.describe(knode)}")
         op = knode.value
-        op_path = _join(path, op)
+        op_path = _join(path, _key_text(op))
         if op not in MASK_OPS:
-            raise r.error(knode, op_path, f"unknown mask primitive '{op}'; allowed: {', '.join(MASK_OPS)}")
+            raise r.error(knode, op_path, f"unknown mask primitive '{_key_text(op)}'; allowed: "
+                                          f"{', '.join(MASK_OPS)}")
         where = r.location(knode, op_path)
+        if op != "expr":
+            self._grow(knode, op_path, 1)
         if op in _PARAM_OPS:
             return self._param_op(op, vnode, op_path, where)
         if op == "expr":
             source = r.string(vnode, op_path, "a string holding a predicate")
-            try:
-                parse_predicate(source)
-            except ExprSyntaxError as exc:
-                pos = _expr_error_position(r, vnode, source, exc.offset)
-                if pos is None:
-                    raise r.error(vnode, op_path, f"invalid expression: {exc.message}") from None
-                raise SpecError(f"invalid expression: {exc.message}", file=r.source, line=pos[0],
-                                column=pos[1], key=op_path) from None
+            self._expr(vnode, op_path, source)
             return MaskTerm("expr", (("source", source),), (), where)
         if op in ("any_of", "all_of"):
             if not isinstance(vnode, SequenceNode) or not vnode.value:
@@ -601,6 +770,56 @@ class _MaskReader:
         assert op == "ref"
         name = r.name(vnode, op_path, "a pattern name")
         return MaskTerm("ref", (("name", name),), (), where)
+
+    def _expr(self, vnode: ScalarNode, op_path: str, source: str) -> None:
+        """Check a predicate: its tokens count towards the mask's size before it is parsed,
+        and a text met again (through a YAML alias) is not parsed again."""
+        try:
+            if source not in self.tokens:
+                tokens = predicate_tokens(source)
+                self._grow(vnode, op_path, tokens)
+                parse_predicate(source)
+                self.tokens[source] = tokens
+            else:
+                self._grow(vnode, op_path, self.tokens[source])
+        except ExprSyntaxError as exc:
+            pos = _expr_error_position(self.r, vnode, source, exc.offset)
+            if pos is None:
+                raise self.r.error(vnode, op_path, f"invalid expression: {exc.message}") from None
+            raise SpecError(f"invalid expression: {exc.message}", file=self.r.source, line=pos[0],
+                            column=pos[1], key=op_path) from None
+
+    def check_expanded(self, mask: MaskTerm | None, patterns: list[tuple[str, MaskTerm]]) -> None:
+        """Each mask's size and depth once refs are expanded, computed per pattern once
+        (dependencies first), so that a fan-out of refs is refused without expanding it."""
+        known = dict(patterns)
+        measured: dict[str, tuple[int, int]] = {}
+        for name in _dependency_order(known):
+            measured[name] = self._measure(known[name], measured)
+        if mask is not None:
+            self._measure(mask, measured)
+
+    def _measure(self, term: MaskTerm, measured: dict[str, tuple[int, int]]) -> tuple[int, int]:
+        """(size, depth) of ``term`` with refs expanded; a ref to a pattern not measured (an
+        unknown name, or one in a cycle) counts as a leaf: lowering reports those."""
+        if term.op == "ref":
+            target = measured.get(term.param("name"))
+            size, depth = (1, 0) if target is None else (1 + target[0], 1 + target[1])
+        elif term.op == "expr":
+            size, depth = self.tokens[term.param("source")], 0
+        else:
+            parts = [self._measure(child, measured) for child in term.children]
+            size = 1 + sum(p[0] for p in parts)
+            depth = 1 + max(p[1] for p in parts) if parts else 0
+        if size > MAX_MASK_SIZE:
+            raise _error_at(term, f"the mask is larger than {MAX_MASK_SIZE} nodes once refs are "
+                                  f"expanded ({_SIZE_LIMIT}; a ref counts the whole pattern "
+                                  f"it names, each time)")
+        if depth > MAX_MASK_DEPTH:
+            raise _error_at(term, f"masks are nested more than {MAX_MASK_DEPTH} deep once refs "
+                                  f"are expanded (MAX_MASK_DEPTH; a ref and the pattern it "
+                                  f"names count as levels)")
+        return size, depth
 
     def _param_op(self, op: str, vnode: Node, op_path: str, where: Location) -> MaskTerm:
         r = self.r
@@ -635,15 +854,91 @@ class _MaskReader:
                 params["density"] = float(value)
         for key in allowed:
             if key in entries and key in minimum:
-                params[key] = r.integer(entries[key][1], _join(op_path, key), minimum[key])
+                params[key] = r.integer(entries[key][1], _join(op_path, key), minimum[key],
+                                        MAX_PARAM, _PARAM_LIMIT)
         return MaskTerm(op, tuple(sorted(params.items())), (), where)
 
 
 # ----------------------------------------------------------------------------- entry points
 
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, composing nodes only, refusing what would blow up later.
+
+    PyYAML's composer recurses once per nesting level, so the depth is checked before each
+    level is entered. Aliases make shared nodes, cheap to compose but walked once per use
+    by everything after: each node's expanded size (how many nodes it stands for once every
+    alias is written out) is computed from its children's, each shared node once, and
+    refused past MAX_YAML_NODES before anything walks it. The key path of the node being
+    composed is kept for the messages.
+    """
+
+    def __init__(self, text: str, source: str):
+        super().__init__(text)
+        self.source = source
+        self._path: list[str] = []
+        self._expanded: dict[int, int] = {}  # id(node) -> nodes once aliases are expanded
+
+    def _error(self, mark, message: str) -> SpecError:
+        return SpecError(message, file=self.source, line=mark.line + 1, column=mark.column + 1,
+                         key=_short_path(self._path) or None)
+
+    def compose_node(self, parent, index):
+        self._path.append(_segment(parent, index))
+        try:
+            if self.check_event(yaml.AliasEvent):
+                return self._alias(parent, index)
+            if len(self._path) > MAX_YAML_DEPTH:
+                raise self._error(self.peek_event().start_mark,
+                                  f"YAML nested more than {MAX_YAML_DEPTH} deep (MAX_YAML_DEPTH)")
+            node = super().compose_node(parent, index)
+            self._count(node)
+            return node
+        finally:
+            self._path.pop()
+
+    def _alias(self, parent, index) -> Node:
+        mark = self.peek_event().start_mark
+        node = super().compose_node(parent, index)
+        if id(node) not in self._expanded:  # still being composed: it contains itself
+            raise self._error(mark, "a YAML alias refers to a node that contains it")
+        return node
+
+    def _count(self, node: Node) -> None:
+        size = 1
+        if isinstance(node, SequenceNode):
+            size += sum(self._expanded[id(item)] for item in node.value)
+        elif isinstance(node, MappingNode):
+            size += sum(self._expanded[id(k)] + self._expanded[id(v)] for k, v in node.value)
+        if size > MAX_YAML_NODES:
+            raise self._error(node.start_mark, f"this value is more than {MAX_YAML_NODES:,} YAML "
+                                               f"nodes, aliases expanded (MAX_YAML_NODES)")
+        self._expanded[id(node)] = size
+
+
+def _segment(parent, index) -> str:
+    """The key-path part of the node PyYAML composes as child ``index`` of ``parent``."""
+    if isinstance(index, int):
+        return f"[{index}]"
+    if isinstance(index, ScalarNode):  # a mapping value; its key node
+        return index.value if len(index.value) <= MAX_NAME_LEN else index.value[:MAX_NAME_LEN] + "..."
+    return ""  # the document, or a mapping key (its path is the mapping's)
+
+
+def _short_path(parts: list[str]) -> str:
+    """``mask.any_of[0].not``; past 8 parts, the first 4 and last 3 around ``...``."""
+    names = [p if p.startswith("[") else f".{p}" for p in parts if p]
+    if len(names) > 8:
+        names = names[:4] + ["..."] + names[-3:]
+    return "".join(names).lstrip(".")
+
+
 def _compose(text: str, source: str) -> Node | None:
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError(f"the spec is {len(text):,} characters long, more than the "
+                        f"{MAX_SPEC_BYTES:,} of MAX_SPEC_BYTES", file=source)
+    loader = _BoundedLoader(text, source)
     try:
-        return yaml.compose(text, Loader=yaml.SafeLoader)
+        return loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or "invalid YAML"
@@ -655,6 +950,8 @@ def _compose(text: str, source: str) -> Node | None:
         raise SpecError(message, file=source, line=mark.line + 1, column=mark.column + 1) from None
     except yaml.YAMLError as exc:
         raise SpecError(f"YAML syntax error: {exc}", file=source) from None
+    finally:
+        loader.dispose()
 
 
 def parse_spec(text: str, *, source: str = "<string>") -> Spec:
@@ -672,7 +969,8 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
     vnode = top["svgen"][1]
     version = r.scalar(vnode, "svgen") if isinstance(vnode, ScalarNode) else _MISSING
     if isinstance(version, bool) or version != SPEC_VERSION or not isinstance(version, int):
-        got = str(version) if isinstance(version, int) and not isinstance(version, bool) else r.describe(vnode)
+        got = (_show_int(version) if isinstance(version, int) and not isinstance(version, bool)
+               else r.describe(vnode))
         raise r.error(vnode, "svgen", f"must be {SPEC_VERSION} (the only spec format version this svgen "
                                       f"understands), got {got}")
     r.require(root, "", top, ("name", "geometry", "attention"))
@@ -682,14 +980,15 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
     if "mask" not in top and "heads" not in top:
         raise r.error(root, None, "missing required key 'mask' (or 'heads')")
 
-    name = r.name(top["name"][1], "name", "a spec name")
+    name = r.unreserved(top["name"][1], "name", r.name(top["name"][1], "name", "a spec name"),
+                        "a spec name becomes the generated module's file name")
     geometry = _read_geometry(r, top["geometry"][1], "geometry")
     attention = _read_attention(r, top["attention"][1], "attention")
     layout = "frame_major"
     if "layout" in top:
         layout = r.choice(top["layout"][1], "layout", LAYOUTS)
     masks = _MaskReader(r)
-    mask = masks.read(top["mask"][1], "mask") if "mask" in top else None
+    mask = masks.read_mask(top["mask"][1], "mask") if "mask" in top else None
 
     patterns: list[tuple[str, MaskTerm]] = []
     if "patterns" in top and not _is_null(r, top["patterns"][1], "patterns"):
@@ -702,16 +1001,20 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
             if not isinstance(knode, ScalarNode):
                 raise r.error(knode, "patterns", f"pattern names must be plain names, got {r.describe(knode)}")
             pname = knode.value
-            ppath = f"patterns.{pname}"
+            ppath = f"patterns.{_key_text(pname)}"
             if pname in seen:
                 first = seen[pname].start_mark.line + 1
                 raise r.error(knode, ppath, f"duplicate key '{pname}' (first given on line {first})")
             if not NAME_RE.match(pname) or len(pname) > MAX_NAME_LEN:
                 raise r.error(knode, ppath, f"pattern name must match {NAME_PATTERN} and be at most "
-                                            f"{MAX_NAME_LEN} characters, got {pname!r}")
+                              f"{MAX_NAME_LEN} characters, got {_abbreviate(pname)}")
+            r.unreserved(knode, ppath, pname, "pattern names become names in the generated module")
+            if len(patterns) == MAX_PATTERNS:
+                raise r.error(knode, ppath, f"more than {MAX_PATTERNS} patterns (MAX_PATTERNS)")
             seen[pname] = knode
-            patterns.append((pname, masks.read(vnode, ppath)))
+            patterns.append((pname, masks.read_mask(vnode, ppath)))
     patterns.sort(key=lambda item: item[0])
+    masks.check_expanded(mask, patterns)
 
     heads = None
     if "heads" in top:
@@ -721,6 +1024,8 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
     tiling = Tiling(DEFAULT_BLOCK, DEFAULT_BLOCK)
     if "tiling" in top:
         tiling = _read_tiling(r, top["tiling"][1], "tiling")
+    _check_tile_grid(r, (top.get("tiling") or top["geometry"])[1], "tiling", geometry, tiling,
+                     len(heads.candidates) if heads is not None else 1)
 
     pats = tuple(patterns)
     digest = hashlib.sha256(
@@ -735,10 +1040,13 @@ def load_spec(path: str | os.PathLike) -> Spec:
     source = os.fspath(path)
     try:
         with open(source, "rb") as fh:
-            raw = fh.read()
+            raw = fh.read(MAX_SPEC_BYTES + 1)  # never more: the file may be endless
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise SpecError(f"cannot read the spec file: {reason}", file=source) from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError(f"the spec file is larger than the {MAX_SPEC_BYTES:,} bytes of "
+                        f"MAX_SPEC_BYTES", file=source)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 import jax
 
+from svgen import libtpu_env
+
 DELAY_SLOTS = 4
 """Bundles after every ``sbr.rel`` that execute whether or not the branch is taken."""
 
@@ -295,15 +297,6 @@ def _forward_branches(bundles: list[Bundle], forward: list[_Jump], grid: Loop) -
 _dump_dir: str | None = None
 
 
-def _libtpu_loaded() -> bool:
-    """Whether libtpu is mapped into this process (Linux; elsewhere assume not)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            return any("libtpu" in line for line in maps)
-    except OSError:
-        return False
-
-
 def ensure_dump_flags() -> str:
     """Ask libtpu for final-bundle dumps into a process-wide temporary directory; return it.
 
@@ -316,7 +309,7 @@ def ensure_dump_flags() -> str:
     global _dump_dir
     if _dump_dir is not None:
         return _dump_dir
-    if _libtpu_loaded():
+    if libtpu_env.libtpu_loaded():
         raise RuntimeError("libtpu already started without bundle-dump flags: run the TPU cost "
                            "model in a fresh process that calls ensure_dump_flags() before JAX "
                            "touches any device")
@@ -326,8 +319,7 @@ def ensure_dump_flags() -> str:
     os.environ["LIBTPU_INIT_ARGS"] = (
         f"{flags} --xla_jf_dump_to={dump_dir} --xla_jf_dump_llo_pass_label_regex=final_bundles"
     ).strip()
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # other processes may hold libtpu
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # silences an init warning
+    libtpu_env.prepare()  # share libtpu with other processes; no warnings without a chip
     _dump_dir = dump_dir
     return dump_dir
 

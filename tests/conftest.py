@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import os
 import pathlib
 import sys
 
@@ -11,11 +12,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from svgen import codegen
+from svgen import codegen, libtpu_env
 from svgen.analysis import analyze
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.reference import masked_attention_reference
 from svgen.spec import parse_spec
+
+# Before any test starts JAX's backends (importing JAX does not): the AOT tests, and the
+# subprocesses tests start (they inherit the environment), share libtpu with other processes
+# on the machine and print none of its "no TPU here" warnings. See svgen/libtpu_env.py.
+libtpu_env.prepare()
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SPECS = sorted((REPO / "specs").glob("*.yaml"))
@@ -69,6 +75,13 @@ def check_per_head(plan, out, q, k, v, head_pattern, dtype):
         err = np.max(np.abs(out[head] - ref)) / np.max(np.abs(ref))
         assert err <= TOLERANCE[dtype], f"head {head} ({plan.patterns[pattern].name}): {err:.2e}"
         assert np.all(out[head][~keeps[pattern].any(axis=1)] == 0.0)  # no key: exactly 0
+
+
+def unprepared_environment() -> dict[str, str]:
+    """This process's environment less what libtpu_env.prepare() set: a user's shell, for a
+    subprocess that must prepare libtpu itself."""
+    return {k: v for k, v in os.environ.items()
+            if k not in (*libtpu_env.SHARING, *libtpu_env.NO_CHIP)}
 
 
 def import_file(path: pathlib.Path):

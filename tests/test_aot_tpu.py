@@ -116,3 +116,75 @@ def test_every_tiling_the_compiler_accepts_compiles_for_its_target(target, tmp_p
         assert "tpu_custom_call" in compiled.as_text()
         outcomes.append("compiled")
     assert outcomes[0] == "compiled" and outcomes[-1] == "refused"  # the list spans the limit
+
+
+# A process that loads libtpu the way a training job does (no sharing variable), so it takes
+# libtpu's multi-process lock, and keeps it until killed. If a process outside the test holds
+# the lock already, this one cannot load, and that process serves as the holder instead.
+HOLDER = """
+import time
+from jax.experimental import topologies
+try:
+    topologies.get_topology_desc(platform="tpu", topology_name="v6e:2x2")
+    print("holding", flush=True)
+except Exception as error:
+    if "lockfile" not in str(error):
+        raise
+    print("held elsewhere", flush=True)
+time.sleep(600)
+"""
+
+# AOT-compiles a tiny Pallas kernel for v6e in a fresh process, after svgen's preparation
+# (as the svgen command and the tests do) unless told to skip it.
+COMPILE_TINY_KERNEL = """
+import sys
+import jax, jax.numpy as jnp
+from jax.experimental import pallas as pl, topologies
+from svgen import libtpu_env
+if sys.argv[1] == "prepare":
+    assert libtpu_env.prepare(), "libtpu loaded before prepare()"
+device = topologies.get_topology_desc(platform="tpu", topology_name="v6e:2x2").devices[0]
+arg = jax.ShapeDtypeStruct((8, 128), jnp.float32,
+                           sharding=jax.sharding.SingleDeviceSharding(device))
+
+def double(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2
+
+def fn(x):
+    return pl.pallas_call(double, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))(x)
+
+print("compiled", "tpu_custom_call" in jax.jit(fn).lower(arg).compile().as_text())
+"""
+
+LIBTPU_NOISE = ("lockfile", "host bounds", "accelerator type", "worker hostname", "E0000",
+                "WARNING")
+
+
+def test_aot_compile_while_another_process_holds_libtpu():
+    """libtpu is shared, not fought over: with svgen's environment a compile succeeds beside a
+    process holding libtpu's lock, and prints nothing; without it, the same compile fails."""
+    import subprocess
+    import sys
+
+    from conftest import unprepared_environment
+
+    bare = unprepared_environment()  # as in a user's shell: none of svgen's variables
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], env=bare, cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert holder.stdout.readline().strip() in ("holding", "held elsewhere")
+
+        def compile_tiny(mode):
+            return subprocess.run([sys.executable, "-c", COMPILE_TINY_KERNEL, mode], env=bare,
+                                  cwd=REPO, capture_output=True, text=True, timeout=300)
+
+        shared = compile_tiny("prepare")
+        unprepared = compile_tiny("bare")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert shared.returncode == 0, shared.stderr[-3000:]
+    assert shared.stdout.split() == ["compiled", "True"]
+    assert not [noise for noise in LIBTPU_NOISE if noise in shared.stderr], shared.stderr
+    # The control: the lock was really held, so the test above is not vacuous.
+    assert unprepared.returncode != 0 and "lockfile" in unprepared.stderr

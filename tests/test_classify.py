@@ -88,7 +88,7 @@ def _check(kinds, kept, keep, expected_kinds, exact):
 
 def _lower_dict(mask: dict, lay: SequenceLayout, bq: int, bkv: int):
     spec = parse_spec(yaml.safe_dump({
-        "svgen": 1, "name": "random",
+        "svgen": 1, "name": "random_mask",
         "geometry": {"frames": lay.frames, "height": lay.height, "width": lay.width,
                      "text_tokens": lay.text_tokens,
                      "text_position": "first" if lay.text_first else "last"},

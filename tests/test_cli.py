@@ -68,6 +68,43 @@ def test_compile_then_check_then_detect_stale_and_hand_edits(project):
     assert result.returncode == 1 and "missing" in result.stderr
 
 
+def test_diff_implies_check_and_never_writes(project):
+    """`--diff` alone is a dry run: it shows the change, exits 1, and leaves files as they are."""
+    result = run_cli(["compile", "--diff", "specs/tiny.yaml"], project)
+    assert result.returncode == 1 and "missing" in result.stderr
+    assert not (project / "generated").exists()
+
+    assert run_cli(["compile", "specs/tiny.yaml"], project).returncode == 0
+    module = project / "generated" / "tiny.py"
+    before = module.read_bytes()
+    (project / "specs" / "tiny.yaml").write_text(GOOD.replace("frames: 0}", "frames: 1}"))
+    result = run_cli(["compile", "--diff", "specs/tiny.yaml"], project)
+    assert result.returncode == 1 and "stale" in result.stderr
+    assert "+++ generated/tiny.py (regenerated)" in result.stdout
+    assert module.read_bytes() == before
+    assert sorted(p.name for p in module.parent.iterdir()) == ["tiny.py"]  # no temporary file
+
+
+def test_regenerate_line_reproduces_the_files(project):
+    """The header's Regenerate command, run where the header's paths start (the output
+    directory's parent), writes the same bytes: it repeats --out and --target."""
+    import shlex
+
+    assert run_cli(["compile", "specs/tiny.yaml"], project).returncode == 0
+    lines = (project / "generated" / "tiny.py").read_text().splitlines()
+    assert lines[1] == "# Regenerate: svgen compile specs/tiny.yaml"  # defaults: no options
+
+    args = ["compile", "--out", "build/gen", "--target", "v7x", "specs/tiny.yaml"]
+    assert run_cli(args, project).returncode == 0
+    module = project / "build" / "gen" / "tiny.py"
+    line = module.read_text().splitlines()[1]
+    assert line == "# Regenerate: svgen compile ../specs/tiny.yaml --out gen --target v7x"
+    command = shlex.split(line.removeprefix("# Regenerate: "))
+    assert command[:2] == ["svgen", "compile"]
+    result = run_cli(["compile", "--check", *command[2:]], project / "build")
+    assert result.returncode == 0, result.stderr
+
+
 def test_check_reports_modules_whose_spec_is_gone(project):
     assert run_cli(["compile", "specs/tiny.yaml"], project).returncode == 0
     shutil.copy(project / "specs" / "tiny.yaml", project / "specs" / "other.yaml")
@@ -140,6 +177,83 @@ def test_inspect_prints_a_tile_map(project, capsys):
     assert "# FULL   + BOUNDARY   . EMPTY" in out
 
 
+TWO_PATTERNS = """svgen: 1
+name: two
+geometry: {frames: 4, height: 4, width: 32}
+attention: {heads: 5, head_dim: 128, dtype: float32}
+patterns:
+  spatial: {any_of: [{first_frame: {frames: 1}}, {spatial_window: {frames: 1}}]}
+  temporal: {any_of: [{first_frame: {frames: 1}}, {temporal_stride: {}}]}
+heads:
+  candidates:
+    - {pattern: spatial}
+    - {pattern: temporal, layout: temporal_major}
+  assign: [spatial, spatial, temporal, temporal, spatial]
+tiling: {block_q: 128, block_kv: 128}
+"""
+
+
+@pytest.mark.parametrize("spec", ["tiny", "two"])
+def test_inspect_text_is_for_people(project, capsys, spec):
+    """Words and rounded numbers: no Python dicts, reprs or 17-digit floats."""
+    import re
+
+    (project / "specs" / "two.yaml").write_text(TWO_PATTERNS)
+    assert main(["inspect", str(project / "specs" / f"{spec}.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert not re.search(r"[{}\[\]']|\d\.\d{5,}|True|False|None", out), out
+    plan = analyze(load_spec(project / "specs" / f"{spec}.yaml"))
+    for pattern in plan.patterns:
+        c = pattern.tile_counts()
+        assert f"tiles: {c['full']} full, {c['boundary']} boundary, {c['empty']} empty" in out
+        assert f"density: {pattern.density:.4f} of token pairs kept (exact)" in out
+    if spec == "two":
+        assert "heads: 0-1 spatial, 2-3 temporal, 4 spatial" in out
+        assert "layout: temporal_major, 1 anchor frame" in out
+
+
+class _Stream:
+    """A stderr stand-in that says whether it is a terminal."""
+
+    def __init__(self, tty: bool):
+        self.tty, self.text = tty, ""
+
+    def isatty(self):
+        return self.tty
+
+    def write(self, text):
+        self.text += text
+
+    def flush(self):
+        pass
+
+
+def test_progress_rewrites_one_line_on_a_terminal_and_prints_lines_in_a_log():
+    from svgen.cli import _Progress
+
+    log = _Stream(tty=False)
+    progress = _Progress("spec.yaml", quiet=False, stream=log, after=0)
+    for done in (1, 2, 3, 10):  # within LOG_EVERY: the first and the last only
+        progress(done, 10)
+    progress.close()
+    assert "\r" not in log.text
+    assert log.text.splitlines() == ["  spec.yaml: classified 1/10 q tiles",
+                                     "  spec.yaml: classified 10/10 q tiles"]
+
+    terminal = _Stream(tty=True)
+    progress = _Progress("spec.yaml", quiet=False, stream=terminal, after=0)
+    progress(1, 10)
+    progress(10, 10)
+    assert terminal.text == ("\r  spec.yaml: classified 1/10 q tiles"
+                             "\r  spec.yaml: classified 10/10 q tiles\n")
+
+    cut_short = _Stream(tty=True)  # an error ends the analysis: the next message gets a line
+    progress = _Progress("spec.yaml", quiet=False, stream=cut_short, after=0)
+    progress(1, 10)
+    progress.close()
+    assert cut_short.text.endswith("q tiles\n")
+
+
 def test_generated_module_runs_from_another_directory(project, tmp_path_factory):
     assert run_cli(["compile", "specs/tiny.yaml"], project).returncode == 0
     elsewhere = tmp_path_factory.mktemp("elsewhere")
@@ -157,7 +271,7 @@ def test_generated_module_runs_from_another_directory(project, tmp_path_factory)
 def test_output_is_identical_across_hash_seeds(tmp_path):
     outputs = []
     for seed in ("0", "12345"):
-        out = tmp_path / f"out{seed}"
+        out = tmp_path / seed / "generated"  # the same name: the Regenerate line repeats it
         env = dict(os.environ, PYTHONHASHSEED=seed)
         result = subprocess.run(
             [sys.executable, "-m", "svgen.cli", "compile", "-q", "--out", str(out),
@@ -171,22 +285,26 @@ def test_output_is_identical_across_hash_seeds(tmp_path):
 def test_inspect_png_pixels_match_the_tile_kinds(project):
     import matplotlib.image
 
-    from svgen.pictures import COLORS, MIN_WIDTH_PX, TITLE_PX, tile_image
+    from svgen.pictures import (BOTTOM_PX, COLORS, LEFT_PX, MIN_WIDTH_PX, RIGHT_PX, TITLE_PX,
+                                TOP_PX, tile_image)
 
     png = project / "map.png"
     assert main(["inspect", str(project / "specs" / "tiny.yaml"), "--png", str(png)]) == 0
     plan = analyze(load_spec(project / "specs" / "tiny.yaml"))
     pixels = (matplotlib.image.imread(png)[..., :3] * 255).round().astype(int)
     image, scale = tile_image(plan.kinds)
-    assert pixels.shape[0] == TITLE_PX + image.shape[0]
-    assert pixels.shape[1] == max(image.shape[1], MIN_WIDTH_PX)
+    assert pixels.shape[0] == TOP_PX + image.shape[0] + BOTTOM_PX
+    assert pixels.shape[1] == max(LEFT_PX + image.shape[1] + RIGHT_PX, MIN_WIDTH_PX)
     nq, nk = plan.kinds.shape
     for i in range(nq):
         for j in range(nk):
-            y = TITLE_PX + i * scale + scale // 2
-            x = j * scale + scale // 2
+            y = TOP_PX + i * scale + scale // 2
+            x = LEFT_PX + j * scale + scale // 2
             assert tuple(pixels[y, x]) == COLORS[plan.kinds[i, j]], (i, j)
     assert len(set(plan.kinds.ravel().tolist())) == 3  # all three colors were checked
+    # The legend has a swatch of each color, under the title, above the map.
+    legend = {tuple(rgb) for rgb in pixels[TITLE_PX // 2:TITLE_PX].reshape(-1, 3).tolist()}
+    assert set(COLORS.values()) <= legend
 
 
 def test_over_smem_budget_exits_2_and_writes_nothing(project):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from svgen import codegen, ir
-from svgen.analysis import analyze
+from svgen.analysis import analyze, query_coordinate_bound
 from svgen.codegen.predicate import emit_mask
 from svgen.codegen.tilemap import render_tile_map
 from svgen.layout import SequenceLayout
@@ -27,8 +27,7 @@ def kernel_layout(layout: SequenceLayout) -> coords.KernelLayout:
 def _emitted_function(mask, layout: SequenceLayout):
     src = emit_mask(mask, layout)
     body = "\n".join(f"    {line}" for line in src.lines)
-    sides = "\n".join(f"    {s} = coords.TokenCoords({s}_pos, LAYOUT)" for s in src.sides)
-    text = f"def boundary_mask(q_pos, k_pos):\n{sides}\n{body}\n    return {src.result}\n"
+    text = f"def boundary_mask(q, k):\n{body}\n    return {src.result}\n"
     namespace = {"coords": coords, "jnp": jnp, "lax": __import__("jax").lax,
                  "LAYOUT": kernel_layout(layout)}
     exec(compile(text, "<generated>", "exec"), namespace)
@@ -42,9 +41,13 @@ def test_emitted_mask_equals_the_oracle(seed):
     _, mask = _lower_dict(_random_mask(rng, lay), lay, 128, 128)
     fn, text = _emitted_function(mask, lay)
     pos = jnp.arange(lay.seq_len, dtype=jnp.int32)
-    got = np.broadcast_to(np.asarray(fn(pos[:, None], pos[None, :])),
-                          (lay.seq_len, lay.seq_len))
+    # Queries decoded in row form and turned into columns, as the kernel does once per q tile.
+    q = coords.QueryCoords(pos[None, :], kernel_layout(lay))
+    k = coords.TokenCoords(pos[None, :], kernel_layout(lay))
+    got = np.broadcast_to(np.asarray(fn(q, k)), (lay.seq_len, lay.seq_len))
     np.testing.assert_array_equal(got, dense_keep(mask, lay), err_msg=text)
+    # The kernel keeps each query coordinate the mask reads in VMEM, sized by this bound.
+    assert len(emit_mask(mask, lay).query_coords) <= query_coordinate_bound(mask), text
     code = [line for line in text.splitlines() if not line.strip().startswith("#")]
     assert not any("//" in line or "%" in line for line in code)  # lax.div / lax.rem only
 

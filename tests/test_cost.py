@@ -16,7 +16,7 @@ from svgen.runtime.kinds import TileKind
 
 SMALL = """svgen: 1
 name: small_cost
-geometry: {frames: 8, height: 8, width: 40}
+geometry: {frames: 7, height: 8, width: 40}  # 2,240 tokens: the last compute block holds padding
 attention: {heads: 2, head_dim: 128, dtype: bfloat16}
 mask:
   any_of:
@@ -43,7 +43,10 @@ def test_cost_json_on_a_small_spec(tmp_path):
     assert paths["init"] > 0 and paths["finalize"] > 0 and paths["pipeline"] > 0
     # 2 x 2 compute blocks per tile: a FULL and a BOUNDARY cost for each, all positive.
     assert len(paths["block"][0]) == 4
-    assert all(full > 0 and boundary > full for full, boundary in paths["block"][0])
+    assert all(full > 0 and boundary > full for full, boundary, _ in paths["block"][0])
+    # The padding test costs more, and only the block column that can hold padding has it.
+    padded = [padding - boundary for _, boundary, padding in paths["block"][0]]
+    assert all(extra >= 0 for extra in padded) and any(extra > 0 for extra in padded)
     by_path = report["cycles_by_path"]
     assert report["cycles"] == sum(by_path.values())
     assert by_path["full"] == report["steps"]["full"] * paths["full"]
@@ -59,8 +62,8 @@ def test_cost_json_on_a_small_spec(tmp_path):
 def test_model_walks_each_heads_tables():
     """Steps and cycles come from the tables the kernel walks: FULL tiles at the FULL cost,
     BOUNDARY tiles at their overhead plus each compute block's kind's cost."""
-    paths = PathCosts(bookkeeping=10, full=100, mixed=(20,), block=(((30, 50), (31, 51)),),
-                      init=5, finalize=7, pipeline=3)
+    paths = PathCosts(bookkeeping=10, full=100, mixed=(20,),
+                      block=(((30, 50, 60), (31, 51, 61)),), init=5, finalize=7, pipeline=3)
     f, b = TileKind.FULL, TileKind.BOUNDARY
     word = int(b) | (int(f) << 2)  # block 0 BOUNDARY, block 1 FULL
     runs = np.array([[0, 0, 2, f, 0], [0, 2, 1, b, word], [1, 0, 1, b, int(b)]])
@@ -71,3 +74,6 @@ def test_model_walks_each_heads_tables():
     assert by_path["mixed"] == 3 * ((20 + 50 + 31) + (20 + 50))
     assert by_path["init_finalize"] == 3 * 2 * (5 + 7)
     assert cycles == sum(by_path.values())
+    # With kv tile 2 holding padding keys, its BOUNDARY blocks cost their padded variant.
+    _, _, padded = model_cycles(paths, tables, [0, 0, 0], padding_tile=2)
+    assert padded["mixed"] == 3 * ((20 + 60 + 31) + (20 + 50))

@@ -14,7 +14,9 @@ from svgen.expr import (
     FloorMod,
     free_symbol_names,
     parse_predicate,
+    predicate_tokens,
 )
+from svgen.limits import MAX_EXPR_CHARS, MAX_EXPR_DEPTH, MAX_EXPR_LITERAL, MAX_EXPR_TOKENS
 
 NAMES = tuple(SYMBOLS)
 
@@ -241,3 +243,59 @@ def test_parser_never_evaluates_python():
     for text in ("__import__('os').system('true')", "f_q.__class__ == 1", "[f_q] == 1", "lambda: 1"):
         with pytest.raises(ExprSyntaxError):
             parse_predicate(text)
+
+
+# ----------------------------------------------------------------------------- limits
+
+def _sum_with_tokens(n: int) -> str:
+    """A valid predicate of exactly n tokens (n odd, >= 3): f_q + f_q + ... < 1."""
+    terms = (n - 1) // 2
+    return " + ".join(["f_q"] * terms) + " < 1"
+
+
+def test_token_limit_is_exact():
+    text = _sum_with_tokens(MAX_EXPR_TOKENS - 1)
+    assert predicate_tokens(text) == MAX_EXPR_TOKENS - 1
+    parse_predicate(text + "  \n")  # trailing blanks are not tokens
+    with pytest.raises(ExprSyntaxError) as info:
+        parse_predicate(_sum_with_tokens(MAX_EXPR_TOKENS + 1))
+    assert info.value.message == f"the predicate has more than {MAX_EXPR_TOKENS} tokens (MAX_EXPR_TOKENS)"
+
+
+def test_length_is_checked_before_tokenizing():
+    text = "f_q < 1" + " " * MAX_EXPR_CHARS
+    with pytest.raises(ExprSyntaxError) as info:
+        parse_predicate(text)
+    assert "MAX_EXPR_CHARS" in info.value.message and info.value.offset == MAX_EXPR_CHARS
+    with pytest.raises(ExprSyntaxError):
+        predicate_tokens(text)
+    parse_predicate(("f_q < 1" + " " * MAX_EXPR_CHARS)[:MAX_EXPR_CHARS])
+
+
+@pytest.mark.parametrize("open_,close", [("(", ")"), ("abs(", ")"), ("not ", ""), ("-", ""),
+                                         ("min(1, ", ")")])
+def test_nesting_limit(open_, close):
+    def nested(depth):
+        inner = "f_q < 1" if open_ == "not " else "f_q"
+        text = open_ * depth + inner + close * depth
+        return text if open_ == "not " else text + " < 1"
+
+    parse_predicate(nested(MAX_EXPR_DEPTH))
+    with pytest.raises(ExprSyntaxError) as info:
+        parse_predicate(nested(MAX_EXPR_DEPTH + 1))
+    assert info.value.message == f"the predicate is nested more than {MAX_EXPR_DEPTH} deep (MAX_EXPR_DEPTH)"
+
+
+def test_very_deep_nesting_is_an_error_not_a_recursion_error():
+    for text in ("(" * 1000 + "f_q" + ")" * 1000 + " < 1", "not " * 1000 + "true", "-" * 3000 + "f_q < 1"):
+        with pytest.raises(ExprSyntaxError):
+            parse_predicate(text)
+
+
+def test_integer_literals_fit_int32():
+    assert parse_predicate(f"f_q < {MAX_EXPR_LITERAL}") == sympy.Lt(SYMBOLS["f_q"], MAX_EXPR_LITERAL)
+    for literal in (str(MAX_EXPR_LITERAL + 1), str(2**63), "9" * 4000):
+        with pytest.raises(ExprSyntaxError) as info:
+            parse_predicate(f"f_q < {literal}")
+        assert "MAX_EXPR_LITERAL" in info.value.message and info.value.offset == 6
+        assert len(info.value.message) < 200

@@ -99,3 +99,49 @@ def test_temporal_major_visits_far_fewer_tiles_for_the_shipped_temporal_pattern(
     assert temporal.classification.kept_pairs == frame_major.classification.kept_pairs
     assert temporal.visited_fraction < frame_major.visited_fraction / 4  # 0.077 vs 0.316
     assert temporal.tile_counts()["boundary"] * 8 < frame_major.tile_counts()["boundary"]
+
+
+def _pallas_grid(fn, *args):
+    """The grid of the one pallas_call in fn's jaxpr."""
+    eqns = [e for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns if e.primitive.name == "pallas_call"]
+    assert len(eqns) == 1
+    return tuple(eqns[0].params["grid_mapping"].grid)
+
+
+@pytest.mark.parametrize("name", MIXED_SPECS)
+def test_each_head_walks_only_its_own_patterns_pieces(name, compile_text):
+    """Mixed heads on a one-TensorCore chip: the grid holds each head's own pattern's pieces,
+    one after another, and a pattern's pieces are exactly its visited tiles."""
+    plan, module = compile_text(scaled_spec_text(REPO / "specs" / f"{name}.yaml", heads=4))
+    tables = module.attention.tables
+    assert tables.flat and tables.slots == 1
+    for index, pattern in enumerate(plan.patterns):
+        assert int(tables.num_pieces[index]) == pattern.table.visited_steps
+    assert len(set(tables.num_pieces.tolist())) == 2  # the patterns differ in length
+    q, k, v = mixed_inputs(plan, "float32", seed=3)
+    head_pattern = np.array([1, 0, 0, 1])
+    grid = _pallas_grid(lambda q, k, v: module.attention(q, k, v, head_pattern=head_pattern,
+                                                         interpret=True), q, k, v)
+    assert grid == (1, int(tables.num_pieces[head_pattern].sum()), 1)
+    # The cost model walks the same tables: no skipped step.
+    from svgen.cost import PathCosts, model_cycles
+    paths = PathCosts(1, 2, (3, 3), (((4, 5, 6),) * 4,) * 2, 7, 8, 9)
+    _, steps, _ = model_cycles(paths, tables, head_pattern)
+    assert steps["skipped"] == 0
+    assert steps["full"] + steps["mixed"] + steps["empty"] == grid[1]
+
+
+def test_two_tensor_core_targets_keep_the_per_head_walk(compile_text):
+    """v7x splits the head axis over its two TensorCores: every head walks the longest
+    pattern's pieces (the rest are skipped steps)."""
+    text = scaled_spec_text(REPO / "specs" / "wan21_720p_mixed.yaml", heads=4)
+    plan, module = compile_text(text, target_name="v7x")
+    tables = module.attention.tables
+    assert not tables.flat and module.TENSOR_CORES == 2
+    q, k, v = mixed_inputs(plan, "float32", seed=4)
+    head_pattern = jnp.asarray([1, 0, 0, 1], jnp.int32)
+    grid = _pallas_grid(lambda q, k, v: module.attention(q, k, v, head_pattern=head_pattern,
+                                                         interpret=True), q, k, v)
+    assert grid == (4, tables.max_pieces, tables.slots)
+    check_per_head(plan, module.attention(q, k, v, head_pattern=head_pattern,
+                                          interpret=POISONED), q, k, v, head_pattern, "float32")

@@ -49,8 +49,13 @@ def test_coordinates_in_kernel_order(layout):
     np.testing.assert_array_equal(c.index, np.where(is_text, original, expected_nominal))
     # The kernel's TokenCoords decode the same coordinates from kernel positions.
     t = coords.TokenCoords(jnp.asarray(pos, jnp.int32), kernel_layout(layout))
-    for name in ("frame", "row", "col", "index", "is_text"):
-        np.testing.assert_array_equal(np.asarray(getattr(t, name)), getattr(c, name), name)
+    # ... and so do the kernel's query coordinates, decoded in row form, read as columns.
+    rows = coords.QueryCoords(jnp.asarray(pos, jnp.int32)[None, :], kernel_layout(layout))
+    expected = {name: getattr(c, name) for name in ("frame", "row", "col", "index", "is_text")}
+    expected["place"] = np.where(is_text, 0, place)
+    for name, want in expected.items():
+        np.testing.assert_array_equal(np.asarray(getattr(t, name)), want, name)
+        np.testing.assert_array_equal(np.asarray(getattr(rows, name))[:, 0], want, name)
 
 
 def test_temporal_major_puts_anchor_frames_first_and_places_together():

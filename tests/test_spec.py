@@ -8,6 +8,7 @@ import hashlib
 import pytest
 
 from svgen.errors import SpecError
+from svgen.limits import MAX_HEADS, MAX_PARAM, MAX_SEQ_LEN, MAX_SPEC_BYTES
 from svgen.spec import (
     Attention,
     Candidate,
@@ -604,3 +605,199 @@ def test_invalid_specs(case_id, text):
 def test_every_invalid_case_has_an_expectation():
     assert len(CASES) >= 20
     assert {c for c, _ in CASES} == set(EXPECTED)
+
+
+# ----------------------------------------------------------------------------- integer ranges
+
+LIMITS_SPEC = """\
+svgen: 1
+name: tiny
+geometry: {GEOMETRY}
+attention: {heads: HEADS, head_dim: 64, dtype: float32}
+mask: MASK
+tiling: {block_q: 4096, block_kv: 4096}
+"""
+
+# Every integer parameter of every primitive and section: (where the value goes, key path,
+# smallest valid value, largest valid value). Written out by hand rather than derived from
+# spec.py's tables, so that a wrong bound there (a negative band width accepted) fails here.
+INTEGER_PARAMS = [
+    ("mask", "{first_frame: {frames: X}}", "mask.first_frame.frames", 1, MAX_PARAM),
+    ("mask", "{spatial_window: {frames: X}}", "mask.spatial_window.frames", 0, MAX_PARAM),
+    ("mask", "{spatial_window: {frames: 1, rows: X}}", "mask.spatial_window.rows", 0, MAX_PARAM),
+    ("mask", "{spatial_window: {frames: 1, cols: X}}", "mask.spatial_window.cols", 0, MAX_PARAM),
+    ("mask", "{temporal_stride: {rows: X}}", "mask.temporal_stride.rows", 0, MAX_PARAM),
+    ("mask", "{temporal_stride: {cols: X}}", "mask.temporal_stride.cols", 0, MAX_PARAM),
+    ("mask", "{temporal_stride: {stride: X}}", "mask.temporal_stride.stride", 1, MAX_PARAM),
+    ("mask", "{temporal_stride: {frames: X}}", "mask.temporal_stride.frames", 0, MAX_PARAM),
+    ("mask", "{band: {width: X}}", "mask.band.width", 0, MAX_PARAM),
+    ("mask", "{prefix: {tokens: X}}", "mask.prefix.tokens", 1, MAX_PARAM),
+    ("geometry", "frames", "geometry.frames", 1, MAX_SEQ_LEN),
+    ("geometry", "height", "geometry.height", 1, MAX_SEQ_LEN),
+    ("geometry", "width", "geometry.width", 1, MAX_SEQ_LEN),
+    ("geometry", "text_tokens", "geometry.text_tokens", 0, MAX_SEQ_LEN - 1),
+    ("heads", "HEADS", "attention.heads", 1, MAX_HEADS),
+]
+
+
+def _limits_spec(where: str, slot: str, value) -> str:
+    geometry = {"frames": 1, "height": 1, "width": 1, "text_tokens": 0}
+    mask, heads = "{causal_frames: {}}", 1
+    if where == "mask":
+        mask = slot.replace("X", str(value))
+    elif where == "geometry":
+        geometry[slot] = value
+    else:
+        heads = value
+    text = LIMITS_SPEC.replace("GEOMETRY", ", ".join(f"{k}: {v}" for k, v in geometry.items()))
+    return text.replace("HEADS", str(heads)).replace("MASK", mask)
+
+
+def _bad_values(minimum: int, maximum: int) -> list:
+    return [minimum - 1, -1, -(2**63), maximum + 1, 2**31, 2**63, 2**64 + 1, 10**40, "2.5", "true",
+            "'7'", "[1]"]
+
+
+@pytest.mark.parametrize("where,slot,key,minimum,maximum", INTEGER_PARAMS,
+                         ids=[p[2] for p in INTEGER_PARAMS])
+def test_every_integer_parameter_refuses_invalid_values(where, slot, key, minimum, maximum):
+    for value in _bad_values(minimum, maximum):
+        with pytest.raises(SpecError) as info:
+            parse_spec(_limits_spec(where, slot, value), source="s.yaml")
+        if info.value.key == "geometry" and where == "geometry":  # in range, but the sum is not
+            assert "MAX_SEQ_LEN" in info.value.message
+            continue
+        assert info.value.key == key, (value, str(info.value))
+        assert info.value.message.startswith("must be"), (value, str(info.value))
+        assert info.value.line is not None
+
+
+@pytest.mark.parametrize("where,slot,key,minimum,maximum", INTEGER_PARAMS,
+                         ids=[p[2] for p in INTEGER_PARAMS])
+def test_every_integer_parameter_accepts_its_whole_range(where, slot, key, minimum, maximum):
+    for value in (minimum, minimum + 1, maximum):
+        parse_spec(_limits_spec(where, slot, value))
+
+
+def test_integer_past_the_maximum_names_the_limit():
+    with pytest.raises(SpecError) as info:
+        parse_spec(_limits_spec("mask", "{band: {width: X}}", 2**63), source="s.yaml")
+    assert str(info.value) == (
+        "s.yaml:5:22: mask.band.width: must be at most 4,194,304 (MAX_PARAM: no count in a mask "
+        "exceeds the longest sequence), got 9223372036854775808")
+
+
+@pytest.mark.parametrize("key,value", [
+    (key, value) for key in ("block_q", "block_kv", "compute_q", "compute_kv")
+    for value in (-128, -1, 0, 64, 4224, 8192, 2**63, 2**64, "2.5", "true")])
+def test_tiling_integers_refuse_invalid_values(key, value):
+    tiling = {"block_q": 512, "block_kv": 512}
+    tiling[key] = value
+    text = MINIMAL + "tiling: {" + ", ".join(f"{k}: {v}" for k, v in tiling.items()) + "}\n"
+    with pytest.raises(SpecError) as info:
+        parse_spec(text)
+    assert info.value.key == f"tiling.{key}"
+    assert "multiple of 128" in info.value.message
+
+
+@pytest.mark.parametrize("key,value", [("svgen", v) for v in (0, -1, 2, 2**63)]
+                         + [("head_dim", v) for v in (-64, 0, 63, 2**63)])
+def test_choice_integers_refuse_invalid_values(key, value):
+    text = MINIMAL.replace("svgen: 1", f"svgen: {value}") if key == "svgen" else MINIMAL.replace(
+        "head_dim: 64", f"head_dim: {value}")
+    with pytest.raises(SpecError) as info:
+        parse_spec(text)
+    assert info.value.key in ("svgen", "attention.head_dim")
+    assert "must be" in info.value.message
+
+
+def test_geometry_total_is_bounded():
+    geometry = f"{{frames: {MAX_SEQ_LEN}, height: 2, width: 1}}"
+    with pytest.raises(SpecError) as info:
+        parse_spec(MINIMAL.replace("{frames: 2, height: 1, width: 1}", geometry), source="s.yaml")
+    assert info.value.key == "geometry" and "MAX_SEQ_LEN" in info.value.message
+    assert (info.value.line, info.value.column) == (3, 11)
+
+
+def test_tile_grid_is_bounded_and_a_fitting_tiling_suggested():
+    geometry = f"{{frames: 1, height: 1, width: {MAX_SEQ_LEN}}}"
+    text = MINIMAL.replace("{frames: 2, height: 1, width: 1}", geometry)
+    parse_spec(text + "tiling: {block_q: 1024, block_kv: 1024}\n")  # 4096 x 4096 pairs: fits
+    with pytest.raises(SpecError) as info:
+        parse_spec(text + "tiling: {block_q: 512, block_kv: 512, compute_q: 128, compute_kv: 128}\n")
+    assert info.value.key == "tiling"
+    assert "MAX_TILE_PAIRS" in info.value.message
+    assert "tiling {block_q: 1024, block_kv: 1024} would fit" in info.value.message
+
+
+# ----------------------------------------------------------------------------- names and sizes
+
+@pytest.mark.parametrize("name,reason", [
+    ("jax", "an importable module"), ("numpy", "an importable module"),
+    ("svgen", "an importable module"), ("yaml", "an importable module"),
+    ("jinja2", "an importable module"), ("sympy", "an importable module"),
+    ("networkx", "an importable module"), ("typing", "a standard-library module"),
+    ("os", "a standard-library module"), ("class", "a Python keyword"),
+    ("import", "a Python keyword"), ("list", "a Python builtin"), ("id", "a Python builtin")])
+def test_reserved_names_are_refused_with_the_reason(name, reason):
+    with pytest.raises(SpecError) as info:
+        parse_spec(MINIMAL.replace("name: tiny", f"name: {name}"), source="s.yaml")
+    assert str(info.value).startswith(f"s.yaml:2:7: name: '{name}' is {reason}")
+    text = MINIMAL.replace("mask: {causal_frames: }", f"mask: {{ref: {name}}}\npatterns:\n"
+                                                      f"  {name}: {{text: {{}}}}")
+    with pytest.raises(SpecError) as info:
+        parse_spec(text, source="s.yaml")
+    assert str(info.value).startswith(f"s.yaml:7:3: patterns.{name}: '{name}' is {reason}")
+
+
+def test_every_standard_library_module_is_reserved():
+    import sys
+
+    from svgen.spec import NAME_RE, reserved_name_reason
+
+    names = [n for n in sys.stdlib_module_names if NAME_RE.match(n)]
+    assert len(names) > 150
+    assert all(reserved_name_reason(n) for n in names)
+    assert reserved_name_reason("wan21_720p_spatial") is None
+
+
+def test_yaml_aliases_within_the_limits_still_work():
+    text = MINIMAL.replace("mask: {causal_frames: }",
+                           "mask: {any_of: [&w {spatial_window: {frames: 1}}, *w, *w]}")
+    assert len(parse_spec(text).mask.children) == 3
+
+
+def test_expr_met_again_through_an_alias_is_counted_each_time():
+    expr = "f_q + " * 100 + "0 < 3"  # 203 tokens: two fit in a mask, three do not
+    two = MINIMAL.replace("mask: {causal_frames: }", f'mask: {{any_of: [&e {{expr: "{expr}"}}, *e]}}')
+    assert len(parse_spec(two).mask.children) == 2
+    with pytest.raises(SpecError) as info:
+        parse_spec(two.replace("*e]", "*e, *e]"))
+    assert info.value.key == "mask.any_of[2].expr" and "MAX_MASK_SIZE" in info.value.message
+
+
+def test_ref_expansion_is_measured_not_performed():
+    # 60 levels of each pattern naming the next twice: 2^60 leaves if expanded.
+    lines = ["patterns:"] + [f"  p{i}: {{any_of: [{{ref: p{i + 1}}}, {{ref: p{i + 1}}}]}}" for i in range(60)]
+    lines.append("  p60: {text: {}}")
+    text = MINIMAL.replace("mask: {causal_frames: }", "mask: {ref: p0}\n" + "\n".join(lines))
+    with pytest.raises(SpecError) as info:
+        parse_spec(text)
+    assert info.value.key.startswith("patterns.p") and "once refs are expanded" in info.value.message
+
+
+def test_cycles_and_unknown_refs_are_left_to_lowering():
+    # The expanded-size check must not trip over what lowering reports with the chain.
+    text = MINIMAL.replace("mask: {causal_frames: }",
+                           "mask: {ref: a}\npatterns:\n  a: {ref: b}\n  b: {any_of: [{ref: a}, {ref: zz}]}")
+    spec = parse_spec(text)
+    assert [n for n, _ in spec.patterns] == ["a", "b"]
+
+
+def test_spec_file_size_is_bounded(tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_text(MINIMAL + "#" * MAX_SPEC_BYTES + "\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert str(info.value) == (f"{path}: the spec file is larger than the {MAX_SPEC_BYTES:,} bytes "
+                               f"of MAX_SPEC_BYTES")

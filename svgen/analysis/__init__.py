@@ -21,10 +21,11 @@ from svgen.analysis.tables import (DEFAULT_SMEM_BUDGET, BlockTable, TableBudgetE
                                    build_runs, choose_piece_tables, kernel_tiles, tile_kinds)
 from svgen.errors import SpecError
 from svgen.layout import FRAME_MAJOR, SequenceLayout
+from svgen.runtime.kernel import walks_flat
 from svgen.spec import BLOCK_MAX, Spec
 from svgen.targets import DEFAULT_TARGET, VMEM_RESERVE, MIB, Target, kernel_vmem, target
 
-__all__ = ["analyze", "Plan", "PatternPlan", "TileGrid", "Classification", "BlockTable",
+__all__ = ["analyze", "query_coordinate_bound", "Plan", "PatternPlan", "TileGrid", "Classification", "BlockTable",
            "DEFAULT_SMEM_BUDGET", "choose_layout"]
 
 
@@ -38,11 +39,12 @@ def choose_layout(spec: Spec, order: str, mask: ir.Node) -> SequenceLayout:
 def analyze(spec: Spec, progress: Callable[[int, int], None] | None = None,
             smem_budget: int = DEFAULT_SMEM_BUDGET, target_name: str = DEFAULT_TARGET) -> Plan:
     chip = target(target_name)
-    vmem = check_vmem(spec, chip)  # before any analysis work: a tiling that cannot run
     heads = spec.head_patterns()
+    masks = [ir.lower(spec, spec.pattern_mask(c.pattern)) for c in heads.candidates]
+    # Before any classification work: a tiling that cannot run.
+    vmem = check_vmem(spec, chip, max(query_coordinate_bound(m) for m in masks))
     patterns = []
-    for candidate in heads.candidates:
-        mask = ir.lower(spec, spec.pattern_mask(candidate.pattern))
+    for candidate, mask in zip(heads.candidates, masks):
         layout = choose_layout(spec, candidate.layout, mask)
         grid = TileGrid(layout.seq_len, spec.tiling.block_q, spec.tiling.block_kv)
         compute = TileGrid(layout.seq_len, spec.tiling.cq, spec.tiling.ckv)
@@ -56,34 +58,43 @@ def analyze(spec: Spec, progress: Callable[[int, int], None] | None = None,
     assign = None if heads.assign is None else tuple(names.index(n) for n in heads.assign)
     try:
         tables = choose_piece_tables([p.table.runs for p in patterns], spec.attention.heads,
-                                     smem_budget, spec.tiling.compute_blocks)
+                                     smem_budget, spec.tiling.compute_blocks,
+                                     walks_flat(len(patterns), chip.cores_per_chip))
     except TableBudgetError as err:
         raise _over_budget_error(spec, patterns, err, smem_budget) from None
     return Plan(spec=spec, patterns=tuple(patterns), assign=assign, tables=tables,
                 target=chip, vmem=vmem)
 
 
-def _spec_vmem(spec: Spec, block_q: int, block_kv: int, compute_q: int, compute_kv: int):
-    return kernel_vmem(block_q, block_kv, compute_q, compute_kv, spec.attention.head_dim,
-                       spec.attention.dtype)
+def query_coordinate_bound(mask: ir.Node) -> int:
+    """At most how many query coordinates the mask's generated code reads (the kernel keeps
+    each in VMEM, see svgen.runtime.kernel): one per query symbol of its predicate, is_text
+    twice (as bool and as int), and `place` when both rows and columns are read."""
+    names = {s.name for s in mask.predicate().free_symbols if s.name.endswith("_q")}
+    return len(names) + ("is_text_q" in names) + ({"h_q", "w_q"} <= names)
 
 
-def check_vmem(spec: Spec, chip: Target):
+def check_vmem(spec: Spec, chip: Target, query_coords: int = 0):
     """The kernel's VMEM need on `chip`; a SpecError (with a tiling that fits) when over."""
     t = spec.tiling
-    need = _spec_vmem(spec, t.block_q, t.block_kv, t.cq, t.ckv)
+
+    def _spec_vmem(block_q: int, block_kv: int, compute_q: int, compute_kv: int):
+        return kernel_vmem(block_q, block_kv, compute_q, compute_kv, spec.attention.head_dim,
+                           spec.attention.dtype, query_coords)
+
+    need = _spec_vmem(t.block_q, t.block_kv, t.cq, t.ckv)
     available = chip.vmem_bytes - VMEM_RESERVE
     if need.limit() <= available:
         return need
     bq, bkv, cq, ckv = t.block_q, t.block_kv, t.cq, t.ckv
-    while _spec_vmem(spec, bq, bkv, cq, ckv).limit() > available and max(bq, bkv) > 128:
+    while _spec_vmem(bq, bkv, cq, ckv).limit() > available and max(bq, bkv) > 128:
         # Halve the larger side (and its compute block with it when it is the whole tile).
         if bq >= bkv:
             bq, cq = bq // 2, min(cq, bq // 2)
         else:
             bkv, ckv = bkv // 2, min(ckv, bkv // 2)
     hint = (f"tiling {{block_q: {bq}, block_kv: {bkv}, compute_q: {cq}, compute_kv: {ckv}}} "
-            f"would fit ({_spec_vmem(spec, bq, bkv, cq, ckv).limit() / MIB:.0f} MiB)")
+            f"would fit ({_spec_vmem(bq, bkv, cq, ckv).limit() / MIB:.0f} MiB)")
     raise SpecError(
         f"the kernel needs {need.limit() / MIB:.1f} MiB of VMEM at {t.block_q} x {t.block_kv} "
         f"tiles with {t.cq} x {t.ckv} compute blocks (blocks {need.pipeline / MIB:.1f}, "

@@ -140,8 +140,14 @@ class Plan:
 
     @property
     def grid_steps(self) -> int:
-        """Grid steps per head: every head walks the longest pattern's pieces."""
+        """Grid steps of a head of the longest pattern (the per-head walk gives every head
+        that many)."""
         return self.tables.max_pieces * self.tables.slots
+
+    def pattern_grid_steps(self, index: int) -> int:
+        """Grid steps of a head of pattern `index`: its own pieces in the flat walk."""
+        pieces = self.tables.num_pieces[index] if self.tables.flat else self.tables.max_pieces
+        return int(pieces) * self.tables.slots
 
     def summary(self) -> dict:
         """The `svgen inspect --json` object (v1 keys unchanged for single-pattern specs)."""
@@ -171,7 +177,8 @@ class Plan:
                         if k not in out and k != "layout"})
             out["layout"] = self.layout.order
         else:
-            out["patterns"] = {p.name: dict(p.summary(), table_bytes=_pattern_bytes(self, i))
+            out["patterns"] = {p.name: dict(p.summary(), table_bytes=_pattern_bytes(self, i),
+                                            grid_steps=self.pattern_grid_steps(i))
                                for i, p in enumerate(self.patterns)}
             out["assign"] = ("runtime" if self.assign is None else
                              [self.patterns[i].name for i in self.assign])

@@ -125,14 +125,14 @@ def build_runs(kinds: np.ndarray, words: np.ndarray, grid: TileGrid) -> np.ndarr
 
 
 def choose_piece_tables(runs_per_pattern, heads: int, smem_budget: int = DEFAULT_SMEM_BUDGET,
-                        compute_blocks: int = 1) -> PieceTables:
+                        compute_blocks: int = 1, flat: bool = False) -> PieceTables:
     """The SMEM tables with the smallest piece size (a power of two) that fits the budget.
 
     Raises TableBudgetError when even MAX_SLOTS-tile pieces do not fit.
     """
     slots = 1
     while True:
-        tables = PieceTables.from_runs(runs_per_pattern, slots, compute_blocks)
+        tables = PieceTables.from_runs(runs_per_pattern, slots, compute_blocks, flat)
         if tables.scalar_prefetch_bytes(heads) <= smem_budget:
             return tables
         if slots >= MAX_SLOTS:

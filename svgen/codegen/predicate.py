@@ -10,6 +10,7 @@ for TPU from a CPU host.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import sympy
@@ -32,15 +33,18 @@ _NAMES = {
 class MaskSource:
     lines: tuple[str, ...]  # statements, without indentation
     result: str  # the expression the function returns
-    sides: tuple[str, ...]  # which of "q", "k" the statements read
+    query_coords: tuple[str, ...]  # the attributes of q the statements read, sorted
 
 
 def emit_mask(mask: ir.Node, layout: SequenceLayout) -> MaskSource:
     emitter = _Emitter(layout)
     result = emitter.node(mask)
-    used = tuple(side for side in ("q", "k") if any(f"{side}." in line for line in
-                                                  emitter.lines + [result]))
-    return MaskSource(tuple(emitter.lines), result, used)
+    code = [line for line in emitter.lines if not line.startswith("#")] + [result]
+    read = sorted({m.group(1) for line in code for m in _QUERY_ATTRIBUTE.finditer(line)})
+    return MaskSource(tuple(emitter.lines), result, tuple(read))
+
+
+_QUERY_ATTRIBUTE = re.compile(r"\bq\.(\w+)")
 
 
 class _Emitter:
@@ -71,7 +75,7 @@ class _Emitter:
             self.lines.append(f"{name} = ~{child}")
         elif isinstance(node, ir.Always):
             fill = "ones_like" if node.value else "zeros_like"
-            self.lines.append(f"{name} = jnp.{fill}(k_pos, dtype=jnp.bool_)")
+            self.lines.append(f"{name} = jnp.{fill}(k.pos, dtype=jnp.bool_)")
         else:
             self.lines.append(f"# {node.describe()}")
             self.lines.append(f"{name} = {_strip(self.boolean(self._specialize(node.predicate())))}")
@@ -88,11 +92,13 @@ class _Emitter:
     def boolean(self, e) -> str:
         if e is sympy.true or e is sympy.false:
             fill = "ones_like" if e is sympy.true else "zeros_like"
-            return f"jnp.{fill}(k_pos, dtype=jnp.bool_)"
+            return f"jnp.{fill}(k.pos, dtype=jnp.bool_)"
         if isinstance(e, (sympy.And, sympy.Or)):
             op = " & " if isinstance(e, sympy.And) else " | "
             args = sorted(e.args, key=_print_order)
-            return "(" + op.join(self.boolean(a) for a in args) + ")"
+            printed = [] if isinstance(e, sympy.Or) else self._same_place(args)
+            printed += [self.boolean(a) for a in args]
+            return printed[0] if len(printed) == 1 else "(" + op.join(printed) + ")"
         if isinstance(e, sympy.Not):
             return "~" + self.boolean(e.args[0])
         if isinstance(e, (sympy.Eq, sympy.Ne)):
@@ -108,6 +114,21 @@ class _Emitter:
             if isinstance(e, cls):
                 return f"({_strip(self.integer(e.args[0]))} {op} {_strip(self.integer(e.args[1]))})"
         raise TypeError(f"cannot print boolean {e}")
+
+    def _same_place(self, args: list) -> list[str]:
+        """h_q == h_k and w_q == w_k as one compare of place = h * width + w (removed from
+        `args`): one full-block VALU op instead of three."""
+        def find(coord):
+            pair = {SYMBOLS[f"{coord}_q"], SYMBOLS[f"{coord}_k"]}
+            return next((a for a in args if isinstance(a, sympy.Eq) and set(a.args) == pair),
+                        None)
+
+        rows, cols = find("h"), find("w")
+        if rows is None or cols is None:
+            return []
+        args.remove(rows)
+        args.remove(cols)
+        return ["(q.place == k.place)"]
 
     def _abs_within(self, e):
         """|x| <= c as one unsigned compare of x + c against 2c (runtime.coords.within):

@@ -104,26 +104,66 @@ class KernelLayout:
 class TokenCoords:
     """Coordinates of kernel positions `pos` (an int32 array) under `layout`.
 
-    Text tokens have frame = row = col = 0 (the documented `expr` semantics); built-in
+    Text tokens have frame = row = col = place = 0 (the documented `expr` semantics); built-in
     primitives always test `is_text` first. `index` is the position in the nominal order
-    (temporal_major: p*T + f for video).
+    (temporal_major: p*T + f for video); `place` = row * width + col.
     """
 
     def __init__(self, pos, layout: KernelLayout):
         self.pos = pos
         self.layout = layout
 
+    def _out(self, value):
+        """How a coordinate leaves this object (QueryCoords turns rows into columns)."""
+        return value
+
+    # -- public coordinates ---------------------------------------------------------------
     @functools.cached_property
     def is_text(self):
+        return self._out_bool(self._is_text)
+
+    @functools.cached_property
+    def is_text_int(self):
+        return self._out(self._is_text.astype(jnp.int32))
+
+    @functools.cached_property
+    def frame(self):
+        return self._out(self._zero_for_text(self._frame_place[0]))
+
+    @functools.cached_property
+    def row(self):
+        return self._out(self._zero_for_text(lax.div(self._frame_place[1], self.layout.width)))
+
+    @functools.cached_property
+    def col(self):
+        return self._out(self._zero_for_text(lax.rem(self._frame_place[1], self.layout.width)))
+
+    @functools.cached_property
+    def place(self):
+        return self._out(self._zero_for_text(self._frame_place[1]))
+
+    @functools.cached_property
+    def index(self):
+        """Position in the layout's nominal order."""
+        lay = self.layout
+        if not lay.temporal_major:
+            return self._out(self.pos)
+        frame, place = self._frame_place
+        nominal = lay.video_start + place * lay.frames + frame
+        return self._out(nominal if lay.text_tokens == 0
+                         else jnp.where(self._is_text, self.pos, nominal))
+
+    def _out_bool(self, value):
+        return self._out(value)
+
+    # -- decoding, in the orientation `pos` came in ------------------------------------------
+    @functools.cached_property
+    def _is_text(self):
         lay = self.layout
         if lay.text_tokens == 0:
             return jnp.zeros_like(self.pos, dtype=jnp.bool_)
         start = lay.video_start
         return (self.pos < start) | (self.pos >= start + lay.video_tokens)
-
-    @functools.cached_property
-    def is_text_int(self):
-        return self.is_text.astype(jnp.int32)
 
     @functools.cached_property
     def _video_offset(self):
@@ -152,29 +192,34 @@ class TokenCoords:
     def _zero_for_text(self, value):
         if self.layout.text_tokens == 0:
             return value
-        return jnp.where(self.is_text, 0, value)
+        return jnp.where(self._is_text, 0, value)
 
-    @functools.cached_property
-    def frame(self):
-        return self._zero_for_text(self._frame_place[0])
 
-    @functools.cached_property
-    def row(self):
-        return self._zero_for_text(lax.div(self._frame_place[1], self.layout.width))
+class QueryCoords(TokenCoords):
+    """Query coordinates decoded in row form: positions arrive lane-major, [1, n], and every
+    coordinate leaves as a column, [n, 1].
 
-    @functools.cached_property
-    def col(self):
-        return self._zero_for_text(lax.rem(self._frame_place[1], self.layout.width))
+    Why: a [n, 1] int32 array occupies n/8 vregs (one lane of each used), a [1, n] one n/128,
+    so the decoding (divisions by constants, clamps, selects) costs 16x fewer VALU ops in row
+    form; one transpose per coordinate brings it back (libtpu's v6e schedule: 868 bundles of a
+    temporal-major decode of 1024 rows in column form, 151 in row form with the transpose).
+    Positions given as a column are used as they are.
+    """
 
-    @functools.cached_property
-    def index(self):
-        """Position in the layout's nominal order."""
-        lay = self.layout
-        if not lay.temporal_major:
-            return self.pos
-        frame, place = self._frame_place
-        nominal = lay.video_start + place * lay.frames + frame
-        return nominal if lay.text_tokens == 0 else jnp.where(self.is_text, self.pos, nominal)
+    def _out(self, value):
+        if value.ndim == 2 and value.shape[0] == 1 and value.shape[1] > 1:
+            return jnp.transpose(value)
+        return value
+
+    def _out_bool(self, value):
+        # Transpose as int32 (the layout Mosaic transposes natively), compare back to bool.
+        return self._out(value.astype(jnp.int32)) != 0
+
+
+def keep(mask, layout: KernelLayout, q_pos, k_pos):
+    """A generated `boundary_mask(q, k)` evaluated on positions: q_pos [n, 1], k_pos [1, m]
+    (the reference and profiling path; the kernel passes precomputed query coordinates)."""
+    return mask(TokenCoords(q_pos, layout), TokenCoords(k_pos, layout))
 
 
 def within(shifted, width: int):

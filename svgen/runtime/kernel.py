@@ -1,8 +1,8 @@
 """The invariant part of every svgen kernel: block-sparse flash attention over piece tables.
 
 A generated module supplies only what depends on its spec: per candidate pattern its visited
-tiles (runs), its token layout and `boundary_mask(q_pos, k_pos)`; and the default assignment
-of heads to patterns. Everything here is shared, so diffs between generated files show only
+tiles (runs), its token layout, `boundary_mask(q, k)` over token coordinates and the query
+coordinates that mask reads; and the default assignment of heads to patterns. Everything here is shared, so diffs between generated files show only
 spec-dependent code.
 
 Two levels of tiles
@@ -20,22 +20,36 @@ compute blocks are both classified; a tile is
 Grid and tables
 ---------------
 The visited tiles of a pattern, sorted by q tile, are grouped into *pieces*: up to `slots`
-consecutive kv tiles of one q tile, one kind and one `blocks` word. The grid is
-(batch*heads, max pieces over patterns, slots); for head h, grid step (piece, slot) visits
-kv tile kv_start + slot of piece `piece` of the head's pattern. Scalar prefetch (SMEM) holds:
+consecutive kv tiles of one q tile, one kind and one `blocks` word. A grid step (.., piece,
+slot) visits kv tile kv_start + slot of a piece. Two ways to walk the heads:
+
+  per head  grid (batch*heads, max pieces over patterns, slots): head h walks local pieces
+            0..max; with one pattern every head has exactly that many;
+  flat      grid (batch, total pieces of all heads, slots), with several patterns on a chip
+            of one TensorCore: the heads' pieces one after another, so each head walks only
+            its own pattern's pieces (per head, a head with a shorter pattern would step
+            through the longest one's count, doing nothing). The grid's middle size is
+            dynamic when head_pattern is traced. On chips with two TensorCores (v7x) the
+            per-head walk stays: its head axis is what the cores split.
+
+Scalar prefetch (SMEM) holds:
 
     head_pattern[heads]          the pattern of each head (a traced argument)
     head_first_piece[heads]      where the head's pattern's pieces start in `entries`
     head_num_pieces[heads]       (both gathered from per-pattern tables by the wrapper)
+    head_first_step[heads]       flat: the head's first grid step (exclusive cumsum of counts)
+    step_head[heads * max]       flat: the head of each grid step (int8, int16 past 127 heads)
     entries[all pieces]          q_block << 17 | kv_start << 2 | kind     (kind: TileKind)
     lengths[all pieces]          only when slots > 1 (int8, or int16 past 127)
     blocks[all pieces]           only with several compute blocks per tile (int8/16/32)
 
-One copy of each pattern's table, however many heads use it. Steps past a piece's length or
-past the head's pattern's pieces are skipped and repeat the last blocks, so they fetch nothing.
+One copy of each pattern's table, however many heads use it. Steps past a piece's length (or,
+per head, past the head's pattern's pieces) are skipped and repeat the last blocks, so they
+fetch nothing.
 
 Per step (names of the phases as in the code):
-  init      first step of a q tile: reset the running max and the accumulator;
+  init      first step of a q tile: reset the running max and the accumulator, and decode the
+            query coordinates the head's pattern's mask reads (see below);
   full      a FULL tile: online-softmax update of every compute block, no mask;
   mixed     a BOUNDARY tile: per compute block, by its kind (one branch per pattern);
   finalize  last step of a q tile: write acc / l, or 0 where no key was allowed (never NaN).
@@ -47,7 +61,14 @@ Arithmetic (why each choice; measured on libtpu's v6e schedule, see `svgen cost`
   * at head_dim 128 the PV matmul fills half of a 256-wide MXU pass, so V is widened to
     [V | 1] in VMEM: the second half of the product is the row sum l, lane-replicated, for
     free, and the accumulator carries it ([acc | l]);
-  * m (and l when it is not on the MXU) are lane-replicated [rows, 128]: full vregs.
+  * m (and l when it is not on the MXU) are lane-replicated [rows, 128]: full vregs;
+  * a BOUNDARY block's mask is a few full-block VALU ops (compare, combine, select) on
+    coordinates of its rows and keys. Key coordinates are decoded per block in row form
+    [1, ckv] (cheap: ckv/128 vregs). Query coordinates are decoded once per q tile, in init
+    (row form, then transposed), and kept lane-replicated in VMEM [coords, block_q, 128]: a
+    block reads them as full vregs instead of decoding [cq, 1] columns (cq/8 vregs per op)
+    for every block (temporal-major decode: 2,977 bundles per 1024 x 512 BOUNDARY block
+    before, 1,846 after, FULL 1,274).
 """
 
 from __future__ import annotations
@@ -64,7 +85,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from svgen.runtime.coords import KernelLayout
+from svgen.runtime.coords import KernelLayout, QueryCoords, TokenCoords
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.vmem import kernel_vmem
 
@@ -80,7 +101,7 @@ LOG2_E = 1.4426950408889634
 # Finite "minus infinity": exp2(MASK_VALUE - m) underflows to 0 without inf - inf = NaN.
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
-BoundaryMask = Callable[[jax.Array, jax.Array], jax.Array]
+BoundaryMask = Callable[[object, object], jax.Array]
 RUN_COLUMNS = 5  # q_block, kv_start, length, kind, blocks
 
 
@@ -122,6 +143,16 @@ def blocks_dtype(compute_blocks: int):
     return np.int8 if bits <= 8 else np.int16 if bits <= 16 else np.int32
 
 
+def step_head_dtype(heads: int):
+    """The smallest integer type of a flat walk's per-step head index."""
+    return np.int8 if heads <= 127 else np.int16 if heads <= 32767 else np.int32
+
+
+def walks_flat(patterns: int, tensor_cores: int) -> bool:
+    """Flat walk: several patterns, one TensorCore (see the module docstring)."""
+    return patterns > 1 and tensor_cores == 1
+
+
 @dataclasses.dataclass(frozen=True)
 class PieceTables:
     """The SMEM tables of all candidate patterns (see the module docstring)."""
@@ -132,10 +163,11 @@ class PieceTables:
     lengths: np.ndarray | None  # int8/int16 [all pieces], None when slots == 1
     blocks: np.ndarray | None  # int8/16/32 [all pieces], None with one compute block per tile
     slots: int
+    flat: bool = False  # walk the heads' pieces one after another (see the module docstring)
 
     @classmethod
-    def from_runs(cls, runs_per_pattern: Sequence, slots: int,
-                  compute_blocks: int = 1) -> "PieceTables":
+    def from_runs(cls, runs_per_pattern: Sequence, slots: int, compute_blocks: int = 1,
+                  flat: bool = False) -> "PieceTables":
         pieces = [split_runs(runs, slots) for runs in runs_per_pattern]
         counts = np.array([len(p) for p in pieces], np.int32)
         first = (np.cumsum(counts) - counts).astype(np.int32)
@@ -149,7 +181,7 @@ class PieceTables:
             # extension away when it reads them back.
             signed = np.dtype(blocks_dtype(compute_blocks))
             blocks = allp[:, 4].astype(f"u{signed.itemsize}").view(signed)
-        return cls(first, counts, entries, lengths, blocks, slots)
+        return cls(first, counts, entries, lengths, blocks, slots, flat)
 
     @property
     def max_pieces(self) -> int:
@@ -160,8 +192,12 @@ class PieceTables:
         return sum(t.itemsize for t in (self.entries, self.lengths, self.blocks) if t is not None)
 
     def scalar_prefetch_bytes(self, heads: int) -> int:
-        """Bytes of SMEM: per head its pattern, first piece and piece count; the pieces."""
-        return int(12 * heads + sum(t.nbytes for t in self.piece_operands()))
+        """Bytes of SMEM: per head its pattern, first piece and piece count (flat: and first
+        step, and the head of every possible step); the pieces."""
+        per_head = 12 * heads
+        if self.flat:
+            per_head += 4 * heads + heads * self.max_pieces * np.dtype(step_head_dtype(heads)).itemsize
+        return int(per_head + sum(t.nbytes for t in self.piece_operands()))
 
     def piece_operands(self) -> tuple[np.ndarray, ...]:
         return tuple(t for t in (self.entries, self.lengths, self.blocks) if t is not None)
@@ -180,6 +216,7 @@ class KernelShape:
     compute_q: int | None = None  # None: the whole tile is one compute block
     compute_kv: int | None = None
     vmem_limit_bytes: int | None = None  # None: the compiler's default scoped limit
+    tensor_cores: int = 1  # of the target chip: 2 keeps the per-head walk (see above)
 
     @property
     def cq(self) -> int:
@@ -202,6 +239,16 @@ class KernelShape:
         return self.q_blocks_per_tile * self.kv_blocks_per_tile
 
     @property
+    def padding_kv_tile(self) -> int | None:
+        """The kv tile whose compute block `padding_block_column` holds both real and padding
+        keys (None when the sequence fills its last compute block: no block needs the test)."""
+        return None if self.seq_len % self.ckv == 0 else (self.seq_len - 1) // self.block_kv
+
+    @property
+    def padding_block_column(self) -> int:
+        return (self.seq_len - 1) % self.block_kv // self.ckv
+
+    @property
     def row_sum_on_mxu(self) -> bool:
         """True when [V | 1] costs no extra MXU pass: head_dim fills half a 256-wide pass."""
         return self.head_dim % 256 == 128
@@ -218,7 +265,8 @@ class Pattern:
     name: str
     runs: object  # (q_block, kv_start, length, kind[, blocks]) rows
     layout: KernelLayout
-    boundary_mask: BoundaryMask
+    boundary_mask: BoundaryMask  # keep(q, k) from coordinates (coords.TokenCoords attributes)
+    query_coords: tuple[str, ...] = ()  # the attributes of q that boundary_mask reads
 
 
 def _q_block(entry):
@@ -231,38 +279,67 @@ def _kv_block(entry):
 
 @dataclasses.dataclass(frozen=True)
 class _TableView:
-    """Reads of the SMEM tables for one head, inside the kernel and its index maps."""
+    """Reads of the SMEM tables for the head of one grid step, in the kernel and index maps.
 
-    refs: tuple  # head_pattern, head_first_piece, head_num_pieces, entries[, lengths][, blocks]
+    refs: head_pattern, head_first_piece, head_num_pieces[, head_first_step, step_head],
+    entries[, lengths][, blocks] (see the module docstring).
+    """
+
+    refs: tuple
     heads: int
-    head: object  # the flattened batch*head grid index
+    outer: object  # grid index 0: batch*heads (per head) or batch (flat)
+    step: object  # grid index 1: the head's local piece (per head) or the global step (flat)
     single_pattern_pieces: int | None  # static piece count when there is one pattern
     has_lengths: bool
     has_blocks: bool
+    flat: bool
+
+    @property
+    def head(self):
+        """The head (0..heads-1) this step works for."""
+        if self.flat:
+            return self.refs[4][self.step].astype(jnp.int32)
+        return self.outer % self.heads
+
+    @property
+    def row(self):
+        """The step's row of the [batch*heads, seq, d] operands."""
+        return self.outer * self.heads + self.head if self.flat else self.outer
+
+    @property
+    def local(self):
+        """The step's piece, counted from the head's pattern's first."""
+        return self.step - self.refs[3][self.head] if self.flat else self.step
 
     @property
     def pattern(self):
         if self.single_pattern_pieces is not None:
             return 0
-        return self.refs[0][self.head % self.heads]
+        return self.refs[0][self.head]
 
     @property
     def count(self):
         if self.single_pattern_pieces is not None:
             return self.single_pattern_pieces
-        return self.refs[2][self.head % self.heads]
+        return self.refs[2][self.head]
 
     def piece(self, local):
         """Index into `entries` of the head's local piece (clamped to its last piece)."""
         if self.single_pattern_pieces is not None:  # static bounds: no table indirection
             return jnp.minimum(local, self.single_pattern_pieces - 1)
-        return self.refs[1][self.head % self.heads] + jnp.minimum(local, self.count - 1)
+        return self.refs[1][self.head] + jnp.minimum(local, self.count - 1)
+
+    @property
+    def _entries_at(self) -> int:
+        return 5 if self.flat else 3
 
     def entry(self, local):
-        return self.refs[3][self.piece(local)]
+        return self.refs[self._entries_at][self.piece(local)]
 
     def length(self, local):
-        return self.refs[4][self.piece(local)].astype(jnp.int32) if self.has_lengths else 1
+        if not self.has_lengths:
+            return 1
+        return self.refs[self._entries_at + 1][self.piece(local)].astype(jnp.int32)
 
     def blocks(self, local):
         """The tile's `blocks` word (2 bits per compute block), sign extension masked off."""
@@ -309,6 +386,33 @@ class _Block:
         return BITS_PER_BLOCK * (self.qi * self.shape.kv_blocks_per_tile + self.ki)
 
 
+class _QueryBlockCoords:
+    """The query coordinates of one compute block, read from the per-q-tile VMEM copy as
+    [cq, ckv] (lane-replicated, tiled across the keys: full vregs, no broadcast)."""
+
+    def __init__(self, coords_ref, names: tuple[str, ...], block: _Block):
+        self._ref, self._names, self._block = coords_ref, names, block
+
+    def __getattr__(self, name: str):
+        if name.startswith("_") or name not in self._names:
+            raise AttributeError(f"query coordinate {name!r} was not decoded for this mask "
+                                 f"(decoded: {self._names})")
+        value = self._ref[self._names.index(name), self._block.rows, :]
+        if name == "is_text":
+            value = value != 0
+        return _lanes(value, self._block.shape.ckv)
+
+
+def _decode_query_coords(coords_ref, names: tuple[str, ...], layout: KernelLayout, q_block,
+                         shape: "KernelShape"):
+    """Decode a q tile's query coordinates (row form) into coords_ref [n, block_q, 128]."""
+    pos = q_block * shape.block_q + lax.broadcasted_iota(jnp.int32, (1, shape.block_q), 1)
+    q = QueryCoords(pos, layout)
+    for index, name in enumerate(names):
+        value = getattr(q, name).astype(jnp.int32)  # [block_q, 1]
+        coords_ref[index] = jnp.broadcast_to(value, (shape.block_q, LANES))
+
+
 def _softmax_step(state, q, k, v, keep, shape: KernelShape):
     """One online-softmax update of (m, acc[, l]) with a compute block's keys.
 
@@ -338,8 +442,8 @@ def _softmax_step(state, q, k, v, keep, shape: KernelShape):
 
 
 def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int,
-                      boundary_masks: tuple[BoundaryMask, ...], single: int | None,
-                      has_lengths: bool, has_blocks: bool):
+                      patterns: tuple["_PatternCode", ...], single: int | None,
+                      has_lengths: bool, has_blocks: bool, flat: bool):
     (
         # prefetched scalars (SMEM): head_pattern, first_piece, num_pieces, entries, ...
         table_refs,
@@ -347,14 +451,17 @@ def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int,
         (q_ref, k_ref, v_ref),
         # outputs
         o_ref,
-        # scratch, carried across the steps of one q tile: m, [acc | l] (or acc and l)
+        # scratch, carried across the steps of one q tile: m, [acc | l] (or acc and l)[,
+        # query coordinates]
         scratch,
     ) = refs[:num_tables], refs[num_tables:num_tables + 3], refs[num_tables + 3], refs[
         num_tables + 4:]
     m_scratch, acc_scratch = scratch[0], scratch[1]
     l_scratch = None if shape.row_sum_on_mxu else scratch[2]
-    local, slot = pl.program_id(1), pl.program_id(2)
-    view = _TableView(table_refs, heads, pl.program_id(0), single, has_lengths, has_blocks)
+    coords_ref = scratch[-1] if any(p.query_coords for p in patterns) else None
+    view = _TableView(table_refs, heads, pl.program_id(0), pl.program_id(1), single,
+                      has_lengths, has_blocks, flat)
+    local, slot = view.local, pl.program_id(2)
     count = view.count
     entry = view.entry(local)
     kind = entry & KIND_MASK
@@ -375,6 +482,15 @@ def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int,
         acc_scratch[...] = jnp.zeros(acc_scratch.shape, jnp.float32)
         if l_scratch is not None:
             l_scratch[...] = jnp.zeros(l_scratch.shape, jnp.float32)
+        for index, p in enumerate(patterns):
+            if not p.query_coords:
+                continue
+            decode = functools.partial(_decode_query_coords, coords_ref, p.query_coords,
+                                       p.layout, q_block, shape)
+            if len(patterns) == 1:
+                decode()
+            else:
+                pl.when(view.pattern == index)(decode)
 
     def load(rows):
         return (m_scratch[rows, :], acc_scratch[rows, :],
@@ -385,18 +501,33 @@ def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int,
         if l_scratch is not None:
             l_scratch[rows, :] = state[2]
 
-    def keep_of(block: _Block, mask: BoundaryMask):
-        q_pos = (q_block * shape.block_q + block.qi * shape.cq
-                 + lax.broadcasted_iota(jnp.int32, (shape.cq, 1), 0))
+    def keep_of(block: _Block, pattern: "_PatternCode", padding: bool):
         k_pos = (kv_block * shape.block_kv + block.ki * shape.ckv
                  + lax.broadcasted_iota(jnp.int32, (1, shape.ckv), 1))
+        q = _QueryBlockCoords(coords_ref, pattern.query_coords, block)
+        keep = jnp.broadcast_to(pattern.boundary_mask(q, TokenCoords(k_pos, pattern.layout)),
+                                (shape.cq, shape.ckv))
         # Padding keys are never attended, whatever the predicate says about them.
-        return mask(q_pos, k_pos) & (k_pos < shape.seq_len)
+        return keep & (k_pos < shape.seq_len) if padding else keep
 
-    def update(block: _Block, state, mask: BoundaryMask | None):
-        keep = None if mask is None else keep_of(block, mask)
+    def update(block: _Block, state, pattern: "_PatternCode | None", padding: bool = False):
+        keep = None if pattern is None else keep_of(block, pattern, padding)
         return _softmax_step(state, q_ref[block.rows, :], k_ref[block.cols, :],
                              v_ref[block.cols, :], keep, shape)
+
+    def masked(block: _Block, pattern: "_PatternCode"):
+        """A BOUNDARY block. Only one block column of one kv tile holds padding keys (and
+        never a FULL block: the tables make it BOUNDARY); the test costs a full-block VALU
+        op and a vreg store per vreg (1,846 bundles against 1,520 without, temporal-major
+        1024 x 512), so the others run without it."""
+        def run(padding: bool):
+            store(block.rows, update(block, load(block.rows), pattern, padding))
+
+        if shape.padding_kv_tile is None or block.ki != shape.padding_block_column:
+            run(False)
+            return
+        pl.when(kv_block != shape.padding_kv_tile)(functools.partial(run, False))
+        pl.when(kv_block == shape.padding_kv_tile)(functools.partial(run, True))
 
     @pl.when(active & (kind == TileKind.FULL))
     def full():
@@ -409,21 +540,24 @@ def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int,
                 state = update(block, state, None)
             store(row_blocks[0].rows, state)
 
-    for index, mask in enumerate(boundary_masks):
-        is_pattern = True if len(boundary_masks) == 1 else view.pattern == index
+    for index, pattern in enumerate(patterns):
+        is_pattern = True if len(patterns) == 1 else view.pattern == index
 
         @pl.when(active & (kind == TileKind.BOUNDARY) & is_pattern)
         def mixed():
             if not has_blocks:  # one compute block per tile: it is BOUNDARY
-                store(blocks[0].rows, update(blocks[0], load(blocks[0].rows), mask))
+                masked(blocks[0], pattern)
                 return
             word = view.blocks(local)
             for block in blocks:
                 block_kind = lax.shift_right_logical(word, block.bit) & KIND_MASK
-                for kind_here, block_mask in ((TileKind.FULL, None), (TileKind.BOUNDARY, mask)):
-                    @pl.when(block_kind == kind_here)
-                    def _(block=block, block_mask=block_mask):
-                        store(block.rows, update(block, load(block.rows), block_mask))
+
+                @pl.when(block_kind == TileKind.FULL)
+                def _(block=block):
+                    store(block.rows, update(block, load(block.rows), None))
+
+                pl.when(block_kind == TileKind.BOUNDARY)(
+                    functools.partial(masked, block, pattern))
 
     @pl.when(is_last)
     def finalize():
@@ -436,50 +570,82 @@ def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int,
             o_ref.dtype)
 
 
-def _vmem_limit(shape: KernelShape, dtype) -> int | None:
+@dataclasses.dataclass(frozen=True)
+class _PatternCode:
+    """What the kernel body needs of a pattern: its mask, layout and decoded query coords."""
+
+    boundary_mask: BoundaryMask
+    layout: KernelLayout
+    query_coords: tuple[str, ...]
+
+
+def _vmem_limit(shape: KernelShape, dtype, query_coords: int) -> int | None:
     """The module's limit (for its spec's dtype), raised when called with a wider dtype."""
     if shape.vmem_limit_bytes is None:
         return None
     need = kernel_vmem(shape.block_q, shape.block_kv, shape.cq, shape.ckv, shape.head_dim,
-                       jnp.dtype(dtype).name)
+                       jnp.dtype(dtype).name, query_coords)
     return max(shape.vmem_limit_bytes, need.limit())
 
 
-def _flat_attention(q, k, v, head_pattern, tables: PieceTables, boundary_masks, *, shape,
-                    interpret):
-    """q, k, v: [batch*heads, padded_seq_len, head_dim], each head in its pattern's order,
-    q already scaled by sm_scale * log2(e)."""
+def _head_operands(tables: PieceTables, head_pattern, static_pattern):
+    """The per-head scalar-prefetch operands and the grid's middle size (see the module
+    docstring); static_pattern: head_pattern as NumPy when it is not traced."""
     heads = int(head_pattern.shape[0])
     # Per head, where its pattern's pieces are: one SMEM read per lookup instead of two.
     head_first = jnp.asarray(tables.first_piece)[head_pattern]
     head_count = jnp.asarray(tables.num_pieces)[head_pattern]
-    operands = (head_pattern, head_first, head_count) + tuple(
-        jnp.asarray(t) for t in tables.piece_operands())
-    single = tables.max_pieces if len(boundary_masks) == 1 else None
+    operands = (head_pattern, head_first, head_count)
+    if not tables.flat:
+        return operands, tables.max_pieces
+    first_step = jnp.cumsum(head_count) - head_count
+    step_head = jnp.repeat(jnp.arange(heads, dtype=step_head_dtype(heads)), head_count,
+                           total_repeat_length=heads * tables.max_pieces)
+    if static_pattern is not None:
+        steps = int(tables.num_pieces[static_pattern].sum())
+    else:  # a dynamic grid size: Mosaic reads it at run time
+        steps = jnp.sum(head_count)
+    return operands + (first_step.astype(jnp.int32), step_head), steps
+
+
+def _flat_attention(q, k, v, head_pattern, static_pattern, tables: PieceTables, patterns, *,
+                    shape, interpret):
+    """q, k, v: [batch*heads, padded_seq_len, head_dim], each head in its pattern's order,
+    q already scaled by sm_scale * log2(e)."""
+    heads = int(head_pattern.shape[0])
+    head_operands, steps = _head_operands(tables, head_pattern, static_pattern)
+    operands = head_operands + tuple(jnp.asarray(t) for t in tables.piece_operands())
+    single = tables.max_pieces if len(patterns) == 1 else None
     has_lengths, has_blocks = tables.lengths is not None, tables.blocks is not None
     kernel = functools.partial(
         _attention_kernel, shape=shape, heads=heads, num_tables=len(operands),
-        boundary_masks=tuple(boundary_masks), single=single, has_lengths=has_lengths,
-        has_blocks=has_blocks,
+        patterns=tuple(patterns), single=single, has_lengths=has_lengths,
+        has_blocks=has_blocks, flat=tables.flat,
     )
 
-    def view(head, table_refs):
-        return _TableView(table_refs, heads, head, single, has_lengths, has_blocks)
+    def view(outer, step, table_refs):
+        return _TableView(table_refs, heads, outer, step, single, has_lengths, has_blocks,
+                          tables.flat)
 
-    def q_index_map(head, local, slot, *table_refs):
-        return head, view(head, table_refs).q_block(local), 0
+    def q_index_map(outer, step, slot, *table_refs):
+        at = view(outer, step, table_refs)
+        return at.row, at.q_block(at.local), 0
 
-    def kv_index_map(head, local, slot, *table_refs):
-        return head, view(head, table_refs).kv_block(local, slot), 0
+    def kv_index_map(outer, step, slot, *table_refs):
+        at = view(outer, step, table_refs)
+        return at.row, at.kv_block(at.local, slot), 0
 
     d = shape.head_dim
     scratch = [pltpu.VMEM((shape.block_q, LANES), jnp.float32),
                pltpu.VMEM((shape.block_q, shape.acc_width), jnp.float32)]
     if not shape.row_sum_on_mxu:
         scratch.append(pltpu.VMEM((shape.block_q, LANES), jnp.float32))
+    query_coords = max(len(p.query_coords) for p in patterns)
+    if query_coords:
+        scratch.append(pltpu.VMEM((query_coords, shape.block_q, LANES), jnp.int32))
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=len(operands),
-        grid=(q.shape[0], tables.max_pieces, tables.slots),
+        grid=(q.shape[0] // heads if tables.flat else q.shape[0], steps, tables.slots),
         in_specs=[
             pl.BlockSpec((None, shape.block_q, d), q_index_map),
             pl.BlockSpec((None, shape.block_kv, d), kv_index_map),
@@ -494,7 +660,7 @@ def _flat_attention(q, k, v, head_pattern, tables: PieceTables, boundary_masks, 
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
-            vmem_limit_bytes=_vmem_limit(shape, q.dtype)),
+            vmem_limit_bytes=_vmem_limit(shape, q.dtype, query_coords)),
         interpret=interpret,
         name="svgen_attention",  # the kernel's name in profiles and libtpu dumps
     )(*operands, q, k, v)
@@ -519,14 +685,15 @@ def make_attention(*, shape: KernelShape, patterns: Sequence[Pattern], slots: in
     order; the output has the shape and dtype of q. `head_pattern` (int [heads], may be traced)
     picks each head's pattern; it defaults to the spec's static assignment.
     """
-    tables = PieceTables.from_runs([p.runs for p in patterns], slots, shape.compute_blocks)
+    tables = PieceTables.from_runs([p.runs for p in patterns], slots, shape.compute_blocks,
+                                   walks_flat(len(patterns), shape.tensor_cores))
     layouts: list[KernelLayout] = []
     for p in patterns:
         if p.layout not in layouts:
             layouts.append(p.layout)
     # NumPy here: importing a generated module must not start a JAX backend.
     layout_of_pattern = np.asarray([layouts.index(p.layout) for p in patterns], np.int32)
-    boundary_masks = [p.boundary_mask for p in patterns]
+    codes = [_PatternCode(p.boundary_mask, p.layout, tuple(p.query_coords)) for p in patterns]
 
     def attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None):
         _check_operands(q, k, v, shape)
@@ -539,6 +706,9 @@ def make_attention(*, shape: KernelShape, patterns: Sequence[Pattern], slots: in
                 raise ValueError(f"q has {heads} heads, the spec {shape.heads}: pass the "
                                  "head_pattern of these heads (e.g. its shard under shard_map)")
             head_pattern = default_head_pattern
+        # A concrete assignment gives the flat walk a static grid.
+        static_pattern = (None if isinstance(head_pattern, jax.core.Tracer)
+                          else np.asarray(head_pattern, np.int64).reshape(heads))
         head_pattern = jnp.asarray(head_pattern, jnp.int32).reshape(heads)
         head_layout = jnp.asarray(layout_of_pattern)[head_pattern]
         lead = q.shape[:-2]
@@ -555,7 +725,7 @@ def make_attention(*, shape: KernelShape, patterns: Sequence[Pattern], slots: in
 
         out = _flat_attention(
             to_kernel(q, float(sm_scale) * LOG2_E), to_kernel(k), to_kernel(v), head_pattern,
-            tables, boundary_masks, shape=shape, interpret=interpret,
+            static_pattern, tables, codes, shape=shape, interpret=interpret,
         )
         out = out[:, : shape.seq_len].reshape(lead + (shape.seq_len, shape.head_dim))
         return _per_head_layout(out, layouts, head_layout, to_kernel=False)

@@ -17,6 +17,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
+from svgen.runtime import coords
 from svgen.runtime.kernel import Pattern
 
 
@@ -42,7 +43,8 @@ def pattern_errors(q, k, v, patterns: Sequence[Pattern], *, key, num_queries: in
     errors = []
     for pattern in patterns:
         position = jnp.asarray(pattern.layout.kernel_position)  # user index -> kernel position
-        keep = pattern.boundary_mask(position[rows][:, None], position[None, :])
+        keep = coords.keep(pattern.boundary_mask, pattern.layout, position[rows][:, None],
+                           position[None, :])
         approx = _masked_softmax_output(scores, keep, v32)
         err = jnp.mean((approx - exact) ** 2, axis=(-2, -1))  # [..., heads]
         errors.append(err.reshape((-1,) + err.shape[-1:]).mean(axis=0))  # over the batch

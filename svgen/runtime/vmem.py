@@ -19,7 +19,7 @@ class VmemNeed:
     """What one kernel keeps in VMEM, in bytes, by part (see `kernel_vmem`)."""
 
     pipeline: int  # q, k, v and output blocks, each double-buffered
-    scratch: int  # m, [acc | l] carried across a q tile's steps
+    scratch: int  # m, [acc | l] carried across a q tile's steps; decoded query coordinates
     temporaries: int  # score and probability tiles of the compute blocks in flight
 
     @property
@@ -32,16 +32,18 @@ class VmemNeed:
 
 
 def kernel_vmem(block_q: int, block_kv: int, compute_q: int, compute_kv: int, head_dim: int,
-                dtype: str) -> VmemNeed:
+                dtype: str, query_coords: int = 0) -> VmemNeed:
     """The VMEM the generated kernel needs (mirrors `svgen.runtime.kernel`'s buffers).
 
     Temporaries: the f32 scores and the narrowed probabilities of one compute block (the
     compiler streams the rest through vregs). Measured against libtpu: 2048 x 2048 compute
     blocks compile in 24 MiB where this says 31; the tests AOT-compile the largest tilings
-    each target accepts at the limit derived from this.
+    each target accepts at the limit derived from this. `query_coords`: how many query
+    coordinates a boundary mask reads (each kept lane-replicated, [block_q, 128] int32).
     """
     item = ITEMSIZE[dtype]
     pipeline = 2 * item * head_dim * (2 * block_q + 2 * block_kv)
     acc_width = head_dim + (LANES if head_dim % 256 == 128 else 0)
-    scratch = 4 * block_q * (LANES + acc_width + (0 if head_dim % 256 == 128 else LANES))
+    scratch = 4 * block_q * (LANES + acc_width + (0 if head_dim % 256 == 128 else LANES)
+                             + LANES * query_coords)
     return VmemNeed(pipeline, scratch, compute_q * compute_kv * (4 + item))

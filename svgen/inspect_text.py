@@ -1,0 +1,129 @@
+"""`svgen inspect` as text for people: the same facts as `--json`, in words and rounded numbers.
+
+Lines are built from the JSON summaries (`Plan.summary`, `PatternPlan.summary`), each known
+key consumed by the line that words it; a key added later still prints, generically, so text
+and JSON never disagree about what is reported.
+"""
+
+from __future__ import annotations
+
+from svgen.analysis import Plan
+from svgen.codegen.tilemap import render_tile_map
+
+KIND_ORDER = ("full", "boundary", "empty")
+
+
+def inspect_lines(plan: Plan, spec_file: str) -> list[str]:
+    """The whole text report: the kernel, then per pattern its statistics and tile map."""
+    pattern_keys = set(plan.patterns[0].summary()) if len(plan.patterns) == 1 else set()
+    summary = {k: v for k, v in plan.summary().items() if k not in pattern_keys}
+    lines = [f"{plan.spec.name} ({spec_file})"]
+    lines += [f"  {line}" for line in _kernel_lines(summary)]
+    for pattern in plan.patterns:
+        lines += ["", f"  pattern {pattern.name}: {pattern.mask.describe()}"]
+        lines += [f"    {line}" for line in _pattern_lines(pattern.summary())]
+        lines += [f"    {line}" for line in render_tile_map(pattern.kinds)]
+    return lines
+
+
+def _kernel_lines(s: dict) -> list[str]:
+    s = dict(s)
+    for key in ("name", "patterns"):
+        s.pop(key, None)
+    lines = [
+        f"tokens: {_count(s.pop('seq_len'))} (padded to {_count(s.pop('padded_seq_len'))})",
+        f"tiles: {s.pop('block_q')} x {s.pop('block_kv')}, a {s.pop('num_q_blocks')} x "
+        f"{s.pop('num_kv_blocks')} grid; compute blocks {s.pop('compute_q')} x "
+        f"{s.pop('compute_kv')}",
+        f"target: {s.pop('target')}; VMEM {_bytes(s.pop('vmem_bytes'))} "
+        f"(limit {_bytes(s.pop('vmem_limit_bytes'))})",
+        f"SMEM tables: {_bytes(s.pop('table_bytes'))}; {_count(s.pop('grid_steps'))} grid "
+        f"steps per head; {_plural(s.pop('slots_per_piece'), 'tile slot')} per piece",
+    ]
+    if "assign" in s:
+        lines.append(f"heads: {_assignment(s.pop('assign'))}")
+    return lines + _generic_lines(s)
+
+
+def _pattern_lines(s: dict) -> list[str]:
+    s = dict(s)
+    layout = s.pop("layout")
+    if "anchor_frames" in s:
+        layout += f", {_plural(s.pop('anchor_frames'), 'anchor frame')}"
+    lines = [
+        f"layout: {layout}",
+        f"tiles: {_kinds(s.pop('tiles'))}; visited fraction "
+        f"{_fraction(s.pop('visited_fraction'))} ({_count(s.pop('visited_steps'))} grid steps)",
+        f"compute blocks: {_kinds(s.pop('compute_blocks'))}",
+        _density(s.pop("density"), s.pop("density_is_exact"), s.pop("density_upper", None)),
+    ]
+    unproven = s.pop("unproven_boundary_tiles")
+    if unproven:
+        lines.append(f"unproven boundary tiles: {_count(unproven)} (left BOUNDARY: interval "
+                     f"arithmetic could not decide them)")
+    return lines + _generic_lines(s)
+
+
+def _density(low: float, exact: bool, high: float | None) -> str:
+    if exact:
+        return f"density: {_fraction(low)} of token pairs kept (exact)"
+    return (f"density: between {_fraction(low)} and {_fraction(high)} of token pairs kept "
+            f"(bounds: the mask was not evaluated everywhere)")
+
+
+def _assignment(assign) -> str:
+    """'runtime', or per-head names grouped into ranges: 'heads 0-3 spatial, 4 temporal'."""
+    if assign == "runtime":
+        return "each head's pattern is chosen at run time (profile())"
+    groups: list[list] = []
+    for head, name in enumerate(assign):
+        if groups and groups[-1][2] == name:
+            groups[-1][1] = head
+        else:
+            groups.append([head, head, name])
+    return ", ".join(f"{a} {name}" if a == b else f"{a}-{b} {name}" for a, b, name in groups)
+
+
+def _generic_lines(s: dict) -> list[str]:
+    return [f"{key.replace('_', ' ')}: {_value(value)}" for key, value in s.items()]
+
+
+def _kinds(counts: dict) -> str:
+    order = [k for k in KIND_ORDER if k in counts] + [k for k in counts if k not in KIND_ORDER]
+    return ", ".join(f"{_count(counts[k])} {k}" for k in order)
+
+
+def _value(value) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return _count(value)
+    if isinstance(value, float):
+        return _fraction(value)
+    if isinstance(value, dict):
+        return ", ".join(f"{key.replace('_', ' ')} {_value(v)}" for key, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_value(v) for v in value)
+    return str(value)
+
+
+def _count(n: int) -> str:
+    return f"{n:,}"
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{_count(n)} {noun}{'' if n == 1 else 's'}"
+
+
+def _fraction(x: float) -> str:
+    """Four decimals; small values in significant digits, so that they do not read as 0."""
+    return f"{x:.4f}" if x == 0 or x >= 0.001 else f"{x:.3g}"
+
+
+def _bytes(n: int) -> str:
+    """Bytes up to 10 KiB, then KiB and MiB to one decimal (--json has the exact count)."""
+    if n < 10 * 1024:
+        return f"{_count(n)} bytes"
+    if n < 2 ** 20:
+        return f"{n / 1024:.1f} KiB"
+    return f"{n / 2 ** 20:,.1f} MiB"

@@ -1,0 +1,75 @@
+"""Limits on what a spec may ask for, so that no spec file can hang or exhaust the compiler.
+
+Each limit bounds one kind of work that would otherwise grow without bound with a small,
+hostile file: YAML aliases expand exponentially, pattern references fan out, a long sum
+makes sympy quadratic, deep nesting exhausts Python's stack, huge integers overflow NumPy,
+and a huge geometry asks for a dense tile grid that no machine holds. Every value is far
+above what a real video model needs (the shipped specs use at most 119,056 tokens, masks
+of under 10 nodes and predicates of under 40 tokens), and each one is checked in
+:mod:`svgen.spec` (or :mod:`svgen.expr`) before the work it bounds starts, so a spec over a
+limit is one :class:`svgen.errors.SpecError` naming the limit, in well under a second.
+
+README.md lists these under "Limits"; change both together.
+"""
+
+from __future__ import annotations
+
+# --------------------------------------------------------------------------- the YAML text
+
+#: Bytes in a spec file. The shipped specs are under 2 KiB.
+MAX_SPEC_BYTES = 256 * 1024
+#: Nesting of YAML mappings and lists, checked while composing (PyYAML's composer recurses
+#: once per level, so without it ~1,000 levels overflow Python's stack). Leaves room for a
+#: mask nested MAX_MASK_DEPTH deep through any_of (two YAML levels per mask level).
+MAX_YAML_DEPTH = 150
+#: YAML nodes once aliases are expanded (each shared node counted as often as it is used,
+#: computed without expanding anything): an 849-byte "billion laughs" alias bomb expands
+#: to ~10^9 nodes.
+MAX_YAML_NODES = 1 << 16
+
+# --------------------------------------------------------------------------- sizes and numbers
+
+#: Tokens in a sequence (frames x height x width + text_tokens): bounds every coordinate
+#: and every array the analysis builds per row or per key. 2.6x the 1.6M-token 2K video of
+#: bench/compile_speed.py; at this length MAX_TILE_PAIRS asks for compute blocks of at
+#: least 1024 x 1024.
+MAX_SEQ_LEN = 1 << 22
+#: The largest value of any integer parameter of a mask primitive (frames, rows, cols,
+#: stride, width, tokens): a value past the sequence length means the same as the sequence
+#: length, and the bound keeps the kernel's int32 index arithmetic far from overflow.
+MAX_PARAM = MAX_SEQ_LEN
+#: attention.heads.
+MAX_HEADS = 1024
+#: Compute-block pairs the analysis classifies, over all candidate patterns together:
+#: ceil(N / compute_q) x ceil(N / compute_kv) x candidates. The analysis keeps one byte per
+#: pair (a dense tile grid), so this caps that grid at 16 MiB; a long sequence needs larger
+#: compute blocks.
+MAX_TILE_PAIRS = 1 << 24
+
+# --------------------------------------------------------------------------- masks
+
+#: Length of a spec or pattern name (it becomes a Python module or identifier).
+MAX_NAME_LEN = 64
+#: Named patterns in one spec (each candidate is analyzed on its own).
+MAX_PATTERNS = 64
+#: Nesting of one mask (any_of / all_of / not / ref levels), counting the levels of the
+#: patterns that refs name: every pass over a mask recurses once per level.
+MAX_MASK_DEPTH = 64
+#: Size of one mask once refs are expanded: one per primitive or combinator, and one per
+#: token for an `expr`. Every pass over a mask (lowering, row bounds, evaluation) visits the
+#: expanded tree, so a few lines of refs that each name the next pattern twice would
+#: otherwise ask for 2^n nodes.
+MAX_MASK_SIZE = 512
+
+# --------------------------------------------------------------------------- expr predicates
+
+#: Characters in one `expr` (checked before tokenizing).
+MAX_EXPR_CHARS = 4096
+#: Tokens in one `expr`: sympy builds sums term by term (quadratic), and the analysis
+#: evaluates the predicate on up to 2^26 undecided pairs.
+MAX_EXPR_TOKENS = 256
+#: Nesting of parentheses, function calls, `not` and unary signs in one `expr` (the parser
+#: recurses about ten Python frames per level).
+MAX_EXPR_DEPTH = 32
+#: The largest integer literal in an `expr`: the kernel evaluates predicates in int32.
+MAX_EXPR_LITERAL = 2**31 - 1
