@@ -38,7 +38,7 @@ import numpy as np
 from svgen.runtime.kinds import TileKind
 
 KERNEL_NAME = "svgen_attention"
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +51,7 @@ class PathCosts:
     # [pattern][block] = extra bundles of the block as (FULL, BOUNDARY, BOUNDARY on the kv tile
     # holding padding keys)
     block: tuple[tuple[tuple[int, int, int], ...], ...]
-    init: int
+    init: tuple[int, ...]  # per pattern (each decodes its own query coordinates)
     finalize: int
     pipeline: int  # one of the two extra iterations (prologue / epilogue)
 
@@ -61,8 +61,8 @@ class PathCosts:
     @classmethod
     def from_json(cls, obj: dict) -> "PathCosts":
         return cls(obj["bookkeeping"], obj["full"], tuple(obj["mixed"]),
-                   tuple(tuple(tuple(b) for b in p) for p in obj["block"]), obj["init"],
-                   obj["finalize"], obj["pipeline"])
+                   tuple(tuple(tuple(b) for b in p) for p in obj["block"]),
+                   tuple(obj["init"]), obj["finalize"], obj["pipeline"])
 
     def tile_cost(self, pattern: int, kind: int, word: int, padding: bool = False) -> int:
         """Bundles of one grid step on a tile of this kind (and blocks word); `padding`: the
@@ -104,13 +104,17 @@ def read_paths(schedule, patterns: int, compute_blocks: int) -> PathCosts:
     per_pattern_blocks = []
     mixed_base = []
 
-    def inside(branch, depth):
-        return [b for b in loop_branches if b.depth == depth
-                and branch.skipped.start <= b.address < branch.skipped.stop]
+    def inside(branch):
+        """The branches directly inside `branch` (by span, so that a branch the scheduler
+        put in the delay slots of its parent still counts as its child)."""
+        within = [b for b in loop_branches if branch.address < b.address < branch.target
+                  and b.target <= branch.target]
+        return [b for b in within if not any(
+            c.address < b.address < c.target and b.target <= c.target for c in within)]
 
     def variants(branch, skipped: set[int], base: int) -> tuple[int, int]:
         """(without, with) the padding test of a masked body inside `branch`."""
-        pair = inside(branch, branch.depth + 1)
+        pair = inside(branch)
         if not pair:
             cost_here = cost(skipped) - base
             return cost_here, cost_here
@@ -126,7 +130,7 @@ def read_paths(schedule, patterns: int, compute_blocks: int) -> PathCosts:
             plain, padded = variants(m, others, bookkeeping)
             per_pattern_blocks.append(((0, plain, padded),))
             continue
-        inner = inside(m, stage + 2)
+        inner = inside(m)
         if len(inner) != 2 * compute_blocks:
             raise RuntimeError(f"expected {2 * compute_blocks} compute-block branches in a "
                                f"BOUNDARY tile, found {len(inner)}")
@@ -142,7 +146,23 @@ def read_paths(schedule, patterns: int, compute_blocks: int) -> PathCosts:
     stage_branch = [b for b in loop_branches if b.depth == stage]
     pipeline = cost({b.address for b in stage_branch}) if stage_branch else bookkeeping
     return PathCosts(bookkeeping, only(full), tuple(mixed_base), tuple(per_pattern_blocks),
-                     only(init) - bookkeeping, only(finalize) - bookkeeping, pipeline)
+                     _init_per_pattern(init, inside(init), patterns, only, cost, phases),
+                     only(finalize) - bookkeeping, pipeline)
+
+
+def _init_per_pattern(init, decodes, patterns: int, only, cost, phases) -> tuple[int, ...]:
+    """init's cost for a head of each pattern: with several patterns that decode query
+    coordinates, init holds one decode branch per such pattern, and a head runs its own."""
+    bookkeeping = only()
+    if patterns == 1 or not decodes:
+        return (only(init) - bookkeeping,) * patterns
+    if len(decodes) != patterns:
+        # Patterns without query coordinates have no decode branch: charge every head the
+        # dearest decode (an upper bound, said here rather than guessed per pattern).
+        return (only(init) - bookkeeping,) * patterns
+    run_init = phases - {init.address}
+    return tuple(cost(run_init | {d.address for d in decodes if d is not mine}) - bookkeeping
+                 for mine in decodes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,7 +236,7 @@ def model_cycles(paths: PathCosts, tables, head_pattern,
         skipped = (count if tables.flat else tables.max_pieces) * tables.slots - work
         steps["skipped"] += skipped
         by_path["skipped"] += skipped * paths.bookkeeping
-        by_path["init_finalize"] += q_tiles * (paths.init + paths.finalize)
+        by_path["init_finalize"] += q_tiles * (paths.init[pattern] + paths.finalize)
     total = sum(by_path.values())
     return total, steps, by_path
 
@@ -384,7 +404,8 @@ def format_report(report: CostReport, plan) -> list[str]:
             f"BOUNDARY {boundary} ({boundary / per_block:.0f}{ratio})"
             + (f"; {padded} with the padding test (one kv tile)" if padded > max(
                 boundary_blocks) else ""))
-    lines.append(f"    init {p.init}, finalize {p.finalize} (per q tile)")
+    init = ", ".join(str(i) for i in p.init) if len(set(p.init)) > 1 else str(p.init[0])
+    lines.append(f"    init {init}, finalize {p.finalize} (per q tile)")
     steps = report.steps
     lines.append(f"  steps over {report.heads} heads: {steps['full']:,} FULL, "
                  f"{steps['mixed']:,} BOUNDARY, {steps['empty']:,} zero-fill, "

@@ -100,3 +100,29 @@ def test_tile_map_downsamples_and_marks_mixed_cells():
     lines = render_tile_map(kinds, max_rows=2, max_cols=2)
     assert lines[2:] == ["+#", ".."]
     assert render_tile_map(kinds)[2] == "#.##"
+
+
+@pytest.mark.parametrize("text", [0, 5])
+@pytest.mark.parametrize("order", ["frame_major", "temporal_major"])
+@pytest.mark.parametrize("mask", [
+    {"any_of": [{"band": {"width": 6}}, {"prefix": {"tokens": 7}}]},
+    {"any_of": [{"first_frame": {"frames": 1}}, {"spatial_window": {"frames": 1}}]},
+    {"any_of": [{"first_frame": {"frames": 1}}, {"prefix": {"tokens": 3}},
+                {"spatial_window": {"frames": 0}}]},
+    {"any_of": [{"first_frame": {"frames": 1}}, {"temporal_stride": {}}]},
+])
+def test_window_or_key_terms_fuse_and_equal_the_oracle(mask, order, text):
+    """A window or'ed with key-only terms is one compare with the key terms as a bit mask
+    (coords.within(..., unless=...)); place equality replaces row and column equality."""
+    lay = SequenceLayout(4, 3, 5, text, False, order, 1 if order == "temporal_major" else 0)
+    _, lowered = _lower_dict(mask, lay, 128, 128)
+    fn, text_src = _emitted_function(lowered, lay)
+    if "temporal_stride" in mask["any_of"][1]:
+        assert "q.place == k.place" in text_src
+    elif not text:  # with text tokens the window also tests is_text: not a bare window
+        assert "unless=" in text_src, text_src
+    pos = jnp.arange(lay.seq_len, dtype=jnp.int32)
+    q = coords.QueryCoords(pos[None, :], kernel_layout(lay))
+    k = coords.TokenCoords(pos[None, :], kernel_layout(lay))
+    got = np.broadcast_to(np.asarray(fn(q, k)), (lay.seq_len, lay.seq_len))
+    np.testing.assert_array_equal(got, dense_keep(lowered, lay), err_msg=text_src)

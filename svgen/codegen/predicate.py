@@ -65,6 +65,10 @@ class _Emitter:
         return base if n == 0 else f"{base}_{n + 1}"
 
     def node(self, node) -> str:
+        if isinstance(node, ir.AnyOf):
+            fused = self._within_unless(node)
+            if fused is not None:
+                return fused
         name = self.fresh(_NAMES[type(node)])
         if isinstance(node, (ir.AnyOf, ir.AllOf)):
             parts = [self.node(c) for c in node.children]
@@ -80,6 +84,32 @@ class _Emitter:
             self.lines.append(f"# {node.describe()}")
             self.lines.append(f"{name} = {_strip(self.boolean(self._specialize(node.predicate())))}")
         return name
+
+    def _within_unless(self, node: ir.AnyOf) -> str | None:
+        """A window |x| <= c or'ed with terms that read only the key (band | prefix,
+        spatial_window | first_frame): the key terms become a [1, keys] bit mask that the
+        window's unsigned compare ANDs in (runtime.coords.within), one full-block op instead
+        of a broadcast and an or (two)."""
+        key_only = [c for c in node.children if self._reads_only(c, "_k")]
+        rest = [c for c in node.children if c not in key_only]
+        if not key_only or len(rest) != 1:
+            return None
+        window = self._specialize(rest[0].predicate())
+        if isinstance(window, sympy.Eq):  # a == b is |a - b| <= 0
+            window = sympy.Le(sympy.Abs(window.args[0] - window.args[1]), 0, evaluate=False)
+        parts = self._within_parts(window)
+        if parts is None:
+            return None
+        unless = [self.node(c) for c in key_only]
+        name = self.fresh(_NAMES[ir.AnyOf])
+        self.lines.append(f"# {rest[0].describe()}; or any key kept by {' or '.join(unless)}")
+        self.lines.append(f"{name} = coords.within({parts[0]}, {parts[1]}, "
+                          f"unless={' | '.join(unless)})")
+        return name
+
+    def _reads_only(self, node, side: str) -> bool:
+        symbols = self._specialize(node.predicate()).free_symbols
+        return bool(symbols) and all(s.name.endswith(side) for s in symbols)
 
     def _specialize(self, predicate):
         """Drop the text tests of a geometry without text: each is a full-tile VALU op."""
@@ -133,14 +163,18 @@ class _Emitter:
     def _abs_within(self, e):
         """|x| <= c as one unsigned compare of x + c against 2c (runtime.coords.within):
         two full-tile VALU ops instead of four; the constant joins the narrow operand."""
+        parts = self._within_parts(e)
+        return None if parts is None else f"coords.within({parts[0]}, {parts[1]})"
+
+    def _within_parts(self, e) -> tuple[str, int] | None:
+        """(x + c printed, 2c) when e is |x| <= c, else None."""
         if isinstance(e, sympy.Ge):
             e = sympy.Le(e.args[1], e.args[0], evaluate=False)
         if not (isinstance(e, sympy.Le) and isinstance(e.args[0], sympy.Abs)
                 and isinstance(e.args[1], sympy.Integer) and int(e.args[1]) >= 0):
             return None
         bound = int(e.args[1])
-        shifted = _strip(self.integer(sympy.Add(e.args[0].args[0], bound)))
-        return f"coords.within({shifted}, {2 * bound})"
+        return _strip(self.integer(sympy.Add(e.args[0].args[0], bound))), 2 * bound
 
     def _is_text_test(self, e):
         """is_text_x == 0/1 printed as the boolean itself."""

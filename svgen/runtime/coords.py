@@ -222,8 +222,15 @@ def keep(mask, layout: KernelLayout, q_pos, k_pos):
     return mask(TokenCoords(q_pos, layout), TokenCoords(k_pos, layout))
 
 
-def within(shifted, width: int):
+def within(shifted, width: int, unless=None):
     """0 <= shifted <= width, i.e. |x| <= width / 2 for shifted = x + width / 2: one unsigned
     compare (a negative value wraps above any width), two VALU ops per vreg less than
-    abs and a signed compare."""
-    return lax.bitcast_convert_type(shifted, jnp.uint32) <= jnp.uint32(width)
+    abs and a signed compare.
+
+    unless: a bool [1, keys] of keys kept whatever shifted is; it clears their bits before
+    the compare (0 <= width), one AND per vreg instead of broadcasting the bools and an OR.
+    """
+    bits = lax.bitcast_convert_type(shifted, jnp.uint32)
+    if unless is not None:
+        bits = bits & jnp.where(unless, jnp.uint32(0), jnp.uint32(0xFFFFFFFF))
+    return bits <= jnp.uint32(width)

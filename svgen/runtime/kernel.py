@@ -39,6 +39,7 @@ Scalar prefetch (SMEM) holds:
     head_num_pieces[heads]       (both gathered from per-pattern tables by the wrapper)
     head_first_step[heads]       flat: the head's first grid step (exclusive cumsum of counts)
     step_head[heads * max]       flat: the head of each grid step (int8, int16 past 127 heads)
+    step_piece[heads * max]      flat: the piece of each grid step (int16, int32 past 32767)
     entries[all pieces]          q_block << 17 | kv_start << 2 | kind     (kind: TileKind)
     lengths[all pieces]          only when slots > 1 (int8, or int16 past 127)
     blocks[all pieces]           only with several compute blocks per tile (int8/16/32)
@@ -148,6 +149,11 @@ def step_head_dtype(heads: int):
     return np.int8 if heads <= 127 else np.int16 if heads <= 32767 else np.int32
 
 
+def piece_index_dtype(tables: "PieceTables"):
+    """The smallest integer type of a flat walk's per-step piece index."""
+    return np.int16 if tables.entries.shape[0] <= 32767 else np.int32
+
+
 def walks_flat(patterns: int, tensor_cores: int) -> bool:
     """Flat walk: several patterns, one TensorCore (see the module docstring)."""
     return patterns > 1 and tensor_cores == 1
@@ -195,8 +201,10 @@ class PieceTables:
         """Bytes of SMEM: per head its pattern, first piece and piece count (flat: and first
         step, and the head of every possible step); the pieces."""
         per_head = 12 * heads
-        if self.flat:
-            per_head += 4 * heads + heads * self.max_pieces * np.dtype(step_head_dtype(heads)).itemsize
+        if self.flat:  # head_first_step; step_head and step_piece for every possible step
+            per_step = (np.dtype(step_head_dtype(heads)).itemsize
+                        + np.dtype(piece_index_dtype(self)).itemsize)
+            per_head += 4 * heads + heads * self.max_pieces * per_step
         return int(per_head + sum(t.nbytes for t in self.piece_operands()))
 
     def piece_operands(self) -> tuple[np.ndarray, ...]:
@@ -278,11 +286,12 @@ def _kv_block(entry):
 
 
 @dataclasses.dataclass(frozen=True)
-class _TableView:
-    """Reads of the SMEM tables for the head of one grid step, in the kernel and index maps.
+class _StepView:
+    """Reads of the SMEM tables for one grid step, in the kernel body and the index maps.
 
-    refs: head_pattern, head_first_piece, head_num_pieces[, head_first_step, step_head],
-    entries[, lengths][, blocks] (see the module docstring).
+    refs: head_pattern, head_first_piece, head_num_pieces[, head_first_step, step_head,
+    step_piece], entries[, lengths][, blocks] (see the module docstring). Every read is a
+    short chain of SMEM loads from the grid indices: the scalar work of a step.
     """
 
     refs: tuple
@@ -307,11 +316,6 @@ class _TableView:
         return self.outer * self.heads + self.head if self.flat else self.outer
 
     @property
-    def local(self):
-        """The step's piece, counted from the head's pattern's first."""
-        return self.step - self.refs[3][self.head] if self.flat else self.step
-
-    @property
     def pattern(self):
         if self.single_pattern_pieces is not None:
             return 0
@@ -323,39 +327,71 @@ class _TableView:
             return self.single_pattern_pieces
         return self.refs[2][self.head]
 
-    def piece(self, local):
-        """Index into `entries` of the head's local piece (clamped to its last piece)."""
-        if self.single_pattern_pieces is not None:  # static bounds: no table indirection
-            return jnp.minimum(local, self.single_pattern_pieces - 1)
-        return self.refs[1][self.head] + jnp.minimum(local, self.count - 1)
+    @property
+    def first_piece(self):
+        return 0 if self.single_pattern_pieces is not None else self.refs[1][self.head]
+
+    @property
+    def piece(self):
+        """Index into `entries` of this step's piece (per head: clamped to the head's last)."""
+        if self.flat:  # one load: the wrapper resolved (head, local piece) per step
+            return self.refs[5][self.step].astype(jnp.int32)
+        return self.first_piece + jnp.minimum(self.step, self.count - 1)
+
+    @property
+    def in_range(self):
+        """The step is one of the head's pieces (per head: past them it only repeats)."""
+        return True if self.flat else self.step < self.count
+
+    @property
+    def is_first_piece(self):
+        """The head's first piece."""
+        return self.step == (self.refs[3][self.head] if self.flat else 0)
+
+    @property
+    def is_last_piece(self):
+        if self.flat:
+            return self.step == self.refs[3][self.head] + self.count - 1
+        return self.step == self.count - 1
 
     @property
     def _entries_at(self) -> int:
-        return 5 if self.flat else 3
+        return 6 if self.flat else 3
 
-    def entry(self, local):
-        return self.refs[self._entries_at][self.piece(local)]
+    def entry(self, offset: int = 0):
+        """The entry of this step's piece, or of the one `offset` pieces away (clamped to
+        the table; read only where the head has such a piece)."""
+        entries = self.refs[self._entries_at]
+        piece = self.piece + offset
+        if offset < 0:
+            piece = jnp.maximum(piece, 0)
+        elif offset > 0:
+            piece = jnp.minimum(piece, entries.shape[0] - 1)
+        return entries[piece]
 
-    def length(self, local):
+    @property
+    def length(self):
         if not self.has_lengths:
             return 1
-        return self.refs[self._entries_at + 1][self.piece(local)].astype(jnp.int32)
+        return self.refs[self._entries_at + 1][self.piece].astype(jnp.int32)
 
-    def blocks(self, local):
+    @property
+    def blocks(self):
         """The tile's `blocks` word (2 bits per compute block), sign extension masked off."""
-        word = self.refs[-1][self.piece(local)]
+        word = self.refs[-1][self.piece]
         bits = 8 * word.dtype.itemsize
         word = word.astype(jnp.int32)
         return word if bits == 32 else word & ((1 << bits) - 1)
 
-    def q_block(self, local):
-        return _q_block(self.entry(local))
+    @property
+    def q_block(self):
+        return _q_block(self.entry())
 
-    def kv_block(self, local, slot):
+    def kv_block(self, slot):
         # Slots past the piece's end repeat its last kv tile: the pipeline fetches nothing.
         if not self.has_lengths:
-            return _kv_block(self.entry(local))
-        return _kv_block(self.entry(local)) + jnp.minimum(slot, self.length(local) - 1)
+            return _kv_block(self.entry())
+        return _kv_block(self.entry()) + jnp.minimum(slot, self.length - 1)
 
 
 def _lanes(x, width: int):
@@ -459,20 +495,19 @@ def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int,
     m_scratch, acc_scratch = scratch[0], scratch[1]
     l_scratch = None if shape.row_sum_on_mxu else scratch[2]
     coords_ref = scratch[-1] if any(p.query_coords for p in patterns) else None
-    view = _TableView(table_refs, heads, pl.program_id(0), pl.program_id(1), single,
-                      has_lengths, has_blocks, flat)
-    local, slot = view.local, pl.program_id(2)
-    count = view.count
-    entry = view.entry(local)
+    view = _StepView(table_refs, heads, pl.program_id(0), pl.program_id(1), single,
+                     has_lengths, has_blocks, flat)
+    slot = pl.program_id(2)
+    entry = view.entry()
     kind = entry & KIND_MASK
     q_block = _q_block(entry)
-    length = view.length(local)
-    active = (local < count) & (slot < length)
+    length = view.length
+    active = view.in_range & (slot < length)
     is_first = active & (slot == 0) & (
-        (local == 0) | (view.q_block(jnp.maximum(local - 1, 0)) != q_block))
+        view.is_first_piece | (_q_block(view.entry(-1)) != q_block))
     is_last = active & (slot == length - 1) & (
-        (local == count - 1) | (view.q_block(local + 1) != q_block))
-    kv_block = view.kv_block(local, slot)
+        view.is_last_piece | (_q_block(view.entry(+1)) != q_block))
+    kv_block = view.kv_block(slot)
     blocks = [_Block(qi, ki, shape) for qi in range(shape.q_blocks_per_tile)
               for ki in range(shape.kv_blocks_per_tile)]
 
@@ -548,7 +583,7 @@ def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int,
             if not has_blocks:  # one compute block per tile: it is BOUNDARY
                 masked(blocks[0], pattern)
                 return
-            word = view.blocks(local)
+            word = view.blocks
             for block in blocks:
                 block_kind = lax.shift_right_logical(word, block.bit) & KIND_MASK
 
@@ -598,14 +633,20 @@ def _head_operands(tables: PieceTables, head_pattern, static_pattern):
     operands = (head_pattern, head_first, head_count)
     if not tables.flat:
         return operands, tables.max_pieces
-    first_step = jnp.cumsum(head_count) - head_count
-    step_head = jnp.repeat(jnp.arange(heads, dtype=step_head_dtype(heads)), head_count,
-                           total_repeat_length=heads * tables.max_pieces)
+    first_step = (jnp.cumsum(head_count) - head_count).astype(jnp.int32)
+    bound = heads * tables.max_pieces  # the most steps any assignment can have
+    step_head = jnp.repeat(jnp.arange(heads, dtype=jnp.int32), head_count,
+                           total_repeat_length=bound)
+    # Per step, its piece in `entries`: one SMEM load instead of a chain of them.
+    step_piece = head_first[step_head] + jnp.arange(bound, dtype=jnp.int32) - first_step[
+        step_head]
+    step_piece = jnp.clip(step_piece, 0, tables.entries.shape[0] - 1)
     if static_pattern is not None:
         steps = int(tables.num_pieces[static_pattern].sum())
     else:  # a dynamic grid size: Mosaic reads it at run time
         steps = jnp.sum(head_count)
-    return operands + (first_step.astype(jnp.int32), step_head), steps
+    return operands + (first_step, step_head.astype(step_head_dtype(heads)),
+                       step_piece.astype(piece_index_dtype(tables))), steps
 
 
 def _flat_attention(q, k, v, head_pattern, static_pattern, tables: PieceTables, patterns, *,
@@ -624,16 +665,16 @@ def _flat_attention(q, k, v, head_pattern, static_pattern, tables: PieceTables, 
     )
 
     def view(outer, step, table_refs):
-        return _TableView(table_refs, heads, outer, step, single, has_lengths, has_blocks,
-                          tables.flat)
+        return _StepView(table_refs, heads, outer, step, single, has_lengths, has_blocks,
+                         tables.flat)
 
     def q_index_map(outer, step, slot, *table_refs):
         at = view(outer, step, table_refs)
-        return at.row, at.q_block(at.local), 0
+        return at.row, at.q_block, 0
 
     def kv_index_map(outer, step, slot, *table_refs):
         at = view(outer, step, table_refs)
-        return at.row, at.kv_block(at.local, slot), 0
+        return at.row, at.kv_block(slot), 0
 
     d = shape.head_dim
     scratch = [pltpu.VMEM((shape.block_q, LANES), jnp.float32),
