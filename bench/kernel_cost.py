@@ -91,7 +91,7 @@ def _row(label, filename, overrides, tiling_name, tiling, splash_cycles) -> str:
     p, t = report.paths, plan.spec.tiling
     per_tile = t.block_q * t.block_kv / (512 * 512)
     full = (p.full - p.bookkeeping) / per_tile
-    boundary = [b for blocks in p.block for _, b in blocks]
+    boundary = [b for blocks in p.block for _, b, _ in blocks]
     full_block = (p.full - p.bookkeeping) / t.compute_blocks
     ratio = (sum(boundary) / len(boundary)) / full_block
     busy = report.cycles - report.cycles_by_path["skipped"]

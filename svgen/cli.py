@@ -1,5 +1,7 @@
 """The `svgen` command: compile specs into generated/, check them, inspect them.
 
+`svgen schema` prints the JSON Schema of spec files (svgen.schema.json, for editors).
+
 Exit status: 0 success; 1 `--check` (or `--diff`, which implies it) found stale or
 hand-edited files; 2 bad input (a spec error, printed as file:line:column: key: message,
 without a traceback). Nothing is written unless every spec compiled, and never with --check
@@ -83,6 +85,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="compile even when the per-path costs are cached (~/.cache/svgen)")
     _add_budget(p)
     p.set_defaults(run=_cost)
+
+    p = sub.add_parser("schema", help="print the JSON Schema of spec files (draft 2020-12), "
+                                      "for editor completion")
+    p.set_defaults(run=_schema)
     return parser
 
 
@@ -319,6 +325,13 @@ def _cost(args) -> int:
     else:
         for line in cost.format_report(report, plan):
             print(line)
+    return 0
+
+
+def _schema(args) -> int:
+    from svgen.schema import schema_text
+
+    sys.stdout.write(schema_text())
     return 0
 
 

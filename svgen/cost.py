@@ -86,14 +86,8 @@ def read_paths(schedule, patterns: int, compute_blocks: int) -> PathCosts:
     """Map the kernel's branches onto its phases (order checked against their contents)."""
     loop_branches = schedule.branches_in_loop()
     stage = min(b.depth for b in loop_branches)
-    top = [b for b in loop_branches if b.depth == stage + 1]
-    expected = 2 + patterns + 1
-    if len(top) != expected:
-        raise RuntimeError(f"expected {expected} phases in the kernel's schedule, found "
-                           f"{len(top)}: the kernel and the cost model disagree")
+    top = _kernel_phases([b for b in loop_branches if b.depth == stage + 1], patterns)
     init, full, *mixed, finalize = top
-    if not full.mix.get("vmatmul") or any(not m.mix.get("vmatmul") for m in mixed):
-        raise RuntimeError("the FULL / BOUNDARY phases of the schedule do no matmul")
     phases = {b.address for b in top}
     cost = schedule.path_cost
 
@@ -148,6 +142,21 @@ def read_paths(schedule, patterns: int, compute_blocks: int) -> PathCosts:
     return PathCosts(bookkeeping, only(full), tuple(mixed_base), tuple(per_pattern_blocks),
                      _init_per_pattern(init, inside(init), patterns, only, cost, phases),
                      only(finalize) - bookkeeping, pipeline)
+
+
+def _kernel_phases(top: list, patterns: int) -> list:
+    """init, full, mixed per pattern, finalize among the step's top-level branches: the run
+    of 2 + patterns + 1 branches whose FULL and BOUNDARY ones do matmuls (the pipeline's own
+    conditional DMA issues and waits sit around them at the same depth)."""
+    expected = 2 + patterns + 1
+    for start in range(1, len(top) - expected + 2):
+        run = top[start - 1:start - 1 + expected]
+        if all(b.mix.get("vmatmul") for b in run[1:1 + 1 + patterns]) and not any(
+                b.mix.get("vmatmul") for b in (run[0], run[-1])):
+            return run
+    raise RuntimeError(f"expected {expected} kernel phases (init, full, {patterns} mixed, "
+                       f"finalize) in the schedule, found none among {len(top)} branches: "
+                       "the kernel and the cost model disagree")
 
 
 def _init_per_pattern(init, decodes, patterns: int, only, cost, phases) -> tuple[int, ...]:

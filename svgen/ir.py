@@ -6,22 +6,25 @@ Each node knows three things about itself:
   * `predicate()`: the same predicate as a sympy boolean over the coordinate symbols of
     `svgen.expr`; code generation prints it as the boundary-tile mask;
   * `describe()`: the pattern in words, for the generated docstring.
-Tile classification of nodes lives in `svgen.analysis`, which dispatches on the node types.
+Tile classification of nodes lives in `svgen.analysis`, which finds each node's row sets
+through the primitive registry, `svgen.primitives`.
 
 `lower(spec)` resolves named patterns (a networkx dependency graph: unknown names and cycles
-are errors naming the chain), desugars spec terms to nodes and simplifies the result.
+are errors naming the chain), desugars spec terms to nodes and simplifies the result. Which
+spec key becomes which node, with which parameters, is declared in that registry.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Union
+from typing import Protocol
 
 import networkx as nx
 import numpy as np
 import sympy
 
+from svgen import primitives
 from svgen.errors import SpecError
 from svgen.expr import SYMBOLS, FloorDiv, FloorMod, parse_predicate
 from svgen.layout import Coordinates
@@ -146,6 +149,14 @@ class Band:
 
     width: int
 
+    @classmethod
+    def from_params(cls, values: dict, geometry) -> "Band":
+        """The spec gives a width or a density (the kept fraction of video pairs)."""
+        width = values["width"]
+        if width is None:
+            width = band_width_from_density(float(values["density"]), geometry.video_tokens)
+        return cls(width)
+
     def evaluate(self, q, k):
         return np.abs(q.index - k.index) <= self.width
 
@@ -261,10 +272,15 @@ class Not:
         return f"not ({self.child.describe()})"
 
 
-Node = Union[Always, FirstFrame, SpatialWindow, TemporalStride, Band, Prefix, Text,
-             CausalFrames, Predicate, AnyOf, AllOf, Not]
-PRIMITIVES = (FirstFrame, SpatialWindow, TemporalStride, Band, Prefix, Text, CausalFrames,
-              Predicate)
+class Node(Protocol):
+    """What every mask node provides; `svgen.primitives` lists the node of each spec key
+    (`Always` is the only node no spec writes: simplification's constants)."""
+
+    def evaluate(self, q: Coordinates, k: Coordinates) -> np.ndarray: ...
+
+    def predicate(self) -> sympy.Basic: ...
+
+    def describe(self) -> str: ...
 
 
 # ---------------------------------------------------------------------------------------------
@@ -363,7 +379,7 @@ def anchor_frames(node: Node) -> int:
 
 
 def _refs(term: MaskTerm):
-    if term.op == "ref":
+    if primitives.get(term.op).form == primitives.PATTERN:
         yield term
     for child in term.children:
         yield from _refs(child)
@@ -395,39 +411,21 @@ def _pattern_order(term: MaskTerm, patterns: dict[str, MaskTerm]) -> list[str]:
 
 
 def _lower_term(term: MaskTerm, spec: Spec, patterns: dict[str, Node]) -> Node:
-    op, p = term.op, term.param
-    g = spec.geometry
-    if op == "ref":
-        return patterns[p("name")]
-    if op == "first_frame":
-        return FirstFrame(p("frames", 1))
-    if op == "spatial_window":
-        return SpatialWindow(p("frames"), p("rows"), p("cols"))
-    if op == "temporal_stride":
-        return TemporalStride(p("rows", 0), p("cols", 0), p("stride", 1), p("frames"))
-    if op == "band":
-        width = p("width")
-        if width is None:
-            width = band_width_from_density(float(p("density")), g.video_tokens)
-        return Band(width)
-    if op == "prefix":
-        return Prefix(p("tokens"))
-    if op == "text":
-        return Text()
-    if op == "causal_frames":
-        return CausalFrames()
-    if op == "expr":
-        source = p("source")
+    primitive = primitives.get(term.op)
+    form = primitive.form
+    if form == primitives.PATTERN:
+        return patterns[term.param("name")]
+    if form == primitives.PARAMS:
+        return primitive.lower(dict(term.params), spec.geometry)
+    if form == primitives.PREDICATE:
+        source = term.param("source")
         expr = parse_predicate(source)
-        return recognize_window(expr, g) or Predicate(source, expr)
+        return recognize_window(expr, spec.geometry) or primitive.node_class(source, expr)
     children = tuple(_lower_term(c, spec, patterns) for c in term.children)
-    if op == "any_of":
-        return AnyOf(children)
-    if op == "all_of":
-        return AllOf(children)
-    if op == "not":
-        return Not(children[0])
-    raise AssertionError(f"unknown mask op {op!r}")
+    if form == primitives.MASKS:
+        return primitive.node_class(children)
+    assert form == primitives.MASK, form
+    return primitive.node_class(children[0])
 
 
 # ---------------------------------------------------------------------------------------------

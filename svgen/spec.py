@@ -3,7 +3,9 @@
 The YAML text is composed into nodes (PyYAML's safe loader, bounded: ``_BoundedLoader``)
 and the values are built here by hand, so that every error can name the file, the 1-based
 line and column, and the key path (``mask.any_of[1].spatial_window.frames``) it is about.
-Every error raised from this module is a :class:`svgen.errors.SpecError`.
+Every error raised from this module is a :class:`svgen.errors.SpecError`. Mask keys, their
+parameters and the checks on them are declared in the primitive registry
+(:mod:`svgen.primitives`), which this module reads without importing the IR.
 
 Hostile input is bounded before the work it would blow up (:mod:`svgen.limits`): the file
 size before parsing, YAML nesting and alias expansion while composing, every integer
@@ -27,9 +29,10 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from svgen import primitives
 from svgen.errors import SpecError
 from svgen.expr import ExprSyntaxError, parse_predicate, predicate_tokens
-from svgen.limits import (MAX_HEADS, MAX_MASK_DEPTH, MAX_MASK_SIZE, MAX_NAME_LEN, MAX_PARAM,
+from svgen.limits import (MAX_HEADS, MAX_MASK_DEPTH, MAX_MASK_SIZE, MAX_NAME_LEN,
                           MAX_PATTERNS, MAX_SEQ_LEN, MAX_SPEC_BYTES, MAX_TILE_PAIRS,
                           MAX_YAML_DEPTH, MAX_YAML_NODES)
 
@@ -42,7 +45,6 @@ __all__ = [
     "Candidate",
     "HeadPatterns",
     "Spec",
-    "MASK_OPS",
     "NAME_RE",
     "parse_spec",
     "load_spec",
@@ -60,10 +62,6 @@ BLOCK_MULTIPLE = 128
 BLOCK_MIN = 128
 BLOCK_MAX = 4096
 DEFAULT_BLOCK = 512
-
-#: Every mask primitive / combinator, in the order they are documented.
-MASK_OPS = ("first_frame", "spatial_window", "temporal_stride", "band", "prefix", "text",
-            "causal_frames", "expr", "any_of", "all_of", "not", "ref")
 
 #: Top-level modules besides the standard library that a spec name must not shadow: the
 #: spec name becomes ``<name>.py`` next to other generated modules, and importing that
@@ -461,20 +459,22 @@ def _abbreviate(text: str, keep: int = 80) -> str:
 
 # ----------------------------------------------------------------------------- sections
 
-_TOP_KEYS = ("svgen", "name", "geometry", "attention", "layout", "mask", "heads", "patterns", "tiling")
-_GEOMETRY_KEYS = ("frames", "height", "width", "text_tokens", "text_position")
-_ATTENTION_KEYS = ("heads", "head_dim", "dtype")
-_TILING_KEYS = ("block_q", "block_kv", "compute_q", "compute_kv")
+TOP_KEYS = ("svgen", "name", "geometry", "attention", "layout", "mask", "heads", "patterns", "tiling")
+GEOMETRY_KEYS = ("frames", "height", "width", "text_tokens", "text_position")
+#: The least value of each size in ``geometry`` (their most: MAX_SEQ_LEN, and so their total).
+GEOMETRY_MINIMUMS = {"frames": 1, "height": 1, "width": 1, "text_tokens": 0}
+ATTENTION_KEYS = ("heads", "head_dim", "dtype")
+TILING_KEYS = ("block_q", "block_kv", "compute_q", "compute_kv")
 MAX_COMPUTE_BLOCKS = 16  # per tile: their kinds fit one int32 of SMEM (2 bits each)
-_HEADS_KEYS = ("candidates", "assign")
-_CANDIDATE_KEYS = ("pattern", "layout")
+HEADS_KEYS = ("candidates", "assign")
+CANDIDATE_KEYS = ("pattern", "layout")
 
 
 def _read_geometry(r: _Reader, node: Node, path: str) -> Geometry:
-    e = r.mapping(node, path, _GEOMETRY_KEYS)
+    e = r.mapping(node, path, GEOMETRY_KEYS)
     r.require(node, path, e, ("frames", "height", "width"))
     sizes = {}
-    for key, minimum in (("frames", 1), ("height", 1), ("width", 1), ("text_tokens", 0)):
+    for key, minimum in GEOMETRY_MINIMUMS.items():
         sizes[key] = 0
         if key in e:
             sizes[key] = r.integer(e[key][1], _join(path, key), minimum, MAX_SEQ_LEN, _SEQ_LIMIT)
@@ -518,8 +518,8 @@ def _check_tile_grid(r: _Reader, node: Node, path: str, geometry: Geometry, tili
 
 
 def _read_attention(r: _Reader, node: Node, path: str) -> Attention:
-    e = r.mapping(node, path, _ATTENTION_KEYS)
-    r.require(node, path, e, _ATTENTION_KEYS)
+    e = r.mapping(node, path, ATTENTION_KEYS)
+    r.require(node, path, e, ATTENTION_KEYS)
     heads = r.integer(e["heads"][1], _join(path, "heads"), 1, MAX_HEADS, "MAX_HEADS")
     head_dim = r.choice(e["head_dim"][1], _join(path, "head_dim"), HEAD_DIMS)
     dtype = r.choice(e["dtype"][1], _join(path, "dtype"), DTYPES)
@@ -541,7 +541,7 @@ def _read_block(r: _Reader, node: Node, path: str, key: str) -> int:
 def _read_tiling(r: _Reader, node: Node, path: str) -> Tiling:
     if _is_null(r, node, path):
         return Tiling(DEFAULT_BLOCK, DEFAULT_BLOCK)
-    e = r.mapping(node, path, _TILING_KEYS)
+    e = r.mapping(node, path, TILING_KEYS)
     vals = {}
     for key in ("block_q", "block_kv"):
         vals[key] = _read_block(r, e[key][1], _join(path, key), key) if key in e else DEFAULT_BLOCK
@@ -568,8 +568,8 @@ def _read_tiling(r: _Reader, node: Node, path: str) -> Tiling:
 def _read_heads(r: _Reader, node: Node, path: str, patterns: tuple[str, ...], layout: str,
                 heads: int) -> HeadPatterns:
     """The ``heads`` section; ``patterns`` are the defined pattern names, ``layout`` the default."""
-    e = r.mapping(node, path, _HEADS_KEYS)
-    r.require(node, path, e, _HEADS_KEYS)
+    e = r.mapping(node, path, HEADS_KEYS)
+    r.require(node, path, e, HEADS_KEYS)
 
     cpath = _join(path, "candidates")
     cnode = e["candidates"][1]
@@ -580,7 +580,7 @@ def _read_heads(r: _Reader, node: Node, path: str, patterns: tuple[str, ...], la
     seen: dict[str, str] = {}
     for i, item in enumerate(cnode.value):
         ipath = f"{cpath}[{i}]"
-        entries = r.mapping(item, ipath, _CANDIDATE_KEYS,
+        entries = r.mapping(item, ipath, CANDIDATE_KEYS,
                             what="a mapping with a 'pattern' and an optional 'layout'")
         r.require(item, ipath, entries, ("pattern",))
         pnode = entries["pattern"][1]
@@ -621,22 +621,6 @@ def _read_heads(r: _Reader, node: Node, path: str, patterns: tuple[str, ...], la
 
 
 # ----------------------------------------------------------------------------- masks
-
-# op -> (allowed keys, required keys, minimum per key)
-_PARAM_OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...], dict[str, int]]] = {
-    "first_frame": (("frames",), (), {"frames": 1}),
-    "spatial_window": (("frames", "rows", "cols"), ("frames",), {"frames": 0, "rows": 0, "cols": 0}),
-    "temporal_stride": (("rows", "cols", "stride", "frames"), (),
-                        {"rows": 0, "cols": 0, "stride": 1, "frames": 0}),
-    "band": (("width", "density"), (), {"width": 0}),
-    "prefix": (("tokens",), ("tokens",), {"tokens": 1}),
-    "text": ((), (), {}),
-    "causal_frames": ((), (), {}),
-}
-
-
-_PARAM_LIMIT = "MAX_PARAM: no count in a mask exceeds the longest sequence"
-
 
 def _is_null(r: _Reader, node: Node, path: str | None = None) -> bool:
     return isinstance(node, ScalarNode) and r.scalar(node, path) is None
@@ -682,9 +666,13 @@ def _error_at(term: MaskTerm, message: str) -> SpecError:
     return SpecError(message, file=w.file, line=w.line, column=w.column, key=w.key)
 
 
+def _form(term: MaskTerm) -> str:
+    return primitives.get(term.op).form
+
+
 def _refs(term: MaskTerm):
     """The names ``term`` refers to (the written tree, at most MAX_MASK_DEPTH deep)."""
-    if term.op == "ref":
+    if _form(term) == primitives.PATTERN:
         yield term.param("name")
     for child in term.children:
         yield from _refs(child)
@@ -738,7 +726,7 @@ class _MaskReader:
                                       f"(MAX_MASK_DEPTH)")
         if not isinstance(node, MappingNode):
             raise r.error(node, path, f"a mask must be a mapping with exactly one key (one of: "
-                                      f"{', '.join(MASK_OPS)}), got {r.describe(node)}")
+                                      f"{', '.join(primitives.keys())}), got {r.describe(node)}")
         keys = [_key_text(k.value) if isinstance(k, ScalarNode) else "?" for k, _ in node.value]
         if len(keys) != 1:
             listed = f": {', '.join(keys[:8])}{', ...' if len(keys) > 8 else ''}" if keys else ""
@@ -748,28 +736,38 @@ class _MaskReader:
             raise r.error(knode, path, f"a mask key must be a primitive name, got {r.describe(knode)}")
         op = knode.value
         op_path = _join(path, _key_text(op))
-        if op not in MASK_OPS:
+        primitive = primitives.get(op)
+        if primitive is None:
             raise r.error(knode, op_path, f"unknown mask primitive '{_key_text(op)}'; allowed: "
-                                          f"{', '.join(MASK_OPS)}")
+                                          f"{', '.join(primitives.keys())}")
         where = r.location(knode, op_path)
-        if op != "expr":
+        if primitive.form != primitives.PREDICATE:  # a predicate counts its tokens instead
             self._grow(knode, op_path, 1)
-        if op in _PARAM_OPS:
-            return self._param_op(op, vnode, op_path, where)
-        if op == "expr":
-            source = r.string(vnode, op_path, "a string holding a predicate")
-            self._expr(vnode, op_path, source)
-            return MaskTerm("expr", (("source", source),), (), where)
-        if op in ("any_of", "all_of"):
-            if not isinstance(vnode, SequenceNode) or not vnode.value:
-                raise r.error(vnode, op_path, f"must be a non-empty list of masks, got {r.describe(vnode)}")
-            children = tuple(self.read(item, f"{op_path}[{i}]", depth + 1) for i, item in enumerate(vnode.value))
-            return MaskTerm(op, (), children, where)
-        if op == "not":
-            return MaskTerm("not", (), (self.read(vnode, op_path, depth + 1),), where)
-        assert op == "ref"
-        name = r.name(vnode, op_path, "a pattern name")
-        return MaskTerm("ref", (("name", name),), (), where)
+        return self._FORMS[primitive.form](self, primitive, vnode, op_path, where, depth)
+
+    def _predicate(self, primitive: primitives.Primitive, vnode: Node, op_path: str,
+                   where: Location, depth: int) -> MaskTerm:
+        source = self.r.string(vnode, op_path, "a string holding a predicate")
+        self._expr(vnode, op_path, source)
+        return MaskTerm(primitive.key, (("source", source),), (), where)
+
+    def _masks(self, primitive: primitives.Primitive, vnode: Node, op_path: str,
+               where: Location, depth: int) -> MaskTerm:
+        if not isinstance(vnode, SequenceNode) or not vnode.value:
+            raise self.r.error(vnode, op_path, f"must be a non-empty list of masks, got "
+                                               f"{self.r.describe(vnode)}")
+        children = tuple(self.read(item, f"{op_path}[{i}]", depth + 1)
+                         for i, item in enumerate(vnode.value))
+        return MaskTerm(primitive.key, (), children, where)
+
+    def _mask(self, primitive: primitives.Primitive, vnode: Node, op_path: str,
+              where: Location, depth: int) -> MaskTerm:
+        return MaskTerm(primitive.key, (), (self.read(vnode, op_path, depth + 1),), where)
+
+    def _pattern(self, primitive: primitives.Primitive, vnode: Node, op_path: str,
+                 where: Location, depth: int) -> MaskTerm:
+        name = self.r.name(vnode, op_path, "a pattern name")
+        return MaskTerm(primitive.key, (("name", name),), (), where)
 
     def _expr(self, vnode: ScalarNode, op_path: str, source: str) -> None:
         """Check a predicate: its tokens count towards the mask's size before it is parsed,
@@ -802,10 +800,11 @@ class _MaskReader:
     def _measure(self, term: MaskTerm, measured: dict[str, tuple[int, int]]) -> tuple[int, int]:
         """(size, depth) of ``term`` with refs expanded; a ref to a pattern not measured (an
         unknown name, or one in a cycle) counts as a leaf: lowering reports those."""
-        if term.op == "ref":
+        form = _form(term)
+        if form == primitives.PATTERN:
             target = measured.get(term.param("name"))
             size, depth = (1, 0) if target is None else (1 + target[0], 1 + target[1])
-        elif term.op == "expr":
+        elif form == primitives.PREDICATE:
             size, depth = self.tokens[term.param("source")], 0
         else:
             parts = [self._measure(child, measured) for child in term.children]
@@ -821,42 +820,62 @@ class _MaskReader:
                                   f"names count as levels)")
         return size, depth
 
-    def _param_op(self, op: str, vnode: Node, op_path: str, where: Location) -> MaskTerm:
-        r = self.r
-        allowed, required, minimum = _PARAM_OPS[op]
-        if not allowed:
+    def _params(self, primitive: primitives.Primitive, vnode: Node, op_path: str,
+                where: Location, depth: int) -> MaskTerm:
+        """A primitive's parameter mapping, checked against its declaration (names,
+        required ones, ``one_of``, each value's kind and range); null stands for {}."""
+        r, op = self.r, primitive.key
+        if not primitive.params:
             if _is_null(r, vnode, op_path):
                 return MaskTerm(op, (), (), where)
             if not isinstance(vnode, MappingNode):
                 raise r.error(vnode, op_path, f"must be an empty mapping {{}} or null, got {r.describe(vnode)}")
-            r.mapping(vnode, op_path, allowed, allowed_note=f"'{op}' takes no parameters")
+            r.mapping(vnode, op_path, (), allowed_note=f"'{op}' takes no parameters")
             return MaskTerm(op, (), (), where)
         if _is_null(r, vnode, op_path):
             entries: dict[str, tuple[Node, Node]] = {}
         else:
-            entries = r.mapping(vnode, op_path, allowed)
-        r.require(vnode, op_path, entries, required)
-        params: dict[str, object] = {}
-        if op == "band":
-            present = [k for k in ("width", "density") if k in entries]
+            entries = r.mapping(vnode, op_path, primitive.param_names)
+        r.require(vnode, op_path, entries, primitive.required)
+        if primitive.one_of:
+            present = [k for k in primitive.one_of if k in entries]
             if len(present) != 1:
-                got = "both" if present else "neither"
-                raise r.error(vnode, op_path, f"band needs exactly one of 'width' or 'density', got {got}")
-            if "density" in entries:
-                dnode = entries["density"][1]
-                value = r.scalar(dnode, _join(op_path, "density")) if isinstance(dnode, ScalarNode) else _MISSING
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    raise r.error(dnode, _join(op_path, "density"),
-                                  f"must be a number with 0 < density <= 1, got {r.describe(dnode)}")
-                if not (math.isfinite(value) and 0 < value <= 1):
-                    raise r.error(dnode, _join(op_path, "density"),
-                                  f"must be a number with 0 < density <= 1, got {dnode.value}")
-                params["density"] = float(value)
-        for key in allowed:
-            if key in entries and key in minimum:
-                params[key] = r.integer(entries[key][1], _join(op_path, key), minimum[key],
-                                        MAX_PARAM, _PARAM_LIMIT)
+                raise r.error(vnode, op_path, f"{op} needs exactly one of "
+                                              f"{_or_list(primitive.one_of)}, got "
+                                              f"{_how_many(present, len(primitive.one_of))}")
+        params = {p.name: _param_value(r, p, entries[p.name][1], _join(op_path, p.name))
+                  for p in primitive.params if p.name in entries}
         return MaskTerm(op, tuple(sorted(params.items())), (), where)
+
+    _FORMS = {primitives.PARAMS: _params, primitives.PREDICATE: _predicate,
+              primitives.MASKS: _masks, primitives.MASK: _mask, primitives.PATTERN: _pattern}
+
+
+def _param_value(r: _Reader, param: primitives.Param, node: Node, path: str) -> int | float:
+    """One parameter's value, checked against its kind and range before anything uses it."""
+    if param.kind == primitives.INTEGER:
+        return r.integer(node, path, param.minimum, param.maximum, param.limit)
+    assert param.kind == primitives.FRACTION, param.kind
+    must = f"must be a number with 0 < {param.name} <= 1"
+    value = r.scalar(node, path) if isinstance(node, ScalarNode) else _MISSING
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise r.error(node, path, f"{must}, got {r.describe(node)}")
+    if not (math.isfinite(value) and 0 < value <= 1):
+        raise r.error(node, path, f"{must}, got {node.value}")
+    return float(value)
+
+
+def _or_list(names: tuple[str, ...]) -> str:
+    """'a' or 'b'; 'a', 'b' or 'c'."""
+    quoted = [f"'{n}'" for n in names]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+def _how_many(present: list[str], choices: int) -> str:
+    """What was given instead of exactly one of ``choices`` parameters, in words."""
+    if not present:
+        return "neither" if choices == 2 else "none"
+    return "both" if len(present) == choices == 2 else ", ".join(present)
 
 
 # ----------------------------------------------------------------------------- entry points
@@ -960,9 +979,9 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
     root = _compose(text, source)
     if root is None:
         raise SpecError("the spec is empty; expected a mapping with keys "
-                        f"{', '.join(_TOP_KEYS)}", file=source)
+                        f"{', '.join(TOP_KEYS)}", file=source)
     r = _Reader(text, source)
-    top = r.mapping(root, "", _TOP_KEYS, what="a mapping at the top level")
+    top = r.mapping(root, "", TOP_KEYS, what="a mapping at the top level")
 
     if "svgen" not in top:
         raise r.error(root, None, "missing required key 'svgen' (the spec format version; write 'svgen: 1')")

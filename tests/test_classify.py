@@ -2,17 +2,15 @@
 
 import numpy as np
 import pytest
-import yaml
 
-from svgen import ir
+from svgen import ir, primitives
 from svgen.analysis import analyze
 from svgen.analysis.classify import TileGrid, classify_tiles
 from svgen.expr import parse_predicate
 from svgen.layout import SequenceLayout
 from svgen.runtime.kinds import TileKind
-from svgen.spec import parse_spec
 
-from conftest import brute_force_kinds, dense_keep
+from conftest import brute_force_kinds, dense_keep, lower_mask_dict
 
 PREDICATES = [
     "abs(f_q - f_k) <= 1 and (h_q + f_k) % 3 != 1",
@@ -24,36 +22,56 @@ PREDICATES = [
 ]
 
 
+def _maybe(rng, hi) -> dict:
+    """Sometimes nothing (the parameter left out), else {"v": a value in [0, hi]}."""
+    return {} if rng.random() < 0.3 else {"v": int(rng.integers(0, hi + 1))}
+
+
+def _spatial_window(rng, lay):
+    params = {"frames": int(rng.integers(0, lay.frames))}
+    for key, size in (("rows", lay.height), ("cols", lay.width)):
+        params.update({key: v for v in _maybe(rng, size).values()})
+    return params
+
+
+def _temporal_stride(rng, lay):
+    params = {"rows": int(rng.integers(0, lay.height)), "cols": int(rng.integers(0, lay.width)),
+              "stride": int(rng.integers(1, 4))}
+    params.update({"frames": v for v in _maybe(rng, lay.frames).values()})
+    return params
+
+
+def _band(rng, lay):
+    if rng.random() < 0.5:
+        return {"width": int(rng.integers(0, lay.seq_len))}
+    return {"density": float(rng.choice([0.05, 0.2, 0.35, 0.9]))}
+
+
+#: Random parameters of every primitive (not the combinators and ref, which _random_mask
+#: builds), by spec key: a primitive missing here fails test_every_primitive_is_generated.
+PRIMITIVE_GENERATORS = {
+    "first_frame": lambda rng, lay: {"frames": int(rng.integers(1, lay.frames + 2))},
+    "spatial_window": _spatial_window,
+    "temporal_stride": _temporal_stride,
+    "band": _band,
+    "prefix": lambda rng, lay: {"tokens": int(rng.integers(1, lay.seq_len + 5))},
+    "text": lambda rng, lay: {},
+    "causal_frames": lambda rng, lay: {},
+    "expr": lambda rng, lay: str(rng.choice(PREDICATES)),
+}
+
+
 def _random_primitive(rng, lay: SequenceLayout) -> dict:
-    f, h, w = lay.frames, lay.height, lay.width
+    key = list(PRIMITIVE_GENERATORS)[rng.integers(0, len(PRIMITIVE_GENERATORS))]
+    return {key: PRIMITIVE_GENERATORS[key](rng, lay)}
 
-    def maybe(hi):
-        return {} if rng.random() < 0.3 else {"v": int(rng.integers(0, hi + 1))}
 
-    kind = rng.integers(0, 8)
-    if kind == 0:
-        return {"first_frame": {"frames": int(rng.integers(1, f + 2))}}
-    if kind == 1:
-        params = {"frames": int(rng.integers(0, f))}
-        for key, size in (("rows", h), ("cols", w)):
-            params.update({key: v for v in maybe(size).values()})
-        return {"spatial_window": params}
-    if kind == 2:
-        params = {"rows": int(rng.integers(0, h)), "cols": int(rng.integers(0, w)),
-                  "stride": int(rng.integers(1, 4))}
-        params.update({"frames": v for v in maybe(f).values()})
-        return {"temporal_stride": params}
-    if kind == 3:
-        if rng.random() < 0.5:
-            return {"band": {"width": int(rng.integers(0, lay.seq_len))}}
-        return {"band": {"density": float(rng.choice([0.05, 0.2, 0.35, 0.9]))}}
-    if kind == 4:
-        return {"prefix": {"tokens": int(rng.integers(1, lay.seq_len + 5))}}
-    if kind == 5:
-        return {"text": {}}
-    if kind == 6:
-        return {"causal_frames": {}}
-    return {"expr": str(rng.choice(PREDICATES))}
+@pytest.mark.parametrize("key", [p.key for p in primitives.registered()
+                                 if p.form in (primitives.PARAMS, primitives.PREDICATE)])
+def test_every_primitive_is_generated(key):
+    """The random masks below (and the codegen and kernel tests that reuse them) reach every
+    primitive of the registry."""
+    assert key in PRIMITIVE_GENERATORS, f"add {key!r} to PRIMITIVE_GENERATORS"
 
 
 def _random_mask(rng, lay, depth=0) -> dict:
@@ -86,25 +104,13 @@ def _check(kinds, kept, keep, expected_kinds, exact):
         assert np.all((kinds != TileKind.FULL) | (expected_kinds == TileKind.FULL))
 
 
-def _lower_dict(mask: dict, lay: SequenceLayout, bq: int, bkv: int):
-    spec = parse_spec(yaml.safe_dump({
-        "svgen": 1, "name": "random_mask",
-        "geometry": {"frames": lay.frames, "height": lay.height, "width": lay.width,
-                     "text_tokens": lay.text_tokens,
-                     "text_position": "first" if lay.text_first else "last"},
-        "attention": {"heads": 1, "head_dim": 128, "dtype": "float32"},
-        "mask": mask, "tiling": {"block_q": bq, "block_kv": bkv},
-    }))
-    return spec, ir.lower(spec)
-
-
 @pytest.mark.parametrize("seed", range(300))
 def test_random_masks_small_tiles(seed):
     """Small tiles (8..24, sizes that do not divide them) give many tiles per case."""
     rng = np.random.default_rng(seed)
     lay = _random_layout(rng)
     bq, bkv = int(rng.choice([8, 16, 32])), int(rng.choice([8, 16, 24]))
-    _, mask = _lower_dict(_random_mask(rng, lay), lay, 128, 128)
+    _, mask = lower_mask_dict(_random_mask(rng, lay), lay, 128, 128)
     got = classify_tiles(mask, lay, TileGrid(lay.seq_len, bq, bkv))
     keep = dense_keep(mask, lay)
     assert got.density_is_exact and got.unproven_tiles == 0  # small: within the budget
@@ -119,7 +125,7 @@ def test_random_specs_through_the_whole_analysis(seed):
                          int(rng.integers(10, 30)), int(rng.choice([0, 40])),
                          bool(rng.integers(0, 2)))
     bq, bkv = int(rng.choice([128, 256])), int(rng.choice([128, 256]))
-    spec, mask = _lower_dict(_random_mask(rng, lay), lay, bq, bkv)
+    spec, mask = lower_mask_dict(_random_mask(rng, lay), lay, bq, bkv)
     plan = analyze(spec)
     keep = dense_keep(mask, lay)
     _check(plan.kinds, plan.classification.kept_pairs, keep, brute_force_kinds(keep, bq, bkv),

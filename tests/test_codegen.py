@@ -2,7 +2,6 @@
 
 import ast
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -11,41 +10,20 @@ from svgen.analysis import analyze, query_coordinate_bound
 from svgen.codegen.predicate import emit_mask
 from svgen.codegen.tilemap import render_tile_map
 from svgen.layout import SequenceLayout
-from svgen.runtime import coords
 from svgen.runtime.kinds import TileKind
 from svgen.spec import load_spec
 
-from conftest import REPO, SPECS, dense_keep
-from test_classify import _lower_dict, _random_layout, _random_mask
-
-
-def kernel_layout(layout: SequenceLayout) -> coords.KernelLayout:
-    return coords.KernelLayout(layout.frames, layout.height, layout.width, layout.text_tokens,
-                               layout.text_first, layout.is_temporal_major, layout.anchor_frames)
-
-
-def _emitted_function(mask, layout: SequenceLayout):
-    src = emit_mask(mask, layout)
-    body = "\n".join(f"    {line}" for line in src.lines)
-    text = f"def boundary_mask(q, k):\n{body}\n    return {src.result}\n"
-    namespace = {"coords": coords, "jnp": jnp, "lax": __import__("jax").lax,
-                 "LAYOUT": kernel_layout(layout)}
-    exec(compile(text, "<generated>", "exec"), namespace)
-    return namespace["boundary_mask"], text
+from conftest import (REPO, SPECS, dense_keep, emitted_function, emitted_keep, lower_mask_dict)
+from test_classify import _random_layout, _random_mask
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_emitted_mask_equals_the_oracle(seed):
     rng = np.random.default_rng(5000 + seed)
     lay = _random_layout(rng)
-    _, mask = _lower_dict(_random_mask(rng, lay), lay, 128, 128)
-    fn, text = _emitted_function(mask, lay)
-    pos = jnp.arange(lay.seq_len, dtype=jnp.int32)
-    # Queries decoded in row form and turned into columns, as the kernel does once per q tile.
-    q = coords.QueryCoords(pos[None, :], kernel_layout(lay))
-    k = coords.TokenCoords(pos[None, :], kernel_layout(lay))
-    got = np.broadcast_to(np.asarray(fn(q, k)), (lay.seq_len, lay.seq_len))
-    np.testing.assert_array_equal(got, dense_keep(mask, lay), err_msg=text)
+    _, mask = lower_mask_dict(_random_mask(rng, lay), lay, 128, 128)
+    fn, text = emitted_function(mask, lay)
+    np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(mask, lay), err_msg=text)
     # The kernel keeps each query coordinate the mask reads in VMEM, sized by this bound.
     assert len(emit_mask(mask, lay).query_coords) <= query_coordinate_bound(mask), text
     code = [line for line in text.splitlines() if not line.strip().startswith("#")]
@@ -56,7 +34,7 @@ def test_sympy_predicate_agrees_with_the_oracle():
     rng = np.random.default_rng(7)
     for _ in range(40):
         lay = _random_layout(rng)
-        _, mask = _lower_dict(_random_mask(rng, lay), lay, 128, 128)
+        _, mask = lower_mask_dict(_random_mask(rng, lay), lay, 128, 128)
         c = lay.coordinates(np.arange(lay.seq_len))
         q, k = c.reshape(-1, 1), c.reshape(1, -1)
         via_sympy = np.broadcast_to(ir.evaluate_sympy(mask.predicate(), q, k),
@@ -115,14 +93,11 @@ def test_window_or_key_terms_fuse_and_equal_the_oracle(mask, order, text):
     """A window or'ed with key-only terms is one compare with the key terms as a bit mask
     (coords.within(..., unless=...)); place equality replaces row and column equality."""
     lay = SequenceLayout(4, 3, 5, text, False, order, 1 if order == "temporal_major" else 0)
-    _, lowered = _lower_dict(mask, lay, 128, 128)
-    fn, text_src = _emitted_function(lowered, lay)
+    _, lowered = lower_mask_dict(mask, lay, 128, 128)
+    fn, text_src = emitted_function(lowered, lay)
     if "temporal_stride" in mask["any_of"][1]:
         assert "q.place == k.place" in text_src
     elif not text:  # with text tokens the window also tests is_text: not a bare window
         assert "unless=" in text_src, text_src
-    pos = jnp.arange(lay.seq_len, dtype=jnp.int32)
-    q = coords.QueryCoords(pos[None, :], kernel_layout(lay))
-    k = coords.TokenCoords(pos[None, :], kernel_layout(lay))
-    got = np.broadcast_to(np.asarray(fn(q, k)), (lay.seq_len, lay.seq_len))
-    np.testing.assert_array_equal(got, dense_keep(lowered, lay), err_msg=text_src)
+    np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(lowered, lay),
+                                  err_msg=text_src)

@@ -7,7 +7,7 @@ import pytest
 from svgen.layout import SequenceLayout
 from svgen.runtime import coords
 
-from test_codegen import kernel_layout
+from conftest import kernel_layout
 
 
 def _layouts():

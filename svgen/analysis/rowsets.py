@@ -18,7 +18,7 @@ import functools
 
 import numpy as np
 
-from svgen import ir
+from svgen import ir, primitives
 from svgen.analysis import bounds as box_bounds
 from svgen.analysis.intervals import IntervalSet, ragged_arange
 from svgen.layout import SequenceLayout
@@ -84,14 +84,15 @@ class RowChunk:
         return IntervalSet.normalized(base + starts, base + ends)
 
 
-@functools.singledispatch
 def row_bounds(node, chunk: RowChunk) -> Bounds:
-    raise TypeError(f"no row analysis for {type(node).__name__}")
-
-
-@row_bounds.register
-def _(node: ir.Always, chunk: RowChunk) -> Bounds:
-    return Bounds.exact(chunk.universe if node.value else IntervalSet.empty())
+    """The node's row sets, by the function `svgen.primitives` declares for its class (so a
+    primitive registered there needs no edit here)."""
+    if isinstance(node, ir.Always):  # no spec key: simplification's constants
+        return Bounds.exact(chunk.universe if node.value else IntervalSet.empty())
+    primitive = primitives.by_node(type(node))
+    if primitive is None or primitive.rows_function is None:
+        raise TypeError(f"no row analysis for {type(node).__name__}")
+    return primitive.rows_function(node, chunk)
 
 
 def _all_rows(chunk: RowChunk, start: int, end: int) -> Bounds:
@@ -99,8 +100,7 @@ def _all_rows(chunk: RowChunk, start: int, end: int) -> Bounds:
     return Bounds.exact(chunk.per_row(rows, np.full(rows.size, start), np.full(rows.size, end)))
 
 
-@row_bounds.register
-def _(node: ir.FirstFrame, chunk: RowChunk) -> Bounds:
+def first_frame_rows(node: ir.FirstFrame, chunk: RowChunk) -> Bounds:
     lay = chunk.layout
     rows = np.arange(chunk.num_rows)  # every query, text included
     return Bounds.exact(_video_box_keys(
@@ -108,22 +108,19 @@ def _(node: ir.FirstFrame, chunk: RowChunk) -> Bounds:
         np.full(rows.size, min(node.frames, lay.frames)), 1, *_full_box(lay, rows.size)))
 
 
-@row_bounds.register
-def _(node: ir.Prefix, chunk: RowChunk) -> Bounds:
+def prefix_rows(node: ir.Prefix, chunk: RowChunk) -> Bounds:
     rows = np.arange(chunk.num_rows)
     return Bounds.exact(_nominal_keys(chunk, rows, np.zeros(rows.size, np.int64),
                                       np.full(rows.size, node.tokens)))
 
 
-@row_bounds.register
-def _(node: ir.Band, chunk: RowChunk) -> Bounds:
+def band_rows(node: ir.Band, chunk: RowChunk) -> Bounds:
     rows = np.arange(chunk.num_rows)
     nominal = chunk.coords.index
     return Bounds.exact(_nominal_keys(chunk, rows, nominal - node.width, nominal + node.width + 1))
 
 
-@row_bounds.register
-def _(node: ir.Text, chunk: RowChunk) -> Bounds:
+def text_rows(node: ir.Text, chunk: RowChunk) -> Bounds:
     lay = chunk.layout
     is_text = chunk.coords.is_text
     text_rows = np.flatnonzero(is_text)
@@ -134,8 +131,7 @@ def _(node: ir.Text, chunk: RowChunk) -> Bounds:
     return Bounds.exact(everything.union(text_keys))
 
 
-@row_bounds.register
-def _(node: ir.CausalFrames, chunk: RowChunk) -> Bounds:
+def causal_frames_rows(node: ir.CausalFrames, chunk: RowChunk) -> Bounds:
     lay = chunk.layout
     rows = np.flatnonzero(~chunk.coords.is_text)
     return Bounds.exact(_video_box_keys(
@@ -300,8 +296,7 @@ def _covers(radius: int | None, size: int) -> bool:
     return radius is None or radius >= size - 1
 
 
-@row_bounds.register
-def _(node: ir.SpatialWindow, chunk: RowChunk) -> Bounds:
+def spatial_window_rows(node: ir.SpatialWindow, chunk: RowChunk) -> Bounds:
     lay = chunk.layout
     rows = np.flatnonzero(~chunk.coords.is_text)
     c = chunk.coords
@@ -313,8 +308,7 @@ def _(node: ir.SpatialWindow, chunk: RowChunk) -> Bounds:
         full_rows=_covers(node.rows, lay.height), full_cols=_covers(node.cols, lay.width)))
 
 
-@row_bounds.register
-def _(node: ir.TemporalStride, chunk: RowChunk) -> Bounds:
+def temporal_stride_rows(node: ir.TemporalStride, chunk: RowChunk) -> Bounds:
     lay = chunk.layout
     rows = np.flatnonzero(~chunk.coords.is_text)
     c = chunk.coords
@@ -330,8 +324,7 @@ def _(node: ir.TemporalStride, chunk: RowChunk) -> Bounds:
         full_rows=_covers(node.rows, lay.height), full_cols=_covers(node.cols, lay.width)))
 
 
-@row_bounds.register
-def _(node: ir.Predicate, chunk: RowChunk) -> Bounds:
+def predicate_rows(node: ir.Predicate, chunk: RowChunk) -> Bounds:
     lay = chunk.layout
     bq, bkv = chunk.block_q, chunk.block_kv
     q_tiles = np.arange(chunk.first_row // bq, (chunk.first_row + chunk.num_rows - 1) // bq + 1)
@@ -369,8 +362,7 @@ def _tile_runs_to_rows(chunk: RowChunk, q_tiles: np.ndarray, allowed: np.ndarray
     return chunk.per_row(rows, run_start[run] * bkv, run_end[run] * bkv)
 
 
-@row_bounds.register
-def _(node: ir.AnyOf, chunk: RowChunk) -> Bounds:
+def any_of_rows(node: ir.AnyOf, chunk: RowChunk) -> Bounds:
     parts = [row_bounds(c, chunk) for c in node.children]
     lo = functools.reduce(IntervalSet.union, (p.lo for p in parts))
     if all(p.is_exact for p in parts):
@@ -378,8 +370,7 @@ def _(node: ir.AnyOf, chunk: RowChunk) -> Bounds:
     return Bounds(lo, functools.reduce(IntervalSet.union, (p.hi for p in parts)))
 
 
-@row_bounds.register
-def _(node: ir.AllOf, chunk: RowChunk) -> Bounds:
+def all_of_rows(node: ir.AllOf, chunk: RowChunk) -> Bounds:
     parts = [row_bounds(c, chunk) for c in node.children]
     lo = functools.reduce(IntervalSet.intersection, (p.lo for p in parts))
     if all(p.is_exact for p in parts):
@@ -387,8 +378,7 @@ def _(node: ir.AllOf, chunk: RowChunk) -> Bounds:
     return Bounds(lo, functools.reduce(IntervalSet.intersection, (p.hi for p in parts)))
 
 
-@row_bounds.register
-def _(node: ir.Not, chunk: RowChunk) -> Bounds:
+def not_rows(node: ir.Not, chunk: RowChunk) -> Bounds:
     inner = row_bounds(node.child, chunk)
     hi = inner.lo.complement_within(chunk.universe)
     if inner.is_exact:

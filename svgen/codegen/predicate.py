@@ -15,18 +15,23 @@ import re
 import numpy as np
 import sympy
 
-from svgen import ir
+from svgen import ir, primitives
 from svgen.analysis.bounds import integer_bounds
 from svgen.expr import SYMBOLS, FloorDiv, FloorMod
 from svgen.layout import SequenceLayout
 
 _COORD = {"f": "frame", "h": "row", "w": "col", "i": "index"}
-_NAMES = {
-    ir.Always: "always", ir.FirstFrame: "first_frame", ir.SpatialWindow: "spatial_window",
-    ir.TemporalStride: "temporal_stride", ir.Band: "band", ir.Prefix: "prefix",
-    ir.Text: "text", ir.CausalFrames: "causal_frames", ir.Predicate: "expr",
-    ir.AnyOf: "any_of", ir.AllOf: "all_of", ir.Not: "negated",
-}
+
+
+def _code_name(node_class: type) -> str:
+    """The base name of a node's line: declared with its primitive (svgen.primitives);
+    `always` for simplification's constants, which no spec writes."""
+    if node_class is ir.Always:
+        return "always"
+    primitive = primitives.by_node(node_class)
+    if primitive is None or primitive.code_name is None:
+        raise TypeError(f"no generated-code name for {node_class.__name__}")
+    return primitive.code_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +74,7 @@ class _Emitter:
             fused = self._within_unless(node)
             if fused is not None:
                 return fused
-        name = self.fresh(_NAMES[type(node)])
+        name = self.fresh(_code_name(type(node)))
         if isinstance(node, (ir.AnyOf, ir.AllOf)):
             parts = [self.node(c) for c in node.children]
             op = " | " if isinstance(node, ir.AnyOf) else " & "
@@ -101,7 +106,7 @@ class _Emitter:
         if parts is None:
             return None
         unless = [self.node(c) for c in key_only]
-        name = self.fresh(_NAMES[ir.AnyOf])
+        name = self.fresh(_code_name(ir.AnyOf))
         self.lines.append(f"# {rest[0].describe()}; or any key kept by {' or '.join(unless)}")
         self.lines.append(f"{name} = coords.within({parts[0]}, {parts[1]}, "
                           f"unless={' | '.join(unless)})")

@@ -56,9 +56,12 @@ Per step (names of the phases as in the code):
   finalize  last step of a q tile: write acc / l, or 0 where no key was allowed (never NaN).
 
 Arithmetic (why each choice; measured on libtpu's v6e schedule, see `svgen cost`):
-  * q arrives pre-scaled by sm_scale * log2(e) (done once by the wrapper, fused with the
-    layout permutation), so scores are already in base 2 and the kernel uses exp2: no
-    per-score multiply;
+  * init scales the q tile by sm_scale * log2(e) once into VMEM, so scores are already in
+    base 2 and the kernel uses exp2: no per-score multiply, and no HBM pass over q for it;
+  * q, k, v are not padded to whole tiles (a pass over each in HBM): the last tile's blocks
+    reach past the arrays, their extra query rows are discarded, and the one kv tile that
+    holds the end of the keys masks the rest and zeroes their V rows (whatever the DMA
+    left there);
   * at head_dim 128 the PV matmul fills half of a 256-wide MXU pass, so V is widened to
     [V | 1] in VMEM: the second half of the product is the row sum l, lane-replicated, for
     free, and the accumulator carries it ([acc | l]);
@@ -479,7 +482,7 @@ def _softmax_step(state, q, k, v, keep, shape: KernelShape):
 
 def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int,
                       patterns: tuple["_PatternCode", ...], single: int | None,
-                      has_lengths: bool, has_blocks: bool, flat: bool):
+                      has_lengths: bool, has_blocks: bool, flat: bool, q_scale: float):
     (
         # prefetched scalars (SMEM): head_pattern, first_piece, num_pieces, entries, ...
         table_refs,
@@ -487,14 +490,15 @@ def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int,
         (q_ref, k_ref, v_ref),
         # outputs
         o_ref,
-        # scratch, carried across the steps of one q tile: m, [acc | l] (or acc and l)[,
-        # query coordinates]
+        # scratch, carried across the steps of one q tile: m, [acc | l] (or acc and l), the
+        # scaled q tile[, query coordinates]
         scratch,
     ) = refs[:num_tables], refs[num_tables:num_tables + 3], refs[num_tables + 3], refs[
         num_tables + 4:]
-    m_scratch, acc_scratch = scratch[0], scratch[1]
-    l_scratch = None if shape.row_sum_on_mxu else scratch[2]
-    coords_ref = scratch[-1] if any(p.query_coords for p in patterns) else None
+    m_scratch, acc_scratch, *rest = scratch
+    l_scratch = None if shape.row_sum_on_mxu else rest.pop(0)
+    q_scaled = rest.pop(0)
+    coords_ref = rest.pop(0) if rest else None
     view = _StepView(table_refs, heads, pl.program_id(0), pl.program_id(1), single,
                      has_lengths, has_blocks, flat)
     slot = pl.program_id(2)
@@ -513,6 +517,9 @@ def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int,
 
     @pl.when(is_first)
     def init():
+        # q scaled once per q tile by sm_scale * log2(e): scores come out in base 2 (exp2,
+        # no per-score multiply), and the wrapper makes no pass over q for it.
+        q_scaled[...] = (q_ref[...].astype(jnp.float32) * q_scale).astype(q_scaled.dtype)
         m_scratch[...] = jnp.full(m_scratch.shape, MASK_VALUE, jnp.float32)
         acc_scratch[...] = jnp.zeros(acc_scratch.shape, jnp.float32)
         if l_scratch is not None:
@@ -547,8 +554,15 @@ def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int,
 
     def update(block: _Block, state, pattern: "_PatternCode | None", padding: bool = False):
         keep = None if pattern is None else keep_of(block, pattern, padding)
-        return _softmax_step(state, q_ref[block.rows, :], k_ref[block.cols, :],
-                             v_ref[block.cols, :], keep, shape)
+        v = v_ref[block.cols, :]
+        if padding:
+            # Keys past the sequence lie outside the operands: the DMA leaves whatever was
+            # in VMEM there. Their probabilities are 0, but 0 * NaN is not: zero those rows.
+            row = (kv_block * shape.block_kv + block.ki * shape.ckv
+                   + lax.broadcasted_iota(jnp.int32, (shape.ckv, 1), 0))
+            v = jnp.where(row < shape.seq_len, v, jnp.zeros_like(v))
+        return _softmax_step(state, q_scaled[block.rows, :], k_ref[block.cols, :], v, keep,
+                             shape)
 
     def masked(block: _Block, pattern: "_PatternCode"):
         """A BOUNDARY block. Only one block column of one kv tile holds padding keys (and
@@ -650,9 +664,10 @@ def _head_operands(tables: PieceTables, head_pattern, static_pattern):
 
 
 def _flat_attention(q, k, v, head_pattern, static_pattern, tables: PieceTables, patterns, *,
-                    shape, interpret):
-    """q, k, v: [batch*heads, padded_seq_len, head_dim], each head in its pattern's order,
-    q already scaled by sm_scale * log2(e)."""
+                    shape, interpret, q_scale: float):
+    """q, k, v: [batch*heads, seq_len, head_dim], each head in its pattern's order. Not padded
+    to whole tiles: the last tile's blocks reach past the arrays (the DMA reads what exists;
+    rows past seq_len are discarded queries and masked keys), so no HBM pass pads them."""
     heads = int(head_pattern.shape[0])
     head_operands, steps = _head_operands(tables, head_pattern, static_pattern)
     operands = head_operands + tuple(jnp.asarray(t) for t in tables.piece_operands())
@@ -661,7 +676,7 @@ def _flat_attention(q, k, v, head_pattern, static_pattern, tables: PieceTables, 
     kernel = functools.partial(
         _attention_kernel, shape=shape, heads=heads, num_tables=len(operands),
         patterns=tuple(patterns), single=single, has_lengths=has_lengths,
-        has_blocks=has_blocks, flat=tables.flat,
+        has_blocks=has_blocks, flat=tables.flat, q_scale=q_scale,
     )
 
     def view(outer, step, table_refs):
@@ -681,6 +696,7 @@ def _flat_attention(q, k, v, head_pattern, static_pattern, tables: PieceTables, 
                pltpu.VMEM((shape.block_q, shape.acc_width), jnp.float32)]
     if not shape.row_sum_on_mxu:
         scratch.append(pltpu.VMEM((shape.block_q, LANES), jnp.float32))
+    scratch.append(pltpu.VMEM((shape.block_q, d), q.dtype))
     query_coords = max(len(p.query_coords) for p in patterns)
     if query_coords:
         scratch.append(pltpu.VMEM((query_coords, shape.block_q, LANES), jnp.int32))
@@ -755,20 +771,15 @@ def make_attention(*, shape: KernelShape, patterns: Sequence[Pattern], slots: in
         lead = q.shape[:-2]
         if sm_scale is None:
             sm_scale = 1.0 / math.sqrt(shape.head_dim)
-        pad = shape.padded_seq_len - shape.seq_len
-
-        def to_kernel(x, scale=None):
-            if scale is not None:  # fused by XLA with the permutation and the padding
-                x = (x.astype(jnp.float32) * scale).astype(x.dtype)
+        def to_kernel(x):  # identity layouts: a free reshape, no HBM pass
             x = _per_head_layout(x, layouts, head_layout, to_kernel=True)
-            x = x.reshape((-1,) + x.shape[-2:])
-            return jnp.pad(x, ((0, 0), (0, pad), (0, 0))) if pad else x
+            return x.reshape((-1,) + x.shape[-2:])
 
         out = _flat_attention(
-            to_kernel(q, float(sm_scale) * LOG2_E), to_kernel(k), to_kernel(v), head_pattern,
-            static_pattern, tables, codes, shape=shape, interpret=interpret,
+            to_kernel(q), to_kernel(k), to_kernel(v), head_pattern, static_pattern, tables,
+            codes, shape=shape, interpret=interpret, q_scale=float(sm_scale) * LOG2_E,
         )
-        out = out[:, : shape.seq_len].reshape(lead + (shape.seq_len, shape.head_dim))
+        out = out.reshape(lead + (shape.seq_len, shape.head_dim))
         return _per_head_layout(out, layouts, head_layout, to_kernel=False)
 
     attention.tables = tables

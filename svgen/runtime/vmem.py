@@ -19,7 +19,7 @@ class VmemNeed:
     """What one kernel keeps in VMEM, in bytes, by part (see `kernel_vmem`)."""
 
     pipeline: int  # q, k, v and output blocks, each double-buffered
-    scratch: int  # m, [acc | l] carried across a q tile's steps; decoded query coordinates
+    scratch: int  # m, [acc | l] carried across a q tile's steps; scaled q; query coordinates
     temporaries: int  # score and probability tiles of the compute blocks in flight
 
     @property
@@ -44,6 +44,7 @@ def kernel_vmem(block_q: int, block_kv: int, compute_q: int, compute_kv: int, he
     item = ITEMSIZE[dtype]
     pipeline = 2 * item * head_dim * (2 * block_q + 2 * block_kv)
     acc_width = head_dim + (LANES if head_dim % 256 == 128 else 0)
-    scratch = 4 * block_q * (LANES + acc_width + (0 if head_dim % 256 == 128 else LANES)
-                             + LANES * query_coords)
+    scratch = (4 * block_q * (LANES + acc_width + (0 if head_dim % 256 == 128 else LANES)
+                              + LANES * query_coords)
+               + item * block_q * head_dim)  # the scaled q tile
     return VmemNeed(pipeline, scratch, compute_q * compute_kv * (4 + item))

@@ -1,0 +1,116 @@
+"""What the wrapper around the kernel costs: layout permutations, scaling and padding in HBM.
+
+    .venv/bin/python bench/wrapper_cost.py
+
+A generated `attention` permutes q, k, v into each head's kernel order (scaling q and padding
+to tiles in the same pass) and permutes o back. Those are XLA ops, not the kernel: they read
+and write whole tensors in HBM. Here the wrapper alone (the kernel replaced by an optimization
+barrier, so XLA cannot fuse across it) is AOT-compiled for TPU v6e, XLA's own cost analysis
+gives the bytes it accesses, and bytes / HBM bandwidth (1.64 TB/s) is its time: a floor,
+since these ops are bandwidth-bound. The kernel's time is `svgen cost`'s static model. One
+"tensor pass" is one read or one write of a [heads, seq_len, head_dim] tensor; the stand-in
+itself costs 2 (XLA copies its input into the output buffer), so 2.0 means no wrapper pass.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from svgen import tpu_schedule  # noqa: E402
+
+tpu_schedule.ensure_dump_flags()  # before anything starts libtpu
+
+import importlib.util  # noqa: E402
+import tempfile  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import yaml  # noqa: E402
+from jax import lax  # noqa: E402
+
+from svgen import codegen, cost  # noqa: E402
+from svgen.analysis import analyze  # noqa: E402
+from svgen.runtime import kernel  # noqa: E402
+from svgen.spec import parse_spec  # noqa: E402
+
+HBM_BYTES_PER_S = 1.64e12  # TPU v6e
+CASES = [
+    # label, spec, overrides, head_pattern: "static" (the spec's) or "traced"
+    ("band (frame-major: identity)", "wan21_720p_band.yaml", {}, "static"),
+    ("temporal, temporal-major", "wan21_720p_temporal.yaml", {"layout": "temporal_major"},
+     "static"),
+    ("mixed, static 5 + 5 assignment", "wan21_720p_mixed.yaml",
+     {"heads": {"candidates": [{"pattern": "spatial"},
+                               {"pattern": "temporal", "layout": "temporal_major"}],
+                "assign": ["spatial", "temporal"] * 5}}, "static"),
+    ("mixed, traced head_pattern", "wan21_720p_mixed.yaml", {}, "traced"),
+]
+
+
+def _module(text: str, name: str):
+    plan = analyze(parse_spec(text, source=name))
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="svgen_wrapper_"))
+    for filename, data in codegen.render(plan, f"specs/{name}").items():
+        (tmp / filename).write_bytes(data)
+    spec = importlib.util.spec_from_file_location(f"_wrapper_{plan.spec.name}",
+                                                  tmp / codegen.module_filename(plan.spec.name))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return plan, module
+
+
+def _wrapper_bytes(module, traced: bool) -> float:
+    """Bytes XLA's cost analysis gives for the wrapper alone on v6e."""
+    real = kernel._flat_attention
+
+    def stand_in(q, k, v, *args, **kwargs):  # the kernel's operands in, an output out
+        return lax.optimization_barrier((q, k, v))[0]
+
+    kernel._flat_attention = stand_in
+    try:
+        sharding = tpu_schedule.tpu_sharding("v6e")
+        arg = jax.ShapeDtypeStruct((module.HEADS, module.SEQ_LEN, module.HEAD_DIM),
+                                   jnp.dtype(module.DTYPE), sharding=sharding)
+        if traced:
+            hp = jax.ShapeDtypeStruct((module.HEADS,), jnp.int32, sharding=sharding)
+            lowered = jax.jit(lambda q, k, v, h: module.attention(q, k, v, head_pattern=h)
+                              ).lower(arg, arg, arg, hp)
+        else:
+            lowered = jax.jit(lambda q, k, v: module.attention(q, k, v)).lower(arg, arg, arg)
+        analysis = lowered.compile().cost_analysis()
+    finally:
+        kernel._flat_attention = real
+    if isinstance(analysis, list):
+        analysis = analysis[0]
+    return float(analysis["bytes accessed"])
+
+
+def main() -> None:
+    print("| case | wrapper HBM bytes | tensor passes | wrapper ms (at 1.64 TB/s) "
+          "| kernel ms (svgen cost) | wrapper / kernel |")
+    print("|" + "---|" * 6)
+    for label, filename, overrides, head_pattern in CASES:
+        spec = yaml.safe_load((REPO / "specs" / filename).read_text())
+        for key, value in overrides.items():
+            spec.pop("mask" if key == "heads" else "", None)
+            spec[key] = value
+        text = yaml.safe_dump(spec, sort_keys=False)
+        plan, module = _module(text, filename)
+        traced = head_pattern == "traced"
+        wrapper = _wrapper_bytes(module, traced)
+        tensor = module.HEADS * module.SEQ_LEN * module.HEAD_DIM * np.dtype(
+            jnp.dtype(module.DTYPE)).itemsize
+        kernel_ms = cost.cost_plan(plan, f"specs/{filename}").ms
+        wrapper_ms = wrapper / HBM_BYTES_PER_S * 1e3
+        print(f"| {label} | {wrapper / 1e6:,.0f} MB | {wrapper / tensor:.1f} | "
+              f"{wrapper_ms:.2f} | {kernel_ms:.2f} | {wrapper_ms / kernel_ms:.1%} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
