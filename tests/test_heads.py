@@ -14,7 +14,8 @@ MIXED_SPECS = ["wan21_720p_mixed", "hunyuan_720p_mixed", "cogvideox_mixed"]
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("name", MIXED_SPECS)
 def test_mixed_heads_traced_pattern_equal_dense_references(name, dtype, compile_text):
-    plan, module = compile_text(scaled_spec_text(REPO / "specs" / f"{name}.yaml", heads=4))
+    plan, module = compile_text(scaled_spec_text(REPO / "specs" / f"{name}.yaml", heads=4,
+                                                 dtype=dtype))
     assert [p.layout.order for p in plan.patterns] == ["frame_major", "temporal_major"]
     q, k, v = mixed_inputs(plan, dtype, seed=len(name))
     head_pattern = jnp.asarray([1, 0, 0, 1], jnp.int32)

@@ -23,8 +23,9 @@ SMALL_GEOMETRY = {"frames": 5, "height": 4, "width": 26}  # 520 video tokens: no
 TWO_LEVEL = {"block_q": 256, "block_kv": 512, "compute_q": 128, "compute_kv": 128}
 
 
-def scaled_spec_text(path, text_tokens=None, heads=2, tiling=None) -> str:
-    """The same pattern at SMALL_GEOMETRY, `heads` heads, 128 x 128 tiles (or `tiling`)."""
+def scaled_spec_text(path, text_tokens=None, heads=2, tiling=None, dtype="float32") -> str:
+    """The same pattern at SMALL_GEOMETRY, `heads` heads, 128 x 128 tiles (or `tiling`), for
+    q, k, v of `dtype` (a kernel refuses any other)."""
     spec = yaml.safe_load(path.read_text())
     full = spec["geometry"]
     full_video = full["frames"] * full["height"] * full["width"]
@@ -33,7 +34,7 @@ def scaled_spec_text(path, text_tokens=None, heads=2, tiling=None) -> str:
     if full.get("text_tokens"):
         small["text_tokens"] = 40 if text_tokens is None else text_tokens
     spec["geometry"] = small
-    spec["attention"] = dict(spec["attention"], heads=heads)
+    spec["attention"] = dict(spec["attention"], heads=heads, dtype=dtype)
     spec["tiling"] = tiling or {"block_q": 128, "block_kv": 128}
 
     def scale(node):
@@ -81,7 +82,7 @@ def run_and_compare(plan, module, dtype, seed, batch=None):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("spec_path", SPECS, ids=lambda p: p.stem)
 def test_shipped_spec_scaled_down(spec_path, dtype, compile_text):
-    plan, module = compile_text(scaled_spec_text(spec_path))
+    plan, module = compile_text(scaled_spec_text(spec_path, dtype=dtype))
     for pattern in plan.patterns:
         assert pattern.tile_counts()["boundary"] > 0  # the masked path is exercised
     q, k, v = mixed_inputs(plan, dtype, seed=zlib.crc32(spec_path.stem.encode()), heads=2)
@@ -95,7 +96,7 @@ def test_shipped_spec_scaled_down(spec_path, dtype, compile_text):
 def test_shipped_spec_two_level_tiles(spec_path, dtype, compile_text):
     """256 x 512 tiles of 128 x 128 compute blocks: BOUNDARY tiles run each compute block by
     its own kind (FULL unmasked, BOUNDARY masked, EMPTY skipped), padding blocks included."""
-    plan, module = compile_text(scaled_spec_text(spec_path, tiling=TWO_LEVEL))
+    plan, module = compile_text(scaled_spec_text(spec_path, tiling=TWO_LEVEL, dtype=dtype))
     words = np.concatenate([p.table.runs[:, 4] for p in plan.patterns])
     kinds_in_words = {(int(w) >> (2 * b)) & 3 for w in words for b in range(8)}
     assert {0, 1} <= kinds_in_words  # mixed tiles with BOUNDARY and EMPTY compute blocks

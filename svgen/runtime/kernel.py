@@ -735,12 +735,13 @@ def _per_head_layout(x, layouts: list[KernelLayout], head_layout, to_kernel: boo
 
 
 def make_attention(*, shape: KernelShape, patterns: Sequence[Pattern], slots: int,
-                   default_head_pattern: Sequence[int] | None):
+                   default_head_pattern: Sequence[int] | None, dtype: str | None = None):
     """The public `attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None)`.
 
     q, k, v are [heads, seq, head_dim] or [batch, heads, seq, head_dim] in the user's token
     order; the output has the shape and dtype of q. `head_pattern` (int [heads], may be traced)
-    picks each head's pattern; it defaults to the spec's static assignment.
+    picks each head's pattern; it defaults to the spec's static assignment. `dtype`: the spec's
+    (q, k, v must have it; None accepts any floating dtype).
     """
     tables = PieceTables.from_runs([p.runs for p in patterns], slots, shape.compute_blocks,
                                    walks_flat(len(patterns), shape.tensor_cores))
@@ -753,7 +754,7 @@ def make_attention(*, shape: KernelShape, patterns: Sequence[Pattern], slots: in
     codes = [_PatternCode(p.boundary_mask, p.layout, tuple(p.query_coords)) for p in patterns]
 
     def attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None):
-        _check_operands(q, k, v, shape)
+        _check_operands(q, k, v, shape, dtype)
         heads = q.shape[-3]
         if head_pattern is None:
             if default_head_pattern is None:
@@ -763,10 +764,7 @@ def make_attention(*, shape: KernelShape, patterns: Sequence[Pattern], slots: in
                 raise ValueError(f"q has {heads} heads, the spec {shape.heads}: pass the "
                                  "head_pattern of these heads (e.g. its shard under shard_map)")
             head_pattern = default_head_pattern
-        # A concrete assignment gives the flat walk a static grid.
-        static_pattern = (None if isinstance(head_pattern, jax.core.Tracer)
-                          else np.asarray(head_pattern, np.int64).reshape(heads))
-        head_pattern = jnp.asarray(head_pattern, jnp.int32).reshape(heads)
+        static_pattern, head_pattern = _checked_head_pattern(head_pattern, heads, len(patterns))
         head_layout = jnp.asarray(layout_of_pattern)[head_pattern]
         lead = q.shape[:-2]
         if sm_scale is None:
@@ -786,7 +784,41 @@ def make_attention(*, shape: KernelShape, patterns: Sequence[Pattern], slots: in
     return attention
 
 
-def _check_operands(q, k, v, shape: KernelShape) -> None:
+def _checked_head_pattern(head_pattern, heads: int, num_patterns: int):
+    """(NumPy copy when concrete, int32 [heads] array). Concrete values are checked; traced
+    ones are clamped into range, so a wrong value can never read outside the tables."""
+    traced = isinstance(head_pattern, jax.core.Tracer)
+    if not traced and not hasattr(head_pattern, "dtype"):
+        head_pattern = np.asarray(head_pattern)
+    if not jnp.issubdtype(head_pattern.dtype, jnp.integer):
+        raise TypeError(f"head_pattern must hold integers (pattern indices), got dtype "
+                        f"{head_pattern.dtype}")
+    if tuple(head_pattern.shape) != (heads,):
+        raise ValueError(f"head_pattern must have shape ({heads},), one pattern index per head "
+                         f"of q; got shape {tuple(head_pattern.shape)}")
+    if traced:
+        return None, jnp.clip(head_pattern.astype(jnp.int32), 0, num_patterns - 1)
+    values = np.asarray(head_pattern, np.int64)
+    bad = values[(values < 0) | (values >= num_patterns)]
+    if bad.size:
+        raise ValueError(f"head_pattern values must be pattern indices 0..{num_patterns - 1}; "
+                         f"got {bad.tolist()}")
+    # A concrete assignment gives the flat walk a static grid.
+    return values, jnp.asarray(values, jnp.int32)
+
+
+def _check_operands(q, k, v, shape: KernelShape, dtype: str | None = None) -> None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+            raise TypeError(f"{name} must be an array (jax or numpy), got {type(x).__name__}")
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(f"{name} must be a floating array, got dtype {x.dtype}")
+    if q.dtype != k.dtype or q.dtype != v.dtype:
+        raise TypeError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if dtype is not None and q.dtype != jnp.dtype(dtype):
+        raise TypeError(f"this kernel was compiled for {dtype} (the spec's attention.dtype); "
+                        f"got q, k, v of dtype {q.dtype}: cast them, or compile a spec with "
+                        f"dtype {q.dtype}")
     if q.ndim not in (3, 4):
         raise ValueError(
             f"q must be [heads, seq, head_dim] or [batch, heads, seq, head_dim], got {q.shape}"

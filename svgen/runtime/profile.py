@@ -34,6 +34,8 @@ def _masked_softmax_output(scores, keep, v):
 
 def pattern_errors(q, k, v, patterns: Sequence[Pattern], *, key, num_queries: int = 64):
     """Mean squared error of each pattern's output on sampled rows: float32 [patterns, heads]."""
+    if not isinstance(num_queries, int) or num_queries < 1:
+        raise ValueError(f"num_queries must be a positive integer, got {num_queries!r}")
     seq_len, head_dim = q.shape[-2], q.shape[-1]
     rows = jax.random.randint(key, (num_queries,), 0, seq_len)
     q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))

@@ -1,0 +1,70 @@
+"""Run-time argument checks at the call: wrong head_pattern, wrong arrays, wrong dtype."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import REPO, mixed_inputs
+from test_kernels import POISONED, scaled_spec_text
+
+
+@pytest.fixture
+def mixed(compile_text):
+    """A two-pattern kernel (run-time assignment) for 4 heads, float32."""
+    return compile_text(scaled_spec_text(REPO / "specs" / "wan21_720p_mixed.yaml", heads=4))
+
+
+@pytest.mark.parametrize("head_pattern, error, words", [
+    ([0, 1, 0], ValueError, "shape (4,)"),
+    ([[0, 1, 0, 1]], ValueError, "shape (4,)"),
+    ([0.0, 1.0, 0.0, 1.0], TypeError, "integers"),
+    ([True, False, True, False], TypeError, "integers"),
+    ([0, 1, 2, 0], ValueError, "0..1; got [2]"),
+    ([0, -1, 0, 99], ValueError, "got [-1, 99]"),
+])
+def test_bad_head_pattern_is_an_error(mixed, head_pattern, error, words):
+    plan, module = mixed
+    q, k, v = mixed_inputs(plan, "float32", seed=0)
+    with pytest.raises(error) as info:
+        module.attention(q, k, v, head_pattern=np.asarray(head_pattern), interpret=True)
+    assert words in str(info.value)
+
+
+def test_traced_head_pattern_out_of_range_is_clamped_not_read_past_the_tables(mixed):
+    """Under jit values cannot be checked: they are clamped to a valid pattern."""
+    plan, module = mixed
+    q, k, v = mixed_inputs(plan, "float32", seed=1)
+    run = jax.jit(lambda hp: module.attention(q, k, v, head_pattern=hp, interpret=POISONED))
+    wild = np.asarray(run(jnp.asarray([-5, 0, 7, 1], jnp.int32)))
+    clamped = np.asarray(run(jnp.asarray([0, 0, 1, 1], jnp.int32)))
+    np.testing.assert_array_equal(wild, clamped)
+
+
+@pytest.mark.parametrize("make, error, words", [
+    (lambda q: q.astype(jnp.int32), TypeError, "floating array"),
+    (lambda q: np.asarray(q).tolist(), TypeError, "must be an array"),
+    (lambda q: q.astype(jnp.bfloat16), TypeError, "compiled for float32"),
+])
+def test_bad_operands_are_errors(mixed, make, error, words):
+    plan, module = mixed
+    q, k, v = mixed_inputs(plan, "float32", seed=2)
+    q, k, v = make(q), make(k), make(v)
+    with pytest.raises(error, match=None) as info:
+        module.attention(q, k, v, head_pattern=np.array([0, 1, 0, 1]), interpret=True)
+    assert words in str(info.value)
+
+
+def test_operand_dtypes_must_agree(mixed):
+    plan, module = mixed
+    q, k, v = mixed_inputs(plan, "float32", seed=3)
+    with pytest.raises(TypeError, match="dtypes differ"):
+        module.attention(q, k.astype(jnp.bfloat16), v, head_pattern=np.array([0, 1, 0, 1]))
+
+
+@pytest.mark.parametrize("num_queries", [0, -3, 2.5])
+def test_profile_needs_a_positive_number_of_queries(mixed, num_queries):
+    plan, module = mixed
+    q, k, v = mixed_inputs(plan, "float32", seed=4)
+    with pytest.raises(ValueError, match="num_queries must be a positive integer"):
+        module.profile(q, k, v, key=jax.random.PRNGKey(0), num_queries=num_queries)
