@@ -4,14 +4,16 @@
 
 Exit status: 0 success; 1 `--check` (or `--diff`, which implies it) found stale or
 hand-edited files; 2 bad input (a spec error, printed as file:line:column: key: message,
-without a traceback). Nothing is written unless every spec compiled, and never with --check
-or --diff.
+without a traceback; or `cost` without libtpu installed). Warnings about likely mistakes
+(svgen.lint) go to stderr and change neither the exit status nor the files. Nothing is
+written unless every spec compiled, and never with --check or --diff.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import importlib.util
 import json
 import os
 import pathlib
@@ -20,10 +22,11 @@ import time
 
 import numpy as np
 
-from svgen import codegen, libtpu_env
+from svgen import codegen, libtpu_env, lint
 from svgen.analysis import DEFAULT_SMEM_BUDGET, Plan, analyze
 from svgen.errors import SpecError
-from svgen.spec import load_spec
+from svgen.spec import ALIGN_MODES, load_spec
+from svgen.tune import DEFAULT_CONFIRM
 from svgen.targets import DEFAULT_TARGET, TARGETS
 
 OUT_DEFAULT = "generated"
@@ -61,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="write nothing; exit 1 if any generated file is stale or hand-edited")
     p.add_argument("--diff", action="store_true",
                    help="show what would change; implies --check (writes nothing)")
-    p.add_argument("--quiet", "-q", action="store_true", help="print errors only")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="print errors only (no progress, summary or warnings)")
     _add_budget(p)
     p.set_defaults(run=_compile)
 
@@ -85,6 +89,23 @@ def _parser() -> argparse.ArgumentParser:
                    help="compile even when the per-path costs are cached (~/.cache/svgen)")
     _add_budget(p)
     p.set_defaults(run=_cost)
+
+    p = sub.add_parser("tune", help="rank tilings (and align modes) of a spec with the cost "
+                                    "model; --apply writes the best into the spec")
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--align", nargs="+", metavar="MODE", choices=ALIGN_MODES,
+                   help=f"align modes to try ({', '.join(ALIGN_MODES)}; default: the spec's)")
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.add_argument("--apply", action="store_true",
+                   help="rewrite the spec's tiling with the first choice (comments and key "
+                        "order kept)")
+    p.add_argument("--confirm", type=int, default=DEFAULT_CONFIRM, metavar="K",
+                   help="compile until the first K rows are exactly costed, not estimated "
+                        f"(default {DEFAULT_CONFIRM})")
+    p.add_argument("--exhaustive", action="store_true",
+                   help="compile every candidate (slow: checks the estimates)")
+    _add_budget(p)
+    p.set_defaults(run=_tune)
 
     p = sub.add_parser("schema", help="print the JSON Schema of spec files (draft 2020-12), "
                                       "for editor completion")
@@ -147,13 +168,26 @@ def _is_terminal(stream) -> bool:
         return False
 
 
-def _plan(spec_file: str, quiet: bool, smem_budget: int, target: str) -> Plan:
+def _plan(spec_file: str, quiet: bool, smem_budget: int, target: str,
+          warn: bool = True) -> Plan:
+    """The spec's analysis; likely mistakes (svgen.lint) are printed as warnings on stderr
+    unless `warn` is False, and change nothing else."""
     spec = load_spec(spec_file)
+    if warn:
+        _print_warnings(lint.spec_warnings(spec))
     progress = _Progress(spec_file, quiet)
     try:
-        return analyze(spec, progress=progress, smem_budget=smem_budget, target_name=target)
+        plan = analyze(spec, progress=progress, smem_budget=smem_budget, target_name=target)
     finally:
         progress.close()
+    if warn:
+        _print_warnings(lint.plan_warnings(plan))
+    return plan
+
+
+def _print_warnings(warnings) -> None:
+    for warning in warnings:
+        print(f"svgen: warning: {warning}", file=sys.stderr)
 
 
 def _spec_path_for_header(spec_file: str, out_dir: pathlib.Path) -> str:
@@ -187,7 +221,8 @@ def _compile(args) -> int:
     for spec_file in args.specs:
         start = time.perf_counter()
         try:
-            plan = _plan(spec_file, args.quiet, args.smem_budget, args.target)
+            plan = _plan(spec_file, args.quiet, args.smem_budget, args.target,
+                         warn=not args.quiet)
         except SpecError as err:
             errors.append(str(err))
             continue
@@ -207,6 +242,10 @@ def _compile(args) -> int:
             print(f"{spec_file}: {tiles}; {plan.grid_steps} grid steps per head; "
                   f"{plan.table_bytes} bytes of SMEM tables; "
                   f"{time.perf_counter() - start:.2f} s", file=sys.stderr)
+            for p in plan.patterns:
+                if p.budget is not None:
+                    label = "" if len(plan.patterns) == 1 else f"{p.name}: "
+                    print(f"  {label}aligned {p.budget.words()}", file=sys.stderr)
     if errors:
         for message in errors:
             print(f"svgen: error: {message}", file=sys.stderr)
@@ -311,7 +350,19 @@ def _inspect(args) -> int:
     return 0
 
 
+#: What `svgen cost` says where libtpu is missing (a CPU-only install: `pip install svgen`).
+NO_LIBTPU = ("svgen cost compiles the kernel with libtpu, the TPU compiler, which is not "
+             "installed here; install it with: pip install 'svgen[tpu]'")
+
+
+def _libtpu_installed() -> bool:
+    return importlib.util.find_spec("libtpu") is not None
+
+
 def _cost(args) -> int:
+    if not _libtpu_installed():
+        print(f"svgen: error: {NO_LIBTPU}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     from svgen import cost
 
     # libtpu must learn where to dump its schedules before anything starts it.
@@ -326,6 +377,89 @@ def _cost(args) -> int:
         for line in cost.format_report(report, plan):
             print(line)
     return 0
+
+
+def _tune(args) -> int:
+    from svgen import tune
+    from svgen.tpu_schedule import ensure_dump_flags
+
+    ensure_dump_flags()  # before anything starts libtpu
+    if args.confirm < 1:
+        raise SpecError("--confirm must be at least 1")
+    progress = _TuneProgress(quiet=False)
+    try:
+        result = tune.tune(args.spec, target=args.target, aligns=args.align,
+                           smem_budget=args.smem_budget, confirm=args.confirm,
+                           exhaustive=args.exhaustive, progress=progress)
+    finally:
+        progress.close()
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        for line in tune.summary_lines(result) + [""] + tune.format_table(result):
+            print(line)
+    if args.apply:
+        _apply_tiling(args.spec, result.choice.candidate, quiet=args.json)
+    return 0
+
+
+def _apply_tiling(spec_file: str, candidate, quiet: bool) -> None:
+    """Rewrite the spec's tiling in place (atomically, only once the new text reads back as
+    the chosen tiling), and say what changed."""
+    from svgen.spec import parse_spec
+    from svgen.tune import rewrite_tiling
+
+    path = pathlib.Path(spec_file)
+    text, changes = rewrite_tiling(path.read_text(encoding="utf-8"), candidate)
+    t = parse_spec(text, source=spec_file).tiling
+    assert (t.block_q, t.block_kv, t.cq, t.ckv, t.align) == (
+        candidate.block_q, candidate.block_kv, candidate.compute_q, candidate.compute_kv,
+        candidate.align), "the rewritten spec does not read back as the chosen tiling"
+    if not changes:
+        print(f"svgen: {spec_file}: tiling unchanged (already the first choice)", file=sys.stderr)
+        return
+    _write_all({path: text.encode("utf-8")})
+    print(f"svgen: {spec_file}: tiling " + "; ".join(changes), file=sys.stderr)
+
+
+class _TuneProgress:
+    """Tune progress on stderr: one line rewritten in place on a terminal; in a log, every
+    compile (tens of seconds apart) and at most one analysis line per LOG_EVERY seconds."""
+
+    def __init__(self, quiet: bool, stream=None):
+        self.quiet = quiet
+        self.stream = stream if stream is not None else sys.stderr
+        self.live = _is_terminal(self.stream)
+        self.last_shown: float | None = None
+        self.line_open = False
+
+    def __call__(self, what: str, done: int, total: int) -> None:
+        if self.quiet:
+            return
+        now = time.perf_counter()
+        compile_step = total == 0
+        interval = REFRESH_EVERY if self.live else LOG_EVERY
+        if not compile_step and done != total and self.last_shown is not None and (
+                now - self.last_shown < interval):
+            return
+        self.last_shown = now
+        text = f"  tune: {what}" + (f" [{done}/{total}]" if total else f" [compile {done}]")
+        if self.live:
+            bar = _bar(done, total) if total else ""
+            print(f"\r\x1b[2K{text} {bar}", end="", file=self.stream, flush=True)
+            self.line_open = True
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.line_open:
+            print(file=self.stream, flush=True)
+            self.line_open = False
+
+
+def _bar(done: int, total: int, width: int = 20) -> str:
+    filled = width * done // max(total, 1)
+    return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
 def _schema(args) -> int:

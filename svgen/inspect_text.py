@@ -34,7 +34,7 @@ def _kernel_lines(s: dict) -> list[str]:
         f"tokens: {_count(s.pop('seq_len'))} (padded to {_count(s.pop('padded_seq_len'))})",
         f"tiles: {s.pop('block_q')} x {s.pop('block_kv')}, a {s.pop('num_q_blocks')} x "
         f"{s.pop('num_kv_blocks')} grid; compute blocks {s.pop('compute_q')} x "
-        f"{s.pop('compute_kv')}",
+        f"{s.pop('compute_kv')}{_align(s.pop('align'))}",
         f"target: {s.pop('target')}; VMEM {_bytes(s.pop('vmem_bytes'))} "
         f"(limit {_bytes(s.pop('vmem_limit_bytes'))})",
         f"SMEM tables: {_bytes(s.pop('table_bytes'))}; {_count(s.pop('grid_steps'))} grid "
@@ -57,6 +57,9 @@ def _pattern_lines(s: dict) -> list[str]:
         f"compute blocks: {_kinds(s.pop('compute_blocks'))}",
         _density(s.pop("density"), s.pop("density_is_exact"), s.pop("density_upper", None)),
     ]
+    if "exact_density" in s:
+        lines[-1] = lines[-1].replace("(exact)", "(exact count, aligned mask)")
+        lines.append(_budget(s))
     unproven = s.pop("unproven_boundary_tiles")
     if unproven:
         lines.append(f"unproven boundary tiles: {_count(unproven)} (left BOUNDARY: interval "
@@ -69,6 +72,23 @@ def _density(low: float, exact: bool, high: float | None) -> str:
         return f"density: {_fraction(low)} of token pairs kept (exact)"
     return (f"density: between {_fraction(low)} and {_fraction(high)} of token pairs kept "
             f"(bounds: the mask was not evaluated everywhere)")
+
+
+def _align(mode: str) -> str:
+    return "" if mode == "exact" else f"; aligned ({mode}: BOUNDARY blocks made FULL or EMPTY)"
+
+
+def _budget(s: dict) -> str:
+    """What aligning changed (consumes the pair-budget keys of `s`)."""
+    line = (f"aligned mask: exact density {_fraction(s.pop('exact_density'))}; "
+            f"{_count(s.pop('pairs_added'))} pairs added, {_count(s.pop('pairs_dropped'))} "
+            f"dropped; recall {_fraction(s.pop('recall'))}, precision "
+            f"{_fraction(s.pop('precision'))}; {_plural(s.pop('rows_emptied'), 'row')} emptied")
+    exact_blocks = s.pop("exact_boundary_blocks")
+    if exact_blocks:
+        line += (f"; {_plural(exact_blocks, 'BOUNDARY block')} left exact (the column of "
+                 f"padding keys)")
+    return line
 
 
 def _assignment(assign) -> str:

@@ -213,6 +213,30 @@ class CausalFrames:
 
 
 @dataclasses.dataclass(frozen=True)
+class BlockCausal:
+    """Both video and f_k // frames <= f_q // frames: causal over chunks of `frames` frames,
+    every frame of a chunk attending the whole chunk (CausVid, Self-Forcing). Text tokens
+    are not involved; `any_of` with `text: {}` gives them global attention."""
+
+    frames: int
+
+    def evaluate(self, q, k):
+        return _both_video(q, k) & (k.frame // self.frames <= q.frame // self.frames)
+
+    def predicate(self):
+        """Written as f_k < n * (f_q // n) + n: one division, on the query side only (the
+        generated mask reads query coordinates once per q tile, keys on every block)."""
+        f_q, f_k, n = _S["f_q"], _S["f_k"], self.frames
+        if n == 1:
+            return sympy.And(_video_pair(), sympy.Le(f_k, f_q))
+        return sympy.And(_video_pair(), sympy.Lt(f_k, n * FloorDiv(f_q, n) + n))
+
+    def describe(self):
+        return (f"block-causal over chunks of {self.frames} frame(s): video keys of the same "
+                f"or earlier chunks")
+
+
+@dataclasses.dataclass(frozen=True)
 class Predicate:
     """A user `expr`, parsed by svgen.expr into sympy; `source` is the user's text."""
 

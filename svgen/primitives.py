@@ -26,7 +26,8 @@ from typing import Any, Callable
 from svgen.limits import MAX_NAME_LEN, MAX_PARAM
 
 __all__ = ["Param", "Primitive", "BUILTINS", "PARAMS", "PREDICATE", "MASKS", "MASK", "PATTERN", "INTEGER",
-           "FRACTION", "register", "unregister", "get", "keys", "registered", "by_node"]
+           "FRACTION", "EXTENTS", "FRAME_COUNT", "FRAME_DIFFERENCE", "ROW_DIFFERENCE",
+           "COL_DIFFERENCE", "POSITION_COUNT", "POSITION_DIFFERENCE", "register", "unregister", "get", "keys", "registered", "by_node"]
 
 # How a spec writes the value under a primitive's key (Primitive.form).
 PARAMS = "params"  # a mapping of named parameters; {} or null when none is needed
@@ -39,6 +40,18 @@ PATTERN = "pattern"  # the name of a pattern from `patterns` (ref); it lowers to
 INTEGER = "integer"  # an integer in [minimum, maximum]
 FRACTION = "fraction"  # a number with 0 < value <= 1
 
+# What an integer parameter is measured against (Param.within). A value past the geometry's
+# largest meaningful one is legal (it means the same as that one, or keeps only what it
+# can) but is likely a mistake of scale or of units, so `svgen` warns (svgen.lint).
+FRAME_COUNT = "frame_count"  # at most geometry.frames
+FRAME_DIFFERENCE = "frame_difference"  # at most frames - 1
+ROW_DIFFERENCE = "row_difference"  # at most height - 1
+COL_DIFFERENCE = "col_difference"  # at most width - 1
+POSITION_COUNT = "position_count"  # at most the sequence length (text included)
+POSITION_DIFFERENCE = "position_difference"  # at most the sequence length - 1
+EXTENTS = (FRAME_COUNT, FRAME_DIFFERENCE, ROW_DIFFERENCE, COL_DIFFERENCE, POSITION_COUNT,
+           POSITION_DIFFERENCE)
+
 #: Named in the message when an integer parameter exceeds MAX_PARAM.
 PARAM_LIMIT = "MAX_PARAM: no count in a mask exceeds the longest sequence"
 
@@ -50,6 +63,8 @@ class Param:
     ``default`` is what lowering uses when the spec leaves it out (None: unbounded, or
     absent); ``required`` parameters have none. Integers are range-checked in the spec
     reader before any arithmetic sees them; ``limit`` names the maximum in the message.
+    ``within`` (one of EXTENTS, or None) is the size of the geometry the value is measured
+    against: past it, compiling warns.
     """
 
     name: str
@@ -60,6 +75,7 @@ class Param:
     default: Any = None
     required: bool = False
     limit: str = PARAM_LIMIT
+    within: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,36 +144,42 @@ def _rows(name: str) -> str:
 BUILTINS = (
     Primitive(
         "first_frame", "k is a video token of the first `frames` frames (any query, text too)",
-        params=(Param("frames", "leading frames every query attends", minimum=1, default=1),),
+        params=(Param("frames", "leading frames every query attends", minimum=1, default=1,
+                      within=FRAME_COUNT),),
         node=_ir("FirstFrame"), rows=_rows("first_frame_rows"), code_name="first_frame"),
     Primitive(
         "spatial_window", "both video, |f_q-f_k| <= frames, |h_q-h_k| <= rows, |w_q-w_k| <= cols",
-        params=(Param("frames", "largest frame difference", required=True),
-                Param("rows", "largest row difference (omitted: unbounded)"),
-                Param("cols", "largest column difference (omitted: unbounded)")),
+        params=(Param("frames", "largest frame difference", required=True,
+                      within=FRAME_DIFFERENCE),
+                Param("rows", "largest row difference (omitted: unbounded)",
+                      within=ROW_DIFFERENCE),
+                Param("cols", "largest column difference (omitted: unbounded)",
+                      within=COL_DIFFERENCE)),
         node=_ir("SpatialWindow"), rows=_rows("spatial_window_rows"),
         code_name="spatial_window"),
     Primitive(
         "temporal_stride",
         "both video, |h_q-h_k| <= rows, |w_q-w_k| <= cols, (f_q-f_k) mod stride = 0, "
         "|f_q-f_k| <= frames",
-        params=(Param("rows", "largest row difference", default=0),
-                Param("cols", "largest column difference", default=0),
+        params=(Param("rows", "largest row difference", default=0, within=ROW_DIFFERENCE),
+                Param("cols", "largest column difference", default=0, within=COL_DIFFERENCE),
                 Param("stride", "frame difference must be a multiple of it", minimum=1,
-                      default=1),
-                Param("frames", "largest frame difference (omitted: unbounded)")),
+                      default=1, within=FRAME_DIFFERENCE),
+                Param("frames", "largest frame difference (omitted: unbounded)",
+                      within=FRAME_DIFFERENCE)),
         node=_ir("TemporalStride"), rows=_rows("temporal_stride_rows"),
         code_name="temporal_stride"),
     Primitive(
         "band", "|i_q - i_k| <= width (positions in the layout's order); give width or density",
-        params=(Param("width", "largest position difference"),
+        params=(Param("width", "largest position difference", within=POSITION_DIFFERENCE),
                 Param("density", "kept fraction: width = 128*ceil(N*(1-sqrt(1-d))/128)",
                       kind=FRACTION)),
         one_of=("width", "density"),
         node=_ir("Band"), rows=_rows("band_rows"), code_name="band"),
     Primitive(
         "prefix", "i_k < tokens (the first positions of the layout's order)",
-        params=(Param("tokens", "positions every query attends", minimum=1, required=True),),
+        params=(Param("tokens", "positions every query attends", minimum=1, required=True,
+                      within=POSITION_COUNT),),
         node=_ir("Prefix"), rows=_rows("prefix_rows"), code_name="prefix"),
     Primitive(
         "text", "q or k is a text token",
@@ -165,6 +187,11 @@ BUILTINS = (
     Primitive(
         "causal_frames", "both video and f_k <= f_q",
         node=_ir("CausalFrames"), rows=_rows("causal_frames_rows"), code_name="causal_frames"),
+    Primitive(
+        "block_causal", "both video and f_k // frames <= f_q // frames (causal over chunks)",
+        params=(Param("frames", "frames per chunk; a chunk attends itself and earlier chunks",
+                      minimum=1, required=True, within=FRAME_COUNT),),
+        node=_ir("BlockCausal"), rows=_rows("block_causal_rows"), code_name="block_causal"),
     Primitive(
         "expr", "a predicate over f_q h_q w_q f_k h_k w_k i_q i_k is_text_q is_text_k",
         form=PREDICATE, node=_ir("Predicate"), rows=_rows("predicate_rows"), code_name="expr"),

@@ -105,7 +105,10 @@ def _tiling() -> dict:
     keys = {"block_q": dict(block, default=spec.DEFAULT_BLOCK),
             "block_kv": dict(block, default=spec.DEFAULT_BLOCK),
             "compute_q": dict(block, description="divides block_q; default: block_q"),
-            "compute_kv": dict(block, description="divides block_kv; default: block_kv")}
+            "compute_kv": dict(block, description="divides block_kv; default: block_kv"),
+            "align": {"enum": list(spec.ALIGN_MODES), "default": spec.ALIGN_MODES[0],
+                      "description": "round the mask to whole compute blocks: BOUNDARY blocks "
+                                     "become FULL or EMPTY (exact: no rounding)"}}
     return _section(spec.TILING_KEYS, keys, (), "tiles and the compute blocks inside them",
                     nullable=True)
 

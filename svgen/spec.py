@@ -58,6 +58,9 @@ LAYOUTS = ("frame_major", "temporal_major")
 DTYPES = ("bfloat16", "float32")
 HEAD_DIMS = (64, 128, 256)
 TEXT_POSITIONS = ("first", "last")
+#: How `tiling.align` rounds the mask to whole compute blocks (svgen.analysis.align says how
+#: each mode decides); "exact" keeps the mask as written.
+ALIGN_MODES = ("exact", "superset", "subset", "nearest", "balanced")
 BLOCK_MULTIPLE = 128
 BLOCK_MIN = 128
 BLOCK_MAX = 4096
@@ -141,6 +144,11 @@ class Tiling:
     block_kv: int
     compute_q: int | None = None
     compute_kv: int | None = None
+    align: str = "exact"  # one of ALIGN_MODES: BOUNDARY compute blocks rounded to FULL/EMPTY
+
+    @property
+    def aligned(self) -> bool:
+        return self.align != "exact"
 
     @property
     def cq(self) -> int:
@@ -276,11 +284,14 @@ def _canonical_obj(name, geometry, attention, layout, mask, patterns, heads, til
 
 
 def _tiling_json(tiling: Tiling) -> dict:
-    # Compute blocks appear only when given, so digests of older specs stay valid.
+    # Compute blocks appear only when given, and align only when it changes the mask, so
+    # digests of older specs stay valid.
     out = {"block_q": tiling.block_q, "block_kv": tiling.block_kv}
     for key in ("compute_q", "compute_kv"):
         if getattr(tiling, key) is not None:
             out[key] = getattr(tiling, key)
+    if tiling.aligned:
+        out["align"] = tiling.align
     return out
 
 
@@ -464,7 +475,7 @@ GEOMETRY_KEYS = ("frames", "height", "width", "text_tokens", "text_position")
 #: The least value of each size in ``geometry`` (their most: MAX_SEQ_LEN, and so their total).
 GEOMETRY_MINIMUMS = {"frames": 1, "height": 1, "width": 1, "text_tokens": 0}
 ATTENTION_KEYS = ("heads", "head_dim", "dtype")
-TILING_KEYS = ("block_q", "block_kv", "compute_q", "compute_kv")
+TILING_KEYS = ("block_q", "block_kv", "compute_q", "compute_kv", "align")
 MAX_COMPUTE_BLOCKS = 16  # per tile: their kinds fit one int32 of SMEM (2 bits each)
 HEADS_KEYS = ("candidates", "assign")
 CANDIDATE_KEYS = ("pattern", "layout")
@@ -555,6 +566,8 @@ def _read_tiling(r: _Reader, node: Node, path: str) -> Tiling:
                           f"{key} must divide {block_key} ({vals[block_key]}): a tile is cut "
                           f"into whole compute blocks, got {value}")
         vals[key] = value
+    if "align" in e:
+        vals["align"] = r.choice(e["align"][1], _join(path, "align"), ALIGN_MODES)
     tiling = Tiling(**vals)
     if tiling.compute_blocks > MAX_COMPUTE_BLOCKS:
         key = "compute_kv" if "compute_kv" in e else "compute_q"

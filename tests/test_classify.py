@@ -57,6 +57,7 @@ PRIMITIVE_GENERATORS = {
     "prefix": lambda rng, lay: {"tokens": int(rng.integers(1, lay.seq_len + 5))},
     "text": lambda rng, lay: {},
     "causal_frames": lambda rng, lay: {},
+    "block_causal": lambda rng, lay: {"frames": int(rng.integers(1, lay.frames + 2))},
     "expr": lambda rng, lay: str(rng.choice(PREDICATES)),
 }
 
@@ -133,6 +134,43 @@ def test_random_specs_through_the_whole_analysis(seed):
     assert plan.density == pytest.approx(keep.mean())
 
 
+BLOCK_CAUSAL_MASKS = [
+    {"block_causal": {"frames": 2}},
+    {"any_of": [{"block_causal": {"frames": 3}}, {"text": {}}]},
+    {"any_of": [{"block_causal": {"frames": 2}}, {"first_frame": {"frames": 1}}]},
+    {"all_of": [{"block_causal": {"frames": 2}}, {"spatial_window": {"frames": 2, "rows": 1}}]},
+]
+
+
+@pytest.mark.parametrize("mask", BLOCK_CAUSAL_MASKS, ids=range(len(BLOCK_CAUSAL_MASKS)))
+@pytest.mark.parametrize("text_first", [True, False], ids=["text_first", "text_last"])
+@pytest.mark.parametrize("order", ["frame_major", "temporal_major"])
+def test_block_causal_against_brute_force(mask, text_first, order):
+    """Chunks of 2 or 3 frames over 7 frames (the last chunk short), text before or after
+    the video, both orders (temporal_major with the anchor frames first_frame asks for)."""
+    lay = SequenceLayout(7, 3, 5, 11, text_first, order)
+    _, node = lower_mask_dict(mask, lay, 128, 128)
+    if order == "temporal_major":
+        lay = SequenceLayout(7, 3, 5, 11, text_first, order, ir.anchor_frames(node))
+    keep = dense_keep(node, lay)
+    for bq, bkv in ((8, 8), (16, 24), (32, 16)):
+        got = classify_tiles(node, lay, TileGrid(lay.seq_len, bq, bkv))
+        assert got.density_is_exact
+        _check(got.kinds, got.kept_pairs, keep, brute_force_kinds(keep, bq, bkv), exact=True)
+
+
+def test_block_causal_keeps_whole_chunks_and_no_text():
+    """keep(q, k) from the documented rule, on the user's coordinates."""
+    lay = SequenceLayout(5, 1, 2, 3, False)
+    keep = dense_keep(ir.BlockCausal(2), lay)
+    frame = np.repeat(np.arange(5), 2)  # video tokens in frame-major order, then text
+    expected = (frame[None, :] // 2) <= (frame[:, None] // 2)
+    np.testing.assert_array_equal(keep[:10, :10], expected)
+    assert not keep[10:].any() and not keep[:, 10:].any()
+    np.testing.assert_array_equal(dense_keep(ir.BlockCausal(1), lay),
+                                  dense_keep(ir.CausalFrames(), lay))
+
+
 @pytest.mark.parametrize("bq,bkv", [(8, 8), (16, 8), (8, 24)])
 def test_predicates_that_interval_arithmetic_can_decide_are_exact(bq, bkv):
     """A monotone user predicate classifies exactly like its built-in twin."""
@@ -186,6 +224,7 @@ def test_over_budget_predicates_stay_sound(monkeypatch):
     ("band_400k", 111, ir.AnyOf((ir.Band(78080), ir.Prefix(3600)))),
     ("temporal_75k", 21, ir.AnyOf((ir.FirstFrame(1), ir.TemporalStride(0, 0, 1, None)))),
     ("window3d_75k", 21, ir.SpatialWindow(2, 6, 9)),
+    ("block_causal_75k", 21, ir.AnyOf((ir.FirstFrame(1), ir.BlockCausal(4)))),
 ])
 def test_large_geometry_agrees_with_brute_force_on_sampled_tiles(name, frames, mask):
     """Full-size classification, checked exactly on sampled tiles (no N x N mask anywhere)."""

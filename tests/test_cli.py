@@ -339,3 +339,75 @@ def test_over_vmem_exits_2_and_writes_nothing(project):
     assert run_cli(["compile", "--check", "specs/tiny.yaml"], project).returncode == 1  # stale
     result = run_cli(["compile", "--target", "v7x", "specs/tiny.yaml"], project)
     assert result.returncode == 2 and "on v7x" in result.stderr
+
+
+LIKELY_MISTAKES = """svgen: 1
+name: odd
+geometry: {frames: 3, height: 4, width: 30, text_tokens: 8}
+attention: {heads: 2, head_dim: 128, dtype: float32}
+patterns:
+  wide:
+    any_of:
+      - band: {width: 5000}
+      - first_frame: {frames: 4}
+  nothing: {all_of: [{first_frame: {frames: 1}}, {not: {first_frame: {}}}]}
+heads:
+  candidates: [{pattern: wide}, {pattern: nothing}]
+  assign: [wide, nothing]
+tiling: {block_q: 128, block_kv: 128}
+"""
+
+MISTAKE_LINES = [
+    "svgen: warning: specs/odd.yaml:8:9: patterns.wide.any_of[0].band.width: 5,000 is more "
+    "than the largest position difference, 367 (368 tokens); likely a mistake",
+    "svgen: warning: specs/odd.yaml:9:9: patterns.wide.any_of[1].first_frame.frames: 4 is more "
+    "than the video's 3 frame(s); likely a mistake",
+    "svgen: warning: specs/odd.yaml:10:13: patterns.nothing.all_of: pattern 'nothing' keeps no "
+    "pair: every query row attends nothing and its output is zero",
+]
+
+
+def test_likely_mistakes_warn_and_still_compile(project, capsys, monkeypatch):
+    """One located line per likely mistake on stderr; the exit status and the files are what
+    they would be without the warnings; -q prints none of them."""
+    monkeypatch.chdir(project)
+    (project / "specs" / "odd.yaml").write_text(LIKELY_MISTAKES)
+    assert main(["compile", "specs/odd.yaml"]) == 0
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if "warning" in line] == MISTAKE_LINES
+    assert (project / "generated" / "odd.py").exists()
+    assert main(["compile", "--check", "specs/odd.yaml"]) == 0
+    assert MISTAKE_LINES[0] in capsys.readouterr().err
+    assert main(["compile", "-q", "specs/odd.yaml"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_warnings_leave_inspect_json_alone(project, capsys, monkeypatch):
+    monkeypatch.chdir(project)
+    (project / "specs" / "none.yaml").write_text(GOOD.replace("name: tiny", "name: none").replace(
+        "mask:\n  any_of:", "mask:\n  all_of:").replace("frames: 1}", "frames: 1}\n    - not: "
+                                                          "{first_frame: {frames: 1}}"))
+    assert main(["inspect", "--json", "specs/none.yaml"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["density"] == 0.0
+    assert captured.err == ("svgen: warning: specs/none.yaml:6:3: mask.all_of: the mask keeps "
+                            "no pair: every query row attends nothing and its output is zero\n")
+
+
+def test_shipped_specs_warn_about_nothing(capsys):
+    """The examples users copy from compile without a warning."""
+    from svgen import lint
+
+    for path in SPECS:
+        plan = analyze(load_spec(path))
+        assert lint.spec_warnings(plan.spec) == [] and lint.plan_warnings(plan) == [], path
+
+
+def test_cost_without_libtpu_says_what_to_install(project, capsys, monkeypatch):
+    """A CPU-only install (`pip install svgen`) has no libtpu: `svgen cost` says so, exit 2."""
+    from svgen import cli
+
+    monkeypatch.setattr(cli, "_libtpu_installed", lambda: False)
+    assert main(["cost", str(project / "specs" / "tiny.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"svgen: error: {cli.NO_LIBTPU}\n" and "pip install 'svgen[tpu]'" in err

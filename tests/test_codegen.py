@@ -101,3 +101,20 @@ def test_window_or_key_terms_fuse_and_equal_the_oracle(mask, order, text):
         assert "unless=" in text_src, text_src
     np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(lowered, lay),
                                   err_msg=text_src)
+
+
+@pytest.mark.parametrize("text_first", [True, False], ids=["text_first", "text_last"])
+@pytest.mark.parametrize("order", ["frame_major", "temporal_major"])
+@pytest.mark.parametrize("frames", [1, 2, 3])
+def test_block_causal_emits_the_oracle(frames, order, text_first):
+    """block_causal's line (one lax.div, on the query's frame) equals the oracle with text
+    tokens on either side, and with `text: {}` giving them global attention."""
+    lay = SequenceLayout(7, 2, 3, 5, text_first, order, 1 if order == "temporal_major" else 0)
+    mask = {"any_of": [{"block_causal": {"frames": frames}}, {"text": {}},
+                       {"first_frame": {"frames": 1}}]}
+    _, lowered = lower_mask_dict(mask, lay, 128, 128)
+    fn, text_src = emitted_function(lowered, lay)
+    assert "block_causal = " in text_src
+    assert ("lax.div(q.frame" in text_src) == (frames > 1), text_src
+    np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(lowered, lay),
+                                  err_msg=text_src)

@@ -102,9 +102,24 @@ def test_temporal_major_visits_far_fewer_tiles_for_the_shipped_temporal_pattern(
     assert temporal.tile_counts()["boundary"] * 8 < frame_major.tile_counts()["boundary"]
 
 
+def _pallas_calls(jaxpr):
+    """Every pallas_call equation in a jaxpr and the jaxprs nested in it (custom_vjp...)."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            yield eqn
+        for sub in jax.core.subjaxprs(eqn) if hasattr(jax.core, "subjaxprs") else ():
+            yield from _pallas_calls(sub)
+        for param in eqn.params.values():
+            inner = getattr(param, "jaxpr", None)
+            if inner is not None and hasattr(inner, "eqns"):
+                yield from _pallas_calls(inner)
+            elif hasattr(param, "eqns"):
+                yield from _pallas_calls(param)
+
+
 def _pallas_grid(fn, *args):
     """The grid of the one pallas_call in fn's jaxpr."""
-    eqns = [e for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns if e.primitive.name == "pallas_call"]
+    eqns = list(_pallas_calls(jax.make_jaxpr(fn)(*args).jaxpr))
     assert len(eqns) == 1
     return tuple(eqns[0].params["grid_mapping"].grid)
 

@@ -165,3 +165,30 @@ tiling: {block_q: 128, block_kv: 128}
     plan, module = compile_text(text, smem_budget=200)
     assert plan.tables.slots > 1 and plan.grid_steps > plan.table.visited_steps
     run_and_compare(plan, module, "float32", seed=11)
+
+
+BLOCK_CAUSAL = """
+svgen: 1
+name: block_causal_text
+geometry: {frames: 7, height: 4, width: 20, text_tokens: 30, text_position: TEXT}
+attention: {heads: 2, head_dim: 64, dtype: float32}
+patterns:
+  chunks: {any_of: [{block_causal: {frames: 3}}, {text: {}}]}
+  anchored: {any_of: [{block_causal: {frames: 2}}, {first_frame: {frames: 1}}, {text: {}}]}
+heads:
+  candidates: [{pattern: chunks}, {pattern: anchored, layout: temporal_major}]
+  assign: [chunks, anchored]
+tiling: {block_q: 128, block_kv: 128}
+"""
+
+
+@pytest.mark.parametrize("text", ["first", "last"])
+def test_block_causal_with_text_tokens(text, compile_text):
+    """Chunks of 3 frames (the last one short) frame-major, chunks of 2 with an anchor frame
+    temporal-major, text attending and attended globally: the kernel against the oracle."""
+    plan, module = compile_text(BLOCK_CAUSAL.replace("TEXT", text))
+    assert all(p.tile_counts()["boundary"] > 0 for p in plan.patterns)
+    assert plan.patterns[0].tile_counts()["empty"] > 0  # later chunks' keys skipped
+    q, k, v = mixed_inputs(plan, "float32", seed=21, heads=2)
+    out = module.attention(q, k, v, interpret=POISONED)
+    check_per_head(plan, out, q, k, v, module.HEAD_PATTERN, "float32")

@@ -24,3 +24,30 @@ def test_ci_runs_exactly_the_readme_commands():
     blocks = readme.split("```sh\n")[1:3]
     install, test = (b.split("```")[0].strip() for b in blocks)
     assert install in ci and test in ci
+
+
+def _requirements(names):
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    groups = {"": project["dependencies"], **project["optional-dependencies"]}
+    return {name: [Requirement(r) for r in groups[name]] for name in names}
+
+
+def test_jax_is_a_range_and_libtpu_is_optional():
+    """`pip install svgen` takes a range of jax without libtpu (CPU-only environments, model
+    environments with their own jax); `svgen[tpu]` adds libtpu; the README's install
+    (`.[dev]`) pins the exact jax[tpu] the tests and the cost model are checked with."""
+    import jax
+
+    groups = _requirements(["", "tpu", "dev"])
+    (base,) = [r for r in groups[""] if r.name == "jax"]
+    assert not base.extras and all(v in base.specifier for v in ("0.10.0", "0.10.2"))
+    assert "0.11.0" not in base.specifier and "0.9.2" not in base.specifier
+    (tpu,) = groups["tpu"]
+    assert tpu.name == "jax" and tpu.extras == {"tpu"} and tpu.specifier == base.specifier
+    (dev,) = [r for r in groups["dev"] if r.name == "jax"]
+    assert dev.extras == {"tpu"} and str(dev.specifier) == "==0.10.2"
+    assert jax.__version__ in dev.specifier and jax.__version__ in base.specifier

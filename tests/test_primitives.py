@@ -163,8 +163,8 @@ def test_allowed_lists_come_from_the_registry():
     with pytest.raises(SpecError) as info:
         lower_mask_dict({"sliding": {}}, LAYOUTS[0], 128, 128)
     assert info.value.message.endswith("allowed: " + ", ".join(KEYS))
-    assert KEYS[:8] == ("first_frame", "spatial_window", "temporal_stride", "band", "prefix",
-                        "text", "causal_frames", "expr")
+    assert KEYS[:9] == ("first_frame", "spatial_window", "temporal_stride", "band", "prefix",
+                        "text", "causal_frames", "block_causal", "expr")
 
 
 def test_registering_twice_or_removing_a_builtin_is_refused():

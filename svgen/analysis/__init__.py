@@ -5,6 +5,8 @@ The passes, in order (each a pure function; `analyze` is only this list):
   1. lower_mask          per candidate pattern: spec terms -> simplified mask IR
   2. choose_layout       per pattern: kernel order (anchor frames for temporal_major)
   3. classify_tiles      EMPTY / BOUNDARY / FULL per compute-block pair, exact kept-pair count
+     align_classification  with `tiling.align`: BOUNDARY blocks rounded to FULL / EMPTY, and
+                         the exact pair budget of the rounding (svgen.analysis.align)
   4. kernel_tiles        tile kinds and per-tile compute-block words, as the kernel runs them
   5. build_runs          the visited tiles as runs, in the kernel's order
   6. build_tables        SMEM pieces of all patterns, within the SMEM budget
@@ -15,6 +17,7 @@ from __future__ import annotations
 from typing import Callable
 
 from svgen import ir
+from svgen.analysis.align import PairBudget, align_classification
 from svgen.analysis.classify import Classification, TileGrid, classify_tiles
 from svgen.analysis.plan import PatternPlan, Plan
 from svgen.analysis.tables import (DEFAULT_SMEM_BUDGET, BlockTable, TableBudgetError,
@@ -26,7 +29,7 @@ from svgen.spec import BLOCK_MAX, Spec
 from svgen.targets import DEFAULT_TARGET, VMEM_RESERVE, MIB, Target, kernel_vmem, target
 
 __all__ = ["analyze", "query_coordinate_bound", "Plan", "PatternPlan", "TileGrid", "Classification", "BlockTable",
-           "DEFAULT_SMEM_BUDGET", "choose_layout"]
+           "DEFAULT_SMEM_BUDGET", "choose_layout", "PairBudget"]
 
 
 def choose_layout(spec: Spec, order: str, mask: ir.Node) -> SequenceLayout:
@@ -48,12 +51,13 @@ def analyze(spec: Spec, progress: Callable[[int, int], None] | None = None,
         layout = choose_layout(spec, candidate.layout, mask)
         grid = TileGrid(layout.seq_len, spec.tiling.block_q, spec.tiling.block_kv)
         compute = TileGrid(layout.seq_len, spec.tiling.cq, spec.tiling.ckv)
-        classification = classify_tiles(mask, layout, compute, progress)
+        classification, budget = _classify(spec, candidate.pattern, mask, layout, compute,
+                                           progress)
         runs = build_runs(*kernel_tiles(classification.kinds, grid, compute), grid)
         patterns.append(PatternPlan(candidate.pattern, layout, mask, grid, compute,
                                     classification,
                                     tile_kinds(classification.kinds, grid, compute),
-                                    BlockTable(runs)))
+                                    BlockTable(runs), budget))
     names = [c.pattern for c in heads.candidates]
     assign = None if heads.assign is None else tuple(names.index(n) for n in heads.assign)
     try:
@@ -62,8 +66,42 @@ def analyze(spec: Spec, progress: Callable[[int, int], None] | None = None,
                                      walks_flat(len(patterns), chip.cores_per_chip))
     except TableBudgetError as err:
         raise _over_budget_error(spec, patterns, err, smem_budget) from None
+    _check_backward_tables(spec, patterns, chip, smem_budget)
     return Plan(spec=spec, patterns=tuple(patterns), assign=assign, tables=tables,
                 target=chip, vmem=vmem)
+
+
+def _classify(spec: Spec, name: str, mask: ir.Node, layout: SequenceLayout, compute: TileGrid,
+              progress) -> tuple[Classification, PairBudget | None]:
+    """The compute blocks' kinds, aligned when the spec asks (then with the pair budget)."""
+    mode = spec.tiling.align
+    if mode == "exact":
+        return classify_tiles(mask, layout, compute, progress), None
+    exact = classify_tiles(mask, layout, compute, progress, count_pairs=True)
+    if exact.pairs is None:
+        raise SpecError(
+            f"align: {mode} needs exact pair counts, but a user predicate of pattern {name!r} "
+            f"left pairs unevaluated (over the analysis budget); use align: exact, or a "
+            f"predicate the analysis decides", file=spec.source, key="tiling.align")
+    return align_classification(exact, mode, compute)
+
+
+def _check_backward_tables(spec: Spec, patterns, chip: Target, smem_budget: int) -> None:
+    """The dk/dv kernel walks transposed tables (per kv tile, its q tiles): a separate
+    pallas_call whose tables must fit the SMEM budget on their own."""
+    from svgen.runtime import backward
+    from svgen.runtime.kernel import KernelShape
+
+    grid, t = patterns[0].grid, spec.tiling
+    shape = KernelShape(grid.seq_len, grid.padded_seq_len, t.block_q, t.block_kv,
+                        spec.attention.head_dim, spec.attention.heads, t.cq, t.ckv,
+                        tensor_cores=chip.cores_per_chip)
+    try:
+        backward.transposed_tables([p.table.runs for p in patterns], shape,
+                                   spec.attention.heads, smem_budget)
+    except ValueError as err:
+        raise SpecError(f"{err} (the backward pass's dk, dv kernel; tiling "
+                        f"{t.block_q} x {t.block_kv})", file=spec.source, key="tiling") from None
 
 
 def query_coordinate_bound(mask: ir.Node) -> int:

@@ -10,6 +10,11 @@ Both cost O(intervals), never O(rows x tiles). Padding rows and keys are outside
 interval, so they never make a tile non-empty, and "full" means every *real* pair.
 
 Sound by construction (lo <= keep <= hi); exact when lo == hi, i.e. for built-in primitives.
+
+With `count_pairs` (what `tiling.align` needs) the same chunks also yield the kept pairs of
+every BOUNDARY block (interval lengths cut at block edges, added up with bincount) and, per q
+block, how many rows have keys at all and how many have none in the last kv block column:
+O(intervals) again, never an N x N array.
 """
 
 from __future__ import annotations
@@ -55,11 +60,24 @@ class TileGrid:
 
 
 @dataclasses.dataclass(frozen=True)
+class PairCounts:
+    """What aligning a classification needs besides the kinds (see svgen.analysis.align):
+    FULL blocks keep all their real pairs and EMPTY ones none, so only BOUNDARY blocks are
+    counted; rows are counted per q block, all that `rows_emptied` depends on."""
+
+    boundary_index: np.ndarray  # int64 [n]: flat q_block * num_kv_blocks + kv_block, sorted
+    boundary_pairs: np.ndarray  # int64 [n]: kept real pairs of each of those blocks
+    rows_with_keys: np.ndarray  # int64 [num_q_blocks]: real rows allowed at least one key
+    rows_without_last: np.ndarray  # int64 [num_q_blocks]: ... and none in the last kv block
+
+
+@dataclasses.dataclass(frozen=True)
 class Classification:
     kinds: np.ndarray  # int8 [num_q_blocks, num_kv_blocks] of TileKind
     kept_pairs: int  # exact number of allowed real (q, k) pairs (lower bound if not exact)
     kept_pairs_upper: int  # equal to kept_pairs when exact
     unproven_tiles: int  # BOUNDARY tiles that might be EMPTY or FULL, unsettled (over budget)
+    pairs: PairCounts | None = None  # only with count_pairs, and only when exact
 
     @property
     def density_is_exact(self) -> bool:
@@ -67,9 +85,13 @@ class Classification:
 
 
 def classify_tiles(mask: ir.Node, layout: SequenceLayout, grid: TileGrid,
-                   progress: Callable[[int, int], None] | None = None) -> Classification:
+                   progress: Callable[[int, int], None] | None = None,
+                   count_pairs: bool = False) -> Classification:
+    """Kinds per (q block, kv block) of `grid`, and the kept-pair count; with `count_pairs`,
+    also `PairCounts` (None when a user predicate left pairs unevaluated: counts would be
+    bounds)."""
     if (layout.text_tokens == 0 and layout.frames > 1 and not layout.is_temporal_major
-            and is_frame_invariant(mask)):
+            and is_frame_invariant(mask) and not count_pairs):
         return _classify_frame_invariant(mask, layout, grid, progress)
     nq, nk = grid.num_q_blocks, grid.num_kv_blocks
     kinds = np.empty((nq, nk), np.int8)
@@ -77,6 +99,7 @@ def classify_tiles(mask: ir.Node, layout: SequenceLayout, grid: TileGrid,
     tiles_per_chunk = 1  # the first chunk measures how many intervals a row needs
     lower = upper = counted = unproven = 0
     budget = MAX_UNDECIDED_PAIRS
+    counter = _PairCounter(grid) if count_pairs else None
     first_tile = 0
     while first_tile < nq:
         last_tile = min(first_tile + tiles_per_chunk, nq)
@@ -90,6 +113,7 @@ def classify_tiles(mask: ir.Node, layout: SequenceLayout, grid: TileGrid,
         chunk_kinds = _tile_kinds(full, touched)
         lower += bounds.lo.total_length()
         upper += bounds.hi.total_length()
+        evaluated = None
         if not bounds.is_exact:
             # Pairs the proofs left open (possible but not certain). Within the budget they
             # are evaluated with the oracle, which settles both the count and the tile kinds.
@@ -99,8 +123,8 @@ def classify_tiles(mask: ir.Node, layout: SequenceLayout, grid: TileGrid,
             open_tiles = (chunk_kinds == TileKind.BOUNDARY) & (maybe_empty | maybe_full)
             if undecided.total_length() <= budget:
                 budget -= undecided.total_length()
-                allowed, per_tile_allowed, per_tile_open = _evaluate_open_pairs(
-                    mask, chunk, undecided, nk)
+                evaluated = _evaluate_open_pairs(mask, chunk, undecided, nk)
+                allowed, per_tile_allowed, per_tile_open = evaluated[:3]
                 counted += allowed
                 chunk_kinds[open_tiles & maybe_empty & (per_tile_allowed == 0)] = TileKind.EMPTY
                 chunk_kinds[open_tiles & maybe_full & (per_tile_allowed == per_tile_open)] = (
@@ -109,6 +133,8 @@ def classify_tiles(mask: ir.Node, layout: SequenceLayout, grid: TileGrid,
                 budget = -1  # counts are bounds from here on
                 unproven += int(np.count_nonzero(open_tiles))
         kinds[first_tile:last_tile] = chunk_kinds
+        if counter is not None:
+            counter.add(chunk, first_tile, chunk_kinds, bounds.lo, evaluated)
         if progress is not None:
             progress(last_tile, nq)
         per_tile = (len(bounds.lo) + len(bounds.hi)) / (last_tile - first_tile) + 1
@@ -116,7 +142,9 @@ def classify_tiles(mask: ir.Node, layout: SequenceLayout, grid: TileGrid,
                                       max_tiles_per_chunk))
         first_tile = last_tile
     kept = lower + counted
-    return Classification(kinds, kept, kept if budget >= 0 else upper, unproven)
+    exact = budget >= 0
+    pairs = counter.result() if counter is not None and exact else None
+    return Classification(kinds, kept, kept if exact else upper, unproven, pairs)
 
 
 def _classify_frame_invariant(mask: ir.Node, layout: SequenceLayout, grid: TileGrid,
@@ -254,12 +282,14 @@ def _touching_rows(chunk: RowChunk, s: IntervalSet, nk: int) -> np.ndarray:
 def _evaluate_open_pairs(mask: ir.Node, chunk: RowChunk, pairs: IntervalSet, nk: int):
     """Evaluate `pairs` (row, key intervals) with the dense oracle, in batches.
 
-    Returns (allowed pairs, allowed per tile, evaluated per tile), tiles indexed as the chunk's
-    [q tile, kv tile].
+    Returns (allowed pairs, allowed per tile, evaluated per tile, allowed per row, allowed per
+    row in the last kv tile), tiles indexed as the chunk's [q tile, kv tile], rows local.
     """
     num_tiles = chunk.num_q_tiles
     per_tile_allowed = np.zeros(num_tiles * nk, np.int64)
     per_tile_open = np.zeros(num_tiles * nk, np.int64)
+    per_row = np.zeros(chunk.num_rows, np.int64)
+    per_row_last = np.zeros(chunk.num_rows, np.int64)
     lengths = pairs.ends - pairs.starts
     cuts = np.searchsorted(np.cumsum(lengths), np.arange(0, lengths.sum(), 1 << 22))
     edges = sorted(set(cuts.tolist()) | {0, len(pairs)})
@@ -274,6 +304,78 @@ def _evaluate_open_pairs(mask: ir.Node, chunk: RowChunk, pairs: IntervalSet, nk:
         tile = chunk.q_tile_of(row) * nk + key // chunk.block_kv
         per_tile_allowed += np.bincount(tile, allowed, minlength=per_tile_allowed.size).astype(np.int64)
         per_tile_open += np.bincount(tile, minlength=per_tile_open.size)
+        per_row += np.bincount(row, allowed, minlength=per_row.size).astype(np.int64)
+        last = allowed & (key // chunk.block_kv == nk - 1)
+        per_row_last += np.bincount(row, last, minlength=per_row.size).astype(np.int64)
     shape = (num_tiles, nk)
     return (int(per_tile_allowed.sum()), per_tile_allowed.reshape(shape),
-            per_tile_open.reshape(shape))
+            per_tile_open.reshape(shape), per_row, per_row_last)
+
+
+class _PairCounter:
+    """Accumulates `PairCounts` chunk by chunk (see classify_tiles)."""
+
+    def __init__(self, grid: TileGrid):
+        self.grid = grid
+        self.index: list[np.ndarray] = []
+        self.pairs: list[np.ndarray] = []
+        self.rows_with_keys = np.zeros(grid.num_q_blocks, np.int64)
+        self.rows_without_last = np.zeros(grid.num_q_blocks, np.int64)
+
+    def add(self, chunk: RowChunk, first_tile: int, chunk_kinds: np.ndarray, certain: IntervalSet,
+            evaluated) -> None:
+        nk = self.grid.num_kv_blocks
+        per_block = _pairs_per_block(chunk, certain, nk)
+        per_row, per_row_last = _pairs_per_row(chunk, certain, nk)
+        if evaluated is not None:
+            per_block += evaluated[1]
+            per_row += evaluated[3]
+            per_row_last += evaluated[4]
+        local = np.flatnonzero(chunk_kinds.ravel() == TileKind.BOUNDARY)
+        self.index.append(first_tile * nk + local)
+        self.pairs.append(per_block.ravel()[local])
+        q_block = chunk.q_tile_of(np.arange(chunk.num_rows)) + first_tile
+        has = per_row > 0
+        self.rows_with_keys += np.bincount(q_block[has], minlength=self.grid.num_q_blocks)
+        self.rows_without_last += np.bincount(q_block[has & (per_row_last == 0)],
+                                              minlength=self.grid.num_q_blocks)
+
+    def result(self) -> PairCounts:
+        def joined(parts):
+            return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+        return PairCounts(joined(self.index), joined(self.pairs), self.rows_with_keys,
+                          self.rows_without_last)
+
+
+def _pairs_per_block(chunk: RowChunk, s: IntervalSet, nk: int) -> np.ndarray:
+    """counts[t, j] = allowed pairs of the chunk's q tile t in kv tile j, from the intervals:
+    the kv tiles an interval covers whole through a difference array, the (at most two) it
+    cuts by its length there."""
+    q_tile, start, end = _split_rows(chunk, s)
+    bkv = chunk.block_kv
+    first, last = start // bkv, (end - 1) // bkv  # the kv tiles it meets (inclusive)
+    whole_from = -(-start // bkv)  # kv tiles [whole_from, whole_to) lie inside it entirely
+    whole_to = end // bkv
+    counts = bkv * _count_runs(chunk, q_tile, whole_from, whole_to, nk)
+    width = nk + 1
+    one = first == last
+    cut_head = ~one & (start % bkv != 0)
+    cut_tail = ~one & (end % bkv != 0)
+    index = np.concatenate([q_tile[one] * width + first[one],
+                            q_tile[cut_head] * width + first[cut_head],
+                            q_tile[cut_tail] * width + last[cut_tail]])
+    length = np.concatenate([end[one] - start[one], whole_from[cut_head] * bkv - start[cut_head],
+                             end[cut_tail] - whole_to[cut_tail] * bkv])
+    partial = np.bincount(index, length, minlength=chunk.num_q_tiles * width)
+    return counts + np.rint(partial).astype(np.int64).reshape(-1, width)[:, :nk]
+
+
+def _pairs_per_row(chunk: RowChunk, s: IntervalSet, nk: int) -> tuple[np.ndarray, np.ndarray]:
+    """(allowed keys, allowed keys in the last kv tile) per local row of the chunk."""
+    row = s.starts // chunk.stride
+    start, end = s.starts - row * chunk.stride, s.ends - row * chunk.stride
+    last_start = (nk - 1) * chunk.block_kv
+    in_last = np.maximum(end - np.maximum(start, last_start), 0)
+    return (np.rint(np.bincount(row, end - start, minlength=chunk.num_rows)).astype(np.int64),
+            np.rint(np.bincount(row, in_last, minlength=chunk.num_rows)).astype(np.int64))

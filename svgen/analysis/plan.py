@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 
 from svgen import ir
+from svgen.analysis.align import PairBudget
 from svgen.analysis.classify import Classification, TileGrid
 from svgen.analysis.tables import BlockTable
 from svgen.layout import SequenceLayout
@@ -21,7 +22,9 @@ class PatternPlan:
     """One candidate pattern: its mask, layout, tile kinds and runs.
 
     `classification` is at the compute-block granularity (`compute_grid`); `kinds` are the
-    tiles' (`grid`), the same as classifying the tiles directly.
+    tiles' (`grid`), the same as classifying the tiles directly. With `tiling.align` both are
+    the aligned mask's (it is the mask the kernel runs) and `budget` says what aligning
+    changed; None for exact patterns.
     """
 
     name: str
@@ -32,6 +35,7 @@ class PatternPlan:
     classification: Classification
     kinds: np.ndarray  # int8 [q tiles, kv tiles] of TileKind
     table: BlockTable
+    budget: PairBudget | None = None
 
     @property
     def compute_kinds(self) -> np.ndarray:
@@ -75,6 +79,8 @@ class PatternPlan:
             out["anchor_frames"] = self.layout.anchor_frames
         if not c.density_is_exact:
             out["density_upper"] = c.kept_pairs_upper / self.total_pairs
+        if self.budget is not None:
+            out.update(self.budget.to_json())
         return out
 
 
@@ -161,11 +167,14 @@ class Plan:
             "compute_kv": self.patterns[0].compute_grid.block_kv,
             "num_q_blocks": self.grid.num_q_blocks,
             "num_kv_blocks": self.grid.num_kv_blocks,
+            "align": self.spec.tiling.align,
         }
         if len(self.patterns) == 1:
             single = self.only.summary()
             out.update({k: single[k] for k in ("tiles", "compute_blocks", "density",
                                                "density_is_exact", "visited_fraction")})
+            if self.only.budget is not None:
+                out.update(self.only.budget.to_json())
         out["target"] = self.target.name
         out["vmem_bytes"] = self.vmem.total
         out["vmem_limit_bytes"] = self.vmem.limit()

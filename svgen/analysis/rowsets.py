@@ -139,6 +139,17 @@ def causal_frames_rows(node: ir.CausalFrames, chunk: RowChunk) -> Bounds:
         *_full_box(lay, rows.size)))
 
 
+def block_causal_rows(node: ir.BlockCausal, chunk: RowChunk) -> Bounds:
+    """Video keys of frames [0, end of the query's chunk): one frame range per row, so the
+    same intervals as causal_frames (one per row frame-major; per place temporal-major)."""
+    lay = chunk.layout
+    rows = np.flatnonzero(~chunk.coords.is_text)
+    chunk_end = (chunk.coords.frame[rows] // node.frames + 1) * node.frames
+    return Bounds.exact(_video_box_keys(
+        chunk, rows, np.zeros(rows.size, np.int64), np.minimum(chunk_end, lay.frames), 1,
+        *_full_box(lay, rows.size)))
+
+
 def _full_box(lay, n: int):
     """(h_lo, h_hi, w_lo, w_hi, full_rows, full_cols) of whole frames, for n rows."""
     return (np.zeros(n, np.int64), np.full(n, lay.height - 1), np.zeros(n, np.int64),

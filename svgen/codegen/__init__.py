@@ -179,13 +179,32 @@ def _pattern_lines(pattern) -> list[str]:
             f"{_int(blocks['full'])} FULL, {_int(blocks['boundary'])} BOUNDARY, "
             f"{_int(blocks['empty'])} EMPTY")
     lines += [
-        f"Kept pairs: {density}",
+        f"Kept pairs{' (aligned mask)' if pattern.budget else ''}: {density}",
+        *_budget_lines(pattern.budget),
         f"Visited fraction: {pattern.visited_fraction:.4f} of tiles "
         f"({_int(pattern.table.visited_steps)} steps doing work per head)",
     ]
     if c.unproven_tiles:
         lines.append(f"Unproven: {_int(c.unproven_tiles)} BOUNDARY tiles could not be proven "
                      f"EMPTY or FULL (user predicate); they stay exact through the mask")
+    return lines
+
+
+def _budget_lines(budget) -> list[str]:
+    """What `tiling.align` changed, exactly (none for an exact pattern)."""
+    if budget is None:
+        return []
+    lines = [
+        f"Aligned ({budget.mode}): BOUNDARY compute blocks rounded to FULL or EMPTY; this kernel "
+        f"is exact for the aligned mask",
+        f"Pair budget: exact density {budget.exact_density:.6f}, aligned {budget.density:.6f}; "
+        f"{_int(budget.pairs_added)} pairs added, {_int(budget.pairs_dropped)} dropped; recall "
+        f"{budget.recall:.6f}, precision {budget.precision:.6f}; {_int(budget.rows_emptied)} "
+        f"query rows emptied (they output zeros)",
+    ]
+    if budget.exact_blocks:
+        lines.append(f"Left exact: {_int(budget.exact_blocks)} BOUNDARY compute blocks of the "
+                     f"last key column, which holds padding keys (masked as written)")
     return lines
 
 

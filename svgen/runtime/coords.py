@@ -110,12 +110,17 @@ class TokenCoords:
     """
 
     def __init__(self, pos, layout: KernelLayout):
-        self.pos = pos
+        self._pos = pos
         self.layout = layout
 
     def _out(self, value):
         """How a coordinate leaves this object (QueryCoords turns rows into columns)."""
         return value
+
+    @property
+    def pos(self):
+        """The kernel positions themselves (in this object's output orientation)."""
+        return self._out(self._pos)
 
     # -- public coordinates ---------------------------------------------------------------
     @functools.cached_property
@@ -147,11 +152,11 @@ class TokenCoords:
         """Position in the layout's nominal order."""
         lay = self.layout
         if not lay.temporal_major:
-            return self._out(self.pos)
+            return self._out(self._pos)
         frame, place = self._frame_place
         nominal = lay.video_start + place * lay.frames + frame
         return self._out(nominal if lay.text_tokens == 0
-                         else jnp.where(self._is_text, self.pos, nominal))
+                         else jnp.where(self._is_text, self._pos, nominal))
 
     def _out_bool(self, value):
         return self._out(value)
@@ -161,16 +166,16 @@ class TokenCoords:
     def _is_text(self):
         lay = self.layout
         if lay.text_tokens == 0:
-            return jnp.zeros_like(self.pos, dtype=jnp.bool_)
+            return jnp.zeros_like(self._pos, dtype=jnp.bool_)
         start = lay.video_start
-        return (self.pos < start) | (self.pos >= start + lay.video_tokens)
+        return (self._pos < start) | (self._pos >= start + lay.video_tokens)
 
     @functools.cached_property
     def _video_offset(self):
         lay = self.layout
         # Clamped so that text positions decode to a valid (if meaningless) video offset and
         # lax.div/rem only ever see non-negative operands.
-        return jnp.clip(self.pos - lay.video_start, 0, lay.video_tokens - 1)
+        return jnp.clip(self._pos - lay.video_start, 0, lay.video_tokens - 1)
 
     @functools.cached_property
     def _frame_place(self):

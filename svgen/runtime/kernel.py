@@ -104,6 +104,9 @@ LOG2_E = 1.4426950408889634
 
 # Finite "minus infinity": exp2(MASK_VALUE - m) underflows to 0 without inf - inf = NaN.
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+# The log-sum-exp saved for the backward pass of a row with no allowed key: exp2(s - it) = 0
+# for every score, so the row gets no probability and no gradient.
+EMPTY_ROW_LSE = -MASK_VALUE
 
 BoundaryMask = Callable[[object, object], jax.Array]
 RUN_COLUMNS = 5  # q_block, kv_start, length, kind, blocks
@@ -482,19 +485,21 @@ def _softmax_step(state, q, k, v, keep, shape: KernelShape):
 
 def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int,
                       patterns: tuple["_PatternCode", ...], single: int | None,
-                      has_lengths: bool, has_blocks: bool, flat: bool, q_scale: float):
+                      has_lengths: bool, has_blocks: bool, flat: bool, q_scale: float,
+                      with_lse: bool = False):
     (
         # prefetched scalars (SMEM): head_pattern, first_piece, num_pieces, entries, ...
         table_refs,
         # inputs (VMEM blocks)
         (q_ref, k_ref, v_ref),
-        # outputs
-        o_ref,
+        # outputs: o[, lse (base 2, for the backward pass)]
+        outputs,
         # scratch, carried across the steps of one q tile: m, [acc | l] (or acc and l), the
         # scaled q tile[, query coordinates]
         scratch,
-    ) = refs[:num_tables], refs[num_tables:num_tables + 3], refs[num_tables + 3], refs[
-        num_tables + 4:]
+    ) = (refs[:num_tables], refs[num_tables:num_tables + 3],
+         refs[num_tables + 3:num_tables + 4 + with_lse], refs[num_tables + 4 + with_lse:])
+    o_ref = outputs[0]
     m_scratch, acc_scratch, *rest = scratch
     l_scratch = None if shape.row_sum_on_mxu else rest.pop(0)
     q_scaled = rest.pop(0)
@@ -617,6 +622,10 @@ def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int,
         inv = jnp.where(seen, 1.0 / jnp.where(seen, l, 1.0), 0.0)
         o_ref[...] = (acc_scratch[:, :shape.head_dim] * _lanes(inv, shape.head_dim)).astype(
             o_ref.dtype)
+        if with_lse:  # lane-major [1, block_q]: what the backward kernels broadcast
+            lse = jnp.where(seen, m_scratch[...] + jnp.log2(jnp.where(seen, l, 1.0)),
+                            EMPTY_ROW_LSE)
+            outputs[1][...] = jnp.transpose(lse[:, :1])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -664,10 +673,12 @@ def _head_operands(tables: PieceTables, head_pattern, static_pattern):
 
 
 def _flat_attention(q, k, v, head_pattern, static_pattern, tables: PieceTables, patterns, *,
-                    shape, interpret, q_scale: float):
+                    shape, interpret, q_scale: float, with_lse: bool = False):
     """q, k, v: [batch*heads, seq_len, head_dim], each head in its pattern's order. Not padded
     to whole tiles: the last tile's blocks reach past the arrays (the DMA reads what exists;
-    rows past seq_len are discarded queries and masked keys), so no HBM pass pads them."""
+    rows past seq_len are discarded queries and masked keys), so no HBM pass pads them.
+    with_lse: also return each row's log-sum-exp of its base-2 scores, f32 [rows, 1,
+    padded_seq_len] (what the backward pass needs)."""
     heads = int(head_pattern.shape[0])
     head_operands, steps = _head_operands(tables, head_pattern, static_pattern)
     operands = head_operands + tuple(jnp.asarray(t) for t in tables.piece_operands())
@@ -676,7 +687,7 @@ def _flat_attention(q, k, v, head_pattern, static_pattern, tables: PieceTables, 
     kernel = functools.partial(
         _attention_kernel, shape=shape, heads=heads, num_tables=len(operands),
         patterns=tuple(patterns), single=single, has_lengths=has_lengths,
-        has_blocks=has_blocks, flat=tables.flat, q_scale=q_scale,
+        has_blocks=has_blocks, flat=tables.flat, q_scale=q_scale, with_lse=with_lse,
     )
 
     def view(outer, step, table_refs):
@@ -690,6 +701,10 @@ def _flat_attention(q, k, v, head_pattern, static_pattern, tables: PieceTables, 
     def kv_index_map(outer, step, slot, *table_refs):
         at = view(outer, step, table_refs)
         return at.row, at.kv_block(slot), 0
+
+    def lse_index_map(outer, step, slot, *table_refs):
+        at = view(outer, step, table_refs)
+        return at.row, 0, at.q_block
 
     d = shape.head_dim
     scratch = [pltpu.VMEM((shape.block_q, LANES), jnp.float32),
@@ -708,19 +723,24 @@ def _flat_attention(q, k, v, head_pattern, static_pattern, tables: PieceTables, 
             pl.BlockSpec((None, shape.block_kv, d), kv_index_map),
             pl.BlockSpec((None, shape.block_kv, d), kv_index_map),
         ],
-        out_specs=pl.BlockSpec((None, shape.block_q, d), q_index_map),
+        out_specs=[pl.BlockSpec((None, shape.block_q, d), q_index_map)] + (
+            [pl.BlockSpec((None, 1, shape.block_q), lse_index_map)] if with_lse else []),
         scratch_shapes=scratch,
     )
-    return pl.pallas_call(
+    out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)] + (
+        [jax.ShapeDtypeStruct((q.shape[0], 1, shape.padded_seq_len), jnp.float32)]
+        if with_lse else [])
+    outputs = pl.pallas_call(
         kernel,
         grid_spec=grid_spec,
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        out_shape=out_shape,
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
             vmem_limit_bytes=_vmem_limit(shape, q.dtype, query_coords)),
         interpret=interpret,
         name="svgen_attention",  # the kernel's name in profiles and libtpu dumps
     )(*operands, q, k, v)
+    return tuple(outputs) if with_lse else outputs[0]
 
 
 def _per_head_layout(x, layouts: list[KernelLayout], head_layout, to_kernel: bool):
@@ -752,6 +772,40 @@ def make_attention(*, shape: KernelShape, patterns: Sequence[Pattern], slots: in
     # NumPy here: importing a generated module must not start a JAX backend.
     layout_of_pattern = np.asarray([layouts.index(p.layout) for p in patterns], np.int32)
     codes = [_PatternCode(p.boundary_mask, p.layout, tuple(p.query_coords)) for p in patterns]
+    backward_tables = []  # built on the first differentiated call (import stays cheap)
+
+    def dkv_tables() -> PieceTables:
+        from svgen.runtime import backward
+        if not backward_tables:
+            backward_tables.append(backward.transposed_tables(
+                [p.runs for p in patterns], shape, shape.heads))
+        return backward_tables[0]
+
+    def differentiable(q, k, v, head_pattern, static_pattern, interpret, q_scale, sm_scale):
+        """The kernel in kernel order, with its VJP: the backward kernels of
+        svgen.runtime.backward (head_pattern is not differentiated)."""
+        def run(q, k, v, hp):
+            return _flat_attention(q, k, v, hp, static_pattern, tables, codes, shape=shape,
+                                   interpret=interpret, q_scale=q_scale)
+
+        def forward(q, k, v, hp):
+            o, lse = _flat_attention(q, k, v, hp, static_pattern, tables, codes, shape=shape,
+                                     interpret=interpret, q_scale=q_scale, with_lse=True)
+            return o, (q, k, v, hp, o, lse)
+
+        def backward_rule(residuals, do):
+            from svgen.runtime import backward
+            q, k, v, hp, o, lse = residuals
+            q_scaled = (q.astype(jnp.float32) * q_scale).astype(q.dtype)
+            dq, dk, dv = backward.backward(
+                q_scaled, k, v, o, lse, do, hp, static_pattern, forward_tables=tables,
+                dkv_tables=dkv_tables(), patterns=codes, shape=shape, sm_scale=sm_scale,
+                interpret=interpret)
+            return dq, dk, dv, np.zeros(hp.shape, jax.dtypes.float0)
+
+        core = jax.custom_vjp(run)
+        core.defvjp(forward, backward_rule)
+        return core(q, k, v, head_pattern)
 
     def attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None):
         _check_operands(q, k, v, shape, dtype)
@@ -773,10 +827,9 @@ def make_attention(*, shape: KernelShape, patterns: Sequence[Pattern], slots: in
             x = _per_head_layout(x, layouts, head_layout, to_kernel=True)
             return x.reshape((-1,) + x.shape[-2:])
 
-        out = _flat_attention(
-            to_kernel(q), to_kernel(k), to_kernel(v), head_pattern, static_pattern, tables,
-            codes, shape=shape, interpret=interpret, q_scale=float(sm_scale) * LOG2_E,
-        )
+        out = differentiable(to_kernel(q), to_kernel(k), to_kernel(v), head_pattern,
+                             static_pattern, interpret, float(sm_scale) * LOG2_E,
+                             float(sm_scale))
         out = out.reshape(lead + (shape.seq_len, shape.head_dim))
         return _per_head_layout(out, layouts, head_layout, to_kernel=False)
 

@@ -1,0 +1,116 @@
+"""Warnings for specs that compile but are likely mistakes.
+
+A spec can be valid and still not say what its author meant: a mask that keeps no pair
+(every output row is zero), or a parameter larger than the geometry it measures (frames
+given as a count of tokens, a window from a bigger model's spec). Such specs still compile,
+with the same exit status; `svgen` prints one line per warning on stderr, located like an
+error (``file:line:column: key: message``) so editors jump to it.
+
+Which geometry size each parameter is measured against is declared with the parameter
+(`Param.within` in svgen.primitives), so a new primitive's parameters are checked without
+an edit here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterator
+
+from svgen import primitives
+from svgen.errors import locate
+from svgen.spec import IMPLICIT_PATTERN, Geometry, MaskTerm, Spec
+
+__all__ = ["SpecWarning", "spec_warnings", "plan_warnings", "EXTENT_LIMITS"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecWarning:
+    """One likely mistake; ``str()`` reads like a SpecError."""
+
+    message: str
+    file: str | None = None
+    line: int | None = None
+    column: int | None = None
+    key: str | None = None
+
+    def __str__(self) -> str:
+        return locate(self.message, self.file, self.line, self.column, self.key)
+
+
+#: Per extent (svgen.primitives.EXTENTS): the largest meaningful value on a geometry, and
+#: how to say it ({n}: that value; geometry fields by name).
+EXTENT_LIMITS: dict[str, tuple[Callable[[Geometry], int], str]] = {
+    primitives.FRAME_COUNT: (lambda g: g.frames, "the video's {n:,} frame(s)"),
+    primitives.FRAME_DIFFERENCE: (lambda g: g.frames - 1,
+                                  "the largest frame difference, {n:,} ({frames:,} frames)"),
+    primitives.ROW_DIFFERENCE: (lambda g: g.height - 1,
+                                "the largest row difference, {n:,} (height {height:,})"),
+    primitives.COL_DIFFERENCE: (lambda g: g.width - 1,
+                                "the largest column difference, {n:,} (width {width:,})"),
+    primitives.POSITION_COUNT: (lambda g: g.seq_len, "the sequence's {n:,} tokens"),
+    primitives.POSITION_DIFFERENCE: (lambda g: g.seq_len - 1,
+                                     "the largest position difference, {n:,} "
+                                     "({seq_len:,} tokens)"),
+}
+
+
+def spec_warnings(spec: Spec) -> list[SpecWarning]:
+    """Parameters past the geometry, in every mask of the spec (patterns included), in the
+    order they are written. Only values the spec gives are checked, never defaults."""
+    out = []
+    for term in _terms(spec):
+        primitive = primitives.get(term.op)
+        declared = {p.name: p for p in primitive.params}
+        for name, value in term.params:
+            param = declared.get(name)
+            if param is None or param.within is None:
+                continue
+            largest, words = EXTENT_LIMITS[param.within]
+            limit = largest(spec.geometry)
+            if value > limit:
+                out.append(_at(term, f"{value:,} is more than "
+                                     f"{_say(words, limit, spec.geometry)}; likely a mistake",
+                               name))
+    return sorted(out, key=lambda w: (w.line or 0, w.column or 0))
+
+
+def plan_warnings(plan) -> list[SpecWarning]:
+    """Patterns that keep no pair at all (an analysis.Plan): their heads output zeros.
+    Only certain findings: a user predicate whose count is a bound warns only when even the
+    upper bound is zero."""
+    out = []
+    for pattern in plan.patterns:
+        if pattern.classification.kept_pairs_upper:
+            continue
+        term = plan.spec.pattern_mask(pattern.name)
+        what = ("the mask" if plan.spec.heads is None and pattern.name == IMPLICIT_PATTERN
+                else f"pattern {pattern.name!r}")
+        out.append(_at(term, f"{what} keeps no pair: every query row attends nothing and its "
+                             f"output is zero"))
+    return out
+
+
+def _terms(spec: Spec) -> Iterator[MaskTerm]:
+    roots = ([spec.mask] if spec.mask is not None else []) + [t for _, t in spec.patterns]
+    for root in roots:
+        yield from _walk(root)
+
+
+def _walk(term: MaskTerm) -> Iterator[MaskTerm]:
+    yield term
+    for child in term.children:
+        yield from _walk(child)
+
+
+def _say(words: str, n: int, g: Geometry) -> str:
+    return words.format(n=n, frames=g.frames, height=g.height, width=g.width,
+                        seq_len=g.seq_len)
+
+
+def _at(term: MaskTerm, message: str, param: str | None = None) -> SpecWarning:
+    """A warning located at the term's key (a parameter's key path when one is named)."""
+    w = term.where
+    if w is None:
+        return SpecWarning(message, key=param)
+    key = f"{w.key}.{param}" if param else w.key
+    return SpecWarning(message, w.file, w.line, w.column, key)

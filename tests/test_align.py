@@ -1,0 +1,265 @@
+"""`tiling.align`: aligned kinds and the exact pair budget against brute force (dense masks at
+small geometries), the kernel against the float64 reference of the aligned mask, and the
+rules of `balanced`."""
+
+from fractions import Fraction
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import tpu as pltpu
+
+from svgen.analysis import analyze
+from svgen.analysis.align import align_classification, balanced_order, promoted_blocks
+from svgen.analysis.classify import TileGrid, classify_tiles
+from svgen.errors import SpecError
+from svgen.runtime.kinds import TileKind
+from svgen.runtime.reference import masked_attention_reference
+from svgen.spec import ALIGN_MODES, canonical_json, parse_spec
+
+from conftest import TOLERANCE, dense_keep, lower_mask_dict
+from test_classify import _random_layout, _random_mask
+
+MODES = [m for m in ALIGN_MODES if m != "exact"]
+POISONED = pltpu.InterpretParams(uninitialized_memory="nan")
+
+
+# ----------------------------------------------------------------------------- brute force
+def _blocks(seq_len: int, block: int):
+    return [(s, min(s + block, seq_len)) for s in range(0, seq_len, block)]
+
+
+def brute_force_align(keep: np.ndarray, bq: int, bkv: int, mode: str):
+    """(aligned kinds, aligned keep) from the dense mask, straight from the mode's definition."""
+    n = keep.shape[0]
+    qs, ks = _blocks(n, bq), _blocks(n, bkv)
+    kinds = np.empty((len(qs), len(ks)), np.int8)
+    kept, real, where = {}, {}, {}
+    for i, (q0, q1) in enumerate(qs):
+        for j, (k0, k1) in enumerate(ks):
+            block = keep[q0:q1, k0:k1]
+            kinds[i, j] = (TileKind.FULL if block.all() else
+                           TileKind.BOUNDARY if block.any() else TileKind.EMPTY)
+            padding_column = j == len(ks) - 1 and n % bkv != 0
+            if kinds[i, j] == TileKind.BOUNDARY and not padding_column:
+                kept[i, j], real[i, j] = int(block.sum()), block.size
+    if mode == "superset":
+        promote = set(kept)
+    elif mode == "subset":
+        promote = set()
+    elif mode == "nearest":
+        promote = {b for b in kept if 2 * kept[b] >= real[b]}
+    else:  # balanced: every prefix of the order tried, the closest count (first of equals)
+        order = sorted(kept, key=lambda b: (-Fraction(kept[b], real[b]), b))
+        base = int(keep.sum()) - sum(kept.values())
+        counts = [base + sum(real[b] for b in order[:m]) for m in range(len(order) + 1)]
+        distance = [abs(c - int(keep.sum())) for c in counts]
+        promote = set(order[:distance.index(min(distance))])
+    aligned = keep.copy()
+    for (i, j) in kept:
+        kinds[i, j] = TileKind.FULL if (i, j) in promote else TileKind.EMPTY
+        aligned[qs[i][0]:qs[i][1], ks[j][0]:ks[j][1]] = (i, j) in promote
+    return kinds, aligned
+
+
+def check_budget(budget, keep: np.ndarray, aligned: np.ndarray):
+    n = keep.shape[0]
+    assert budget.total_pairs == n * n
+    assert budget.exact_pairs == int(keep.sum())
+    assert budget.aligned_pairs == int(aligned.sum())
+    assert budget.pairs_added == int((aligned & ~keep).sum())
+    assert budget.pairs_dropped == int((keep & ~aligned).sum())
+    assert budget.rows_emptied == int((keep.any(axis=1) & ~aligned.any(axis=1)).sum())
+    both = int((keep & aligned).sum())
+    assert budget.recall == (both / keep.sum() if keep.sum() else 1.0)
+    assert budget.precision == (both / aligned.sum() if aligned.sum() else 1.0)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_random_masks_every_mode_against_brute_force(seed):
+    rng = np.random.default_rng(1000 + seed)
+    lay = _random_layout(rng)
+    bq, bkv = int(rng.choice([8, 16, 32])), int(rng.choice([8, 16, 24]))
+    _, mask = lower_mask_dict(_random_mask(rng, lay), lay, 128, 128)
+    grid = TileGrid(lay.seq_len, bq, bkv)
+    exact = classify_tiles(mask, lay, grid, count_pairs=True)
+    assert exact.pairs is not None  # small: every open pair evaluated
+    keep = dense_keep(mask, lay)
+    for mode in MODES:
+        got, budget = align_classification(exact, mode, grid)
+        kinds, aligned = brute_force_align(keep, bq, bkv, mode)
+        np.testing.assert_array_equal(got.kinds, kinds, err_msg=mode)
+        assert got.kept_pairs == int(aligned.sum())
+        check_budget(budget, keep, aligned)
+
+
+def test_frame_invariant_masks_are_counted_too():
+    """A temporal head (classified from one frame's rows without counts) counts its pairs on
+    the general path."""
+    from svgen.layout import SequenceLayout
+
+    lay = SequenceLayout(4, 3, 5, 0, False, "frame_major", 0)
+    _, mask = lower_mask_dict({"any_of": [{"first_frame": {"frames": 1}},
+                                          {"temporal_stride": {"rows": 1, "cols": 1}}]},
+                              lay, 128, 128)
+    grid = TileGrid(lay.seq_len, 16, 8)
+    exact = classify_tiles(mask, lay, grid, count_pairs=True)
+    np.testing.assert_array_equal(exact.kinds, classify_tiles(mask, lay, grid).kinds)
+    keep = dense_keep(mask, lay)
+    for mode in MODES:
+        got, budget = align_classification(exact, mode, grid)
+        kinds, aligned = brute_force_align(keep, 16, 8, mode)
+        np.testing.assert_array_equal(got.kinds, kinds)
+        check_budget(budget, keep, aligned)
+
+
+# ----------------------------------------------------------------------------- balanced
+@pytest.mark.parametrize("seed", range(20))
+def test_balanced_promotes_by_fraction_and_reaches_the_closest_count(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 40))
+    real = rng.choice([64, 96, 128, 4096], n)
+    kept = np.minimum(rng.integers(1, 4097, n), real - 1)
+    kept[::3] = real[::3] // 2  # ties: a third of the blocks keep exactly half
+    base = int(rng.integers(0, 10_000))
+    target = base + int(kept.sum())
+    promote = promoted_blocks("balanced", kept, real, base, target)
+    fraction = kept / real
+    if promote.any() and (~promote).any():  # no promoted block below a dropped one
+        assert fraction[promote].min() >= fraction[~promote].max()
+    reached = base + int(real[promote].sum())
+    order = balanced_order(kept, real)
+    prefixes = base + np.concatenate([[0], np.cumsum(real[order])])
+    assert abs(reached - target) == np.abs(prefixes - target).min()
+    # Ties in fraction go in (q, kv) order: the promoted ones are the earliest of a tie.
+    for value in np.unique(fraction[promote]):
+        tied = np.flatnonzero(fraction == value)
+        chosen = promote[tied]
+        assert np.all(chosen[:chosen.sum()])
+
+
+def test_balanced_keeps_the_density_close_on_a_band():
+    lay_text = SPEC.format(frames=8, height=8, width=16, mask="band: {width: 300}",
+                           tiling="block_q: 256, block_kv: 256, compute_q: 128, "
+                                  "compute_kv: 128, align: balanced")
+    pattern = analyze(parse_spec(lay_text)).only
+    b = pattern.budget
+    assert b.mode == "balanced" and b.exact_blocks == 0  # 1,024 tokens: no padding column
+    assert abs(b.aligned_pairs - b.exact_pairs) <= 128 * 128 // 2
+    assert not np.any(pattern.compute_kinds == TileKind.BOUNDARY)
+
+
+# ----------------------------------------------------------------------------- specs
+SPEC = """svgen: 1
+name: aligned
+geometry: {{frames: {frames}, height: {height}, width: {width}}}
+attention: {{heads: 2, head_dim: 128, dtype: float32}}
+mask:
+  {mask}
+tiling: {{{tiling}}}
+"""
+
+
+def test_align_is_read_and_keeps_old_digests():
+    base = SPEC.format(frames=2, height=4, width=16, mask="band: {width: 30}",
+                       tiling="block_q: 128, block_kv: 128")
+    plain = parse_spec(base)
+    assert plain.tiling.align == "exact" and not plain.tiling.aligned
+    explicit = parse_spec(base.replace("block_kv: 128}", "block_kv: 128, align: exact}"))
+    assert explicit.digest == plain.digest  # exact is the default: the same spec
+    nearest = parse_spec(base.replace("block_kv: 128}", "block_kv: 128, align: nearest}"))
+    assert nearest.tiling.align == "nearest" and nearest.digest != plain.digest
+    assert '"align":"nearest"' in canonical_json(nearest)
+    assert '"align"' not in canonical_json(plain)
+
+
+def test_bad_align_value_names_the_modes():
+    text = SPEC.format(frames=2, height=4, width=16, mask="band: {width: 30}",
+                       tiling="block_q: 128, block_kv: 128, align: round")
+    with pytest.raises(SpecError) as info:
+        parse_spec(text, source="specs/demo.yaml")
+    assert info.value.key == "tiling.align"
+    assert "must be one of exact, superset, subset, nearest, balanced, got 'round'" in str(info.value)
+
+
+def test_inspect_summary_reports_the_budget():
+    text = SPEC.format(frames=5, height=4, width=26, mask="band: {width: 60}",
+                       tiling="block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128, "
+                              "align: nearest")
+    plan = analyze(parse_spec(text))
+    s = plan.summary()
+    assert s["align"] == "nearest"
+    for key in ("exact_density", "density", "pairs_added", "pairs_dropped", "recall",
+                "precision", "rows_emptied"):
+        assert key in s
+    b = plan.only.budget
+    assert s["density"] == b.density == plan.density
+    assert s["exact_density"] == b.exact_density
+    # 520 tokens: the last key column holds padding and keeps the exact mask.
+    assert b.exact_blocks > 0
+    boundary = np.argwhere(plan.only.compute_kinds == TileKind.BOUNDARY)
+    assert np.all(boundary[:, 1] == plan.only.compute_grid.num_kv_blocks - 1)
+    exact = analyze(parse_spec(text.replace(", align: nearest", ""))).summary()
+    assert exact["align"] == "exact" and "pairs_added" not in exact
+
+
+# ----------------------------------------------------------------------------- the kernel
+def aligned_user_keep(pattern) -> np.ndarray:
+    """The aligned mask, dense, in the user's order: FULL blocks keep every pair, EMPTY none,
+    BOUNDARY (the padding column) the exact mask."""
+    lay, grid = pattern.layout, pattern.compute_grid
+    keep = dense_keep(pattern.mask, lay)
+    kinds = pattern.compute_kinds
+    expand = np.repeat(np.repeat(kinds, grid.block_q, 0), grid.block_kv, 1)[:lay.seq_len,
+                                                                             :lay.seq_len]
+    aligned = np.where(expand == TileKind.FULL, True,
+                       np.where(expand == TileKind.EMPTY, False, keep))
+    position = np.empty(lay.seq_len, np.int64)
+    position[lay.original_index(np.arange(lay.seq_len))] = np.arange(lay.seq_len)
+    return aligned[np.ix_(position, position)]
+
+
+def run_against_aligned_reference(plan, module, seed=0):
+    rng = np.random.default_rng(seed)
+    shape = (2, plan.layout.seq_len, 128)
+    q, k, v = (rng.standard_normal(shape).astype(np.float32) for _ in range(3))
+    out = np.asarray(module.attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
+                                      interpret=POISONED))
+    assert np.all(np.isfinite(out))
+    keep = aligned_user_keep(plan.only)
+    for head in range(2):
+        ref = masked_attention_reference(q[head].astype(np.float64), k[head].astype(np.float64),
+                                         v[head].astype(np.float64), keep)
+        err = np.max(np.abs(out[head] - ref)) / max(np.max(np.abs(ref)), 1e-30)
+        assert err <= TOLERANCE["float32"], err
+        assert np.all(out[head][~keep.any(axis=1)] == 0.0)
+    return out, keep
+
+
+@pytest.mark.parametrize("mode", ["superset", "balanced"])
+def test_kernel_is_exact_for_the_aligned_mask_with_padding(mode, compile_text):
+    """520 tokens, temporal-major with an anchor frame: the padding column stays exact."""
+    text = SPEC.format(
+        frames=5, height=4, width=26,
+        mask="any_of: [{first_frame: {frames: 1}}, {temporal_stride: {rows: 1, cols: 2}}]",
+        tiling=f"block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128, align: {mode}")
+    text = text.replace("mask:", "layout: temporal_major\nmask:")
+    plan, module = compile_text(text)
+    assert plan.only.budget.mode == mode
+    run_against_aligned_reference(plan, module)
+
+
+def test_kernel_without_boundary_blocks_and_rows_emptied(compile_text):
+    """512 tokens (no padding column): aligned kinds are FULL / EMPTY only. The diagonal of a
+    self-only mask is dropped by `subset`; the rows of the first half keep a FULL block."""
+    mask = "any_of: [{spatial_window: {frames: 0, rows: 0, cols: 0}}, {expr: \"i_q < 256 and i_k < 128\"}]"
+    text = SPEC.format(frames=4, height=8, width=16, mask=mask,
+                       tiling="block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128, "
+                              "align: subset")
+    plan, module = compile_text(text)
+    pattern = plan.only
+    assert not np.any(pattern.compute_kinds == TileKind.BOUNDARY)
+    assert pattern.budget.rows_emptied == 256 and pattern.budget.exact_blocks == 0
+    out, keep = run_against_aligned_reference(plan, module)
+    assert int((~keep.any(axis=1)).sum()) == 256
+    assert np.all(out[:, 256:] == 0.0)

@@ -1,0 +1,197 @@
+"""`svgen tune`: the search space, estimates from compiled probes, ranking, --apply.
+
+Most tests replace the compile (libtpu, ~20 s a kernel) by a synthetic per-path cost of the
+shape libtpu's schedules have; one small run compiles for real, in a subprocess (libtpu must
+get its dump flags before it starts).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from svgen import cli, tune
+from svgen.cost import PathCosts
+from svgen.spec import parse_spec
+from svgen.tune import Candidate, estimate_paths, rewrite_tiling
+
+SPEC = """\
+# yaml-language-server: $schema=../svgen.schema.json
+# A small band: comments here, and after keys, must survive --apply.
+svgen: 1
+name: small_band
+geometry: {frames: 5, height: 8, width: 26}   # 1,040 tokens
+attention: {heads: 2, head_dim: 128, dtype: bfloat16}
+layout: frame_major
+mask:
+  any_of:
+    - band: {width: 200}   # the band
+    - prefix: {tokens: 208}
+# the tiling, as a flow mapping
+tiling: {block_q: 512, block_kv: 512}  # tuned later
+"""
+
+
+SEQ_LEN = 1040
+
+
+def synthetic_paths(c: Candidate, patterns: int = 1) -> PathCosts:
+    """Per-path costs of the form estimate_paths assumes (so its estimates are exact)."""
+    area = c.compute_q * c.compute_kv / (512 * 512)
+    rq, rk = c.block_q // c.compute_q, c.block_kv // c.compute_kv
+    per_block, r0 = round(600 * area), 150
+    full, boundary, padded = round(700 * area), round(800 * area), round(900 * area)
+    column = (SEQ_LEN - 1) % c.block_kv // c.compute_kv  # the block column holding padding
+    block = tuple((full, boundary, padded if i % rk == column else boundary)
+                  for i in range(c.blocks))
+    if c.blocks == 1:
+        block = ((0, boundary + 14, padded + 14),)
+    mixed = 300 if c.blocks == 1 else 300 + 14 * c.blocks
+    return PathCosts(300, 300 + rq * (r0 + rk * per_block), (mixed,) * patterns,
+                     (block,) * patterns, (c.block_q // 4,) * patterns, c.block_q // 8, 90)
+
+
+def fake_measure(compiled: list):
+    def measure(plan):
+        t = plan.spec.tiling
+        c = Candidate(t.block_q, t.block_kv, t.cq, t.ckv)
+        compiled.append(c)
+        return synthetic_paths(c, len(plan.patterns))
+
+    return measure
+
+
+def write_spec(tmp_path, text=SPEC):
+    path = tmp_path / "small_band.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_search_space():
+    spec = parse_spec(SPEC)
+    space = tune.candidates(spec, ["exact", "balanced"])
+    assert space[0] == Candidate(512, 512, 512, 512, "exact")  # the spec's own first
+    assert len(space) == len(set(space))
+    assert all(c.blocks <= 16 and c.block_q % c.compute_q == 0 and c.block_kv % c.compute_kv == 0
+               for c in space)
+    assert Candidate(2048, 4096, 1024, 512, "balanced") in space
+    assert Candidate(4096, 4096, 512, 512, "exact") not in space  # 64 blocks per tile
+    assert {c.align for c in space} == {"exact", "balanced"}
+
+
+def test_estimates_are_exact_for_costs_of_the_modelled_form():
+    points = [(c, synthetic_paths(c)) for c in (Candidate(2048, 2048, 1024, 512),
+                                               Candidate(2048, 4096, 1024, 512))]
+    for c in (Candidate(1024, 2048, 1024, 512), Candidate(4096, 2048, 1024, 512),
+              Candidate(1024, 512, 1024, 512)):
+        got, want = estimate_paths(points, c, SEQ_LEN), synthetic_paths(c)
+        assert got.full == want.full and got.mixed == want.mixed, c
+        assert got.block == want.block and got.bookkeeping == want.bookkeeping, c
+    one = estimate_paths(points[:1], Candidate(2048, 4096, 1024, 512), SEQ_LEN)
+    assert one.full >= synthetic_paths(Candidate(2048, 4096, 1024, 512)).full  # r0 = 0: over
+
+
+def test_tune_ranks_compiled_first_choices(tmp_path):
+    compiled = []
+    result = tune.tune(str(write_spec(tmp_path)), aligns=["exact", "nearest"], confirm=3,
+                       measure=fake_measure(compiled))
+    rows = result.rows
+    assert [r.cycles for r in rows] == sorted(r.cycles for r in rows)
+    assert all(r.exact for r in rows[:3]) and result.choice.exact
+    assert any(not r.exact for r in rows)  # the rest estimated
+    assert len(compiled) == len(set(compiled)) == result.compiles  # one compile per tiling
+    assert result.compiles < len({r.candidate.tiling_key for r in rows})
+    # The synthetic costs have the modelled form: estimates equal exact costs, so the first
+    # choice is the best of an exhaustive run.
+    everything = tune.tune(str(write_spec(tmp_path)), aligns=["exact", "nearest"],
+                           exhaustive=True, measure=fake_measure([]))
+    assert all(r.exact for r in everything.rows)
+    assert result.choice.cycles == everything.choice.cycles
+    j = result.to_json()
+    assert j["choice"]["cost"] == "compiled"
+    nearest = [r for r in j["rows"] if r["align"] == "nearest"]
+    assert nearest and all(0 < r["recall"] <= 1 and "exact_density" in r for r in nearest)
+    assert sum(r["current"] for r in j["rows"]) == 1  # 512 x 512 exact: the spec's own
+    assert any(line.startswith("| 1 |") for line in tune.format_table(result))
+
+
+def test_over_budget_candidates_never_appear(tmp_path):
+    budget = 40  # bytes of SMEM (2 heads, 1,040 tokens): small tiles have more table entries
+    result = tune.tune(str(write_spec(tmp_path)), smem_budget=budget, measure=fake_measure([]))
+    assert result.dropped and all("SMEM" in why for _, why in result.dropped)
+    assert all(r.plan.table_bytes <= budget for r in result.rows)
+    dropped = {c for c, _ in result.dropped}
+    assert not dropped & {r.candidate for r in result.rows}
+    assert "over the SMEM budget" in "\n".join(tune.summary_lines(result))
+
+
+def test_tune_apply_keeps_comments_and_order(tmp_path, monkeypatch, capsys):
+    path = write_spec(tmp_path)
+    monkeypatch.setattr(tune, "_compile_measure", lambda spec_path: fake_measure([]))
+    assert cli.main(["tune", str(path), "--align", "balanced", "--apply"]) == 0
+    out, err = capsys.readouterr()
+    assert "| 1 |" in out and "first choice" in out
+    new = path.read_text()
+    old_lines, new_lines = SPEC.splitlines(), new.splitlines()
+    assert len(old_lines) == len(new_lines)
+    changed = [(a, b) for a, b in zip(old_lines, new_lines) if a != b]
+    assert len(changed) == 1 and changed[0][0].startswith("tiling:")  # only the tiling line
+    # Flow style and the comment kept (pushed out one space when the line grew past it).
+    assert changed[0][1].startswith("tiling: {") and changed[0][1].endswith("} # tuned later")
+    assert "align: balanced" in changed[0][1]
+    assert "tiling block_q: 512 ->" in err or "tiling block_kv: 512 ->" in err or "align" in err
+    t = parse_spec(new).tiling
+    choice = tune.tune(str(path), aligns=["balanced"], measure=fake_measure([])).choice
+    assert (t.block_q, t.block_kv, t.cq, t.ckv, t.align) == (
+        choice.candidate.block_q, choice.candidate.block_kv, choice.candidate.compute_q,
+        choice.candidate.compute_kv, "balanced")
+
+
+def test_rewrite_tiling_in_block_style_and_when_missing():
+    block = SPEC.replace("tiling: {block_q: 512, block_kv: 512}  # tuned later\n",
+                         "tiling:\n  block_q: 512   # rows\n  block_kv: 512\n  align: nearest\n")
+    text, changes = rewrite_tiling(block, Candidate(2048, 1024, 1024, 512, "exact"))
+    assert "  block_q: 2048  # rows\n" in text and "  align: exact\n" in text  # same column
+    assert "  compute_q: 1024\n" in text and "  compute_kv: 512\n" in text
+    assert changes == ["block_q: 512 -> 2048", "block_kv: 512 -> 1024",
+                       "compute_q: (not given) -> 1024", "compute_kv: (not given) -> 512",
+                       "align: nearest -> exact"]
+    missing = SPEC.split("# the tiling")[0]
+    text, changes = rewrite_tiling(missing, Candidate(1024, 1024, 1024, 1024, "exact"))
+    assert text.startswith(missing) and text.endswith("tiling: {block_q: 1024, block_kv: 1024}\n")
+    same, none = rewrite_tiling(SPEC, Candidate(512, 512, 512, 512, "exact"))
+    assert same == SPEC and none == []
+
+
+def test_shipped_specs_round_trip_unchanged():
+    """--apply of a spec's own tiling rewrites nothing: the round trip is byte-exact on the
+    shipped specs' style."""
+    from conftest import SPECS
+
+    for path in SPECS:
+        text = path.read_text()
+        t = parse_spec(text).tiling
+        same, changes = rewrite_tiling(text, Candidate(t.block_q, t.block_kv, t.cq, t.ckv,
+                                                       t.align))
+        assert same == text and changes == [], path.name
+
+
+def test_a_small_real_tune(tmp_path):
+    """One compile for real (the search space cut to one tiling), through the command."""
+    spec = write_spec(tmp_path)
+    script = textwrap.dedent(f"""
+        import sys
+        from svgen import cli, tune
+        tune.TILE_SIZES, tune.COMPUTE_SIZES = (512,), (512,)
+        sys.exit(cli.main(["tune", {str(spec)!r}, "--json"]))
+    """)
+    env = {**os.environ, "SVGEN_CACHE_DIR": str(tmp_path / "cache")}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env=env, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["compiles"] == 1 and len(report["rows"]) == 1
+    row = report["rows"][0]
+    assert row["cost"] == "compiled" and row["current"] and row["cycles"] > 0
+    assert row["speedup_vs_dense"] > 1  # the band skips tiles
