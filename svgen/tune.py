@@ -9,8 +9,8 @@ Costing every candidate exactly would take one libtpu compile each (~15-25 s her
 per-path costs of a grid step depend on the compute-block shape, the number of blocks per
 tile and the mask code, not on the tile counts, which the model walks from the tables
 exactly. So:
-  1. per compute-block shape, one *probe* is compiled: the candidate with 2 x 4 such blocks
-     per tile (or the nearest shape that exists);
+  1. the spec's own tiling is compiled, and per compute-block shape one *probe*: the
+     candidate with 2 x 4 such blocks per tile (or the nearest shape that exists);
   2. every other candidate's per-path costs are *estimated* from the compiled ones of its
      compute-block shape (`estimate_paths`: per-block and per-branch costs as measured,
      what grows with the tile fitted);
@@ -22,7 +22,7 @@ candidate (to check the estimates). Compiles are cached on disk by `svgen cost`,
 modes of one tiling (same mask code) share theirs, and a second tune costs no compile.
 
 On the blog spec (wan21_720p_band, 44 tilings; 88 candidates with two align modes) a cold
-tune compiles 6-7 kernels in about 3 minutes on a 2-core machine and picks the best kernel an
+tune compiles 6-8 kernels in 3-4 minutes on a 2-core machine and picks the best kernel an
 exhaustive run (44 compiles, 7.7 minutes) finds. Estimates were 2.7% off on average; the worst
 (up to 14% low) are one-block tiles, which the confirm loop compiles if they rank high.
 """
@@ -195,11 +195,13 @@ def tune(spec_path: str, *, target: str = DEFAULT_TARGET, aligns: Sequence[str] 
         raise SpecError("no candidate tiling fits the SMEM and VMEM budgets", file=spec_path,
                         key="tiling")
     costs = _Costs(measure, progress, spec.geometry.seq_len)
+    t = spec.tiling
+    current = Candidate(t.block_q, t.block_kv, t.cq, t.ckv, t.align)
+    if current in plans:  # what the user has, costed exactly (often in the cache already)
+        costs.exact(current, plans[current])
     for shape in sorted({c.compute_shape for c in plans}):
         probe = _probe(shape, plans)
         costs.exact(probe, plans[probe])
-    t = spec.tiling
-    current = Candidate(t.block_q, t.block_kv, t.cq, t.ckv, t.align)
     rows = [costs.row(c, plan) for c, plan in plans.items()]
     for row in rows:
         row.current = row.candidate == current

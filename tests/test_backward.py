@@ -89,14 +89,15 @@ def test_rows_without_keys_get_zero_gradient_and_batches_work(compile_text):
     shape = (2, 2, plan.layout.seq_len, plan.spec.attention.head_dim)
     q, k, v = (rng.standard_normal(shape).astype(np.float32) for _ in range(3))
     check_grads(plan, module, q, k, v, [0, 0], "float32")
-    dq = jax.grad(lambda q: jnp.sum(module.attention(q, k, v, interpret=POISONED)))(q)
+    dq = jax.jit(jax.grad(lambda q: jnp.sum(module.attention(q, k, v, interpret=POISONED))))(q)
     frame = plan.layout.tokens_per_frame
     np.testing.assert_array_equal(np.asarray(dq)[..., :frame, :], 0.0)
 
 
-def test_transposed_tables_visit_the_same_compute_blocks(compile_text):
+@pytest.mark.parametrize("name", ["hunyuan_720p_text", "wan21_720p_band"])
+def test_transposed_tables_visit_the_same_compute_blocks(name, compile_text):
     """Per kv tile, the q tiles that visit it: the same FULL / BOUNDARY blocks, transposed."""
-    plan, module = compile_text(scaled_spec_text(REPO / "specs" / "hunyuan_720p_text.yaml",
+    plan, module = compile_text(scaled_spec_text(REPO / "specs" / f"{name}.yaml",
                                                  tiling=TWO_LEVEL))
     shape = module.SHAPE
     runs = plan.only.table.runs
@@ -106,6 +107,7 @@ def test_transposed_tables_visit_the_same_compute_blocks(compile_text):
     transposed = backward.transposed_runs(runs, shape)
     back = backward.compute_block_kinds(transposed, nk, nq, rk, rq)
     np.testing.assert_array_equal(back, blocks.T)
-    assert {TileKind.FULL, TileKind.BOUNDARY} <= set(np.unique(blocks).tolist())
+    assert TileKind.BOUNDARY in set(np.unique(blocks).tolist())
+    assert len(set(np.unique(blocks).tolist())) >= 2
     # Every kv tile has a step (a zero-fill one when no q tile visits it).
     assert sorted(set(transposed[:, 0].tolist())) == list(range(nk))

@@ -16,7 +16,7 @@ exactly what changed. The modes:
 One exception: when the sequence does not fill its last compute block column, that column's
 blocks hold padding keys, and the kernel tests `k < seq_len` only on its masked (BOUNDARY)
 path. Those blocks are left as they are: BOUNDARY ones stay BOUNDARY and keep the exact mask
-(a handful of blocks on one column), so padding is never attended.
+(at most one column of blocks, usually a handful), so padding is never attended.
 
 Everything comes from `PairCounts` (interval counting in the classification), never from an
 N x N array: the pair budget is exact.
