@@ -15,7 +15,7 @@ import time
 from svgen import ir
 from svgen.analysis import TileGrid
 from svgen.analysis.classify import classify_tiles
-from svgen.analysis.tables import build_runs
+from svgen.analysis.tables import build_runs, kernel_tiles
 from svgen.layout import SequenceLayout
 
 HEADS = {
@@ -31,7 +31,7 @@ def measure(head: str, frames: int, order: str) -> dict:
     grid = TileGrid(layout.seq_len, 512, 512)
     start = time.perf_counter()
     c = classify_tiles(mask, layout, grid)
-    runs = build_runs(c.kinds, grid)
+    runs = build_runs(*kernel_tiles(c.kinds, grid, grid), grid)
     seconds = time.perf_counter() - start
     counts = [(c.kinds == k).sum() for k in (2, 1, 0)]
     return {"head": head, "tokens": layout.seq_len, "order": order, "full": counts[0],
