@@ -122,34 +122,29 @@ def _add_budget(p: argparse.ArgumentParser) -> None:
                         f"(default {DEFAULT_TARGET})")
 
 
-class _Progress:
-    """Analysis progress on stderr, once an analysis has run for `after` seconds.
+class _StatusLine:
+    """One status line on stderr. On a terminal it is rewritten in place (carriage return);
+    in a log a carriage return erases nothing and the updates would pile up into one huge
+    line, so there: plain lines, at most one every LOG_EVERY seconds unless forced."""
 
-    On a terminal one line is rewritten in place (carriage return). In a log a carriage return
-    does not erase anything, so the updates would pile up into one huge line: there, plain
-    lines, at most one every LOG_EVERY seconds, and the last.
-    """
-
-    def __init__(self, label: str, quiet: bool, stream=None, after: float = PROGRESS_AFTER):
-        self.label, self.quiet, self.after = label, quiet, after
+    def __init__(self, stream=None):
         self.stream = stream if stream is not None else sys.stderr
         self.live = _is_terminal(self.stream)
-        self.start = time.perf_counter()
         self.last_shown: float | None = None
         self.line_open = False  # a live line without its newline yet
 
-    def __call__(self, done: int, total: int) -> None:
+    def due(self, force: bool = False) -> bool:
+        """Whether an update now would not flood the stream (and if so, count it shown)."""
         now = time.perf_counter()
-        if self.quiet or now - self.start < self.after:
-            return
-        final = done == total
         interval = REFRESH_EVERY if self.live else LOG_EVERY
-        if not final and self.last_shown is not None and now - self.last_shown < interval:
-            return
+        if not force and self.last_shown is not None and now - self.last_shown < interval:
+            return False
         self.last_shown = now
-        text = f"  {self.label}: classified {done}/{total} q tiles"
+        return True
+
+    def show(self, text: str, final: bool = False) -> None:
         if self.live:
-            print(f"\r{text}", end="\n" if final else "", file=self.stream, flush=True)
+            print(f"\r\x1b[2K{text}", end="\n" if final else "", file=self.stream, flush=True)
             self.line_open = not final
         else:
             print(text, file=self.stream, flush=True)
@@ -159,6 +154,22 @@ class _Progress:
         if self.line_open:
             print(file=self.stream, flush=True)
             self.line_open = False
+
+
+class _Progress(_StatusLine):
+    """Analysis progress, once an analysis has run for `after` seconds."""
+
+    def __init__(self, label: str, quiet: bool, stream=None, after: float = PROGRESS_AFTER):
+        super().__init__(stream)
+        self.label, self.quiet, self.after = label, quiet, after
+        self.start = time.perf_counter()
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.quiet or time.perf_counter() - self.start < self.after:
+            return
+        final = done == total
+        if self.due(force=final):
+            self.show(f"  {self.label}: classified {done}/{total} q tiles", final)
 
 
 def _is_terminal(stream) -> bool:
@@ -422,39 +433,19 @@ def _apply_tiling(spec_file: str, candidate, quiet: bool) -> None:
     print(f"svgen: {spec_file}: tiling " + "; ".join(changes), file=sys.stderr)
 
 
-class _TuneProgress:
-    """Tune progress on stderr: one line rewritten in place on a terminal; in a log, every
-    compile (tens of seconds apart) and at most one analysis line per LOG_EVERY seconds."""
+class _TuneProgress(_StatusLine):
+    """Tune progress: every compile (tens of seconds apart) and the analyses between them."""
 
     def __init__(self, quiet: bool, stream=None):
+        super().__init__(stream)
         self.quiet = quiet
-        self.stream = stream if stream is not None else sys.stderr
-        self.live = _is_terminal(self.stream)
-        self.last_shown: float | None = None
-        self.line_open = False
 
     def __call__(self, what: str, done: int, total: int) -> None:
-        if self.quiet:
-            return
-        now = time.perf_counter()
         compile_step = total == 0
-        interval = REFRESH_EVERY if self.live else LOG_EVERY
-        if not compile_step and done != total and self.last_shown is not None and (
-                now - self.last_shown < interval):
+        if self.quiet or not self.due(force=compile_step or done == total):
             return
-        self.last_shown = now
         text = f"  tune: {what}" + (f" [{done}/{total}]" if total else f" [compile {done}]")
-        if self.live:
-            bar = _bar(done, total) if total else ""
-            print(f"\r\x1b[2K{text} {bar}", end="", file=self.stream, flush=True)
-            self.line_open = True
-        else:
-            print(text, file=self.stream, flush=True)
-
-    def close(self) -> None:
-        if self.line_open:
-            print(file=self.stream, flush=True)
-            self.line_open = False
+        self.show(f"{text} {_bar(done, total)}" if self.live and total else text)
 
 
 def _bar(done: int, total: int, width: int = 20) -> str:

@@ -214,7 +214,7 @@ def model_cycles(paths: PathCosts, tables, head_pattern,
                  padding_tile: int | None = None) -> tuple[int, dict, dict]:
     """Cycles of one call over all heads, walking each head's tables as the kernel does;
     `padding_tile`: the kv tile holding padding keys (KernelShape.padding_kv_tile)."""
-    from svgen.runtime.kernel import KIND_MASK, KV_BLOCK_MASK, KV_BLOCK_SHIFT, Q_BLOCK_SHIFT
+    from svgen.runtime.tables import KIND_MASK, KV_BLOCK_MASK, KV_BLOCK_SHIFT, Q_BLOCK_SHIFT
 
     steps = {"full": 0, "mixed": 0, "empty": 0, "skipped": 0}
     by_path = {"bookkeeping": 0, "full": 0, "mixed": 0, "empty": 0, "skipped": 0,
@@ -339,7 +339,7 @@ def dense_cycles(paths: PathCosts, plan) -> int:
     """The same kernel's paths on a mask that keeps every pair (pattern 0's BOUNDARY costs
     for the compute blocks that hold padding keys)."""
     from svgen.analysis.tables import build_runs, kernel_tiles
-    from svgen.runtime.kernel import PieceTables
+    from svgen.runtime.tables import PieceTables
 
     compute = plan.patterns[0].compute_grid
     full = np.full((compute.num_q_blocks, compute.num_kv_blocks), TileKind.FULL, np.int8)

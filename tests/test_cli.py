@@ -244,8 +244,9 @@ def test_progress_rewrites_one_line_on_a_terminal_and_prints_lines_in_a_log():
     progress = _Progress("spec.yaml", quiet=False, stream=terminal, after=0)
     progress(1, 10)
     progress(10, 10)
-    assert terminal.text == ("\r  spec.yaml: classified 1/10 q tiles"
-                             "\r  spec.yaml: classified 10/10 q tiles\n")
+    # Carriage return and erase-line: a shorter update leaves nothing of a longer one.
+    assert terminal.text == ("\r\x1b[2K  spec.yaml: classified 1/10 q tiles"
+                             "\r\x1b[2K  spec.yaml: classified 10/10 q tiles\n")
 
     cut_short = _Stream(tty=True)  # an error ends the analysis: the next message gets a line
     progress = _Progress("spec.yaml", quiet=False, stream=cut_short, after=0)

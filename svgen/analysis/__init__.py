@@ -24,7 +24,7 @@ from svgen.analysis.tables import (DEFAULT_SMEM_BUDGET, BlockTable, TableBudgetE
                                    build_runs, choose_piece_tables, kernel_tiles, tile_kinds)
 from svgen.errors import SpecError
 from svgen.layout import FRAME_MAJOR, SequenceLayout
-from svgen.runtime.kernel import walks_flat
+from svgen.runtime.tables import KernelShape, transposed_tables, walks_flat
 from svgen.spec import BLOCK_MAX, Spec
 from svgen.targets import DEFAULT_TARGET, VMEM_RESERVE, MIB, Target, kernel_vmem, target
 
@@ -89,15 +89,12 @@ def _classify(spec: Spec, name: str, mask: ir.Node, layout: SequenceLayout, comp
 def _check_backward_tables(spec: Spec, patterns, chip: Target, smem_budget: int) -> None:
     """The dk/dv kernel walks transposed tables (per kv tile, its q tiles): a separate
     pallas_call whose tables must fit the SMEM budget on their own."""
-    from svgen.runtime import backward
-    from svgen.runtime.kernel import KernelShape
-
     grid, t = patterns[0].grid, spec.tiling
     shape = KernelShape(grid.seq_len, grid.padded_seq_len, t.block_q, t.block_kv,
                         spec.attention.head_dim, spec.attention.heads, t.cq, t.ckv,
                         tensor_cores=chip.cores_per_chip)
     try:
-        backward.transposed_tables([p.table.runs for p in patterns], shape,
+        transposed_tables([p.table.runs for p in patterns], shape,
                                    spec.attention.heads, smem_budget)
     except ValueError as err:
         raise SpecError(f"{err} (the backward pass's dk, dv kernel; tiling "

@@ -11,7 +11,7 @@ from svgen.analysis.align import PairBudget
 from svgen.analysis.classify import Classification, TileGrid
 from svgen.analysis.tables import BlockTable
 from svgen.layout import SequenceLayout
-from svgen.runtime.kernel import PieceTables
+from svgen.runtime.tables import PieceTables
 from svgen.runtime.kinds import TileKind
 from svgen.spec import Spec
 from svgen.targets import Target, VmemNeed

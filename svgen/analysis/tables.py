@@ -23,7 +23,7 @@ import dataclasses
 import numpy as np
 
 from svgen.analysis.classify import TileGrid
-from svgen.runtime.kernel import BITS_PER_BLOCK, PieceTables
+from svgen.runtime.tables import BITS_PER_BLOCK, PieceTables
 from svgen.runtime.kinds import TileKind
 
 DEFAULT_SMEM_BUDGET = 1 << 20  # bytes: the SMEM of one TPU v6e TensorCore

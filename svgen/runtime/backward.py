@@ -37,92 +37,13 @@ from jax.experimental.pallas import tpu as pltpu
 from svgen.runtime import kernel as fwd
 from svgen.runtime.coords import QueryCoords, TokenCoords
 from svgen.runtime.kinds import TileKind
+from svgen.runtime.tables import (  # noqa: F401
+    compute_block_kinds, runs_of_blocks, transposed_runs, transposed_shape, transposed_tables,
+)
 
-SMEM_BUDGET = 1 << 20  # bytes: one TPU TensorCore's SMEM, as the compiler assumes
 
 
 # ----------------------------------------------------------------------------- tables
-def compute_block_kinds(runs, num_q_tiles: int, num_kv_tiles: int, rq: int,
-                        rk: int) -> np.ndarray:
-    """int8 [num_q_tiles * rq, num_kv_tiles * rk]: each compute block's kind, read back from
-    a pattern's runs (tile kinds and blocks words; zero-fill steps visit nothing)."""
-    runs = fwd.as_runs(runs)
-    kinds = np.zeros((num_q_tiles, num_kv_tiles, rq * rk), np.int8)
-    shifts = fwd.BITS_PER_BLOCK * np.arange(rq * rk)
-    for q_tile, start, length, kind, word in runs.tolist():
-        if kind == TileKind.FULL:
-            kinds[q_tile, start:start + length] = TileKind.FULL
-        elif kind == TileKind.BOUNDARY:
-            block = (word >> shifts) & fwd.KIND_MASK if rq * rk > 1 else [TileKind.BOUNDARY]
-            kinds[q_tile, start:start + length] = np.asarray(block, np.int8)
-    per_tile = kinds.reshape(num_q_tiles, num_kv_tiles, rq, rk)
-    return per_tile.transpose(0, 2, 1, 3).reshape(num_q_tiles * rq, num_kv_tiles * rk)
-
-
-def runs_of_blocks(blocks: np.ndarray, rows: int, cols: int, rq: int, rk: int) -> np.ndarray:
-    """Runs (row tile, col start, length, kind, blocks word) of a compute-block kind matrix
-    cut into rows x cols tiles of rq x rk blocks, row-major, with a zero-fill step for each
-    row tile that visits nothing (it names the previous step's column tile)."""
-    per_tile = blocks.reshape(rows, rq, cols, rk).transpose(0, 2, 1, 3).reshape(rows, cols, -1)
-    full = np.all(per_tile == TileKind.FULL, axis=2)
-    empty = np.all(per_tile == TileKind.EMPTY, axis=2)
-    kind = np.where(full, TileKind.FULL, np.where(empty, TileKind.EMPTY, TileKind.BOUNDARY))
-    shifts = fwd.BITS_PER_BLOCK * np.arange(rq * rk, dtype=np.int64)
-    word = np.where(kind == TileKind.BOUNDARY, (per_tile.astype(np.int64) << shifts).sum(2), 0)
-    if rq * rk == 1:
-        word = np.zeros_like(word)
-    out, last = [], None
-    for r in range(rows):
-        visited = np.flatnonzero(kind[r] != TileKind.EMPTY)
-        if visited.size == 0:
-            column = 0 if last is None else last
-            out.append([r, column, 1, TileKind.EMPTY, 0])
-            continue
-        for c in visited.tolist():
-            k, w = int(kind[r, c]), int(word[r, c])
-            if out and out[-1][0] == r and out[-1][1] + out[-1][2] == c and out[-1][3] == k \
-                    and out[-1][4] == w:
-                out[-1][2] += 1
-            else:
-                out.append([r, c, 1, k, w])
-            last = c
-    return np.asarray(out, np.int64).reshape(-1, fwd.RUN_COLUMNS)
-
-
-def transposed_runs(runs, shape: fwd.KernelShape) -> np.ndarray:
-    """The runs of the same visited compute blocks seen from the keys: per kv tile, the q
-    tiles (and per tile, which of its [ckv x cq] blocks are FULL / BOUNDARY)."""
-    num_q = -(-shape.seq_len // shape.block_q)
-    num_kv = -(-shape.seq_len // shape.block_kv)
-    rq, rk = shape.q_blocks_per_tile, shape.kv_blocks_per_tile
-    blocks = compute_block_kinds(runs, num_q, num_kv, rq, rk)
-    return runs_of_blocks(blocks.T, num_kv, num_q, rk, rq)
-
-
-def transposed_shape(shape: fwd.KernelShape) -> fwd.KernelShape:
-    """The dkv kernel's shape: rows are keys, columns queries."""
-    return dataclasses.replace(shape, block_q=shape.block_kv, block_kv=shape.block_q,
-                               compute_q=shape.ckv, compute_kv=shape.cq)
-
-
-def transposed_tables(runs_per_pattern: Sequence, shape: fwd.KernelShape, heads: int,
-                      smem_budget: int = SMEM_BUDGET) -> fwd.PieceTables:
-    """The dkv kernel's SMEM tables: the smallest piece size that fits the budget (the same
-    rule as the forward's); ValueError when none does."""
-    runs = [transposed_runs(r, shape) for r in runs_per_pattern]
-    flat = fwd.walks_flat(len(runs), shape.tensor_cores)
-    slots = 1
-    while True:
-        tables = fwd.PieceTables.from_runs(runs, slots, shape.compute_blocks, flat)
-        if tables.scalar_prefetch_bytes(heads) <= smem_budget:
-            return tables
-        if slots >= 256:
-            raise ValueError(f"the backward (dk, dv) tables need "
-                             f"{tables.scalar_prefetch_bytes(heads):,} bytes of SMEM, over "
-                             f"{smem_budget:,}: use larger tiles")
-        slots *= 2
-
-
 # ----------------------------------------------------------------------------- kernels
 def _dot(a, b, contract_a: int, contract_b: int):
     precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None

@@ -92,14 +92,12 @@ from jax.experimental.pallas import tpu as pltpu
 from svgen.runtime.coords import KernelLayout, QueryCoords, TokenCoords
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.vmem import kernel_vmem
+from svgen.runtime.tables import (  # noqa: F401  (the table format, re-exported)
+    Q_BLOCK_SHIFT, KV_BLOCK_SHIFT, KV_BLOCK_MASK, KIND_MASK, MAX_BLOCKS, BITS_PER_BLOCK,
+    LANES, RUN_COLUMNS, pack_steps, as_runs, split_runs, blocks_dtype,
+    step_head_dtype, piece_index_dtype, walks_flat, PieceTables, KernelShape,
+)
 
-Q_BLOCK_SHIFT = 17
-KV_BLOCK_SHIFT = 2
-KV_BLOCK_MASK = (1 << (Q_BLOCK_SHIFT - KV_BLOCK_SHIFT)) - 1
-KIND_MASK = (1 << KV_BLOCK_SHIFT) - 1
-MAX_BLOCKS = 1 << (Q_BLOCK_SHIFT - KV_BLOCK_SHIFT)  # 32768 tiles per side
-BITS_PER_BLOCK = 2  # a compute block's TileKind in a tile's `blocks` word
-LANES = 128
 LOG2_E = 1.4426950408889634
 
 # Finite "minus infinity": exp2(MASK_VALUE - m) underflows to 0 without inf - inf = NaN.
@@ -109,167 +107,6 @@ MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 EMPTY_ROW_LSE = -MASK_VALUE
 
 BoundaryMask = Callable[[object, object], jax.Array]
-RUN_COLUMNS = 5  # q_block, kv_start, length, kind, blocks
-
-
-def pack_steps(q_block: np.ndarray, kv_block: np.ndarray, kind: np.ndarray) -> np.ndarray:
-    """Packed int32 entries (see the module docstring)."""
-    q_block = np.asarray(q_block, dtype=np.int64)
-    kv_block = np.asarray(kv_block, dtype=np.int64)
-    kind = np.asarray(kind, dtype=np.int64)
-    if q_block.size and (q_block.max() >= MAX_BLOCKS or kv_block.max() >= MAX_BLOCKS):
-        raise ValueError(f"at most {MAX_BLOCKS} tiles per side fit the packed step table")
-    packed = (q_block << Q_BLOCK_SHIFT) | (kv_block << KV_BLOCK_SHIFT) | kind
-    # Bit 31 may be set (q_block >= 16384): keep the bits, reinterpret as int32.
-    return packed.astype(np.uint32).view(np.int32)
-
-
-def as_runs(runs) -> np.ndarray:
-    """Runs as int64 [n, 5]; 4-column runs (one compute block per tile) get blocks = 0."""
-    runs = np.asarray(runs, dtype=np.int64)
-    if runs.ndim == 2 and runs.shape[1] == RUN_COLUMNS - 1:
-        runs = np.concatenate([runs, np.zeros((len(runs), 1), np.int64)], axis=1)
-    return runs.reshape(-1, RUN_COLUMNS)
-
-
-def split_runs(runs, slots: int) -> np.ndarray:
-    """Runs (q_block, kv_start, length, kind, blocks) cut into pieces of at most `slots` tiles."""
-    runs = as_runs(runs)
-    pieces_per_run = -(-runs[:, 2] // slots)
-    run = np.repeat(np.arange(len(runs)), pieces_per_run)
-    index = np.arange(int(pieces_per_run.sum())) - np.repeat(
-        np.cumsum(pieces_per_run) - pieces_per_run, pieces_per_run)
-    start = runs[run, 1] + index * slots
-    length = np.minimum(runs[run, 2] - index * slots, slots)
-    return np.stack([runs[run, 0], start, length, runs[run, 3], runs[run, 4]], axis=1)
-
-
-def blocks_dtype(compute_blocks: int):
-    """The smallest integer type holding 2 bits per compute block (read back masked)."""
-    bits = BITS_PER_BLOCK * compute_blocks
-    return np.int8 if bits <= 8 else np.int16 if bits <= 16 else np.int32
-
-
-def step_head_dtype(heads: int):
-    """The smallest integer type of a flat walk's per-step head index."""
-    return np.int8 if heads <= 127 else np.int16 if heads <= 32767 else np.int32
-
-
-def piece_index_dtype(tables: "PieceTables"):
-    """The smallest integer type of a flat walk's per-step piece index."""
-    return np.int16 if tables.entries.shape[0] <= 32767 else np.int32
-
-
-def walks_flat(patterns: int, tensor_cores: int) -> bool:
-    """Flat walk: several patterns, one TensorCore (see the module docstring)."""
-    return patterns > 1 and tensor_cores == 1
-
-
-@dataclasses.dataclass(frozen=True)
-class PieceTables:
-    """The SMEM tables of all candidate patterns (see the module docstring)."""
-
-    first_piece: np.ndarray  # int32 [patterns]
-    num_pieces: np.ndarray  # int32 [patterns]
-    entries: np.ndarray  # int32 [all pieces]
-    lengths: np.ndarray | None  # int8/int16 [all pieces], None when slots == 1
-    blocks: np.ndarray | None  # int8/16/32 [all pieces], None with one compute block per tile
-    slots: int
-    flat: bool = False  # walk the heads' pieces one after another (see the module docstring)
-
-    @classmethod
-    def from_runs(cls, runs_per_pattern: Sequence, slots: int, compute_blocks: int = 1,
-                  flat: bool = False) -> "PieceTables":
-        pieces = [split_runs(runs, slots) for runs in runs_per_pattern]
-        counts = np.array([len(p) for p in pieces], np.int32)
-        first = (np.cumsum(counts) - counts).astype(np.int32)
-        allp = np.concatenate(pieces)
-        entries = pack_steps(allp[:, 0], allp[:, 1], allp[:, 3])
-        # The smallest integer type that holds a piece length (SMEM is 1 MiB).
-        lengths = allp[:, 2].astype(np.int8 if slots < 128 else np.int16) if slots > 1 else None
-        blocks = None
-        if compute_blocks > 1:
-            # Keep the low bits (wrapping into the sign bit); the kernel masks the sign
-            # extension away when it reads them back.
-            signed = np.dtype(blocks_dtype(compute_blocks))
-            blocks = allp[:, 4].astype(f"u{signed.itemsize}").view(signed)
-        return cls(first, counts, entries, lengths, blocks, slots, flat)
-
-    @property
-    def max_pieces(self) -> int:
-        return int(self.num_pieces.max())
-
-    @property
-    def bytes_per_piece(self) -> int:
-        return sum(t.itemsize for t in (self.entries, self.lengths, self.blocks) if t is not None)
-
-    def scalar_prefetch_bytes(self, heads: int) -> int:
-        """Bytes of SMEM: per head its pattern, first piece and piece count (flat: and first
-        step, and the head of every possible step); the pieces."""
-        per_head = 12 * heads
-        if self.flat:  # head_first_step; step_head and step_piece for every possible step
-            per_step = (np.dtype(step_head_dtype(heads)).itemsize
-                        + np.dtype(piece_index_dtype(self)).itemsize)
-            per_head += 4 * heads + heads * self.max_pieces * per_step
-        return int(per_head + sum(t.nbytes for t in self.piece_operands()))
-
-    def piece_operands(self) -> tuple[np.ndarray, ...]:
-        return tuple(t for t in (self.entries, self.lengths, self.blocks) if t is not None)
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelShape:
-    """The static sizes one generated kernel was specialized for."""
-
-    seq_len: int
-    padded_seq_len: int
-    block_q: int
-    block_kv: int
-    head_dim: int
-    heads: int
-    compute_q: int | None = None  # None: the whole tile is one compute block
-    compute_kv: int | None = None
-    vmem_limit_bytes: int | None = None  # None: the compiler's default scoped limit
-    tensor_cores: int = 1  # of the target chip: 2 keeps the per-head walk (see above)
-
-    @property
-    def cq(self) -> int:
-        return self.compute_q or self.block_q
-
-    @property
-    def ckv(self) -> int:
-        return self.compute_kv or self.block_kv
-
-    @property
-    def q_blocks_per_tile(self) -> int:
-        return self.block_q // self.cq
-
-    @property
-    def kv_blocks_per_tile(self) -> int:
-        return self.block_kv // self.ckv
-
-    @property
-    def compute_blocks(self) -> int:
-        return self.q_blocks_per_tile * self.kv_blocks_per_tile
-
-    @property
-    def padding_kv_tile(self) -> int | None:
-        """The kv tile whose compute block `padding_block_column` holds both real and padding
-        keys (None when the sequence fills its last compute block: no block needs the test)."""
-        return None if self.seq_len % self.ckv == 0 else (self.seq_len - 1) // self.block_kv
-
-    @property
-    def padding_block_column(self) -> int:
-        return (self.seq_len - 1) % self.block_kv // self.ckv
-
-    @property
-    def row_sum_on_mxu(self) -> bool:
-        """True when [V | 1] costs no extra MXU pass: head_dim fills half a 256-wide pass."""
-        return self.head_dim % 256 == 128
-
-    @property
-    def acc_width(self) -> int:
-        return self.head_dim + (LANES if self.row_sum_on_mxu else 0)
 
 
 @dataclasses.dataclass(frozen=True)

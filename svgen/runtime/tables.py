@@ -1,11 +1,274 @@
-"""Loading step tables that a generated module keeps in a .npy file beside itself."""
+"""The kernels' table format, NumPy only: compiling a spec never imports Pallas.
+
+Runs, pieces and the SMEM tables of the forward kernel (`PieceTables`, see
+svgen.runtime.kernel for how the kernel reads them), the transposed tables of the backward
+pass's dk/dv kernel, the static sizes a kernel is specialized for (`KernelShape`), and the
+loading of runs a generated module keeps in a .npy file beside itself.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import pathlib
+from typing import Sequence
 
 import numpy as np
+
+from svgen.runtime.kinds import TileKind
+
+SMEM_BUDGET = 1 << 20  # bytes: one TPU TensorCore's SMEM, as the compiler assumes
+Q_BLOCK_SHIFT = 17
+KV_BLOCK_SHIFT = 2
+KV_BLOCK_MASK = (1 << (Q_BLOCK_SHIFT - KV_BLOCK_SHIFT)) - 1
+KIND_MASK = (1 << KV_BLOCK_SHIFT) - 1
+MAX_BLOCKS = 1 << (Q_BLOCK_SHIFT - KV_BLOCK_SHIFT)  # 32768 tiles per side
+BITS_PER_BLOCK = 2  # a compute block's TileKind in a tile's `blocks` word
+LANES = 128
+RUN_COLUMNS = 5  # q_block, kv_start, length, kind, blocks
+
+
+def pack_steps(q_block: np.ndarray, kv_block: np.ndarray, kind: np.ndarray) -> np.ndarray:
+    """Packed int32 entries: q_block << 17 | kv_start << 2 | kind (svgen.runtime.kernel)."""
+    q_block = np.asarray(q_block, dtype=np.int64)
+    kv_block = np.asarray(kv_block, dtype=np.int64)
+    kind = np.asarray(kind, dtype=np.int64)
+    if q_block.size and (q_block.max() >= MAX_BLOCKS or kv_block.max() >= MAX_BLOCKS):
+        raise ValueError(f"at most {MAX_BLOCKS} tiles per side fit the packed step table")
+    packed = (q_block << Q_BLOCK_SHIFT) | (kv_block << KV_BLOCK_SHIFT) | kind
+    # Bit 31 may be set (q_block >= 16384): keep the bits, reinterpret as int32.
+    return packed.astype(np.uint32).view(np.int32)
+
+
+def as_runs(runs) -> np.ndarray:
+    """Runs as int64 [n, 5]; 4-column runs (one compute block per tile) get blocks = 0."""
+    runs = np.asarray(runs, dtype=np.int64)
+    if runs.ndim == 2 and runs.shape[1] == RUN_COLUMNS - 1:
+        runs = np.concatenate([runs, np.zeros((len(runs), 1), np.int64)], axis=1)
+    return runs.reshape(-1, RUN_COLUMNS)
+
+
+def split_runs(runs, slots: int) -> np.ndarray:
+    """Runs (q_block, kv_start, length, kind, blocks) cut into pieces of at most `slots` tiles."""
+    runs = as_runs(runs)
+    pieces_per_run = -(-runs[:, 2] // slots)
+    run = np.repeat(np.arange(len(runs)), pieces_per_run)
+    index = np.arange(int(pieces_per_run.sum())) - np.repeat(
+        np.cumsum(pieces_per_run) - pieces_per_run, pieces_per_run)
+    start = runs[run, 1] + index * slots
+    length = np.minimum(runs[run, 2] - index * slots, slots)
+    return np.stack([runs[run, 0], start, length, runs[run, 3], runs[run, 4]], axis=1)
+
+
+def blocks_dtype(compute_blocks: int):
+    """The smallest integer type holding 2 bits per compute block (read back masked)."""
+    bits = BITS_PER_BLOCK * compute_blocks
+    return np.int8 if bits <= 8 else np.int16 if bits <= 16 else np.int32
+
+
+def step_head_dtype(heads: int):
+    """The smallest integer type of a flat walk's per-step head index."""
+    return np.int8 if heads <= 127 else np.int16 if heads <= 32767 else np.int32
+
+
+def piece_index_dtype(tables: "PieceTables"):
+    """The smallest integer type of a flat walk's per-step piece index."""
+    return np.int16 if tables.entries.shape[0] <= 32767 else np.int32
+
+
+def walks_flat(patterns: int, tensor_cores: int) -> bool:
+    """Flat walk: several patterns, one TensorCore (see the module docstring)."""
+    return patterns > 1 and tensor_cores == 1
+
+
+@dataclasses.dataclass(frozen=True)
+class PieceTables:
+    """The SMEM tables of all candidate patterns (see the module docstring)."""
+
+    first_piece: np.ndarray  # int32 [patterns]
+    num_pieces: np.ndarray  # int32 [patterns]
+    entries: np.ndarray  # int32 [all pieces]
+    lengths: np.ndarray | None  # int8/int16 [all pieces], None when slots == 1
+    blocks: np.ndarray | None  # int8/16/32 [all pieces], None with one compute block per tile
+    slots: int
+    flat: bool = False  # walk the heads' pieces one after another (see the module docstring)
+
+    @classmethod
+    def from_runs(cls, runs_per_pattern: Sequence, slots: int, compute_blocks: int = 1,
+                  flat: bool = False) -> "PieceTables":
+        pieces = [split_runs(runs, slots) for runs in runs_per_pattern]
+        counts = np.array([len(p) for p in pieces], np.int32)
+        first = (np.cumsum(counts) - counts).astype(np.int32)
+        allp = np.concatenate(pieces)
+        entries = pack_steps(allp[:, 0], allp[:, 1], allp[:, 3])
+        # The smallest integer type that holds a piece length (SMEM is 1 MiB).
+        lengths = allp[:, 2].astype(np.int8 if slots < 128 else np.int16) if slots > 1 else None
+        blocks = None
+        if compute_blocks > 1:
+            # Keep the low bits (wrapping into the sign bit); the kernel masks the sign
+            # extension away when it reads them back.
+            signed = np.dtype(blocks_dtype(compute_blocks))
+            blocks = allp[:, 4].astype(f"u{signed.itemsize}").view(signed)
+        return cls(first, counts, entries, lengths, blocks, slots, flat)
+
+    @property
+    def max_pieces(self) -> int:
+        return int(self.num_pieces.max())
+
+    @property
+    def bytes_per_piece(self) -> int:
+        return sum(t.itemsize for t in (self.entries, self.lengths, self.blocks) if t is not None)
+
+    def scalar_prefetch_bytes(self, heads: int) -> int:
+        """Bytes of SMEM: per head its pattern, first piece and piece count (flat: and first
+        step, and the head of every possible step); the pieces."""
+        per_head = 12 * heads
+        if self.flat:  # head_first_step; step_head and step_piece for every possible step
+            per_step = (np.dtype(step_head_dtype(heads)).itemsize
+                        + np.dtype(piece_index_dtype(self)).itemsize)
+            per_head += 4 * heads + heads * self.max_pieces * per_step
+        return int(per_head + sum(t.nbytes for t in self.piece_operands()))
+
+    def piece_operands(self) -> tuple[np.ndarray, ...]:
+        return tuple(t for t in (self.entries, self.lengths, self.blocks) if t is not None)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelShape:
+    """The static sizes one generated kernel was specialized for."""
+
+    seq_len: int
+    padded_seq_len: int
+    block_q: int
+    block_kv: int
+    head_dim: int
+    heads: int
+    compute_q: int | None = None  # None: the whole tile is one compute block
+    compute_kv: int | None = None
+    vmem_limit_bytes: int | None = None  # None: the compiler's default scoped limit
+    tensor_cores: int = 1  # of the target chip: 2 keeps the per-head walk (see above)
+
+    @property
+    def cq(self) -> int:
+        return self.compute_q or self.block_q
+
+    @property
+    def ckv(self) -> int:
+        return self.compute_kv or self.block_kv
+
+    @property
+    def q_blocks_per_tile(self) -> int:
+        return self.block_q // self.cq
+
+    @property
+    def kv_blocks_per_tile(self) -> int:
+        return self.block_kv // self.ckv
+
+    @property
+    def compute_blocks(self) -> int:
+        return self.q_blocks_per_tile * self.kv_blocks_per_tile
+
+    @property
+    def padding_kv_tile(self) -> int | None:
+        """The kv tile whose compute block `padding_block_column` holds both real and padding
+        keys (None when the sequence fills its last compute block: no block needs the test)."""
+        return None if self.seq_len % self.ckv == 0 else (self.seq_len - 1) // self.block_kv
+
+    @property
+    def padding_block_column(self) -> int:
+        return (self.seq_len - 1) % self.block_kv // self.ckv
+
+    @property
+    def row_sum_on_mxu(self) -> bool:
+        """True when [V | 1] costs no extra MXU pass: head_dim fills half a 256-wide pass."""
+        return self.head_dim % 256 == 128
+
+    @property
+    def acc_width(self) -> int:
+        return self.head_dim + (LANES if self.row_sum_on_mxu else 0)
+
+
+def compute_block_kinds(runs, num_q_tiles: int, num_kv_tiles: int, rq: int,
+                        rk: int) -> np.ndarray:
+    """int8 [num_q_tiles * rq, num_kv_tiles * rk]: each compute block's kind, read back from
+    a pattern's runs (tile kinds and blocks words; zero-fill steps visit nothing)."""
+    runs = as_runs(runs)
+    kinds = np.zeros((num_q_tiles, num_kv_tiles, rq * rk), np.int8)
+    shifts = BITS_PER_BLOCK * np.arange(rq * rk)
+    for q_tile, start, length, kind, word in runs.tolist():
+        if kind == TileKind.FULL:
+            kinds[q_tile, start:start + length] = TileKind.FULL
+        elif kind == TileKind.BOUNDARY:
+            block = (word >> shifts) & KIND_MASK if rq * rk > 1 else [TileKind.BOUNDARY]
+            kinds[q_tile, start:start + length] = np.asarray(block, np.int8)
+    per_tile = kinds.reshape(num_q_tiles, num_kv_tiles, rq, rk)
+    return per_tile.transpose(0, 2, 1, 3).reshape(num_q_tiles * rq, num_kv_tiles * rk)
+
+
+def runs_of_blocks(blocks: np.ndarray, rows: int, cols: int, rq: int, rk: int) -> np.ndarray:
+    """Runs (row tile, col start, length, kind, blocks word) of a compute-block kind matrix
+    cut into rows x cols tiles of rq x rk blocks, row-major, with a zero-fill step for each
+    row tile that visits nothing (it names the previous step's column tile)."""
+    per_tile = blocks.reshape(rows, rq, cols, rk).transpose(0, 2, 1, 3).reshape(rows, cols, -1)
+    full = np.all(per_tile == TileKind.FULL, axis=2)
+    empty = np.all(per_tile == TileKind.EMPTY, axis=2)
+    kind = np.where(full, TileKind.FULL, np.where(empty, TileKind.EMPTY, TileKind.BOUNDARY))
+    shifts = BITS_PER_BLOCK * np.arange(rq * rk, dtype=np.int64)
+    word = np.where(kind == TileKind.BOUNDARY, (per_tile.astype(np.int64) << shifts).sum(2), 0)
+    if rq * rk == 1:
+        word = np.zeros_like(word)
+    out, last = [], None
+    for r in range(rows):
+        visited = np.flatnonzero(kind[r] != TileKind.EMPTY)
+        if visited.size == 0:
+            column = 0 if last is None else last
+            out.append([r, column, 1, TileKind.EMPTY, 0])
+            continue
+        for c in visited.tolist():
+            k, w = int(kind[r, c]), int(word[r, c])
+            if out and out[-1][0] == r and out[-1][1] + out[-1][2] == c and out[-1][3] == k \
+                    and out[-1][4] == w:
+                out[-1][2] += 1
+            else:
+                out.append([r, c, 1, k, w])
+            last = c
+    return np.asarray(out, np.int64).reshape(-1, RUN_COLUMNS)
+
+
+def transposed_runs(runs, shape: KernelShape) -> np.ndarray:
+    """The runs of the same visited compute blocks seen from the keys: per kv tile, the q
+    tiles (and per tile, which of its [ckv x cq] blocks are FULL / BOUNDARY)."""
+    num_q = -(-shape.seq_len // shape.block_q)
+    num_kv = -(-shape.seq_len // shape.block_kv)
+    rq, rk = shape.q_blocks_per_tile, shape.kv_blocks_per_tile
+    blocks = compute_block_kinds(runs, num_q, num_kv, rq, rk)
+    return runs_of_blocks(blocks.T, num_kv, num_q, rk, rq)
+
+
+def transposed_shape(shape: KernelShape) -> KernelShape:
+    """The dkv kernel's shape: rows are keys, columns queries."""
+    return dataclasses.replace(shape, block_q=shape.block_kv, block_kv=shape.block_q,
+                               compute_q=shape.ckv, compute_kv=shape.cq)
+
+
+def transposed_tables(runs_per_pattern: Sequence, shape: KernelShape, heads: int,
+                      smem_budget: int = SMEM_BUDGET) -> PieceTables:
+    """The dkv kernel's SMEM tables: the smallest piece size that fits the budget (the same
+    rule as the forward's); ValueError when none does."""
+    runs = [transposed_runs(r, shape) for r in runs_per_pattern]
+    flat = walks_flat(len(runs), shape.tensor_cores)
+    slots = 1
+    while True:
+        tables = PieceTables.from_runs(runs, slots, shape.compute_blocks, flat)
+        if tables.scalar_prefetch_bytes(heads) <= smem_budget:
+            return tables
+        if slots >= 256:
+            raise ValueError(f"the backward (dk, dv) tables need "
+                             f"{tables.scalar_prefetch_bytes(heads):,} bytes of SMEM, over "
+                             f"{smem_budget:,}: use larger tiles")
+        slots *= 2
+
+
 
 
 def load_runs(path: pathlib.Path, *, sha256: str) -> np.ndarray:
