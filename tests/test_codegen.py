@@ -1,6 +1,7 @@
 """Generated source: the emitted boundary mask equals the oracle; files parse; headers hold."""
 
 import ast
+import re
 
 import numpy as np
 import pytest
@@ -118,3 +119,31 @@ def test_block_causal_emits_the_oracle(frames, order, text_first):
     assert ("lax.div(q.frame" in text_src) == (frames > 1), text_src
     np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(lowered, lay),
                                   err_msg=text_src)
+
+
+def _docstring_numbers(text: str, label: str) -> list[list[int]]:
+    """Per pattern, the integers of the docstring line that starts with `label`."""
+    lines = [line.strip() for line in text.split('"""')[1].splitlines()]
+    return [[int(n.replace(",", "")) for n in re.findall(r"\d[\d,]*", line.split(":", 1)[1])]
+            for line in lines if line.startswith(label)]
+
+
+@pytest.mark.parametrize("spec_path", SPECS, ids=lambda p: p.stem)
+def test_docstring_counts_are_the_plans(spec_path):
+    """The tile and compute-block counts, kept pairs and steps a reviewer reads in a
+    generated module's docstring are the analysis's own numbers."""
+    plan = analyze(load_spec(spec_path))
+    text = (REPO / "generated" / f"{spec_path.stem}.py").read_text()
+    tiles = _docstring_numbers(text, "Tiles:")
+    blocks = _docstring_numbers(text, "Compute blocks:")
+    kept = _docstring_numbers(text, "Kept pairs")
+    visited = _docstring_numbers(text, "Visited fraction:")
+    assert len(tiles) == len(plan.patterns)
+    for index, pattern in enumerate(plan.patterns):
+        counts = pattern.tile_counts()
+        assert tiles[index][-3:] == [counts["full"], counts["boundary"], counts["empty"]]
+        if blocks:
+            c = pattern.compute_block_counts()
+            assert blocks[index][-3:] == [c["full"], c["boundary"], c["empty"]]
+        assert kept[index][0] == pattern.classification.kept_pairs
+        assert visited[index][-1] == pattern.table.visited_steps

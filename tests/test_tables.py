@@ -5,7 +5,8 @@ import pytest
 
 from svgen.analysis import analyze
 from svgen.analysis.classify import TileGrid
-from svgen.analysis.tables import build_runs, choose_piece_tables, kernel_tiles, tile_kinds
+from svgen.analysis.tables import (MAX_SLOTS, build_runs, choose_piece_tables, kernel_tiles,
+                                   tile_kinds)
 from svgen.errors import SpecError
 from svgen.runtime.kernel import (KIND_MASK, KV_BLOCK_MASK, KV_BLOCK_SHIFT, Q_BLOCK_SHIFT,
                                   PieceTables, split_runs)
@@ -56,19 +57,30 @@ def test_pieces_decode_to_exactly_the_visited_tiles(seed):
         assert (grid.num_q_blocks, grid.num_kv_blocks) == (nq, nk)
         patterns.append((kinds, grid, runs_of(kinds, grid)))
     runs = [r for _, _, r in patterns]
-    total_runs = sum(len(r) for r in runs)
-    total_steps = sum(int(r[:, 2].sum()) for r in runs)
-    # Anywhere from "only the longest pieces fit" to "one entry per step fits".
-    lo, hi = 8 * total_runs + 32, 4 * total_steps + 32
-    budget = int(rng.integers(min(lo, hi), max(lo, hi) + 1))
+    # Anywhere from "only the longest pieces fit" to "one entry per step fits"; on even seeds
+    # (when the two differ) strictly below the latter, so that pieces hold several tiles.
+    longest = min(PieceTables.from_runs(runs, 2 ** k).scalar_prefetch_bytes(2)
+                  for k in range(1, MAX_SLOTS.bit_length()))
+    one_per_step = PieceTables.from_runs(runs, 1).scalar_prefetch_bytes(2)
+    force = seed % 2 == 0 and longest < one_per_step
+    budget = int(rng.integers(longest, one_per_step) if force else
+                 rng.integers(min(longest, one_per_step), max(longest, one_per_step) + 64))
     tables = choose_piece_tables(runs, heads=2, smem_budget=budget)
     assert tables.scalar_prefetch_bytes(2) <= budget
+    if force:
+        assert tables.slots > 1
     for index, (kinds, grid, pattern_runs) in enumerate(patterns):
         got = decode(tables, index)
         expected = _expected_steps(kinds, grid)
         assert len(got) == len(expected) == int(pattern_runs[:, 2].sum())
+        previous = None
         for g, e in zip(got, expected):
-            assert g[2] == TileKind.EMPTY if e is None else g == e
+            if e is None:  # zero-fill: it names the kv tile already resident, fetching nothing
+                assert g[2] == TileKind.EMPTY
+                assert g[1] == (0 if previous is None else previous[1])
+            else:
+                assert g == e
+            previous = g
 
 
 def test_smallest_piece_size_that_fits_is_chosen():
@@ -169,3 +181,27 @@ def test_two_level_tiles_match_a_tile_by_tile_reading(seed):
         np.testing.assert_array_equal(stored, split_runs(runs, 1)[:, 4])
     else:
         assert tables.blocks is None
+
+
+@pytest.mark.parametrize("flat", [False, True])
+@pytest.mark.parametrize("slots", [1, 2, 8, 64])
+def test_reported_table_bytes_are_the_scalar_prefetch_operands_bytes(slots, flat):
+    """The SMEM bytes the compiler reports and budgets are exactly what the kernel's
+    scalar-prefetch operands hold (per head, per step when flat, and the pieces)."""
+    import jax.numpy as jnp
+
+    from svgen.runtime.kernel import _head_operands
+
+    rng = np.random.default_rng(slots)
+    runs = []
+    for nq, nk in ((9, 30), (12, 17)):
+        kinds = rng.choice([0, 1, 2, 2, 2], size=(nq, nk)).astype(np.int8)
+        runs.append(runs_of(kinds, TileGrid(nq * nk * 128, nk * 128, nq * 128)))
+    tables = PieceTables.from_runs(runs, slots, compute_blocks=4, flat=flat)
+    head_pattern = np.array([0, 1, 1, 0, 1])
+    operands, _ = _head_operands(tables, jnp.asarray(head_pattern), head_pattern)
+    actual = sum(int(np.asarray(x).nbytes) for x in operands) + sum(
+        t.nbytes for t in tables.piece_operands())
+    assert tables.scalar_prefetch_bytes(len(head_pattern)) == actual
+    if slots > 1:
+        assert tables.lengths is not None and tables.lengths.itemsize == 1
