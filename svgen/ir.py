@@ -557,13 +557,3 @@ def simplify(node: Node) -> Node:
         return Always(bool(node.expr))
     return node
 
-
-def is_exactly_analyzable(node: Node) -> bool:
-    """True when tile classification of `node` is exact (no user predicate inside)."""
-    if isinstance(node, Predicate):
-        return False
-    if isinstance(node, (AnyOf, AllOf)):
-        return all(map(is_exactly_analyzable, node.children))
-    if isinstance(node, Not):
-        return is_exactly_analyzable(node.child)
-    return True

@@ -128,10 +128,6 @@ class Plan:
         return self.only.tile_counts()
 
     @property
-    def total_pairs(self) -> int:
-        return self.layout.seq_len ** 2
-
-    @property
     def density(self) -> float:
         return self.only.density
 
