@@ -34,7 +34,7 @@ def brute_force_align(keep: np.ndarray, bq: int, bkv: int, mode: str):
     n = keep.shape[0]
     qs, ks = _blocks(n, bq), _blocks(n, bkv)
     kinds = np.empty((len(qs), len(ks)), np.int8)
-    kept, real, where = {}, {}, {}
+    kept, real = {}, {}
     for i, (q0, q1) in enumerate(qs):
         for j, (k0, k1) in enumerate(ks):
             block = keep[q0:q1, k0:k1]

@@ -121,7 +121,7 @@ def _brute_kernel_tiles(compute_kinds, grid, compute):
     words = np.zeros_like(kinds)
     for i in range(grid.num_q_blocks):
         for j in range(grid.num_kv_blocks):
-            block_kinds, wildcard = [], []
+            block_kinds = []
             for a in range(rq):
                 for b in range(rk):
                     r, c = i * rq + a, j * rk + b

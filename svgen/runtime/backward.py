@@ -23,13 +23,10 @@ Rows with no allowed key have that lse too: zero gradient, never NaN.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from typing import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
