@@ -392,9 +392,7 @@ def _cost(args) -> int:
 
 def _tune(args) -> int:
     from svgen import tune
-    from svgen.tpu_schedule import ensure_dump_flags
 
-    ensure_dump_flags()  # before anything starts libtpu
     if args.confirm < 1:
         raise SpecError("--confirm must be at least 1")
     progress = _TuneProgress(quiet=False)

@@ -354,6 +354,12 @@ def _confirm(rows: list[Row], costs: _Costs, top: int) -> list[Row]:
 
 
 def _compile_measure(spec_path: str) -> Measure:
+    """Per-path costs from libtpu's schedule (svgen cost). The dump flags must be set before
+    libtpu starts: here, before the first compile (nothing earlier in a tune touches JAX)."""
+    from svgen.tpu_schedule import ensure_dump_flags
+
+    ensure_dump_flags()
+
     def measure(plan: Plan):
         from svgen import cost
 
