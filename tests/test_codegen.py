@@ -147,3 +147,32 @@ def test_docstring_counts_are_the_plans(spec_path):
             assert blocks[index][-3:] == [c["full"], c["boundary"], c["empty"]]
         assert kept[index][0] == pattern.classification.kept_pairs
         assert visited[index][-1] == pattern.table.visited_steps
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_rendered_module_masks_equal_the_oracle_under_jit(seed, compile_text):
+    """The real template, rendered and imported: each pattern's boundary_mask, jitted over
+    every (q, k) pair in kernel order, equals the IR oracle (random masks and layouts)."""
+    import jax
+    import yaml
+
+    from svgen.runtime import coords
+
+    rng = np.random.default_rng(9000 + seed)
+    lay = _random_layout(rng)
+    mask = _random_mask(rng, lay)
+    text = yaml.safe_dump({
+        "svgen": 1, "name": "rendered_oracle",
+        "geometry": {"frames": lay.frames, "height": lay.height, "width": lay.width,
+                     "text_tokens": lay.text_tokens,
+                     "text_position": "first" if lay.text_first else "last"},
+        "attention": {"heads": 1, "head_dim": 128, "dtype": "float32"},
+        "layout": lay.order, "mask": mask, "tiling": {"block_q": 128, "block_kv": 128},
+    })
+    plan, module = compile_text(text)
+    pattern, planned = module._PATTERNS[0], plan.only
+    pos = np.arange(planned.layout.seq_len, dtype=np.int32)
+    keep = jax.jit(lambda q, k: coords.keep(pattern.boundary_mask, pattern.layout, q, k))(
+        pos[:, None], pos[None, :])
+    got = np.broadcast_to(np.asarray(keep), (pos.size, pos.size))
+    np.testing.assert_array_equal(got, dense_keep(planned.mask, planned.layout))
