@@ -94,23 +94,6 @@ def _walk(kernel_body, *, tables: fwd.PieceTables, head_pattern, static_pattern,
     )(*operands, *inputs)
 
 
-def _step(refs, shape, heads, num_tables, single, has_lengths, has_blocks, flat):
-    """The tables' view of this grid step: (view, kind, row tile, column tile, active,
-    first step of the row tile, last step of it)."""
-    view = fwd._StepView(refs[:num_tables], heads, pl.program_id(0), pl.program_id(1), single,
-                         has_lengths, has_blocks, flat)
-    slot = pl.program_id(2)
-    entry = view.entry()
-    row_tile = fwd._q_block(entry)
-    length = view.length
-    active = view.in_range & (slot < length)
-    is_first = active & (slot == 0) & (
-        view.is_first_piece | (fwd._q_block(view.entry(-1)) != row_tile))
-    is_last = active & (slot == length - 1) & (
-        view.is_last_piece | (fwd._q_block(view.entry(+1)) != row_tile))
-    return view, entry & fwd.KIND_MASK, row_tile, view.kv_block(slot), active, is_first, is_last
-
-
 def _run_blocks(view, kind, active, blocks, shape, masks, update):
     """FULL tiles: every compute block unmasked; BOUNDARY tiles: each block by its kind,
     masked with the head's pattern's mask (update(block, mask_or_None))."""
@@ -140,8 +123,8 @@ def _dq_kernel(*refs, shape, heads, num_tables, num_inputs, single, has_lengths,
     q_ref, k_ref, v_ref, do_ref, lse_ref, d_ref = refs[num_tables:num_tables + num_inputs]
     dq_ref = refs[num_tables + num_inputs]
     acc, lse_col, d_col = refs[num_tables + num_inputs + 1:]
-    view, kind, q_tile, kv_tile, active, is_first, is_last = _step(
-        refs, shape, heads, num_tables, single, has_lengths, has_blocks, flat)
+    view, kind, q_tile, kv_tile, active, is_first, is_last = fwd.grid_step(
+        refs[:num_tables], heads, single, has_lengths, has_blocks, flat)
     blocks = [fwd._Block(qi, ki, shape) for qi in range(shape.q_blocks_per_tile)
               for ki in range(shape.kv_blocks_per_tile)]
 
@@ -174,8 +157,8 @@ def _dkv_kernel(*refs, shape, heads, num_tables, num_inputs, single, has_lengths
     k_ref, v_ref, q_ref, do_ref, lse_ref, d_ref = refs[num_tables:num_tables + num_inputs]
     dk_ref, dv_ref = refs[num_tables + num_inputs:num_tables + num_inputs + 2]
     dk_acc, dv_acc = refs[num_tables + num_inputs + 2:]
-    view, kind, kv_tile, q_tile, active, is_first, is_last = _step(
-        refs, shape, heads, num_tables, single, has_lengths, has_blocks, flat)
+    view, kind, kv_tile, q_tile, active, is_first, is_last = fwd.grid_step(
+        refs[:num_tables], heads, single, has_lengths, has_blocks, flat)
     blocks = [fwd._Block(ki, qi, shape) for ki in range(shape.q_blocks_per_tile)
               for qi in range(shape.kv_blocks_per_tile)]
 

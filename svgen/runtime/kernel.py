@@ -96,6 +96,7 @@ from svgen.runtime.tables import (  # noqa: F401  (the table format, re-exported
     Q_BLOCK_SHIFT, KV_BLOCK_SHIFT, KV_BLOCK_MASK, KIND_MASK, MAX_BLOCKS, BITS_PER_BLOCK,
     LANES, RUN_COLUMNS, pack_steps, as_runs, split_runs, blocks_dtype,
     step_head_dtype, piece_index_dtype, walks_flat, PieceTables, KernelShape,
+    transposed_tables,
 )
 
 LOG2_E = 1.4426950408889634
@@ -237,6 +238,26 @@ class _StepView:
         return _kv_block(self.entry()) + jnp.minimum(slot, self.length - 1)
 
 
+def grid_step(table_refs, heads: int, single: int | None, has_lengths: bool, has_blocks: bool,
+              flat: bool):
+    """This grid step as the tables say, for the forward and the backward kernels alike:
+    (view, kind, row tile, column tile, active, first step of the row tile, last step of
+    it). Steps past a piece's length are inactive; the row tile's first step initializes
+    its accumulators and its last writes them out."""
+    view = _StepView(table_refs, heads, pl.program_id(0), pl.program_id(1), single,
+                     has_lengths, has_blocks, flat)
+    slot = pl.program_id(2)
+    entry = view.entry()
+    row_tile = _q_block(entry)
+    length = view.length
+    active = view.in_range & (slot < length)
+    is_first = active & (slot == 0) & (
+        view.is_first_piece | (_q_block(view.entry(-1)) != row_tile))
+    is_last = active & (slot == length - 1) & (
+        view.is_last_piece | (_q_block(view.entry(+1)) != row_tile))
+    return view, entry & KIND_MASK, row_tile, view.kv_block(slot), active, is_first, is_last
+
+
 def _lanes(x, width: int):
     """A lane-replicated [rows, 128] array as [rows, width] (a multiple of 128, or less)."""
     if width <= LANES:
@@ -341,19 +362,8 @@ def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int,
     l_scratch = None if shape.row_sum_on_mxu else rest.pop(0)
     q_scaled = rest.pop(0)
     coords_ref = rest.pop(0) if rest else None
-    view = _StepView(table_refs, heads, pl.program_id(0), pl.program_id(1), single,
-                     has_lengths, has_blocks, flat)
-    slot = pl.program_id(2)
-    entry = view.entry()
-    kind = entry & KIND_MASK
-    q_block = _q_block(entry)
-    length = view.length
-    active = view.in_range & (slot < length)
-    is_first = active & (slot == 0) & (
-        view.is_first_piece | (_q_block(view.entry(-1)) != q_block))
-    is_last = active & (slot == length - 1) & (
-        view.is_last_piece | (_q_block(view.entry(+1)) != q_block))
-    kv_block = view.kv_block(slot)
+    view, kind, q_block, kv_block, active, is_first, is_last = grid_step(
+        table_refs, heads, single, has_lengths, has_blocks, flat)
     blocks = [_Block(qi, ki, shape) for qi in range(shape.q_blocks_per_tile)
               for ki in range(shape.kv_blocks_per_tile)]
 
@@ -475,7 +485,8 @@ class _PatternCode:
 
 
 def _vmem_limit(shape: KernelShape, dtype, query_coords: int) -> int | None:
-    """The module's limit (for its spec's dtype), raised when called with a wider dtype."""
+    """The module's limit, never below what this call's buffers need (the compiler's bound
+    on query coordinates covers them; this keeps a hand-built KernelShape safe too)."""
     if shape.vmem_limit_bytes is None:
         return None
     need = kernel_vmem(shape.block_q, shape.block_kv, shape.cq, shape.ckv, shape.head_dim,
@@ -609,14 +620,11 @@ def make_attention(*, shape: KernelShape, patterns: Sequence[Pattern], slots: in
     # NumPy here: importing a generated module must not start a JAX backend.
     layout_of_pattern = np.asarray([layouts.index(p.layout) for p in patterns], np.int32)
     codes = [_PatternCode(p.boundary_mask, p.layout, tuple(p.query_coords)) for p in patterns]
-    backward_tables = []  # built on the first differentiated call (import stays cheap)
 
+    @functools.cache
     def dkv_tables() -> PieceTables:
-        from svgen.runtime import backward
-        if not backward_tables:
-            backward_tables.append(backward.transposed_tables(
-                [p.runs for p in patterns], shape, shape.heads))
-        return backward_tables[0]
+        """Built on the first differentiated call, so that importing a module stays cheap."""
+        return transposed_tables([p.runs for p in patterns], shape, shape.heads)
 
     def differentiable(q, k, v, head_pattern, static_pattern, interpret, q_scale, sm_scale):
         """The kernel in kernel order, with its VJP: the backward kernels of
@@ -660,6 +668,7 @@ def make_attention(*, shape: KernelShape, patterns: Sequence[Pattern], slots: in
         lead = q.shape[:-2]
         if sm_scale is None:
             sm_scale = 1.0 / math.sqrt(shape.head_dim)
+
         def to_kernel(x):  # identity layouts: a free reshape, no HBM pass
             x = _per_head_layout(x, layouts, head_layout, to_kernel=True)
             return x.reshape((-1,) + x.shape[-2:])
