@@ -16,7 +16,7 @@ from svgen import ir
 from svgen.analysis import TileGrid
 from svgen.analysis.classify import classify_tiles
 from svgen.analysis.tables import build_runs, kernel_tiles
-from svgen.layout import SequenceLayout
+from svgen.runtime.layout import TokenLayout
 
 HEADS = {
     "temporal": ir.AnyOf((ir.FirstFrame(1), ir.TemporalStride(0, 0, 1, None))),
@@ -26,7 +26,7 @@ HEADS = {
 
 def measure(head: str, frames: int, order: str) -> dict:
     mask = HEADS[head]
-    layout = SequenceLayout(frames, 45, 80, 0, False, order,
+    layout = TokenLayout(frames, 45, 80, 0, "last", order,
                             ir.anchor_frames(mask) if order == "temporal_major" else 0)
     grid = TileGrid(layout.seq_len, 512, 512)
     start = time.perf_counter()

@@ -27,7 +27,7 @@ import sympy
 from svgen import primitives
 from svgen.errors import SpecError
 from svgen.expr import SYMBOLS, FloorDiv, FloorMod, parse_predicate
-from svgen.layout import Coordinates
+from svgen.runtime.layout import Coordinates
 from svgen.spec import MaskTerm, Spec
 
 _S = SYMBOLS

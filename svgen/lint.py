@@ -18,7 +18,8 @@ from typing import Callable, Iterator
 
 from svgen import primitives
 from svgen.errors import locate
-from svgen.spec import IMPLICIT_PATTERN, Geometry, MaskTerm, Spec
+from svgen.runtime.layout import TokenLayout
+from svgen.spec import IMPLICIT_PATTERN, MaskTerm, Spec
 
 __all__ = ["SpecWarning", "spec_warnings", "plan_warnings", "EXTENT_LIMITS"]
 
@@ -39,7 +40,7 @@ class SpecWarning:
 
 #: Per extent (svgen.primitives.EXTENTS): the largest meaningful value on a geometry, and
 #: how to say it ({n}: that value; geometry fields by name).
-EXTENT_LIMITS: dict[str, tuple[Callable[[Geometry], int], str]] = {
+EXTENT_LIMITS: dict[str, tuple[Callable[[TokenLayout], int], str]] = {
     primitives.FRAME_COUNT: (lambda g: g.frames, "the video's {n:,} frame(s)"),
     primitives.FRAME_DIFFERENCE: (lambda g: g.frames - 1,
                                   "the largest frame difference, {n:,} ({frames:,} frames)"),
@@ -102,7 +103,7 @@ def _walk(term: MaskTerm) -> Iterator[MaskTerm]:
         yield from _walk(child)
 
 
-def _say(words: str, n: int, g: Geometry) -> str:
+def _say(words: str, n: int, g: TokenLayout) -> str:
     return words.format(n=n, frames=g.frames, height=g.height, width=g.width,
                         seq_len=g.seq_len)
 

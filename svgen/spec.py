@@ -35,10 +35,11 @@ from svgen.expr import ExprSyntaxError, parse_predicate, predicate_tokens
 from svgen.limits import (MAX_HEADS, MAX_MASK_DEPTH, MAX_MASK_SIZE, MAX_NAME_LEN,
                           MAX_PATTERNS, MAX_SEQ_LEN, MAX_SPEC_BYTES, MAX_TILE_PAIRS,
                           MAX_YAML_DEPTH, MAX_YAML_NODES)
+from svgen.runtime.layout import ORDERS, TEXT_POSITIONS, TokenLayout
 
 __all__ = [
     "Location",
-    "Geometry",
+    "TokenLayout",
     "Attention",
     "Tiling",
     "MaskTerm",
@@ -54,10 +55,9 @@ __all__ = [
 NAME_PATTERN = "[a-z][a-z0-9_]*"
 NAME_RE = re.compile(r"[a-z][a-z0-9_]*\Z")
 SPEC_VERSION = 1
-LAYOUTS = ("frame_major", "temporal_major")
+LAYOUTS = ORDERS  # the `layout:` values
 DTYPES = ("bfloat16", "float32")
 HEAD_DIMS = (64, 128, 256)
-TEXT_POSITIONS = ("first", "last")
 #: How `tiling.align` rounds the mask to whole compute blocks (svgen.analysis.align says how
 #: each mode decides); "exact" keeps the mask as written.
 ALIGN_MODES = ("exact", "superset", "subset", "nearest", "balanced")
@@ -105,27 +105,6 @@ class Location:
     line: int
     column: int
     key: str
-
-
-@dataclass(frozen=True)
-class Geometry:
-    frames: int
-    height: int
-    width: int
-    text_tokens: int = 0
-    text_position: str = "last"  # "first" | "last"
-
-    @property
-    def tokens_per_frame(self) -> int:
-        return self.height * self.width
-
-    @property
-    def video_tokens(self) -> int:
-        return self.frames * self.tokens_per_frame
-
-    @property
-    def seq_len(self) -> int:
-        return self.video_tokens + self.text_tokens
 
 
 @dataclass(frozen=True)
@@ -217,7 +196,7 @@ IMPLICIT_PATTERN = "mask"
 @dataclass(frozen=True)
 class Spec:
     name: str
-    geometry: Geometry
+    geometry: TokenLayout
     attention: Attention
     layout: str  # "frame_major" | "temporal_major"; the default layout of head candidates
     mask: MaskTerm | None  # one pattern for every head; None when ``heads`` is given
@@ -481,7 +460,7 @@ HEADS_KEYS = ("candidates", "assign")
 CANDIDATE_KEYS = ("pattern", "layout")
 
 
-def _read_geometry(r: _Reader, node: Node, path: str) -> Geometry:
+def _read_geometry(r: _Reader, node: Node, path: str) -> TokenLayout:
     e = r.mapping(node, path, GEOMETRY_KEYS)
     r.require(node, path, e, ("frames", "height", "width"))
     sizes = {}
@@ -492,7 +471,7 @@ def _read_geometry(r: _Reader, node: Node, path: str) -> Geometry:
     text_position = "last"
     if "text_position" in e:
         text_position = r.choice(e["text_position"][1], _join(path, "text_position"), TEXT_POSITIONS)
-    geometry = Geometry(text_position=text_position, **sizes)
+    geometry = TokenLayout(text_position=text_position, **sizes)
     if geometry.seq_len > MAX_SEQ_LEN:
         raise r.error(node, path, f"{geometry.frames:,} frames of {geometry.height:,} x "
                                   f"{geometry.width:,} plus {geometry.text_tokens:,} text tokens "
@@ -504,7 +483,7 @@ def _read_geometry(r: _Reader, node: Node, path: str) -> Geometry:
 _SEQ_LIMIT = "MAX_SEQ_LEN, the most tokens a sequence may have"
 
 
-def _check_tile_grid(r: _Reader, node: Node, path: str, geometry: Geometry, tiling: Tiling,
+def _check_tile_grid(r: _Reader, node: Node, path: str, geometry: TokenLayout, tiling: Tiling,
                      patterns: int) -> None:
     """Refuse a geometry and tiling whose dense grids of compute-block pairs (one byte each,
     one grid per candidate pattern) would exceed MAX_TILE_PAIRS, before analysis allocates

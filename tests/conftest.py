@@ -17,7 +17,7 @@ import yaml
 from svgen import codegen, ir, libtpu_env
 from svgen.analysis import analyze
 from svgen.codegen.predicate import emit_mask
-from svgen.layout import SequenceLayout
+from svgen.runtime.layout import TokenLayout
 from svgen.runtime import coords
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.reference import masked_attention_reference
@@ -52,42 +52,37 @@ def brute_force_kinds(keep: np.ndarray, block_q: int, block_kv: int) -> np.ndarr
     return kinds
 
 
-def lower_mask_dict(mask: dict, lay: SequenceLayout, bq: int, bkv: int):
+def lower_mask_dict(mask: dict, lay: TokenLayout, bq: int, bkv: int):
     """(spec, lowered mask) of a spec with this mask (a dict as YAML would load it) on the
     geometry of ``lay``, through the spec reader and lowering as a user's file goes."""
     spec = parse_spec(yaml.safe_dump({
         "svgen": 1, "name": "random_mask",
         "geometry": {"frames": lay.frames, "height": lay.height, "width": lay.width,
                      "text_tokens": lay.text_tokens,
-                     "text_position": "first" if lay.text_first else "last"},
+                     "text_position": lay.text_position},
         "attention": {"heads": 1, "head_dim": 128, "dtype": "float32"},
         "mask": mask, "tiling": {"block_q": bq, "block_kv": bkv},
     }))
     return spec, ir.lower(spec)
 
 
-def kernel_layout(layout: SequenceLayout) -> coords.KernelLayout:
-    return coords.KernelLayout(layout.frames, layout.height, layout.width, layout.text_tokens,
-                               layout.text_first, layout.is_temporal_major, layout.anchor_frames)
-
-
-def emitted_function(mask, layout: SequenceLayout):
+def emitted_function(mask, layout: TokenLayout):
     """(boundary_mask, its source): the generated mask function of ``mask``, as the
     module template writes it."""
     src = emit_mask(mask, layout)
     body = "\n".join(f"    {line}" for line in src.lines)
     text = f"def boundary_mask(q, k):\n{body}\n    return {src.result}\n"
-    namespace = {"coords": coords, "jnp": jnp, "lax": jax.lax, "LAYOUT": kernel_layout(layout)}
+    namespace = {"coords": coords, "jnp": jnp, "lax": jax.lax, "LAYOUT": layout}
     exec(compile(text, "<generated>", "exec"), namespace)
     return namespace["boundary_mask"], text
 
 
-def emitted_keep(fn, layout: SequenceLayout) -> np.ndarray:
+def emitted_keep(fn, layout: TokenLayout) -> np.ndarray:
     """keep[q, k] for every real pair from a generated boundary_mask, queries decoded in row
     form and turned into columns, as the kernel does once per q tile."""
     pos = jnp.arange(layout.seq_len, dtype=jnp.int32)
-    q = coords.QueryCoords(pos[None, :], kernel_layout(layout))
-    k = coords.TokenCoords(pos[None, :], kernel_layout(layout))
+    q = coords.QueryCoords(pos[None, :], layout)
+    k = coords.TokenCoords(pos[None, :], layout)
     return np.broadcast_to(np.asarray(fn(q, k)), (layout.seq_len, layout.seq_len))
 
 

@@ -96,9 +96,9 @@ def test_random_masks_every_mode_against_brute_force(seed):
 def test_frame_invariant_masks_are_counted_too():
     """A temporal head (classified from one frame's rows without counts) counts its pairs on
     the general path."""
-    from svgen.layout import SequenceLayout
+    from svgen.runtime.layout import TokenLayout
 
-    lay = SequenceLayout(4, 3, 5, 0, False, "frame_major", 0)
+    lay = TokenLayout(4, 3, 5, 0, "last", "frame_major", 0)
     _, mask = lower_mask_dict({"any_of": [{"first_frame": {"frames": 1}},
                                           {"temporal_stride": {"rows": 1, "cols": 1}}]},
                               lay, 128, 128)

@@ -7,7 +7,7 @@ from svgen import ir, primitives
 from svgen.analysis import analyze
 from svgen.analysis.classify import TileGrid, classify_tiles
 from svgen.expr import parse_predicate
-from svgen.layout import SequenceLayout
+from svgen.runtime.layout import TokenLayout
 from svgen.runtime.kinds import TileKind
 
 from conftest import brute_force_kinds, dense_keep, lower_mask_dict
@@ -62,7 +62,7 @@ PRIMITIVE_GENERATORS = {
 }
 
 
-def _random_primitive(rng, lay: SequenceLayout) -> dict:
+def _random_primitive(rng, lay: TokenLayout) -> dict:
     key = list(PRIMITIVE_GENERATORS)[rng.integers(0, len(PRIMITIVE_GENERATORS))]
     return {key: PRIMITIVE_GENERATORS[key](rng, lay)}
 
@@ -86,13 +86,13 @@ def _random_mask(rng, lay, depth=0) -> dict:
     return {"not": _random_mask(rng, lay, depth + 1)}
 
 
-def _random_layout(rng) -> SequenceLayout:
+def _random_layout(rng) -> TokenLayout:
     text = int(rng.choice([0, 0, 3, 17]))
     frames = int(rng.integers(1, 6))
     order = str(rng.choice(["frame_major", "temporal_major"]))
     anchors = int(rng.integers(0, frames + 1)) if order == "temporal_major" else 0
-    return SequenceLayout(frames, int(rng.integers(1, 6)), int(rng.integers(1, 9)), text,
-                          bool(rng.integers(0, 2)), order, anchors)
+    return TokenLayout(frames, int(rng.integers(1, 6)), int(rng.integers(1, 9)), text,
+                          "first" if bool(rng.integers(0, 2)) else "last", order, anchors)
 
 
 def _check(kinds, kept, keep, expected_kinds, exact):
@@ -122,9 +122,9 @@ def test_random_masks_small_tiles(seed):
 def test_random_specs_through_the_whole_analysis(seed):
     """Spec text -> analyze(): real block sizes, geometries that do not divide them."""
     rng = np.random.default_rng(1000 + seed)
-    lay = SequenceLayout(int(rng.integers(2, 6)), int(rng.integers(3, 9)),
+    lay = TokenLayout(int(rng.integers(2, 6)), int(rng.integers(3, 9)),
                          int(rng.integers(10, 30)), int(rng.choice([0, 40])),
-                         bool(rng.integers(0, 2)))
+                         "first" if bool(rng.integers(0, 2)) else "last")
     bq, bkv = int(rng.choice([128, 256])), int(rng.choice([128, 256]))
     spec, mask = lower_mask_dict(_random_mask(rng, lay), lay, bq, bkv)
     plan = analyze(spec)
@@ -143,15 +143,15 @@ BLOCK_CAUSAL_MASKS = [
 
 
 @pytest.mark.parametrize("mask", BLOCK_CAUSAL_MASKS, ids=range(len(BLOCK_CAUSAL_MASKS)))
-@pytest.mark.parametrize("text_first", [True, False], ids=["text_first", "text_last"])
+@pytest.mark.parametrize("text_position", ["first", "last"])
 @pytest.mark.parametrize("order", ["frame_major", "temporal_major"])
-def test_block_causal_against_brute_force(mask, text_first, order):
+def test_block_causal_against_brute_force(mask, text_position, order):
     """Chunks of 2 or 3 frames over 7 frames (the last chunk short), text before or after
     the video, both orders (temporal_major with the anchor frames first_frame asks for)."""
-    lay = SequenceLayout(7, 3, 5, 11, text_first, order)
+    lay = TokenLayout(7, 3, 5, 11, text_position, order)
     _, node = lower_mask_dict(mask, lay, 128, 128)
     if order == "temporal_major":
-        lay = SequenceLayout(7, 3, 5, 11, text_first, order, ir.anchor_frames(node))
+        lay = TokenLayout(7, 3, 5, 11, text_position, order, ir.anchor_frames(node))
     keep = dense_keep(node, lay)
     for bq, bkv in ((8, 8), (16, 24), (32, 16)):
         got = classify_tiles(node, lay, TileGrid(lay.seq_len, bq, bkv))
@@ -161,7 +161,7 @@ def test_block_causal_against_brute_force(mask, text_first, order):
 
 def test_block_causal_keeps_whole_chunks_and_no_text():
     """keep(q, k) from the documented rule, on the user's coordinates."""
-    lay = SequenceLayout(5, 1, 2, 3, False)
+    lay = TokenLayout(5, 1, 2, 3, "last")
     keep = dense_keep(ir.BlockCausal(2), lay)
     frame = np.repeat(np.arange(5), 2)  # video tokens in frame-major order, then text
     expected = (frame[None, :] // 2) <= (frame[:, None] // 2)
@@ -174,7 +174,7 @@ def test_block_causal_keeps_whole_chunks_and_no_text():
 @pytest.mark.parametrize("bq,bkv", [(8, 8), (16, 8), (8, 24)])
 def test_predicates_that_interval_arithmetic_can_decide_are_exact(bq, bkv):
     """A monotone user predicate classifies exactly like its built-in twin."""
-    lay = SequenceLayout(5, 3, 7, 0, False)
+    lay = TokenLayout(5, 3, 7, 0, "last")
     grid = TileGrid(lay.seq_len, bq, bkv)
     builtin = ir.SpatialWindow(1, None, None)
     user = ir.Predicate("abs(f_q - f_k) <= 1", parse_predicate("abs(f_q - f_k) <= 1"))
@@ -184,7 +184,7 @@ def test_predicates_that_interval_arithmetic_can_decide_are_exact(bq, bkv):
 
 
 def test_unprovable_tiles_are_counted():
-    lay = SequenceLayout(4, 4, 8, 0, False)
+    lay = TokenLayout(4, 4, 8, 0, "last")
     grid = TileGrid(lay.seq_len, 16, 16)
     # (h_q + h_k) % 2 == 0 holds on exactly half of each tile: boundary everywhere, honestly.
     p = ir.Predicate("x", parse_predicate("(w_q + w_k) % 2 == 0"))
@@ -196,7 +196,7 @@ def test_unprovable_tiles_are_counted():
 
 def test_blog_configuration_counts():
     """Wan 720p band(0.35) + prefix 3600: kept fraction 0.3887 as published."""
-    lay = SequenceLayout(21, 45, 80, 0, False)
+    lay = TokenLayout(21, 45, 80, 0, "last")
     mask = ir.AnyOf((ir.Band(ir.band_width_from_density(0.35, lay.video_tokens)), ir.Prefix(3600)))
     assert ir.band_width_from_density(0.35, lay.video_tokens) == 14720
     got = classify_tiles(mask, lay, TileGrid(lay.seq_len, 512, 512))
@@ -208,7 +208,7 @@ def test_over_budget_predicates_stay_sound(monkeypatch):
     from svgen.analysis import classify
 
     monkeypatch.setattr(classify, "MAX_UNDECIDED_PAIRS", 0)
-    lay = SequenceLayout(4, 4, 8, 0, False)
+    lay = TokenLayout(4, 4, 8, 0, "last")
     p = ir.Predicate("x", parse_predicate("abs(w_q - w_k) <= 2 and f_q == f_k"))
     got = classify_tiles(p, lay, TileGrid(lay.seq_len, 16, 16))
     keep = dense_keep(p, lay)
@@ -228,7 +228,7 @@ def test_over_budget_predicates_stay_sound(monkeypatch):
 ])
 def test_large_geometry_agrees_with_brute_force_on_sampled_tiles(name, frames, mask):
     """Full-size classification, checked exactly on sampled tiles (no N x N mask anywhere)."""
-    lay = SequenceLayout(frames, 45, 80, 0, False)
+    lay = TokenLayout(frames, 45, 80, 0, "last")
     block = 512
     kinds = classify_tiles(mask, lay, TileGrid(lay.seq_len, block, block)).kinds
     rng = np.random.default_rng(len(name))
@@ -266,8 +266,8 @@ def test_frame_invariant_fast_path_matches_brute_force(seed):
     from svgen.analysis import classify
 
     rng = np.random.default_rng(9000 + seed)
-    lay = SequenceLayout(int(rng.integers(2, 7)), int(rng.integers(1, 5)),
-                         int(rng.integers(2, 9)), 0, False)
+    lay = TokenLayout(int(rng.integers(2, 7)), int(rng.integers(1, 5)),
+                         int(rng.integers(2, 9)), 0, "last")
     bq, bkv = int(rng.choice([8, 16, 40, 64])), int(rng.choice([8, 16, 24]))
     mask = ir.simplify(_random_frame_invariant(rng, lay))
     assert classify.is_frame_invariant(mask)

@@ -10,7 +10,7 @@ from svgen import codegen, ir
 from svgen.analysis import analyze, query_coordinate_bound
 from svgen.codegen.predicate import emit_mask
 from svgen.codegen.tilemap import render_tile_map
-from svgen.layout import SequenceLayout
+from svgen.runtime.layout import TokenLayout
 from svgen.runtime.kinds import TileKind
 from svgen.spec import load_spec
 
@@ -93,7 +93,7 @@ def test_tile_map_downsamples_and_marks_mixed_cells():
 def test_window_or_key_terms_fuse_and_equal_the_oracle(mask, order, text):
     """A window or'ed with key-only terms is one compare with the key terms as a bit mask
     (coords.within(..., unless=...)); place equality replaces row and column equality."""
-    lay = SequenceLayout(4, 3, 5, text, False, order, 1 if order == "temporal_major" else 0)
+    lay = TokenLayout(4, 3, 5, text, "last", order, 1 if order == "temporal_major" else 0)
     _, lowered = lower_mask_dict(mask, lay, 128, 128)
     fn, text_src = emitted_function(lowered, lay)
     if "temporal_stride" in mask["any_of"][1]:
@@ -104,13 +104,13 @@ def test_window_or_key_terms_fuse_and_equal_the_oracle(mask, order, text):
                                   err_msg=text_src)
 
 
-@pytest.mark.parametrize("text_first", [True, False], ids=["text_first", "text_last"])
+@pytest.mark.parametrize("text_position", ["first", "last"])
 @pytest.mark.parametrize("order", ["frame_major", "temporal_major"])
 @pytest.mark.parametrize("frames", [1, 2, 3])
-def test_block_causal_emits_the_oracle(frames, order, text_first):
+def test_block_causal_emits_the_oracle(frames, order, text_position):
     """block_causal's line (one lax.div, on the query's frame) equals the oracle with text
     tokens on either side, and with `text: {}` giving them global attention."""
-    lay = SequenceLayout(7, 2, 3, 5, text_first, order, 1 if order == "temporal_major" else 0)
+    lay = TokenLayout(7, 2, 3, 5, text_position, order, 1 if order == "temporal_major" else 0)
     mask = {"any_of": [{"block_causal": {"frames": frames}}, {"text": {}},
                        {"first_frame": {"frames": 1}}]}
     _, lowered = lower_mask_dict(mask, lay, 128, 128)
@@ -165,7 +165,7 @@ def test_rendered_module_masks_equal_the_oracle_under_jit(seed, compile_text):
         "svgen": 1, "name": "rendered_oracle",
         "geometry": {"frames": lay.frames, "height": lay.height, "width": lay.width,
                      "text_tokens": lay.text_tokens,
-                     "text_position": "first" if lay.text_first else "last"},
+                     "text_position": lay.text_position},
         "attention": {"heads": 1, "head_dim": 128, "dtype": "float32"},
         "layout": lay.order, "mask": mask, "tiling": {"block_q": 128, "block_kv": 128},
     })

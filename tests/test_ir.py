@@ -74,17 +74,16 @@ def test_window_predicates_become_builtins_with_the_same_meaning(source, text_to
     import numpy as np
 
     from svgen.expr import parse_predicate
-    from svgen.layout import SequenceLayout
-    from svgen.spec import Geometry
+    from svgen.runtime.layout import TokenLayout
 
     expr = parse_predicate(source)
-    node = ir.recognize_window(expr, Geometry(5, 4, 6, text_tokens, "first"))
+    node = ir.recognize_window(expr, TokenLayout(5, 4, 6, text_tokens, "first"))
     guarded = "is_text" in source
     if source in NOT_RECOGNIZABLE or (text_tokens and not guarded):
         assert node is None
         return
     assert isinstance(node, (ir.SpatialWindow, ir.TemporalStride))
-    lay = SequenceLayout(5, 4, 6, text_tokens, True)
+    lay = TokenLayout(5, 4, 6, text_tokens, "first")
     c = lay.coordinates(np.arange(lay.seq_len))
     q, k = c.reshape(-1, 1), c.reshape(1, -1)
     np.testing.assert_array_equal(node.evaluate(q, k),

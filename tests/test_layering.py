@@ -1,5 +1,6 @@
 """The layering CONTRIBUTING.md promises: reading specs (and the primitive registry) loads
-neither JAX nor jinja2 nor the later stages; the runtime imports nothing of the compiler."""
+neither JAX nor jinja2 nor the later stages (only the runtime's NumPy-only token layout, the
+one layout type every stage shares); the runtime imports nothing of the compiler."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from svgen.spec import load_spec
 for path in sys.argv[1:]:
     load_spec(path)
 heavy = ("jax", "jinja2", "svgen.ir", "svgen.analysis", "svgen.codegen", "svgen.runtime")
-print(" ".join(sorted(m for m in sys.modules if m.startswith(heavy))))
+shared = ("svgen.runtime", "svgen.runtime.layout")
+print(" ".join(sorted(m for m in sys.modules if m.startswith(heavy) and m not in shared)))
 """
 
 

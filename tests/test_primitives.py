@@ -26,7 +26,7 @@ from svgen.analysis.rowsets import Bounds, _nominal_keys
 from svgen.codegen.predicate import emit_mask
 from svgen.errors import SpecError
 from svgen.expr import SYMBOLS
-from svgen.layout import SequenceLayout
+from svgen.runtime.layout import TokenLayout
 from svgen.schema import spec_schema
 from svgen.spec import parse_spec
 
@@ -39,10 +39,10 @@ WITH_NODE = [p.key for p in primitives.registered() if p.form != primitives.PATT
 #: Small layouts every order and text placement: (frames, height, width, text, text first,
 #: order, anchor frames).
 LAYOUTS = [
-    SequenceLayout(3, 2, 5, 0, False),
-    SequenceLayout(4, 3, 2, 7, True),
-    SequenceLayout(3, 2, 3, 5, False, "temporal_major", 1),
-    SequenceLayout(4, 2, 2, 0, False, "temporal_major", 0),
+    TokenLayout(3, 2, 5, 0, "last"),
+    TokenLayout(4, 3, 2, 7, "first"),
+    TokenLayout(3, 2, 3, 5, "last", "temporal_major", 1),
+    TokenLayout(4, 2, 2, 0, "last", "temporal_major", 0),
 ]
 
 
@@ -61,7 +61,7 @@ def _example_value(p: primitives.Primitive):
     return "anchor"
 
 
-def _example_spec(key: str, lay: SequenceLayout = LAYOUTS[1]):
+def _example_spec(key: str, lay: TokenLayout = LAYOUTS[1]):
     """(spec, lowered mask) of a spec whose mask is primitive ``key``'s example."""
     p = primitives.get(key)
     mask = {key: _example_value(p)}
@@ -70,12 +70,12 @@ def _example_spec(key: str, lay: SequenceLayout = LAYOUTS[1]):
     return lower_mask_dict(mask, lay, 128, 128)
 
 
-def _with_pattern(mask: dict, lay: SequenceLayout):
+def _with_pattern(mask: dict, lay: TokenLayout):
     spec = parse_spec(yaml.safe_dump({
         "svgen": 1, "name": "example",
         "geometry": {"frames": lay.frames, "height": lay.height, "width": lay.width,
                      "text_tokens": lay.text_tokens,
-                     "text_position": "first" if lay.text_first else "last"},
+                     "text_position": lay.text_position},
         "attention": {"heads": 1, "head_dim": 128, "dtype": "float32"},
         "patterns": {"anchor": {"first_frame": {}}}, "mask": mask}))
     return spec, ir.lower(spec)

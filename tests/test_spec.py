@@ -12,7 +12,7 @@ from svgen.limits import MAX_HEADS, MAX_PARAM, MAX_SEQ_LEN, MAX_SPEC_BYTES
 from svgen.spec import (
     Attention,
     Candidate,
-    Geometry,
+    TokenLayout,
     HeadPatterns,
     Location,
     MaskTerm,
@@ -82,7 +82,7 @@ def test_full_spec_parses_to_expected_dataclasses():
     spec = parse_spec(FULL, source="specs/full.yaml")
     assert isinstance(spec, Spec)
     assert spec.name == "wan21_720p_spatial"
-    assert spec.geometry == Geometry(frames=21, height=45, width=80, text_tokens=512, text_position="first")
+    assert spec.geometry == TokenLayout(frames=21, height=45, width=80, text_tokens=512, text_position="first")
     assert spec.geometry.tokens_per_frame == 3600
     assert spec.geometry.video_tokens == 21 * 3600
     assert spec.geometry.seq_len == 21 * 3600 + 512
@@ -171,7 +171,7 @@ mask: {causal_frames: }
 
 def test_defaults():
     spec = parse_spec(MINIMAL)
-    assert spec.geometry == Geometry(2, 1, 1, 0, "last")
+    assert spec.geometry == TokenLayout(2, 1, 1, 0, "last")
     assert spec.layout == "frame_major"
     assert spec.tiling == Tiling(512, 512)
     assert spec.patterns == ()

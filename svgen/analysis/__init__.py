@@ -2,14 +2,14 @@
 runs; for the kernel: the SMEM piece tables of all patterns).
 
 The passes, in order (each a pure function; `analyze` is only this list):
-  1. lower_mask          per candidate pattern: spec terms -> simplified mask IR
+  1. ir.lower            per candidate pattern: spec terms -> simplified mask IR
   2. choose_layout       per pattern: kernel order (anchor frames for temporal_major)
   3. classify_tiles      EMPTY / BOUNDARY / FULL per compute-block pair, exact kept-pair count
      align_classification  with `tiling.align`: BOUNDARY blocks rounded to FULL / EMPTY, and
                          the exact pair budget of the rounding (svgen.analysis.align)
   4. kernel_tiles        tile kinds and per-tile compute-block words, as the kernel runs them
   5. build_runs          the visited tiles as runs, in the kernel's order
-  6. build_tables        SMEM pieces of all patterns, within the SMEM budget
+  6. choose_piece_tables  SMEM pieces of all patterns, within the SMEM budget
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from svgen.analysis.plan import PatternPlan, Plan
 from svgen.analysis.tables import (DEFAULT_SMEM_BUDGET, BlockTable, TableBudgetError,
                                    build_runs, choose_piece_tables, kernel_tiles, tile_kinds)
 from svgen.errors import SpecError
-from svgen.layout import FRAME_MAJOR, SequenceLayout
+from svgen.runtime.layout import FRAME_MAJOR, TokenLayout
 from svgen.runtime.tables import KernelShape, transposed_tables, walks_flat
 from svgen.spec import BLOCK_MAX, Spec
 from svgen.targets import DEFAULT_TARGET, VMEM_RESERVE, MIB, Target, kernel_vmem, target
@@ -32,11 +32,10 @@ __all__ = ["analyze", "query_coordinate_bound", "Plan", "PatternPlan", "TileGrid
            "DEFAULT_SMEM_BUDGET", "choose_layout", "PairBudget"]
 
 
-def choose_layout(spec: Spec, order: str, mask: ir.Node) -> SequenceLayout:
+def choose_layout(spec: Spec, order: str, mask: ir.Node) -> TokenLayout:
     g = spec.geometry
     anchors = 0 if order == FRAME_MAJOR else min(ir.anchor_frames(mask), g.frames)
-    return SequenceLayout(g.frames, g.height, g.width, g.text_tokens,
-                          g.text_position == "first", order, anchors)
+    return g.with_order(order, anchors)
 
 
 def analyze(spec: Spec, progress: Callable[[int, int], None] | None = None,
@@ -71,7 +70,7 @@ def analyze(spec: Spec, progress: Callable[[int, int], None] | None = None,
                 target=chip, vmem=vmem)
 
 
-def _classify(spec: Spec, name: str, mask: ir.Node, layout: SequenceLayout, compute: TileGrid,
+def _classify(spec: Spec, name: str, mask: ir.Node, layout: TokenLayout, compute: TileGrid,
               progress) -> tuple[Classification, PairBudget | None]:
     """The compute blocks' kinds, aligned when the spec asks (then with the pair budget)."""
     mode = spec.tiling.align

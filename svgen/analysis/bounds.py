@@ -19,7 +19,7 @@ import numpy as np
 import sympy
 
 from svgen.expr import FloorDiv, FloorMod
-from svgen.layout import SequenceLayout
+from svgen.runtime.layout import TokenLayout
 
 _COORDS = ("f", "h", "w", "i", "is_text")
 
@@ -33,7 +33,7 @@ class Boxes:
     hi: dict[str, np.ndarray]
 
 
-def tile_boxes(layout: SequenceLayout, block: int, tiles: range) -> Boxes:
+def tile_boxes(layout: TokenLayout, block: int, tiles: range) -> Boxes:
     """Exact coordinate boxes covering the real positions of each tile in `tiles`."""
     rows = []
     for t in tiles:
@@ -46,7 +46,7 @@ def tile_boxes(layout: SequenceLayout, block: int, tiles: range) -> Boxes:
     return Boxes(arr[:, 0], lo, hi)
 
 
-def _range_boxes(layout: SequenceLayout, start: int, end: int):
+def _range_boxes(layout: TokenLayout, start: int, end: int):
     """Boxes (f_lo, f_hi, h_lo, h_hi, w_lo, w_hi, i_lo, i_hi, t_lo, t_hi) of kernel positions
     [start, end); i is the nominal position."""
     v0, n = layout.video_start, layout.video_tokens
@@ -73,13 +73,13 @@ def _range_boxes(layout: SequenceLayout, start: int, end: int):
             yield _with_nominal(layout, f0, f1, h0, h1, w0, w1)
 
 
-def _with_nominal(layout: SequenceLayout, f0, f1, h0, h1, w0, w1):
+def _with_nominal(layout: TokenLayout, f0, f1, h0, h1, w0, w1):
     big_t, v0, w = layout.frames, layout.video_start, layout.width
     return (f0, f1, h0, h1, w0, w1, v0 + (h0 * w + w0) * big_t + f0,
             v0 + (h1 * w + w1) * big_t + f1, 0, 0)
 
 
-def _main_pieces(layout: SequenceLayout, ja: int, jb: int):
+def _main_pieces(layout: TokenLayout, ja: int, jb: int):
     """temporal_major main block offsets [ja, jb) as (f_lo, f_hi, p_lo, p_hi) boxes."""
     t, anchors = layout.main_frames, layout.anchor_frames
     if ja >= jb or t == 0:
@@ -99,12 +99,12 @@ def _main_pieces(layout: SequenceLayout, ja: int, jb: int):
         yield anchors, layout.frames - 1, pa, pb
 
 
-def _decode(layout: SequenceLayout, v: int):
+def _decode(layout: TokenLayout, v: int):
     s = layout.tokens_per_frame
     return v // s, (v % s) // layout.width, v % layout.width
 
 
-def _video_pieces(layout: SequenceLayout, vs: int, ve: int):
+def _video_pieces(layout: TokenLayout, vs: int, ve: int):
     """Split frame-major video indices [vs, ve) at row and frame boundaries into boxes."""
     w, s = layout.width, layout.tokens_per_frame
     while vs < ve:

@@ -27,7 +27,7 @@ import numpy as np
 from svgen import ir
 from svgen.analysis.intervals import IntervalSet, ragged_arange
 from svgen.analysis.rowsets import RowChunk, row_bounds
-from svgen.layout import SequenceLayout
+from svgen.runtime.layout import TokenLayout
 from svgen.runtime.kinds import TileKind
 
 # Chunk size: at most this many rows, and about this many intervals (a temporal head in
@@ -84,7 +84,7 @@ class Classification:
         return self.kept_pairs == self.kept_pairs_upper
 
 
-def classify_tiles(mask: ir.Node, layout: SequenceLayout, grid: TileGrid,
+def classify_tiles(mask: ir.Node, layout: TokenLayout, grid: TileGrid,
                    progress: Callable[[int, int], None] | None = None,
                    count_pairs: bool = False) -> Classification:
     """Kinds per (q block, kv block) of `grid`, and the kept-pair count; with `count_pairs`,
@@ -147,7 +147,7 @@ def classify_tiles(mask: ir.Node, layout: SequenceLayout, grid: TileGrid,
     return Classification(kinds, kept, kept if exact else upper, unproven, pairs)
 
 
-def _classify_frame_invariant(mask: ir.Node, layout: SequenceLayout, grid: TileGrid,
+def _classify_frame_invariant(mask: ir.Node, layout: TokenLayout, grid: TileGrid,
                               progress) -> Classification:
     """For masks whose row sets do not depend on the query's frame (a temporal head).
 

@@ -10,7 +10,7 @@ from svgen import ir
 from svgen.analysis.align import PairBudget
 from svgen.analysis.classify import Classification, TileGrid
 from svgen.analysis.tables import BlockTable
-from svgen.layout import SequenceLayout
+from svgen.runtime.layout import TokenLayout
 from svgen.runtime.tables import PieceTables
 from svgen.runtime.kinds import TileKind
 from svgen.spec import Spec
@@ -28,7 +28,7 @@ class PatternPlan:
     """
 
     name: str
-    layout: SequenceLayout
+    layout: TokenLayout
     mask: ir.Node
     grid: TileGrid
     compute_grid: TileGrid
@@ -105,7 +105,7 @@ class Plan:
         return self.only.kinds
 
     @property
-    def layout(self) -> SequenceLayout:
+    def layout(self) -> TokenLayout:
         return self.patterns[0].layout  # all patterns share the geometry
 
     @property

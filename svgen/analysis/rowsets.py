@@ -21,7 +21,7 @@ import numpy as np
 from svgen import ir, primitives
 from svgen.analysis import bounds as box_bounds
 from svgen.analysis.intervals import IntervalSet, ragged_arange
-from svgen.layout import SequenceLayout
+from svgen.runtime.layout import TokenLayout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Bounds:
 class RowChunk:
     """Query rows [first_row, first_row + num_rows) (all real), laid out on one line."""
 
-    layout: SequenceLayout
+    layout: TokenLayout
     block_q: int
     block_kv: int
     first_row: int
@@ -349,7 +349,7 @@ def predicate_rows(node: ir.Predicate, chunk: RowChunk) -> Bounds:
 
 
 @functools.lru_cache(maxsize=8)
-def _kv_boxes(layout: SequenceLayout, block_kv: int):
+def _kv_boxes(layout: TokenLayout, block_kv: int):
     return box_bounds.tile_boxes(layout, block_kv, range(-(-layout.seq_len // block_kv)))
 
 

@@ -24,7 +24,7 @@ from svgen.codegen.predicate import emit_mask
 from svgen.codegen.tilemap import render_tile_map
 from svgen.runtime.kinds import TileKind
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 # Above this many runs the step table goes to a .npy file beside the module.
 MAX_INLINE_RUNS = 4096
 _RUNS_PER_LINE = 6
@@ -208,11 +208,14 @@ def _budget_lines(budget) -> list[str]:
     return lines
 
 
-def _layout_args(layout) -> str:
-    args = (f"frames={layout.frames}, height={layout.height}, width={layout.width}, "
-            f"text_tokens={layout.text_tokens}, text_first={layout.text_first}")
+def _layout_args(layout) -> list[str]:
+    """TokenLayout's fields by the spec's names, one per line (anchor frames only where they
+    exist)."""
+    args = [f"frames={layout.frames}", f"height={layout.height}", f"width={layout.width}",
+            f"text_tokens={layout.text_tokens}", f'text_position="{layout.text_position}"',
+            f'order="{layout.order}"']
     if layout.is_temporal_major:
-        args += f", temporal_major=True, anchor_frames={layout.anchor_frames}"
+        args.append(f"anchor_frames={layout.anchor_frames}")
     return args
 
 
@@ -277,4 +280,5 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
         "head_pattern": "None" if plan.assign is None else repr(tuple(plan.assign)),
         "kinds": [(k.name, int(k)) for k in TileKind],
         "any_tables_file": any(p["tables_file"] for p in pattern_files),
+        "uses_coords": any("coords." in line for p in patterns for line in p["mask_lines"]),
     }

@@ -18,7 +18,7 @@ import sympy
 from svgen import ir, primitives
 from svgen.analysis.bounds import integer_bounds
 from svgen.expr import SYMBOLS, FloorDiv, FloorMod
-from svgen.layout import SequenceLayout
+from svgen.runtime.layout import TokenLayout
 
 _COORD = {"f": "frame", "h": "row", "w": "col", "i": "index"}
 
@@ -41,7 +41,7 @@ class MaskSource:
     query_coords: tuple[str, ...]  # the attributes of q the statements read, sorted
 
 
-def emit_mask(mask: ir.Node, layout: SequenceLayout) -> MaskSource:
+def emit_mask(mask: ir.Node, layout: TokenLayout) -> MaskSource:
     emitter = _Emitter(layout)
     result = emitter.node(mask)
     code = [line for line in emitter.lines if not line.startswith("#")] + [result]
@@ -53,7 +53,7 @@ _QUERY_ATTRIBUTE = re.compile(r"\bq\.(\w+)")
 
 
 class _Emitter:
-    def __init__(self, layout: SequenceLayout):
+    def __init__(self, layout: TokenLayout):
         self.layout = layout
         self.lines: list[str] = []
         self.taken: dict[str, int] = {}

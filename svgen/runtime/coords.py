@@ -1,5 +1,5 @@
-"""Token layouts at run time: coordinates inside a kernel, and the permutations into and out of
-kernel order (see svgen/layout.py for the orders themselves).
+"""Token coordinates inside a kernel, decoded from kernel positions under a layout (the orders
+themselves, and the permutations into and out of kernel order: svgen/runtime/layout.py).
 
 A boundary tile decides keep(q, k) from coordinates: the generated predicate reads
 `q.frame`, `k.row`, ... and only what it reads is computed (cached properties are traced
@@ -12,93 +12,12 @@ compiling for TPU from a CPU host.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
-
-@dataclasses.dataclass(frozen=True)
-class KernelLayout:
-    frames: int
-    height: int
-    width: int
-    text_tokens: int
-    text_first: bool
-    temporal_major: bool = False
-    anchor_frames: int = 0  # temporal_major: frames kept first, frame-major
-
-    @property
-    def tokens_per_frame(self) -> int:
-        return self.height * self.width
-
-    @property
-    def video_tokens(self) -> int:
-        return self.frames * self.tokens_per_frame
-
-    @property
-    def seq_len(self) -> int:
-        return self.video_tokens + self.text_tokens
-
-    @property
-    def video_start(self) -> int:
-        return self.text_tokens if self.text_first else 0
-
-    @property
-    def main_frames(self) -> int:
-        return self.frames - self.anchor_frames
-
-    # -- permutations (the HBM cost: one read and one write of the tensor each way) --------
-
-    @property
-    def is_identity(self) -> bool:
-        return not self.temporal_major or self.main_frames <= 1
-
-    def to_kernel(self, x, xp=jnp):
-        """x [..., seq_len, d] in the user's order -> kernel order (reshape + transpose)."""
-        if self.is_identity:
-            return x
-        text, video = self._split(x)
-        lead, d = video.shape[:-2], video.shape[-1]
-        frames = video.reshape(lead + (self.frames, self.tokens_per_frame, d))
-        anchor = frames[..., : self.anchor_frames, :, :].reshape(lead + (-1, d))
-        main = xp.swapaxes(frames[..., self.anchor_frames:, :, :], -3, -2).reshape(lead + (-1, d))
-        return self._join(text, xp.concatenate([anchor, main], axis=-2), xp)
-
-    def from_kernel(self, y, xp=jnp):
-        """The inverse of to_kernel."""
-        if self.is_identity:
-            return y
-        text, video = self._split(y)
-        lead, d = video.shape[:-2], video.shape[-1]
-        split = self.anchor_frames * self.tokens_per_frame
-        anchor = video[..., :split, :].reshape(
-            lead + (self.anchor_frames, self.tokens_per_frame, d))
-        main = xp.swapaxes(video[..., split:, :].reshape(
-            lead + (self.tokens_per_frame, self.main_frames, d)), -3, -2)
-        frames = xp.concatenate([anchor, main], axis=-3).reshape(lead + (-1, d))
-        return self._join(text, frames, xp)
-
-    def _split(self, x):
-        v0, n = self.video_start, self.video_tokens
-        text = x[..., :v0, :] if self.text_first else x[..., n:, :]
-        return text, x[..., v0:v0 + n, :]
-
-    def _join(self, text, video, xp):
-        if self.text_tokens == 0:
-            return video
-        parts = [text, video] if self.text_first else [video, text]
-        return xp.concatenate(parts, axis=-2)
-
-    @functools.cached_property
-    def kernel_position(self) -> np.ndarray:
-        """int32 [seq_len]: the kernel position of each user token index."""
-        original = self.to_kernel(np.arange(self.seq_len)[:, None], xp=np)[:, 0]
-        out = np.empty(self.seq_len, np.int32)
-        out[original] = np.arange(self.seq_len, dtype=np.int32)
-        return out
+from svgen.runtime.layout import TokenLayout
 
 
 class TokenCoords:
@@ -109,7 +28,7 @@ class TokenCoords:
     (temporal_major: p*T + f for video); `place` = row * width + col.
     """
 
-    def __init__(self, pos, layout: KernelLayout):
+    def __init__(self, pos, layout: TokenLayout):
         self._pos = pos
         self.layout = layout
 
@@ -151,7 +70,7 @@ class TokenCoords:
     def index(self):
         """Position in the layout's nominal order."""
         lay = self.layout
-        if not lay.temporal_major:
+        if not lay.is_temporal_major:
             return self._out(self._pos)
         frame, place = self._frame_place
         nominal = lay.video_start + place * lay.frames + frame
@@ -182,7 +101,7 @@ class TokenCoords:
         """(frame, place p = h*W + w) of the video offset, in this layout's kernel order."""
         lay = self.layout
         s, v = lay.tokens_per_frame, self._video_offset
-        if not lay.temporal_major or lay.main_frames == 0:
+        if not lay.is_temporal_major or lay.main_frames == 0:
             return lax.div(v, s), lax.rem(v, s)
         t = lay.main_frames
         main = jnp.maximum(v - lay.anchor_frames * s, 0)
@@ -221,7 +140,7 @@ class QueryCoords(TokenCoords):
         return self._out(value.astype(jnp.int32)) != 0
 
 
-def keep(mask, layout: KernelLayout, q_pos, k_pos):
+def keep(mask, layout: TokenLayout, q_pos, k_pos):
     """A generated `boundary_mask(q, k)` evaluated on positions: q_pos [n, 1], k_pos [1, m]
     (the reference and profiling path; the kernel passes precomputed query coordinates)."""
     return mask(TokenCoords(q_pos, layout), TokenCoords(k_pos, layout))

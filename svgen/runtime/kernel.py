@@ -89,12 +89,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from svgen.runtime.coords import KernelLayout, QueryCoords, TokenCoords
+from svgen.runtime.coords import QueryCoords, TokenCoords
+from svgen.runtime.layout import TokenLayout
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.vmem import kernel_vmem
 from svgen.runtime.tables import (  # noqa: F401  (the table format, re-exported)
     Q_BLOCK_SHIFT, KV_BLOCK_SHIFT, KV_BLOCK_MASK, KIND_MASK, MAX_BLOCKS, BITS_PER_BLOCK,
-    LANES, RUN_COLUMNS, pack_steps, as_runs, split_runs, blocks_dtype,
+    LANES, RUN_COLUMNS, pack_pieces, as_runs, split_runs, blocks_dtype,
     step_head_dtype, piece_index_dtype, walks_flat, PieceTables, KernelShape,
     transposed_tables,
 )
@@ -116,7 +117,7 @@ class Pattern:
 
     name: str
     runs: object  # (q_block, kv_start, length, kind[, blocks]) rows
-    layout: KernelLayout
+    layout: TokenLayout
     boundary_mask: BoundaryMask  # keep(q, k) from coordinates (coords.TokenCoords attributes)
     query_coords: tuple[str, ...] = ()  # the attributes of q that boundary_mask reads
 
@@ -303,7 +304,7 @@ class _QueryBlockCoords:
         return _lanes(value, self._block.shape.ckv)
 
 
-def _decode_query_coords(coords_ref, names: tuple[str, ...], layout: KernelLayout, q_block,
+def _decode_query_coords(coords_ref, names: tuple[str, ...], layout: TokenLayout, q_block,
                          shape: "KernelShape"):
     """Decode a q tile's query coordinates (row form) into coords_ref [n, block_q, 128]."""
     pos = q_block * shape.block_q + lax.broadcasted_iota(jnp.int32, (1, shape.block_q), 1)
@@ -480,7 +481,7 @@ class _PatternCode:
     """What the kernel body needs of a pattern: its mask, layout and decoded query coords."""
 
     boundary_mask: BoundaryMask
-    layout: KernelLayout
+    layout: TokenLayout
     query_coords: tuple[str, ...]
 
 
@@ -591,9 +592,10 @@ def _flat_attention(q, k, v, head_pattern, static_pattern, tables: PieceTables, 
     return tuple(outputs) if with_lse else outputs[0]
 
 
-def _per_head_layout(x, layouts: list[KernelLayout], head_layout, to_kernel: bool):
+def _per_head_layout(x, layouts: list[TokenLayout], head_layout, to_kernel: bool):
     """Apply each head's layout permutation to x [..., heads, seq, d]."""
-    move = (lambda lay, y: lay.to_kernel(y)) if to_kernel else (lambda lay, y: lay.from_kernel(y))
+    move = ((lambda lay, y: lay.to_kernel(y, jnp)) if to_kernel
+            else (lambda lay, y: lay.from_kernel(y, jnp)))
     if len(layouts) == 1:
         return move(layouts[0], x)
     out = move(layouts[0], x)
@@ -613,7 +615,7 @@ def make_attention(*, shape: KernelShape, patterns: Sequence[Pattern], slots: in
     """
     tables = PieceTables.from_runs([p.runs for p in patterns], slots, shape.compute_blocks,
                                    walks_flat(len(patterns), shape.tensor_cores))
-    layouts: list[KernelLayout] = []
+    layouts: list[TokenLayout] = []
     for p in patterns:
         if p.layout not in layouts:
             layouts.append(p.layout)

@@ -28,7 +28,7 @@ LANES = 128
 RUN_COLUMNS = 5  # q_block, kv_start, length, kind, blocks
 
 
-def pack_steps(q_block: np.ndarray, kv_block: np.ndarray, kind: np.ndarray) -> np.ndarray:
+def pack_pieces(q_block: np.ndarray, kv_block: np.ndarray, kind: np.ndarray) -> np.ndarray:
     """Packed int32 entries: q_block << 17 | kv_start << 2 | kind (svgen.runtime.kernel)."""
     q_block = np.asarray(q_block, dtype=np.int64)
     kv_block = np.asarray(kv_block, dtype=np.int64)
@@ -100,7 +100,7 @@ class PieceTables:
         counts = np.array([len(p) for p in pieces], np.int32)
         first = (np.cumsum(counts) - counts).astype(np.int32)
         allp = np.concatenate(pieces)
-        entries = pack_steps(allp[:, 0], allp[:, 1], allp[:, 3])
+        entries = pack_pieces(allp[:, 0], allp[:, 1], allp[:, 3])
         # The smallest integer type that holds a piece length (SMEM is 1 MiB).
         lengths = allp[:, 2].astype(np.int8 if slots < 128 else np.int16) if slots > 1 else None
         blocks = None

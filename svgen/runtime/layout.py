@@ -1,7 +1,11 @@
-"""Where each token sits in the kernel's sequence, and its coordinates (NumPy, host side).
+"""Token layouts: where each token sits in the kernel's sequence. The one layout type of svgen:
+the spec's geometry, the compiler's analysis, the generated modules and the kernel all use it.
+
+NumPy only, and no import of the compiler: reading a spec loads this module and nothing of JAX;
+the permutations take the array module (`xp`) they run in.
 
 Users pass tokens in the *original* order: video frame-major (f*S + h*W + w, S = H*W), text
-before (`text_position: first`) or after (`last`) the video. A layout fixes the order the
+before (`text_position: first`) or after (`last`) the video. `order` fixes the order the
 kernel sees (the *kernel order*) and the *nominal order* that `band`, `prefix` and `i_q/i_k`
 refer to:
 
@@ -13,27 +17,40 @@ refer to:
                   (p*(T - anchor) + f - anchor): a first-frame anchor is then one contiguous
                   block of keys instead of a stride-T comb across every tile.
 Text tokens keep their place (first or last) in all three orders.
+
+The field names are the spec's keys (`geometry:` and `layout:`), so a layout reads the same in
+a spec, in a generated module and in a test.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
 FRAME_MAJOR = "frame_major"
 TEMPORAL_MAJOR = "temporal_major"
+ORDERS = (FRAME_MAJOR, TEMPORAL_MAJOR)
+TEXT_POSITIONS = ("first", "last")
 
 
 @dataclasses.dataclass(frozen=True)
-class SequenceLayout:
+class TokenLayout:
     frames: int
     height: int
     width: int
-    text_tokens: int
-    text_first: bool
-    order: str = FRAME_MAJOR
+    text_tokens: int = 0
+    text_position: str = "last"  # one of TEXT_POSITIONS
+    order: str = FRAME_MAJOR  # one of ORDERS
     anchor_frames: int = 0  # temporal_major only: frames kept first, in frame-major order
+
+    def with_order(self, order: str, anchor_frames: int = 0) -> "TokenLayout":
+        """The same tokens in another kernel order (anchor frames only for temporal_major)."""
+        anchors = anchor_frames if order == TEMPORAL_MAJOR else 0
+        return dataclasses.replace(self, order=order, anchor_frames=anchors)
+
+    # -- sizes -----------------------------------------------------------------------------
 
     @property
     def tokens_per_frame(self) -> int:
@@ -46,6 +63,10 @@ class SequenceLayout:
     @property
     def seq_len(self) -> int:
         return self.video_tokens + self.text_tokens
+
+    @property
+    def text_first(self) -> bool:
+        return self.text_position == "first"
 
     @property
     def video_start(self) -> int:
@@ -70,7 +91,7 @@ class SequenceLayout:
         """temporal_major: first kernel position of the temporal-major block."""
         return self.video_start + self.anchor_frames * self.tokens_per_frame
 
-    # -- video coordinates of kernel positions --------------------------------------------
+    # -- coordinates of kernel positions (host side) ---------------------------------------
 
     def video_frame_place(self, video: np.ndarray):
         """(frame, place p = h*W + w) of kernel video offsets (position - video_start)."""
@@ -104,6 +125,57 @@ class SequenceLayout:
         is_text = (video < 0) | (video >= self.video_tokens)
         frame, place = self.video_frame_place(np.where(is_text, 0, video))
         return np.where(is_text, pos, self.video_start + frame * self.tokens_per_frame + place)
+
+    @functools.cached_property
+    def kernel_position(self) -> np.ndarray:
+        """int32 [seq_len]: the kernel position of each user token index."""
+        out = np.empty(self.seq_len, np.int32)
+        out[self.original_index(np.arange(self.seq_len))] = np.arange(self.seq_len,
+                                                                       dtype=np.int32)
+        return out
+
+    # -- permutations of [..., seq_len, d] arrays (the wrapper's HBM cost) -----------------
+
+    @property
+    def is_identity(self) -> bool:
+        """Kernel order equals the user's order (no permutation)."""
+        return not self.is_temporal_major or self.main_frames <= 1
+
+    def to_kernel(self, x, xp=np):
+        """x [..., seq_len, d] in the user's order -> kernel order (reshape + transpose)."""
+        if self.is_identity:
+            return x
+        text, video = self._split(x)
+        lead, d = video.shape[:-2], video.shape[-1]
+        frames = video.reshape(lead + (self.frames, self.tokens_per_frame, d))
+        anchor = frames[..., : self.anchor_frames, :, :].reshape(lead + (-1, d))
+        main = xp.swapaxes(frames[..., self.anchor_frames:, :, :], -3, -2).reshape(lead + (-1, d))
+        return self._join(text, xp.concatenate([anchor, main], axis=-2), xp)
+
+    def from_kernel(self, y, xp=np):
+        """The inverse of to_kernel."""
+        if self.is_identity:
+            return y
+        text, video = self._split(y)
+        lead, d = video.shape[:-2], video.shape[-1]
+        split = self.anchor_frames * self.tokens_per_frame
+        anchor = video[..., :split, :].reshape(
+            lead + (self.anchor_frames, self.tokens_per_frame, d))
+        main = xp.swapaxes(video[..., split:, :].reshape(
+            lead + (self.tokens_per_frame, self.main_frames, d)), -3, -2)
+        frames = xp.concatenate([anchor, main], axis=-3).reshape(lead + (-1, d))
+        return self._join(text, frames, xp)
+
+    def _split(self, x):
+        v0, n = self.video_start, self.video_tokens
+        text = x[..., :v0, :] if self.text_first else x[..., n:, :]
+        return text, x[..., v0:v0 + n, :]
+
+    def _join(self, text, video, xp):
+        if self.text_tokens == 0:
+            return video
+        parts = [text, video] if self.text_first else [video, text]
+        return xp.concatenate(parts, axis=-2)
 
 
 @dataclasses.dataclass(frozen=True)
