@@ -10,6 +10,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas import tpu as pltpu
 import numpy as np
 import pytest
 import yaml
@@ -150,3 +151,145 @@ def compile_text(tmp_path):
         return compile_spec_text(text, tmp_path / f"gen{next(counter)}", **analyze_options)
 
     return run
+
+
+# -- random specs (the brute-force, codegen and alignment tests) --------------------------
+
+PREDICATES = [
+    "abs(f_q - f_k) <= 1 and (h_q + f_k) % 3 != 1",
+    "i_k < 100 or w_q == w_k",
+    "(f_q - f_k) // 2 == 0 and not is_text_k",
+    "max(h_q, h_k) - min(w_q, w_k) > 2",
+    "is_text_q or abs(i_q - i_k) <= 17",
+    "f_k * 2 <= f_q + 1 and h_q == h_k",
+]
+
+
+def _maybe(rng, hi) -> dict:
+    """Sometimes nothing (the parameter left out), else {"v": a value in [0, hi]}."""
+    return {} if rng.random() < 0.3 else {"v": int(rng.integers(0, hi + 1))}
+
+
+def _spatial_window(rng, lay):
+    params = {"frames": int(rng.integers(0, lay.frames))}
+    for key, size in (("rows", lay.height), ("cols", lay.width)):
+        params.update({key: v for v in _maybe(rng, size).values()})
+    return params
+
+
+def _temporal_stride(rng, lay):
+    params = {"rows": int(rng.integers(0, lay.height)), "cols": int(rng.integers(0, lay.width)),
+              "stride": int(rng.integers(1, 4))}
+    params.update({"frames": v for v in _maybe(rng, lay.frames).values()})
+    return params
+
+
+def _band(rng, lay):
+    if rng.random() < 0.5:
+        return {"width": int(rng.integers(0, lay.seq_len))}
+    return {"density": float(rng.choice([0.05, 0.2, 0.35, 0.9]))}
+
+
+#: Random parameters of every primitive (not the combinators and ref, which random_mask
+#: builds), by spec key: a primitive missing here fails test_classify.py's
+#: test_every_primitive_is_generated.
+PRIMITIVE_GENERATORS = {
+    "first_frame": lambda rng, lay: {"frames": int(rng.integers(1, lay.frames + 2))},
+    "spatial_window": _spatial_window,
+    "temporal_stride": _temporal_stride,
+    "band": _band,
+    "prefix": lambda rng, lay: {"tokens": int(rng.integers(1, lay.seq_len + 5))},
+    "text": lambda rng, lay: {},
+    "causal_frames": lambda rng, lay: {},
+    "block_causal": lambda rng, lay: {"frames": int(rng.integers(1, lay.frames + 2))},
+    "expr": lambda rng, lay: str(rng.choice(PREDICATES)),
+}
+
+
+def random_primitive(rng, lay: TokenLayout) -> dict:
+    key = list(PRIMITIVE_GENERATORS)[rng.integers(0, len(PRIMITIVE_GENERATORS))]
+    return {key: PRIMITIVE_GENERATORS[key](rng, lay)}
+
+
+def random_mask(rng, lay, depth=0) -> dict:
+    r = rng.random()
+    if depth >= 3 or r < 0.35:
+        return random_primitive(rng, lay)
+    if r < 0.6:
+        return {"any_of": [random_mask(rng, lay, depth + 1) for _ in range(rng.integers(1, 4))]}
+    if r < 0.85:
+        return {"all_of": [random_mask(rng, lay, depth + 1) for _ in range(rng.integers(1, 4))]}
+    return {"not": random_mask(rng, lay, depth + 1)}
+
+
+def random_layout(rng) -> TokenLayout:
+    text = int(rng.choice([0, 0, 3, 17]))
+    frames = int(rng.integers(1, 6))
+    order = str(rng.choice(["frame_major", "temporal_major"]))
+    anchors = int(rng.integers(0, frames + 1)) if order == "temporal_major" else 0
+    return TokenLayout(frames, int(rng.integers(1, 6)), int(rng.integers(1, 9)), text,
+                          "first" if bool(rng.integers(0, 2)) else "last", order, anchors)
+
+
+# -- kernels at test size --------------------------------------------------------------
+
+POISONED = pltpu.InterpretParams(uninitialized_memory="nan")
+SMALL_GEOMETRY = {"frames": 5, "height": 4, "width": 26}  # 520 video tokens: not a tile multiple
+
+
+TWO_LEVEL = {"block_q": 256, "block_kv": 512, "compute_q": 128, "compute_kv": 128}
+
+
+def scaled_spec_text(path, text_tokens=None, heads=2, tiling=None, dtype="float32") -> str:
+    """The same pattern at SMALL_GEOMETRY, `heads` heads, 128 x 128 tiles (or `tiling`), for
+    q, k, v of `dtype` (a kernel refuses any other)."""
+    spec = yaml.safe_load(path.read_text())
+    full = spec["geometry"]
+    full_video = full["frames"] * full["height"] * full["width"]
+    small = dict(full, **SMALL_GEOMETRY)
+    small_video = small["frames"] * small["height"] * small["width"]
+    if full.get("text_tokens"):
+        small["text_tokens"] = 40 if text_tokens is None else text_tokens
+    spec["geometry"] = small
+    spec["attention"] = dict(spec["attention"], heads=heads, dtype=dtype)
+    spec["tiling"] = tiling or {"block_q": 128, "block_kv": 128}
+
+    def scale(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "prefix":  # "the first frame's tokens" at either size
+                    value["tokens"] = value["tokens"] * small_video // full_video
+                elif key == "band" and "width" in value:
+                    value["width"] = value["width"] * small_video // full_video
+                else:
+                    scale(value)
+        elif isinstance(node, list):
+            for item in node:
+                scale(item)
+
+    scale(spec.get("mask", {}))
+    scale(spec.get("patterns", {}))
+    return yaml.safe_dump(spec, sort_keys=False)
+
+
+# -- gradients --------------------------------------------------------------------------
+
+def reference_grads(plan, q, k, v, head_pattern, do, sm_scale=None):
+    """float64 dq, dk, dv of sum(attention(q, k, v) * do), heads [.., heads, seq, d]."""
+    q64, k64, v64, do64 = (np.asarray(jnp.asarray(x, jnp.float32), np.float64)
+                           for x in (q, k, v, do))
+    scale = 1 / np.sqrt(q64.shape[-1]) if sm_scale is None else sm_scale
+    keeps = [user_order_keep(p) for p in plan.patterns]
+    grads = [np.zeros_like(q64) for _ in range(3)]
+    for index in np.ndindex(q64.shape[:-2]):
+        keep = keeps[int(head_pattern[index[-1]])]
+        s = np.where(keep, q64[index] @ k64[index].T * scale, -np.inf)
+        m = s.max(-1, keepdims=True)
+        p = np.where(keep, np.exp(s - np.where(np.isfinite(m), m, 0)), 0)
+        p /= np.maximum(p.sum(-1, keepdims=True), 1e-300)
+        o, dout = p @ v64[index], do64[index]
+        ds = p * (dout @ v64[index].T - (dout * o).sum(-1, keepdims=True))
+        grads[0][index] = ds @ k64[index] * scale
+        grads[1][index] = ds.T @ q64[index] * scale
+        grads[2][index] = p.T @ dout
+    return grads

@@ -17,8 +17,7 @@ from svgen.runtime.kinds import TileKind
 from svgen.runtime.reference import masked_attention_reference
 from svgen.spec import ALIGN_MODES, canonical_json, parse_spec
 
-from conftest import TOLERANCE, dense_keep, lower_mask_dict
-from test_classify import _random_layout, _random_mask
+from conftest import TOLERANCE, dense_keep, lower_mask_dict, random_layout, random_mask
 
 MODES = [m for m in ALIGN_MODES if m != "exact"]
 POISONED = pltpu.InterpretParams(uninitialized_memory="nan")
@@ -76,11 +75,11 @@ def check_budget(budget, keep: np.ndarray, aligned: np.ndarray):
 
 
 @pytest.mark.parametrize("seed", range(60))
-def test_random_masks_every_mode_against_brute_force(seed):
+def testrandom_masks_every_mode_against_brute_force(seed):
     rng = np.random.default_rng(1000 + seed)
-    lay = _random_layout(rng)
+    lay = random_layout(rng)
     bq, bkv = int(rng.choice([8, 16, 32])), int(rng.choice([8, 16, 24]))
-    _, mask = lower_mask_dict(_random_mask(rng, lay), lay, 128, 128)
+    _, mask = lower_mask_dict(random_mask(rng, lay), lay, 128, 128)
     grid = TileGrid(lay.seq_len, bq, bkv)
     exact = classify_tiles(mask, lay, grid, count_pairs=True)
     assert exact.pairs is not None  # small: every open pair evaluated

@@ -13,33 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import REPO, SPECS, mixed_inputs, user_order_keep
+from conftest import (POISONED, REPO, SPECS, TWO_LEVEL, mixed_inputs, reference_grads,
+                      scaled_spec_text)
 from svgen.runtime import backward
 from svgen.runtime.kinds import TileKind
-from test_kernels import POISONED, TWO_LEVEL, scaled_spec_text
 
 TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2}
-
-
-def reference_grads(plan, q, k, v, head_pattern, do, sm_scale=None):
-    """float64 dq, dk, dv of sum(attention(q, k, v) * do), heads [.., heads, seq, d]."""
-    q64, k64, v64, do64 = (np.asarray(jnp.asarray(x, jnp.float32), np.float64)
-                           for x in (q, k, v, do))
-    scale = 1 / np.sqrt(q64.shape[-1]) if sm_scale is None else sm_scale
-    keeps = [user_order_keep(p) for p in plan.patterns]
-    grads = [np.zeros_like(q64) for _ in range(3)]
-    for index in np.ndindex(q64.shape[:-2]):
-        keep = keeps[int(head_pattern[index[-1]])]
-        s = np.where(keep, q64[index] @ k64[index].T * scale, -np.inf)
-        m = s.max(-1, keepdims=True)
-        p = np.where(keep, np.exp(s - np.where(np.isfinite(m), m, 0)), 0)
-        p /= np.maximum(p.sum(-1, keepdims=True), 1e-300)
-        o, dout = p @ v64[index], do64[index]
-        ds = p * (dout @ v64[index].T - (dout * o).sum(-1, keepdims=True))
-        grads[0][index] = ds @ k64[index] * scale
-        grads[1][index] = ds.T @ q64[index] * scale
-        grads[2][index] = p.T @ dout
-    return grads
 
 
 def check_grads(plan, module, q, k, v, head_pattern, dtype, jit_pattern=False):

@@ -10,62 +10,8 @@ from svgen.expr import parse_predicate
 from svgen.runtime.layout import TokenLayout
 from svgen.runtime.kinds import TileKind
 
-from conftest import brute_force_kinds, dense_keep, lower_mask_dict
-
-PREDICATES = [
-    "abs(f_q - f_k) <= 1 and (h_q + f_k) % 3 != 1",
-    "i_k < 100 or w_q == w_k",
-    "(f_q - f_k) // 2 == 0 and not is_text_k",
-    "max(h_q, h_k) - min(w_q, w_k) > 2",
-    "is_text_q or abs(i_q - i_k) <= 17",
-    "f_k * 2 <= f_q + 1 and h_q == h_k",
-]
-
-
-def _maybe(rng, hi) -> dict:
-    """Sometimes nothing (the parameter left out), else {"v": a value in [0, hi]}."""
-    return {} if rng.random() < 0.3 else {"v": int(rng.integers(0, hi + 1))}
-
-
-def _spatial_window(rng, lay):
-    params = {"frames": int(rng.integers(0, lay.frames))}
-    for key, size in (("rows", lay.height), ("cols", lay.width)):
-        params.update({key: v for v in _maybe(rng, size).values()})
-    return params
-
-
-def _temporal_stride(rng, lay):
-    params = {"rows": int(rng.integers(0, lay.height)), "cols": int(rng.integers(0, lay.width)),
-              "stride": int(rng.integers(1, 4))}
-    params.update({"frames": v for v in _maybe(rng, lay.frames).values()})
-    return params
-
-
-def _band(rng, lay):
-    if rng.random() < 0.5:
-        return {"width": int(rng.integers(0, lay.seq_len))}
-    return {"density": float(rng.choice([0.05, 0.2, 0.35, 0.9]))}
-
-
-#: Random parameters of every primitive (not the combinators and ref, which _random_mask
-#: builds), by spec key: a primitive missing here fails test_every_primitive_is_generated.
-PRIMITIVE_GENERATORS = {
-    "first_frame": lambda rng, lay: {"frames": int(rng.integers(1, lay.frames + 2))},
-    "spatial_window": _spatial_window,
-    "temporal_stride": _temporal_stride,
-    "band": _band,
-    "prefix": lambda rng, lay: {"tokens": int(rng.integers(1, lay.seq_len + 5))},
-    "text": lambda rng, lay: {},
-    "causal_frames": lambda rng, lay: {},
-    "block_causal": lambda rng, lay: {"frames": int(rng.integers(1, lay.frames + 2))},
-    "expr": lambda rng, lay: str(rng.choice(PREDICATES)),
-}
-
-
-def _random_primitive(rng, lay: TokenLayout) -> dict:
-    key = list(PRIMITIVE_GENERATORS)[rng.integers(0, len(PRIMITIVE_GENERATORS))]
-    return {key: PRIMITIVE_GENERATORS[key](rng, lay)}
-
+from conftest import (PRIMITIVE_GENERATORS, brute_force_kinds, dense_keep, lower_mask_dict,
+                      random_layout, random_mask)
 
 @pytest.mark.parametrize("key", [p.key for p in primitives.registered()
                                  if p.form in (primitives.PARAMS, primitives.PREDICATE)])
@@ -73,26 +19,6 @@ def test_every_primitive_is_generated(key):
     """The random masks below (and the codegen and kernel tests that reuse them) reach every
     primitive of the registry."""
     assert key in PRIMITIVE_GENERATORS, f"add {key!r} to PRIMITIVE_GENERATORS"
-
-
-def _random_mask(rng, lay, depth=0) -> dict:
-    r = rng.random()
-    if depth >= 3 or r < 0.35:
-        return _random_primitive(rng, lay)
-    if r < 0.6:
-        return {"any_of": [_random_mask(rng, lay, depth + 1) for _ in range(rng.integers(1, 4))]}
-    if r < 0.85:
-        return {"all_of": [_random_mask(rng, lay, depth + 1) for _ in range(rng.integers(1, 4))]}
-    return {"not": _random_mask(rng, lay, depth + 1)}
-
-
-def _random_layout(rng) -> TokenLayout:
-    text = int(rng.choice([0, 0, 3, 17]))
-    frames = int(rng.integers(1, 6))
-    order = str(rng.choice(["frame_major", "temporal_major"]))
-    anchors = int(rng.integers(0, frames + 1)) if order == "temporal_major" else 0
-    return TokenLayout(frames, int(rng.integers(1, 6)), int(rng.integers(1, 9)), text,
-                          "first" if bool(rng.integers(0, 2)) else "last", order, anchors)
 
 
 def _check(kinds, kept, keep, expected_kinds, exact):
@@ -106,12 +32,12 @@ def _check(kinds, kept, keep, expected_kinds, exact):
 
 
 @pytest.mark.parametrize("seed", range(300))
-def test_random_masks_small_tiles(seed):
+def testrandom_masks_small_tiles(seed):
     """Small tiles (8..24, sizes that do not divide them) give many tiles per case."""
     rng = np.random.default_rng(seed)
-    lay = _random_layout(rng)
+    lay = random_layout(rng)
     bq, bkv = int(rng.choice([8, 16, 32])), int(rng.choice([8, 16, 24]))
-    _, mask = lower_mask_dict(_random_mask(rng, lay), lay, 128, 128)
+    _, mask = lower_mask_dict(random_mask(rng, lay), lay, 128, 128)
     got = classify_tiles(mask, lay, TileGrid(lay.seq_len, bq, bkv))
     keep = dense_keep(mask, lay)
     assert got.density_is_exact and got.unproven_tiles == 0  # small: within the budget
@@ -126,7 +52,7 @@ def test_random_specs_through_the_whole_analysis(seed):
                          int(rng.integers(10, 30)), int(rng.choice([0, 40])),
                          "first" if bool(rng.integers(0, 2)) else "last")
     bq, bkv = int(rng.choice([128, 256])), int(rng.choice([128, 256]))
-    spec, mask = lower_mask_dict(_random_mask(rng, lay), lay, bq, bkv)
+    spec, mask = lower_mask_dict(random_mask(rng, lay), lay, bq, bkv)
     plan = analyze(spec)
     keep = dense_keep(mask, lay)
     _check(plan.kinds, plan.classification.kept_pairs, keep, brute_force_kinds(keep, bq, bkv),

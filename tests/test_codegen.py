@@ -14,15 +14,15 @@ from svgen.runtime.layout import TokenLayout
 from svgen.runtime.kinds import TileKind
 from svgen.spec import load_spec
 
-from conftest import (REPO, SPECS, dense_keep, emitted_function, emitted_keep, lower_mask_dict)
-from test_classify import _random_layout, _random_mask
+from conftest import (REPO, SPECS, dense_keep, emitted_function, emitted_keep, lower_mask_dict,
+                      random_layout, random_mask)
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_emitted_mask_equals_the_oracle(seed):
     rng = np.random.default_rng(5000 + seed)
-    lay = _random_layout(rng)
-    _, mask = lower_mask_dict(_random_mask(rng, lay), lay, 128, 128)
+    lay = random_layout(rng)
+    _, mask = lower_mask_dict(random_mask(rng, lay), lay, 128, 128)
     fn, text = emitted_function(mask, lay)
     np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(mask, lay), err_msg=text)
     # The kernel keeps each query coordinate the mask reads in VMEM, sized by this bound.
@@ -34,8 +34,8 @@ def test_emitted_mask_equals_the_oracle(seed):
 def test_sympy_predicate_agrees_with_the_oracle():
     rng = np.random.default_rng(7)
     for _ in range(40):
-        lay = _random_layout(rng)
-        _, mask = lower_mask_dict(_random_mask(rng, lay), lay, 128, 128)
+        lay = random_layout(rng)
+        _, mask = lower_mask_dict(random_mask(rng, lay), lay, 128, 128)
         c = lay.coordinates(np.arange(lay.seq_len))
         q, k = c.reshape(-1, 1), c.reshape(1, -1)
         via_sympy = np.broadcast_to(ir.evaluate_sympy(mask.predicate(), q, k),
@@ -159,8 +159,8 @@ def test_rendered_module_masks_equal_the_oracle_under_jit(seed, compile_text):
     from svgen.runtime import coords
 
     rng = np.random.default_rng(9000 + seed)
-    lay = _random_layout(rng)
-    mask = _random_mask(rng, lay)
+    lay = random_layout(rng)
+    mask = random_mask(rng, lay)
     text = yaml.safe_dump({
         "svgen": 1, "name": "rendered_oracle",
         "geometry": {"frames": lay.frames, "height": lay.height, "width": lay.width,

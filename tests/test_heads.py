@@ -5,8 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import REPO, check_per_head, mixed_inputs
-from test_kernels import POISONED, scaled_spec_text
+from conftest import POISONED, REPO, check_per_head, mixed_inputs, scaled_spec_text
 
 MIXED_SPECS = ["wan21_720p_mixed", "hunyuan_720p_mixed", "cogvideox_mixed"]
 

@@ -9,51 +9,11 @@ import zlib
 
 import numpy as np
 import pytest
-import yaml
-from jax.experimental.pallas import tpu as pltpu
 
 from svgen.runtime.reference import masked_attention_reference
 
-from conftest import SPECS, TOLERANCE, check_per_head, dense_keep, mixed_inputs
-
-POISONED = pltpu.InterpretParams(uninitialized_memory="nan")
-SMALL_GEOMETRY = {"frames": 5, "height": 4, "width": 26}  # 520 video tokens: not a tile multiple
-
-
-TWO_LEVEL = {"block_q": 256, "block_kv": 512, "compute_q": 128, "compute_kv": 128}
-
-
-def scaled_spec_text(path, text_tokens=None, heads=2, tiling=None, dtype="float32") -> str:
-    """The same pattern at SMALL_GEOMETRY, `heads` heads, 128 x 128 tiles (or `tiling`), for
-    q, k, v of `dtype` (a kernel refuses any other)."""
-    spec = yaml.safe_load(path.read_text())
-    full = spec["geometry"]
-    full_video = full["frames"] * full["height"] * full["width"]
-    small = dict(full, **SMALL_GEOMETRY)
-    small_video = small["frames"] * small["height"] * small["width"]
-    if full.get("text_tokens"):
-        small["text_tokens"] = 40 if text_tokens is None else text_tokens
-    spec["geometry"] = small
-    spec["attention"] = dict(spec["attention"], heads=heads, dtype=dtype)
-    spec["tiling"] = tiling or {"block_q": 128, "block_kv": 128}
-
-    def scale(node):
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key == "prefix":  # "the first frame's tokens" at either size
-                    value["tokens"] = value["tokens"] * small_video // full_video
-                elif key == "band" and "width" in value:
-                    value["width"] = value["width"] * small_video // full_video
-                else:
-                    scale(value)
-        elif isinstance(node, list):
-            for item in node:
-                scale(item)
-
-    scale(spec.get("mask", {}))
-    scale(spec.get("patterns", {}))
-    return yaml.safe_dump(spec, sort_keys=False)
-
+from conftest import (POISONED, SPECS, TOLERANCE, TWO_LEVEL, check_per_head, dense_keep,
+                      mixed_inputs, scaled_spec_text)
 
 def run_and_compare(plan, module, dtype, seed, batch=None):
     rng = np.random.default_rng(seed)

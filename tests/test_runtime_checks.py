@@ -5,8 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import REPO, mixed_inputs
-from test_kernels import POISONED, scaled_spec_text
+from conftest import POISONED, REPO, mixed_inputs, scaled_spec_text
 
 
 @pytest.fixture

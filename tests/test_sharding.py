@@ -15,7 +15,7 @@ SCRIPT = textwrap.dedent('''
     from jax.sharding import Mesh, PartitionSpec as P
     sys.path.insert(0, {tests!r})
     from conftest import compile_spec_text
-    from test_kernels import scaled_spec_text
+    from conftest import scaled_spec_text
     from svgen.runtime.sharding import ulysses
 
     assert len(jax.devices()) == 4
@@ -79,8 +79,8 @@ GRAD_SCRIPT = textwrap.dedent('''
     from jax.sharding import Mesh, PartitionSpec as P
     sys.path.insert(0, {tests!r})
     from conftest import compile_spec_text
-    from test_kernels import scaled_spec_text
-    from test_backward import reference_grads
+    from conftest import scaled_spec_text
+    from conftest import reference_grads
     from svgen.runtime.sharding import ulysses
 
     assert len(jax.devices()) == 4

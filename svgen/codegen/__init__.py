@@ -20,6 +20,7 @@ import jinja2
 import numpy as np
 
 from svgen.analysis import Plan
+from svgen.codegen import pyformat
 from svgen.codegen.predicate import emit_mask
 from svgen.codegen.tilemap import render_tile_map
 from svgen.runtime.kinds import TileKind
@@ -219,6 +220,19 @@ def _layout_args(layout) -> list[str]:
     return args
 
 
+def _mask_lines(lines) -> list[str]:
+    """The boundary mask's statements, indented into its function, laid out as the formatter
+    would (long chains split before their operators)."""
+    out = []
+    for line in lines:
+        if line.startswith("#"):
+            out.append(pyformat.INDENT + line)
+        else:
+            target, value = line.split(" = ", 1)
+            out += pyformat.assignment(target, value, depth=1)
+    return out
+
+
 def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
     spec, layout, grid = plan.spec, plan.layout, plan.grid
     text_where = f", {spec.geometry.text_position}" if layout.text_tokens else ""
@@ -250,9 +264,9 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
             tile_map=render_tile_map(pattern.kinds),
             layout_args=_layout_args(pattern.layout),
             num_runs=_int(len(pattern.table.runs)),
-            mask_lines=list(mask.lines),
+            mask_lines=_mask_lines(mask.lines),
             mask_result=mask.result,
-            query_coords=repr(mask.query_coords),
+            query_coords=pyformat.literal_tuple([pyformat.string(c) for c in mask.query_coords]),
         ))
     return {
         "name": spec.name,
@@ -270,14 +284,17 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
             ("COMPUTE_KV", str(plan.patterns[0].compute_grid.block_kv)),
             ("HEADS", str(spec.attention.heads)),
             ("HEAD_DIM", str(spec.attention.head_dim)),
-            ("DTYPE", repr(spec.attention.dtype)),
+            ("DTYPE", pyformat.string(spec.attention.dtype)),
             ("SLOTS_PER_PIECE", str(plan.tables.slots)),
-            ("TARGET", repr(plan.target.name)),
+            ("TARGET", pyformat.string(plan.target.name)),
             ("VMEM_LIMIT_BYTES", str(plan.vmem.limit())),
             ("TENSOR_CORES", str(plan.target.cores_per_chip)),
         ],
-        "pattern_names": repr(tuple(p.name for p in plan.patterns)),
-        "head_pattern": "None" if plan.assign is None else repr(tuple(plan.assign)),
+        "pattern_names": pyformat.literal_tuple([pyformat.string(p.name) for p in plan.patterns]),
+        "head_pattern_lines": pyformat.assignment(
+            "HEAD_PATTERN",
+            "None" if plan.assign is None else pyformat.literal_tuple([str(i) for i in plan.assign]),
+            depth=0),
         "kinds": [(k.name, int(k)) for k in TileKind],
         "any_tables_file": any(p["tables_file"] for p in pattern_files),
         "uses_coords": any("coords." in line for p in patterns for line in p["mask_lines"]),
