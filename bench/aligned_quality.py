@@ -67,8 +67,12 @@ def aligned_plan(path: pathlib.Path, mode: str):
 
 def head_kinds(plan, head_pattern) -> list[str]:
     """The planted kind of each head of the DiT layer: temporal for a temporal pattern."""
-    return ["temporal" if "temporal" in plan.patterns[p].name or "temporal" in plan.spec.name
-            else "spatial" for p in head_pattern]
+    return [
+        "temporal"
+        if "temporal" in plan.patterns[p].name or "temporal" in plan.spec.name
+        else "spatial"
+        for p in head_pattern
+    ]
 
 
 def inputs(plan, kinds, which: str, rng, example):
@@ -93,8 +97,9 @@ def aligned_keep(pattern, rows: np.ndarray, exact: np.ndarray) -> np.ndarray:
 def exact_keep(pattern, rows: np.ndarray) -> np.ndarray:
     """keep [rows, seq_len] of the mask as written, from the IR oracle."""
     lay = pattern.layout
-    return pattern.mask.evaluate(lay.coordinates(rows).reshape(-1, 1),
-                                 lay.coordinates(np.arange(lay.seq_len)).reshape(1, -1))
+    return pattern.mask.evaluate(
+        lay.coordinates(rows).reshape(-1, 1), lay.coordinates(np.arange(lay.seq_len)).reshape(1, -1)
+    )
 
 
 def attend(scores: np.ndarray, keep: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -128,7 +133,7 @@ def output_errors(plans: dict, rows_per_head: int, rng, example) -> dict:
                 scores = (qh[rows] * scale) @ kh.T
                 exact = exact_keep(exact_plan.patterns[index], rows)  # one mask for all modes
                 reference = attend(scores, exact, vh)
-                den += float(np.sum(reference ** 2))
+                den += float(np.sum(reference**2))
                 for mode, plan in plans.items():
                     if mode != "exact":
                         out = attend(scores, aligned_keep(plan.patterns[index], rows, exact), vh)
@@ -140,15 +145,18 @@ def output_errors(plans: dict, rows_per_head: int, rng, example) -> dict:
 
 def budget_cells(plan) -> tuple[str, str, str, str]:
     """density (exact -> aligned), recall, precision, rows emptied; ' / ' between patterns."""
+
     def each(fn):
         return " / ".join(fn(p) for p in plan.patterns)
 
     if plan.patterns[0].budget is None:
         return each(lambda p: f"{p.density:.4f}"), "1", "1", "0"
-    return (each(lambda p: f"{p.budget.exact_density:.4f} → {p.budget.density:.4f}"),
-            each(lambda p: f"{p.budget.recall:.4f}"),
-            each(lambda p: f"{p.budget.precision:.4f}"),
-            each(lambda p: f"{p.budget.rows_emptied:,}"))
+    return (
+        each(lambda p: f"{p.budget.exact_density:.4f} → {p.budget.density:.4f}"),
+        each(lambda p: f"{p.budget.recall:.4f}"),
+        each(lambda p: f"{p.budget.precision:.4f}"),
+        each(lambda p: f"{p.budget.rows_emptied:,}"),
+    )
 
 
 def main() -> None:
@@ -160,25 +168,31 @@ def main() -> None:
     example = load_example()
     paths = [p for p in SPECS if not args.specs or p.stem in args.specs]
     splash_cache: dict[tuple, int] = {}
-    print("| spec | align | density (exact → aligned) | recall | precision | rows emptied | "
-          "ms | vs exact | vs dense Splash | rel. L2, random | rel. L2, DiT layer |")
+    print(
+        "| spec | align | density (exact → aligned) | recall | precision | rows emptied | "
+        "ms | vs exact | vs dense Splash | rel. L2, random | rel. L2, DiT layer |"
+    )
     print("|" + "---|" * 11)
     for path in paths:
         plans = {mode: aligned_plan(path, mode) for mode in ALIGN_MODES}
         a = plans["exact"].spec.attention
         geometry = (plans["exact"].layout.seq_len, a.heads, a.head_dim)
         if geometry not in splash_cache:
-            splash_cache[geometry] = dense_splash_cost(seq_len=geometry[0], heads=geometry[1],
-                                                       head_dim=geometry[2])["cycles"]
+            splash_cache[geometry] = dense_splash_cost(
+                seq_len=geometry[0], heads=geometry[1], head_dim=geometry[2]
+            )["cycles"]
         cycles = {mode: cost.cost_plan(plan, str(path)).cycles for mode, plan in plans.items()}
         errors = output_errors(plans, args.rows, np.random.default_rng(args.seed), example)
         for mode, plan in plans.items():
             density, recall, precision, emptied = budget_cells(plan)
             ms = cycles[mode] / (plan.target.clock_ghz * 1e6)
-            print(f"| {path.stem} | {mode} | {density} | {recall} | {precision} | {emptied} | "
-                  f"{ms:.1f} | {cycles['exact'] / cycles[mode]:.2f}x | "
-                  f"{splash_cache[geometry] / cycles[mode]:.2f}x | "
-                  f"{errors[mode]['random']:.2e} | {errors[mode]['dit']:.2e} |", flush=True)
+            print(
+                f"| {path.stem} | {mode} | {density} | {recall} | {precision} | {emptied} | "
+                f"{ms:.1f} | {cycles['exact'] / cycles[mode]:.2f}x | "
+                f"{splash_cache[geometry] / cycles[mode]:.2f}x | "
+                f"{errors[mode]['random']:.2e} | {errors[mode]['dit']:.2e} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

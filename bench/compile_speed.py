@@ -55,17 +55,29 @@ def _child(spec_text: str, label: str) -> None:
     files = codegen.render(plan, f"specs/{label}.yaml")
     t3 = time.perf_counter()
     s = plan.summary()
-    print(json.dumps({
-        "case": label, "tokens": s["seq_len"], "tile": f"{s['block_q']}x{s['block_kv']}",
-        # one entry per pattern: (name, layout, tiles, density, visited fraction)
-        "patterns": [(p.name, p.layout.order, p.tile_counts(), p.density, p.visited_fraction)
-                     for p in plan.patterns],
-        "steps": s["grid_steps"], "slots": s["slots_per_piece"], "table_bytes": s["table_bytes"],
-        "parse_s": t1 - t0, "analyze_s": t2 - t1, "render_s": t3 - t2,
-        "out_bytes": sum(len(b) for b in files.values()),
-        "baseline_mib": baseline / 1024,
-        "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    }))
+    print(
+        json.dumps(
+            {
+                "case": label,
+                "tokens": s["seq_len"],
+                "tile": f"{s['block_q']}x{s['block_kv']}",
+                # one entry per pattern: (name, layout, tiles, density, visited fraction)
+                "patterns": [
+                    (p.name, p.layout.order, p.tile_counts(), p.density, p.visited_fraction)
+                    for p in plan.patterns
+                ],
+                "steps": s["grid_steps"],
+                "slots": s["slots_per_piece"],
+                "table_bytes": s["table_bytes"],
+                "parse_s": t1 - t0,
+                "analyze_s": t2 - t1,
+                "render_s": t3 - t2,
+                "out_bytes": sum(len(b) for b in files.values()),
+                "baseline_mib": baseline / 1024,
+                "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+        )
+    )
 
 
 def _override(text: str, geometry: dict | None, tiling: dict | None, label: str) -> str:
@@ -95,12 +107,18 @@ def main() -> None:
             cases.append((label, _override(text, geometry, tiling, label)))
     rows = []
     for label, text in cases:
-        out = subprocess.run([sys.executable, __file__, "--child", label, text],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", label, text],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(f"  measured {label}", file=sys.stderr)
-    header = ("| case | tokens | tile | full / boundary / empty | density | visited "
-              "| grid steps | piece | SMEM table B | analyze s | render s | peak RSS MiB (idle) |")
+    header = (
+        "| case | tokens | tile | full / boundary / empty | density | visited "
+        "| grid steps | piece | SMEM table B | analyze s | render s | peak RSS MiB (idle) |"
+    )
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     for r in rows:
@@ -109,13 +127,20 @@ def main() -> None:
             continue
         for i, (name, order, t, density, visited) in enumerate(r["patterns"]):
             case = r["case"] if len(r["patterns"]) == 1 else f"{r['case']} / {name} ({order})"
-            shared = (f"{r['steps']:,} | {r['slots']} | {r['table_bytes']:,} | "
-                      f"{r['analyze_s']:.3f} | {r['render_s']:.3f} | "
-                      f"{r['peak_mib']:.0f} ({r['baseline_mib']:.0f})") if i == 0 else \
-                "〃 | 〃 | 〃 | 〃 | 〃 | 〃"
-            print(f"| {case} | {r['tokens']:,} | {r['tile']} | {t['full']:,} / "
-                  f"{t['boundary']:,} / {t['empty']:,} | {density:.4f} | {visited:.4f} | "
-                  f"{shared} |")
+            shared = (
+                (
+                    f"{r['steps']:,} | {r['slots']} | {r['table_bytes']:,} | "
+                    f"{r['analyze_s']:.3f} | {r['render_s']:.3f} | "
+                    f"{r['peak_mib']:.0f} ({r['baseline_mib']:.0f})"
+                )
+                if i == 0
+                else "〃 | 〃 | 〃 | 〃 | 〃 | 〃"
+            )
+            print(
+                f"| {case} | {r['tokens']:,} | {r['tile']} | {t['full']:,} / "
+                f"{t['boundary']:,} / {t['empty']:,} | {density:.4f} | {visited:.4f} | "
+                f"{shared} |"
+            )
 
 
 if __name__ == "__main__":

@@ -40,10 +40,13 @@ TILINGS = {
     "512²": {"block_q": 512, "block_kv": 512},
     "1024²": {"block_q": 1024, "block_kv": 1024},
     "1024x2048 / 1024x512": {"block_q": 1024, "block_kv": 2048, "compute_kv": 512},
-    "2048² / 1024x512": {"block_q": 2048, "block_kv": 2048, "compute_q": 1024,
-                         "compute_kv": 512},
-    "2048x4096 / 1024x512": {"block_q": 2048, "block_kv": 4096, "compute_q": 1024,
-                             "compute_kv": 512},
+    "2048² / 1024x512": {"block_q": 2048, "block_kv": 2048, "compute_q": 1024, "compute_kv": 512},
+    "2048x4096 / 1024x512": {
+        "block_q": 2048,
+        "block_kv": 4096,
+        "compute_q": 1024,
+        "compute_kv": 512,
+    },
 }
 QUICK = ("1024²", "2048² / 1024x512")
 CASES = [
@@ -68,11 +71,15 @@ def main() -> None:
     args = parser.parse_args()
     tilings = {k: v for k, v in TILINGS.items() if not args.quick or k in QUICK}
     splash = dense_splash_cost(seq_len=75_600, heads=10, head_dim=128)
-    print(f"dense Splash (2048/2048/512): {splash['cycles']:,} cycles = {splash['ms']:.1f} ms "
-          f"(static model, v6e at {splash['clock_ghz']} GHz)\n")
-    header = ("| case | tiles / compute blocks | FULL per 512² | BOUNDARY / FULL | "
-              "book-keeping share | steps (FULL / BOUNDARY / skipped) | ms | vs dense Splash "
-              "| vs own dense |")
+    print(
+        f"dense Splash (2048/2048/512): {splash['cycles']:,} cycles = {splash['ms']:.1f} ms "
+        f"(static model, v6e at {splash['clock_ghz']} GHz)\n"
+    )
+    header = (
+        "| case | tiles / compute blocks | FULL per 512² | BOUNDARY / FULL | "
+        "book-keeping share | steps (FULL / BOUNDARY / skipped) | ms | vs dense Splash "
+        "| vs own dense |"
+    )
     print(header)
     print("|" + "---|" * 9)
     for label, filename, overrides in CASES:
@@ -97,9 +104,11 @@ def _row(label, filename, overrides, tiling_name, tiling, splash_cycles) -> str:
     busy = report.cycles - report.cycles_by_path["skipped"]
     book = (report.steps["full"] + report.steps["mixed"]) * p.bookkeeping / busy
     s = report.steps
-    return (f"| {label} | {tiling_name} | {full:.0f} | {ratio:.2f} | {book:.1%} | "
-            f"{s['full']:,} / {s['mixed']:,} / {s['skipped']:,} | {report.ms:.1f} | "
-            f"{splash_cycles / report.cycles:.2f}x | {report.dense_cycles / report.cycles:.2f}x |")
+    return (
+        f"| {label} | {tiling_name} | {full:.0f} | {ratio:.2f} | {book:.1%} | "
+        f"{s['full']:,} / {s['mixed']:,} / {s['skipped']:,} | {report.ms:.1f} | "
+        f"{splash_cycles / report.cycles:.2f}x | {report.dense_cycles / report.cycles:.2f}x |"
+    )
 
 
 if __name__ == "__main__":

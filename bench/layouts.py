@@ -26,35 +26,54 @@ HEADS = {
 
 def measure(head: str, frames: int, order: str) -> dict:
     mask = HEADS[head]
-    layout = TokenLayout(frames, 45, 80, 0, "last", order,
-                            ir.anchor_frames(mask) if order == "temporal_major" else 0)
+    layout = TokenLayout(
+        frames, 45, 80, 0, "last", order, ir.anchor_frames(mask) if order == "temporal_major" else 0
+    )
     grid = TileGrid(layout.seq_len, 512, 512)
     start = time.perf_counter()
     c = classify_tiles(mask, layout, grid)
     runs = build_runs(*kernel_tiles(c.kinds, grid, grid), grid)
     seconds = time.perf_counter() - start
     counts = [(c.kinds == k).sum() for k in (2, 1, 0)]
-    return {"head": head, "tokens": layout.seq_len, "order": order, "full": counts[0],
-            "boundary": counts[1], "empty": counts[2],
-            "visited": (c.kinds != 0).mean(), "density": c.kept_pairs / layout.seq_len ** 2,
-            "steps": int(runs[:, 2].sum()), "seconds": seconds}
+    return {
+        "head": head,
+        "tokens": layout.seq_len,
+        "order": order,
+        "full": counts[0],
+        "boundary": counts[1],
+        "empty": counts[2],
+        "visited": (c.kinds != 0).mean(),
+        "density": c.kept_pairs / layout.seq_len**2,
+        "steps": int(runs[:, 2].sum()),
+        "seconds": seconds,
+    }
 
 
 def main() -> None:
-    print("| head | tokens | order | full | boundary | empty | density | visited fraction "
-          "| steps per head | analysis s |")
+    print(
+        "| head | tokens | order | full | boundary | empty | density | visited fraction "
+        "| steps per head | analysis s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
-    cases = [("temporal", frames, order) for frames in (21, 111)
-             for order in ("frame_major", "temporal_major")]
+    cases = [
+        ("temporal", frames, order)
+        for frames in (21, 111)
+        for order in ("frame_major", "temporal_major")
+    ]
     # A spatial head in temporal-major order is the wrong choice (every tile is visited, one
     # key interval per place per row): shown at 75.6K only, it takes ~40 s to analyze.
-    cases += [("spatial", 21, "frame_major"), ("spatial", 21, "temporal_major"),
-              ("spatial", 111, "frame_major")]
+    cases += [
+        ("spatial", 21, "frame_major"),
+        ("spatial", 21, "temporal_major"),
+        ("spatial", 111, "frame_major"),
+    ]
     for head, frames, order in cases:
         r = measure(head, frames, order)
-        print(f"| {r['head']} | {r['tokens']:,} | {r['order']} | {r['full']:,} | "
-              f"{r['boundary']:,} | {r['empty']:,} | {r['density']:.4f} | "
-              f"{r['visited']:.4f} | {r['steps']:,} | {r['seconds']:.2f} |")
+        print(
+            f"| {r['head']} | {r['tokens']:,} | {r['order']} | {r['full']:,} | "
+            f"{r['boundary']:,} | {r['empty']:,} | {r['density']:.4f} | "
+            f"{r['visited']:.4f} | {r['steps']:,} | {r['seconds']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

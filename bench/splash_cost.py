@@ -84,18 +84,36 @@ def _classify(schedule: tpu_schedule.Schedule) -> dict:
     unmasked, masked = bodies[0], (bodies[1] if len(bodies) > 1 else None)
     others = [b for b in inner if b.mix.get("vmatmul", 0) == 0 and b.depth == stage.depth + 1]
     finals = [b for b in others if b.mix.get("vrcp", 0) > 0]
-    inits = [b for b in others if b.mix.get("vrcp", 0) == 0 and b.mix.get("vst", 0) > 0
-             and b.address < unmasked.address]
+    inits = [
+        b
+        for b in others
+        if b.mix.get("vrcp", 0) == 0 and b.mix.get("vst", 0) > 0 and b.address < unmasked.address
+    ]
     if len(finals) != 1 or len(inits) != 1:
-        raise RuntimeError(f"expected one init and one finalize branch, got {len(inits)} "
-                           f"init and {len(finals)} finalize")
-    return {"stage": stage, "compute": unmasked, "masked": masked,
-            "init": inits[0], "finalize": finals[0]}
+        raise RuntimeError(
+            f"expected one init and one finalize branch, got {len(inits)} "
+            f"init and {len(finals)} finalize"
+        )
+    return {
+        "stage": stage,
+        "compute": unmasked,
+        "masked": masked,
+        "init": inits[0],
+        "finalize": finals[0],
+    }
 
 
-def dense_splash_cost(*, seq_len: int, heads: int, head_dim: int, dtype: str = "bfloat16",
-                      block_q: int = 2048, block_kv: int = 2048, block_kv_compute: int = 512,
-                      target: str = "v6e") -> dict:
+def dense_splash_cost(
+    *,
+    seq_len: int,
+    heads: int,
+    head_dim: int,
+    dtype: str = "bfloat16",
+    block_q: int = 2048,
+    block_kv: int = 2048,
+    block_kv_compute: int = 512,
+    target: str = "v6e",
+) -> dict:
     """Static cycles of one dense (full-mask) Splash Attention forward call over all heads.
 
     ``seq_len`` is padded up to a multiple of the lcm of the block sizes. Returns a dict with
@@ -113,8 +131,7 @@ def dense_splash_cost(*, seq_len: int, heads: int, head_dim: int, dtype: str = "
 
     seq = padded_seq_len(seq_len, block_q, block_kv, block_kv_compute)
     mask = splash_mask.MultiHeadMask([splash_mask.FullMask((seq, seq)) for _ in range(heads)])
-    sizes = splash.BlockSizes(block_q=block_q, block_kv=block_kv,
-                              block_kv_compute=block_kv_compute)
+    sizes = splash.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute)
     kernel = splash.make_splash_mha(mask, head_shards=1, q_seq_shards=1, block_sizes=sizes)
 
     info = kernel.fwd_mask_info
@@ -122,14 +139,17 @@ def dense_splash_cost(*, seq_len: int, heads: int, head_dim: int, dtype: str = "
     grid_width = info.data_next.shape[-1] if info.data_next is not None else seq // block_kv
     grid_steps = heads * q_tiles * grid_width
 
-    arg = jax.ShapeDtypeStruct((heads, seq, head_dim), jnp.dtype(dtype),
-                               sharding=tpu_schedule.tpu_sharding(target))
-    schedule = tpu_schedule.compile_and_dump(lambda q, k, v: kernel(q, k, v), arg, arg, arg,
-                                             kernel_name=FWD_KERNEL, target=target)
+    arg = jax.ShapeDtypeStruct(
+        (heads, seq, head_dim), jnp.dtype(dtype), sharding=tpu_schedule.tpu_sharding(target)
+    )
+    schedule = tpu_schedule.compile_and_dump(
+        lambda q, k, v: kernel(q, k, v), arg, arg, arg, kernel_name=FWD_KERNEL, target=target
+    )
     loop = schedule.grid_loop
     if loop.trip_count is not None and loop.trip_count != grid_steps + 2:
-        raise RuntimeError(f"grid loop runs {loop.trip_count} times, expected "
-                           f"{grid_steps} steps + 2")
+        raise RuntimeError(
+            f"grid loop runs {loop.trip_count} times, expected {grid_steps} steps + 2"
+        )
 
     roles = _classify(schedule)
     init, final, stage = roles["init"].address, roles["finalize"].address, roles["stage"].address
@@ -175,21 +195,34 @@ CONFIGS = ((512, 512, 512), (1024, 1024, 1024), (2048, 1024, 1024), (2048, 2048,
 def main() -> None:
     tpu_schedule.ensure_dump_flags()
     seq_len, heads, head_dim, target = 75_600, 10, 128, "v6e"
-    rows = [dense_splash_cost(seq_len=seq_len, heads=heads, head_dim=head_dim,
-                              dtype="bfloat16", block_q=bq, block_kv=bkv,
-                              block_kv_compute=bkvc, target=target)
-            for bq, bkv, bkvc in CONFIGS]
+    rows = [
+        dense_splash_cost(
+            seq_len=seq_len,
+            heads=heads,
+            head_dim=head_dim,
+            dtype="bfloat16",
+            block_q=bq,
+            block_kv=bkv,
+            block_kv_compute=bkvc,
+            target=target,
+        )
+        for bq, bkv, bkvc in CONFIGS
+    ]
     first = rows[0]
-    print(f"dense Splash forward ({first['kernel']}*), {seq_len:,} tokens "
-          f"(padded to {first['seq_len_padded']:,}), {heads} heads, head_dim {head_dim}, "
-          f"bf16, {target} at {first['clock_ghz']} GHz")
+    print(
+        f"dense Splash forward ({first['kernel']}*), {seq_len:,} tokens "
+        f"(padded to {first['seq_len_padded']:,}), {heads} heads, head_dim {head_dim}, "
+        f"bf16, {target} at {first['clock_ghz']} GHz"
+    )
     print()
     print("| bq/bkv/compute | grid steps | step | init | finalize | pipeline | cycles | ms |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['block_q']}/{r['block_kv']}/{r['block_kv_compute']} "
-              f"| {r['grid_steps']:,} | {r['step']:,} | {r['init']} | {r['finalize']} "
-              f"| {r['pipeline']} | {r['cycles']:.3e} | {r['ms']:.1f} |")
+        print(
+            f"| {r['block_q']}/{r['block_kv']}/{r['block_kv_compute']} "
+            f"| {r['grid_steps']:,} | {r['step']:,} | {r['init']} | {r['finalize']} "
+            f"| {r['pipeline']} | {r['cycles']:.3e} | {r['ms']:.1f} |"
+        )
 
 
 if __name__ == "__main__":

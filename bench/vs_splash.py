@@ -81,6 +81,7 @@ def _padded(n: int) -> int:
 
 # ----------------------------------------------------------------------------- Splash side
 
+
 def _keep(pattern: str, seq_len: int, q, k):
     """keep(q, k) of one pattern on token indices; NumPy or jax.numpy arrays alike."""
     fq, fk = q // TOKENS_PER_FRAME, k // TOKENS_PER_FRAME
@@ -99,12 +100,16 @@ def _splash_head_mask(pattern: str, seq_len: int):
         def __init__(self):
             self.pattern, self.seq_len = pattern, seq_len
             padded = _padded(seq_len)
-            super().__init__(shape=(padded, padded),
-                             mask_function=lambda q, k: _keep(pattern, seq_len, q, k))
+            super().__init__(
+                shape=(padded, padded), mask_function=lambda q, k: _keep(pattern, seq_len, q, k)
+            )
 
         def __eq__(self, other):
-            return (type(other) is type(self) and self.pattern == other.pattern
-                    and self.seq_len == other.seq_len)
+            return (
+                type(other) is type(self)
+                and self.pattern == other.pattern
+                and self.seq_len == other.seq_len
+            )
 
         def __hash__(self):
             return hash((type(self).__name__, self.pattern, self.seq_len))
@@ -144,8 +149,12 @@ def measure_splash(frames: int, patterns: tuple[str, ...]) -> dict:
     heads = {p: _splash_head_mask(p, seq_len) for p in set(patterns)}
     mask = sm.MultiHeadMask(tuple(heads[p] for p in patterns))
     kernel = sk.make_splash_mha(
-        mask, head_shards=1, q_seq_shards=1, interpret=True,
-        block_sizes=sk.BlockSizes(block_q=BLOCK, block_kv=BLOCK, block_kv_compute=BLOCK))
+        mask,
+        head_shards=1,
+        q_seq_shards=1,
+        interpret=True,
+        block_sizes=sk.BlockSizes(block_q=BLOCK, block_kv=BLOCK, block_kv_compute=BLOCK),
+    )
     build_s = time.perf_counter() - t0
     peak = _max_rss_mib() - baseline
 
@@ -160,21 +169,31 @@ def measure_splash(frames: int, patterns: tuple[str, ...]) -> dict:
     # Tile kinds over all heads (block_mask holds one shared row of tables or one per head).
     per_table = len(patterns) // block_mask.shape[0]
     return {
-        "build_s": build_s, "peak_mib": peak, "baseline_mib": baseline,
+        "build_s": build_s,
+        "peak_mib": peak,
+        "baseline_mib": baseline,
         "smem_bytes": sum(int(a.nbytes) for a in smem if a is not None),
         "other_bytes": sum(int(a.nbytes) for a in hbm if a is not None),
-        "other_detail": {name: int(a.nbytes) for name, a in
-                         zip(("partial_mask_blocks", "q_sequence"), hbm) if a is not None},
-        "grid_steps": int(np.prod(grid)), "grid": list(grid),
-        "visited": float(np.count_nonzero(block_mask)) / (block_mask.shape[0] * n_blocks ** 2),
+        "other_detail": {
+            name: int(a.nbytes)
+            for name, a in zip(("partial_mask_blocks", "q_sequence"), hbm)
+            if a is not None
+        },
+        "grid_steps": int(np.prod(grid)),
+        "grid": list(grid),
+        "visited": float(np.count_nonzero(block_mask)) / (block_mask.shape[0] * n_blocks**2),
         "full": int(np.count_nonzero(block_mask == 2)) * per_table,
         "partial": int(np.count_nonzero(block_mask == 1)) * per_table,
-        "smem_shapes": {k: [list(a.shape), str(a.dtype)] for k, a in
-                        zip(("data_next", "block_mask", "mask_next"), smem) if a is not None},
+        "smem_shapes": {
+            k: [list(a.shape), str(a.dtype)]
+            for k, a in zip(("data_next", "block_mask", "mask_next"), smem)
+            if a is not None
+        },
     }
 
 
 # ------------------------------------------------------------------------------ svgen side
+
 
 def svgen_spec_text(frames: int, patterns: tuple[str, ...]) -> str:
     """One spec for the case: a `mask` when all heads agree, else patterns assigned per head
@@ -227,7 +246,9 @@ def measure_svgen(frames: int, patterns: tuple[str, ...]) -> dict:
         return sum(value_of(p) for p in patterns)
 
     return {
-        "build_s": build_s, "peak_mib": peak, "baseline_mib": baseline,
+        "build_s": build_s,
+        "peak_mib": peak,
+        "baseline_mib": baseline,
         "smem_bytes": summary["table_bytes"],
         "other_bytes": 0,
         "grid_steps": summary["grid_steps"] * len(patterns),
@@ -236,11 +257,13 @@ def measure_svgen(frames: int, patterns: tuple[str, ...]) -> dict:
         "partial": over_heads(lambda p: int(np.count_nonzero(kinds[p] == TileKind.BOUNDARY))),
         # FULL tiles in the last q tile: Splash cannot have any (its padded rows keep nothing)
         "full_in_last_q_tile": over_heads(
-            lambda p: int(np.count_nonzero(kinds[p][-1] == TileKind.FULL))),
+            lambda p: int(np.count_nonzero(kinds[p][-1] == TileKind.FULL))
+        ),
     }
 
 
 # ----------------------------------------------------------------------------- the driver
+
 
 def run_child(system: str, label: str) -> None:
     _, frames, patterns = next(c for c in CASES if c[0] == label)
@@ -250,8 +273,12 @@ def run_child(system: str, label: str) -> None:
 
 def run_case(system: str, label: str) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu")  # metadata only: no accelerator runtime
-    out = subprocess.run([sys.executable, __file__, "--child", system, label],
-                         capture_output=True, text=True, env=env)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", system, label],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if out.returncode:
         sys.stderr.write(out.stderr)
         raise SystemExit(f"{system} / {label} failed (exit {out.returncode})")
@@ -264,14 +291,18 @@ def _span(values: list[float]) -> str:
 
 
 def print_table(results: list[tuple[str, str, dict]]) -> None:
-    print("| case | system | build s | peak MiB | SMEM (scalar prefetch) bytes "
-          "| other metadata bytes | grid steps | visited fraction |")
+    print(
+        "| case | system | build s | peak MiB | SMEM (scalar prefetch) bytes "
+        "| other metadata bytes | grid steps | visited fraction |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for label, system, r in results:
         case = label + (" ¹" if "+" in label and system == "svgen" else "")
-        print(f"| {case} | {system} | {r['build_s']:.3f} | {r['peak_mib']:.0f} | "
-              f"{r['smem_bytes']:,} | {r['other_bytes']:,} | {r['grid_steps']:,} | "
-              f"{r['visited']:.4f} |")
+        print(
+            f"| {case} | {system} | {r['build_s']:.3f} | {r['peak_mib']:.0f} | "
+            f"{r['smem_bytes']:,} | {r['other_bytes']:,} | {r['grid_steps']:,} | "
+            f"{r['visited']:.4f} |"
+        )
     print()
     print("Tiles computed, summed over the 10 heads (kernel kinds; Splash: block_mask 2 / 1):")
     print()
@@ -279,29 +310,47 @@ def print_table(results: list[tuple[str, str, dict]]) -> None:
     print("|---|---|---|---|---|---|")
     for label, system, r in results:
         last = f"{r['full_in_last_q_tile']:,}" if "full_in_last_q_tile" in r else "0"
-        print(f"| {label} | {system} | {r['full']:,} | {r['partial']:,} | "
-              f"{r['full'] + r['partial']:,} | {last} |")
+        print(
+            f"| {label} | {system} | {r['full']:,} | {r['partial']:,} | "
+            f"{r['full'] + r['partial']:,} | {last} |"
+        )
     print()
-    print("Visited tiles agree exactly. Full/partial differ only in the last q tile, which is "
-          "part padding: svgen discards padded query rows, so a tile there is FULL when every "
-          "real pair is kept; Splash's padded query rows keep no key, so it marks those tiles "
-          "partial.")
+    print(
+        "Visited tiles agree exactly. Full/partial differ only in the last q tile, which is "
+        "part padding: svgen discards padded query rows, so a tile there is FULL when every "
+        "real pair is kept; Splash's padded query rows keep no key, so it marks those tiles "
+        "partial."
+    )
     print()
-    print(f"All cases: {HEADS} heads, 512 x 512 tiles, forward only, one fresh subprocess per row; "
-          "peak MiB is above the idle baseline measured after the imports ("
-          + ", ".join(f"{s} {_span([r['baseline_mib'] for _, t, r in results if t == s])} MiB"
-                      for s in SYSTEMS) + ").")
+    print(
+        f"All cases: {HEADS} heads, 512 x 512 tiles, forward only, one fresh subprocess per row; "
+        "peak MiB is above the idle baseline measured after the imports ("
+        + ", ".join(
+            f"{s} {_span([r['baseline_mib'] for _, t, r in results if t == s])} MiB"
+            for s in SYSTEMS
+        )
+        + ")."
+    )
     print()
-    print("¹ svgen's mixed case is one kernel with two patterns assigned per head (both "
-          "frame-major, the masks Splash gets): one table per pattern, however many heads use "
-          "it; every head walks the longest pattern's table, skipping past its own end.")
+    print(
+        "¹ svgen's mixed case is one kernel with two patterns assigned per head (both "
+        "frame-major, the masks Splash gets): one table per pattern, however many heads use "
+        "it; every head walks the longest pattern's table, skipping past its own end."
+    )
     for label, system, r in results:
         if system == "Splash":
-            print(f"\n{label}, Splash: grid {' x '.join(map(str, r['grid']))}; SMEM arrays "
-                  + ", ".join(f"{k} {v[0]} {v[1]}" for k, v in r["smem_shapes"].items())
-                  + "; other: " + ", ".join(f"{k} {v:,} B" for k, v in r["other_detail"].items())
-                  + (" (q_sequence is broadcast to 128 lanes at call time: x128 in HBM)"
-                     if "q_sequence" in r["other_detail"] else "") + ".")
+            print(
+                f"\n{label}, Splash: grid {' x '.join(map(str, r['grid']))}; SMEM arrays "
+                + ", ".join(f"{k} {v[0]} {v[1]}" for k, v in r["smem_shapes"].items())
+                + "; other: "
+                + ", ".join(f"{k} {v:,} B" for k, v in r["other_detail"].items())
+                + (
+                    " (q_sequence is broadcast to 128 lanes at call time: x128 in HBM)"
+                    if "q_sequence" in r["other_detail"]
+                    else ""
+                )
+                + "."
+            )
 
 
 def main() -> None:
@@ -318,11 +367,17 @@ def main() -> None:
         if args.quick and label not in QUICK:
             continue
         for system in SYSTEMS:
-            print(f"[{time.perf_counter() - started:7.1f} s] {label}: {system} ...",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[{time.perf_counter() - started:7.1f} s] {label}: {system} ...",
+                file=sys.stderr,
+                flush=True,
+            )
             r = run_case(system, label)
-            print(f"          build {r['build_s']:.2f} s, visited {r['visited']:.4f}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"          build {r['build_s']:.2f} s, visited {r['visited']:.4f}",
+                file=sys.stderr,
+                flush=True,
+            )
             results.append((label, system, r))
     print_table(results)
     print(f"[{time.perf_counter() - started:7.1f} s] done", file=sys.stderr)

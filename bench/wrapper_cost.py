@@ -44,12 +44,26 @@ KERNEL_PASSES = 4  # the kernel's own: q, k, v read, o written
 CASES = [
     # label, spec, overrides, head_pattern: "static" (the spec's) or "traced"
     ("band (frame-major: identity)", "wan21_720p_band.yaml", {}, "static"),
-    ("temporal, temporal-major", "wan21_720p_temporal.yaml", {"layout": "temporal_major"},
-     "static"),
-    ("mixed, static 5 + 5 assignment", "wan21_720p_mixed.yaml",
-     {"heads": {"candidates": [{"pattern": "spatial"},
-                               {"pattern": "temporal", "layout": "temporal_major"}],
-                "assign": ["spatial", "temporal"] * 5}}, "static"),
+    (
+        "temporal, temporal-major",
+        "wan21_720p_temporal.yaml",
+        {"layout": "temporal_major"},
+        "static",
+    ),
+    (
+        "mixed, static 5 + 5 assignment",
+        "wan21_720p_mixed.yaml",
+        {
+            "heads": {
+                "candidates": [
+                    {"pattern": "spatial"},
+                    {"pattern": "temporal", "layout": "temporal_major"},
+                ],
+                "assign": ["spatial", "temporal"] * 5,
+            }
+        },
+        "static",
+    ),
     ("mixed, traced head_pattern", "wan21_720p_mixed.yaml", {}, "traced"),
 ]
 
@@ -59,8 +73,9 @@ def _module(text: str, name: str):
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="svgen_wrapper_"))
     for filename, data in codegen.render(plan, f"specs/{name}").items():
         (tmp / filename).write_bytes(data)
-    spec = importlib.util.spec_from_file_location(f"_wrapper_{plan.spec.name}",
-                                                  tmp / codegen.module_filename(plan.spec.name))
+    spec = importlib.util.spec_from_file_location(
+        f"_wrapper_{plan.spec.name}", tmp / codegen.module_filename(plan.spec.name)
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -81,12 +96,16 @@ def _wrapper_bytes(module, traced: bool) -> float:
     kernel._flat_attention = stand_in
     try:
         sharding = tpu_schedule.tpu_sharding("v6e")
-        arg = jax.ShapeDtypeStruct((module.HEADS, module.SEQ_LEN, module.HEAD_DIM),
-                                   jnp.dtype(module.DTYPE), sharding=sharding)
+        arg = jax.ShapeDtypeStruct(
+            (module.HEADS, module.SEQ_LEN, module.HEAD_DIM),
+            jnp.dtype(module.DTYPE),
+            sharding=sharding,
+        )
         if traced:
             hp = jax.ShapeDtypeStruct((module.HEADS,), jnp.int32, sharding=sharding)
-            lowered = jax.jit(lambda q, k, v, h: module.attention(q, k, v, head_pattern=h)
-                              ).lower(arg, arg, arg, hp)
+            lowered = jax.jit(lambda q, k, v, h: module.attention(q, k, v, head_pattern=h)).lower(
+                arg, arg, arg, hp
+            )
         else:
             lowered = jax.jit(lambda q, k, v: module.attention(q, k, v)).lower(arg, arg, arg)
         analysis = lowered.compile().cost_analysis()
@@ -98,8 +117,10 @@ def _wrapper_bytes(module, traced: bool) -> float:
 
 
 def main() -> None:
-    print("| case | HBM bytes, all | tensor passes, all | wrapper passes | "
-          "wrapper ms (at 1.64 TB/s) | kernel ms (svgen cost) | wrapper / kernel |")
+    print(
+        "| case | HBM bytes, all | tensor passes, all | wrapper passes | "
+        "wrapper ms (at 1.64 TB/s) | kernel ms (svgen cost) | wrapper / kernel |"
+    )
     print("|" + "---|" * 7)
     for label, filename, overrides, head_pattern in CASES:
         spec = yaml.safe_load((REPO / "specs" / filename).read_text())
@@ -110,13 +131,20 @@ def main() -> None:
         plan, module = _module(text, filename)
         traced = head_pattern == "traced"
         total = _wrapper_bytes(module, traced)
-        tensor = module.HEADS * module.SEQ_LEN * module.HEAD_DIM * np.dtype(
-            jnp.dtype(module.DTYPE)).itemsize
+        tensor = (
+            module.HEADS
+            * module.SEQ_LEN
+            * module.HEAD_DIM
+            * np.dtype(jnp.dtype(module.DTYPE)).itemsize
+        )
         kernel_ms = cost.cost_plan(plan, f"specs/{filename}").ms
         wrapper = total - KERNEL_PASSES * tensor
         wrapper_ms = wrapper / HBM_BYTES_PER_S * 1e3
-        print(f"| {label} | {total / 1e6:,.0f} MB | {total / tensor:.1f} | "
-              f"{wrapper / tensor:.1f} | {wrapper_ms:.2f} | {kernel_ms:.2f} | {wrapper_ms / kernel_ms:.1%} |", flush=True)
+        print(
+            f"| {label} | {total / 1e6:,.0f} MB | {total / tensor:.1f} | "
+            f"{wrapper / tensor:.1f} | {wrapper_ms:.2f} | {kernel_ms:.2f} | {wrapper_ms / kernel_ms:.1%} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -51,8 +51,10 @@ def tokens(plan, rng) -> np.ndarray:
     is_text = (index < 0) | (index >= lay.video_tokens)
     frame_code = rng.standard_normal((lay.frames, MODEL_DIM // 2))
     place_code = rng.standard_normal((s, MODEL_DIM // 2))
-    x = np.concatenate([frame_code[np.where(is_text, 0, index // s)],
-                        place_code[np.where(is_text, 0, index % s)]], axis=1)
+    x = np.concatenate(
+        [frame_code[np.where(is_text, 0, index // s)], place_code[np.where(is_text, 0, index % s)]],
+        axis=1,
+    )
     x[is_text] = 0.0
     return (x + 0.5 * rng.standard_normal(x.shape)).astype(np.float32)
 
@@ -89,13 +91,13 @@ def run(seed: int = 0, verbose: bool = True):
         sparse = module.attention(q, k, v, head_pattern=chosen, interpret=True)
         dense = dense_attention(q, k, v)
         y = x + jnp.einsum("hsd,hdm->sm", sparse, wo)  # residual + output projection
-        errors = (jnp.linalg.norm(sparse - dense, axis=(1, 2))
-                  / jnp.linalg.norm(dense, axis=(1, 2)))
-    rows = [(h, kinds[h], module.PATTERNS[int(chosen[h])], float(errors[h]))
-            for h in range(heads)]
+        errors = jnp.linalg.norm(sparse - dense, axis=(1, 2)) / jnp.linalg.norm(dense, axis=(1, 2))
+    rows = [(h, kinds[h], module.PATTERNS[int(chosen[h])], float(errors[h])) for h in range(heads)]
     if verbose:
-        print(f"{plan.spec.name}: {plan.layout.seq_len} tokens, {heads} heads; patterns "
-              f"{', '.join(f'{p.name} ({p.layout.order}, density {p.density:.3f})' for p in plan.patterns)}")
+        print(
+            f"{plan.spec.name}: {plan.layout.seq_len} tokens, {heads} heads; patterns "
+            f"{', '.join(f'{p.name} ({p.layout.order}, density {p.density:.3f})' for p in plan.patterns)}"
+        )
         print("head  planted   chosen    rel. error vs dense")
         for h, kind, name, err in rows:
             print(f"{h:4d}  {kind:8s}  {name:8s}  {err:.4f}")

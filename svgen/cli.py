@@ -58,68 +58,117 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compile", help="compile specs into generated kernel modules")
     p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files (YAML)")
-    p.add_argument("--out", default=OUT_DEFAULT,
-                   help=f"output directory (default: {OUT_DEFAULT})")
-    p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 if any generated file is stale or hand-edited")
-    p.add_argument("--diff", action="store_true",
-                   help="show what would change; implies --check (writes nothing)")
-    p.add_argument("--quiet", "-q", action="store_true",
-                   help="print errors only (no progress, summary or warnings)")
+    p.add_argument("--out", default=OUT_DEFAULT, help=f"output directory (default: {OUT_DEFAULT})")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if any generated file is stale or hand-edited",
+    )
+    p.add_argument(
+        "--diff",
+        action="store_true",
+        help="show what would change; implies --check (writes nothing)",
+    )
+    p.add_argument(
+        "--quiet",
+        "-q",
+        action="store_true",
+        help="print errors only (no progress, summary or warnings)",
+    )
     _add_budget(p)
     p.set_defaults(run=_compile)
 
     p = sub.add_parser("inspect", help="print what the compiler found for a spec")
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--json", action="store_true", help="print a JSON object")
-    p.add_argument("--tiles", metavar="FILE.npy",
-                   help="save the int8 tile kinds [num_q_blocks, num_kv_blocks] "
-                        "(EMPTY=0, BOUNDARY=1, FULL=2); [patterns, ...] for several patterns")
-    p.add_argument("--png", metavar="FILE.png",
-                   help="write a picture of the tile map, colored by tile kind "
-                        "(FILE_<pattern>.png per pattern when there are several)")
+    p.add_argument(
+        "--tiles",
+        metavar="FILE.npy",
+        help="save the int8 tile kinds [num_q_blocks, num_kv_blocks] "
+        "(EMPTY=0, BOUNDARY=1, FULL=2); [patterns, ...] for several patterns",
+    )
+    p.add_argument(
+        "--png",
+        metavar="FILE.png",
+        help="write a picture of the tile map, colored by tile kind "
+        "(FILE_<pattern>.png per pattern when there are several)",
+    )
     _add_budget(p)
     p.set_defaults(run=_inspect)
 
-    p = sub.add_parser("cost", help="static model of the kernel's time on a TPU (libtpu's "
-                                    "schedule, compiled on this host)")
+    p = sub.add_parser(
+        "cost",
+        help="static model of the kernel's time on a TPU (libtpu's "
+        "schedule, compiled on this host)",
+    )
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--json", action="store_true", help="print a JSON object")
-    p.add_argument("--no-cache", action="store_true",
-                   help="compile even when the per-path costs are cached (~/.cache/svgen)")
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="compile even when the per-path costs are cached (~/.cache/svgen)",
+    )
     _add_budget(p)
     p.set_defaults(run=_cost)
 
-    p = sub.add_parser("tune", help="rank tilings (and align modes) of a spec with the cost "
-                                    "model; --apply writes the best into the spec")
+    p = sub.add_parser(
+        "tune",
+        help="rank tilings (and align modes) of a spec with the cost "
+        "model; --apply writes the best into the spec",
+    )
     p.add_argument("spec", metavar="SPEC")
-    p.add_argument("--align", nargs="+", metavar="MODE", choices=ALIGN_MODES,
-                   help=f"align modes to try ({', '.join(ALIGN_MODES)}; default: the spec's)")
+    p.add_argument(
+        "--align",
+        nargs="+",
+        metavar="MODE",
+        choices=ALIGN_MODES,
+        help=f"align modes to try ({', '.join(ALIGN_MODES)}; default: the spec's)",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON object")
-    p.add_argument("--apply", action="store_true",
-                   help="rewrite the spec's tiling with the first choice (comments and key "
-                        "order kept)")
-    p.add_argument("--confirm", type=int, default=DEFAULT_CONFIRM, metavar="K",
-                   help="compile until the first K rows are exactly costed, not estimated "
-                        f"(default {DEFAULT_CONFIRM})")
-    p.add_argument("--exhaustive", action="store_true",
-                   help="compile every candidate (slow: checks the estimates)")
+    p.add_argument(
+        "--apply",
+        action="store_true",
+        help="rewrite the spec's tiling with the first choice (comments and key order kept)",
+    )
+    p.add_argument(
+        "--confirm",
+        type=int,
+        default=DEFAULT_CONFIRM,
+        metavar="K",
+        help="compile until the first K rows are exactly costed, not estimated "
+        f"(default {DEFAULT_CONFIRM})",
+    )
+    p.add_argument(
+        "--exhaustive",
+        action="store_true",
+        help="compile every candidate (slow: checks the estimates)",
+    )
     _add_budget(p)
     p.set_defaults(run=_tune)
 
-    p = sub.add_parser("schema", help="print the JSON Schema of spec files (draft 2020-12), "
-                                      "for editor completion")
+    p = sub.add_parser(
+        "schema", help="print the JSON Schema of spec files (draft 2020-12), for editor completion"
+    )
     p.set_defaults(run=_schema)
     return parser
 
 
 def _add_budget(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--smem-budget", type=int, default=DEFAULT_SMEM_BUDGET, metavar="BYTES",
-                   help="fail when a kernel's scalar-prefetch tables exceed this many bytes "
-                        f"(default {DEFAULT_SMEM_BUDGET}: one TPU core's SMEM)")
-    p.add_argument("--target", choices=sorted(TARGETS), default=DEFAULT_TARGET,
-                   help=f"the TPU the kernel is for: its VMEM decides which tilings fit "
-                        f"(default {DEFAULT_TARGET})")
+    p.add_argument(
+        "--smem-budget",
+        type=int,
+        default=DEFAULT_SMEM_BUDGET,
+        metavar="BYTES",
+        help="fail when a kernel's scalar-prefetch tables exceed this many bytes "
+        f"(default {DEFAULT_SMEM_BUDGET}: one TPU core's SMEM)",
+    )
+    p.add_argument(
+        "--target",
+        choices=sorted(TARGETS),
+        default=DEFAULT_TARGET,
+        help=f"the TPU the kernel is for: its VMEM decides which tilings fit "
+        f"(default {DEFAULT_TARGET})",
+    )
 
 
 class _StatusLine:
@@ -179,8 +228,7 @@ def _is_terminal(stream) -> bool:
         return False
 
 
-def _plan(spec_file: str, quiet: bool, smem_budget: int, target: str,
-          warn: bool = True) -> Plan:
+def _plan(spec_file: str, quiet: bool, smem_budget: int, target: str, warn: bool = True) -> Plan:
     """The spec's analysis; likely mistakes (svgen.lint) are printed as warnings on stderr
     unless `warn` is False, and change nothing else."""
     spec = load_spec(spec_file)
@@ -232,27 +280,33 @@ def _compile(args) -> int:
     for spec_file in args.specs:
         start = time.perf_counter()
         try:
-            plan = _plan(spec_file, args.quiet, args.smem_budget, args.target,
-                         warn=not args.quiet)
+            plan = _plan(spec_file, args.quiet, args.smem_budget, args.target, warn=not args.quiet)
         except SpecError as err:
             errors.append(str(err))
             continue
         if plan.spec.name in names:
-            errors.append(f"{spec_file}: name: {plan.spec.name!r} is also the name of "
-                          f"{names[plan.spec.name]}; generated module names must be unique")
+            errors.append(
+                f"{spec_file}: name: {plan.spec.name!r} is also the name of "
+                f"{names[plan.spec.name]}; generated module names must be unique"
+            )
             continue
         names[plan.spec.name] = spec_file
-        files = codegen.render(plan, _spec_path_for_header(spec_file, out_dir),
-                               _regenerate_options(args, out_dir))
+        files = codegen.render(
+            plan, _spec_path_for_header(spec_file, out_dir), _regenerate_options(args, out_dir)
+        )
         for filename, data in files.items():
             rendered[out_dir / filename] = data
         if not args.quiet and not check:
             tiles = "; ".join(
                 f"{p.name}: {c['full']} full, {c['boundary']} boundary, {c['empty']} empty"
-                for p, c in ((p, p.tile_counts()) for p in plan.patterns))
-            print(f"{spec_file}: {tiles}; {plan.grid_steps} grid steps per head; "
-                  f"{plan.table_bytes} bytes of SMEM tables; "
-                  f"{time.perf_counter() - start:.2f} s", file=sys.stderr)
+                for p, c in ((p, p.tile_counts()) for p in plan.patterns)
+            )
+            print(
+                f"{spec_file}: {tiles}; {plan.grid_steps} grid steps per head; "
+                f"{plan.table_bytes} bytes of SMEM tables; "
+                f"{time.perf_counter() - start:.2f} s",
+                file=sys.stderr,
+            )
             for p in plan.patterns:
                 if p.budget is not None:
                     label = "" if len(plan.patterns) == 1 else f"{p.name}: "
@@ -268,8 +322,10 @@ def _compile(args) -> int:
     if not args.quiet:
         for path in written:
             print(f"wrote {path}", file=sys.stderr)
-        print(f"svgen: {len(written)} file(s) written, {len(rendered) - len(written)} unchanged",
-              file=sys.stderr)
+        print(
+            f"svgen: {len(written)} file(s) written, {len(rendered) - len(written)} unchanged",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -287,8 +343,9 @@ def _write_all(rendered: dict[pathlib.Path, bytes]) -> list[pathlib.Path]:
     return written
 
 
-def _check(rendered: dict[pathlib.Path, bytes], out_dir: pathlib.Path, show_diff: bool,
-           quiet: bool) -> int:
+def _check(
+    rendered: dict[pathlib.Path, bytes], out_dir: pathlib.Path, show_diff: bool, quiet: bool
+) -> int:
     problems = []
     for path, data in rendered.items():
         if not path.exists():
@@ -305,9 +362,14 @@ def _check(rendered: dict[pathlib.Path, bytes], out_dir: pathlib.Path, show_diff
             else:
                 problems.append(f"{path}: stale (the spec or svgen changed; run svgen compile)")
             if show_diff:
-                sys.stdout.writelines(difflib.unified_diff(
-                    text.splitlines(keepends=True), data.decode().splitlines(keepends=True),
-                    fromfile=str(path), tofile=f"{path} (regenerated)"))
+                sys.stdout.writelines(
+                    difflib.unified_diff(
+                        text.splitlines(keepends=True),
+                        data.decode().splitlines(keepends=True),
+                        fromfile=str(path),
+                        tofile=f"{path} (regenerated)",
+                    )
+                )
         else:
             problems.append(f"{path}: stale or edited (binary table differs)")
     problems += _orphans(out_dir, set(rendered))
@@ -336,8 +398,13 @@ def _inspect(args) -> int:
     plan = _plan(args.spec, quiet=args.json, smem_budget=args.smem_budget, target=args.target)
     single = len(plan.patterns) == 1
     if args.tiles:
-        np.save(args.tiles, plan.kinds.astype(np.int8) if single else np.stack(
-            [p.kinds.astype(np.int8) for p in plan.patterns]), allow_pickle=False)
+        np.save(
+            args.tiles,
+            plan.kinds.astype(np.int8)
+            if single
+            else np.stack([p.kinds.astype(np.int8) for p in plan.patterns]),
+            allow_pickle=False,
+        )
     if args.png:
         from svgen.pictures import write_tile_map_png
 
@@ -345,10 +412,12 @@ def _inspect(args) -> int:
             path = pathlib.Path(args.png)
             if not single:
                 path = path.with_name(f"{path.stem}_{pattern.name}{path.suffix}")
-            title = (f"{plan.spec.name}{'' if single else ' / ' + pattern.name}: "
-                     f"{pattern.grid.block_q} x {pattern.grid.block_kv} tiles, "
-                     f"{pattern.layout.order}, density {pattern.density:.4f}, "
-                     f"visited fraction {pattern.visited_fraction:.4f}")
+            title = (
+                f"{plan.spec.name}{'' if single else ' / ' + pattern.name}: "
+                f"{pattern.grid.block_q} x {pattern.grid.block_kv} tiles, "
+                f"{pattern.layout.order}, density {pattern.density:.4f}, "
+                f"visited fraction {pattern.visited_fraction:.4f}"
+            )
             write_tile_map_png(pattern.kinds, path, title=title)
     summary = plan.summary()
     if args.json:
@@ -362,8 +431,10 @@ def _inspect(args) -> int:
 
 
 #: What `svgen cost` says where libtpu is missing (a CPU-only install: `pip install svgen`).
-NO_LIBTPU = ("svgen cost compiles the kernel with libtpu, the TPU compiler, which is not "
-             "installed here; install it with: pip install 'svgen[tpu]'")
+NO_LIBTPU = (
+    "svgen cost compiles the kernel with libtpu, the TPU compiler, which is not "
+    "installed here; install it with: pip install 'svgen[tpu]'"
+)
 
 
 def _libtpu_installed() -> bool:
@@ -378,6 +449,7 @@ def _cost(args) -> int:
 
     # libtpu must learn where to dump its schedules before anything starts it.
     from svgen.tpu_schedule import ensure_dump_flags
+
     ensure_dump_flags()
     plan = _plan(args.spec, quiet=args.json, smem_budget=args.smem_budget, target=args.target)
     progress = None if args.json else (lambda message: print(f"  {message}", file=sys.stderr))
@@ -397,9 +469,15 @@ def _tune(args) -> int:
         raise SpecError("--confirm must be at least 1")
     progress = _TuneProgress(quiet=False)
     try:
-        result = tune.tune(args.spec, target=args.target, aligns=args.align,
-                           smem_budget=args.smem_budget, confirm=args.confirm,
-                           exhaustive=args.exhaustive, progress=progress)
+        result = tune.tune(
+            args.spec,
+            target=args.target,
+            aligns=args.align,
+            smem_budget=args.smem_budget,
+            confirm=args.confirm,
+            exhaustive=args.exhaustive,
+            progress=progress,
+        )
     finally:
         progress.close()
     if args.json:
@@ -422,8 +500,12 @@ def _apply_tiling(spec_file: str, candidate, quiet: bool) -> None:
     text, changes = rewrite_tiling(path.read_text(encoding="utf-8"), candidate)
     t = parse_spec(text, source=spec_file).tiling
     assert (t.block_q, t.block_kv, t.cq, t.ckv, t.align) == (
-        candidate.block_q, candidate.block_kv, candidate.compute_q, candidate.compute_kv,
-        candidate.align), "the rewritten spec does not read back as the chosen tiling"
+        candidate.block_q,
+        candidate.block_kv,
+        candidate.compute_q,
+        candidate.compute_kv,
+        candidate.align,
+    ), "the rewritten spec does not read back as the chosen tiling"
     if not changes:
         print(f"svgen: {spec_file}: tiling unchanged (already the first choice)", file=sys.stderr)
         return

@@ -60,9 +60,15 @@ class PathCosts:
 
     @classmethod
     def from_json(cls, obj: dict) -> "PathCosts":
-        return cls(obj["bookkeeping"], obj["full"], tuple(obj["mixed"]),
-                   tuple(tuple(tuple(b) for b in p) for p in obj["block"]),
-                   tuple(obj["init"]), obj["finalize"], obj["pipeline"])
+        return cls(
+            obj["bookkeeping"],
+            obj["full"],
+            tuple(obj["mixed"]),
+            tuple(tuple(tuple(b) for b in p) for p in obj["block"]),
+            tuple(obj["init"]),
+            obj["finalize"],
+            obj["pipeline"],
+        )
 
     def tile_cost(self, pattern: int, kind: int, word: int, padding: bool = False) -> int:
         """Bundles of one grid step on a tile of this kind (and blocks word); `padding`: the
@@ -77,8 +83,11 @@ class PathCosts:
         cost = self.mixed[pattern]
         for index, (full, boundary, padded) in enumerate(blocks):
             block_kind = (word >> (2 * index)) & 3
-            cost += full if block_kind == TileKind.FULL else (
-                (padded if padding else boundary) if block_kind == TileKind.BOUNDARY else 0)
+            cost += (
+                full
+                if block_kind == TileKind.FULL
+                else ((padded if padding else boundary) if block_kind == TileKind.BOUNDARY else 0)
+            )
         return cost
 
 
@@ -101,10 +110,16 @@ def read_paths(schedule, patterns: int, compute_blocks: int) -> PathCosts:
     def inside(branch):
         """The branches directly inside `branch` (by span, so that a branch the scheduler
         put in the delay slots of its parent still counts as its child)."""
-        within = [b for b in loop_branches if branch.address < b.address < branch.target
-                  and b.target <= branch.target]
-        return [b for b in within if not any(
-            c.address < b.address < c.target and b.target <= c.target for c in within)]
+        within = [
+            b
+            for b in loop_branches
+            if branch.address < b.address < branch.target and b.target <= branch.target
+        ]
+        return [
+            b
+            for b in within
+            if not any(c.address < b.address < c.target and b.target <= c.target for c in within)
+        ]
 
     def variants(branch, skipped: set[int], base: int) -> tuple[int, int]:
         """(without, with) the padding test of a masked body inside `branch`."""
@@ -126,22 +141,34 @@ def read_paths(schedule, patterns: int, compute_blocks: int) -> PathCosts:
             continue
         inner = inside(m)
         if len(inner) != 2 * compute_blocks:
-            raise RuntimeError(f"expected {2 * compute_blocks} compute-block branches in a "
-                               f"BOUNDARY tile, found {len(inner)}")
+            raise RuntimeError(
+                f"expected {2 * compute_blocks} compute-block branches in a "
+                f"BOUNDARY tile, found {len(inner)}"
+            )
         addresses = {b.address for b in inner}
         base = cost(others | addresses)
         mixed_base.append(base)
         blocks = []
         for index in range(compute_blocks):
             f, b = inner[2 * index], inner[2 * index + 1]
-            blocks.append((cost(others | (addresses - {f.address})) - base,
-                           *variants(b, others | (addresses - {b.address}), base)))
+            blocks.append(
+                (
+                    cost(others | (addresses - {f.address})) - base,
+                    *variants(b, others | (addresses - {b.address}), base),
+                )
+            )
         per_pattern_blocks.append(tuple(blocks))
     stage_branch = [b for b in loop_branches if b.depth == stage]
     pipeline = cost({b.address for b in stage_branch}) if stage_branch else bookkeeping
-    return PathCosts(bookkeeping, only(full), tuple(mixed_base), tuple(per_pattern_blocks),
-                     _init_per_pattern(init, inside(init), patterns, only, cost, phases),
-                     only(finalize) - bookkeeping, pipeline)
+    return PathCosts(
+        bookkeeping,
+        only(full),
+        tuple(mixed_base),
+        tuple(per_pattern_blocks),
+        _init_per_pattern(init, inside(init), patterns, only, cost, phases),
+        only(finalize) - bookkeeping,
+        pipeline,
+    )
 
 
 def _kernel_phases(top: list, patterns: int) -> list:
@@ -150,13 +177,16 @@ def _kernel_phases(top: list, patterns: int) -> list:
     conditional DMA issues and waits sit around them at the same depth)."""
     expected = 2 + patterns + 1
     for start in range(1, len(top) - expected + 2):
-        run = top[start - 1:start - 1 + expected]
-        if all(b.mix.get("vmatmul") for b in run[1:1 + 1 + patterns]) and not any(
-                b.mix.get("vmatmul") for b in (run[0], run[-1])):
+        run = top[start - 1 : start - 1 + expected]
+        if all(b.mix.get("vmatmul") for b in run[1 : 1 + 1 + patterns]) and not any(
+            b.mix.get("vmatmul") for b in (run[0], run[-1])
+        ):
             return run
-    raise RuntimeError(f"expected {expected} kernel phases (init, full, {patterns} mixed, "
-                       f"finalize) in the schedule, found none among {len(top)} branches: "
-                       "the kernel and the cost model disagree")
+    raise RuntimeError(
+        f"expected {expected} kernel phases (init, full, {patterns} mixed, "
+        f"finalize) in the schedule, found none among {len(top)} branches: "
+        "the kernel and the cost model disagree"
+    )
 
 
 def _init_per_pattern(init, decodes, patterns: int, only, cost, phases) -> tuple[int, ...]:
@@ -170,8 +200,10 @@ def _init_per_pattern(init, decodes, patterns: int, only, cost, phases) -> tuple
         # dearest decode (an upper bound, said here rather than guessed per pattern).
         return (only(init) - bookkeeping,) * patterns
     run_init = phases - {init.address}
-    return tuple(cost(run_init | {d.address for d in decodes if d is not mine}) - bookkeeping
-                 for mine in decodes)
+    return tuple(
+        cost(run_init | {d.address for d in decodes if d is not mine}) - bookkeeping
+        for mine in decodes
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,8 +233,9 @@ class CostReport:
             "steps": self.steps,
             "cycles_by_path": self.cycles_by_path,
             "dense_cycles": self.dense_cycles,
-            "dense_ms": None if self.dense_cycles is None else
-            self.dense_cycles / (self.clock_ghz * 1e6),
+            "dense_ms": None
+            if self.dense_cycles is None
+            else self.dense_cycles / (self.clock_ghz * 1e6),
             "vmem_bytes": self.vmem_bytes,
             "smem_bytes": self.smem_bytes,
             "heads": self.heads,
@@ -210,36 +243,54 @@ class CostReport:
         }
 
 
-def model_cycles(paths: PathCosts, tables, head_pattern,
-                 padding_tile: int | None = None) -> tuple[int, dict, dict]:
+def model_cycles(
+    paths: PathCosts, tables, head_pattern, padding_tile: int | None = None
+) -> tuple[int, dict, dict]:
     """Cycles of one call over all heads, walking each head's tables as the kernel does;
     `padding_tile`: the kv tile holding padding keys (KernelShape.padding_kv_tile)."""
     from svgen.runtime.tables import KIND_MASK, KV_BLOCK_MASK, KV_BLOCK_SHIFT, Q_BLOCK_SHIFT
 
     steps = {"full": 0, "mixed": 0, "empty": 0, "skipped": 0}
-    by_path = {"bookkeeping": 0, "full": 0, "mixed": 0, "empty": 0, "skipped": 0,
-               "init_finalize": 0, "pipeline": 2 * paths.pipeline}
+    by_path = {
+        "bookkeeping": 0,
+        "full": 0,
+        "mixed": 0,
+        "empty": 0,
+        "skipped": 0,
+        "init_finalize": 0,
+        "pipeline": 2 * paths.pipeline,
+    }
     for pattern in np.asarray(head_pattern).tolist():
         first, count = int(tables.first_piece[pattern]), int(tables.num_pieces[pattern])
-        entries = tables.entries[first:first + count].astype(np.int64) & 0xFFFFFFFF
-        lengths = (np.ones(count, np.int64) if tables.lengths is None else
-                   tables.lengths[first:first + count].astype(np.int64))
-        words = (np.zeros(count, np.int64) if tables.blocks is None else
-                 tables.blocks[first:first + count].astype(np.int64) & (
-                     (1 << (8 * tables.blocks.itemsize)) - 1))
+        entries = tables.entries[first : first + count].astype(np.int64) & 0xFFFFFFFF
+        lengths = (
+            np.ones(count, np.int64)
+            if tables.lengths is None
+            else tables.lengths[first : first + count].astype(np.int64)
+        )
+        words = (
+            np.zeros(count, np.int64)
+            if tables.blocks is None
+            else tables.blocks[first : first + count].astype(np.int64)
+            & ((1 << (8 * tables.blocks.itemsize)) - 1)
+        )
         kinds = entries & KIND_MASK
         q_tiles = len(np.unique(entries >> Q_BLOCK_SHIFT))
         # The one step of a piece that visits the kv tile holding padding keys.
         kv_start = (entries >> KV_BLOCK_SHIFT) & KV_BLOCK_MASK
-        padding = (np.zeros(count, np.int64) if padding_tile is None else
-                   ((kv_start <= padding_tile) & (padding_tile < kv_start + lengths)).astype(
-                       np.int64))
+        padding = (
+            np.zeros(count, np.int64)
+            if padding_tile is None
+            else ((kv_start <= padding_tile) & (padding_tile < kv_start + lengths)).astype(np.int64)
+        )
         for kind, word, length, on_padding in _grouped(kinds, words, lengths, padding):
-            name = {TileKind.FULL: "full", TileKind.BOUNDARY: "mixed",
-                    TileKind.EMPTY: "empty"}[TileKind(kind)]
+            name = {TileKind.FULL: "full", TileKind.BOUNDARY: "mixed", TileKind.EMPTY: "empty"}[
+                TileKind(kind)
+            ]
             steps[name] += length
-            by_path[name] += ((length - on_padding) * paths.tile_cost(pattern, kind, word)
-                              + on_padding * paths.tile_cost(pattern, kind, word, True))
+            by_path[name] += (length - on_padding) * paths.tile_cost(
+                pattern, kind, word
+            ) + on_padding * paths.tile_cost(pattern, kind, word, True)
         work = int(lengths.sum())
         # The flat walk gives a head its own pattern's pieces; the per-head one the longest's.
         skipped = (count if tables.flat else tables.max_pieces) * tables.slots - work
@@ -263,26 +314,40 @@ def _grouped(kinds, words, lengths, padding):
 # ----------------------------------------------------------------------------- compiling
 def _cache_dir() -> pathlib.Path:
     base = os.environ.get("SVGEN_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "svgen")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "svgen"
+    )
     return pathlib.Path(base) / "cost"
 
 
-def _cache_key(target: str, shape, patterns_key: str, slots: int, tables_shape: tuple,
-               dtype: str) -> str:
+def _cache_key(
+    target: str, shape, patterns_key: str, slots: int, tables_shape: tuple, dtype: str
+) -> str:
     import jax
     import jaxlib
 
     from svgen.runtime import coords, kernel
+
     # The kernel body and the coordinate decoding it traces.
     kernel_source = b"".join(pathlib.Path(m.__file__).read_bytes() for m in (kernel, coords))
-    text = json.dumps([CACHE_VERSION, target, dataclasses.asdict(shape), patterns_key, slots,
-                       list(tables_shape), dtype, jax.__version__, jaxlib.__version__,
-                       hashlib.sha256(kernel_source).hexdigest()], sort_keys=True)
+    text = json.dumps(
+        [
+            CACHE_VERSION,
+            target,
+            dataclasses.asdict(shape),
+            patterns_key,
+            slots,
+            list(tables_shape),
+            dtype,
+            jax.__version__,
+            jaxlib.__version__,
+            hashlib.sha256(kernel_source).hexdigest(),
+        ],
+        sort_keys=True,
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def measure_paths(module, target: str, *, use_cache: bool = True,
-                  progress=None) -> PathCosts:
+def measure_paths(module, target: str, *, use_cache: bool = True, progress=None) -> PathCosts:
     """Compile the generated module's kernel for `target` and read its per-path costs.
 
     Cached on disk by everything the schedule depends on (kernel source, shapes, the masks'
@@ -292,8 +357,14 @@ def measure_paths(module, target: str, *, use_cache: bool = True,
 
     tables = module.attention.tables
     masks = "\n".join(inspect.getsource(p.boundary_mask) for p in module._PATTERNS)
-    key = _cache_key(target, module.SHAPE, masks, tables.slots,
-                     tuple(str(t.dtype) for t in tables.piece_operands()), module.DTYPE)
+    key = _cache_key(
+        target,
+        module.SHAPE,
+        masks,
+        tables.slots,
+        tuple(str(t.dtype) for t in tables.piece_operands()),
+        module.DTYPE,
+    )
     path = _cache_dir() / f"{key}.json"
     if use_cache and path.exists():
         return PathCosts.from_json(json.loads(path.read_text()))
@@ -313,17 +384,19 @@ def _compile(module, target: str):
     import jax.numpy as jnp
 
     from svgen import tpu_schedule
+
     sharding = tpu_schedule.tpu_sharding(target)
-    arg = jax.ShapeDtypeStruct((module.HEADS, module.SEQ_LEN, module.HEAD_DIM),
-                               jnp.dtype(module.DTYPE), sharding=sharding)
+    arg = jax.ShapeDtypeStruct(
+        (module.HEADS, module.SEQ_LEN, module.HEAD_DIM), jnp.dtype(module.DTYPE), sharding=sharding
+    )
     head_pattern = jax.ShapeDtypeStruct((module.HEADS,), jnp.int32, sharding=sharding)
 
     def run(q, k, v, hp):
         return module.attention(q, k, v, head_pattern=hp)
 
-    return tpu_schedule.compile_and_dump(run, arg, arg, arg, head_pattern,
-                                         kernel_name=KERNEL_NAME, target=target)
-
+    return tpu_schedule.compile_and_dump(
+        run, arg, arg, arg, head_pattern, kernel_name=KERNEL_NAME, target=target
+    )
 
 
 # ----------------------------------------------------------------------------- a spec
@@ -369,20 +442,29 @@ def cost_plan(plan, spec_path: str, *, use_cache: bool = True, progress=None) ->
             (pathlib.Path(tmp) / filename).write_bytes(data)
         name = f"_svgen_cost_{plan.spec.name}"
         module_spec = importlib.util.spec_from_file_location(
-            name, pathlib.Path(tmp) / codegen.module_filename(plan.spec.name))
+            name, pathlib.Path(tmp) / codegen.module_filename(plan.spec.name)
+        )
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[name] = module
         try:
             module_spec.loader.exec_module(module)
-            paths = measure_paths(module, plan.target.name, use_cache=use_cache,
-                                  progress=progress)
+            paths = measure_paths(module, plan.target.name, use_cache=use_cache, progress=progress)
         finally:
             sys.modules.pop(name, None)
     head_pattern = model_head_pattern(plan)
     cycles, steps, by_path = model_cycles(paths, plan.tables, head_pattern, padding_tile(plan))
-    return CostReport(plan.target.name, plan.target.clock_ghz, paths, steps, cycles, by_path,
-                      dense_cycles(paths, plan), plan.vmem.total, plan.table_bytes,
-                      len(head_pattern))
+    return CostReport(
+        plan.target.name,
+        plan.target.clock_ghz,
+        paths,
+        steps,
+        cycles,
+        by_path,
+        dense_cycles(paths, plan),
+        plan.vmem.total,
+        plan.table_bytes,
+        len(head_pattern),
+    )
 
 
 def format_report(report: CostReport, plan) -> list[str]:
@@ -411,23 +493,31 @@ def format_report(report: CostReport, plan) -> list[str]:
             f"    BOUNDARY tile{label}: {p.mixed[index] - p.bookkeeping} branch overhead; per "
             f"compute block FULL {full} ({full / per_block:.0f}), "
             f"BOUNDARY {boundary} ({boundary / per_block:.0f}{ratio})"
-            + (f"; {padded} with the padding test (one kv tile)" if padded > max(
-                boundary_blocks) else ""))
+            + (
+                f"; {padded} with the padding test (one kv tile)"
+                if padded > max(boundary_blocks)
+                else ""
+            )
+        )
     init = ", ".join(str(i) for i in p.init) if len(set(p.init)) > 1 else str(p.init[0])
     lines.append(f"    init {init}, finalize {p.finalize} (per q tile)")
     steps = report.steps
-    lines.append(f"  steps over {report.heads} heads: {steps['full']:,} FULL, "
-                 f"{steps['mixed']:,} BOUNDARY, {steps['empty']:,} zero-fill, "
-                 f"{steps['skipped']:,} skipped")
+    lines.append(
+        f"  steps over {report.heads} heads: {steps['full']:,} FULL, "
+        f"{steps['mixed']:,} BOUNDARY, {steps['empty']:,} zero-fill, "
+        f"{steps['skipped']:,} skipped"
+    )
     share = {k: v / report.cycles for k, v in report.cycles_by_path.items() if v}
     lines.append("  time by path: " + ", ".join(f"{k} {v:.1%}" for k, v in share.items()))
     if plan.assign is None:
         lines.append("  heads: assigned at run time; modelled with the candidates in turn")
     lines.append(f"  modelled: {report.cycles:,} cycles = {report.ms:.2f} ms per call")
     if report.dense_cycles:
-        lines.append(f"  the same kernel on a dense mask: {report.dense_cycles:,} cycles = "
-                     f"{report.dense_cycles / (report.clock_ghz * 1e6):.2f} ms "
-                     f"({report.dense_cycles / report.cycles:.2f}x this kernel's time)")
+        lines.append(
+            f"  the same kernel on a dense mask: {report.dense_cycles:,} cycles = "
+            f"{report.dense_cycles / (report.clock_ghz * 1e6):.2f} ms "
+            f"({report.dense_cycles / report.cycles:.2f}x this kernel's time)"
+        )
     return lines
 
 

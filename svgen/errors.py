@@ -12,8 +12,15 @@ class SpecError(Exception):
     ``line`` and ``column`` are 1-based.
     """
 
-    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
-                 column: int | None = None, key: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        column: int | None = None,
+        key: str | None = None,
+    ):
         self.message = message
         self.file = file
         self.line = line
@@ -31,8 +38,13 @@ class SpecError(Exception):
         return (_rebuild_spec_error, (self.message, self.file, self.line, self.column, self.key))
 
 
-def locate(message: str, file: str | None = None, line: int | None = None,
-           column: int | None = None, key: str | None = None) -> str:
+def locate(
+    message: str,
+    file: str | None = None,
+    line: int | None = None,
+    column: int | None = None,
+    key: str | None = None,
+) -> str:
     """``file:line:column: key: message``, leaving out the parts that are None: the one
     format of errors and warnings about a spec, so editors jump to both alike."""
     where = ""

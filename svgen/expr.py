@@ -104,6 +104,7 @@ class ExprSyntaxError(ValueError):
 
 # ----------------------------------------------------------------------------- tokens
 
+
 @dataclass(frozen=True)
 class _Tok:
     kind: str  # "int", "name", "op", "end"
@@ -123,8 +124,11 @@ def _describe_tok(tok: _Tok) -> str:
 
 def _check_length(text: str) -> None:
     if len(text) > MAX_EXPR_CHARS:
-        raise ExprSyntaxError(f"the predicate is longer than {MAX_EXPR_CHARS} characters "
-                              f"(MAX_EXPR_CHARS), got {len(text)}", MAX_EXPR_CHARS)
+        raise ExprSyntaxError(
+            f"the predicate is longer than {MAX_EXPR_CHARS} characters "
+            f"(MAX_EXPR_CHARS), got {len(text)}",
+            MAX_EXPR_CHARS,
+        )
 
 
 def _literal(text: str, offset: int) -> _Tok:
@@ -132,8 +136,11 @@ def _literal(text: str, offset: int) -> _Tok:
     string of thousands of digits would otherwise be slow, or refused by ``int`` itself)."""
     if len(text) > len(str(MAX_EXPR_LITERAL)) or int(text) > MAX_EXPR_LITERAL:
         shown = text if len(text) <= 20 else f"{text[:12]}... ({len(text)} digits)"
-        raise ExprSyntaxError(f"integer literal {shown} is larger than {MAX_EXPR_LITERAL} "
-                              f"(MAX_EXPR_LITERAL: the kernel computes predicates in int32)", offset)
+        raise ExprSyntaxError(
+            f"integer literal {shown} is larger than {MAX_EXPR_LITERAL} "
+            f"(MAX_EXPR_LITERAL: the kernel computes predicates in int32)",
+            offset,
+        )
     return _Tok("int", text, offset)
 
 
@@ -147,17 +154,22 @@ def _tokenize(text: str) -> list[_Tok]:
             i += 1
             continue
         if len(toks) == MAX_EXPR_TOKENS:  # a token starts here, one past the limit
-            raise ExprSyntaxError(f"the predicate has more than {MAX_EXPR_TOKENS} tokens "
-                                  f"(MAX_EXPR_TOKENS)", i)
+            raise ExprSyntaxError(
+                f"the predicate has more than {MAX_EXPR_TOKENS} tokens (MAX_EXPR_TOKENS)", i
+            )
         if c.isdigit() and c.isascii():
             j = i
             while j < n and text[j].isascii() and text[j].isdigit():
                 j += 1
             if j < n and (text[j].isalpha() or text[j] == "_" or text[j] == "."):
                 raise ExprSyntaxError(
-                    f"invalid number '{text[i:j + 1]}': only non-negative integer literals are allowed", i)
+                    f"invalid number '{text[i : j + 1]}': only non-negative integer literals are allowed",
+                    i,
+                )
             if j - i > 1 and text[i] == "0":
-                raise ExprSyntaxError(f"invalid number '{text[i:j]}': leading zeros are not allowed", i)
+                raise ExprSyntaxError(
+                    f"invalid number '{text[i:j]}': leading zeros are not allowed", i
+                )
             toks.append(_literal(text[i:j], i))
             i = j
             continue
@@ -168,7 +180,7 @@ def _tokenize(text: str) -> list[_Tok]:
             toks.append(_Tok("name", text[i:j], i))
             i = j
             continue
-        two = text[i:i + 2]
+        two = text[i : i + 2]
         if two in _TWO_CHAR_OPS:
             toks.append(_Tok("op", two, i))
             i += 2
@@ -197,6 +209,7 @@ def _tokenize(text: str) -> list[_Tok]:
 
 # ----------------------------------------------------------------------------- parser
 
+
 @dataclass(frozen=True)
 class _Val:
     expr: sympy.Basic
@@ -218,8 +231,9 @@ class _Parser:
         no predicate overflows Python's stack."""
         self.depth += 1
         if self.depth > MAX_EXPR_DEPTH:
-            raise ExprSyntaxError(f"the predicate is nested more than {MAX_EXPR_DEPTH} deep "
-                                  f"(MAX_EXPR_DEPTH)", offset)
+            raise ExprSyntaxError(
+                f"the predicate is nested more than {MAX_EXPR_DEPTH} deep (MAX_EXPR_DEPTH)", offset
+            )
         try:
             yield
         finally:
@@ -266,10 +280,13 @@ class _Parser:
         if t.kind != "end":
             if t.kind == "op" and t.text == ")":
                 raise ExprSyntaxError("unbalanced ')': no matching '('", t.offset)
-            raise ExprSyntaxError(f"unexpected {_describe_tok(t)} after a complete expression", t.offset)
+            raise ExprSyntaxError(
+                f"unexpected {_describe_tok(t)} after a complete expression", t.offset
+            )
         if not v.is_bool and not v.text_flag:
             raise ExprSyntaxError(
-                "the predicate must be a boolean expression, got an integer expression", v.offset)
+                "the predicate must be a boolean expression, got an integer expression", v.offset
+            )
         return self._as_bool(v, "")
 
     def _or(self) -> _Val:
@@ -297,10 +314,19 @@ class _Parser:
             t = self._advance()
             with self._nested(t.offset):
                 inner = self._not()
-            return _Val(sympy.Not(self._as_bool(inner, "'not' needs a boolean operand")), True, t.offset)
+            return _Val(
+                sympy.Not(self._as_bool(inner, "'not' needs a boolean operand")), True, t.offset
+            )
         return self._comparison()
 
-    _REL = {"<": sympy.Lt, "<=": sympy.Le, ">": sympy.Gt, ">=": sympy.Ge, "==": sympy.Eq, "!=": sympy.Ne}
+    _REL = {
+        "<": sympy.Lt,
+        "<=": sympy.Le,
+        ">": sympy.Gt,
+        ">=": sympy.Ge,
+        "==": sympy.Eq,
+        "!=": sympy.Ne,
+    }
 
     def _comparison(self) -> _Val:
         first = self._sum()
@@ -341,7 +367,8 @@ class _Parser:
             else:
                 if not (isinstance(right, sympy.Integer) and right > 0):
                     raise ExprSyntaxError(
-                        f"divisor of '{op}' must be a positive integer literal", right_v.offset)
+                        f"divisor of '{op}' must be a positive integer literal", right_v.offset
+                    )
                 expr = FloorDiv(left, right) if op == "//" else FloorMod(left, right)
             acc = _Val(expr, False, acc.offset)
         return acc
@@ -367,7 +394,9 @@ class _Parser:
             if not self._at_op(")"):
                 if self.tok.kind == "end":
                     raise ExprSyntaxError("unbalanced '(': missing ')'", t.offset)
-                raise ExprSyntaxError(f"expected ')' but got {_describe_tok(self.tok)}", self.tok.offset)
+                raise ExprSyntaxError(
+                    f"expected ')' but got {_describe_tok(self.tok)}", self.tok.offset
+                )
             self._advance()
             return _Val(inner.expr, inner.is_bool, t.offset, inner.text_flag)
         if t.kind == "name":
@@ -385,9 +414,12 @@ class _Parser:
             nxt = self.toks[self.pos + 1]
             if nxt.kind == "op" and nxt.text == "(":
                 raise ExprSyntaxError(
-                    f"unknown function '{name}'; allowed functions: {', '.join(_FUNCTIONS)}", t.offset)
+                    f"unknown function '{name}'; allowed functions: {', '.join(_FUNCTIONS)}",
+                    t.offset,
+                )
             raise ExprSyntaxError(
-                f"unknown name '{name}'; allowed names: {', '.join(_SYMBOL_NAMES)}", t.offset)
+                f"unknown name '{name}'; allowed names: {', '.join(_SYMBOL_NAMES)}", t.offset
+            )
         if t.kind == "end":
             raise ExprSyntaxError("unexpected end of expression: expected an operand", t.offset)
         if t.kind == "op" and t.text == ")":
@@ -398,7 +430,9 @@ class _Parser:
         name_tok = self._advance()
         name = name_tok.text
         if not self._at_op("("):
-            raise ExprSyntaxError(f"'{name}' is a function; call it as {name}(...)", name_tok.offset)
+            raise ExprSyntaxError(
+                f"'{name}' is a function; call it as {name}(...)", name_tok.offset
+            )
         open_tok = self._advance()
         args: list[_Val] = []
         if self._at_op(")"):
@@ -416,14 +450,20 @@ class _Parser:
                 if self.tok.kind == "end":
                     raise ExprSyntaxError("unbalanced '(': missing ')'", open_tok.offset)
                 raise ExprSyntaxError(
-                    f"expected ',' or ')' in {name}(...) but got {_describe_tok(self.tok)}", self.tok.offset)
+                    f"expected ',' or ')' in {name}(...) but got {_describe_tok(self.tok)}",
+                    self.tok.offset,
+                )
         if name == "abs":
             if len(args) != 1:
-                raise ExprSyntaxError(f"abs() takes exactly 1 argument, got {len(args)}", name_tok.offset)
+                raise ExprSyntaxError(
+                    f"abs() takes exactly 1 argument, got {len(args)}", name_tok.offset
+                )
             e = self._as_int(args[0], "abs() needs an integer argument")
             return _Val(sympy.Abs(e), False, name_tok.offset)
         if len(args) < 2:
-            raise ExprSyntaxError(f"{name}() needs at least 2 arguments, got {len(args)}", name_tok.offset)
+            raise ExprSyntaxError(
+                f"{name}() needs at least 2 arguments, got {len(args)}", name_tok.offset
+            )
         es = [self._as_int(a, f"{name}() needs integer arguments") for a in args]
         fn = sympy.Min if name == "min" else sympy.Max
         return _Val(fn(*es), False, name_tok.offset)

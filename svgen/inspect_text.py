@@ -62,16 +62,20 @@ def _pattern_lines(s: dict) -> list[str]:
         lines.append(_budget(s))
     unproven = s.pop("unproven_boundary_tiles")
     if unproven:
-        lines.append(f"unproven boundary tiles: {_count(unproven)} (left BOUNDARY: interval "
-                     f"arithmetic could not decide them)")
+        lines.append(
+            f"unproven boundary tiles: {_count(unproven)} (left BOUNDARY: interval "
+            f"arithmetic could not decide them)"
+        )
     return lines + _generic_lines(s)
 
 
 def _density(low: float, exact: bool, high: float | None) -> str:
     if exact:
         return f"density: {_fraction(low)} of token pairs kept (exact)"
-    return (f"density: between {_fraction(low)} and {_fraction(high)} of token pairs kept "
-            f"(bounds: the mask was not evaluated everywhere)")
+    return (
+        f"density: between {_fraction(low)} and {_fraction(high)} of token pairs kept "
+        f"(bounds: the mask was not evaluated everywhere)"
+    )
 
 
 def _align(mode: str) -> str:
@@ -80,14 +84,17 @@ def _align(mode: str) -> str:
 
 def _budget(s: dict) -> str:
     """What aligning changed (consumes the pair-budget keys of `s`)."""
-    line = (f"aligned mask: exact density {_fraction(s.pop('exact_density'))}; "
-            f"{_count(s.pop('pairs_added'))} pairs added, {_count(s.pop('pairs_dropped'))} "
-            f"dropped; recall {_fraction(s.pop('recall'))}, precision "
-            f"{_fraction(s.pop('precision'))}; {_plural(s.pop('rows_emptied'), 'row')} emptied")
+    line = (
+        f"aligned mask: exact density {_fraction(s.pop('exact_density'))}; "
+        f"{_count(s.pop('pairs_added'))} pairs added, {_count(s.pop('pairs_dropped'))} "
+        f"dropped; recall {_fraction(s.pop('recall'))}, precision "
+        f"{_fraction(s.pop('precision'))}; {_plural(s.pop('rows_emptied'), 'row')} emptied"
+    )
     exact_blocks = s.pop("exact_boundary_blocks")
     if exact_blocks:
-        line += (f"; {_plural(exact_blocks, 'BOUNDARY block')} left exact (the column of "
-                 f"padding keys)")
+        line += (
+            f"; {_plural(exact_blocks, 'BOUNDARY block')} left exact (the column of padding keys)"
+        )
     return line
 
 
@@ -144,6 +151,6 @@ def _bytes(n: int) -> str:
     """Bytes up to 10 KiB, then KiB and MiB to one decimal (--json has the exact count)."""
     if n < 10 * 1024:
         return f"{_count(n)} bytes"
-    if n < 2 ** 20:
+    if n < 2**20:
         return f"{n / 1024:.1f} KiB"
-    return f"{n / 2 ** 20:,.1f} MiB"
+    return f"{n / 2**20:,.1f} MiB"

@@ -49,8 +49,10 @@ def _both_video(q: Coordinates, k: Coordinates) -> np.ndarray:
 
 
 def _near(a: np.ndarray, b: np.ndarray, bound: int | None) -> np.ndarray:
-    return np.ones(np.broadcast_shapes(a.shape, b.shape), bool) if bound is None else (
-        np.abs(a - b) <= bound
+    return (
+        np.ones(np.broadcast_shapes(a.shape, b.shape), bool)
+        if bound is None
+        else (np.abs(a - b) <= bound)
     )
 
 
@@ -77,8 +79,9 @@ class FirstFrame:
     frames: int
 
     def evaluate(self, q, k):
-        return np.broadcast_to(~k.is_text & (k.frame < self.frames),
-                               np.broadcast_shapes(q.index.shape, k.index.shape))
+        return np.broadcast_to(
+            ~k.is_text & (k.frame < self.frames), np.broadcast_shapes(q.index.shape, k.index.shape)
+        )
 
     def predicate(self):
         return sympy.And(sympy.Eq(_S["is_text_k"], 0), sympy.Lt(_S["f_k"], self.frames))
@@ -96,13 +99,20 @@ class SpatialWindow:
     cols: int | None
 
     def evaluate(self, q, k):
-        return (_both_video(q, k) & _near(q.frame, k.frame, self.frames)
-                & _near(q.row, k.row, self.rows) & _near(q.col, k.col, self.cols))
+        return (
+            _both_video(q, k)
+            & _near(q.frame, k.frame, self.frames)
+            & _near(q.row, k.row, self.rows)
+            & _near(q.col, k.col, self.cols)
+        )
 
     def predicate(self):
-        return sympy.And(_video_pair(), _within(_S["f_q"], _S["f_k"], self.frames),
-                         _within(_S["h_q"], _S["h_k"], self.rows),
-                         _within(_S["w_q"], _S["w_k"], self.cols))
+        return sympy.And(
+            _video_pair(),
+            _within(_S["f_q"], _S["f_k"], self.frames),
+            _within(_S["h_q"], _S["h_k"], self.rows),
+            _within(_S["w_q"], _S["w_k"], self.cols),
+        )
 
     def describe(self):
         parts = [f"|frame difference| <= {self.frames}"]
@@ -124,20 +134,31 @@ class TemporalStride:
 
     def evaluate(self, q, k):
         df = q.frame - k.frame
-        return (_both_video(q, k) & _near(q.row, k.row, self.rows)
-                & _near(q.col, k.col, self.cols) & (df % self.stride == 0)
-                & _near(q.frame, k.frame, self.frames))
+        return (
+            _both_video(q, k)
+            & _near(q.row, k.row, self.rows)
+            & _near(q.col, k.col, self.cols)
+            & (df % self.stride == 0)
+            & _near(q.frame, k.frame, self.frames)
+        )
 
     def predicate(self):
         df = _S["f_q"] - _S["f_k"]
         on_stride = sympy.true if self.stride == 1 else sympy.Eq(FloorMod(df, self.stride), 0)
-        return sympy.And(_video_pair(), _within(_S["h_q"], _S["h_k"], self.rows),
-                         _within(_S["w_q"], _S["w_k"], self.cols), on_stride,
-                         _within(_S["f_q"], _S["f_k"], self.frames))
+        return sympy.And(
+            _video_pair(),
+            _within(_S["h_q"], _S["h_k"], self.rows),
+            _within(_S["w_q"], _S["w_k"], self.cols),
+            on_stride,
+            _within(_S["f_q"], _S["f_k"], self.frames),
+        )
 
     def describe(self):
-        where = ("the same position" if self.rows == 0 and self.cols == 0 else
-                 f"positions within {self.rows} row(s) and {self.cols} column(s)")
+        where = (
+            "the same position"
+            if self.rows == 0 and self.cols == 0
+            else f"positions within {self.rows} row(s) and {self.cols} column(s)"
+        )
         frames = "every frame" if self.frames is None else f"frames within {self.frames}"
         stride = "" if self.stride == 1 else f", frame difference divisible by {self.stride}"
         return f"temporal: video pairs at {where}, {frames}{stride}"
@@ -174,8 +195,9 @@ class Prefix:
     tokens: int
 
     def evaluate(self, q, k):
-        return np.broadcast_to(k.index < self.tokens,
-                               np.broadcast_shapes(q.index.shape, k.index.shape))
+        return np.broadcast_to(
+            k.index < self.tokens, np.broadcast_shapes(q.index.shape, k.index.shape)
+        )
 
     def predicate(self):
         return sympy.Lt(_S["i_k"], self.tokens)
@@ -232,8 +254,10 @@ class BlockCausal:
         return sympy.And(_video_pair(), sympy.Lt(f_k, n * FloorDiv(f_q, n) + n))
 
     def describe(self):
-        return (f"block-causal over chunks of {self.frames} frame(s): video keys of the same "
-                f"or earlier chunks")
+        return (
+            f"block-causal over chunks of {self.frames} frame(s): video keys of the same "
+            f"or earlier chunks"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,8 +268,9 @@ class Predicate:
     expr: sympy.Basic = dataclasses.field(compare=False, hash=False, repr=False)
 
     def evaluate(self, q, k):
-        return np.broadcast_to(evaluate_sympy(self.expr, q, k),
-                               np.broadcast_shapes(q.index.shape, k.index.shape))
+        return np.broadcast_to(
+            evaluate_sympy(self.expr, q, k), np.broadcast_shapes(q.index.shape, k.index.shape)
+        )
 
     def predicate(self):
         return self.expr
@@ -311,7 +336,10 @@ class Node(Protocol):
 # The oracle for user predicates: sympy -> NumPy, Python integer semantics.
 
 _COORD_OF_SYMBOL = {
-    "f": "frame", "h": "row", "w": "col", "i": "index",
+    "f": "frame",
+    "h": "row",
+    "w": "col",
+    "i": "index",
 }
 
 
@@ -351,8 +379,14 @@ def evaluate_sympy(expr: sympy.Basic, q: Coordinates, k: Coordinates):
             return args[0] // args[1]
         if isinstance(e, FloorMod):
             return args[0] % args[1]
-        relations = {sympy.Eq: np.equal, sympy.Ne: np.not_equal, sympy.Lt: np.less,
-                     sympy.Le: np.less_equal, sympy.Gt: np.greater, sympy.Ge: np.greater_equal}
+        relations = {
+            sympy.Eq: np.equal,
+            sympy.Ne: np.not_equal,
+            sympy.Lt: np.less,
+            sympy.Le: np.less_equal,
+            sympy.Gt: np.greater,
+            sympy.Ge: np.greater_equal,
+        }
         for cls, fn in relations.items():
             if isinstance(e, cls):
                 return fn(args[0], args[1])
@@ -369,6 +403,7 @@ def evaluate_sympy(expr: sympy.Basic, q: Coordinates, k: Coordinates):
 
 # ---------------------------------------------------------------------------------------------
 # Lowering: spec terms -> nodes.
+
 
 def band_width_from_density(density: float, video_tokens: int) -> int:
     """w = 128 * ceil(N * (1 - sqrt(1 - d)) / 128): the TPU port's rule (N = video tokens)."""
@@ -456,6 +491,7 @@ def _lower_term(term: MaskTerm, spec: Spec, patterns: dict[str, Node]) -> Node:
 # Recognizing built-ins in user predicates: a conjunction of coordinate windows is a
 # temporal_stride / spatial_window, whose tiles the analysis classifies exactly.
 
+
 def _difference_of(e, name: str) -> bool:
     """e is +-(name_q - name_k)."""
     q, k = _S[f"{name}_q"], _S[f"{name}_k"]
@@ -509,25 +545,34 @@ def recognize_window(expr, geometry) -> Node | None:
         if step is not None:
             stride = math.lcm(stride, step)
             continue
-        if isinstance(atom, (sympy.Eq, sympy.Ne)) and atom.args[0].is_Symbol and \
-                atom.args[0].name.startswith("is_text_"):
+        if (
+            isinstance(atom, (sympy.Eq, sympy.Ne))
+            and atom.args[0].is_Symbol
+            and atom.args[0].name.startswith("is_text_")
+        ):
             video = (atom.args[1] == 0) == isinstance(atom, sympy.Eq)
             if video:
                 excluded.add(atom.args[0].name)
                 continue
         return None
     if (not bounds and stride == 1) or (
-            geometry.text_tokens and excluded != {"is_text_q", "is_text_k"}):
+        geometry.text_tokens and excluded != {"is_text_q", "is_text_k"}
+    ):
         return None
     frames, rows, cols = bounds.get("f"), bounds.get("h"), bounds.get("w")
     if stride == 1:
         return SpatialWindow(geometry.frames - 1 if frames is None else frames, rows, cols)
-    return TemporalStride(geometry.height - 1 if rows is None else rows,
-                          geometry.width - 1 if cols is None else cols, stride, frames)
+    return TemporalStride(
+        geometry.height - 1 if rows is None else rows,
+        geometry.width - 1 if cols is None else cols,
+        stride,
+        frames,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Simplification: flatten nested unions/intersections, drop duplicates and constants.
+
 
 def simplify(node: Node) -> Node:
     if isinstance(node, Not):
@@ -556,4 +601,3 @@ def simplify(node: Node) -> Node:
     if isinstance(node, Predicate) and node.expr in (sympy.true, sympy.false):
         return Always(bool(node.expr))
     return node
-

@@ -42,16 +42,23 @@ class SpecWarning:
 #: how to say it ({n}: that value; geometry fields by name).
 EXTENT_LIMITS: dict[str, tuple[Callable[[TokenLayout], int], str]] = {
     primitives.FRAME_COUNT: (lambda g: g.frames, "the video's {n:,} frame(s)"),
-    primitives.FRAME_DIFFERENCE: (lambda g: g.frames - 1,
-                                  "the largest frame difference, {n:,} ({frames:,} frames)"),
-    primitives.ROW_DIFFERENCE: (lambda g: g.height - 1,
-                                "the largest row difference, {n:,} (height {height:,})"),
-    primitives.COL_DIFFERENCE: (lambda g: g.width - 1,
-                                "the largest column difference, {n:,} (width {width:,})"),
+    primitives.FRAME_DIFFERENCE: (
+        lambda g: g.frames - 1,
+        "the largest frame difference, {n:,} ({frames:,} frames)",
+    ),
+    primitives.ROW_DIFFERENCE: (
+        lambda g: g.height - 1,
+        "the largest row difference, {n:,} (height {height:,})",
+    ),
+    primitives.COL_DIFFERENCE: (
+        lambda g: g.width - 1,
+        "the largest column difference, {n:,} (width {width:,})",
+    ),
     primitives.POSITION_COUNT: (lambda g: g.seq_len, "the sequence's {n:,} tokens"),
-    primitives.POSITION_DIFFERENCE: (lambda g: g.seq_len - 1,
-                                     "the largest position difference, {n:,} "
-                                     "({seq_len:,} tokens)"),
+    primitives.POSITION_DIFFERENCE: (
+        lambda g: g.seq_len - 1,
+        "the largest position difference, {n:,} ({seq_len:,} tokens)",
+    ),
 }
 
 
@@ -69,9 +76,14 @@ def spec_warnings(spec: Spec) -> list[SpecWarning]:
             largest, words = EXTENT_LIMITS[param.within]
             limit = largest(spec.geometry)
             if value > limit:
-                out.append(_at(term, f"{value:,} is more than "
-                                     f"{_say(words, limit, spec.geometry)}; likely a mistake",
-                               name))
+                out.append(
+                    _at(
+                        term,
+                        f"{value:,} is more than "
+                        f"{_say(words, limit, spec.geometry)}; likely a mistake",
+                        name,
+                    )
+                )
     return sorted(out, key=lambda w: (w.line or 0, w.column or 0))
 
 
@@ -84,10 +96,17 @@ def plan_warnings(plan) -> list[SpecWarning]:
         if pattern.classification.kept_pairs_upper:
             continue
         term = plan.spec.pattern_mask(pattern.name)
-        what = ("the mask" if plan.spec.heads is None and pattern.name == IMPLICIT_PATTERN
-                else f"pattern {pattern.name!r}")
-        out.append(_at(term, f"{what} keeps no pair: every query row attends nothing and its "
-                             f"output is zero"))
+        what = (
+            "the mask"
+            if plan.spec.heads is None and pattern.name == IMPLICIT_PATTERN
+            else f"pattern {pattern.name!r}"
+        )
+        out.append(
+            _at(
+                term,
+                f"{what} keeps no pair: every query row attends nothing and its output is zero",
+            )
+        )
     return out
 
 
@@ -104,8 +123,7 @@ def _walk(term: MaskTerm) -> Iterator[MaskTerm]:
 
 
 def _say(words: str, n: int, g: TokenLayout) -> str:
-    return words.format(n=n, frames=g.frames, height=g.height, width=g.width,
-                        seq_len=g.seq_len)
+    return words.format(n=n, frames=g.frames, height=g.height, width=g.width, seq_len=g.seq_len)
 
 
 def _at(term: MaskTerm, message: str, param: str | None = None) -> SpecWarning:

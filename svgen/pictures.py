@@ -66,8 +66,12 @@ def write_tile_map_png(kinds: np.ndarray, path, title: str) -> tuple[int, int]:
     _title_and_legend(fig, title, width, height)
     # The axes span whole cells, in tiles (past the last tile when the last cell is partial).
     rows, cols = (n * tiles_per_cell for n in cells.shape)
-    _tile_axes(fig, (LEFT_PX / width, BOTTOM_PX / height, map_w / width, map_h / height),
-               (rows, cols), (map_h, map_w))
+    _tile_axes(
+        fig,
+        (LEFT_PX / width, BOTTOM_PX / height, map_w / width, map_h / height),
+        (rows, cols),
+        (map_h, map_w),
+    )
     fig.savefig(path, dpi=DPI, format="png", metadata={"Software": None})
     return width, height
 
@@ -76,11 +80,22 @@ def _title_and_legend(fig, title: str, width: int, height: int) -> None:
     from matplotlib.patches import Patch
 
     fig.text(4 / width, 1 - 4 / height, title, va="top", ha="left", fontsize=9)
-    swatches = [Patch(facecolor=np.array(COLORS[k]) / 255, edgecolor="#888888", label=MEANING[k])
-                for k in (TileKind.FULL, TileKind.BOUNDARY, TileKind.EMPTY)]
-    fig.legend(handles=swatches, loc="upper left", bbox_to_anchor=(0, 1 - 20 / height),
-               ncol=3, frameon=False, fontsize=8, handlelength=1.2, handleheight=1.0,
-               borderaxespad=0.2, columnspacing=1.5)
+    swatches = [
+        Patch(facecolor=np.array(COLORS[k]) / 255, edgecolor="#888888", label=MEANING[k])
+        for k in (TileKind.FULL, TileKind.BOUNDARY, TileKind.EMPTY)
+    ]
+    fig.legend(
+        handles=swatches,
+        loc="upper left",
+        bbox_to_anchor=(0, 1 - 20 / height),
+        ncol=3,
+        frameon=False,
+        fontsize=8,
+        handlelength=1.2,
+        handleheight=1.0,
+        borderaxespad=0.2,
+        columnspacing=1.5,
+    )
 
 
 def _tile_axes(fig, rect, tiles: tuple[int, int], pixels: tuple[int, int]) -> None:
@@ -92,8 +107,7 @@ def _tile_axes(fig, rect, tiles: tuple[int, int], pixels: tuple[int, int]) -> No
     ax.set_xlim(0, tiles[1])
     ax.set_ylim(tiles[0], 0)  # q tile 0 at the top, as in the text map
     for axis, extent in ((ax.yaxis, pixels[0]), (ax.xaxis, pixels[1])):
-        axis.set_major_locator(MaxNLocator(nbins=max(1, min(8, extent // TICK_PX)),
-                                           integer=True))
+        axis.set_major_locator(MaxNLocator(nbins=max(1, min(8, extent // TICK_PX)), integer=True))
     ax.xaxis.tick_top()
     ax.xaxis.set_label_position("top")
     ax.set_xlabel("kv tile", fontsize=8, labelpad=2)

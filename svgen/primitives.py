@@ -25,9 +25,31 @@ from typing import Any, Callable
 
 from svgen.limits import MAX_NAME_LEN, MAX_PARAM
 
-__all__ = ["Param", "Primitive", "BUILTINS", "PARAMS", "PREDICATE", "MASKS", "MASK", "PATTERN", "INTEGER",
-           "FRACTION", "EXTENTS", "FRAME_COUNT", "FRAME_DIFFERENCE", "ROW_DIFFERENCE",
-           "COL_DIFFERENCE", "POSITION_COUNT", "POSITION_DIFFERENCE", "register", "unregister", "get", "keys", "registered", "by_node"]
+__all__ = [
+    "Param",
+    "Primitive",
+    "BUILTINS",
+    "PARAMS",
+    "PREDICATE",
+    "MASKS",
+    "MASK",
+    "PATTERN",
+    "INTEGER",
+    "FRACTION",
+    "EXTENTS",
+    "FRAME_COUNT",
+    "FRAME_DIFFERENCE",
+    "ROW_DIFFERENCE",
+    "COL_DIFFERENCE",
+    "POSITION_COUNT",
+    "POSITION_DIFFERENCE",
+    "register",
+    "unregister",
+    "get",
+    "keys",
+    "registered",
+    "by_node",
+]
 
 # How a spec writes the value under a primitive's key (Primitive.form).
 PARAMS = "params"  # a mapping of named parameters; {} or null when none is needed
@@ -49,8 +71,14 @@ ROW_DIFFERENCE = "row_difference"  # at most height - 1
 COL_DIFFERENCE = "col_difference"  # at most width - 1
 POSITION_COUNT = "position_count"  # at most the sequence length (text included)
 POSITION_DIFFERENCE = "position_difference"  # at most the sequence length - 1
-EXTENTS = (FRAME_COUNT, FRAME_DIFFERENCE, ROW_DIFFERENCE, COL_DIFFERENCE, POSITION_COUNT,
-           POSITION_DIFFERENCE)
+EXTENTS = (
+    FRAME_COUNT,
+    FRAME_DIFFERENCE,
+    ROW_DIFFERENCE,
+    COL_DIFFERENCE,
+    POSITION_COUNT,
+    POSITION_DIFFERENCE,
+)
 
 #: Named in the message when an integer parameter exceeds MAX_PARAM.
 PARAM_LIMIT = "MAX_PARAM: no count in a mask exceeds the longest sequence"
@@ -143,70 +171,150 @@ def _rows(name: str) -> str:
 
 BUILTINS = (
     Primitive(
-        "first_frame", "k is a video token of the first `frames` frames (any query, text too)",
-        params=(Param("frames", "leading frames every query attends", minimum=1, default=1,
-                      within=FRAME_COUNT),),
-        node=_ir("FirstFrame"), rows=_rows("first_frame_rows"), code_name="first_frame"),
+        "first_frame",
+        "k is a video token of the first `frames` frames (any query, text too)",
+        params=(
+            Param(
+                "frames",
+                "leading frames every query attends",
+                minimum=1,
+                default=1,
+                within=FRAME_COUNT,
+            ),
+        ),
+        node=_ir("FirstFrame"),
+        rows=_rows("first_frame_rows"),
+        code_name="first_frame",
+    ),
     Primitive(
-        "spatial_window", "both video, |f_q-f_k| <= frames, |h_q-h_k| <= rows, |w_q-w_k| <= cols",
-        params=(Param("frames", "largest frame difference", required=True,
-                      within=FRAME_DIFFERENCE),
-                Param("rows", "largest row difference (omitted: unbounded)",
-                      within=ROW_DIFFERENCE),
-                Param("cols", "largest column difference (omitted: unbounded)",
-                      within=COL_DIFFERENCE)),
-        node=_ir("SpatialWindow"), rows=_rows("spatial_window_rows"),
-        code_name="spatial_window"),
+        "spatial_window",
+        "both video, |f_q-f_k| <= frames, |h_q-h_k| <= rows, |w_q-w_k| <= cols",
+        params=(
+            Param("frames", "largest frame difference", required=True, within=FRAME_DIFFERENCE),
+            Param("rows", "largest row difference (omitted: unbounded)", within=ROW_DIFFERENCE),
+            Param("cols", "largest column difference (omitted: unbounded)", within=COL_DIFFERENCE),
+        ),
+        node=_ir("SpatialWindow"),
+        rows=_rows("spatial_window_rows"),
+        code_name="spatial_window",
+    ),
     Primitive(
         "temporal_stride",
         "both video, |h_q-h_k| <= rows, |w_q-w_k| <= cols, (f_q-f_k) mod stride = 0, "
         "|f_q-f_k| <= frames",
-        params=(Param("rows", "largest row difference", default=0, within=ROW_DIFFERENCE),
-                Param("cols", "largest column difference", default=0, within=COL_DIFFERENCE),
-                Param("stride", "frame difference must be a multiple of it", minimum=1,
-                      default=1, within=FRAME_DIFFERENCE),
-                Param("frames", "largest frame difference (omitted: unbounded)",
-                      within=FRAME_DIFFERENCE)),
-        node=_ir("TemporalStride"), rows=_rows("temporal_stride_rows"),
-        code_name="temporal_stride"),
+        params=(
+            Param("rows", "largest row difference", default=0, within=ROW_DIFFERENCE),
+            Param("cols", "largest column difference", default=0, within=COL_DIFFERENCE),
+            Param(
+                "stride",
+                "frame difference must be a multiple of it",
+                minimum=1,
+                default=1,
+                within=FRAME_DIFFERENCE,
+            ),
+            Param(
+                "frames", "largest frame difference (omitted: unbounded)", within=FRAME_DIFFERENCE
+            ),
+        ),
+        node=_ir("TemporalStride"),
+        rows=_rows("temporal_stride_rows"),
+        code_name="temporal_stride",
+    ),
     Primitive(
-        "band", "|i_q - i_k| <= width (positions in the layout's order); give width or density",
-        params=(Param("width", "largest position difference", within=POSITION_DIFFERENCE),
-                Param("density", "kept fraction: width = 128*ceil(N*(1-sqrt(1-d))/128)",
-                      kind=FRACTION)),
+        "band",
+        "|i_q - i_k| <= width (positions in the layout's order); give width or density",
+        params=(
+            Param("width", "largest position difference", within=POSITION_DIFFERENCE),
+            Param("density", "kept fraction: width = 128*ceil(N*(1-sqrt(1-d))/128)", kind=FRACTION),
+        ),
         one_of=("width", "density"),
-        node=_ir("Band"), rows=_rows("band_rows"), code_name="band"),
+        node=_ir("Band"),
+        rows=_rows("band_rows"),
+        code_name="band",
+    ),
     Primitive(
-        "prefix", "i_k < tokens (the first positions of the layout's order)",
-        params=(Param("tokens", "positions every query attends", minimum=1, required=True,
-                      within=POSITION_COUNT),),
-        node=_ir("Prefix"), rows=_rows("prefix_rows"), code_name="prefix"),
+        "prefix",
+        "i_k < tokens (the first positions of the layout's order)",
+        params=(
+            Param(
+                "tokens",
+                "positions every query attends",
+                minimum=1,
+                required=True,
+                within=POSITION_COUNT,
+            ),
+        ),
+        node=_ir("Prefix"),
+        rows=_rows("prefix_rows"),
+        code_name="prefix",
+    ),
     Primitive(
-        "text", "q or k is a text token",
-        node=_ir("Text"), rows=_rows("text_rows"), code_name="text"),
+        "text",
+        "q or k is a text token",
+        node=_ir("Text"),
+        rows=_rows("text_rows"),
+        code_name="text",
+    ),
     Primitive(
-        "causal_frames", "both video and f_k <= f_q",
-        node=_ir("CausalFrames"), rows=_rows("causal_frames_rows"), code_name="causal_frames"),
+        "causal_frames",
+        "both video and f_k <= f_q",
+        node=_ir("CausalFrames"),
+        rows=_rows("causal_frames_rows"),
+        code_name="causal_frames",
+    ),
     Primitive(
-        "block_causal", "both video and f_k // frames <= f_q // frames (causal over chunks)",
-        params=(Param("frames", "frames per chunk; a chunk attends itself and earlier chunks",
-                      minimum=1, required=True, within=FRAME_COUNT),),
-        node=_ir("BlockCausal"), rows=_rows("block_causal_rows"), code_name="block_causal"),
+        "block_causal",
+        "both video and f_k // frames <= f_q // frames (causal over chunks)",
+        params=(
+            Param(
+                "frames",
+                "frames per chunk; a chunk attends itself and earlier chunks",
+                minimum=1,
+                required=True,
+                within=FRAME_COUNT,
+            ),
+        ),
+        node=_ir("BlockCausal"),
+        rows=_rows("block_causal_rows"),
+        code_name="block_causal",
+    ),
     Primitive(
-        "expr", "a predicate over f_q h_q w_q f_k h_k w_k i_q i_k is_text_q is_text_k",
-        form=PREDICATE, node=_ir("Predicate"), rows=_rows("predicate_rows"), code_name="expr"),
+        "expr",
+        "a predicate over f_q h_q w_q f_k h_k w_k i_q i_k is_text_q is_text_k",
+        form=PREDICATE,
+        node=_ir("Predicate"),
+        rows=_rows("predicate_rows"),
+        code_name="expr",
+    ),
     Primitive(
-        "any_of", "union: keep(q, k) when any of the masks keeps it",
-        form=MASKS, node=_ir("AnyOf"), rows=_rows("any_of_rows"), code_name="any_of"),
+        "any_of",
+        "union: keep(q, k) when any of the masks keeps it",
+        form=MASKS,
+        node=_ir("AnyOf"),
+        rows=_rows("any_of_rows"),
+        code_name="any_of",
+    ),
     Primitive(
-        "all_of", "intersection: keep(q, k) when every one of the masks keeps it",
-        form=MASKS, node=_ir("AllOf"), rows=_rows("all_of_rows"), code_name="all_of"),
+        "all_of",
+        "intersection: keep(q, k) when every one of the masks keeps it",
+        form=MASKS,
+        node=_ir("AllOf"),
+        rows=_rows("all_of_rows"),
+        code_name="all_of",
+    ),
     Primitive(
-        "not", "complement of the mask",
-        form=MASK, node=_ir("Not"), rows=_rows("not_rows"), code_name="negated"),
+        "not",
+        "complement of the mask",
+        form=MASK,
+        node=_ir("Not"),
+        rows=_rows("not_rows"),
+        code_name="negated",
+    ),
     Primitive(
-        "ref", f"the named pattern from `patterns` (a name of at most {MAX_NAME_LEN} characters)",
-        form=PATTERN),
+        "ref",
+        f"the named pattern from `patterns` (a name of at most {MAX_NAME_LEN} characters)",
+        form=PATTERN,
+    ),
 )
 
 _REGISTRY: dict[str, Primitive] = {}
@@ -242,8 +350,9 @@ def registered() -> tuple[Primitive, ...]:
 
 def by_node(node_class: type) -> Primitive | None:
     """The primitive whose IR node is ``node_class`` (imports the IR on first use)."""
-    return next((p for p in _REGISTRY.values()
-                 if p.node is not None and p.node_class is node_class), None)
+    return next(
+        (p for p in _REGISTRY.values() if p.node is not None and p.node_class is node_class), None
+    )
 
 
 for _builtin in BUILTINS:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 
 from svgen import primitives, spec
-from svgen.limits import (MAX_EXPR_CHARS, MAX_HEADS, MAX_NAME_LEN, MAX_PATTERNS, MAX_SEQ_LEN)
+from svgen.limits import MAX_EXPR_CHARS, MAX_HEADS, MAX_NAME_LEN, MAX_PATTERNS, MAX_SEQ_LEN
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -30,8 +30,10 @@ DRAFT = "https://json-schema.org/draft/2020-12/schema"
 def spec_schema() -> dict:
     """The schema of a spec file, as a JSON-ready dict (insertion order is output order)."""
     sections = {
-        "svgen": {"const": spec.SPEC_VERSION,
-                  "description": "the spec format version; write 'svgen: 1'"},
+        "svgen": {
+            "const": spec.SPEC_VERSION,
+            "description": "the spec format version; write 'svgen: 1'",
+        },
         "name": _ref("name", "the generated module's name (generated/<name>.py)"),
         "geometry": _geometry(),
         "attention": _attention(),
@@ -71,73 +73,122 @@ def _layout(description: str) -> dict:
     return {"enum": list(spec.LAYOUTS), "default": spec.LAYOUTS[0], "description": description}
 
 
-def _section(keys: tuple[str, ...], schemas: dict, required: tuple[str, ...], description: str,
-             nullable: bool = False) -> dict:
+def _section(
+    keys: tuple[str, ...],
+    schemas: dict,
+    required: tuple[str, ...],
+    description: str,
+    nullable: bool = False,
+) -> dict:
     """An object with exactly ``keys`` (each must have a schema: a key the spec reader gains
     without one here fails loudly, not silently)."""
-    out = {"type": ["object", "null"] if nullable else "object", "description": description,
-           "properties": {key: schemas[key] for key in keys}, "additionalProperties": False}
+    out = {
+        "type": ["object", "null"] if nullable else "object",
+        "description": description,
+        "properties": {key: schemas[key] for key in keys},
+        "additionalProperties": False,
+    }
     if required:
         out["required"] = list(required)
     return out
 
 
 def _geometry() -> dict:
-    sizes = {key: {"type": "integer", "minimum": least, "maximum": MAX_SEQ_LEN}
-             for key, least in spec.GEOMETRY_MINIMUMS.items()}
+    sizes = {
+        key: {"type": "integer", "minimum": least, "maximum": MAX_SEQ_LEN}
+        for key, least in spec.GEOMETRY_MINIMUMS.items()
+    }
     sizes["text_tokens"]["default"] = 0
-    sizes["text_position"] = {"enum": list(spec.TEXT_POSITIONS), "default": "last",
-                              "description": "where the text tokens sit in the sequence"}
-    return _section(spec.GEOMETRY_KEYS, sizes, ("frames", "height", "width"),
-                    f"the latent video grid and text tokens; at most {MAX_SEQ_LEN} tokens")
+    sizes["text_position"] = {
+        "enum": list(spec.TEXT_POSITIONS),
+        "default": "last",
+        "description": "where the text tokens sit in the sequence",
+    }
+    return _section(
+        spec.GEOMETRY_KEYS,
+        sizes,
+        ("frames", "height", "width"),
+        f"the latent video grid and text tokens; at most {MAX_SEQ_LEN} tokens",
+    )
 
 
 def _attention() -> dict:
-    keys = {"heads": {"type": "integer", "minimum": 1, "maximum": MAX_HEADS},
-            "head_dim": {"enum": list(spec.HEAD_DIMS)},
-            "dtype": {"enum": list(spec.DTYPES)}}
+    keys = {
+        "heads": {"type": "integer", "minimum": 1, "maximum": MAX_HEADS},
+        "head_dim": {"enum": list(spec.HEAD_DIMS)},
+        "dtype": {"enum": list(spec.DTYPES)},
+    }
     return _section(spec.ATTENTION_KEYS, keys, spec.ATTENTION_KEYS, "heads and their size")
 
 
 def _tiling() -> dict:
-    block = {"type": "integer", "multipleOf": spec.BLOCK_MULTIPLE, "minimum": spec.BLOCK_MIN,
-             "maximum": spec.BLOCK_MAX}
-    keys = {"block_q": dict(block, default=spec.DEFAULT_BLOCK),
-            "block_kv": dict(block, default=spec.DEFAULT_BLOCK),
-            "compute_q": dict(block, description="divides block_q; default: block_q"),
-            "compute_kv": dict(block, description="divides block_kv; default: block_kv"),
-            "align": {"enum": list(spec.ALIGN_MODES), "default": spec.ALIGN_MODES[0],
-                      "description": "round the mask to whole compute blocks: BOUNDARY blocks "
-                                     "become FULL or EMPTY (exact: no rounding)"}}
-    return _section(spec.TILING_KEYS, keys, (), "tiles and the compute blocks inside them",
-                    nullable=True)
+    block = {
+        "type": "integer",
+        "multipleOf": spec.BLOCK_MULTIPLE,
+        "minimum": spec.BLOCK_MIN,
+        "maximum": spec.BLOCK_MAX,
+    }
+    keys = {
+        "block_q": dict(block, default=spec.DEFAULT_BLOCK),
+        "block_kv": dict(block, default=spec.DEFAULT_BLOCK),
+        "compute_q": dict(block, description="divides block_q; default: block_q"),
+        "compute_kv": dict(block, description="divides block_kv; default: block_kv"),
+        "align": {
+            "enum": list(spec.ALIGN_MODES),
+            "default": spec.ALIGN_MODES[0],
+            "description": "round the mask to whole compute blocks: BOUNDARY blocks "
+            "become FULL or EMPTY (exact: no rounding)",
+        },
+    }
+    return _section(
+        spec.TILING_KEYS, keys, (), "tiles and the compute blocks inside them", nullable=True
+    )
 
 
 def _patterns() -> dict:
-    return {"type": ["object", "null"], "description": "named masks, for ref and heads",
-            "propertyNames": {"$ref": "#/$defs/name"}, "maxProperties": MAX_PATTERNS,
-            "additionalProperties": {"$ref": "#/$defs/mask"}}
+    return {
+        "type": ["object", "null"],
+        "description": "named masks, for ref and heads",
+        "propertyNames": {"$ref": "#/$defs/name"},
+        "maxProperties": MAX_PATTERNS,
+        "additionalProperties": {"$ref": "#/$defs/mask"},
+    }
 
 
 def _heads() -> dict:
-    candidate = _section(spec.CANDIDATE_KEYS, {
-        "pattern": _ref("name", "a name from 'patterns'"),
-        "layout": _layout("this candidate's token order; default: the spec's layout"),
-    }, ("pattern",), "a pattern a head may use")
+    candidate = _section(
+        spec.CANDIDATE_KEYS,
+        {
+            "pattern": _ref("name", "a name from 'patterns'"),
+            "layout": _layout("this candidate's token order; default: the spec's layout"),
+        },
+        ("pattern",),
+        "a pattern a head may use",
+    )
     keys = {
-        "candidates": {"type": "array", "minItems": 1, "items": candidate,
-                       "description": "head_pattern index = position here"},
-        "assign": {"oneOf": [{"const": "runtime"},
-                             {"type": "array", "items": {"$ref": "#/$defs/name"}}],
-                   "description": "'runtime' (profiling), or one candidate name per head"},
+        "candidates": {
+            "type": "array",
+            "minItems": 1,
+            "items": candidate,
+            "description": "head_pattern index = position here",
+        },
+        "assign": {
+            "oneOf": [{"const": "runtime"}, {"type": "array", "items": {"$ref": "#/$defs/name"}}],
+            "description": "'runtime' (profiling), or one candidate name per head",
+        },
     }
     return _section(spec.HEADS_KEYS, keys, spec.HEADS_KEYS, "patterns per head")
 
 
 def _mask() -> dict:
-    return {"type": "object", "description": "a mask: exactly one primitive or combinator",
-            "properties": {p.key: _value(p) for p in primitives.registered()},
-            "minProperties": 1, "maxProperties": 1, "additionalProperties": False}
+    return {
+        "type": "object",
+        "description": "a mask: exactly one primitive or combinator",
+        "properties": {p.key: _value(p) for p in primitives.registered()},
+        "minProperties": 1,
+        "maxProperties": 1,
+        "additionalProperties": False,
+    }
 
 
 def _value(p: primitives.Primitive) -> dict:
@@ -145,15 +196,24 @@ def _value(p: primitives.Primitive) -> dict:
     if p.form == primitives.PREDICATE:
         return {"type": "string", "maxLength": MAX_EXPR_CHARS, "description": p.doc}
     if p.form == primitives.MASKS:
-        return {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/mask"},
-                "description": p.doc}
+        return {
+            "type": "array",
+            "minItems": 1,
+            "items": {"$ref": "#/$defs/mask"},
+            "description": p.doc,
+        }
     if p.form == primitives.MASK:
         return _ref("mask", p.doc)
     if p.form == primitives.PATTERN:
         return _ref("name", p.doc)
     assert p.form == primitives.PARAMS, p.form
-    out = _section(p.param_names, {q.name: _param(q) for q in p.params}, p.required, p.doc,
-                   nullable=not (p.required or p.one_of))  # null stands for {}
+    out = _section(
+        p.param_names,
+        {q.name: _param(q) for q in p.params},
+        p.required,
+        p.doc,
+        nullable=not (p.required or p.one_of),
+    )  # null stands for {}
     if p.one_of:
         out["oneOf"] = [{"required": [name]} for name in p.one_of]
     return out

@@ -32,9 +32,18 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from svgen import primitives
 from svgen.errors import SpecError
 from svgen.expr import ExprSyntaxError, parse_predicate, predicate_tokens
-from svgen.limits import (MAX_HEADS, MAX_MASK_DEPTH, MAX_MASK_SIZE, MAX_NAME_LEN,
-                          MAX_PATTERNS, MAX_SEQ_LEN, MAX_SPEC_BYTES, MAX_TILE_PAIRS,
-                          MAX_YAML_DEPTH, MAX_YAML_NODES)
+from svgen.limits import (
+    MAX_HEADS,
+    MAX_MASK_DEPTH,
+    MAX_MASK_SIZE,
+    MAX_NAME_LEN,
+    MAX_PATTERNS,
+    MAX_SEQ_LEN,
+    MAX_SPEC_BYTES,
+    MAX_TILE_PAIRS,
+    MAX_YAML_DEPTH,
+    MAX_YAML_NODES,
+)
 from svgen.runtime.layout import ORDERS, TEXT_POSITIONS, TokenLayout
 
 __all__ = [
@@ -70,11 +79,33 @@ DEFAULT_BLOCK = 512
 #: spec name becomes ``<name>.py`` next to other generated modules, and importing that
 #: folder would then hide the real module from every module in it. svgen, what svgen and
 #: its generated code import, and their usual neighbours in a model's environment.
-THIRD_PARTY_MODULES = frozenset({
-    "svgen", "jax", "jaxlib", "libtpu", "numpy", "ml_dtypes", "opt_einsum", "scipy", "yaml",
-    "jinja2", "markupsafe", "sympy", "mpmath", "networkx", "matplotlib", "pytest",
-    "setuptools", "pip", "pkg_resources", "flax", "optax", "torch", "einops",
-})
+THIRD_PARTY_MODULES = frozenset(
+    {
+        "svgen",
+        "jax",
+        "jaxlib",
+        "libtpu",
+        "numpy",
+        "ml_dtypes",
+        "opt_einsum",
+        "scipy",
+        "yaml",
+        "jinja2",
+        "markupsafe",
+        "sympy",
+        "mpmath",
+        "networkx",
+        "matplotlib",
+        "pytest",
+        "setuptools",
+        "pip",
+        "pkg_resources",
+        "flax",
+        "optax",
+        "torch",
+        "einops",
+    }
+)
 _BUILTIN_NAMES = frozenset(dir(builtins))
 
 
@@ -96,6 +127,7 @@ def reserved_name_reason(name: str) -> str | None:
 
 
 # ----------------------------------------------------------------------------- dataclasses
+
 
 @dataclass(frozen=True)
 class Location:
@@ -210,8 +242,9 @@ class Spec:
         """``heads``, or for a ``mask`` spec its one implicit candidate named ``"mask"`` on every head."""
         if self.heads is not None:
             return self.heads
-        return HeadPatterns((Candidate(IMPLICIT_PATTERN, self.layout),),
-                            (IMPLICIT_PATTERN,) * self.attention.heads)
+        return HeadPatterns(
+            (Candidate(IMPLICIT_PATTERN, self.layout),), (IMPLICIT_PATTERN,) * self.attention.heads
+        )
 
     def pattern_mask(self, name: str) -> MaskTerm:
         """The mask of the candidate pattern ``name`` (a name from :meth:`head_patterns`)."""
@@ -222,6 +255,7 @@ class Spec:
 
 
 # ----------------------------------------------------------------------------- canonical form
+
 
 def _term_json(term: MaskTerm) -> dict:
     return {
@@ -250,7 +284,11 @@ def _canonical_obj(name, geometry, attention, layout, mask, patterns, heads, til
             "text_tokens": geometry.text_tokens,
             "text_position": geometry.text_position,
         },
-        "attention": {"heads": attention.heads, "head_dim": attention.head_dim, "dtype": attention.dtype},
+        "attention": {
+            "heads": attention.heads,
+            "head_dim": attention.head_dim,
+            "dtype": attention.dtype,
+        },
         "layout": layout,
         "mask": _term_json(mask) if mask is not None else None,
         "patterns": {n: _term_json(t) for n, t in patterns},
@@ -275,13 +313,25 @@ def _tiling_json(tiling: Tiling) -> dict:
 
 
 def _dumps(obj: dict) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return json.dumps(
+        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    )
 
 
 def canonical_json(spec: Spec) -> str:
     """The canonical JSON text the digest is computed from (no source, no locations)."""
-    return _dumps(_canonical_obj(spec.name, spec.geometry, spec.attention, spec.layout,
-                                 spec.mask, spec.patterns, spec.heads, spec.tiling))
+    return _dumps(
+        _canonical_obj(
+            spec.name,
+            spec.geometry,
+            spec.attention,
+            spec.layout,
+            spec.mask,
+            spec.patterns,
+            spec.heads,
+            spec.tiling,
+        )
+    )
 
 
 # ----------------------------------------------------------------------------- node helpers
@@ -304,8 +354,9 @@ class _Reader:
         if node is None:
             return SpecError(message, file=self.source, key=key or None)
         mark = node.start_mark
-        return SpecError(message, file=self.source, line=mark.line + 1, column=mark.column + 1,
-                         key=key or None)
+        return SpecError(
+            message, file=self.source, line=mark.line + 1, column=mark.column + 1, key=key or None
+        )
 
     def location(self, node: Node, key: str) -> Location:
         return Location(self.source, node.start_mark.line + 1, node.start_mark.column + 1, key)
@@ -323,8 +374,9 @@ class _Reader:
             # An integer of thousands of digits (Python refuses to convert it), a timestamp
             # such as 2024-13-45: a value no key here could accept anyway.
             self._constructor.recursive_objects.clear()
-            raise self.error(node, path, f"unsupported YAML value: cannot read "
-                                         f"{_abbreviate(node.value)}") from None
+            raise self.error(
+                node, path, f"unsupported YAML value: cannot read {_abbreviate(node.value)}"
+            ) from None
 
     def describe(self, node: Node) -> str:
         """What a node holds, for 'got ...' in messages."""
@@ -352,22 +404,36 @@ class _Reader:
             return f"a string ({_abbreviate(value)})"
         return f"a {type(value).__name__} ({_clip(node.value)})"
 
-    def mapping(self, node: Node, path: str, allowed: tuple[str, ...], what: str = "a mapping",
-                allowed_note: str | None = None) -> dict[str, tuple[Node, Node]]:
+    def mapping(
+        self,
+        node: Node,
+        path: str,
+        allowed: tuple[str, ...],
+        what: str = "a mapping",
+        allowed_note: str | None = None,
+    ) -> dict[str, tuple[Node, Node]]:
         """Check a mapping node: no duplicate or unknown keys. Returns key -> (key node, value node)."""
         if not isinstance(node, MappingNode):
             raise self.error(node, path, f"must be {what}, got {self.describe(node)}")
         out: dict[str, tuple[Node, Node]] = {}
         for knode, vnode in node.value:
             if not isinstance(knode, ScalarNode):
-                raise self.error(knode, path, f"keys must be plain names, got {self.describe(knode)}")
+                raise self.error(
+                    knode, path, f"keys must be plain names, got {self.describe(knode)}"
+                )
             key = knode.value
             shown = _key_text(key)
             if key in out:
                 first = out[key][0].start_mark.line + 1
-                raise self.error(knode, _join(path, shown), f"duplicate key '{shown}' (first given on line {first})")
+                raise self.error(
+                    knode,
+                    _join(path, shown),
+                    f"duplicate key '{shown}' (first given on line {first})",
+                )
             if key not in allowed:
-                note = allowed_note or (f"allowed keys: {', '.join(allowed)}" if allowed else "no keys are allowed")
+                note = allowed_note or (
+                    f"allowed keys: {', '.join(allowed)}" if allowed else "no keys are allowed"
+                )
                 raise self.error(knode, _join(path, shown), f"unknown key '{shown}'; {note}")
             out[key] = (knode, vnode)
         return out
@@ -381,15 +447,17 @@ class _Reader:
         """An integer in [minimum, maximum]; ``limit`` names the maximum in the message
         (every integer is range-checked here, before any arithmetic sees it)."""
         desc = {0: "a non-negative integer", 1: "a positive integer"}.get(
-            minimum, f"an integer >= {minimum}")
+            minimum, f"an integer >= {minimum}"
+        )
         value = self.scalar(node, path) if isinstance(node, ScalarNode) else _MISSING
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.error(node, path, f"must be {desc}, got {self.describe(node)}")
         if value < minimum:
             raise self.error(node, path, f"must be {desc}, got {_show_int(value)}")
         if value > maximum:
-            raise self.error(node, path, f"must be at most {maximum:,} ({limit}), "
-                                         f"got {_show_int(value)}")
+            raise self.error(
+                node, path, f"must be at most {maximum:,} ({limit}), got {_show_int(value)}"
+            )
         return value
 
     def string(self, node: Node, path: str, what: str = "a string") -> str:
@@ -404,7 +472,11 @@ class _Reader:
         if not ok:
             listed = ", ".join(str(c) for c in choices)
             got = self.describe(node)
-            if isinstance(value, (str, int)) and not isinstance(value, bool) and value is not _MISSING:
+            if (
+                isinstance(value, (str, int))
+                and not isinstance(value, bool)
+                and value is not _MISSING
+            ):
                 got = _abbreviate(value) if isinstance(value, str) else _show_int(value)
             raise self.error(node, path, f"must be one of {listed}, got {got}")
         return value
@@ -421,8 +493,12 @@ class _Reader:
         that matters for this name)."""
         reason = reserved_name_reason(name)
         if reason is not None:
-            raise self.error(node, path, f"{name!r} is {reason}; {becomes}, so it may not be "
-                                         f"a keyword, builtin or module name: choose another")
+            raise self.error(
+                node,
+                path,
+                f"{name!r} is {reason}; {becomes}, so it may not be "
+                f"a keyword, builtin or module name: choose another",
+            )
         return name
 
 
@@ -449,7 +525,17 @@ def _abbreviate(text: str, keep: int = 80) -> str:
 
 # ----------------------------------------------------------------------------- sections
 
-TOP_KEYS = ("svgen", "name", "geometry", "attention", "layout", "mask", "heads", "patterns", "tiling")
+TOP_KEYS = (
+    "svgen",
+    "name",
+    "geometry",
+    "attention",
+    "layout",
+    "mask",
+    "heads",
+    "patterns",
+    "tiling",
+)
 GEOMETRY_KEYS = ("frames", "height", "width", "text_tokens", "text_position")
 #: The least value of each size in ``geometry`` (their most: MAX_SEQ_LEN, and so their total).
 GEOMETRY_MINIMUMS = {"frames": 1, "height": 1, "width": 1, "text_tokens": 0}
@@ -470,24 +556,32 @@ def _read_geometry(r: _Reader, node: Node, path: str) -> TokenLayout:
             sizes[key] = r.integer(e[key][1], _join(path, key), minimum, MAX_SEQ_LEN, _SEQ_LIMIT)
     text_position = "last"
     if "text_position" in e:
-        text_position = r.choice(e["text_position"][1], _join(path, "text_position"), TEXT_POSITIONS)
+        text_position = r.choice(
+            e["text_position"][1], _join(path, "text_position"), TEXT_POSITIONS
+        )
     geometry = TokenLayout(text_position=text_position, **sizes)
     if geometry.seq_len > MAX_SEQ_LEN:
-        raise r.error(node, path, f"{geometry.frames:,} frames of {geometry.height:,} x "
-                                  f"{geometry.width:,} plus {geometry.text_tokens:,} text tokens "
-                                  f"make {geometry.seq_len:,} tokens, more than {MAX_SEQ_LEN:,} "
-                                  f"({_SEQ_LIMIT})")
+        raise r.error(
+            node,
+            path,
+            f"{geometry.frames:,} frames of {geometry.height:,} x "
+            f"{geometry.width:,} plus {geometry.text_tokens:,} text tokens "
+            f"make {geometry.seq_len:,} tokens, more than {MAX_SEQ_LEN:,} "
+            f"({_SEQ_LIMIT})",
+        )
     return geometry
 
 
 _SEQ_LIMIT = "MAX_SEQ_LEN, the most tokens a sequence may have"
 
 
-def _check_tile_grid(r: _Reader, node: Node, path: str, geometry: TokenLayout, tiling: Tiling,
-                     patterns: int) -> None:
+def _check_tile_grid(
+    r: _Reader, node: Node, path: str, geometry: TokenLayout, tiling: Tiling, patterns: int
+) -> None:
     """Refuse a geometry and tiling whose dense grids of compute-block pairs (one byte each,
     one grid per candidate pattern) would exceed MAX_TILE_PAIRS, before analysis allocates
     them; suggest square compute blocks that fit."""
+
     def pairs(cq: int, ckv: int) -> int:
         return -(-geometry.seq_len // cq) * -(-geometry.seq_len // ckv) * patterns
 
@@ -501,10 +595,14 @@ def _check_tile_grid(r: _Reader, node: Node, path: str, geometry: TokenLayout, t
     if pairs(block, block) <= MAX_TILE_PAIRS:
         hint = f"tiling {{block_q: {block}, block_kv: {block}}} would fit"
     per = f" ({patterns} candidate patterns of {need // patterns:,})" if patterns > 1 else ""
-    raise r.error(node, path, f"{geometry.seq_len:,} tokens in {tiling.cq} x {tiling.ckv} compute "
-                              f"blocks make {need:,} block pairs to classify{per}, more than "
-                              f"{MAX_TILE_PAIRS:,} (MAX_TILE_PAIRS: the analysis keeps one byte "
-                              f"per pair); {hint}")
+    raise r.error(
+        node,
+        path,
+        f"{geometry.seq_len:,} tokens in {tiling.cq} x {tiling.ckv} compute "
+        f"blocks make {need:,} block pairs to classify{per}, more than "
+        f"{MAX_TILE_PAIRS:,} (MAX_TILE_PAIRS: the analysis keeps one byte "
+        f"per pair); {hint}",
+    )
 
 
 def _read_attention(r: _Reader, node: Node, path: str) -> Attention:
@@ -518,13 +616,24 @@ def _read_attention(r: _Reader, node: Node, path: str) -> Attention:
 
 def _read_block(r: _Reader, node: Node, path: str, key: str) -> int:
     value = r.scalar(node, path) if isinstance(node, ScalarNode) else _MISSING
-    ok = (isinstance(value, int) and not isinstance(value, bool)
-          and value % BLOCK_MULTIPLE == 0 and BLOCK_MIN <= value <= BLOCK_MAX)
+    ok = (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and value % BLOCK_MULTIPLE == 0
+        and BLOCK_MIN <= value <= BLOCK_MAX
+    )
     if not ok:
-        got = _show_int(value) if isinstance(value, int) and not isinstance(value, bool) else r.describe(node)
-        raise r.error(node, path,
-                      f"{key} must be a multiple of {BLOCK_MULTIPLE} between {BLOCK_MIN} and {BLOCK_MAX} "
-                      f"(TPU tiles are 8x128 and the VMEM budget), got {got}")
+        got = (
+            _show_int(value)
+            if isinstance(value, int) and not isinstance(value, bool)
+            else r.describe(node)
+        )
+        raise r.error(
+            node,
+            path,
+            f"{key} must be a multiple of {BLOCK_MULTIPLE} between {BLOCK_MIN} and {BLOCK_MAX} "
+            f"(TPU tiles are 8x128 and the VMEM budget), got {got}",
+        )
     return value
 
 
@@ -541,24 +650,31 @@ def _read_tiling(r: _Reader, node: Node, path: str) -> Tiling:
         knode = e[key][1]
         value = _read_block(r, knode, _join(path, key), key)
         if vals[block_key] % value:
-            raise r.error(knode, _join(path, key),
-                          f"{key} must divide {block_key} ({vals[block_key]}): a tile is cut "
-                          f"into whole compute blocks, got {value}")
+            raise r.error(
+                knode,
+                _join(path, key),
+                f"{key} must divide {block_key} ({vals[block_key]}): a tile is cut "
+                f"into whole compute blocks, got {value}",
+            )
         vals[key] = value
     if "align" in e:
         vals["align"] = r.choice(e["align"][1], _join(path, "align"), ALIGN_MODES)
     tiling = Tiling(**vals)
     if tiling.compute_blocks > MAX_COMPUTE_BLOCKS:
         key = "compute_kv" if "compute_kv" in e else "compute_q"
-        raise r.error(e[key][1], _join(path, key),
-                      f"at most {MAX_COMPUTE_BLOCKS} compute blocks per tile (their kinds take "
-                      f"2 bits each of one SMEM word), got {tiling.block_q // tiling.cq} x "
-                      f"{tiling.block_kv // tiling.ckv} = {tiling.compute_blocks}")
+        raise r.error(
+            e[key][1],
+            _join(path, key),
+            f"at most {MAX_COMPUTE_BLOCKS} compute blocks per tile (their kinds take "
+            f"2 bits each of one SMEM word), got {tiling.block_q // tiling.cq} x "
+            f"{tiling.block_kv // tiling.ckv} = {tiling.compute_blocks}",
+        )
     return tiling
 
 
-def _read_heads(r: _Reader, node: Node, path: str, patterns: tuple[str, ...], layout: str,
-                heads: int) -> HeadPatterns:
+def _read_heads(
+    r: _Reader, node: Node, path: str, patterns: tuple[str, ...], layout: str, heads: int
+) -> HeadPatterns:
     """The ``heads`` section; ``patterns`` are the defined pattern names, ``layout`` the default."""
     e = r.mapping(node, path, HEADS_KEYS)
     r.require(node, path, e, HEADS_KEYS)
@@ -566,25 +682,37 @@ def _read_heads(r: _Reader, node: Node, path: str, patterns: tuple[str, ...], la
     cpath = _join(path, "candidates")
     cnode = e["candidates"][1]
     if not isinstance(cnode, SequenceNode) or not cnode.value:
-        raise r.error(cnode, cpath, f"must be a non-empty list of candidates "
-                                    f"({{pattern: NAME, layout: LAYOUT}}), got {r.describe(cnode)}")
+        raise r.error(
+            cnode,
+            cpath,
+            f"must be a non-empty list of candidates "
+            f"({{pattern: NAME, layout: LAYOUT}}), got {r.describe(cnode)}",
+        )
     candidates: list[Candidate] = []
     seen: dict[str, str] = {}
     for i, item in enumerate(cnode.value):
         ipath = f"{cpath}[{i}]"
-        entries = r.mapping(item, ipath, CANDIDATE_KEYS,
-                            what="a mapping with a 'pattern' and an optional 'layout'")
+        entries = r.mapping(
+            item, ipath, CANDIDATE_KEYS, what="a mapping with a 'pattern' and an optional 'layout'"
+        )
         r.require(item, ipath, entries, ("pattern",))
         pnode = entries["pattern"][1]
         ppath = _join(ipath, "pattern")
         pname = r.name(pnode, ppath, "a pattern name")
         if pname not in patterns:
-            known = (f"known patterns: {', '.join(patterns)}" if patterns
-                     else "no patterns are defined (define them under 'patterns')")
+            known = (
+                f"known patterns: {', '.join(patterns)}"
+                if patterns
+                else "no patterns are defined (define them under 'patterns')"
+            )
             raise r.error(pnode, ppath, f"unknown pattern '{pname}'; {known}")
         if pname in seen:
-            raise r.error(pnode, ppath, f"pattern '{pname}' is already a candidate ({seen[pname]}); "
-                                        f"each pattern may be a candidate only once")
+            raise r.error(
+                pnode,
+                ppath,
+                f"pattern '{pname}' is already a candidate ({seen[pname]}); "
+                f"each pattern may be a candidate only once",
+            )
         seen[pname] = ipath
         clayout = layout
         if "layout" in entries:
@@ -597,28 +725,41 @@ def _read_heads(r: _Reader, node: Node, path: str, patterns: tuple[str, ...], la
     if isinstance(anode, ScalarNode) and r.scalar(anode, apath) == "runtime":
         return HeadPatterns(tuple(candidates), None)
     if not isinstance(anode, SequenceNode):
-        raise r.error(anode, apath, f"must be 'runtime' or a list of candidate pattern names, one per "
-                                    f"head, got {r.describe(anode)}")
+        raise r.error(
+            anode,
+            apath,
+            f"must be 'runtime' or a list of candidate pattern names, one per "
+            f"head, got {r.describe(anode)}",
+        )
     if len(anode.value) != heads:
-        raise r.error(anode, apath, f"must name one candidate pattern per head: attention.heads is "
-                                    f"{heads}, got {len(anode.value)} {'entry' if len(anode.value) == 1 else 'entries'}")
+        raise r.error(
+            anode,
+            apath,
+            f"must name one candidate pattern per head: attention.heads is "
+            f"{heads}, got {len(anode.value)} {'entry' if len(anode.value) == 1 else 'entries'}",
+        )
     assign: list[str] = []
     for i, item in enumerate(anode.value):
         ipath = f"{apath}[{i}]"
         aname = r.name(item, ipath, "a candidate pattern name")
         if aname not in names:
-            raise r.error(item, ipath, f"'{aname}' is not a candidate; candidates: {', '.join(names)}")
+            raise r.error(
+                item, ipath, f"'{aname}' is not a candidate; candidates: {', '.join(names)}"
+            )
         assign.append(aname)
     return HeadPatterns(tuple(candidates), tuple(assign))
 
 
 # ----------------------------------------------------------------------------- masks
 
+
 def _is_null(r: _Reader, node: Node, path: str | None = None) -> bool:
     return isinstance(node, ScalarNode) and r.scalar(node, path) is None
 
 
-def _expr_error_position(r: _Reader, node: ScalarNode, value: str, offset: int) -> tuple[int, int] | None:
+def _expr_error_position(
+    r: _Reader, node: ScalarNode, value: str, offset: int
+) -> tuple[int, int] | None:
     """1-based (line, column) of ``offset`` into the expression, when it can be told exactly."""
     lines = r.text.splitlines()
     offset = min(offset, len(value.rstrip()))  # "unexpected end": just after the last character
@@ -628,7 +769,7 @@ def _expr_error_position(r: _Reader, node: ScalarNode, value: str, offset: int) 
             return None
         quote = 1 if node.style else 0
         col0 = start.column + quote
-        if lines[start.line][col0:col0 + len(value)] != value:
+        if lines[start.line][col0 : col0 + len(value)] != value:
             return None  # escapes or folding: the text differs from the value
         return start.line + 1, col0 + offset + 1
     if node.style == "|":
@@ -708,56 +849,94 @@ class _MaskReader:
     def _grow(self, node: Node, path: str, weight: int) -> None:
         self.size += weight
         if self.size > MAX_MASK_SIZE:
-            raise self.r.error(node, path, f"the mask is larger than {MAX_MASK_SIZE} nodes "
-                                           f"({_SIZE_LIMIT})")
+            raise self.r.error(
+                node, path, f"the mask is larger than {MAX_MASK_SIZE} nodes ({_SIZE_LIMIT})"
+            )
 
     def read(self, node: Node, path: str, depth: int = 0) -> MaskTerm:
         r = self.r
         if depth > MAX_MASK_DEPTH:
-            raise r.error(node, path, f"masks are nested more than {MAX_MASK_DEPTH} deep "
-                                      f"(MAX_MASK_DEPTH)")
+            raise r.error(
+                node, path, f"masks are nested more than {MAX_MASK_DEPTH} deep (MAX_MASK_DEPTH)"
+            )
         if not isinstance(node, MappingNode):
-            raise r.error(node, path, f"a mask must be a mapping with exactly one key (one of: "
-                                      f"{', '.join(primitives.keys())}), got {r.describe(node)}")
+            raise r.error(
+                node,
+                path,
+                f"a mask must be a mapping with exactly one key (one of: "
+                f"{', '.join(primitives.keys())}), got {r.describe(node)}",
+            )
         keys = [_key_text(k.value) if isinstance(k, ScalarNode) else "?" for k, _ in node.value]
         if len(keys) != 1:
             listed = f": {', '.join(keys[:8])}{', ...' if len(keys) > 8 else ''}" if keys else ""
             raise r.error(node, path, f"a mask has exactly one key, got {len(keys)}{listed}")
         knode, vnode = node.value[0]
         if not isinstance(knode, ScalarNode):
-            raise r.error(knode, path, f"a mask key must be a primitive name, got {r.describe(knode)}")
+            raise r.error(
+                knode, path, f"a mask key must be a primitive name, got {r.describe(knode)}"
+            )
         op = knode.value
         op_path = _join(path, _key_text(op))
         primitive = primitives.get(op)
         if primitive is None:
-            raise r.error(knode, op_path, f"unknown mask primitive '{_key_text(op)}'; allowed: "
-                                          f"{', '.join(primitives.keys())}")
+            raise r.error(
+                knode,
+                op_path,
+                f"unknown mask primitive '{_key_text(op)}'; allowed: "
+                f"{', '.join(primitives.keys())}",
+            )
         where = r.location(knode, op_path)
         if primitive.form != primitives.PREDICATE:  # a predicate counts its tokens instead
             self._grow(knode, op_path, 1)
         return self._FORMS[primitive.form](self, primitive, vnode, op_path, where, depth)
 
-    def _predicate(self, primitive: primitives.Primitive, vnode: Node, op_path: str,
-                   where: Location, depth: int) -> MaskTerm:
+    def _predicate(
+        self,
+        primitive: primitives.Primitive,
+        vnode: Node,
+        op_path: str,
+        where: Location,
+        depth: int,
+    ) -> MaskTerm:
         source = self.r.string(vnode, op_path, "a string holding a predicate")
         self._expr(vnode, op_path, source)
         return MaskTerm(primitive.key, (("source", source),), (), where)
 
-    def _masks(self, primitive: primitives.Primitive, vnode: Node, op_path: str,
-               where: Location, depth: int) -> MaskTerm:
+    def _masks(
+        self,
+        primitive: primitives.Primitive,
+        vnode: Node,
+        op_path: str,
+        where: Location,
+        depth: int,
+    ) -> MaskTerm:
         if not isinstance(vnode, SequenceNode) or not vnode.value:
-            raise self.r.error(vnode, op_path, f"must be a non-empty list of masks, got "
-                                               f"{self.r.describe(vnode)}")
-        children = tuple(self.read(item, f"{op_path}[{i}]", depth + 1)
-                         for i, item in enumerate(vnode.value))
+            raise self.r.error(
+                vnode, op_path, f"must be a non-empty list of masks, got {self.r.describe(vnode)}"
+            )
+        children = tuple(
+            self.read(item, f"{op_path}[{i}]", depth + 1) for i, item in enumerate(vnode.value)
+        )
         return MaskTerm(primitive.key, (), children, where)
 
-    def _mask(self, primitive: primitives.Primitive, vnode: Node, op_path: str,
-              where: Location, depth: int) -> MaskTerm:
+    def _mask(
+        self,
+        primitive: primitives.Primitive,
+        vnode: Node,
+        op_path: str,
+        where: Location,
+        depth: int,
+    ) -> MaskTerm:
         return MaskTerm(primitive.key, (), (self.read(vnode, op_path, depth + 1),), where)
 
-    def _pattern(self, primitive: primitives.Primitive, vnode: Node, op_path: str,
-                 where: Location, depth: int) -> MaskTerm:
+    def _pattern(
+        self,
+        primitive: primitives.Primitive,
+        vnode: Node,
+        op_path: str,
+        where: Location,
+        depth: int,
+    ) -> MaskTerm:
         name = self.r.name(vnode, op_path, "a pattern name")
         return MaskTerm(primitive.key, (("name", name),), (), where)
 
@@ -776,8 +955,13 @@ class _MaskReader:
             pos = _expr_error_position(self.r, vnode, source, exc.offset)
             if pos is None:
                 raise self.r.error(vnode, op_path, f"invalid expression: {exc.message}") from None
-            raise SpecError(f"invalid expression: {exc.message}", file=self.r.source, line=pos[0],
-                            column=pos[1], key=op_path) from None
+            raise SpecError(
+                f"invalid expression: {exc.message}",
+                file=self.r.source,
+                line=pos[0],
+                column=pos[1],
+                key=op_path,
+            ) from None
 
     def check_expanded(self, mask: MaskTerm | None, patterns: list[tuple[str, MaskTerm]]) -> None:
         """Each mask's size and depth once refs are expanded, computed per pattern once
@@ -803,17 +987,29 @@ class _MaskReader:
             size = 1 + sum(p[0] for p in parts)
             depth = 1 + max(p[1] for p in parts) if parts else 0
         if size > MAX_MASK_SIZE:
-            raise _error_at(term, f"the mask is larger than {MAX_MASK_SIZE} nodes once refs are "
-                                  f"expanded ({_SIZE_LIMIT}; a ref counts the whole pattern "
-                                  f"it names, each time)")
+            raise _error_at(
+                term,
+                f"the mask is larger than {MAX_MASK_SIZE} nodes once refs are "
+                f"expanded ({_SIZE_LIMIT}; a ref counts the whole pattern "
+                f"it names, each time)",
+            )
         if depth > MAX_MASK_DEPTH:
-            raise _error_at(term, f"masks are nested more than {MAX_MASK_DEPTH} deep once refs "
-                                  f"are expanded (MAX_MASK_DEPTH; a ref and the pattern it "
-                                  f"names count as levels)")
+            raise _error_at(
+                term,
+                f"masks are nested more than {MAX_MASK_DEPTH} deep once refs "
+                f"are expanded (MAX_MASK_DEPTH; a ref and the pattern it "
+                f"names count as levels)",
+            )
         return size, depth
 
-    def _params(self, primitive: primitives.Primitive, vnode: Node, op_path: str,
-                where: Location, depth: int) -> MaskTerm:
+    def _params(
+        self,
+        primitive: primitives.Primitive,
+        vnode: Node,
+        op_path: str,
+        where: Location,
+        depth: int,
+    ) -> MaskTerm:
         """A primitive's parameter mapping, checked against its declaration (names,
         required ones, ``one_of``, each value's kind and range); null stands for {}."""
         r, op = self.r, primitive.key
@@ -821,7 +1017,11 @@ class _MaskReader:
             if _is_null(r, vnode, op_path):
                 return MaskTerm(op, (), (), where)
             if not isinstance(vnode, MappingNode):
-                raise r.error(vnode, op_path, f"must be an empty mapping {{}} or null, got {r.describe(vnode)}")
+                raise r.error(
+                    vnode,
+                    op_path,
+                    f"must be an empty mapping {{}} or null, got {r.describe(vnode)}",
+                )
             r.mapping(vnode, op_path, (), allowed_note=f"'{op}' takes no parameters")
             return MaskTerm(op, (), (), where)
         if _is_null(r, vnode, op_path):
@@ -832,15 +1032,27 @@ class _MaskReader:
         if primitive.one_of:
             present = [k for k in primitive.one_of if k in entries]
             if len(present) != 1:
-                raise r.error(vnode, op_path, f"{op} needs exactly one of "
-                                              f"{_or_list(primitive.one_of)}, got "
-                                              f"{_how_many(present, len(primitive.one_of))}")
-        params = {p.name: _param_value(r, p, entries[p.name][1], _join(op_path, p.name))
-                  for p in primitive.params if p.name in entries}
+                raise r.error(
+                    vnode,
+                    op_path,
+                    f"{op} needs exactly one of "
+                    f"{_or_list(primitive.one_of)}, got "
+                    f"{_how_many(present, len(primitive.one_of))}",
+                )
+        params = {
+            p.name: _param_value(r, p, entries[p.name][1], _join(op_path, p.name))
+            for p in primitive.params
+            if p.name in entries
+        }
         return MaskTerm(op, tuple(sorted(params.items())), (), where)
 
-    _FORMS = {primitives.PARAMS: _params, primitives.PREDICATE: _predicate,
-              primitives.MASKS: _masks, primitives.MASK: _mask, primitives.PATTERN: _pattern}
+    _FORMS = {
+        primitives.PARAMS: _params,
+        primitives.PREDICATE: _predicate,
+        primitives.MASKS: _masks,
+        primitives.MASK: _mask,
+        primitives.PATTERN: _pattern,
+    }
 
 
 def _param_value(r: _Reader, param: primitives.Param, node: Node, path: str) -> int | float:
@@ -872,6 +1084,7 @@ def _how_many(present: list[str], choices: int) -> str:
 
 # ----------------------------------------------------------------------------- entry points
 
+
 class _BoundedLoader(yaml.SafeLoader):
     """PyYAML's safe loader, composing nodes only, refusing what would blow up later.
 
@@ -890,8 +1103,13 @@ class _BoundedLoader(yaml.SafeLoader):
         self._expanded: dict[int, int] = {}  # id(node) -> nodes once aliases are expanded
 
     def _error(self, mark, message: str) -> SpecError:
-        return SpecError(message, file=self.source, line=mark.line + 1, column=mark.column + 1,
-                         key=_short_path(self._path) or None)
+        return SpecError(
+            message,
+            file=self.source,
+            line=mark.line + 1,
+            column=mark.column + 1,
+            key=_short_path(self._path) or None,
+        )
 
     def compose_node(self, parent, index):
         self._path.append(_segment(parent, index))
@@ -899,8 +1117,10 @@ class _BoundedLoader(yaml.SafeLoader):
             if self.check_event(yaml.AliasEvent):
                 return self._alias(parent, index)
             if len(self._path) > MAX_YAML_DEPTH:
-                raise self._error(self.peek_event().start_mark,
-                                  f"YAML nested more than {MAX_YAML_DEPTH} deep (MAX_YAML_DEPTH)")
+                raise self._error(
+                    self.peek_event().start_mark,
+                    f"YAML nested more than {MAX_YAML_DEPTH} deep (MAX_YAML_DEPTH)",
+                )
             node = super().compose_node(parent, index)
             self._count(node)
             return node
@@ -921,8 +1141,11 @@ class _BoundedLoader(yaml.SafeLoader):
         elif isinstance(node, MappingNode):
             size += sum(self._expanded[id(k)] + self._expanded[id(v)] for k, v in node.value)
         if size > MAX_YAML_NODES:
-            raise self._error(node.start_mark, f"this value is more than {MAX_YAML_NODES:,} YAML "
-                                               f"nodes, aliases expanded (MAX_YAML_NODES)")
+            raise self._error(
+                node.start_mark,
+                f"this value is more than {MAX_YAML_NODES:,} YAML "
+                f"nodes, aliases expanded (MAX_YAML_NODES)",
+            )
         self._expanded[id(node)] = size
 
 
@@ -931,7 +1154,9 @@ def _segment(parent, index) -> str:
     if isinstance(index, int):
         return f"[{index}]"
     if isinstance(index, ScalarNode):  # a mapping value; its key node
-        return index.value if len(index.value) <= MAX_NAME_LEN else index.value[:MAX_NAME_LEN] + "..."
+        return (
+            index.value if len(index.value) <= MAX_NAME_LEN else index.value[:MAX_NAME_LEN] + "..."
+        )
     return ""  # the document, or a mapping key (its path is the mapping's)
 
 
@@ -945,8 +1170,11 @@ def _short_path(parts: list[str]) -> str:
 
 def _compose(text: str, source: str) -> Node | None:
     if len(text) > MAX_SPEC_BYTES:
-        raise SpecError(f"the spec is {len(text):,} characters long, more than the "
-                        f"{MAX_SPEC_BYTES:,} of MAX_SPEC_BYTES", file=source)
+        raise SpecError(
+            f"the spec is {len(text):,} characters long, more than the "
+            f"{MAX_SPEC_BYTES:,} of MAX_SPEC_BYTES",
+            file=source,
+        )
     loader = _BoundedLoader(text, source)
     try:
         return loader.get_single_node()
@@ -970,29 +1198,46 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
     source = str(source)
     root = _compose(text, source)
     if root is None:
-        raise SpecError("the spec is empty; expected a mapping with keys "
-                        f"{', '.join(TOP_KEYS)}", file=source)
+        raise SpecError(
+            f"the spec is empty; expected a mapping with keys {', '.join(TOP_KEYS)}", file=source
+        )
     r = _Reader(text, source)
     top = r.mapping(root, "", TOP_KEYS, what="a mapping at the top level")
 
     if "svgen" not in top:
-        raise r.error(root, None, "missing required key 'svgen' (the spec format version; write 'svgen: 1')")
+        raise r.error(
+            root, None, "missing required key 'svgen' (the spec format version; write 'svgen: 1')"
+        )
     vnode = top["svgen"][1]
     version = r.scalar(vnode, "svgen") if isinstance(vnode, ScalarNode) else _MISSING
     if isinstance(version, bool) or version != SPEC_VERSION or not isinstance(version, int):
-        got = (_show_int(version) if isinstance(version, int) and not isinstance(version, bool)
-               else r.describe(vnode))
-        raise r.error(vnode, "svgen", f"must be {SPEC_VERSION} (the only spec format version this svgen "
-                                      f"understands), got {got}")
+        got = (
+            _show_int(version)
+            if isinstance(version, int) and not isinstance(version, bool)
+            else r.describe(vnode)
+        )
+        raise r.error(
+            vnode,
+            "svgen",
+            f"must be {SPEC_VERSION} (the only spec format version this svgen "
+            f"understands), got {got}",
+        )
     r.require(root, "", top, ("name", "geometry", "attention"))
     if "mask" in top and "heads" in top:
-        raise r.error(top["heads"][0], "heads", "give either mask (one pattern for every head) or heads "
-                                                "(patterns per head), not both")
+        raise r.error(
+            top["heads"][0],
+            "heads",
+            "give either mask (one pattern for every head) or heads (patterns per head), not both",
+        )
     if "mask" not in top and "heads" not in top:
         raise r.error(root, None, "missing required key 'mask' (or 'heads')")
 
-    name = r.unreserved(top["name"][1], "name", r.name(top["name"][1], "name", "a spec name"),
-                        "a spec name becomes the generated module's file name")
+    name = r.unreserved(
+        top["name"][1],
+        "name",
+        r.name(top["name"][1], "name", "a spec name"),
+        "a spec name becomes the generated module's file name",
+    )
     geometry = _read_geometry(r, top["geometry"][1], "geometry")
     attention = _read_attention(r, top["attention"][1], "attention")
     layout = "frame_major"
@@ -1005,20 +1250,31 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
     if "patterns" in top and not _is_null(r, top["patterns"][1], "patterns"):
         pnode = top["patterns"][1]
         if not isinstance(pnode, MappingNode):
-            raise r.error(pnode, "patterns", f"must be a mapping from pattern names to masks, "
-                                             f"got {r.describe(pnode)}")
+            raise r.error(
+                pnode,
+                "patterns",
+                f"must be a mapping from pattern names to masks, got {r.describe(pnode)}",
+            )
         seen: dict[str, Node] = {}
         for knode, vnode in pnode.value:
             if not isinstance(knode, ScalarNode):
-                raise r.error(knode, "patterns", f"pattern names must be plain names, got {r.describe(knode)}")
+                raise r.error(
+                    knode, "patterns", f"pattern names must be plain names, got {r.describe(knode)}"
+                )
             pname = knode.value
             ppath = f"patterns.{_key_text(pname)}"
             if pname in seen:
                 first = seen[pname].start_mark.line + 1
-                raise r.error(knode, ppath, f"duplicate key '{pname}' (first given on line {first})")
+                raise r.error(
+                    knode, ppath, f"duplicate key '{pname}' (first given on line {first})"
+                )
             if not NAME_RE.match(pname) or len(pname) > MAX_NAME_LEN:
-                raise r.error(knode, ppath, f"pattern name must match {NAME_PATTERN} and be at most "
-                              f"{MAX_NAME_LEN} characters, got {_abbreviate(pname)}")
+                raise r.error(
+                    knode,
+                    ppath,
+                    f"pattern name must match {NAME_PATTERN} and be at most "
+                    f"{MAX_NAME_LEN} characters, got {_abbreviate(pname)}",
+                )
             r.unreserved(knode, ppath, pname, "pattern names become names in the generated module")
             if len(patterns) == MAX_PATTERNS:
                 raise r.error(knode, ppath, f"more than {MAX_PATTERNS} patterns (MAX_PATTERNS)")
@@ -1029,21 +1285,40 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
 
     heads = None
     if "heads" in top:
-        heads = _read_heads(r, top["heads"][1], "heads", tuple(n for n, _ in patterns), layout,
-                            attention.heads)
+        heads = _read_heads(
+            r, top["heads"][1], "heads", tuple(n for n, _ in patterns), layout, attention.heads
+        )
 
     tiling = Tiling(DEFAULT_BLOCK, DEFAULT_BLOCK)
     if "tiling" in top:
         tiling = _read_tiling(r, top["tiling"][1], "tiling")
-    _check_tile_grid(r, (top.get("tiling") or top["geometry"])[1], "tiling", geometry, tiling,
-                     len(heads.candidates) if heads is not None else 1)
+    _check_tile_grid(
+        r,
+        (top.get("tiling") or top["geometry"])[1],
+        "tiling",
+        geometry,
+        tiling,
+        len(heads.candidates) if heads is not None else 1,
+    )
 
     pats = tuple(patterns)
     digest = hashlib.sha256(
-        _dumps(_canonical_obj(name, geometry, attention, layout, mask, pats, heads, tiling)).encode("utf-8")
+        _dumps(_canonical_obj(name, geometry, attention, layout, mask, pats, heads, tiling)).encode(
+            "utf-8"
+        )
     ).hexdigest()
-    return Spec(name=name, geometry=geometry, attention=attention, layout=layout, mask=mask,
-                patterns=pats, heads=heads, tiling=tiling, source=source, digest=digest)
+    return Spec(
+        name=name,
+        geometry=geometry,
+        attention=attention,
+        layout=layout,
+        mask=mask,
+        patterns=pats,
+        heads=heads,
+        tiling=tiling,
+        source=source,
+        digest=digest,
+    )
 
 
 def load_spec(path: str | os.PathLike) -> Spec:
@@ -1056,10 +1331,14 @@ def load_spec(path: str | os.PathLike) -> Spec:
         reason = exc.strerror or str(exc)
         raise SpecError(f"cannot read the spec file: {reason}", file=source) from None
     if len(raw) > MAX_SPEC_BYTES:
-        raise SpecError(f"the spec file is larger than the {MAX_SPEC_BYTES:,} bytes of "
-                        f"MAX_SPEC_BYTES", file=source)
+        raise SpecError(
+            f"the spec file is larger than the {MAX_SPEC_BYTES:,} bytes of MAX_SPEC_BYTES",
+            file=source,
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise SpecError(f"the spec file is not valid UTF-8 (byte {exc.start})", file=source) from None
+        raise SpecError(
+            f"the spec file is not valid UTF-8 (byte {exc.start})", file=source
+        ) from None
     return parse_spec(text, source=source)

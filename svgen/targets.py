@@ -37,6 +37,7 @@ DEFAULT_TARGET = "v6e"
 # may ask for the rest.
 VMEM_RESERVE = 8 * MIB
 
+
 def target(name: str) -> Target:
     if name not in TARGETS:
         raise ValueError(f"unknown target {name!r}; one of {', '.join(TARGETS)}")

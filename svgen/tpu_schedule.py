@@ -163,11 +163,18 @@ class Schedule:
 
     def _child_loops(self, lo: int, hi: int) -> list[Loop]:
         """The outermost loops strictly inside [lo, hi), by address."""
-        inside = [loop for loop in self.loops
-                  if lo <= loop.start and loop.end < hi and (loop.start, loop.end + 1) != (lo, hi)]
-        return [loop for loop in inside
-                if not any(o is not loop and o.start <= loop.start and loop.end <= o.end
-                           for o in inside)]
+        inside = [
+            loop
+            for loop in self.loops
+            if lo <= loop.start and loop.end < hi and (loop.start, loop.end + 1) != (lo, hi)
+        ]
+        return [
+            loop
+            for loop in inside
+            if not any(
+                o is not loop and o.start <= loop.start and loop.end <= o.end for o in inside
+            )
+        ]
 
 
 def _live(lo: int, hi: int, dead: set[int]) -> int:
@@ -199,9 +206,16 @@ def parse_bundles(text: str) -> Schedule:
     if [b.address for b in bundles] != list(range(len(bundles))):
         raise ValueError("bundle addresses are not 0, 1, 2, ... in order")
     jumps = list(_branches(bundles, region_start))
-    loops = tuple(sorted((_loop(bundles, address, target, predicate)
-                          for address, target, predicate in jumps if target <= address),
-                         key=lambda loop: (loop.start, -loop.end)))
+    loops = tuple(
+        sorted(
+            (
+                _loop(bundles, address, target, predicate)
+                for address, target, predicate in jumps
+                if target <= address
+            ),
+            key=lambda loop: (loop.start, -loop.end),
+        )
+    )
     if not loops:
         raise ValueError("no loop in the listing: not a Pallas grid kernel")
     forward = [jump for jump in jumps if jump[1] > jump[0]]
@@ -241,15 +255,15 @@ def _parse_bundle(chunk: str) -> tuple[Bundle, str]:
         elif kind == "{":
             brace += 1
         elif kind == ";;" and brace == 1:
-            ops.append(chunk[op_start:token.start()])
+            ops.append(chunk[op_start : token.start()])
             op_start = token.end()
         elif kind == "}":
             brace -= 1
             if brace == 0:
-                ops.append(chunk[op_start:token.start()])
+                ops.append(chunk[op_start : token.start()])
                 markers = tuple(re.findall(r"[A-Z]{2}", head.group(2)))
                 ops = tuple(op.strip() for op in ops if op.strip())
-                return Bundle(int(head.group(1), 0), markers, ops), chunk[token.end():]
+                return Bundle(int(head.group(1), 0), markers, ops), chunk[token.end() :]
     raise ValueError(f"unterminated bundle: {chunk[:80]!r}")
 
 
@@ -272,7 +286,7 @@ def _loop(bundles: list[Bundle], address: int, target: int, predicate: str | Non
     """
     end = address + DELAY_SLOTS
     register = (predicate or "").lstrip("!")
-    for bundle in bundles[target:end + 1]:
+    for bundle in bundles[target : end + 1]:
         for op in bundle.ops:
             dest, test = _DEST.match(op), _EXIT_TEST.search(op)
             if register and test and dest and dest.group(1) == register:
@@ -284,10 +298,12 @@ def _forward_branches(bundles: list[Bundle], forward: list[_Jump], grid: Loop) -
     """Branch records with depth (within the same scope: grid loop or outside) and mix."""
     for address, target, predicate in forward:
         scope = grid.contains(address)
-        depth = sum(1 for other, other_target, _ in forward
-                    if grid.contains(other) == scope
-                    and other + 1 + DELAY_SLOTS <= address < other_target)
-        body = bundles[address + 1 + DELAY_SLOTS:target]
+        depth = sum(
+            1
+            for other, other_target, _ in forward
+            if grid.contains(other) == scope and other + 1 + DELAY_SLOTS <= address < other_target
+        )
+        body = bundles[address + 1 + DELAY_SLOTS : target]
         mix = collections.Counter(op_family(op) for bundle in body for op in bundle.ops)
         yield Branch(address, target, predicate, depth, dict(mix))
 
@@ -310,9 +326,11 @@ def ensure_dump_flags() -> str:
     if _dump_dir is not None:
         return _dump_dir
     if libtpu_env.libtpu_loaded():
-        raise RuntimeError("libtpu already started without bundle-dump flags: run the TPU cost "
-                           "model in a fresh process that calls ensure_dump_flags() before JAX "
-                           "touches any device")
+        raise RuntimeError(
+            "libtpu already started without bundle-dump flags: run the TPU cost "
+            "model in a fresh process that calls ensure_dump_flags() before JAX "
+            "touches any device"
+        )
     dump_dir = tempfile.mkdtemp(prefix="svgen_bundles_")
     atexit.register(shutil.rmtree, dump_dir, ignore_errors=True)
     flags = os.environ.get("LIBTPU_INIT_ARGS", "")
@@ -371,12 +389,15 @@ def _kernel_dump(dump_dir: str, names: list[str], kernel_name: str) -> str:
     """The text of the one new final-bundles file of ``kernel_name``."""
     dumps = [n for n in names if re.fullmatch(r"\d+-.+-\d+-final_bundles\.txt", n)]
     if not dumps:
-        raise RuntimeError("libtpu wrote no bundle dump: it was started without the dump flags "
-                           "(run in a fresh process that calls ensure_dump_flags() first), or "
-                           "the compile came from a cache")
+        raise RuntimeError(
+            "libtpu wrote no bundle dump: it was started without the dump flags "
+            "(run in a fresh process that calls ensure_dump_flags() first), or "
+            "the compile came from a cache"
+        )
     hits = [n for n in dumps if kernel_name in n.split("-", 1)[1].rsplit("-", 2)[0]]
     if len(hits) != 1:
-        raise RuntimeError(f"expected one final_bundles dump for {kernel_name!r}, got {hits} "
-                           f"among {dumps}")
+        raise RuntimeError(
+            f"expected one final_bundles dump for {kernel_name!r}, got {hits} among {dumps}"
+        )
     with open(os.path.join(dump_dir, hits[0])) as dump:
         return dump.read()

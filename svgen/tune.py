@@ -104,13 +104,21 @@ class Row:
 
     def to_json(self, dense_reference: int) -> dict:
         p = self.plan
-        out = {"tiling": self.candidate.tiling(), "label": self.candidate.label(),
-               "align": self.candidate.align, "steps": self.steps,
-               "visited_fraction": _visited(p), "smem_bytes": p.table_bytes,
-               "vmem_bytes": p.vmem.limit(), "cycles": self.cycles, "ms": self.ms,
-               "speedup_vs_dense": dense_reference / self.cycles,
-               "dense_cycles": self.dense_cycles,
-               "cost": "compiled" if self.exact else "estimated", "current": self.current}
+        out = {
+            "tiling": self.candidate.tiling(),
+            "label": self.candidate.label(),
+            "align": self.candidate.align,
+            "steps": self.steps,
+            "visited_fraction": _visited(p),
+            "smem_bytes": p.table_bytes,
+            "vmem_bytes": p.vmem.limit(),
+            "cycles": self.cycles,
+            "ms": self.ms,
+            "speedup_vs_dense": dense_reference / self.cycles,
+            "dense_cycles": self.dense_cycles,
+            "cost": "compiled" if self.exact else "estimated",
+            "current": self.current,
+        }
         if self.estimated_cycles is not None:
             out["estimated_cycles"] = self.estimated_cycles
         if len(p.patterns) == 1:
@@ -138,18 +146,26 @@ class TuneResult:
         """The fastest dense (keep-everything) kernel among the compiled candidates: one
         denominator for every row's speedup."""
         compiled = [r.dense_cycles for r in self.rows if r.exact] or [
-            r.dense_cycles for r in self.rows]
+            r.dense_cycles for r in self.rows
+        ]
         return min(compiled)
 
     def to_json(self) -> dict:
         ref = self.dense_reference
-        return {"spec": self.spec.name, "target": self.target, "seconds": self.seconds,
-                "compiles": self.compiles, "candidates": len(self.rows) + len(self.dropped),
-                "dense_reference_cycles": ref,
-                "choice": self.choice.to_json(ref),
-                "rows": [r.to_json(ref) for r in self.rows],
-                "dropped": [{"tiling": c.tiling(), "label": c.label(), "align": c.align,
-                             "reason": why} for c, why in self.dropped]}
+        return {
+            "spec": self.spec.name,
+            "target": self.target,
+            "seconds": self.seconds,
+            "compiles": self.compiles,
+            "candidates": len(self.rows) + len(self.dropped),
+            "dense_reference_cycles": ref,
+            "choice": self.choice.to_json(ref),
+            "rows": [r.to_json(ref) for r in self.rows],
+            "dropped": [
+                {"tiling": c.tiling(), "label": c.label(), "align": c.align, "reason": why}
+                for c, why in self.dropped
+            ],
+        }
 
 
 def candidates(spec: Spec, aligns: Sequence[str]) -> list[Candidate]:
@@ -175,10 +191,17 @@ def candidate_spec(spec_text: str, source: str, c: Candidate) -> Spec:
     return parse_spec(yaml.safe_dump(data, sort_keys=False), source=source)
 
 
-def tune(spec_path: str, *, target: str = DEFAULT_TARGET, aligns: Sequence[str] | None = None,
-         smem_budget: int = DEFAULT_SMEM_BUDGET, confirm: int = DEFAULT_CONFIRM,
-         exhaustive: bool = False, measure: Measure | None = None,
-         progress: Progress | None = None) -> TuneResult:
+def tune(
+    spec_path: str,
+    *,
+    target: str = DEFAULT_TARGET,
+    aligns: Sequence[str] | None = None,
+    smem_budget: int = DEFAULT_SMEM_BUDGET,
+    confirm: int = DEFAULT_CONFIRM,
+    exhaustive: bool = False,
+    measure: Measure | None = None,
+    progress: Progress | None = None,
+) -> TuneResult:
     """Rank the search space of the spec at `spec_path` (module docstring)."""
     start = time.perf_counter()
     text = _read(spec_path)
@@ -192,8 +215,9 @@ def tune(spec_path: str, *, target: str = DEFAULT_TARGET, aligns: Sequence[str] 
     progress = progress or (lambda what, done, total: None)
     plans, dropped = _analyze_all(text, spec_path, spec, aligns, target, smem_budget, progress)
     if not plans:
-        raise SpecError("no candidate tiling fits the SMEM and VMEM budgets", file=spec_path,
-                        key="tiling")
+        raise SpecError(
+            "no candidate tiling fits the SMEM and VMEM budgets", file=spec_path, key="tiling"
+        )
     costs = _Costs(measure, progress, spec.geometry.seq_len)
     t = spec.tiling
     current = Candidate(t.block_q, t.block_kv, t.cq, t.ckv, t.align)
@@ -206,8 +230,7 @@ def tune(spec_path: str, *, target: str = DEFAULT_TARGET, aligns: Sequence[str] 
     for row in rows:
         row.current = row.candidate == current
     rows = _confirm(rows, costs, len(rows) if exhaustive else confirm)
-    return TuneResult(spec, target, rows, dropped, costs.compiles,
-                      time.perf_counter() - start)
+    return TuneResult(spec, target, rows, dropped, costs.compiles, time.perf_counter() - start)
 
 
 def estimate_paths(points: Sequence[tuple[Candidate, object]], c: Candidate, seq_len: int):
@@ -230,8 +253,10 @@ def estimate_paths(points: Sequence[tuple[Candidate, object]], c: Candidate, seq
     rk = c.block_kv // c.compute_kv
     full = bk + round((c.block_q // c.compute_q) * (r0 + rk * per_block))
     scale = [c.block_q / k.block_q for k, _ in points]
-    init = tuple(round(_mean(p.init[i] * r for (_, p), r in zip(points, scale)))
-                 for i in range(len(first.init)))
+    init = tuple(
+        round(_mean(p.init[i] * r for (_, p), r in zip(points, scale)))
+        for i in range(len(first.init))
+    )
     finalize = round(_mean(p.finalize * r for (_, p), r in zip(points, scale)))
     column = (seq_len - 1) % c.block_kv // c.compute_kv if seq_len % c.compute_kv else -1
     multi = [(k, p) for k, p in points if k.blocks > 1] or list(points)
@@ -247,10 +272,21 @@ def estimate_paths(points: Sequence[tuple[Candidate, object]], c: Candidate, seq
             blocks.append(((0, round(b + overhead), round(b + overhead + extra)),))
             continue
         mixed.append(bk + round(overhead * c.blocks))
-        blocks.append(tuple((round(f), round(b), round(b + extra) if i % rk == column else
-                             round(b)) for i in range(c.blocks)))
-    return PathCosts(bk, full, tuple(mixed), tuple(blocks), init, finalize,
-                     round(_mean(p.pipeline for _, p in points)))
+        blocks.append(
+            tuple(
+                (round(f), round(b), round(b + extra) if i % rk == column else round(b))
+                for i in range(c.blocks)
+            )
+        )
+    return PathCosts(
+        bk,
+        full,
+        tuple(mixed),
+        tuple(blocks),
+        init,
+        finalize,
+        round(_mean(p.pipeline for _, p in points)),
+    )
 
 
 def _fit_rows(points) -> tuple[float, float]:
@@ -261,8 +297,7 @@ def _fit_rows(points) -> tuple[float, float]:
     if len(set(xs)) < 2:
         return 0.0, _mean(y / x for x, y in zip(xs, ys))
     mx, my = _mean(xs), _mean(ys)
-    slope = (sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-             / sum((x - mx) ** 2 for x in xs))
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
     return my - slope * mx, slope
 
 
@@ -272,8 +307,9 @@ def _read(spec_path: str) -> str:
         with open(spec_path, encoding="utf-8") as fh:
             return fh.read()
     except OSError as exc:
-        raise SpecError(f"cannot read the spec file: {exc.strerror or exc}",
-                        file=spec_path) from None
+        raise SpecError(
+            f"cannot read the spec file: {exc.strerror or exc}", file=spec_path
+        ) from None
 
 
 def _analyze_all(text, spec_path, spec, aligns, target, smem_budget, progress):
@@ -283,8 +319,9 @@ def _analyze_all(text, spec_path, spec, aligns, target, smem_budget, progress):
     for done, c in enumerate(space, 1):
         progress(f"analyzing {c.label()} {c.align}", done, len(space))
         try:
-            plans[c] = analyze(candidate_spec(text, spec_path, c), smem_budget=smem_budget,
-                               target_name=target)
+            plans[c] = analyze(
+                candidate_spec(text, spec_path, c), smem_budget=smem_budget, target_name=target
+            )
         except SpecError as err:
             dropped.append((c, err.message))
     return plans, dropped
@@ -297,8 +334,12 @@ def _probe(shape: tuple[int, int], plans: dict) -> Candidate:
     same = [c for c in plans if c.compute_shape == shape]
 
     def distance(c: Candidate):
-        return (abs(math.log2(c.block_q // c.compute_q) - 1)
-                + abs(math.log2(c.block_kv // c.compute_kv) - 2), c.blocks == 1, c)
+        return (
+            abs(math.log2(c.block_q // c.compute_q) - 1)
+            + abs(math.log2(c.block_kv // c.compute_kv) - 2),
+            c.blocks == 1,
+            c,
+        )
 
     return min(same, key=distance)
 
@@ -326,11 +367,15 @@ class _Costs:
         paths = self.paths.get(c.tiling_key)
         exact = paths is not None
         if not exact:
-            points = [(Candidate(*key), p) for key, p in sorted(self.paths.items())
-                      if key[2:] == c.compute_shape]
+            points = [
+                (Candidate(*key), p)
+                for key, p in sorted(self.paths.items())
+                if key[2:] == c.compute_shape
+            ]
             paths = estimate_paths(points, c, self.seq_len)
-        cycles, steps, _ = cost.model_cycles(paths, plan.tables, cost.model_head_pattern(plan),
-                                             cost.padding_tile(plan))
+        cycles, steps, _ = cost.model_cycles(
+            paths, plan.tables, cost.model_head_pattern(plan), cost.padding_tile(plan)
+        )
         return Row(c, plan, cycles, cost.dense_cycles(paths, plan), sum(steps.values()), exact)
 
 
@@ -382,8 +427,13 @@ def _pattern_pairs(pattern) -> dict:
     b = pattern.budget
     if b is None:
         return {"density": pattern.density}
-    return {"density": b.density, "exact_density": b.exact_density, "recall": b.recall,
-            "precision": b.precision, "rows_emptied": b.rows_emptied}
+    return {
+        "density": b.density,
+        "exact_density": b.exact_density,
+        "recall": b.recall,
+        "precision": b.precision,
+        "rows_emptied": b.rows_emptied,
+    }
 
 
 # ----------------------------------------------------------------------------- output
@@ -391,16 +441,40 @@ def format_table(result: TuneResult) -> list[str]:
     """The ranked table (Markdown, so it pastes into a README), then a line per dropped kind."""
     ref = result.dense_reference
     aligned = any(r.candidate.align != "exact" for r in result.rows)
-    head = ["#", "tiles / compute blocks", "align", "steps", "visited", "SMEM B", "VMEM MiB",
-            "cycles", "ms", "vs dense", "density"] + (["recall"] if aligned else []) + ["cost"]
+    head = (
+        [
+            "#",
+            "tiles / compute blocks",
+            "align",
+            "steps",
+            "visited",
+            "SMEM B",
+            "VMEM MiB",
+            "cycles",
+            "ms",
+            "vs dense",
+            "density",
+        ]
+        + (["recall"] if aligned else [])
+        + ["cost"]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for rank, r in enumerate(result.rows, 1):
         j = r.to_json(ref)
         density, recall = _per_pattern(j, "density"), _per_pattern(j, "recall")
-        cells = [str(rank), r.candidate.label() + (" (current)" if r.current else ""),
-                 r.candidate.align, f"{r.steps:,}", f"{j['visited_fraction']:.4f}",
-                 f"{j['smem_bytes']:,}", f"{j['vmem_bytes'] / 2**20:.0f}", f"{r.cycles:,}",
-                 f"{r.ms:.2f}", f"{j['speedup_vs_dense']:.2f}x", density]
+        cells = [
+            str(rank),
+            r.candidate.label() + (" (current)" if r.current else ""),
+            r.candidate.align,
+            f"{r.steps:,}",
+            f"{j['visited_fraction']:.4f}",
+            f"{j['smem_bytes']:,}",
+            f"{j['vmem_bytes'] / 2**20:.0f}",
+            f"{r.cycles:,}",
+            f"{r.ms:.2f}",
+            f"{j['speedup_vs_dense']:.2f}x",
+            density,
+        ]
         if aligned:
             cells.append(recall)
         cells.append(j["cost"])
@@ -416,21 +490,26 @@ def _per_pattern(row: dict, key: str) -> str:
 
 def summary_lines(result: TuneResult) -> list[str]:
     c = result.choice
-    lines = [f"{result.spec.name}: {len(result.rows)} candidates costed on {result.target} "
-             f"({result.compiles} kernels compiled or read from the cost cache, the rest "
-             f"estimated from them), {len(result.dropped)} over a budget; "
-             f"{result.seconds:.0f} s",
-             f"vs dense: against the fastest dense (keep-everything) kernel among the compiled "
-             f"candidates, {result.dense_reference:,} cycles",
-             f"first choice: {c.candidate.label()}, align {c.candidate.align}: "
-             f"{c.ms:.2f} ms (static model)"]
+    lines = [
+        f"{result.spec.name}: {len(result.rows)} candidates costed on {result.target} "
+        f"({result.compiles} kernels compiled or read from the cost cache, the rest "
+        f"estimated from them), {len(result.dropped)} over a budget; "
+        f"{result.seconds:.0f} s",
+        f"vs dense: against the fastest dense (keep-everything) kernel among the compiled "
+        f"candidates, {result.dense_reference:,} cycles",
+        f"first choice: {c.candidate.label()}, align {c.candidate.align}: "
+        f"{c.ms:.2f} ms (static model)",
+    ]
     reasons: dict[str, int] = {}
     for _, why in result.dropped:
         kind = "VMEM" if "VMEM" in why else "SMEM" if "SMEM" in why or "scalar" in why else why
         reasons[kind] = reasons.get(kind, 0) + 1
     for kind, n in sorted(reasons.items()):
-        lines.append(f"dropped: {n} candidate(s) over the {kind} budget" if kind in (
-            "VMEM", "SMEM") else f"dropped: {n} candidate(s): {kind}")
+        lines.append(
+            f"dropped: {n} candidate(s) over the {kind} budget"
+            if kind in ("VMEM", "SMEM")
+            else f"dropped: {n} candidate(s): {kind}"
+        )
     return lines
 
 
@@ -452,8 +531,13 @@ def rewrite_tiling(text: str, c: Candidate) -> tuple[str, list[str]]:
     rt.width = 4096
     rt.indent(mapping=2, sequence=sequence or 4, offset=offset if offset is not None else 2)
     data = rt.load(text)
-    wanted = {"block_q": c.block_q, "block_kv": c.block_kv, "compute_q": c.compute_q,
-              "compute_kv": c.compute_kv, "align": c.align}
+    wanted = {
+        "block_q": c.block_q,
+        "block_kv": c.block_kv,
+        "compute_q": c.compute_q,
+        "compute_kv": c.compute_kv,
+        "align": c.align,
+    }
     needed = c.tiling()
     tiling = data.get("tiling")
     changes = []

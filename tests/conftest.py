@@ -47,23 +47,34 @@ def brute_force_kinds(keep: np.ndarray, block_q: int, block_kv: int) -> np.ndarr
     kinds = np.empty((nq, nk), np.int8)
     for i in range(nq):
         for j in range(nk):
-            tile = keep[i * block_q:(i + 1) * block_q, j * block_kv:(j + 1) * block_kv]
-            kinds[i, j] = (TileKind.FULL if tile.all() else
-                           TileKind.BOUNDARY if tile.any() else TileKind.EMPTY)
+            tile = keep[i * block_q : (i + 1) * block_q, j * block_kv : (j + 1) * block_kv]
+            kinds[i, j] = (
+                TileKind.FULL if tile.all() else TileKind.BOUNDARY if tile.any() else TileKind.EMPTY
+            )
     return kinds
 
 
 def lower_mask_dict(mask: dict, lay: TokenLayout, bq: int, bkv: int):
     """(spec, lowered mask) of a spec with this mask (a dict as YAML would load it) on the
     geometry of ``lay``, through the spec reader and lowering as a user's file goes."""
-    spec = parse_spec(yaml.safe_dump({
-        "svgen": 1, "name": "random_mask",
-        "geometry": {"frames": lay.frames, "height": lay.height, "width": lay.width,
-                     "text_tokens": lay.text_tokens,
-                     "text_position": lay.text_position},
-        "attention": {"heads": 1, "head_dim": 128, "dtype": "float32"},
-        "mask": mask, "tiling": {"block_q": bq, "block_kv": bkv},
-    }))
+    spec = parse_spec(
+        yaml.safe_dump(
+            {
+                "svgen": 1,
+                "name": "random_mask",
+                "geometry": {
+                    "frames": lay.frames,
+                    "height": lay.height,
+                    "width": lay.width,
+                    "text_tokens": lay.text_tokens,
+                    "text_position": lay.text_position,
+                },
+                "attention": {"heads": 1, "head_dim": 128, "dtype": "float32"},
+                "mask": mask,
+                "tiling": {"block_q": bq, "block_kv": bkv},
+            }
+        )
+    )
     return spec, ir.lower(spec)
 
 
@@ -92,7 +103,8 @@ def user_order_keep(pattern) -> np.ndarray:
     keep = dense_keep(pattern.mask, pattern.layout)  # kernel order
     position = np.empty(pattern.layout.seq_len, np.int64)
     position[pattern.layout.original_index(np.arange(pattern.layout.seq_len))] = np.arange(
-        pattern.layout.seq_len)
+        pattern.layout.seq_len
+    )
     return keep[np.ix_(position, position)]
 
 
@@ -120,8 +132,9 @@ def check_per_head(plan, out, q, k, v, head_pattern, dtype):
 def unprepared_environment() -> dict[str, str]:
     """This process's environment less what libtpu_env.prepare() set: a user's shell, for a
     subprocess that must prepare libtpu itself."""
-    return {k: v for k, v in os.environ.items()
-            if k not in (*libtpu_env.SHARING, *libtpu_env.NO_CHIP)}
+    return {
+        k: v for k, v in os.environ.items() if k not in (*libtpu_env.SHARING, *libtpu_env.NO_CHIP)
+    }
 
 
 def import_file(path: pathlib.Path):
@@ -178,8 +191,11 @@ def _spatial_window(rng, lay):
 
 
 def _temporal_stride(rng, lay):
-    params = {"rows": int(rng.integers(0, lay.height)), "cols": int(rng.integers(0, lay.width)),
-              "stride": int(rng.integers(1, 4))}
+    params = {
+        "rows": int(rng.integers(0, lay.height)),
+        "cols": int(rng.integers(0, lay.width)),
+        "stride": int(rng.integers(1, 4)),
+    }
     params.update({"frames": v for v in _maybe(rng, lay.frames).values()})
     return params
 
@@ -227,8 +243,15 @@ def random_layout(rng) -> TokenLayout:
     frames = int(rng.integers(1, 6))
     order = str(rng.choice(["frame_major", "temporal_major"]))
     anchors = int(rng.integers(0, frames + 1)) if order == "temporal_major" else 0
-    return TokenLayout(frames, int(rng.integers(1, 6)), int(rng.integers(1, 9)), text,
-                          "first" if bool(rng.integers(0, 2)) else "last", order, anchors)
+    return TokenLayout(
+        frames,
+        int(rng.integers(1, 6)),
+        int(rng.integers(1, 9)),
+        text,
+        "first" if bool(rng.integers(0, 2)) else "last",
+        order,
+        anchors,
+    )
 
 
 # -- kernels at test size --------------------------------------------------------------
@@ -274,10 +297,12 @@ def scaled_spec_text(path, text_tokens=None, heads=2, tiling=None, dtype="float3
 
 # -- gradients --------------------------------------------------------------------------
 
+
 def reference_grads(plan, q, k, v, head_pattern, do, sm_scale=None):
     """float64 dq, dk, dv of sum(attention(q, k, v) * do), heads [.., heads, seq, d]."""
-    q64, k64, v64, do64 = (np.asarray(jnp.asarray(x, jnp.float32), np.float64)
-                           for x in (q, k, v, do))
+    q64, k64, v64, do64 = (
+        np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (q, k, v, do)
+    )
     scale = 1 / np.sqrt(q64.shape[-1]) if sm_scale is None else sm_scale
     keeps = [user_order_keep(p) for p in plan.patterns]
     grads = [np.zeros_like(q64) for _ in range(3)]

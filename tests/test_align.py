@@ -37,8 +37,13 @@ def brute_force_align(keep: np.ndarray, bq: int, bkv: int, mode: str):
     for i, (q0, q1) in enumerate(qs):
         for j, (k0, k1) in enumerate(ks):
             block = keep[q0:q1, k0:k1]
-            kinds[i, j] = (TileKind.FULL if block.all() else
-                           TileKind.BOUNDARY if block.any() else TileKind.EMPTY)
+            kinds[i, j] = (
+                TileKind.FULL
+                if block.all()
+                else TileKind.BOUNDARY
+                if block.any()
+                else TileKind.EMPTY
+            )
             padding_column = j == len(ks) - 1 and n % bkv != 0
             if kinds[i, j] == TileKind.BOUNDARY and not padding_column:
                 kept[i, j], real[i, j] = int(block.sum()), block.size
@@ -53,11 +58,11 @@ def brute_force_align(keep: np.ndarray, bq: int, bkv: int, mode: str):
         base = int(keep.sum()) - sum(kept.values())
         counts = [base + sum(real[b] for b in order[:m]) for m in range(len(order) + 1)]
         distance = [abs(c - int(keep.sum())) for c in counts]
-        promote = set(order[:distance.index(min(distance))])
+        promote = set(order[: distance.index(min(distance))])
     aligned = keep.copy()
-    for (i, j) in kept:
+    for i, j in kept:
         kinds[i, j] = TileKind.FULL if (i, j) in promote else TileKind.EMPTY
-        aligned[qs[i][0]:qs[i][1], ks[j][0]:ks[j][1]] = (i, j) in promote
+        aligned[qs[i][0] : qs[i][1], ks[j][0] : ks[j][1]] = (i, j) in promote
     return kinds, aligned
 
 
@@ -98,9 +103,12 @@ def test_frame_invariant_masks_are_counted_too():
     from svgen.runtime.layout import TokenLayout
 
     lay = TokenLayout(4, 3, 5, 0, "last", "frame_major", 0)
-    _, mask = lower_mask_dict({"any_of": [{"first_frame": {"frames": 1}},
-                                          {"temporal_stride": {"rows": 1, "cols": 1}}]},
-                              lay, 128, 128)
+    _, mask = lower_mask_dict(
+        {"any_of": [{"first_frame": {"frames": 1}}, {"temporal_stride": {"rows": 1, "cols": 1}}]},
+        lay,
+        128,
+        128,
+    )
     grid = TileGrid(lay.seq_len, 16, 8)
     exact = classify_tiles(mask, lay, grid, count_pairs=True)
     np.testing.assert_array_equal(exact.kinds, classify_tiles(mask, lay, grid).kinds)
@@ -134,13 +142,17 @@ def test_balanced_promotes_by_fraction_and_reaches_the_closest_count(seed):
     for value in np.unique(fraction[promote]):
         tied = np.flatnonzero(fraction == value)
         chosen = promote[tied]
-        assert np.all(chosen[:chosen.sum()])
+        assert np.all(chosen[: chosen.sum()])
 
 
 def test_balanced_keeps_the_density_close_on_a_band():
-    lay_text = SPEC.format(frames=8, height=8, width=16, mask="band: {width: 300}",
-                           tiling="block_q: 256, block_kv: 256, compute_q: 128, "
-                                  "compute_kv: 128, align: balanced")
+    lay_text = SPEC.format(
+        frames=8,
+        height=8,
+        width=16,
+        mask="band: {width: 300}",
+        tiling="block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128, align: balanced",
+    )
     pattern = analyze(parse_spec(lay_text)).only
     b = pattern.budget
     assert b.mode == "balanced" and b.exact_blocks == 0  # 1,024 tokens: no padding column
@@ -160,8 +172,9 @@ tiling: {{{tiling}}}
 
 
 def test_align_is_read_and_keeps_old_digests():
-    base = SPEC.format(frames=2, height=4, width=16, mask="band: {width: 30}",
-                       tiling="block_q: 128, block_kv: 128")
+    base = SPEC.format(
+        frames=2, height=4, width=16, mask="band: {width: 30}", tiling="block_q: 128, block_kv: 128"
+    )
     plain = parse_spec(base)
     assert plain.tiling.align == "exact" and not plain.tiling.aligned
     explicit = parse_spec(base.replace("block_kv: 128}", "block_kv: 128, align: exact}"))
@@ -173,23 +186,41 @@ def test_align_is_read_and_keeps_old_digests():
 
 
 def test_bad_align_value_names_the_modes():
-    text = SPEC.format(frames=2, height=4, width=16, mask="band: {width: 30}",
-                       tiling="block_q: 128, block_kv: 128, align: round")
+    text = SPEC.format(
+        frames=2,
+        height=4,
+        width=16,
+        mask="band: {width: 30}",
+        tiling="block_q: 128, block_kv: 128, align: round",
+    )
     with pytest.raises(SpecError) as info:
         parse_spec(text, source="specs/demo.yaml")
     assert info.value.key == "tiling.align"
-    assert "must be one of exact, superset, subset, nearest, balanced, got 'round'" in str(info.value)
+    assert "must be one of exact, superset, subset, nearest, balanced, got 'round'" in str(
+        info.value
+    )
 
 
 def test_inspect_summary_reports_the_budget():
-    text = SPEC.format(frames=5, height=4, width=26, mask="band: {width: 60}",
-                       tiling="block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128, "
-                              "align: nearest")
+    text = SPEC.format(
+        frames=5,
+        height=4,
+        width=26,
+        mask="band: {width: 60}",
+        tiling="block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128, align: nearest",
+    )
     plan = analyze(parse_spec(text))
     s = plan.summary()
     assert s["align"] == "nearest"
-    for key in ("exact_density", "density", "pairs_added", "pairs_dropped", "recall",
-                "precision", "rows_emptied"):
+    for key in (
+        "exact_density",
+        "density",
+        "pairs_added",
+        "pairs_dropped",
+        "recall",
+        "precision",
+        "rows_emptied",
+    ):
         assert key in s
     b = plan.only.budget
     assert s["density"] == b.density == plan.density
@@ -209,10 +240,12 @@ def aligned_user_keep(pattern) -> np.ndarray:
     lay, grid = pattern.layout, pattern.compute_grid
     keep = dense_keep(pattern.mask, lay)
     kinds = pattern.compute_kinds
-    expand = np.repeat(np.repeat(kinds, grid.block_q, 0), grid.block_kv, 1)[:lay.seq_len,
-                                                                             :lay.seq_len]
-    aligned = np.where(expand == TileKind.FULL, True,
-                       np.where(expand == TileKind.EMPTY, False, keep))
+    expand = np.repeat(np.repeat(kinds, grid.block_q, 0), grid.block_kv, 1)[
+        : lay.seq_len, : lay.seq_len
+    ]
+    aligned = np.where(
+        expand == TileKind.FULL, True, np.where(expand == TileKind.EMPTY, False, keep)
+    )
     position = np.empty(lay.seq_len, np.int64)
     position[lay.original_index(np.arange(lay.seq_len))] = np.arange(lay.seq_len)
     return aligned[np.ix_(position, position)]
@@ -222,13 +255,15 @@ def run_against_aligned_reference(plan, module, seed=0):
     rng = np.random.default_rng(seed)
     shape = (2, plan.layout.seq_len, 128)
     q, k, v = (rng.standard_normal(shape).astype(np.float32) for _ in range(3))
-    out = np.asarray(module.attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
-                                      interpret=POISONED))
+    out = np.asarray(
+        module.attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), interpret=POISONED)
+    )
     assert np.all(np.isfinite(out))
     keep = aligned_user_keep(plan.only)
     for head in range(2):
-        ref = masked_attention_reference(q[head].astype(np.float64), k[head].astype(np.float64),
-                                         v[head].astype(np.float64), keep)
+        ref = masked_attention_reference(
+            q[head].astype(np.float64), k[head].astype(np.float64), v[head].astype(np.float64), keep
+        )
         err = np.max(np.abs(out[head] - ref)) / max(np.max(np.abs(ref)), 1e-30)
         assert err <= TOLERANCE["float32"], err
         assert np.all(out[head][~keep.any(axis=1)] == 0.0)
@@ -239,9 +274,12 @@ def run_against_aligned_reference(plan, module, seed=0):
 def test_kernel_is_exact_for_the_aligned_mask_with_padding(mode, compile_text):
     """520 tokens, temporal-major with an anchor frame: the padding column stays exact."""
     text = SPEC.format(
-        frames=5, height=4, width=26,
+        frames=5,
+        height=4,
+        width=26,
         mask="any_of: [{first_frame: {frames: 1}}, {temporal_stride: {rows: 1, cols: 2}}]",
-        tiling=f"block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128, align: {mode}")
+        tiling=f"block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128, align: {mode}",
+    )
     text = text.replace("mask:", "layout: temporal_major\nmask:")
     plan, module = compile_text(text)
     assert plan.only.budget.mode == mode
@@ -251,10 +289,14 @@ def test_kernel_is_exact_for_the_aligned_mask_with_padding(mode, compile_text):
 def test_kernel_without_boundary_blocks_and_rows_emptied(compile_text):
     """512 tokens (no padding column): aligned kinds are FULL / EMPTY only. The diagonal of a
     self-only mask is dropped by `subset`; the rows of the first half keep a FULL block."""
-    mask = "any_of: [{spatial_window: {frames: 0, rows: 0, cols: 0}}, {expr: \"i_q < 256 and i_k < 128\"}]"
-    text = SPEC.format(frames=4, height=8, width=16, mask=mask,
-                       tiling="block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128, "
-                              "align: subset")
+    mask = 'any_of: [{spatial_window: {frames: 0, rows: 0, cols: 0}}, {expr: "i_q < 256 and i_k < 128"}]'
+    text = SPEC.format(
+        frames=4,
+        height=8,
+        width=16,
+        mask=mask,
+        tiling="block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128, align: subset",
+    )
     plan, module = compile_text(text)
     pattern = plan.only
     assert not np.any(pattern.compute_kinds == TileKind.BOUNDARY)

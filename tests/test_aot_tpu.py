@@ -23,8 +23,11 @@ def v6e_device():
 def compile_for_v6e(module, dtype=None, batch=None):
     sharding = jax.sharding.SingleDeviceSharding(v6e_device())
     lead = (module.HEADS,) if batch is None else (batch, module.HEADS)
-    arg = jax.ShapeDtypeStruct(lead + (module.SEQ_LEN, module.HEAD_DIM),
-                               jnp.dtype(dtype or module.DTYPE), sharding=sharding)
+    arg = jax.ShapeDtypeStruct(
+        lead + (module.SEQ_LEN, module.HEAD_DIM),
+        jnp.dtype(dtype or module.DTYPE),
+        sharding=sharding,
+    )
     # The head -> pattern assignment is a traced argument, as when it comes from profile().
     head_pattern = jax.ShapeDtypeStruct((module.HEADS,), jnp.int32, sharding=sharding)
 
@@ -46,8 +49,11 @@ def test_float32_and_batched_variants_compile(tmp_path):
 
     module = import_file(REPO / "generated" / "wan21_720p_spatial.py")
     compile_for_v6e(module, batch=2)
-    text = (REPO / "specs" / "wan21_720p_spatial.yaml").read_text().replace(
-        "dtype: bfloat16", "dtype: float32")
+    text = (
+        (REPO / "specs" / "wan21_720p_spatial.yaml")
+        .read_text()
+        .replace("dtype: bfloat16", "dtype: float32")
+    )
     _, module32 = compile_spec_text(text, tmp_path)
     compile_for_v6e(module32)
 
@@ -58,8 +64,9 @@ def test_gradient_kernels_compile_for_v6e(name):
     kernels all pass Mosaic and libtpu."""
     module = import_file(REPO / "generated" / f"{name}.py")
     sharding = jax.sharding.SingleDeviceSharding(v6e_device())
-    arg = jax.ShapeDtypeStruct((module.HEADS, module.SEQ_LEN, module.HEAD_DIM),
-                               jnp.dtype(module.DTYPE), sharding=sharding)
+    arg = jax.ShapeDtypeStruct(
+        (module.HEADS, module.SEQ_LEN, module.HEAD_DIM), jnp.dtype(module.DTYPE), sharding=sharding
+    )
     head_pattern = jax.ShapeDtypeStruct((module.HEADS,), jnp.int32, sharding=sharding)
 
     def loss(q, k, v, hp):
@@ -84,8 +91,9 @@ def test_profile_compiles_for_v6e():
     """Online profiling (plain XLA) runs inside jit on the TPU too, at full geometry."""
     module = import_file(REPO / "generated" / "wan21_720p_mixed.py")
     sharding = jax.sharding.SingleDeviceSharding(v6e_device())
-    arg = jax.ShapeDtypeStruct((module.HEADS, module.SEQ_LEN, module.HEAD_DIM), jnp.bfloat16,
-                               sharding=sharding)
+    arg = jax.ShapeDtypeStruct(
+        (module.HEADS, module.SEQ_LEN, module.HEAD_DIM), jnp.bfloat16, sharding=sharding
+    )
     key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding)
 
     def pick_then_attend(q, k, v, key):
@@ -97,8 +105,12 @@ def test_profile_compiles_for_v6e():
 
 # Per target: tilings (block_q, block_kv, compute_q, compute_kv) from small to past the VMEM.
 BIG_TILINGS = {
-    "v6e": [(2048, 2048, 2048, 2048), (3328, 2816, 3328, 2816), (2048, 4096, 1024, 512),
-            (4096, 4096, 4096, 4096)],
+    "v6e": [
+        (2048, 2048, 2048, 2048),
+        (3328, 2816, 3328, 2816),
+        (2048, 4096, 1024, 512),
+        (4096, 4096, 4096, 4096),
+    ],
     "v5e": [(2048, 4096, 1024, 512), (4096, 4096, 4096, 4096)],
     "v7x": [(2048, 2048, 2048, 2048), (3328, 2816, 3328, 2816)],
 }
@@ -122,8 +134,12 @@ def test_every_tiling_the_compiler_accepts_compiles_for_its_target(target, tmp_p
     base = (REPO / "specs" / "wan21_720p_band.yaml").read_text()
     outcomes = []
     for n, (bq, bkv, cq, ckv) in enumerate(BIG_TILINGS[target]):
-        text = re.sub(r"^tiling:.*$", f"tiling: {{block_q: {bq}, block_kv: {bkv}, "
-                      f"compute_q: {cq}, compute_kv: {ckv}}}", base, flags=re.M)
+        text = re.sub(
+            r"^tiling:.*$",
+            f"tiling: {{block_q: {bq}, block_kv: {bkv}, compute_q: {cq}, compute_kv: {ckv}}}",
+            base,
+            flags=re.M,
+        )
         try:
             _, module = compile_spec_text(text, tmp_path / str(n), target_name=target)
         except SpecError as err:
@@ -133,8 +149,9 @@ def test_every_tiling_the_compiler_accepts_compiles_for_its_target(target, tmp_p
         assert module.TARGET == target
         device = target_device(TARGETS[target].topology)
         sharding = jax.sharding.SingleDeviceSharding(device)
-        arg = jax.ShapeDtypeStruct((module.HEADS, module.SEQ_LEN, module.HEAD_DIM),
-                                   jnp.bfloat16, sharding=sharding)
+        arg = jax.ShapeDtypeStruct(
+            (module.HEADS, module.SEQ_LEN, module.HEAD_DIM), jnp.bfloat16, sharding=sharding
+        )
         compiled = jax.jit(lambda q, k, v: module.attention(q, k, v)).lower(arg, arg, arg).compile()
         assert "tpu_custom_call" in compiled.as_text()
         outcomes.append("compiled")
@@ -179,8 +196,14 @@ def fn(x):
 print("compiled", "tpu_custom_call" in jax.jit(fn).lower(arg).compile().as_text())
 """
 
-LIBTPU_NOISE = ("lockfile", "host bounds", "accelerator type", "worker hostname", "E0000",
-                "WARNING")
+LIBTPU_NOISE = (
+    "lockfile",
+    "host bounds",
+    "accelerator type",
+    "worker hostname",
+    "E0000",
+    "WARNING",
+)
 
 
 def test_aot_compile_while_another_process_holds_libtpu():
@@ -192,14 +215,26 @@ def test_aot_compile_while_another_process_holds_libtpu():
     from conftest import unprepared_environment
 
     bare = unprepared_environment()  # as in a user's shell: none of svgen's variables
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER], env=bare, cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER],
+        env=bare,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() in ("holding", "held elsewhere")
 
         def compile_tiny(mode):
-            return subprocess.run([sys.executable, "-c", COMPILE_TINY_KERNEL, mode], env=bare,
-                                  cwd=REPO, capture_output=True, text=True, timeout=300)
+            return subprocess.run(
+                [sys.executable, "-c", COMPILE_TINY_KERNEL, mode],
+                env=bare,
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
 
         shared = compile_tiny("prepare")
         unprepared = compile_tiny("bare")

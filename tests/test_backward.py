@@ -13,8 +13,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import (POISONED, REPO, SPECS, TWO_LEVEL, mixed_inputs, reference_grads,
-                      scaled_spec_text)
+from conftest import (
+    POISONED,
+    REPO,
+    SPECS,
+    TWO_LEVEL,
+    mixed_inputs,
+    reference_grads,
+    scaled_spec_text,
+)
 from svgen.runtime import backward
 from svgen.runtime.kinds import TileKind
 
@@ -30,8 +37,11 @@ def check_grads(plan, module, q, k, v, head_pattern, dtype, jit_pattern=False):
 
     grad = jax.grad(loss, argnums=(0, 1, 2))
     hp = jnp.asarray(head_pattern, jnp.int32) if jit_pattern else np.asarray(head_pattern)
-    got = (jax.jit(grad)(q, k, v, hp) if jit_pattern
-           else jax.jit(lambda q, k, v: grad(q, k, v, hp))(q, k, v))
+    got = (
+        jax.jit(grad)(q, k, v, hp)
+        if jit_pattern
+        else jax.jit(lambda q, k, v: grad(q, k, v, hp))(q, k, v)
+    )
     want = reference_grads(plan, q, k, v, np.asarray(head_pattern), do)
     for name, a, b in zip(("dq", "dk", "dv"), got, want):
         a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
@@ -51,8 +61,7 @@ def test_gradients_of_every_shipped_spec(spec_path, dtype, compile_text):
 
 
 def test_gradients_with_a_traced_head_pattern_and_one_compute_block_per_tile(compile_text):
-    plan, module = compile_text(scaled_spec_text(REPO / "specs" / "wan21_720p_mixed.yaml",
-                                                 heads=4))
+    plan, module = compile_text(scaled_spec_text(REPO / "specs" / "wan21_720p_mixed.yaml", heads=4))
     q, k, v = mixed_inputs(plan, "float32", seed=11)
     check_grads(plan, module, q, k, v, [1, 0, 0, 1], "float32", jit_pattern=True)
 
@@ -61,7 +70,8 @@ def test_rows_without_keys_get_zero_gradient_and_batches_work(compile_text):
     """Queries of frame 0 may attend nothing (causal from frame 1 on): zero dq rows, no NaN."""
     text = scaled_spec_text(REPO / "specs" / "wan21_720p_spatial.yaml").replace(
         "any_of:\n  - first_frame:\n      frames: 1\n  - spatial_window:\n      frames: 1",
-        "expr: f_k >= 1 and f_k <= f_q")
+        "expr: f_k >= 1 and f_k <= f_q",
+    )
     assert "expr" in text
     plan, module = compile_text(text)
     rng = np.random.default_rng(3)
@@ -76,8 +86,7 @@ def test_rows_without_keys_get_zero_gradient_and_batches_work(compile_text):
 @pytest.mark.parametrize("name", ["hunyuan_720p_text", "wan21_720p_band"])
 def test_transposed_tables_visit_the_same_compute_blocks(name, compile_text):
     """Per kv tile, the q tiles that visit it: the same FULL / BOUNDARY blocks, transposed."""
-    plan, module = compile_text(scaled_spec_text(REPO / "specs" / f"{name}.yaml",
-                                                 tiling=TWO_LEVEL))
+    plan, module = compile_text(scaled_spec_text(REPO / "specs" / f"{name}.yaml", tiling=TWO_LEVEL))
     shape = module.SHAPE
     runs = plan.only.table.runs
     nq, nk = plan.grid.num_q_blocks, plan.grid.num_kv_blocks

@@ -10,11 +10,20 @@ from svgen.expr import parse_predicate
 from svgen.runtime.layout import TokenLayout
 from svgen.runtime.kinds import TileKind
 
-from conftest import (PRIMITIVE_GENERATORS, brute_force_kinds, dense_keep, lower_mask_dict,
-                      random_layout, random_mask)
+from conftest import (
+    PRIMITIVE_GENERATORS,
+    brute_force_kinds,
+    dense_keep,
+    lower_mask_dict,
+    random_layout,
+    random_mask,
+)
 
-@pytest.mark.parametrize("key", [p.key for p in primitives.registered()
-                                 if p.form in (primitives.PARAMS, primitives.PREDICATE)])
+
+@pytest.mark.parametrize(
+    "key",
+    [p.key for p in primitives.registered() if p.form in (primitives.PARAMS, primitives.PREDICATE)],
+)
 def test_every_primitive_is_generated(key):
     """The random masks below (and the codegen and kernel tests that reuse them) reach every
     primitive of the registry."""
@@ -48,15 +57,24 @@ def testrandom_masks_small_tiles(seed):
 def test_random_specs_through_the_whole_analysis(seed):
     """Spec text -> analyze(): real block sizes, geometries that do not divide them."""
     rng = np.random.default_rng(1000 + seed)
-    lay = TokenLayout(int(rng.integers(2, 6)), int(rng.integers(3, 9)),
-                         int(rng.integers(10, 30)), int(rng.choice([0, 40])),
-                         "first" if bool(rng.integers(0, 2)) else "last")
+    lay = TokenLayout(
+        int(rng.integers(2, 6)),
+        int(rng.integers(3, 9)),
+        int(rng.integers(10, 30)),
+        int(rng.choice([0, 40])),
+        "first" if bool(rng.integers(0, 2)) else "last",
+    )
     bq, bkv = int(rng.choice([128, 256])), int(rng.choice([128, 256]))
     spec, mask = lower_mask_dict(random_mask(rng, lay), lay, bq, bkv)
     plan = analyze(spec)
     keep = dense_keep(mask, lay)
-    _check(plan.kinds, plan.classification.kept_pairs, keep, brute_force_kinds(keep, bq, bkv),
-           exact=plan.classification.density_is_exact)
+    _check(
+        plan.kinds,
+        plan.classification.kept_pairs,
+        keep,
+        brute_force_kinds(keep, bq, bkv),
+        exact=plan.classification.density_is_exact,
+    )
     assert plan.density == pytest.approx(keep.mean())
 
 
@@ -93,8 +111,9 @@ def test_block_causal_keeps_whole_chunks_and_no_text():
     expected = (frame[None, :] // 2) <= (frame[:, None] // 2)
     np.testing.assert_array_equal(keep[:10, :10], expected)
     assert not keep[10:].any() and not keep[:, 10:].any()
-    np.testing.assert_array_equal(dense_keep(ir.BlockCausal(1), lay),
-                                  dense_keep(ir.CausalFrames(), lay))
+    np.testing.assert_array_equal(
+        dense_keep(ir.BlockCausal(1), lay), dense_keep(ir.CausalFrames(), lay)
+    )
 
 
 @pytest.mark.parametrize("bq,bkv", [(8, 8), (16, 8), (8, 24)])
@@ -126,7 +145,7 @@ def test_blog_configuration_counts():
     mask = ir.AnyOf((ir.Band(ir.band_width_from_density(0.35, lay.video_tokens)), ir.Prefix(3600)))
     assert ir.band_width_from_density(0.35, lay.video_tokens) == 14720
     got = classify_tiles(mask, lay, TileGrid(lay.seq_len, 512, 512))
-    assert round(got.kept_pairs / lay.seq_len ** 2, 4) == 0.3887
+    assert round(got.kept_pairs / lay.seq_len**2, 4) == 0.3887
 
 
 def test_over_budget_predicates_stay_sound(monkeypatch):
@@ -145,13 +164,16 @@ def test_over_budget_predicates_stay_sound(monkeypatch):
     assert got.unproven_tiles > 0
 
 
-@pytest.mark.parametrize("name,frames,mask", [
-    ("spatial_400k", 111, ir.AnyOf((ir.FirstFrame(1), ir.SpatialWindow(1, None, None)))),
-    ("band_400k", 111, ir.AnyOf((ir.Band(78080), ir.Prefix(3600)))),
-    ("temporal_75k", 21, ir.AnyOf((ir.FirstFrame(1), ir.TemporalStride(0, 0, 1, None)))),
-    ("window3d_75k", 21, ir.SpatialWindow(2, 6, 9)),
-    ("block_causal_75k", 21, ir.AnyOf((ir.FirstFrame(1), ir.BlockCausal(4)))),
-])
+@pytest.mark.parametrize(
+    "name,frames,mask",
+    [
+        ("spatial_400k", 111, ir.AnyOf((ir.FirstFrame(1), ir.SpatialWindow(1, None, None)))),
+        ("band_400k", 111, ir.AnyOf((ir.Band(78080), ir.Prefix(3600)))),
+        ("temporal_75k", 21, ir.AnyOf((ir.FirstFrame(1), ir.TemporalStride(0, 0, 1, None)))),
+        ("window3d_75k", 21, ir.SpatialWindow(2, 6, 9)),
+        ("block_causal_75k", 21, ir.AnyOf((ir.FirstFrame(1), ir.BlockCausal(4)))),
+    ],
+)
 def test_large_geometry_agrees_with_brute_force_on_sampled_tiles(name, frames, mask):
     """Full-size classification, checked exactly on sampled tiles (no N x N mask anywhere)."""
     lay = TokenLayout(frames, 45, 80, 0, "last")
@@ -159,27 +181,34 @@ def test_large_geometry_agrees_with_brute_force_on_sampled_tiles(name, frames, m
     kinds = classify_tiles(mask, lay, TileGrid(lay.seq_len, block, block)).kinds
     rng = np.random.default_rng(len(name))
     visited = np.argwhere(kinds != TileKind.EMPTY)
-    samples = np.concatenate([
-        np.stack([rng.integers(0, kinds.shape[0], 60), rng.integers(0, kinds.shape[1], 60)], 1),
-        visited[rng.integers(0, len(visited), 60)],
-    ])
+    samples = np.concatenate(
+        [
+            np.stack([rng.integers(0, kinds.shape[0], 60), rng.integers(0, kinds.shape[1], 60)], 1),
+            visited[rng.integers(0, len(visited), 60)],
+        ]
+    )
     for i, j in samples:
         q = lay.coordinates(np.arange(i * block, min((i + 1) * block, lay.seq_len)))
         k = lay.coordinates(np.arange(j * block, min((j + 1) * block, lay.seq_len)))
         tile = mask.evaluate(q.reshape(-1, 1), k.reshape(1, -1))
-        expected = (TileKind.FULL if tile.all() else
-                    TileKind.BOUNDARY if tile.any() else TileKind.EMPTY)
+        expected = (
+            TileKind.FULL if tile.all() else TileKind.BOUNDARY if tile.any() else TileKind.EMPTY
+        )
         assert kinds[i, j] == expected, (i, j)
 
 
 def _random_frame_invariant(rng, lay, depth=0):
     r = rng.random()
     if depth >= 2 or r < 0.4:
-        return rng.choice([
-            lambda: ir.FirstFrame(int(rng.integers(1, lay.frames + 1))),
-            lambda: ir.Prefix(int(rng.integers(1, lay.seq_len))),
-            lambda: ir.TemporalStride(int(rng.integers(0, 3)), int(rng.integers(0, 4)), 1, None),
-        ])()
+        return rng.choice(
+            [
+                lambda: ir.FirstFrame(int(rng.integers(1, lay.frames + 1))),
+                lambda: ir.Prefix(int(rng.integers(1, lay.seq_len))),
+                lambda: ir.TemporalStride(
+                    int(rng.integers(0, 3)), int(rng.integers(0, 4)), 1, None
+                ),
+            ]
+        )()
     if r < 0.7:
         return ir.AnyOf(tuple(_random_frame_invariant(rng, lay, depth + 1) for _ in range(2)))
     if r < 0.9:
@@ -192,8 +221,9 @@ def test_frame_invariant_fast_path_matches_brute_force(seed):
     from svgen.analysis import classify
 
     rng = np.random.default_rng(9000 + seed)
-    lay = TokenLayout(int(rng.integers(2, 7)), int(rng.integers(1, 5)),
-                         int(rng.integers(2, 9)), 0, "last")
+    lay = TokenLayout(
+        int(rng.integers(2, 7)), int(rng.integers(1, 5)), int(rng.integers(2, 9)), 0, "last"
+    )
     bq, bkv = int(rng.choice([8, 16, 40, 64])), int(rng.choice([8, 16, 24]))
     mask = ir.simplify(_random_frame_invariant(rng, lay))
     assert classify.is_frame_invariant(mask)

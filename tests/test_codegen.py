@@ -14,8 +14,16 @@ from svgen.runtime.layout import TokenLayout
 from svgen.runtime.kinds import TileKind
 from svgen.spec import load_spec
 
-from conftest import (REPO, SPECS, dense_keep, emitted_function, emitted_keep, lower_mask_dict,
-                      random_layout, random_mask)
+from conftest import (
+    REPO,
+    SPECS,
+    dense_keep,
+    emitted_function,
+    emitted_keep,
+    lower_mask_dict,
+    random_layout,
+    random_mask,
+)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -38,8 +46,9 @@ def test_sympy_predicate_agrees_with_the_oracle():
         _, mask = lower_mask_dict(random_mask(rng, lay), lay, 128, 128)
         c = lay.coordinates(np.arange(lay.seq_len))
         q, k = c.reshape(-1, 1), c.reshape(1, -1)
-        via_sympy = np.broadcast_to(ir.evaluate_sympy(mask.predicate(), q, k),
-                                    (lay.seq_len, lay.seq_len))
+        via_sympy = np.broadcast_to(
+            ir.evaluate_sympy(mask.predicate(), q, k), (lay.seq_len, lay.seq_len)
+        )
         np.testing.assert_array_equal(via_sympy, mask.evaluate(q, k))
 
 
@@ -67,7 +76,8 @@ def test_large_tables_go_to_a_checked_npy_file(tmp_path, monkeypatch):
     module = import_file(tmp_path / "wan21_720p_spatial.py")
     np.testing.assert_array_equal(module.STEP_RUNS, plan.table.runs)
     (tmp_path / "wan21_720p_spatial_tables.npy").write_bytes(
-        files["wan21_720p_spatial_tables.npy"][:-4] + b"\xff\xff\xff\xff")
+        files["wan21_720p_spatial_tables.npy"][:-4] + b"\xff\xff\xff\xff"
+    )
     with pytest.raises(RuntimeError, match="does not match the module"):
         import_file(tmp_path / "wan21_720p_spatial.py")
 
@@ -83,13 +93,21 @@ def test_tile_map_downsamples_and_marks_mixed_cells():
 
 @pytest.mark.parametrize("text", [0, 5])
 @pytest.mark.parametrize("order", ["frame_major", "temporal_major"])
-@pytest.mark.parametrize("mask", [
-    {"any_of": [{"band": {"width": 6}}, {"prefix": {"tokens": 7}}]},
-    {"any_of": [{"first_frame": {"frames": 1}}, {"spatial_window": {"frames": 1}}]},
-    {"any_of": [{"first_frame": {"frames": 1}}, {"prefix": {"tokens": 3}},
-                {"spatial_window": {"frames": 0}}]},
-    {"any_of": [{"first_frame": {"frames": 1}}, {"temporal_stride": {}}]},
-])
+@pytest.mark.parametrize(
+    "mask",
+    [
+        {"any_of": [{"band": {"width": 6}}, {"prefix": {"tokens": 7}}]},
+        {"any_of": [{"first_frame": {"frames": 1}}, {"spatial_window": {"frames": 1}}]},
+        {
+            "any_of": [
+                {"first_frame": {"frames": 1}},
+                {"prefix": {"tokens": 3}},
+                {"spatial_window": {"frames": 0}},
+            ]
+        },
+        {"any_of": [{"first_frame": {"frames": 1}}, {"temporal_stride": {}}]},
+    ],
+)
 def test_window_or_key_terms_fuse_and_equal_the_oracle(mask, order, text):
     """A window or'ed with key-only terms is one compare with the key terms as a bit mask
     (coords.within(..., unless=...)); place equality replaces row and column equality."""
@@ -100,8 +118,7 @@ def test_window_or_key_terms_fuse_and_equal_the_oracle(mask, order, text):
         assert "q.place == k.place" in text_src
     elif not text:  # with text tokens the window also tests is_text: not a bare window
         assert "unless=" in text_src, text_src
-    np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(lowered, lay),
-                                  err_msg=text_src)
+    np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(lowered, lay), err_msg=text_src)
 
 
 @pytest.mark.parametrize("text_position", ["first", "last"])
@@ -111,21 +128,28 @@ def test_block_causal_emits_the_oracle(frames, order, text_position):
     """block_causal's line (one lax.div, on the query's frame) equals the oracle with text
     tokens on either side, and with `text: {}` giving them global attention."""
     lay = TokenLayout(7, 2, 3, 5, text_position, order, 1 if order == "temporal_major" else 0)
-    mask = {"any_of": [{"block_causal": {"frames": frames}}, {"text": {}},
-                       {"first_frame": {"frames": 1}}]}
+    mask = {
+        "any_of": [
+            {"block_causal": {"frames": frames}},
+            {"text": {}},
+            {"first_frame": {"frames": 1}},
+        ]
+    }
     _, lowered = lower_mask_dict(mask, lay, 128, 128)
     fn, text_src = emitted_function(lowered, lay)
     assert "block_causal = " in text_src
     assert ("lax.div(q.frame" in text_src) == (frames > 1), text_src
-    np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(lowered, lay),
-                                  err_msg=text_src)
+    np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(lowered, lay), err_msg=text_src)
 
 
 def _docstring_numbers(text: str, label: str) -> list[list[int]]:
     """Per pattern, the integers of the docstring line that starts with `label`."""
     lines = [line.strip() for line in text.split('"""')[1].splitlines()]
-    return [[int(n.replace(",", "")) for n in re.findall(r"\d[\d,]*", line.split(":", 1)[1])]
-            for line in lines if line.startswith(label)]
+    return [
+        [int(n.replace(",", "")) for n in re.findall(r"\d[\d,]*", line.split(":", 1)[1])]
+        for line in lines
+        if line.startswith(label)
+    ]
 
 
 @pytest.mark.parametrize("spec_path", SPECS, ids=lambda p: p.stem)
@@ -161,18 +185,28 @@ def test_rendered_module_masks_equal_the_oracle_under_jit(seed, compile_text):
     rng = np.random.default_rng(9000 + seed)
     lay = random_layout(rng)
     mask = random_mask(rng, lay)
-    text = yaml.safe_dump({
-        "svgen": 1, "name": "rendered_oracle",
-        "geometry": {"frames": lay.frames, "height": lay.height, "width": lay.width,
-                     "text_tokens": lay.text_tokens,
-                     "text_position": lay.text_position},
-        "attention": {"heads": 1, "head_dim": 128, "dtype": "float32"},
-        "layout": lay.order, "mask": mask, "tiling": {"block_q": 128, "block_kv": 128},
-    })
+    text = yaml.safe_dump(
+        {
+            "svgen": 1,
+            "name": "rendered_oracle",
+            "geometry": {
+                "frames": lay.frames,
+                "height": lay.height,
+                "width": lay.width,
+                "text_tokens": lay.text_tokens,
+                "text_position": lay.text_position,
+            },
+            "attention": {"heads": 1, "head_dim": 128, "dtype": "float32"},
+            "layout": lay.order,
+            "mask": mask,
+            "tiling": {"block_q": 128, "block_kv": 128},
+        }
+    )
     plan, module = compile_text(text)
     pattern, planned = module._PATTERNS[0], plan.only
     pos = np.arange(planned.layout.seq_len, dtype=np.int32)
     keep = jax.jit(lambda q, k: coords.keep(pattern.boundary_mask, pattern.layout, q, k))(
-        pos[:, None], pos[None, :])
+        pos[:, None], pos[None, :]
+    )
     got = np.broadcast_to(np.asarray(keep), (pos.size, pos.size))
     np.testing.assert_array_equal(got, dense_keep(planned.mask, planned.layout))

@@ -29,13 +29,26 @@ tiling: {block_q: 256, block_kv: 512, compute_q: 128, compute_kv: 256}
 def test_cost_json_on_a_small_spec(tmp_path):
     (tmp_path / "small.yaml").write_text(SMALL)
     env_cache = {"SVGEN_CACHE_DIR": str(tmp_path / "cache")}
-    result = subprocess.run([sys.executable, "-m", "svgen.cli", "cost", "small.yaml", "--json"],
-                            cwd=tmp_path, capture_output=True, text=True,
-                            env={**__import__("os").environ, **env_cache})
+    result = subprocess.run(
+        [sys.executable, "-m", "svgen.cli", "cost", "small.yaml", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, **env_cache},
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    for key in ("target", "cycles", "ms", "clock_ghz", "paths", "steps", "dense_cycles",
-                "vmem_bytes", "smem_bytes"):
+    for key in (
+        "target",
+        "cycles",
+        "ms",
+        "clock_ghz",
+        "paths",
+        "steps",
+        "dense_cycles",
+        "vmem_bytes",
+        "smem_bytes",
+    ):
         assert key in report
     assert report["target"] == "v6e" and "static" in report["model"]
     paths = report["paths"]
@@ -53,17 +66,28 @@ def test_cost_json_on_a_small_spec(tmp_path):
     assert report["ms"] == report["cycles"] / (report["clock_ghz"] * 1e6)
     assert report["dense_cycles"] > report["cycles"]  # the mask skips work
     # A second run reads the cached per-path costs: no compile, the same numbers.
-    again = subprocess.run([sys.executable, "-m", "svgen.cli", "cost", "small.yaml", "--json"],
-                           cwd=tmp_path, capture_output=True, text=True,
-                           env={**__import__("os").environ, **env_cache})
+    again = subprocess.run(
+        [sys.executable, "-m", "svgen.cli", "cost", "small.yaml", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, **env_cache},
+    )
     assert json.loads(again.stdout)["cycles"] == report["cycles"]
 
 
 def test_model_walks_each_heads_tables():
     """Steps and cycles come from the tables the kernel walks: FULL tiles at the FULL cost,
     BOUNDARY tiles at their overhead plus each compute block's kind's cost."""
-    paths = PathCosts(bookkeeping=10, full=100, mixed=(20,),
-                      block=(((30, 50, 60), (31, 51, 61)),), init=(5,), finalize=7, pipeline=3)
+    paths = PathCosts(
+        bookkeeping=10,
+        full=100,
+        mixed=(20,),
+        block=(((30, 50, 60), (31, 51, 61)),),
+        init=(5,),
+        finalize=7,
+        pipeline=3,
+    )
     f, b = TileKind.FULL, TileKind.BOUNDARY
     word = int(b) | (int(f) << 2)  # block 0 BOUNDARY, block 1 FULL
     runs = np.array([[0, 0, 2, f, 0], [0, 2, 1, b, word], [1, 0, 1, b, int(b)]])

@@ -7,7 +7,8 @@ from conftest import REPO
 
 def test_video_dit_layer_example():
     spec = importlib.util.spec_from_file_location(
-        "video_dit_layer", REPO / "examples" / "video_dit_layer.py")
+        "video_dit_layer", REPO / "examples" / "video_dit_layer.py"
+    )
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     rows = example.run(seed=1, verbose=False)

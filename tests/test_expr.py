@@ -23,6 +23,7 @@ NAMES = tuple(SYMBOLS)
 
 # ----------------------------------------------------------------------------- a test-only evaluator
 
+
 def _ev(e, env):
     """Evaluate a parsed predicate with Python integer semantics (independent of sympy folding)."""
     if isinstance(e, sympy.Symbol):
@@ -53,8 +54,14 @@ def _ev(e, env):
         return _ev(e.args[0], env) // _ev(e.args[1], env)
     if isinstance(e, FloorMod):
         return _ev(e.args[0], env) % _ev(e.args[1], env)
-    rel = {sympy.Eq: lambda a, b: a == b, sympy.Ne: lambda a, b: a != b, sympy.Lt: lambda a, b: a < b,
-           sympy.Le: lambda a, b: a <= b, sympy.Gt: lambda a, b: a > b, sympy.Ge: lambda a, b: a >= b}
+    rel = {
+        sympy.Eq: lambda a, b: a == b,
+        sympy.Ne: lambda a, b: a != b,
+        sympy.Lt: lambda a, b: a < b,
+        sympy.Le: lambda a, b: a <= b,
+        sympy.Gt: lambda a, b: a > b,
+        sympy.Ge: lambda a, b: a >= b,
+    }
     for cls, fn in rel.items():
         if isinstance(e, cls):
             return fn(_ev(e.lhs, env), _ev(e.rhs, env))
@@ -85,8 +92,10 @@ VALID = [
     ("f_q == f_k", lambda e: e["f_q"] == e["f_k"]),
     ("f_q <= f_k", lambda e: e["f_q"] <= e["f_k"]),
     ("abs(f_q - f_k) <= 1", lambda e: abs(e["f_q"] - e["f_k"]) <= 1),
-    ("abs(h_q - h_k) <= 2 and abs(w_q - w_k) <= 3",
-     lambda e: abs(e["h_q"] - e["h_k"]) <= 2 and abs(e["w_q"] - e["w_k"]) <= 3),
+    (
+        "abs(h_q - h_k) <= 2 and abs(w_q - w_k) <= 3",
+        lambda e: abs(e["h_q"] - e["h_k"]) <= 2 and abs(e["w_q"] - e["w_k"]) <= 3,
+    ),
     ("f_q // 4 == f_k // 4", lambda e: e["f_q"] // 4 == e["f_k"] // 4),
     ("(f_q - f_k) // 3 == -1", lambda e: (e["f_q"] - e["f_k"]) // 3 == -1),
     ("(h_q - h_k) % 4 == 3", lambda e: (e["h_q"] - e["h_k"]) % 4 == 3),
@@ -105,8 +114,10 @@ VALID = [
     ("-7 // 2 == -4 and -7 % 2 == 1", lambda e: True),
     ("f_q - 20 // 3 < 0", lambda e: e["f_q"] - 20 // 3 < 0),
     ("min(f_q, f_k) == 0", lambda e: min(e["f_q"], e["f_k"]) == 0),
-    ("max(f_q, f_k, h_q) - min(w_q, w_k) >= 5",
-     lambda e: max(e["f_q"], e["f_k"], e["h_q"]) - min(e["w_q"], e["w_k"]) >= 5),
+    (
+        "max(f_q, f_k, h_q) - min(w_q, w_k) >= 5",
+        lambda e: max(e["f_q"], e["f_k"], e["h_q"]) - min(e["w_q"], e["w_k"]) >= 5,
+    ),
     ("not f_q == f_k", lambda e: not e["f_q"] == e["f_k"]),
     ("not f_q < 3 and f_k < 3", lambda e: (not e["f_q"] < 3) and e["f_k"] < 3),
     ("not (f_q < 3 and f_k < 3)", lambda e: not (e["f_q"] < 3 and e["f_k"] < 3)),
@@ -175,8 +186,23 @@ def test_symbols_and_free_symbol_names():
     for name, sym in SYMBOLS.items():
         assert sym.name == name
         assert sym.is_integer and sym.is_nonnegative
-    assert set(SYMBOLS) == {"f_q", "h_q", "w_q", "f_k", "h_k", "w_k", "i_q", "i_k", "is_text_q", "is_text_k"}
-    assert free_symbol_names(parse_predicate("w_k < f_q and is_text_q")) == ("f_q", "is_text_q", "w_k")
+    assert set(SYMBOLS) == {
+        "f_q",
+        "h_q",
+        "w_q",
+        "f_k",
+        "h_k",
+        "w_k",
+        "i_q",
+        "i_k",
+        "is_text_q",
+        "is_text_k",
+    }
+    assert free_symbol_names(parse_predicate("w_k < f_q and is_text_q")) == (
+        "f_q",
+        "is_text_q",
+        "w_k",
+    )
     assert free_symbol_names(parse_predicate("true")) == ()
 
 
@@ -229,7 +255,9 @@ INVALID = [
 ]
 
 
-@pytest.mark.parametrize("text,message,offset", INVALID, ids=[t or "<empty>" for t, _, _ in INVALID])
+@pytest.mark.parametrize(
+    "text,message,offset", INVALID, ids=[t or "<empty>" for t, _, _ in INVALID]
+)
 def test_invalid_predicates(text, message, offset):
     with pytest.raises(ExprSyntaxError) as info:
         parse_predicate(text)
@@ -240,12 +268,18 @@ def test_invalid_predicates(text, message, offset):
 
 def test_parser_never_evaluates_python():
     # Python-looking payloads are plain syntax errors, never executed.
-    for text in ("__import__('os').system('true')", "f_q.__class__ == 1", "[f_q] == 1", "lambda: 1"):
+    for text in (
+        "__import__('os').system('true')",
+        "f_q.__class__ == 1",
+        "[f_q] == 1",
+        "lambda: 1",
+    ):
         with pytest.raises(ExprSyntaxError):
             parse_predicate(text)
 
 
 # ----------------------------------------------------------------------------- limits
+
 
 def _sum_with_tokens(n: int) -> str:
     """A valid predicate of exactly n tokens (n odd, >= 3): f_q + f_q + ... < 1."""
@@ -259,7 +293,10 @@ def test_token_limit_is_exact():
     parse_predicate(text + "  \n")  # trailing blanks are not tokens
     with pytest.raises(ExprSyntaxError) as info:
         parse_predicate(_sum_with_tokens(MAX_EXPR_TOKENS + 1))
-    assert info.value.message == f"the predicate has more than {MAX_EXPR_TOKENS} tokens (MAX_EXPR_TOKENS)"
+    assert (
+        info.value.message
+        == f"the predicate has more than {MAX_EXPR_TOKENS} tokens (MAX_EXPR_TOKENS)"
+    )
 
 
 def test_length_is_checked_before_tokenizing():
@@ -272,8 +309,9 @@ def test_length_is_checked_before_tokenizing():
     parse_predicate(("f_q < 1" + " " * MAX_EXPR_CHARS)[:MAX_EXPR_CHARS])
 
 
-@pytest.mark.parametrize("open_,close", [("(", ")"), ("abs(", ")"), ("not ", ""), ("-", ""),
-                                         ("min(1, ", ")")])
+@pytest.mark.parametrize(
+    "open_,close", [("(", ")"), ("abs(", ")"), ("not ", ""), ("-", ""), ("min(1, ", ")")]
+)
 def test_nesting_limit(open_, close):
     def nested(depth):
         inner = "f_q < 1" if open_ == "not " else "f_q"
@@ -283,17 +321,26 @@ def test_nesting_limit(open_, close):
     parse_predicate(nested(MAX_EXPR_DEPTH))
     with pytest.raises(ExprSyntaxError) as info:
         parse_predicate(nested(MAX_EXPR_DEPTH + 1))
-    assert info.value.message == f"the predicate is nested more than {MAX_EXPR_DEPTH} deep (MAX_EXPR_DEPTH)"
+    assert (
+        info.value.message
+        == f"the predicate is nested more than {MAX_EXPR_DEPTH} deep (MAX_EXPR_DEPTH)"
+    )
 
 
 def test_very_deep_nesting_is_an_error_not_a_recursion_error():
-    for text in ("(" * 1000 + "f_q" + ")" * 1000 + " < 1", "not " * 1000 + "true", "-" * 3000 + "f_q < 1"):
+    for text in (
+        "(" * 1000 + "f_q" + ")" * 1000 + " < 1",
+        "not " * 1000 + "true",
+        "-" * 3000 + "f_q < 1",
+    ):
         with pytest.raises(ExprSyntaxError):
             parse_predicate(text)
 
 
 def test_integer_literals_fit_int32():
-    assert parse_predicate(f"f_q < {MAX_EXPR_LITERAL}") == sympy.Lt(SYMBOLS["f_q"], MAX_EXPR_LITERAL)
+    assert parse_predicate(f"f_q < {MAX_EXPR_LITERAL}") == sympy.Lt(
+        SYMBOLS["f_q"], MAX_EXPR_LITERAL
+    )
     for literal in (str(MAX_EXPR_LITERAL + 1), str(2**63), "9" * 4000):
         with pytest.raises(ExprSyntaxError) as info:
             parse_predicate(f"f_q < {literal}")

@@ -13,33 +13,42 @@ MIXED_SPECS = ["wan21_720p_mixed", "hunyuan_720p_mixed", "cogvideox_mixed"]
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("name", MIXED_SPECS)
 def test_mixed_heads_traced_pattern_equal_dense_references(name, dtype, compile_text):
-    plan, module = compile_text(scaled_spec_text(REPO / "specs" / f"{name}.yaml", heads=4,
-                                                 dtype=dtype))
+    plan, module = compile_text(
+        scaled_spec_text(REPO / "specs" / f"{name}.yaml", heads=4, dtype=dtype)
+    )
     assert [p.layout.order for p in plan.patterns] == ["frame_major", "temporal_major"]
     q, k, v = mixed_inputs(plan, dtype, seed=len(name))
     head_pattern = jnp.asarray([1, 0, 0, 1], jnp.int32)
-    run = jax.jit(lambda q, k, v, hp: module.attention(q, k, v, head_pattern=hp,
-                                                       interpret=POISONED))
+    run = jax.jit(
+        lambda q, k, v, hp: module.attention(q, k, v, head_pattern=hp, interpret=POISONED)
+    )
     check_per_head(plan, run(q, k, v, head_pattern), q, k, v, head_pattern, dtype)
 
 
 def test_static_assignment_and_all_heads_one_pattern(compile_text):
     text = scaled_spec_text(REPO / "specs" / "wan21_720p_mixed.yaml", heads=4).replace(
-        "assign: runtime", "assign: [temporal, spatial, temporal, temporal]")
+        "assign: runtime", "assign: [temporal, spatial, temporal, temporal]"
+    )
     plan, module = compile_text(text)
     assert module.HEAD_PATTERN == (1, 0, 1, 1)
     q, k, v = mixed_inputs(plan, "float32", seed=5)
-    check_per_head(plan, module.attention(q, k, v, interpret=POISONED), q, k, v,
-                   module.HEAD_PATTERN, "float32")
+    check_per_head(
+        plan, module.attention(q, k, v, interpret=POISONED), q, k, v, module.HEAD_PATTERN, "float32"
+    )
     everything_temporal = jnp.ones(4, jnp.int32)
-    check_per_head(plan, module.attention(q, k, v, head_pattern=everything_temporal,
-                                          interpret=POISONED), q, k, v, everything_temporal,
-                   "float32")
+    check_per_head(
+        plan,
+        module.attention(q, k, v, head_pattern=everything_temporal, interpret=POISONED),
+        q,
+        k,
+        v,
+        everything_temporal,
+        "float32",
+    )
 
 
 def test_runtime_assignment_requires_head_pattern(compile_text):
-    plan, module = compile_text(scaled_spec_text(REPO / "specs" / "wan21_720p_mixed.yaml",
-                                                 heads=4))
+    plan, module = compile_text(scaled_spec_text(REPO / "specs" / "wan21_720p_mixed.yaml", heads=4))
     q, k, v = mixed_inputs(plan, "float32", seed=1)
     with pytest.raises(ValueError, match="assigned at run time: pass head_pattern"):
         module.attention(q, k, v, interpret=True)
@@ -135,11 +144,16 @@ def test_each_head_walks_only_its_own_patterns_pieces(name, compile_text):
     assert len(set(tables.num_pieces.tolist())) == 2  # the patterns differ in length
     q, k, v = mixed_inputs(plan, "float32", seed=3)
     head_pattern = np.array([1, 0, 0, 1])
-    grid = _pallas_grid(lambda q, k, v: module.attention(q, k, v, head_pattern=head_pattern,
-                                                         interpret=True), q, k, v)
+    grid = _pallas_grid(
+        lambda q, k, v: module.attention(q, k, v, head_pattern=head_pattern, interpret=True),
+        q,
+        k,
+        v,
+    )
     assert grid == (1, int(tables.num_pieces[head_pattern].sum()), 1)
     # The cost model walks the same tables: no skipped step.
     from svgen.cost import PathCosts, model_cycles
+
     paths = PathCosts(1, 2, (3, 3), (((4, 5, 6),) * 4,) * 2, (7, 7), 8, 9)
     _, steps, _ = model_cycles(paths, tables, head_pattern)
     assert steps["skipped"] == 0
@@ -155,8 +169,19 @@ def test_two_tensor_core_targets_keep_the_per_head_walk(compile_text):
     assert not tables.flat and module.TENSOR_CORES == 2
     q, k, v = mixed_inputs(plan, "float32", seed=4)
     head_pattern = jnp.asarray([1, 0, 0, 1], jnp.int32)
-    grid = _pallas_grid(lambda q, k, v: module.attention(q, k, v, head_pattern=head_pattern,
-                                                         interpret=True), q, k, v)
+    grid = _pallas_grid(
+        lambda q, k, v: module.attention(q, k, v, head_pattern=head_pattern, interpret=True),
+        q,
+        k,
+        v,
+    )
     assert grid == (4, tables.max_pieces, tables.slots)
-    check_per_head(plan, module.attention(q, k, v, head_pattern=head_pattern,
-                                          interpret=POISONED), q, k, v, head_pattern, "float32")
+    check_per_head(
+        plan,
+        module.attention(q, k, v, head_pattern=head_pattern, interpret=POISONED),
+        q,
+        k,
+        v,
+        head_pattern,
+        "float32",
+    )

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from svgen.cli import main
-from svgen.limits import (MAX_EXPR_DEPTH, MAX_HEADS, MAX_PARAM, MAX_SPEC_BYTES, MAX_YAML_NODES)
+from svgen.limits import MAX_EXPR_DEPTH, MAX_HEADS, MAX_PARAM, MAX_SPEC_BYTES, MAX_YAML_NODES
 
 HEAD = """\
 svgen: 1
@@ -92,9 +92,12 @@ def _block_nesting(depth: int) -> str:
 
 
 def _two_candidates(geometry: str) -> str:
-    return (HEAD.replace("{frames: 2, height: 2, width: 2}", geometry)
-            + "patterns: {a: {text: {}}, b: {causal_frames: {}}}\n"
-            + "heads: {candidates: [{pattern: a}, {pattern: b}], assign: runtime}\n" + TILING)
+    return (
+        HEAD.replace("{frames: 2, height: 2, width: 2}", geometry)
+        + "patterns: {a: {text: {}}, b: {causal_frames: {}}}\n"
+        + "heads: {candidates: [{pattern: a}, {pattern: b}], assign: runtime}\n"
+        + TILING
+    )
 
 
 # (id, spec text, the key the message must name (None: the file as a whole), a word the
@@ -108,78 +111,196 @@ CASES = [
     ("ref_fanout", _ref_fanout(), "patterns.p", "MAX_MASK_SIZE"),
     ("ref_chain_2000", _ref_chain(), "patterns.p64", "MAX_PATTERNS"),
     ("ref_chain_2000_not", _ref_chain(wrap="{not: {ref: NEXT}}"), "patterns.p64", "MAX_PATTERNS"),
-    ("ref_chain_deep", _ref_chain(60, wrap="{not: {not: {ref: NEXT}}}"), "patterns.p", "MAX_MASK_DEPTH"),
+    (
+        "ref_chain_deep",
+        _ref_chain(60, wrap="{not: {not: {ref: NEXT}}}"),
+        "patterns.p",
+        "MAX_MASK_DEPTH",
+    ),
     ("too_many_patterns", _many_patterns(65), "patterns.p64", "MAX_PATTERNS"),
-    ("mask_too_large", _spec("{any_of: [" + ", ".join(["{text: {}}"] * 600) + "]}"),
-     "mask.any_of", "MAX_MASK_SIZE"),
+    (
+        "mask_too_large",
+        _spec("{any_of: [" + ", ".join(["{text: {}}"] * 600) + "]}"),
+        "mask.any_of",
+        "MAX_MASK_SIZE",
+    ),
     # -- expr
-    ("expr_20000_terms", _spec('{expr: "' + "f_q + " * 20000 + '0 < 1"}'), "mask.expr",
-     "MAX_EXPR_CHARS"),
-    ("expr_too_many_tokens", _spec('{expr: "' + "f_q+" * 300 + '0 < 1"}'), "mask.expr",
-     "MAX_EXPR_TOKENS"),
-    ("expr_deep_parens", _spec('{expr: "' + "(" * 40 + "f_q" + ")" * 40 + ' < 1"}'), "mask.expr",
-     "MAX_EXPR_DEPTH"),
-    ("expr_very_deep_parens", _spec('{expr: "' + "(" * 2000 + "f_q" + ")" * 2000 + ' < 1"}'),
-     "mask.expr", "MAX_EXPR_"),
+    (
+        "expr_20000_terms",
+        _spec('{expr: "' + "f_q + " * 20000 + '0 < 1"}'),
+        "mask.expr",
+        "MAX_EXPR_CHARS",
+    ),
+    (
+        "expr_too_many_tokens",
+        _spec('{expr: "' + "f_q+" * 300 + '0 < 1"}'),
+        "mask.expr",
+        "MAX_EXPR_TOKENS",
+    ),
+    (
+        "expr_deep_parens",
+        _spec('{expr: "' + "(" * 40 + "f_q" + ")" * 40 + ' < 1"}'),
+        "mask.expr",
+        "MAX_EXPR_DEPTH",
+    ),
+    (
+        "expr_very_deep_parens",
+        _spec('{expr: "' + "(" * 2000 + "f_q" + ")" * 2000 + ' < 1"}'),
+        "mask.expr",
+        "MAX_EXPR_",
+    ),
     ("expr_deep_not", _spec('{expr: "' + "not " * 40 + 'f_q < 1"}'), "mask.expr", "MAX_EXPR_DEPTH"),
     ("expr_deep_minus", _spec('{expr: "' + "-" * 40 + 'f_q < 1"}'), "mask.expr", "MAX_EXPR_DEPTH"),
-    ("expr_deep_calls", _spec('{expr: "' + "abs(" * 40 + "f_q" + ")" * 40 + ' < 1"}'), "mask.expr",
-     "MAX_EXPR_DEPTH"),
-    ("expr_huge_literal", _spec('{expr: "f_q < ' + "9" * 3000 + '"}'), "mask.expr",
-     "MAX_EXPR_LITERAL"),
+    (
+        "expr_deep_calls",
+        _spec('{expr: "' + "abs(" * 40 + "f_q" + ")" * 40 + ' < 1"}'),
+        "mask.expr",
+        "MAX_EXPR_DEPTH",
+    ),
+    (
+        "expr_huge_literal",
+        _spec('{expr: "f_q < ' + "9" * 3000 + '"}'),
+        "mask.expr",
+        "MAX_EXPR_LITERAL",
+    ),
     ("expr_literal_2_63", _spec(f'{{expr: "f_q < {2**63}"}}'), "mask.expr", "MAX_EXPR_LITERAL"),
-    ("expr_alias_repeated", _spec('{any_of: [&e {expr: "' + "f_q + " * 120 + '1 < 2"}, '
-                                  + ", ".join(["*e"] * 10) + "]}"), "mask.any_of", "MAX_MASK_SIZE"),
+    (
+        "expr_alias_repeated",
+        _spec(
+            '{any_of: [&e {expr: "' + "f_q + " * 120 + '1 < 2"}, ' + ", ".join(["*e"] * 10) + "]}"
+        ),
+        "mask.any_of",
+        "MAX_MASK_SIZE",
+    ),
     # -- YAML nesting
     ("yaml_deep_flow_lists", _spec("[" * 1000 + "]" * 1000), "mask", "MAX_YAML_DEPTH"),
-    ("yaml_deep_flow_masks", _spec("{not: " * 1000 + "{text: {}}" + "}" * 1000), "mask.not",
-     "MAX_YAML_DEPTH"),
+    (
+        "yaml_deep_flow_masks",
+        _spec("{not: " * 1000 + "{text: {}}" + "}" * 1000),
+        "mask.not",
+        "MAX_YAML_DEPTH",
+    ),
     ("yaml_deep_block", _block_nesting(300), "mask.not", "MAX_YAML_DEPTH"),
-    ("yaml_many_nodes", _spec(extra="junk: [" + "1," * (MAX_YAML_NODES + 10) + "1]\n"), "junk",
-     "MAX_YAML_NODES"),
+    (
+        "yaml_many_nodes",
+        _spec(extra="junk: [" + "1," * (MAX_YAML_NODES + 10) + "1]\n"),
+        "junk",
+        "MAX_YAML_NODES",
+    ),
     # -- integers
     ("frames_2_31", _sub("frames: 2,", f"frames: {2**31},"), "geometry.frames", "MAX_SEQ_LEN"),
     ("frames_2_63", _sub("frames: 2,", f"frames: {2**63},"), "geometry.frames", "MAX_SEQ_LEN"),
     ("height_2_64", _sub("height: 2,", f"height: {2**64},"), "geometry.height", "MAX_SEQ_LEN"),
-    ("width_5000_digits", _sub("width: 2}", "width: " + "7" * 5000 + "}"), "geometry.width",
-     "cannot read"),
-    ("text_tokens_2_63", _sub("width: 2}", f"width: 2, text_tokens: {2**63}}}"),
-     "geometry.text_tokens", "MAX_SEQ_LEN"),
+    (
+        "width_5000_digits",
+        _sub("width: 2}", "width: " + "7" * 5000 + "}"),
+        "geometry.width",
+        "cannot read",
+    ),
+    (
+        "text_tokens_2_63",
+        _sub("width: 2}", f"width: 2, text_tokens: {2**63}}}"),
+        "geometry.text_tokens",
+        "MAX_SEQ_LEN",
+    ),
     ("heads_2_63", _sub("heads: 1,", f"heads: {2**63},"), "attention.heads", "MAX_HEADS"),
-    ("heads_too_many", _sub("heads: 1,", f"heads: {MAX_HEADS + 1},"), "attention.heads", "MAX_HEADS"),
+    (
+        "heads_too_many",
+        _sub("heads: 1,", f"heads: {MAX_HEADS + 1},"),
+        "attention.heads",
+        "MAX_HEADS",
+    ),
     ("band_width_2_63", _spec(f"{{band: {{width: {2**63}}}}}"), "mask.band.width", "MAX_PARAM"),
     ("band_width_negative", _spec("{band: {width: -5}}"), "mask.band.width", "non-negative"),
-    ("prefix_tokens_huge", _spec(f"{{prefix: {{tokens: {2**100}}}}}"), "mask.prefix.tokens", "MAX_PARAM"),
-    ("window_rows_huge", _spec(f"{{spatial_window: {{frames: 1, rows: {MAX_PARAM + 1}}}}}"),
-     "mask.spatial_window.rows", "MAX_PARAM"),
-    ("stride_huge", _spec(f"{{temporal_stride: {{stride: {2**63}}}}}"), "mask.temporal_stride.stride",
-     "MAX_PARAM"),
-    ("block_q_2_63", _sub("block_q: 128", f"block_q: {2**63}"), "tiling.block_q", "multiple of 128"),
+    (
+        "prefix_tokens_huge",
+        _spec(f"{{prefix: {{tokens: {2**100}}}}}"),
+        "mask.prefix.tokens",
+        "MAX_PARAM",
+    ),
+    (
+        "window_rows_huge",
+        _spec(f"{{spatial_window: {{frames: 1, rows: {MAX_PARAM + 1}}}}}"),
+        "mask.spatial_window.rows",
+        "MAX_PARAM",
+    ),
+    (
+        "stride_huge",
+        _spec(f"{{temporal_stride: {{stride: {2**63}}}}}"),
+        "mask.temporal_stride.stride",
+        "MAX_PARAM",
+    ),
+    (
+        "block_q_2_63",
+        _sub("block_q: 128", f"block_q: {2**63}"),
+        "tiling.block_q",
+        "multiple of 128",
+    ),
     ("svgen_2_63", _sub("svgen: 1", f"svgen: {2**63}"), "svgen", "must be 1"),
     # -- geometry too large to analyze
-    ("sequence_too_long", _sub("{frames: 2, height: 2, width: 2}",
-                               "{frames: 1000000, height: 1000, width: 1000}"),
-     "geometry", "MAX_SEQ_LEN"),
-    ("tile_grid_too_large", _sub("{frames: 2, height: 2, width: 2}",
-                                 "{frames: 256, height: 64, width: 64}"),
-     "tiling", "MAX_TILE_PAIRS"),
-    ("tile_grid_two_candidates", _two_candidates("{frames: 100, height: 64, width: 64}"), "tiling",
-     "MAX_TILE_PAIRS"),
+    (
+        "sequence_too_long",
+        _sub("{frames: 2, height: 2, width: 2}", "{frames: 1000000, height: 1000, width: 1000}"),
+        "geometry",
+        "MAX_SEQ_LEN",
+    ),
+    (
+        "tile_grid_too_large",
+        _sub("{frames: 2, height: 2, width: 2}", "{frames: 256, height: 64, width: 64}"),
+        "tiling",
+        "MAX_TILE_PAIRS",
+    ),
+    (
+        "tile_grid_two_candidates",
+        _two_candidates("{frames: 100, height: 64, width: 64}"),
+        "tiling",
+        "MAX_TILE_PAIRS",
+    ),
     # -- the file itself
     ("file_too_large", _spec() + "#" * (MAX_SPEC_BYTES + 1) + "\n", None, "MAX_SPEC_BYTES"),
     ("long_unknown_key", _spec() + "k" * 1000 + ": 1\n", "kkkk", "unknown key"),
-    ("long_string_value", _spec(extra="layout: " + "x" * 100000 + "\n"), "layout", "must be one of"),
-    ("long_number_value", _sub("heads: 1,", "heads: 1." + "5" * 100000 + ","), "attention.heads",
-     "must be a positive integer"),
+    (
+        "long_string_value",
+        _spec(extra="layout: " + "x" * 100000 + "\n"),
+        "layout",
+        "must be one of",
+    ),
+    (
+        "long_number_value",
+        _sub("heads: 1,", "heads: 1." + "5" * 100000 + ","),
+        "attention.heads",
+        "must be a positive integer",
+    ),
     ("long_name", _sub("name: hostile", "name: " + "n" * 100000), "name", "at most 64"),
     ("endless_key", _spec() + "k" * 100000 + ": 1\n", None, "YAML syntax error"),
 ]
 
 # Names that would shadow a module, a builtin or be a keyword: as the spec name (the
 # generated module's file name) and as a pattern name.
-RESERVED_NAMES = ["jax", "numpy", "svgen", "yaml", "jinja2", "sympy", "networkx", "os", "sys",
-                  "typing", "json", "math", "time", "random", "this", "class", "def", "lambda", "list",
-                  "print", "abs", "min"]
+RESERVED_NAMES = [
+    "jax",
+    "numpy",
+    "svgen",
+    "yaml",
+    "jinja2",
+    "sympy",
+    "networkx",
+    "os",
+    "sys",
+    "typing",
+    "json",
+    "math",
+    "time",
+    "random",
+    "this",
+    "class",
+    "def",
+    "lambda",
+    "list",
+    "print",
+    "abs",
+    "min",
+]
 
 
 @pytest.fixture
@@ -252,5 +373,6 @@ def test_limits_leave_room_for_real_specs(project, capsys):
     spec = project / "specs" / "fine.yaml"
     spec.write_text(text.replace("name: hostile", "name: fine"))
     assert main(["compile", str(spec), "--out", str(project / "out"), "--quiet"]) == 0, (
-        capsys.readouterr().err)
+        capsys.readouterr().err
+    )
     assert (project / "out" / "fine.py").exists()

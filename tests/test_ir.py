@@ -64,8 +64,11 @@ RECOGNIZABLE = [
     "(f_k - f_q) % 3 == 0",
     "abs(w_q - w_k) <= 1 and not is_text_q and not is_text_k",
 ]
-NOT_RECOGNIZABLE = ["abs(h_q - h_k) < 3 and i_k < 5", "abs(f_q - f_k) <= 1 or h_q == h_k",
-                    "abs(f_q - 2 * f_k) <= 1"]
+NOT_RECOGNIZABLE = [
+    "abs(h_q - h_k) < 3 and i_k < 5",
+    "abs(f_q - f_k) <= 1 or h_q == h_k",
+    "abs(f_q - 2 * f_k) <= 1",
+]
 
 
 @pytest.mark.parametrize("text_tokens", [0, 9])
@@ -86,5 +89,6 @@ def test_window_predicates_become_builtins_with_the_same_meaning(source, text_to
     lay = TokenLayout(5, 4, 6, text_tokens, "first")
     c = lay.coordinates(np.arange(lay.seq_len))
     q, k = c.reshape(-1, 1), c.reshape(1, -1)
-    np.testing.assert_array_equal(node.evaluate(q, k),
-                                  np.broadcast_to(ir.evaluate_sympy(expr, q, k), (lay.seq_len,) * 2))
+    np.testing.assert_array_equal(
+        node.evaluate(q, k), np.broadcast_to(ir.evaluate_sympy(expr, q, k), (lay.seq_len,) * 2)
+    )

@@ -12,8 +12,17 @@ import pytest
 
 from svgen.runtime.reference import masked_attention_reference
 
-from conftest import (POISONED, SPECS, TOLERANCE, TWO_LEVEL, check_per_head, dense_keep,
-                      mixed_inputs, scaled_spec_text)
+from conftest import (
+    POISONED,
+    SPECS,
+    TOLERANCE,
+    TWO_LEVEL,
+    check_per_head,
+    dense_keep,
+    mixed_inputs,
+    scaled_spec_text,
+)
+
 
 def run_and_compare(plan, module, dtype, seed, batch=None):
     rng = np.random.default_rng(seed)

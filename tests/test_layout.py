@@ -7,10 +7,13 @@ import pytest
 from svgen.runtime import coords
 from svgen.runtime.layout import TokenLayout
 
+
 def _layouts():
     for text, first in ((0, False), (7, True), (5, False)):
         for frames, anchors in ((1, 0), (4, 0), (4, 1), (5, 2), (3, 3)):
-            yield TokenLayout(frames, 3, 4, text, "first" if first else "last", "temporal_major", anchors)
+            yield TokenLayout(
+                frames, 3, 4, text, "first" if first else "last", "temporal_major", anchors
+            )
         yield TokenLayout(4, 3, 4, text, "first" if first else "last", "frame_major", 0)
 
 
@@ -41,8 +44,11 @@ def test_coordinates_in_kernel_order(layout):
     np.testing.assert_array_equal(c.row, np.where(is_text, 0, (video % s) // layout.width))
     np.testing.assert_array_equal(c.col, np.where(is_text, 0, video % layout.width))
     place = video % s
-    expected_nominal = (layout.video_start + place * layout.frames + video // s
-                        if layout.is_temporal_major else original)
+    expected_nominal = (
+        layout.video_start + place * layout.frames + video // s
+        if layout.is_temporal_major
+        else original
+    )
     np.testing.assert_array_equal(c.index, np.where(is_text, original, expected_nominal))
     # The kernel's TokenCoords decode the same coordinates from kernel positions.
     t = coords.TokenCoords(jnp.asarray(pos, jnp.int32), layout)

@@ -10,15 +10,25 @@ from svgen.spec import parse_spec
 
 GEOMETRY = {"frames": 3, "height": 4, "width": 5, "text_tokens": 2}  # 62 tokens
 
-MEASURED = [(p.key, q.name) for p in primitives.registered() for q in p.params
-            if q.within is not None]
+MEASURED = [
+    (p.key, q.name) for p in primitives.registered() for q in p.params if q.within is not None
+]
 
 
 def _spec(mask: dict):
-    return parse_spec(yaml.safe_dump({
-        "svgen": 1, "name": "lint", "geometry": GEOMETRY,
-        "attention": {"heads": 1, "head_dim": 128, "dtype": "float32"}, "mask": mask,
-        "tiling": {"block_q": 128, "block_kv": 128}}), source="specs/lint.yaml")
+    return parse_spec(
+        yaml.safe_dump(
+            {
+                "svgen": 1,
+                "name": "lint",
+                "geometry": GEOMETRY,
+                "attention": {"heads": 1, "head_dim": 128, "dtype": "float32"},
+                "mask": mask,
+                "tiling": {"block_q": 128, "block_kv": 128},
+            }
+        ),
+        source="specs/lint.yaml",
+    )
 
 
 def _mask(key: str, name: str, value: int) -> dict:
@@ -48,26 +58,37 @@ def test_parameter_past_the_geometry_warns(key, name):
     assert warning.key == f"mask.any_of[1].{key}.{name}"
     assert warning.message.startswith(f"{largest + 1:,} is more than ")
     assert str(warning).startswith(
-        f"specs/lint.yaml:{warning.line}:{warning.column}: mask.any_of[1].{key}.{name}: ")
+        f"specs/lint.yaml:{warning.line}:{warning.column}: mask.any_of[1].{key}.{name}: "
+    )
 
 
 def test_defaults_are_never_blamed():
     """temporal_stride's rows/cols default to 0 and stride to 1: fine on a one-frame, 1 x 1
     video; only values the spec writes are checked."""
-    spec = parse_spec(yaml.safe_dump({
-        "svgen": 1, "name": "lint", "geometry": {"frames": 1, "height": 1, "width": 1},
-        "attention": {"heads": 1, "head_dim": 128, "dtype": "float32"},
-        "mask": {"any_of": [{"temporal_stride": {}}, {"first_frame": {}}]}}))
+    spec = parse_spec(
+        yaml.safe_dump(
+            {
+                "svgen": 1,
+                "name": "lint",
+                "geometry": {"frames": 1, "height": 1, "width": 1},
+                "attention": {"heads": 1, "head_dim": 128, "dtype": "float32"},
+                "mask": {"any_of": [{"temporal_stride": {}}, {"first_frame": {}}]},
+            }
+        )
+    )
     assert lint.spec_warnings(spec) == []
 
 
-@pytest.mark.parametrize("mask,warns", [
-    ({"all_of": [{"first_frame": {}}, {"not": {"first_frame": {}}}]}, True),
-    ({"expr": "f_q < 0"}, True),  # a user predicate proven false everywhere
-    ({"all_of": [{"spatial_window": {"frames": 0}}, {"text": {}}]}, True),
-    ({"spatial_window": {"frames": 0}}, False),
-    ({"expr": "(w_q + w_k) % 2 == 0"}, False),
-])
+@pytest.mark.parametrize(
+    "mask,warns",
+    [
+        ({"all_of": [{"first_frame": {}}, {"not": {"first_frame": {}}}]}, True),
+        ({"expr": "f_q < 0"}, True),  # a user predicate proven false everywhere
+        ({"all_of": [{"spatial_window": {"frames": 0}}, {"text": {}}]}, True),
+        ({"spatial_window": {"frames": 0}}, False),
+        ({"expr": "(w_q + w_k) % 2 == 0"}, False),
+    ],
+)
 def test_a_mask_that_keeps_nothing_warns(mask, warns):
     plan = analyze(_spec(mask))
     found = lint.plan_warnings(plan)

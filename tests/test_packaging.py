@@ -9,8 +9,21 @@ from conftest import REPO
 
 def test_wheel_contains_the_templates(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path), str(REPO)], capture_output=True, text=True)
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     (wheel,) = tmp_path.glob("svgen-*.whl")
     names = zipfile.ZipFile(wheel).namelist()

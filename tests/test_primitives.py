@@ -30,8 +30,14 @@ from svgen.runtime.layout import TokenLayout
 from svgen.schema import spec_schema
 from svgen.spec import parse_spec
 
-from conftest import (REPO, brute_force_kinds, dense_keep, emitted_function, emitted_keep,
-                      lower_mask_dict)
+from conftest import (
+    REPO,
+    brute_force_kinds,
+    dense_keep,
+    emitted_function,
+    emitted_keep,
+    lower_mask_dict,
+)
 
 KEYS = primitives.keys()
 WITH_NODE = [p.key for p in primitives.registered() if p.form != primitives.PATTERN]
@@ -50,8 +56,11 @@ def _example_value(p: primitives.Primitive):
     """A valid value for primitive ``p``, built from its declaration."""
     if p.form == primitives.PARAMS:
         skipped = set(p.one_of[1:])
-        return {q.name: 0.5 if q.kind == primitives.FRACTION else max(q.minimum, 1)
-                for q in p.params if q.name not in skipped}
+        return {
+            q.name: 0.5 if q.kind == primitives.FRACTION else max(q.minimum, 1)
+            for q in p.params
+            if q.name not in skipped
+        }
     if p.form == primitives.PREDICATE:
         return "i_k < 3 or f_q == f_k + 1"
     if p.form == primitives.MASKS:
@@ -71,23 +80,40 @@ def _example_spec(key: str, lay: TokenLayout = LAYOUTS[1]):
 
 
 def _with_pattern(mask: dict, lay: TokenLayout):
-    spec = parse_spec(yaml.safe_dump({
-        "svgen": 1, "name": "example",
-        "geometry": {"frames": lay.frames, "height": lay.height, "width": lay.width,
-                     "text_tokens": lay.text_tokens,
-                     "text_position": lay.text_position},
-        "attention": {"heads": 1, "head_dim": 128, "dtype": "float32"},
-        "patterns": {"anchor": {"first_frame": {}}}, "mask": mask}))
+    spec = parse_spec(
+        yaml.safe_dump(
+            {
+                "svgen": 1,
+                "name": "example",
+                "geometry": {
+                    "frames": lay.frames,
+                    "height": lay.height,
+                    "width": lay.width,
+                    "text_tokens": lay.text_tokens,
+                    "text_position": lay.text_position,
+                },
+                "attention": {"heads": 1, "head_dim": 128, "dtype": "float32"},
+                "patterns": {"anchor": {"first_frame": {}}},
+                "mask": mask,
+            }
+        )
+    )
     return spec, ir.lower(spec)
 
 
 # ----------------------------------------------------------------------------- the guard
 
+
 @pytest.mark.parametrize("key", KEYS)
 def test_spec_parameters_are_declared_coherently(key):
     p = primitives.get(key)
-    assert p.form in (primitives.PARAMS, primitives.PREDICATE, primitives.MASKS,
-                      primitives.MASK, primitives.PATTERN)
+    assert p.form in (
+        primitives.PARAMS,
+        primitives.PREDICATE,
+        primitives.MASKS,
+        primitives.MASK,
+        primitives.PATTERN,
+    )
     assert p.doc and "\n" not in p.doc, "a one-line doc"
     assert re.fullmatch(r"[a-z][a-z0-9_]*", key)
     assert not p.params or p.form == primitives.PARAMS, "only PARAMS primitives take params"
@@ -163,8 +189,17 @@ def test_allowed_lists_come_from_the_registry():
     with pytest.raises(SpecError) as info:
         lower_mask_dict({"sliding": {}}, LAYOUTS[0], 128, 128)
     assert info.value.message.endswith("allowed: " + ", ".join(KEYS))
-    assert KEYS[:9] == ("first_frame", "spatial_window", "temporal_stride", "band", "prefix",
-                        "text", "causal_frames", "block_causal", "expr")
+    assert KEYS[:9] == (
+        "first_frame",
+        "spatial_window",
+        "temporal_stride",
+        "band",
+        "prefix",
+        "text",
+        "causal_frames",
+        "block_causal",
+        "expr",
+    )
 
 
 def test_registering_twice_or_removing_a_builtin_is_refused():
@@ -177,6 +212,7 @@ def test_registering_twice_or_removing_a_builtin_is_refused():
 # ----------------------------------------------------------------------------- a new primitive
 # The three steps of CONTRIBUTING.md's "Adding a mask primitive", written here instead of in
 # svgen/ir.py, svgen/analysis/rowsets.py and svgen/primitives.py.
+
 
 # Step 1: the IR node, its oracle written from the documented meaning.
 @dataclasses.dataclass(frozen=True)
@@ -200,15 +236,20 @@ class CausalBand:
 # Step 2: the row sets, per query row the keys [i_q - width, i_q] of the nominal order.
 def causal_band_rows(node: CausalBand, chunk) -> Bounds:
     nominal = chunk.coords.index
-    return Bounds.exact(_nominal_keys(chunk, np.arange(chunk.num_rows), nominal - node.width,
-                                      nominal + 1))
+    return Bounds.exact(
+        _nominal_keys(chunk, np.arange(chunk.num_rows), nominal - node.width, nominal + 1)
+    )
 
 
 # Step 3: the registry entry.
 CAUSAL_BAND = primitives.Primitive(
-    "causal_band", "0 <= i_q - i_k <= width (positions in the layout's order)",
+    "causal_band",
+    "0 <= i_q - i_k <= width (positions in the layout's order)",
     params=(primitives.Param("width", "largest position difference", required=True),),
-    node=CausalBand, rows=causal_band_rows, code_name="causal_band")
+    node=CausalBand,
+    rows=causal_band_rows,
+    code_name="causal_band",
+)
 
 
 @pytest.fixture
@@ -232,10 +273,11 @@ def test_new_primitive_is_parsed_and_checked(causal_band):
     spec, node = lower_mask_dict(TOY_MASKS[0], LAYOUTS[0], 128, 128)
     assert spec.mask.op == "causal_band" and spec.mask.param("width") == 5
     assert node == CausalBand(5)
-    for value, message in (({"width": -1}, "width: must be a non-negative integer, got -1"),
-                           ({}, "causal_band: missing required key 'width'"),
-                           ({"rows": 1}, "causal_band.rows: unknown key 'rows'; allowed keys: "
-                                         "width")):
+    for value, message in (
+        ({"width": -1}, "width: must be a non-negative integer, got -1"),
+        ({}, "causal_band: missing required key 'width'"),
+        ({"rows": 1}, "causal_band.rows: unknown key 'rows'; allowed keys: width"),
+    ):
         with pytest.raises(SpecError) as info:
             lower_mask_dict({"causal_band": value}, LAYOUTS[0], 128, 128)
         assert str(info.value).endswith(message)
@@ -267,8 +309,13 @@ def test_new_primitive_compiles_to_a_module_and_is_in_the_schema(causal_band):
     assert "causal_band = " in text and "causal band: 0 <= position difference <= 3" in text
     schema = spec_schema()
     assert schema["$defs"]["mask"]["properties"]["causal_band"]["required"] == ["width"]
-    document = {"svgen": 1, "name": "toy", "geometry": {"frames": 1, "height": 2, "width": 3},
-                "attention": {"heads": 1, "head_dim": 64, "dtype": "float32"}, "mask": {}}
+    document = {
+        "svgen": 1,
+        "name": "toy",
+        "geometry": {"frames": 1, "height": 2, "width": 3},
+        "attention": {"heads": 1, "head_dim": 64, "dtype": "float32"},
+        "mask": {},
+    }
     validator = jsonschema.Draft202012Validator(schema)
     assert validator.is_valid(dict(document, mask=TOY_MASKS[1]))
     assert not validator.is_valid(dict(document, mask={"causal_band": {"width": -1}}))

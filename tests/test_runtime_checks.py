@@ -14,14 +14,17 @@ def mixed(compile_text):
     return compile_text(scaled_spec_text(REPO / "specs" / "wan21_720p_mixed.yaml", heads=4))
 
 
-@pytest.mark.parametrize("head_pattern, error, words", [
-    ([0, 1, 0], ValueError, "shape (4,)"),
-    ([[0, 1, 0, 1]], ValueError, "shape (4,)"),
-    ([0.0, 1.0, 0.0, 1.0], TypeError, "integers"),
-    ([True, False, True, False], TypeError, "integers"),
-    ([0, 1, 2, 0], ValueError, "0..1; got [2]"),
-    ([0, -1, 0, 99], ValueError, "got [-1, 99]"),
-])
+@pytest.mark.parametrize(
+    "head_pattern, error, words",
+    [
+        ([0, 1, 0], ValueError, "shape (4,)"),
+        ([[0, 1, 0, 1]], ValueError, "shape (4,)"),
+        ([0.0, 1.0, 0.0, 1.0], TypeError, "integers"),
+        ([True, False, True, False], TypeError, "integers"),
+        ([0, 1, 2, 0], ValueError, "0..1; got [2]"),
+        ([0, -1, 0, 99], ValueError, "got [-1, 99]"),
+    ],
+)
 def test_bad_head_pattern_is_an_error(mixed, head_pattern, error, words):
     plan, module = mixed
     q, k, v = mixed_inputs(plan, "float32", seed=0)
@@ -40,11 +43,14 @@ def test_traced_head_pattern_out_of_range_is_clamped_not_read_past_the_tables(mi
     np.testing.assert_array_equal(wild, clamped)
 
 
-@pytest.mark.parametrize("make, error, words", [
-    (lambda q: q.astype(jnp.int32), TypeError, "floating array"),
-    (lambda q: np.asarray(q).tolist(), TypeError, "must be an array"),
-    (lambda q: q.astype(jnp.bfloat16), TypeError, "compiled for float32"),
-])
+@pytest.mark.parametrize(
+    "make, error, words",
+    [
+        (lambda q: q.astype(jnp.int32), TypeError, "floating array"),
+        (lambda q: np.asarray(q).tolist(), TypeError, "must be an array"),
+        (lambda q: q.astype(jnp.bfloat16), TypeError, "compiled for float32"),
+    ],
+)
 def test_bad_operands_are_errors(mixed, make, error, words):
     plan, module = mixed
     q, k, v = mixed_inputs(plan, "float32", seed=2)

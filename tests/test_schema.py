@@ -13,8 +13,18 @@ from svgen.schema import schema_text, spec_schema
 from svgen.spec import parse_spec
 
 from conftest import REPO, SPECS
-from test_spec import (BASE, CASES, FULL, FULL_REORDERED, HEADS_BASE, INTEGER_PARAMS, MINIMAL,
-                       MIXED, _bad_values, _limits_spec)
+from test_spec import (
+    BASE,
+    CASES,
+    FULL,
+    FULL_REORDERED,
+    HEADS_BASE,
+    INTEGER_PARAMS,
+    MINIMAL,
+    MIXED,
+    _bad_values,
+    _limits_spec,
+)
 
 VALIDATOR = jsonschema.Draft202012Validator(spec_schema())
 
@@ -66,8 +76,11 @@ def test_every_shipped_spec_is_valid_and_names_the_schema(path):
     VALIDATOR.validate(_document(text))
 
 
-@pytest.mark.parametrize("text", [FULL, FULL_REORDERED, MINIMAL, MIXED, BASE, HEADS_BASE],
-                         ids=["full", "full_reordered", "minimal", "mixed", "base", "heads"])
+@pytest.mark.parametrize(
+    "text",
+    [FULL, FULL_REORDERED, MINIMAL, MIXED, BASE, HEADS_BASE],
+    ids=["full", "full_reordered", "minimal", "mixed", "base", "heads"],
+)
 def test_valid_specs_of_the_spec_tests_are_valid(text):
     VALIDATOR.validate(_document(text))
 
@@ -98,8 +111,9 @@ def test_what_the_schema_cannot_express_svgen_still_refuses(case_id, text):
         parse_spec(text)
 
 
-@pytest.mark.parametrize("where,slot,key,minimum,maximum", INTEGER_PARAMS,
-                         ids=[p[2] for p in INTEGER_PARAMS])
+@pytest.mark.parametrize(
+    "where,slot,key,minimum,maximum", INTEGER_PARAMS, ids=[p[2] for p in INTEGER_PARAMS]
+)
 def test_every_integer_parameter_has_its_range(where, slot, key, minimum, maximum):
     for value in (minimum, maximum):
         VALIDATOR.validate(_document(_limits_spec(where, slot, value)))

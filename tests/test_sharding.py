@@ -8,7 +8,7 @@ import textwrap
 
 from conftest import REPO
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import os, sys, tempfile, pathlib
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
     import jax, jax.numpy as jnp, numpy as np
@@ -45,15 +45,17 @@ SCRIPT = textwrap.dedent('''
     print("sequence-sharded (Ulysses) max diff", np.max(np.abs(got - expected)))
     assert np.max(np.abs(got - expected)) <= 1e-6
     print("OK")
-''')
+""")
 
 
 def run_script(script):
     """Each script runs in its own process: XLA_FLAGS must be set before JAX initialises."""
-    script = script.format(tests=str(REPO / "tests"),
-                           spec=str(REPO / "specs" / "wan21_720p_mixed.yaml"))
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            cwd=REPO, timeout=600)
+    script = script.format(
+        tests=str(REPO / "tests"), spec=str(REPO / "specs" / "wan21_720p_mixed.yaml")
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=600
+    )
     assert result.returncode == 0, result.stdout + result.stderr[-4000:]
     assert "OK" in result.stdout
     return result.stdout

@@ -5,11 +5,22 @@ import pytest
 
 from svgen.analysis import analyze
 from svgen.analysis.classify import TileGrid
-from svgen.analysis.tables import (MAX_SLOTS, build_runs, choose_piece_tables, kernel_tiles,
-                                   tile_kinds)
+from svgen.analysis.tables import (
+    MAX_SLOTS,
+    build_runs,
+    choose_piece_tables,
+    kernel_tiles,
+    tile_kinds,
+)
 from svgen.errors import SpecError
-from svgen.runtime.kernel import (KIND_MASK, KV_BLOCK_MASK, KV_BLOCK_SHIFT, Q_BLOCK_SHIFT,
-                                  PieceTables, split_runs)
+from svgen.runtime.kernel import (
+    KIND_MASK,
+    KV_BLOCK_MASK,
+    KV_BLOCK_SHIFT,
+    Q_BLOCK_SHIFT,
+    PieceTables,
+    split_runs,
+)
 from svgen.runtime.kinds import TileKind
 from svgen.spec import parse_spec
 
@@ -17,16 +28,23 @@ from svgen.spec import parse_spec
 def decode(tables: PieceTables, pattern: int):
     """(q_block, kv_block, kind) of every active grid step of one pattern, like the kernel."""
     first, count = int(tables.first_piece[pattern]), int(tables.num_pieces[pattern])
-    entries = tables.entries[first:first + count].view(np.uint32).astype(np.int64)
-    lengths = (np.ones(count, np.int64) if tables.lengths is None
-               else tables.lengths[first:first + count])
+    entries = tables.entries[first : first + count].view(np.uint32).astype(np.int64)
+    lengths = (
+        np.ones(count, np.int64)
+        if tables.lengths is None
+        else tables.lengths[first : first + count]
+    )
     steps = []
     for entry, length in zip(entries.tolist(), lengths.tolist()):
         for slot in range(tables.slots):
             if slot < length:
-                steps.append((entry >> Q_BLOCK_SHIFT,
-                              ((entry >> KV_BLOCK_SHIFT) & KV_BLOCK_MASK) + slot,
-                              entry & KIND_MASK))
+                steps.append(
+                    (
+                        entry >> Q_BLOCK_SHIFT,
+                        ((entry >> KV_BLOCK_SHIFT) & KV_BLOCK_MASK) + slot,
+                        entry & KIND_MASK,
+                    )
+                )
     return steps
 
 
@@ -39,8 +57,9 @@ def _expected_steps(kinds, grid):
     kk = kernel_tiles(kinds, grid, grid)[0]
     expected = []
     for q in range(kinds.shape[0]):
-        visited = [(q, kv, int(kk[q, kv])) for kv in range(kinds.shape[1])
-                   if kk[q, kv] != TileKind.EMPTY]
+        visited = [
+            (q, kv, int(kk[q, kv])) for kv in range(kinds.shape[1]) if kk[q, kv] != TileKind.EMPTY
+        ]
         expected += visited or [None]  # a q tile with nothing visited: one zero-fill step
     return expected
 
@@ -59,12 +78,17 @@ def test_pieces_decode_to_exactly_the_visited_tiles(seed):
     runs = [r for _, _, r in patterns]
     # Anywhere from "only the longest pieces fit" to "one entry per step fits"; on even seeds
     # (when the two differ) strictly below the latter, so that pieces hold several tiles.
-    longest = min(PieceTables.from_runs(runs, 2 ** k).scalar_prefetch_bytes(2)
-                  for k in range(1, MAX_SLOTS.bit_length()))
+    longest = min(
+        PieceTables.from_runs(runs, 2**k).scalar_prefetch_bytes(2)
+        for k in range(1, MAX_SLOTS.bit_length())
+    )
     one_per_step = PieceTables.from_runs(runs, 1).scalar_prefetch_bytes(2)
     force = seed % 2 == 0 and longest < one_per_step
-    budget = int(rng.integers(longest, one_per_step) if force else
-                 rng.integers(min(longest, one_per_step), max(longest, one_per_step) + 64))
+    budget = int(
+        rng.integers(longest, one_per_step)
+        if force
+        else rng.integers(min(longest, one_per_step), max(longest, one_per_step) + 64)
+    )
     tables = choose_piece_tables(runs, heads=2, smem_budget=budget)
     assert tables.scalar_prefetch_bytes(2) <= budget
     if force:
@@ -96,20 +120,24 @@ def test_smallest_piece_size_that_fits_is_chosen():
 
 
 def test_over_budget_spec_fails_with_bytes_pattern_and_a_tile_size_that_fits():
-    spec = parse_spec("""svgen: 1
+    spec = parse_spec(
+        """svgen: 1
 name: tight
 geometry: {frames: 8, height: 16, width: 32}
 attention: {heads: 1, head_dim: 128, dtype: float32}
 mask: {temporal_stride: {}}
 tiling: {block_q: 128, block_kv: 128}
-""", source="tight.yaml")
+""",
+        source="tight.yaml",
+    )
     with pytest.raises(SpecError) as err:
         analyze(spec, smem_budget=500)
     message = str(err.value)
     # 256 runs in 256-tile pieces: 4-byte entries + int16 lengths, + 12 bytes per head
     assert message.startswith("tight.yaml: tiling: pattern 'tight' needs 1,548 bytes")
-    assert "bytes of scalar-prefetch tables at 128 x 128 tiles, over the SMEM budget of 500" \
-        in message
+    assert (
+        "bytes of scalar-prefetch tables at 128 x 128 tiles, over the SMEM budget of 500" in message
+    )
     assert "tiling {block_q: 512, block_kv: 512} would fit" in message
 
 
@@ -131,14 +159,14 @@ def _brute_kernel_tiles(compute_kinds, grid, compute):
                         k = None  # padding rows only
                     else:
                         k = int(compute_kinds[r, c])
-                        if (k == TileKind.FULL and c == nck - 1
-                                and grid.seq_len % compute.block_kv):
+                        if k == TileKind.FULL and c == nck - 1 and grid.seq_len % compute.block_kv:
                             k = TileKind.BOUNDARY  # holds the end of the real keys
                     block_kinds.append(k)
             real = [k for k in block_kinds if k is not None]
             full = all(k == TileKind.FULL for k in real)
-            block_kinds = [(TileKind.FULL if full else TileKind.EMPTY) if k is None else k
-                           for k in block_kinds]
+            block_kinds = [
+                (TileKind.FULL if full else TileKind.EMPTY) if k is None else k for k in block_kinds
+            ]
             if full:
                 kinds[i, j] = TileKind.FULL
             elif all(k == TileKind.EMPTY for k in block_kinds):
@@ -157,8 +185,9 @@ def test_two_level_tiles_match_a_tile_by_tile_reading(seed):
     bq, bkv = cq * int(rng.integers(1, 4)), ckv * int(rng.integers(1, 5))
     seq_len = int(rng.integers(1, 12)) * 128 + int(rng.integers(0, 128)) + 1
     grid, compute = TileGrid(seq_len, bq, bkv), TileGrid(seq_len, cq, ckv)
-    compute_kinds = rng.choice([0, 1, 2, 2], size=(compute.num_q_blocks,
-                                                  compute.num_kv_blocks)).astype(np.int8)
+    compute_kinds = rng.choice(
+        [0, 1, 2, 2], size=(compute.num_q_blocks, compute.num_kv_blocks)
+    ).astype(np.int8)
     kinds, words = kernel_tiles(compute_kinds, grid, compute)
     want_kinds, want_words = _brute_kernel_tiles(compute_kinds, grid, compute)
     np.testing.assert_array_equal(kinds, want_kinds)
@@ -170,8 +199,13 @@ def test_two_level_tiles_match_a_tile_by_tile_reading(seed):
             rows = slice(i * bq // cq, (i + 1) * bq // cq)
             cols = slice(j * bkv // ckv, (j + 1) * bkv // ckv)
             inside = compute_kinds[rows, cols]
-            want = (TileKind.FULL if np.all(inside == TileKind.FULL) else
-                    TileKind.EMPTY if np.all(inside == TileKind.EMPTY) else TileKind.BOUNDARY)
+            want = (
+                TileKind.FULL
+                if np.all(inside == TileKind.FULL)
+                else TileKind.EMPTY
+                if np.all(inside == TileKind.EMPTY)
+                else TileKind.BOUNDARY
+            )
             assert reported[i, j] == want
     # The blocks words survive the SMEM tables (narrow integer types, read back masked).
     runs = build_runs(kinds, words, grid)
@@ -201,7 +235,8 @@ def test_reported_table_bytes_are_the_scalar_prefetch_operands_bytes(slots, flat
     head_pattern = np.array([0, 1, 1, 0, 1])
     operands, _ = _head_operands(tables, jnp.asarray(head_pattern), head_pattern)
     actual = sum(int(np.asarray(x).nbytes) for x in operands) + sum(
-        t.nbytes for t in tables.piece_operands())
+        t.nbytes for t in tables.piece_operands()
+    )
     assert tables.scalar_prefetch_bytes(len(head_pattern)) == actual
     if slots > 1:
         assert tables.lengths is not None and tables.lengths.itemsize == 1

@@ -165,13 +165,20 @@ def test_end_to_end_tiny_pallas_kernel_for_v6e():
 
 
 def run_python(script: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 def test_dump_flags_after_libtpu_started_is_an_error():
     """Flags set after libtpu loaded would be ignored silently: refuse instead."""
-    result = run_python(textwrap.dedent("""
+    result = run_python(
+        textwrap.dedent("""
         import jax
         jax.devices("cpu")  # probes the TPU plugin: libtpu loads
         from svgen import tpu_schedule
@@ -179,5 +186,6 @@ def test_dump_flags_after_libtpu_started_is_an_error():
             tpu_schedule.ensure_dump_flags()
         except RuntimeError as error:
             print("fresh process" in str(error))
-    """))
+    """)
+    )
     assert result.stdout.strip().splitlines()[-1:] == ["True"], result.stderr[-3000:]

@@ -43,13 +43,21 @@ def synthetic_paths(c: Candidate, patterns: int = 1) -> PathCosts:
     per_block, r0 = round(600 * area), 150
     full, boundary, padded = round(700 * area), round(800 * area), round(900 * area)
     column = (SEQ_LEN - 1) % c.block_kv // c.compute_kv  # the block column holding padding
-    block = tuple((full, boundary, padded if i % rk == column else boundary)
-                  for i in range(c.blocks))
+    block = tuple(
+        (full, boundary, padded if i % rk == column else boundary) for i in range(c.blocks)
+    )
     if c.blocks == 1:
         block = ((0, boundary + 14, padded + 14),)
     mixed = 300 if c.blocks == 1 else 300 + 14 * c.blocks
-    return PathCosts(300, 300 + rq * (r0 + rk * per_block), (mixed,) * patterns,
-                     (block,) * patterns, (c.block_q // 4,) * patterns, c.block_q // 8, 90)
+    return PathCosts(
+        300,
+        300 + rq * (r0 + rk * per_block),
+        (mixed,) * patterns,
+        (block,) * patterns,
+        (c.block_q // 4,) * patterns,
+        c.block_q // 8,
+        90,
+    )
 
 
 def fake_measure(compiled: list):
@@ -73,18 +81,25 @@ def test_search_space():
     space = tune.candidates(spec, ["exact", "balanced"])
     assert space[0] == Candidate(512, 512, 512, 512, "exact")  # the spec's own first
     assert len(space) == len(set(space))
-    assert all(c.blocks <= 16 and c.block_q % c.compute_q == 0 and c.block_kv % c.compute_kv == 0
-               for c in space)
+    assert all(
+        c.blocks <= 16 and c.block_q % c.compute_q == 0 and c.block_kv % c.compute_kv == 0
+        for c in space
+    )
     assert Candidate(2048, 4096, 1024, 512, "balanced") in space
     assert Candidate(4096, 4096, 512, 512, "exact") not in space  # 64 blocks per tile
     assert {c.align for c in space} == {"exact", "balanced"}
 
 
 def test_estimates_are_exact_for_costs_of_the_modelled_form():
-    points = [(c, synthetic_paths(c)) for c in (Candidate(2048, 2048, 1024, 512),
-                                               Candidate(2048, 4096, 1024, 512))]
-    for c in (Candidate(1024, 2048, 1024, 512), Candidate(4096, 2048, 1024, 512),
-              Candidate(1024, 512, 1024, 512)):
+    points = [
+        (c, synthetic_paths(c))
+        for c in (Candidate(2048, 2048, 1024, 512), Candidate(2048, 4096, 1024, 512))
+    ]
+    for c in (
+        Candidate(1024, 2048, 1024, 512),
+        Candidate(4096, 2048, 1024, 512),
+        Candidate(1024, 512, 1024, 512),
+    ):
         got, want = estimate_paths(points, c, SEQ_LEN), synthetic_paths(c)
         assert got.full == want.full and got.mixed == want.mixed, c
         assert got.block == want.block and got.bookkeeping == want.bookkeeping, c
@@ -94,8 +109,12 @@ def test_estimates_are_exact_for_costs_of_the_modelled_form():
 
 def test_tune_ranks_compiled_first_choices(tmp_path):
     compiled = []
-    result = tune.tune(str(write_spec(tmp_path)), aligns=["exact", "nearest"], confirm=3,
-                       measure=fake_measure(compiled))
+    result = tune.tune(
+        str(write_spec(tmp_path)),
+        aligns=["exact", "nearest"],
+        confirm=3,
+        measure=fake_measure(compiled),
+    )
     rows = result.rows
     assert [r.cycles for r in rows] == sorted(r.cycles for r in rows)
     assert all(r.exact for r in rows[:3]) and result.choice.exact
@@ -104,8 +123,12 @@ def test_tune_ranks_compiled_first_choices(tmp_path):
     assert result.compiles < len({r.candidate.tiling_key for r in rows})
     # The synthetic costs have the modelled form: estimates equal exact costs, so the first
     # choice is the best of an exhaustive run.
-    everything = tune.tune(str(write_spec(tmp_path)), aligns=["exact", "nearest"],
-                           exhaustive=True, measure=fake_measure([]))
+    everything = tune.tune(
+        str(write_spec(tmp_path)),
+        aligns=["exact", "nearest"],
+        exhaustive=True,
+        measure=fake_measure([]),
+    )
     assert all(r.exact for r in everything.rows)
     assert result.choice.cycles == everything.choice.cycles
     j = result.to_json()
@@ -144,19 +167,29 @@ def test_tune_apply_keeps_comments_and_order(tmp_path, monkeypatch, capsys):
     t = parse_spec(new).tiling
     choice = tune.tune(str(path), aligns=["balanced"], measure=fake_measure([])).choice
     assert (t.block_q, t.block_kv, t.cq, t.ckv, t.align) == (
-        choice.candidate.block_q, choice.candidate.block_kv, choice.candidate.compute_q,
-        choice.candidate.compute_kv, "balanced")
+        choice.candidate.block_q,
+        choice.candidate.block_kv,
+        choice.candidate.compute_q,
+        choice.candidate.compute_kv,
+        "balanced",
+    )
 
 
 def test_rewrite_tiling_in_block_style_and_when_missing():
-    block = SPEC.replace("tiling: {block_q: 512, block_kv: 512}  # tuned later\n",
-                         "tiling:\n  block_q: 512   # rows\n  block_kv: 512\n  align: nearest\n")
+    block = SPEC.replace(
+        "tiling: {block_q: 512, block_kv: 512}  # tuned later\n",
+        "tiling:\n  block_q: 512   # rows\n  block_kv: 512\n  align: nearest\n",
+    )
     text, changes = rewrite_tiling(block, Candidate(2048, 1024, 1024, 512, "exact"))
     assert "  block_q: 2048  # rows\n" in text and "  align: exact\n" in text  # same column
     assert "  compute_q: 1024\n" in text and "  compute_kv: 512\n" in text
-    assert changes == ["block_q: 512 -> 2048", "block_kv: 512 -> 1024",
-                       "compute_q: (not given) -> 1024", "compute_kv: (not given) -> 512",
-                       "align: nearest -> exact"]
+    assert changes == [
+        "block_q: 512 -> 2048",
+        "block_kv: 512 -> 1024",
+        "compute_q: (not given) -> 1024",
+        "compute_kv: (not given) -> 512",
+        "align: nearest -> exact",
+    ]
     missing = SPEC.split("# the tiling")[0]
     text, changes = rewrite_tiling(missing, Candidate(1024, 1024, 1024, 1024, "exact"))
     assert text.startswith(missing) and text.endswith("tiling: {block_q: 1024, block_kv: 1024}\n")
@@ -172,8 +205,7 @@ def test_shipped_specs_round_trip_unchanged():
     for path in SPECS:
         text = path.read_text()
         t = parse_spec(text).tiling
-        same, changes = rewrite_tiling(text, Candidate(t.block_q, t.block_kv, t.cq, t.ckv,
-                                                       t.align))
+        same, changes = rewrite_tiling(text, Candidate(t.block_q, t.block_kv, t.cq, t.ckv, t.align))
         assert same == text and changes == [], path.name
 
 
@@ -187,8 +219,14 @@ def test_a_small_real_tune(tmp_path):
         sys.exit(cli.main(["tune", {str(spec)!r}, "--json"]))
     """)
     env = {**os.environ, "SVGEN_CACHE_DIR": str(tmp_path / "cache")}
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            env=env, cwd=tmp_path, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["compiles"] == 1 and len(report["rows"]) == 1

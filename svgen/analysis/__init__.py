@@ -20,16 +20,33 @@ from svgen import ir
 from svgen.analysis.align import PairBudget, align_classification
 from svgen.analysis.classify import Classification, TileGrid, classify_tiles
 from svgen.analysis.plan import PatternPlan, Plan
-from svgen.analysis.tables import (DEFAULT_SMEM_BUDGET, BlockTable, TableBudgetError,
-                                   build_runs, choose_piece_tables, kernel_tiles, tile_kinds)
+from svgen.analysis.tables import (
+    DEFAULT_SMEM_BUDGET,
+    BlockTable,
+    TableBudgetError,
+    build_runs,
+    choose_piece_tables,
+    kernel_tiles,
+    tile_kinds,
+)
 from svgen.errors import SpecError
 from svgen.runtime.layout import FRAME_MAJOR, TokenLayout
 from svgen.runtime.tables import KernelShape, transposed_tables, walks_flat
 from svgen.spec import BLOCK_MAX, Spec
 from svgen.targets import DEFAULT_TARGET, VMEM_RESERVE, MIB, Target, kernel_vmem, target
 
-__all__ = ["analyze", "query_coordinate_bound", "Plan", "PatternPlan", "TileGrid", "Classification", "BlockTable",
-           "DEFAULT_SMEM_BUDGET", "choose_layout", "PairBudget"]
+__all__ = [
+    "analyze",
+    "query_coordinate_bound",
+    "Plan",
+    "PatternPlan",
+    "TileGrid",
+    "Classification",
+    "BlockTable",
+    "DEFAULT_SMEM_BUDGET",
+    "choose_layout",
+    "PairBudget",
+]
 
 
 def choose_layout(spec: Spec, order: str, mask: ir.Node) -> TokenLayout:
@@ -38,8 +55,12 @@ def choose_layout(spec: Spec, order: str, mask: ir.Node) -> TokenLayout:
     return g.with_order(order, anchors)
 
 
-def analyze(spec: Spec, progress: Callable[[int, int], None] | None = None,
-            smem_budget: int = DEFAULT_SMEM_BUDGET, target_name: str = DEFAULT_TARGET) -> Plan:
+def analyze(
+    spec: Spec,
+    progress: Callable[[int, int], None] | None = None,
+    smem_budget: int = DEFAULT_SMEM_BUDGET,
+    target_name: str = DEFAULT_TARGET,
+) -> Plan:
     chip = target(target_name)
     heads = spec.head_patterns()
     masks = [ir.lower(spec, spec.pattern_mask(c.pattern)) for c in heads.candidates]
@@ -50,28 +71,42 @@ def analyze(spec: Spec, progress: Callable[[int, int], None] | None = None,
         layout = choose_layout(spec, candidate.layout, mask)
         grid = TileGrid(layout.seq_len, spec.tiling.block_q, spec.tiling.block_kv)
         compute = TileGrid(layout.seq_len, spec.tiling.cq, spec.tiling.ckv)
-        classification, budget = _classify(spec, candidate.pattern, mask, layout, compute,
-                                           progress)
+        classification, budget = _classify(spec, candidate.pattern, mask, layout, compute, progress)
         runs = build_runs(*kernel_tiles(classification.kinds, grid, compute), grid)
-        patterns.append(PatternPlan(candidate.pattern, layout, mask, grid, compute,
-                                    classification,
-                                    tile_kinds(classification.kinds, grid, compute),
-                                    BlockTable(runs), budget))
+        patterns.append(
+            PatternPlan(
+                candidate.pattern,
+                layout,
+                mask,
+                grid,
+                compute,
+                classification,
+                tile_kinds(classification.kinds, grid, compute),
+                BlockTable(runs),
+                budget,
+            )
+        )
     names = [c.pattern for c in heads.candidates]
     assign = None if heads.assign is None else tuple(names.index(n) for n in heads.assign)
     try:
-        tables = choose_piece_tables([p.table.runs for p in patterns], spec.attention.heads,
-                                     smem_budget, spec.tiling.compute_blocks,
-                                     walks_flat(len(patterns), chip.cores_per_chip))
+        tables = choose_piece_tables(
+            [p.table.runs for p in patterns],
+            spec.attention.heads,
+            smem_budget,
+            spec.tiling.compute_blocks,
+            walks_flat(len(patterns), chip.cores_per_chip),
+        )
     except TableBudgetError as err:
         raise _over_budget_error(spec, patterns, err, smem_budget) from None
     _check_backward_tables(spec, patterns, chip, smem_budget)
-    return Plan(spec=spec, patterns=tuple(patterns), assign=assign, tables=tables,
-                target=chip, vmem=vmem)
+    return Plan(
+        spec=spec, patterns=tuple(patterns), assign=assign, tables=tables, target=chip, vmem=vmem
+    )
 
 
-def _classify(spec: Spec, name: str, mask: ir.Node, layout: TokenLayout, compute: TileGrid,
-              progress) -> tuple[Classification, PairBudget | None]:
+def _classify(
+    spec: Spec, name: str, mask: ir.Node, layout: TokenLayout, compute: TileGrid, progress
+) -> tuple[Classification, PairBudget | None]:
     """The compute blocks' kinds, aligned when the spec asks (then with the pair budget)."""
     mode = spec.tiling.align
     if mode == "exact":
@@ -81,7 +116,10 @@ def _classify(spec: Spec, name: str, mask: ir.Node, layout: TokenLayout, compute
         raise SpecError(
             f"align: {mode} needs exact pair counts, but a user predicate of pattern {name!r} "
             f"left pairs unevaluated (over the analysis budget); use align: exact, or a "
-            f"predicate the analysis decides", file=spec.source, key="tiling.align")
+            f"predicate the analysis decides",
+            file=spec.source,
+            key="tiling.align",
+        )
     return align_classification(exact, mode, compute)
 
 
@@ -89,15 +127,27 @@ def _check_backward_tables(spec: Spec, patterns, chip: Target, smem_budget: int)
     """The dk/dv kernel walks transposed tables (per kv tile, its q tiles): a separate
     pallas_call whose tables must fit the SMEM budget on their own."""
     grid, t = patterns[0].grid, spec.tiling
-    shape = KernelShape(grid.seq_len, grid.padded_seq_len, t.block_q, t.block_kv,
-                        spec.attention.head_dim, spec.attention.heads, t.cq, t.ckv,
-                        tensor_cores=chip.cores_per_chip)
+    shape = KernelShape(
+        grid.seq_len,
+        grid.padded_seq_len,
+        t.block_q,
+        t.block_kv,
+        spec.attention.head_dim,
+        spec.attention.heads,
+        t.cq,
+        t.ckv,
+        tensor_cores=chip.cores_per_chip,
+    )
     try:
-        transposed_tables([p.table.runs for p in patterns], shape,
-                                   spec.attention.heads, smem_budget)
+        transposed_tables(
+            [p.table.runs for p in patterns], shape, spec.attention.heads, smem_budget
+        )
     except ValueError as err:
-        raise SpecError(f"{err} (the backward pass's dk, dv kernel; tiling "
-                        f"{t.block_q} x {t.block_kv})", file=spec.source, key="tiling") from None
+        raise SpecError(
+            f"{err} (the backward pass's dk, dv kernel; tiling {t.block_q} x {t.block_kv})",
+            file=spec.source,
+            key="tiling",
+        ) from None
 
 
 def query_coordinate_bound(mask: ir.Node) -> int:
@@ -113,8 +163,15 @@ def check_vmem(spec: Spec, chip: Target, query_coords: int = 0):
     t = spec.tiling
 
     def _spec_vmem(block_q: int, block_kv: int, compute_q: int, compute_kv: int):
-        return kernel_vmem(block_q, block_kv, compute_q, compute_kv, spec.attention.head_dim,
-                           spec.attention.dtype, query_coords)
+        return kernel_vmem(
+            block_q,
+            block_kv,
+            compute_q,
+            compute_kv,
+            spec.attention.head_dim,
+            spec.attention.dtype,
+            query_coords,
+        )
 
     need = _spec_vmem(t.block_q, t.block_kv, t.cq, t.ckv)
     available = chip.vmem_bytes - VMEM_RESERVE
@@ -127,15 +184,19 @@ def check_vmem(spec: Spec, chip: Target, query_coords: int = 0):
             bq, cq = bq // 2, min(cq, bq // 2)
         else:
             bkv, ckv = bkv // 2, min(ckv, bkv // 2)
-    hint = (f"tiling {{block_q: {bq}, block_kv: {bkv}, compute_q: {cq}, compute_kv: {ckv}}} "
-            f"would fit ({_spec_vmem(bq, bkv, cq, ckv).limit() / MIB:.0f} MiB)")
+    hint = (
+        f"tiling {{block_q: {bq}, block_kv: {bkv}, compute_q: {cq}, compute_kv: {ckv}}} "
+        f"would fit ({_spec_vmem(bq, bkv, cq, ckv).limit() / MIB:.0f} MiB)"
+    )
     raise SpecError(
         f"the kernel needs {need.limit() / MIB:.1f} MiB of VMEM at {t.block_q} x {t.block_kv} "
         f"tiles with {t.cq} x {t.ckv} compute blocks (blocks {need.pipeline / MIB:.1f}, "
         f"scratch {need.scratch / MIB:.1f}, score tiles {need.temporaries / MIB:.1f} MiB), "
         f"over the {available / MIB:.0f} MiB a kernel may use on {chip.name} "
         f"({chip.vmem_bytes / MIB:.0f} MiB per TensorCore); {hint}",
-        file=spec.source, key="tiling")
+        file=spec.source,
+        key="tiling",
+    )
 
 
 def _over_budget_error(spec: Spec, patterns, err, smem_budget) -> SpecError:
@@ -150,14 +211,21 @@ def _over_budget_error(spec: Spec, patterns, err, smem_budget) -> SpecError:
     while max(bq, bkv) < BLOCK_MAX:
         bq, bkv = min(2 * bq, BLOCK_MAX), min(2 * bkv, BLOCK_MAX)
         bigger = TileGrid(grid.seq_len, bq, bkv)
-        runs = [build_runs(*kernel_tiles(classify_tiles(p.mask, p.layout, bigger).kinds,
-                                         bigger, bigger), bigger) for p in patterns]
+        runs = [
+            build_runs(
+                *kernel_tiles(classify_tiles(p.mask, p.layout, bigger).kinds, bigger, bigger),
+                bigger,
+            )
+            for p in patterns
+        ]
         try:
             t = choose_piece_tables(runs, spec.attention.heads, smem_budget)
         except TableBudgetError:
             continue
-        hint = (f"tiling {{block_q: {bq}, block_kv: {bkv}}} would fit "
-                f"({t.scalar_prefetch_bytes(spec.attention.heads):,} bytes)")
+        hint = (
+            f"tiling {{block_q: {bq}, block_kv: {bkv}}} would fit "
+            f"({t.scalar_prefetch_bytes(spec.attention.heads):,} bytes)"
+        )
         break
     which = f"pattern {worst.name!r}" if len(patterns) > 1 else f"pattern {spec.name!r}"
     share = int(err.smallest.num_pieces[biggest]) * per_piece
@@ -165,4 +233,7 @@ def _over_budget_error(spec: Spec, patterns, err, smem_budget) -> SpecError:
     return SpecError(
         f"{which} needs {need:,} bytes of scalar-prefetch tables{detail} at "
         f"{grid.block_q} x {grid.block_kv} tiles, over the SMEM budget of {smem_budget:,} bytes "
-        f"(--smem-budget); {hint}", file=spec.source, key="tiling")
+        f"(--smem-budget); {hint}",
+        file=spec.source,
+        key="tiling",
+    )

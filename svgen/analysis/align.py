@@ -71,21 +71,30 @@ class PairBudget:
 
     def to_json(self) -> dict:
         """The keys `svgen inspect --json` reports for an aligned pattern."""
-        return {"exact_density": self.exact_density, "density": self.density,
-                "pairs_added": self.pairs_added, "pairs_dropped": self.pairs_dropped,
-                "recall": self.recall, "precision": self.precision,
-                "rows_emptied": self.rows_emptied, "exact_boundary_blocks": self.exact_blocks}
+        return {
+            "exact_density": self.exact_density,
+            "density": self.density,
+            "pairs_added": self.pairs_added,
+            "pairs_dropped": self.pairs_dropped,
+            "recall": self.recall,
+            "precision": self.precision,
+            "rows_emptied": self.rows_emptied,
+            "exact_boundary_blocks": self.exact_blocks,
+        }
 
     def words(self) -> str:
         """One line for the compile summary and the generated docstring."""
-        return (f"{self.mode}: density {self.density:.6f} (exact {self.exact_density:.6f}), "
-                f"{self.pairs_added:,} pairs added, {self.pairs_dropped:,} dropped, recall "
-                f"{self.recall:.4f}, precision {self.precision:.4f}, {self.rows_emptied:,} "
-                f"rows emptied")
+        return (
+            f"{self.mode}: density {self.density:.6f} (exact {self.exact_density:.6f}), "
+            f"{self.pairs_added:,} pairs added, {self.pairs_dropped:,} dropped, recall "
+            f"{self.recall:.4f}, precision {self.precision:.4f}, {self.rows_emptied:,} "
+            f"rows emptied"
+        )
 
 
-def align_classification(c: Classification, mode: str,
-                         grid: TileGrid) -> tuple[Classification, PairBudget]:
+def align_classification(
+    c: Classification, mode: str, grid: TileGrid
+) -> tuple[Classification, PairBudget]:
     """The aligned classification (its kept pairs are the aligned mask's) and its budget.
 
     `c` must come from classify_tiles(..., count_pairs=True) on `grid` (the compute grid)
@@ -100,9 +109,13 @@ def align_classification(c: Classification, mode: str,
     real = _real_pairs(grid, q, kv)
     movable = _alignable(grid, kv)
     promote = np.zeros(q.size, bool)
-    promote[movable] = promoted_blocks(mode, p.boundary_pairs[movable], real[movable],
-                                       c.kept_pairs - int(p.boundary_pairs[movable].sum()),
-                                       c.kept_pairs)
+    promote[movable] = promoted_blocks(
+        mode,
+        p.boundary_pairs[movable],
+        real[movable],
+        c.kept_pairs - int(p.boundary_pairs[movable].sum()),
+        c.kept_pairs,
+    )
     drop = movable & ~promote
     kinds = c.kinds.copy()
     kinds[q[promote], kv[promote]] = TileKind.FULL
@@ -110,13 +123,22 @@ def align_classification(c: Classification, mode: str,
     added = int((real[promote] - p.boundary_pairs[promote]).sum())
     dropped = int(p.boundary_pairs[drop].sum())
     aligned = c.kept_pairs + added - dropped
-    budget = PairBudget(mode, grid.seq_len ** 2, c.kept_pairs, aligned, added, dropped,
-                        _rows_emptied(kinds, p, grid), int(np.count_nonzero(~movable)))
+    budget = PairBudget(
+        mode,
+        grid.seq_len**2,
+        c.kept_pairs,
+        aligned,
+        added,
+        dropped,
+        _rows_emptied(kinds, p, grid),
+        int(np.count_nonzero(~movable)),
+    )
     return Classification(kinds, aligned, aligned, 0), budget
 
 
-def promoted_blocks(mode: str, kept: np.ndarray, real: np.ndarray, base: int,
-                    target: int) -> np.ndarray:
+def promoted_blocks(
+    mode: str, kept: np.ndarray, real: np.ndarray, base: int, target: int
+) -> np.ndarray:
     """Which BOUNDARY blocks become FULL (the rest EMPTY), given each block's kept and real
     pairs; `base` is the pairs kept outside these blocks, `target` the exact mask's count."""
     if mode == "superset":

@@ -75,8 +75,18 @@ def _range_boxes(layout: TokenLayout, start: int, end: int):
 
 def _with_nominal(layout: TokenLayout, f0, f1, h0, h1, w0, w1):
     big_t, v0, w = layout.frames, layout.video_start, layout.width
-    return (f0, f1, h0, h1, w0, w1, v0 + (h0 * w + w0) * big_t + f0,
-            v0 + (h1 * w + w1) * big_t + f1, 0, 0)
+    return (
+        f0,
+        f1,
+        h0,
+        h1,
+        w0,
+        w1,
+        v0 + (h0 * w + w0) * big_t + f0,
+        v0 + (h1 * w + w1) * big_t + f1,
+        0,
+        0,
+    )
 
 
 def _main_pieces(layout: TokenLayout, ja: int, jb: int):
@@ -124,8 +134,9 @@ def _video_pieces(layout: TokenLayout, vs: int, ve: int):
         vs = b
 
 
-def classify_predicate(expr: sympy.Basic, q_boxes: Boxes, k_boxes: Boxes,
-                       q_tiles: np.ndarray, k_tiles: np.ndarray):
+def classify_predicate(
+    expr: sympy.Basic, q_boxes: Boxes, k_boxes: Boxes, q_tiles: np.ndarray, k_tiles: np.ndarray
+):
     """(proven_true, proven_false), bool [len(q_tiles), len(k_tiles)]."""
     env = {}
     for c in _COORDS:
@@ -154,13 +165,17 @@ def integer_bounds(e, env):
         return v, v
     parts = [integer_bounds(a, env) for a in e.args]
     if isinstance(e, sympy.Add):
-        return sum(p[0] for p in parts[1:]) + parts[0][0], sum(p[1] for p in parts[1:]) + parts[0][1]
+        return sum(p[0] for p in parts[1:]) + parts[0][0], sum(p[1] for p in parts[1:]) + parts[0][
+            1
+        ]
     if isinstance(e, sympy.Mul):
         lo, hi = parts[0]
         for plo, phi in parts[1:]:
             cands = [lo * plo, lo * phi, hi * plo, hi * phi]
-            lo, hi = np.minimum.reduce(np.broadcast_arrays(*cands)), np.maximum.reduce(
-                np.broadcast_arrays(*cands))
+            lo, hi = (
+                np.minimum.reduce(np.broadcast_arrays(*cands)),
+                np.maximum.reduce(np.broadcast_arrays(*cands)),
+            )
         return lo, hi
     if isinstance(e, sympy.Abs):
         lo, hi = parts[0]
@@ -190,12 +205,16 @@ def boolean_bounds(e, env):
         return np.bool_(False), np.bool_(True)
     if isinstance(e, sympy.And):
         parts = [boolean_bounds(a, env) for a in e.args]
-        return (np.logical_and.reduce(np.broadcast_arrays(*(p[0] for p in parts))),
-                np.logical_or.reduce(np.broadcast_arrays(*(p[1] for p in parts))))
+        return (
+            np.logical_and.reduce(np.broadcast_arrays(*(p[0] for p in parts))),
+            np.logical_or.reduce(np.broadcast_arrays(*(p[1] for p in parts))),
+        )
     if isinstance(e, sympy.Or):
         parts = [boolean_bounds(a, env) for a in e.args]
-        return (np.logical_or.reduce(np.broadcast_arrays(*(p[0] for p in parts))),
-                np.logical_and.reduce(np.broadcast_arrays(*(p[1] for p in parts))))
+        return (
+            np.logical_or.reduce(np.broadcast_arrays(*(p[0] for p in parts))),
+            np.logical_and.reduce(np.broadcast_arrays(*(p[1] for p in parts))),
+        )
     if isinstance(e, sympy.Not):
         t, f = boolean_bounds(e.args[0], env)
         return f, t

@@ -84,14 +84,23 @@ class Classification:
         return self.kept_pairs == self.kept_pairs_upper
 
 
-def classify_tiles(mask: ir.Node, layout: TokenLayout, grid: TileGrid,
-                   progress: Callable[[int, int], None] | None = None,
-                   count_pairs: bool = False) -> Classification:
+def classify_tiles(
+    mask: ir.Node,
+    layout: TokenLayout,
+    grid: TileGrid,
+    progress: Callable[[int, int], None] | None = None,
+    count_pairs: bool = False,
+) -> Classification:
     """Kinds per (q block, kv block) of `grid`, and the kept-pair count; with `count_pairs`,
     also `PairCounts` (None when a user predicate left pairs unevaluated: counts would be
     bounds)."""
-    if (layout.text_tokens == 0 and layout.frames > 1 and not layout.is_temporal_major
-            and is_frame_invariant(mask) and not count_pairs):
+    if (
+        layout.text_tokens == 0
+        and layout.frames > 1
+        and not layout.is_temporal_major
+        and is_frame_invariant(mask)
+        and not count_pairs
+    ):
         return _classify_frame_invariant(mask, layout, grid, progress)
     nq, nk = grid.num_q_blocks, grid.num_kv_blocks
     kinds = np.empty((nq, nk), np.int8)
@@ -104,8 +113,13 @@ def classify_tiles(mask: ir.Node, layout: TokenLayout, grid: TileGrid,
     while first_tile < nq:
         last_tile = min(first_tile + tiles_per_chunk, nq)
         first_row = first_tile * grid.block_q
-        chunk = RowChunk(layout, grid.block_q, grid.block_kv, first_row,
-                         min(last_tile * grid.block_q, layout.seq_len) - first_row)
+        chunk = RowChunk(
+            layout,
+            grid.block_q,
+            grid.block_kv,
+            first_row,
+            min(last_tile * grid.block_q, layout.seq_len) - first_row,
+        )
         bounds = row_bounds(mask, chunk)
         real_rows = _real_rows(chunk, first_tile, last_tile)[:, None]
         full = _full_rows(chunk, bounds.lo, nk) == real_rows
@@ -128,7 +142,8 @@ def classify_tiles(mask: ir.Node, layout: TokenLayout, grid: TileGrid,
                 counted += allowed
                 chunk_kinds[open_tiles & maybe_empty & (per_tile_allowed == 0)] = TileKind.EMPTY
                 chunk_kinds[open_tiles & maybe_full & (per_tile_allowed == per_tile_open)] = (
-                    TileKind.FULL)
+                    TileKind.FULL
+                )
             else:
                 budget = -1  # counts are bounds from here on
                 unproven += int(np.count_nonzero(open_tiles))
@@ -138,8 +153,9 @@ def classify_tiles(mask: ir.Node, layout: TokenLayout, grid: TileGrid,
         if progress is not None:
             progress(last_tile, nq)
         per_tile = (len(bounds.lo) + len(bounds.hi)) / (last_tile - first_tile) + 1
-        tiles_per_chunk = int(np.clip(TARGET_INTERVALS_PER_CHUNK // per_tile, 1,
-                                      max_tiles_per_chunk))
+        tiles_per_chunk = int(
+            np.clip(TARGET_INTERVALS_PER_CHUNK // per_tile, 1, max_tiles_per_chunk)
+        )
         first_tile = last_tile
     kept = lower + counted
     exact = budget >= 0
@@ -147,8 +163,9 @@ def classify_tiles(mask: ir.Node, layout: TokenLayout, grid: TileGrid,
     return Classification(kinds, kept, kept if exact else upper, unproven, pairs)
 
 
-def _classify_frame_invariant(mask: ir.Node, layout: TokenLayout, grid: TileGrid,
-                              progress) -> Classification:
+def _classify_frame_invariant(
+    mask: ir.Node, layout: TokenLayout, grid: TileGrid, progress
+) -> Classification:
     """For masks whose row sets do not depend on the query's frame (a temporal head).
 
     Query rows (f, p) and (f', p) allow the same keys, so the row sets of one frame's S rows
@@ -168,9 +185,8 @@ def _classify_frame_invariant(mask: ir.Node, layout: TokenLayout, grid: TileGrid
 
     def rows_over(runs_of, bound):
         prefix = _row_prefix_sums(one_tile_chunk, bound, nk, runs_of, wanted)
-        at_first, at_last, period = prefix[:nq], prefix[nq:2 * nq], prefix[-1].astype(np.int64)
-        return ((last // s)[:, None] * period + at_last
-                - (first // s)[:, None] * period - at_first)
+        at_first, at_last, period = prefix[:nq], prefix[nq : 2 * nq], prefix[-1].astype(np.int64)
+        return (last // s)[:, None] * period + at_last - (first // s)[:, None] * period - at_first
 
     full = rows_over(_full_runs, bounds.lo) == (last - first)[:, None]
     touched = rows_over(_touching_runs, bounds.hi) > 0
@@ -182,8 +198,9 @@ def _classify_frame_invariant(mask: ir.Node, layout: TokenLayout, grid: TileGrid
 
 def _tile_kinds(full: np.ndarray, touched: np.ndarray) -> np.ndarray:
     """FULL where every real row covers the tile, else BOUNDARY where any row meets it."""
-    return np.where(full, TileKind.FULL,
-                    np.where(touched, TileKind.BOUNDARY, TileKind.EMPTY)).astype(np.int8)
+    return np.where(
+        full, TileKind.FULL, np.where(touched, TileKind.BOUNDARY, TileKind.EMPTY)
+    ).astype(np.int8)
 
 
 def is_frame_invariant(node: ir.Node) -> bool:
@@ -202,8 +219,9 @@ def is_frame_invariant(node: ir.Node) -> bool:
 PREFIX_ROWS_PER_BLOCK = 1024
 
 
-def _row_prefix_sums(chunk: RowChunk, s: IntervalSet, nk: int, runs_of,
-                     wanted: np.ndarray) -> np.ndarray:
+def _row_prefix_sums(
+    chunk: RowChunk, s: IntervalSet, nk: int, runs_of, wanted: np.ndarray
+) -> np.ndarray:
     """prefix[i, j] = number of rows < wanted[i] whose runs (full or touching) contain kv
     tile j. Rows are streamed in blocks, so memory is O(block x nk + wanted x nk)."""
     row = s.starts // chunk.stride
@@ -219,11 +237,13 @@ def _row_prefix_sums(chunk: RowChunk, s: IntervalSet, nk: int, runs_of,
         hi = min(lo + PREFIX_ROWS_PER_BLOCK, chunk.num_rows)
         sel = (row >= lo) & (row < hi)
         local = (row[sel] - lo) * width
-        diff = (np.bincount(local + first[sel], minlength=(hi - lo) * width)
-                - np.bincount(local + last[sel], minlength=(hi - lo) * width))
+        diff = np.bincount(local + first[sel], minlength=(hi - lo) * width) - np.bincount(
+            local + last[sel], minlength=(hi - lo) * width
+        )
         cover = np.cumsum(diff.reshape(hi - lo, width), axis=1)[:, :nk].astype(np.int32)
         block_prefix = running + np.concatenate(
-            [np.zeros((1, nk), np.int32), np.cumsum(cover, axis=0, dtype=np.int32)])
+            [np.zeros((1, nk), np.int32), np.cumsum(cover, axis=0, dtype=np.int32)]
+        )
         # Rows lo..hi of the prefix are block_prefix[0..hi-lo].
         while w < wanted.size and wanted[order[w]] <= hi:
             out[order[w]] = block_prefix[wanted[order[w]] - lo]
@@ -302,14 +322,21 @@ def _evaluate_open_pairs(mask: ir.Node, chunk: RowChunk, pairs: IntervalSet, nk:
         k = chunk.layout.coordinates(key)
         allowed = mask.evaluate(q, k)
         tile = chunk.q_tile_of(row) * nk + key // chunk.block_kv
-        per_tile_allowed += np.bincount(tile, allowed, minlength=per_tile_allowed.size).astype(np.int64)
+        per_tile_allowed += np.bincount(tile, allowed, minlength=per_tile_allowed.size).astype(
+            np.int64
+        )
         per_tile_open += np.bincount(tile, minlength=per_tile_open.size)
         per_row += np.bincount(row, allowed, minlength=per_row.size).astype(np.int64)
         last = allowed & (key // chunk.block_kv == nk - 1)
         per_row_last += np.bincount(row, last, minlength=per_row.size).astype(np.int64)
     shape = (num_tiles, nk)
-    return (int(per_tile_allowed.sum()), per_tile_allowed.reshape(shape),
-            per_tile_open.reshape(shape), per_row, per_row_last)
+    return (
+        int(per_tile_allowed.sum()),
+        per_tile_allowed.reshape(shape),
+        per_tile_open.reshape(shape),
+        per_row,
+        per_row_last,
+    )
 
 
 class _PairCounter:
@@ -322,8 +349,14 @@ class _PairCounter:
         self.rows_with_keys = np.zeros(grid.num_q_blocks, np.int64)
         self.rows_without_last = np.zeros(grid.num_q_blocks, np.int64)
 
-    def add(self, chunk: RowChunk, first_tile: int, chunk_kinds: np.ndarray, certain: IntervalSet,
-            evaluated) -> None:
+    def add(
+        self,
+        chunk: RowChunk,
+        first_tile: int,
+        chunk_kinds: np.ndarray,
+        certain: IntervalSet,
+        evaluated,
+    ) -> None:
         nk = self.grid.num_kv_blocks
         per_block = _pairs_per_block(chunk, certain, nk)
         per_row, per_row_last = _pairs_per_row(chunk, certain, nk)
@@ -337,15 +370,17 @@ class _PairCounter:
         q_block = chunk.q_tile_of(np.arange(chunk.num_rows)) + first_tile
         has = per_row > 0
         self.rows_with_keys += np.bincount(q_block[has], minlength=self.grid.num_q_blocks)
-        self.rows_without_last += np.bincount(q_block[has & (per_row_last == 0)],
-                                              minlength=self.grid.num_q_blocks)
+        self.rows_without_last += np.bincount(
+            q_block[has & (per_row_last == 0)], minlength=self.grid.num_q_blocks
+        )
 
     def result(self) -> PairCounts:
         def joined(parts):
             return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
-        return PairCounts(joined(self.index), joined(self.pairs), self.rows_with_keys,
-                          self.rows_without_last)
+        return PairCounts(
+            joined(self.index), joined(self.pairs), self.rows_with_keys, self.rows_without_last
+        )
 
 
 def _pairs_per_block(chunk: RowChunk, s: IntervalSet, nk: int) -> np.ndarray:
@@ -362,11 +397,20 @@ def _pairs_per_block(chunk: RowChunk, s: IntervalSet, nk: int) -> np.ndarray:
     one = first == last
     cut_head = ~one & (start % bkv != 0)
     cut_tail = ~one & (end % bkv != 0)
-    index = np.concatenate([q_tile[one] * width + first[one],
-                            q_tile[cut_head] * width + first[cut_head],
-                            q_tile[cut_tail] * width + last[cut_tail]])
-    length = np.concatenate([end[one] - start[one], whole_from[cut_head] * bkv - start[cut_head],
-                             end[cut_tail] - whole_to[cut_tail] * bkv])
+    index = np.concatenate(
+        [
+            q_tile[one] * width + first[one],
+            q_tile[cut_head] * width + first[cut_head],
+            q_tile[cut_tail] * width + last[cut_tail],
+        ]
+    )
+    length = np.concatenate(
+        [
+            end[one] - start[one],
+            whole_from[cut_head] * bkv - start[cut_head],
+            end[cut_tail] - whole_to[cut_tail] * bkv,
+        ]
+    )
     partial = np.bincount(index, length, minlength=chunk.num_q_tiles * width)
     return counts + np.rint(partial).astype(np.int64).reshape(-1, width)[:, :nk]
 
@@ -377,5 +421,7 @@ def _pairs_per_row(chunk: RowChunk, s: IntervalSet, nk: int) -> tuple[np.ndarray
     start, end = s.starts - row * chunk.stride, s.ends - row * chunk.stride
     last_start = (nk - 1) * chunk.block_kv
     in_last = np.maximum(end - np.maximum(start, last_start), 0)
-    return (np.rint(np.bincount(row, end - start, minlength=chunk.num_rows)).astype(np.int64),
-            np.rint(np.bincount(row, in_last, minlength=chunk.num_rows)).astype(np.int64))
+    return (
+        np.rint(np.bincount(row, end - start, minlength=chunk.num_rows)).astype(np.int64),
+        np.rint(np.bincount(row, in_last, minlength=chunk.num_rows)).astype(np.int64),
+    )

@@ -81,9 +81,7 @@ class IntervalSet:
             return universe
         lo = np.iinfo(np.int64).min
         hi = np.iinfo(np.int64).max
-        gaps = IntervalSet(
-            np.concatenate([[lo], self.ends]), np.concatenate([self.starts, [hi]])
-        )
+        gaps = IntervalSet(np.concatenate([[lo], self.ends]), np.concatenate([self.starts, [hi]]))
         gaps = IntervalSet(gaps.starts[gaps.ends > gaps.starts], gaps.ends[gaps.ends > gaps.starts])
         return universe.intersection(gaps)
 
@@ -95,4 +93,3 @@ def ragged_arange(counts: np.ndarray) -> np.ndarray:
         return np.zeros(0, np.int64)
     offsets = np.cumsum(counts) - counts
     return np.arange(total, dtype=np.int64) - np.repeat(offsets, counts)
-

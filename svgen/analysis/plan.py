@@ -43,17 +43,21 @@ class PatternPlan:
 
     def compute_block_counts(self) -> dict[str, int]:
         counts = np.bincount(self.compute_kinds.ravel(), minlength=len(TileKind))
-        return {k.name.lower(): int(counts[k]) for k in (TileKind.FULL, TileKind.BOUNDARY,
-                                                          TileKind.EMPTY)}
+        return {
+            k.name.lower(): int(counts[k])
+            for k in (TileKind.FULL, TileKind.BOUNDARY, TileKind.EMPTY)
+        }
 
     def tile_counts(self) -> dict[str, int]:
         counts = np.bincount(self.kinds.ravel(), minlength=len(TileKind))
-        return {k.name.lower(): int(counts[k]) for k in (TileKind.FULL, TileKind.BOUNDARY,
-                                                          TileKind.EMPTY)}
+        return {
+            k.name.lower(): int(counts[k])
+            for k in (TileKind.FULL, TileKind.BOUNDARY, TileKind.EMPTY)
+        }
 
     @property
     def total_pairs(self) -> int:
-        return self.layout.seq_len ** 2
+        return self.layout.seq_len**2
 
     @property
     def density(self) -> float:
@@ -167,8 +171,18 @@ class Plan:
         }
         if len(self.patterns) == 1:
             single = self.only.summary()
-            out.update({k: single[k] for k in ("tiles", "compute_blocks", "density",
-                                               "density_is_exact", "visited_fraction")})
+            out.update(
+                {
+                    k: single[k]
+                    for k in (
+                        "tiles",
+                        "compute_blocks",
+                        "density",
+                        "density_is_exact",
+                        "visited_fraction",
+                    )
+                }
+            )
             if self.only.budget is not None:
                 out.update(self.only.budget.to_json())
         out["target"] = self.target.name
@@ -178,15 +192,22 @@ class Plan:
         out["grid_steps"] = self.grid_steps
         out["slots_per_piece"] = self.tables.slots
         if len(self.patterns) == 1:
-            out.update({k: v for k, v in self.only.summary().items()
-                        if k not in out and k != "layout"})
+            out.update(
+                {k: v for k, v in self.only.summary().items() if k not in out and k != "layout"}
+            )
             out["layout"] = self.layout.order
         else:
-            out["patterns"] = {p.name: dict(p.summary(), table_bytes=_pattern_bytes(self, i),
-                                            grid_steps=self.pattern_grid_steps(i))
-                               for i, p in enumerate(self.patterns)}
-            out["assign"] = ("runtime" if self.assign is None else
-                             [self.patterns[i].name for i in self.assign])
+            out["patterns"] = {
+                p.name: dict(
+                    p.summary(),
+                    table_bytes=_pattern_bytes(self, i),
+                    grid_steps=self.pattern_grid_steps(i),
+                )
+                for i, p in enumerate(self.patterns)
+            }
+            out["assign"] = (
+                "runtime" if self.assign is None else [self.patterns[i].name for i in self.assign]
+            )
         return out
 
 

@@ -103,15 +103,23 @@ def _all_rows(chunk: RowChunk, start: int, end: int) -> Bounds:
 def first_frame_rows(node: ir.FirstFrame, chunk: RowChunk) -> Bounds:
     lay = chunk.layout
     rows = np.arange(chunk.num_rows)  # every query, text included
-    return Bounds.exact(_video_box_keys(
-        chunk, rows, np.zeros(rows.size, np.int64),
-        np.full(rows.size, min(node.frames, lay.frames)), 1, *_full_box(lay, rows.size)))
+    return Bounds.exact(
+        _video_box_keys(
+            chunk,
+            rows,
+            np.zeros(rows.size, np.int64),
+            np.full(rows.size, min(node.frames, lay.frames)),
+            1,
+            *_full_box(lay, rows.size),
+        )
+    )
 
 
 def prefix_rows(node: ir.Prefix, chunk: RowChunk) -> Bounds:
     rows = np.arange(chunk.num_rows)
-    return Bounds.exact(_nominal_keys(chunk, rows, np.zeros(rows.size, np.int64),
-                                      np.full(rows.size, node.tokens)))
+    return Bounds.exact(
+        _nominal_keys(chunk, rows, np.zeros(rows.size, np.int64), np.full(rows.size, node.tokens))
+    )
 
 
 def band_rows(node: ir.Band, chunk: RowChunk) -> Bounds:
@@ -125,18 +133,30 @@ def text_rows(node: ir.Text, chunk: RowChunk) -> Bounds:
     is_text = chunk.coords.is_text
     text_rows = np.flatnonzero(is_text)
     video_rows = np.flatnonzero(~is_text)
-    everything = chunk.per_row(text_rows, np.zeros(text_rows.size), np.full(text_rows.size, lay.seq_len))
-    text_keys = chunk.per_row(video_rows, np.full(video_rows.size, lay.text_start),
-                              np.full(video_rows.size, lay.text_start + lay.text_tokens))
+    everything = chunk.per_row(
+        text_rows, np.zeros(text_rows.size), np.full(text_rows.size, lay.seq_len)
+    )
+    text_keys = chunk.per_row(
+        video_rows,
+        np.full(video_rows.size, lay.text_start),
+        np.full(video_rows.size, lay.text_start + lay.text_tokens),
+    )
     return Bounds.exact(everything.union(text_keys))
 
 
 def causal_frames_rows(node: ir.CausalFrames, chunk: RowChunk) -> Bounds:
     lay = chunk.layout
     rows = np.flatnonzero(~chunk.coords.is_text)
-    return Bounds.exact(_video_box_keys(
-        chunk, rows, np.zeros(rows.size, np.int64), chunk.coords.frame[rows] + 1, 1,
-        *_full_box(lay, rows.size)))
+    return Bounds.exact(
+        _video_box_keys(
+            chunk,
+            rows,
+            np.zeros(rows.size, np.int64),
+            chunk.coords.frame[rows] + 1,
+            1,
+            *_full_box(lay, rows.size),
+        )
+    )
 
 
 def block_causal_rows(node: ir.BlockCausal, chunk: RowChunk) -> Bounds:
@@ -145,15 +165,28 @@ def block_causal_rows(node: ir.BlockCausal, chunk: RowChunk) -> Bounds:
     lay = chunk.layout
     rows = np.flatnonzero(~chunk.coords.is_text)
     chunk_end = (chunk.coords.frame[rows] // node.frames + 1) * node.frames
-    return Bounds.exact(_video_box_keys(
-        chunk, rows, np.zeros(rows.size, np.int64), np.minimum(chunk_end, lay.frames), 1,
-        *_full_box(lay, rows.size)))
+    return Bounds.exact(
+        _video_box_keys(
+            chunk,
+            rows,
+            np.zeros(rows.size, np.int64),
+            np.minimum(chunk_end, lay.frames),
+            1,
+            *_full_box(lay, rows.size),
+        )
+    )
 
 
 def _full_box(lay, n: int):
     """(h_lo, h_hi, w_lo, w_hi, full_rows, full_cols) of whole frames, for n rows."""
-    return (np.zeros(n, np.int64), np.full(n, lay.height - 1), np.zeros(n, np.int64),
-            np.full(n, lay.width - 1), True, True)
+    return (
+        np.zeros(n, np.int64),
+        np.full(n, lay.height - 1),
+        np.zeros(n, np.int64),
+        np.full(n, lay.width - 1),
+        True,
+        True,
+    )
 
 
 def _window(center: np.ndarray, radius: int | None, size: int):
@@ -169,28 +202,85 @@ def _expand(counts: np.ndarray):
     return np.repeat(np.arange(counts.size), counts), ragged_arange(counts)
 
 
-def _video_box_keys(chunk: RowChunk, rows, f_first, f_count, f_step, h_lo, h_hi, w_lo, w_hi,
-                    full_rows: bool, full_cols: bool) -> IntervalSet:
+def _video_box_keys(
+    chunk: RowChunk,
+    rows,
+    f_first,
+    f_count,
+    f_step,
+    h_lo,
+    h_hi,
+    w_lo,
+    w_hi,
+    full_rows: bool,
+    full_cols: bool,
+) -> IntervalSet:
     """Keys (f, h, w) with f = f_first + j*f_step (j < f_count), h in [h_lo, h_hi],
     w in [w_lo, w_hi], as kernel-position intervals per row (all arguments per row)."""
     lay = chunk.layout
     f_count = np.maximum(f_count, 0)
     if not lay.is_temporal_major:
-        return _frame_major_box(chunk, lay.video_start, rows, f_first, f_count, f_step,
-                                h_lo, h_hi, w_lo, w_hi, full_rows, full_cols)
+        return _frame_major_box(
+            chunk,
+            lay.video_start,
+            rows,
+            f_first,
+            f_count,
+            f_step,
+            h_lo,
+            h_hi,
+            w_lo,
+            w_hi,
+            full_rows,
+            full_cols,
+        )
     # Anchor frames (f < anchor_frames) sit first, frame-major; the rest temporal-major.
     anchors = lay.anchor_frames
     in_anchor = np.clip(-(-(anchors - f_first) // f_step), 0, f_count)
-    anchor_part = _frame_major_box(chunk, lay.video_start, rows, f_first, in_anchor, f_step,
-                                   h_lo, h_hi, w_lo, w_hi, full_rows, full_cols)
-    main_part = _temporal_major_box(chunk, rows, f_first + in_anchor * f_step,
-                                    f_count - in_anchor, f_step, h_lo, h_hi, w_lo, w_hi,
-                                    full_rows, full_cols)
+    anchor_part = _frame_major_box(
+        chunk,
+        lay.video_start,
+        rows,
+        f_first,
+        in_anchor,
+        f_step,
+        h_lo,
+        h_hi,
+        w_lo,
+        w_hi,
+        full_rows,
+        full_cols,
+    )
+    main_part = _temporal_major_box(
+        chunk,
+        rows,
+        f_first + in_anchor * f_step,
+        f_count - in_anchor,
+        f_step,
+        h_lo,
+        h_hi,
+        w_lo,
+        w_hi,
+        full_rows,
+        full_cols,
+    )
     return anchor_part.union(main_part)
 
 
-def _frame_major_box(chunk: RowChunk, base: int, rows, f_first, f_count, f_step, h_lo, h_hi,
-                     w_lo, w_hi, full_rows: bool, full_cols: bool) -> IntervalSet:
+def _frame_major_box(
+    chunk: RowChunk,
+    base: int,
+    rows,
+    f_first,
+    f_count,
+    f_step,
+    h_lo,
+    h_hi,
+    w_lo,
+    w_hi,
+    full_rows: bool,
+    full_cols: bool,
+) -> IntervalSet:
     """The box in frame-major positions from `base`.
 
     Collapses whole rows (full_cols) and whole frames (full_rows, f_step == 1) into single
@@ -215,8 +305,19 @@ def _frame_major_box(chunk: RowChunk, base: int, rows, f_first, f_count, f_step,
     return chunk.per_row(rows[which], start, end)
 
 
-def _temporal_major_box(chunk: RowChunk, rows, f_first, f_count, f_step, h_lo, h_hi, w_lo,
-                        w_hi, full_rows: bool, full_cols: bool) -> IntervalSet:
+def _temporal_major_box(
+    chunk: RowChunk,
+    rows,
+    f_first,
+    f_count,
+    f_step,
+    h_lo,
+    h_hi,
+    w_lo,
+    w_hi,
+    full_rows: bool,
+    full_cols: bool,
+) -> IntervalSet:
     """The box among frames >= anchor_frames, at main_start + p*T' + (f - anchor_frames).
 
     A place p holds its frames contiguously: a temporal column is one interval; when the
@@ -230,8 +331,18 @@ def _temporal_major_box(chunk: RowChunk, rows, f_first, f_count, f_step, h_lo, h
     h_lo, h_hi, w_lo, w_hi = h_lo[live], h_hi[live], w_lo[live], w_hi[live]
     if f_step == 1:
         whole = (f_first == anchors) & (f_count == t)
-        parts = [_whole_frame_places(chunk, rows[whole], h_lo[whole], h_hi[whole], w_lo[whole],
-                                     w_hi[whole], full_rows, full_cols)]
+        parts = [
+            _whole_frame_places(
+                chunk,
+                rows[whole],
+                h_lo[whole],
+                h_hi[whole],
+                w_lo[whole],
+                w_hi[whole],
+                full_rows,
+                full_cols,
+            )
+        ]
         some = ~whole
         rows, f_first, f_count = rows[some], f_first[some], f_count[some]
         h_lo, h_hi, w_lo, w_hi = h_lo[some], h_hi[some], w_lo[some], w_hi[some]
@@ -263,8 +374,9 @@ def _whole_frame_places(chunk: RowChunk, rows, h_lo, h_hi, w_lo, w_hi, full_rows
         return chunk.per_row(rows, base + h_lo * width * t, base + (h_hi + 1) * width * t)
     which, within = _expand(h_hi - h_lo + 1)
     h = h_lo[which] + within
-    return chunk.per_row(rows[which], base + (h * width + w_lo[which]) * t,
-                         base + (h * width + w_hi[which] + 1) * t)
+    return chunk.per_row(
+        rows[which], base + (h * width + w_lo[which]) * t, base + (h * width + w_hi[which] + 1) * t
+    )
 
 
 def _nominal_keys(chunk: RowChunk, rows, start, end) -> IntervalSet:
@@ -274,8 +386,9 @@ def _nominal_keys(chunk: RowChunk, rows, start, end) -> IntervalSet:
         return chunk.per_row(rows, start, end)
     # Text keeps its positions; video nominal offsets u = p*T + f map to the anchor block
     # (f < anchor_frames: one run of places per anchor frame) and the main block (monotone).
-    text = chunk.per_row(rows, np.maximum(start, lay.text_start),
-                         np.minimum(end, lay.text_start + lay.text_tokens))
+    text = chunk.per_row(
+        rows, np.maximum(start, lay.text_start), np.minimum(end, lay.text_start + lay.text_tokens)
+    )
     v0, n, big_t = lay.video_start, lay.video_tokens, lay.frames
     ua = np.clip(start - v0, 0, n)
     ub = np.clip(end - v0, 0, n)
@@ -284,8 +397,11 @@ def _nominal_keys(chunk: RowChunk, rows, start, end) -> IntervalSet:
     for f in range(anchors):
         p_lo = -(-(ua - f) // big_t)
         p_hi = (ub - 1 - f) // big_t  # inclusive
-        parts.append(chunk.per_row(rows, v0 + f * lay.tokens_per_frame + p_lo,
-                                   v0 + f * lay.tokens_per_frame + p_hi + 1))
+        parts.append(
+            chunk.per_row(
+                rows, v0 + f * lay.tokens_per_frame + p_lo, v0 + f * lay.tokens_per_frame + p_hi + 1
+            )
+        )
     if t > 0:
         first = np.where(ua % big_t >= anchors, ua, ua - ua % big_t + anchors)
         last = ub - 1
@@ -295,8 +411,13 @@ def _nominal_keys(chunk: RowChunk, rows, start, end) -> IntervalSet:
             return (u // big_t) * t + u % big_t - anchors
 
         ok = (first <= last) & (ub > ua)
-        parts.append(chunk.per_row(rows[ok], lay.main_start + main_index(first[ok]),
-                                   lay.main_start + main_index(last[ok]) + 1))
+        parts.append(
+            chunk.per_row(
+                rows[ok],
+                lay.main_start + main_index(first[ok]),
+                lay.main_start + main_index(last[ok]) + 1,
+            )
+        )
     out = parts[0]
     for part in parts[1:]:
         out = out.union(part)
@@ -314,9 +435,21 @@ def spatial_window_rows(node: ir.SpatialWindow, chunk: RowChunk) -> Bounds:
     f_lo, f_hi = _window(c.frame[rows], node.frames, lay.frames)
     h_lo, h_hi = _window(c.row[rows], node.rows, lay.height)
     w_lo, w_hi = _window(c.col[rows], node.cols, lay.width)
-    return Bounds.exact(_video_box_keys(
-        chunk, rows, f_lo, f_hi - f_lo + 1, 1, h_lo, h_hi, w_lo, w_hi,
-        full_rows=_covers(node.rows, lay.height), full_cols=_covers(node.cols, lay.width)))
+    return Bounds.exact(
+        _video_box_keys(
+            chunk,
+            rows,
+            f_lo,
+            f_hi - f_lo + 1,
+            1,
+            h_lo,
+            h_hi,
+            w_lo,
+            w_hi,
+            full_rows=_covers(node.rows, lay.height),
+            full_cols=_covers(node.cols, lay.width),
+        )
+    )
 
 
 def temporal_stride_rows(node: ir.TemporalStride, chunk: RowChunk) -> Bounds:
@@ -330,9 +463,21 @@ def temporal_stride_rows(node: ir.TemporalStride, chunk: RowChunk) -> Bounds:
     f_count = (f_hi - f_first) // node.stride + 1
     h_lo, h_hi = _window(c.row[rows], node.rows, lay.height)
     w_lo, w_hi = _window(c.col[rows], node.cols, lay.width)
-    return Bounds.exact(_video_box_keys(
-        chunk, rows, f_first, f_count, node.stride, h_lo, h_hi, w_lo, w_hi,
-        full_rows=_covers(node.rows, lay.height), full_cols=_covers(node.cols, lay.width)))
+    return Bounds.exact(
+        _video_box_keys(
+            chunk,
+            rows,
+            f_first,
+            f_count,
+            node.stride,
+            h_lo,
+            h_hi,
+            w_lo,
+            w_hi,
+            full_rows=_covers(node.rows, lay.height),
+            full_cols=_covers(node.cols, lay.width),
+        )
+    )
 
 
 def predicate_rows(node: ir.Predicate, chunk: RowChunk) -> Bounds:
@@ -343,9 +488,14 @@ def predicate_rows(node: ir.Predicate, chunk: RowChunk) -> Bounds:
     proven_true, proven_false = box_bounds.classify_predicate(
         node.expr,
         box_bounds.tile_boxes(lay, bq, range(q_tiles[0], q_tiles[-1] + 1)),
-        _kv_boxes(lay, bkv), q_tiles, k_tiles)
-    return Bounds(_tile_runs_to_rows(chunk, q_tiles, proven_true),
-                  _tile_runs_to_rows(chunk, q_tiles, ~proven_false))
+        _kv_boxes(lay, bkv),
+        q_tiles,
+        k_tiles,
+    )
+    return Bounds(
+        _tile_runs_to_rows(chunk, q_tiles, proven_true),
+        _tile_runs_to_rows(chunk, q_tiles, ~proven_false),
+    )
 
 
 @functools.lru_cache(maxsize=8)

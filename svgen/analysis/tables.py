@@ -59,7 +59,7 @@ def _padded(blocks: np.ndarray, grid: TileGrid, compute: TileGrid, fill) -> np.n
     only) get `fill`."""
     rq, rk = _blocks_per_tile(grid, compute)
     out = np.full((grid.num_q_blocks * rq, grid.num_kv_blocks * rk), fill, blocks.dtype)
-    out[:blocks.shape[0], :blocks.shape[1]] = blocks
+    out[: blocks.shape[0], : blocks.shape[1]] = blocks
     return out
 
 
@@ -75,17 +75,20 @@ def tile_kinds(compute_kinds: np.ndarray, grid: TileGrid, compute: TileGrid) -> 
     BOUNDARY (equal to classifying the tiles directly; padding blocks do not count)."""
     if _blocks_per_tile(grid, compute) == (1, 1):
         return compute_kinds
-    real = _per_tile(_padded(np.ones(compute_kinds.shape, bool), grid, compute, False),
-                     grid, compute)
+    real = _per_tile(
+        _padded(np.ones(compute_kinds.shape, bool), grid, compute, False), grid, compute
+    )
     kinds = _per_tile(_padded(compute_kinds, grid, compute, TileKind.EMPTY), grid, compute)
     full = np.all((kinds == TileKind.FULL) | ~real, axis=2)
     empty = np.all((kinds == TileKind.EMPTY) | ~real, axis=2)
-    return np.where(full, TileKind.FULL,
-                    np.where(empty, TileKind.EMPTY, TileKind.BOUNDARY)).astype(np.int8)
+    return np.where(full, TileKind.FULL, np.where(empty, TileKind.EMPTY, TileKind.BOUNDARY)).astype(
+        np.int8
+    )
 
 
-def kernel_tiles(compute_kinds: np.ndarray, grid: TileGrid,
-                 compute: TileGrid) -> tuple[np.ndarray, np.ndarray]:
+def kernel_tiles(
+    compute_kinds: np.ndarray, grid: TileGrid, compute: TileGrid
+) -> tuple[np.ndarray, np.ndarray]:
     """(kernel kind, blocks word), each [q tiles, kv tiles] (see the module docstring)."""
     blocks = compute_kinds.copy()
     if grid.seq_len % compute.block_kv:  # the last real key block holds padding keys
@@ -94,15 +97,17 @@ def kernel_tiles(compute_kinds: np.ndarray, grid: TileGrid,
     padded = _padded(blocks, grid, compute, TileKind.EMPTY)
     # Blocks of padding rows (real keys): wildcards, FULL where the rest of the tile is.
     q_padding = np.zeros(padded.shape, bool)
-    q_padding[blocks.shape[0]:, :blocks.shape[1]] = True
+    q_padding[blocks.shape[0] :, : blocks.shape[1]] = True
     per_tile = _per_tile(padded, grid, compute)
     wildcard = _per_tile(q_padding, grid, compute)
     all_full = np.all((per_tile == TileKind.FULL) | wildcard, axis=2)
-    per_tile = np.where(wildcard, np.where(all_full[:, :, None], TileKind.FULL, TileKind.EMPTY),
-                        per_tile).astype(np.int64)
+    per_tile = np.where(
+        wildcard, np.where(all_full[:, :, None], TileKind.FULL, TileKind.EMPTY), per_tile
+    ).astype(np.int64)
     all_empty = np.all(per_tile == TileKind.EMPTY, axis=2)
-    kind = np.where(all_full, TileKind.FULL,
-                    np.where(all_empty, TileKind.EMPTY, TileKind.BOUNDARY)).astype(np.int64)
+    kind = np.where(
+        all_full, TileKind.FULL, np.where(all_empty, TileKind.EMPTY, TileKind.BOUNDARY)
+    ).astype(np.int64)
     if per_tile.shape[2] == 1:  # one compute block per tile: the kind says everything
         return kind, np.zeros(kind.shape, np.int64)
     shifts = BITS_PER_BLOCK * np.arange(per_tile.shape[2], dtype=np.int64)
@@ -116,16 +121,25 @@ def build_runs(kinds: np.ndarray, words: np.ndarray, grid: TileGrid) -> np.ndarr
     kind = kinds[q_block, kv_block].astype(np.int64)
     word = words[q_block, kv_block].astype(np.int64)
     new_run = np.ones(q_block.size, bool)
-    new_run[1:] = ((q_block[1:] != q_block[:-1]) | (kv_block[1:] != kv_block[:-1] + 1)
-                   | (kind[1:] != kind[:-1]) | (word[1:] != word[:-1]))
+    new_run[1:] = (
+        (q_block[1:] != q_block[:-1])
+        | (kv_block[1:] != kv_block[:-1] + 1)
+        | (kind[1:] != kind[:-1])
+        | (word[1:] != word[:-1])
+    )
     first = np.flatnonzero(new_run)
     lengths = np.diff(np.append(first, q_block.size))
     runs = np.stack([q_block[first], kv_block[first], lengths, kind[first], word[first]], axis=1)
     return _add_zero_fill_runs(runs.astype(np.int64).reshape(-1, 5), grid.num_q_blocks)
 
 
-def choose_piece_tables(runs_per_pattern, heads: int, smem_budget: int = DEFAULT_SMEM_BUDGET,
-                        compute_blocks: int = 1, flat: bool = False) -> PieceTables:
+def choose_piece_tables(
+    runs_per_pattern,
+    heads: int,
+    smem_budget: int = DEFAULT_SMEM_BUDGET,
+    compute_blocks: int = 1,
+    flat: bool = False,
+) -> PieceTables:
     """The SMEM tables with the smallest piece size (a power of two) that fits the budget.
 
     Raises TableBudgetError when even MAX_SLOTS-tile pieces do not fit.

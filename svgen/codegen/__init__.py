@@ -57,8 +57,9 @@ def tables_filename(name: str) -> str:
 def _grid_steps_words(plan: Plan) -> str:
     if not plan.tables.flat:
         return f"{_int(plan.grid_steps)} grid steps per head"
-    steps = ", ".join(f"{p.name} {_int(plan.pattern_grid_steps(i))}"
-                      for i, p in enumerate(plan.patterns))
+    steps = ", ".join(
+        f"{p.name} {_int(plan.pattern_grid_steps(i))}" for i, p in enumerate(plan.patterns)
+    )
     return f"grid steps per head by pattern: {steps} (each head walks its own pattern's)"
 
 
@@ -73,10 +74,14 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
     for pattern in plan.patterns:
         prefix = "" if single else f"{pattern.name}_"
         runs = pattern.table.runs
-        entry = {"runs_name": f"{prefix.upper()}STEP_RUNS" if single else f"{prefix.upper()}RUNS",
-                 "layout_name": f"{prefix.upper()}LAYOUT",
-                 "mask_name": f"{prefix}boundary_mask", "inline_runs": None,
-                 "tables_file": None, "tables_sha256": None}
+        entry = {
+            "runs_name": f"{prefix.upper()}STEP_RUNS" if single else f"{prefix.upper()}RUNS",
+            "layout_name": f"{prefix.upper()}LAYOUT",
+            "mask_name": f"{prefix}boundary_mask",
+            "inline_runs": None,
+            "tables_file": None,
+            "tables_sha256": None,
+        }
         if len(runs) > MAX_INLINE_RUNS:
             data = _npy_bytes(runs.astype(np.int32))
             filename = tables_filename(name if single else f"{name}_{pattern.name}")
@@ -85,8 +90,11 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
         else:
             entry["inline_runs"] = _format_runs(runs)
         patterns.append(entry)
-    body = _environment().get_template("pallas_tpu/module.py.j2").render(
-        _context(plan, spec_path, patterns))
+    body = (
+        _environment()
+        .get_template("pallas_tpu/module.py.j2")
+        .render(_context(plan, spec_path, patterns))
+    )
     header = _header(spec_path, options, plan.spec.digest, body)
     files[module_filename(name)] = (header + body).encode()
     return dict(sorted(files.items()))
@@ -101,7 +109,7 @@ def parse_header(text: str) -> Header | None:
 
 def body_of(text: str) -> str:
     m = _HEADER_RE.match(text)
-    return text[m.end():] if m else text
+    return text[m.end() :] if m else text
 
 
 def body_checksum(body: str) -> str:
@@ -138,9 +146,8 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 def _format_runs(runs: np.ndarray) -> list[str]:
     # The blocks word in binary, 2 bits per compute block (last block first), so a reviewer
     # can read each block's kind; 0 when the tile is not BOUNDARY or has one compute block.
-    cells = [f"({q}, {kv}, {n}, {k}, {_blocks_literal(w)}),"
-             for q, kv, n, k, w in runs.tolist()]
-    return [" ".join(cells[i:i + _RUNS_PER_LINE]) for i in range(0, len(cells), _RUNS_PER_LINE)]
+    cells = [f"({q}, {kv}, {n}, {k}, {_blocks_literal(w)})," for q, kv, n, k, w in runs.tolist()]
+    return [" ".join(cells[i : i + _RUNS_PER_LINE]) for i in range(0, len(cells), _RUNS_PER_LINE)]
 
 
 def _blocks_literal(word: int) -> str:
@@ -156,12 +163,15 @@ def _pattern_lines(pattern) -> list[str]:
     layout, grid, c = pattern.layout, pattern.grid, pattern.classification
     counts = pattern.tile_counts()
     if c.density_is_exact:
-        density = (f"{_int(c.kept_pairs)} of {_int(pattern.total_pairs)} "
-                   f"(density {pattern.density:.6f})")
+        density = (
+            f"{_int(c.kept_pairs)} of {_int(pattern.total_pairs)} (density {pattern.density:.6f})"
+        )
     else:
-        density = (f"between {_int(c.kept_pairs)} and {_int(c.kept_pairs_upper)} of "
-                   f"{_int(pattern.total_pairs)} (density {pattern.density:.6f} to "
-                   f"{c.kept_pairs_upper / pattern.total_pairs:.6f})")
+        density = (
+            f"between {_int(c.kept_pairs)} and {_int(c.kept_pairs_upper)} of "
+            f"{_int(pattern.total_pairs)} (density {pattern.density:.6f} to "
+            f"{c.kept_pairs_upper / pattern.total_pairs:.6f})"
+        )
     order = layout.order
     if layout.is_temporal_major:
         order += f", the first {layout.anchor_frames} frame(s) kept first as anchors"
@@ -178,7 +188,8 @@ def _pattern_lines(pattern) -> list[str]:
             f"Compute blocks: {cgrid.block_q} x {cgrid.block_kv}, {cgrid.num_q_blocks} x "
             f"{cgrid.num_kv_blocks} = {_int(pattern.compute_kinds.size)}: "
             f"{_int(blocks['full'])} FULL, {_int(blocks['boundary'])} BOUNDARY, "
-            f"{_int(blocks['empty'])} EMPTY")
+            f"{_int(blocks['empty'])} EMPTY"
+        )
     lines += [
         f"Kept pairs{' (aligned mask)' if pattern.budget else ''}: {density}",
         *_budget_lines(pattern.budget),
@@ -186,8 +197,10 @@ def _pattern_lines(pattern) -> list[str]:
         f"({_int(pattern.table.visited_steps)} steps doing work per head)",
     ]
     if c.unproven_tiles:
-        lines.append(f"Unproven: {_int(c.unproven_tiles)} BOUNDARY tiles could not be proven "
-                     f"EMPTY or FULL (user predicate); they stay exact through the mask")
+        lines.append(
+            f"Unproven: {_int(c.unproven_tiles)} BOUNDARY tiles could not be proven "
+            f"EMPTY or FULL (user predicate); they stay exact through the mask"
+        )
     return lines
 
 
@@ -204,17 +217,24 @@ def _budget_lines(budget) -> list[str]:
         f"query rows emptied (they output zeros)",
     ]
     if budget.exact_blocks:
-        lines.append(f"Left exact: {_int(budget.exact_blocks)} BOUNDARY compute blocks of the "
-                     f"last key column, which holds padding keys (masked as written)")
+        lines.append(
+            f"Left exact: {_int(budget.exact_blocks)} BOUNDARY compute blocks of the "
+            f"last key column, which holds padding keys (masked as written)"
+        )
     return lines
 
 
 def _layout_args(layout) -> list[str]:
     """TokenLayout's fields by the spec's names, one per line (anchor frames only where they
     exist)."""
-    args = [f"frames={layout.frames}", f"height={layout.height}", f"width={layout.width}",
-            f"text_tokens={layout.text_tokens}", f'text_position="{layout.text_position}"',
-            f'order="{layout.order}"']
+    args = [
+        f"frames={layout.frames}",
+        f"height={layout.height}",
+        f"width={layout.width}",
+        f"text_tokens={layout.text_tokens}",
+        f'text_position="{layout.text_position}"',
+        f'order="{layout.order}"',
+    ]
     if layout.is_temporal_major:
         args.append(f"anchor_frames={layout.anchor_frames}")
     return args
@@ -255,19 +275,23 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
     patterns = []
     for index, (pattern, files) in enumerate(zip(plan.patterns, pattern_files)):
         mask = emit_mask(pattern.mask, pattern.layout)
-        patterns.append(dict(
-            files,
-            index=index,
-            name=pattern.name,
-            words=pattern.mask.describe(),
-            lines=_pattern_lines(pattern),
-            tile_map=render_tile_map(pattern.kinds),
-            layout_args=_layout_args(pattern.layout),
-            num_runs=_int(len(pattern.table.runs)),
-            mask_lines=_mask_lines(mask.lines),
-            mask_result=mask.result,
-            query_coords=pyformat.literal_tuple([pyformat.string(c) for c in mask.query_coords]),
-        ))
+        patterns.append(
+            dict(
+                files,
+                index=index,
+                name=pattern.name,
+                words=pattern.mask.describe(),
+                lines=_pattern_lines(pattern),
+                tile_map=render_tile_map(pattern.kinds),
+                layout_args=_layout_args(pattern.layout),
+                num_runs=_int(len(pattern.table.runs)),
+                mask_lines=_mask_lines(mask.lines),
+                mask_result=mask.result,
+                query_coords=pyformat.literal_tuple(
+                    [pyformat.string(c) for c in mask.query_coords]
+                ),
+            )
+        )
     return {
         "name": spec.name,
         "spec_path": spec_path,
@@ -293,8 +317,11 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
         "pattern_names": pyformat.literal_tuple([pyformat.string(p.name) for p in plan.patterns]),
         "head_pattern_lines": pyformat.assignment(
             "HEAD_PATTERN",
-            "None" if plan.assign is None else pyformat.literal_tuple([str(i) for i in plan.assign]),
-            depth=0),
+            "None"
+            if plan.assign is None
+            else pyformat.literal_tuple([str(i) for i in plan.assign]),
+            depth=0,
+        ),
         "kinds": [(k.name, int(k)) for k in TileKind],
         "any_tables_file": any(p["tables_file"] for p in pattern_files),
         "uses_coords": any("coords." in line for p in patterns for line in p["mask_lines"]),

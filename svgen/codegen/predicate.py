@@ -58,11 +58,17 @@ class _Emitter:
         self.lines: list[str] = []
         self.taken: dict[str, int] = {}
         s = {
-            "f": (0, layout.frames - 1), "h": (0, layout.height - 1),
-            "w": (0, layout.width - 1), "i": (0, layout.seq_len - 1), "is_text": (0, 1),
+            "f": (0, layout.frames - 1),
+            "h": (0, layout.height - 1),
+            "w": (0, layout.width - 1),
+            "i": (0, layout.seq_len - 1),
+            "is_text": (0, 1),
         }
-        self.domain = {f"{c}_{side}": (np.int64(lo), np.int64(hi))
-                       for c, (lo, hi) in s.items() for side in ("q", "k")}
+        self.domain = {
+            f"{c}_{side}": (np.int64(lo), np.int64(hi))
+            for c, (lo, hi) in s.items()
+            for side in ("q", "k")
+        }
 
     def fresh(self, base: str) -> str:
         n = self.taken.get(base, 0)
@@ -87,7 +93,9 @@ class _Emitter:
             self.lines.append(f"{name} = jnp.{fill}(k.pos, dtype=jnp.bool_)")
         else:
             self.lines.append(f"# {node.describe()}")
-            self.lines.append(f"{name} = {_strip(self.boolean(self._specialize(node.predicate())))}")
+            self.lines.append(
+                f"{name} = {_strip(self.boolean(self._specialize(node.predicate())))}"
+            )
         return name
 
     def _within_unless(self, node: ir.AnyOf) -> str | None:
@@ -108,8 +116,9 @@ class _Emitter:
         unless = [self.node(c) for c in key_only]
         name = self.fresh(_code_name(ir.AnyOf))
         self.lines.append(f"# {rest[0].describe()}; or any key kept by {' or '.join(unless)}")
-        self.lines.append(f"{name} = coords.within({parts[0]}, {parts[1]}, "
-                          f"unless={' | '.join(unless)})")
+        self.lines.append(
+            f"{name} = coords.within({parts[0]}, {parts[1]}, unless={' | '.join(unless)})"
+        )
         return name
 
     def _reads_only(self, node, side: str) -> bool:
@@ -143,8 +152,14 @@ class _Emitter:
         within = self._abs_within(e)
         if within is not None:
             return within
-        ops = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=",
-               sympy.Gt: ">", sympy.Ge: ">="}
+        ops = {
+            sympy.Eq: "==",
+            sympy.Ne: "!=",
+            sympy.Lt: "<",
+            sympy.Le: "<=",
+            sympy.Gt: ">",
+            sympy.Ge: ">=",
+        }
         for cls, op in ops.items():
             if isinstance(e, cls):
                 return f"({_strip(self.integer(e.args[0]))} {op} {_strip(self.integer(e.args[1]))})"
@@ -153,10 +168,10 @@ class _Emitter:
     def _same_place(self, args: list) -> list[str]:
         """h_q == h_k and w_q == w_k as one compare of place = h * width + w (removed from
         `args`): one full-block VALU op instead of three."""
+
         def find(coord):
             pair = {SYMBOLS[f"{coord}_q"], SYMBOLS[f"{coord}_k"]}
-            return next((a for a in args if isinstance(a, sympy.Eq) and set(a.args) == pair),
-                        None)
+            return next((a for a in args if isinstance(a, sympy.Eq) and set(a.args) == pair), None)
 
         rows, cols = find("h"), find("w")
         if rows is None or cols is None:
@@ -175,8 +190,12 @@ class _Emitter:
         """(x + c printed, 2c) when e is |x| <= c, else None."""
         if isinstance(e, sympy.Ge):
             e = sympy.Le(e.args[1], e.args[0], evaluate=False)
-        if not (isinstance(e, sympy.Le) and isinstance(e.args[0], sympy.Abs)
-                and isinstance(e.args[1], sympy.Integer) and int(e.args[1]) >= 0):
+        if not (
+            isinstance(e, sympy.Le)
+            and isinstance(e.args[0], sympy.Abs)
+            and isinstance(e.args[1], sympy.Integer)
+            and int(e.args[1]) >= 0
+        ):
             return None
         bound = int(e.args[1])
         return _strip(self.integer(sympy.Add(e.args[0].args[0], bound))), 2 * bound
@@ -186,8 +205,12 @@ class _Emitter:
         sym, val = e.args
         if isinstance(sym, sympy.Integer):
             sym, val = val, sym
-        if not (isinstance(sym, sympy.Symbol) and sym.name.startswith("is_text_")
-                and isinstance(val, sympy.Integer) and int(val) in (0, 1)):
+        if not (
+            isinstance(sym, sympy.Symbol)
+            and sym.name.startswith("is_text_")
+            and isinstance(val, sympy.Integer)
+            and int(val) in (0, 1)
+        ):
             return None
         side = sym.name[-1]
         truth = (int(val) == 1) == isinstance(e, sympy.Eq)
@@ -209,7 +232,11 @@ class _Emitter:
             for t in terms:
                 negative = _is_negative_term(t)
                 body = _strip(self.integer(-t if negative else t))
-                out += (" - " if negative else " + ") + body if out else ("-" if negative else "") + body
+                out += (
+                    (" - " if negative else " + ") + body
+                    if out
+                    else ("-" if negative else "") + body
+                )
             return f"({out})"
         if isinstance(e, sympy.Mul):
             coeff, rest = e.as_coeff_Mul()

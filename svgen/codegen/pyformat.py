@@ -37,13 +37,27 @@ def assignment(target: str, value: str, depth: int) -> list[str]:
         return [line]
     if _is_tuple(value):
         return [f"{indent}{target} = ("] + _tuple_items(value, depth + 1) + [f"{indent})"]
+    call = _call_parts(value)
+    if call is not None and not any(len(_split_top(value, op)) > 1 for op in _OPERATORS):
+        # One call: the formatter opens the call's own parentheses (arguments on one line,
+        # else one per line with a trailing comma), not a new pair around it.
+        function, arguments = call
+        inner_indent = INDENT * (depth + 1)
+        if len(inner_indent + arguments) <= LINE_LENGTH:
+            body = [inner_indent + arguments]
+        else:
+            body = _tuple_items(f"({arguments})", depth + 1)
+        return [f"{indent}{target} = {function}("] + body + [f"{indent})"]
     inner = _unwrap(value)
     return [f"{indent}{target} = ("] + _chain(inner, depth + 1) + [f"{indent})"]
 
 
 def _chain(expr: str, depth: int) -> list[str]:
-    """expr split at its top-level operator, one operand per line (operator first)."""
+    """expr on one line at this depth when it fits, else split at its top-level operator, one
+    operand per line (operator first)."""
     indent = INDENT * depth
+    if len(indent + expr) <= LINE_LENGTH:
+        return [indent + expr]
     for op in _OPERATORS:
         operands = _split_top(expr, op)
         if len(operands) > 1:
@@ -93,6 +107,16 @@ def _is_group(expr: str) -> bool:
         if depth == 0 and i < len(expr) - 1:
             return False
     return True
+
+
+def _call_parts(expr: str) -> tuple[str, str] | None:
+    """(function, arguments) of `function(arguments)`, or None."""
+    open_at = expr.find("(")
+    if open_at <= 0 or not expr[:open_at].replace(".", "").replace("_", "").isalnum():
+        return None
+    if not _is_group(expr[open_at:]):
+        return None
+    return expr[:open_at], expr[open_at + 1 : -1]
 
 
 def _unwrap(expr: str) -> str:

@@ -19,9 +19,9 @@ def downsample(kinds: np.ndarray, max_rows: int, max_cols: int) -> tuple[np.ndar
     cols = -(-nk // step_k)
     cells = np.empty((rows, cols), np.int8)
     for i in range(rows):
-        block_rows = kinds[i * step_q:(i + 1) * step_q]
+        block_rows = kinds[i * step_q : (i + 1) * step_q]
         for j in range(cols):
-            block = block_rows[:, j * step_k:(j + 1) * step_k]
+            block = block_rows[:, j * step_k : (j + 1) * step_k]
             if np.all(block == TileKind.FULL):
                 cells[i, j] = TileKind.FULL
             elif np.all(block == TileKind.EMPTY):
@@ -38,8 +38,9 @@ def render_tile_map(kinds: np.ndarray, max_rows: int = 40, max_cols: int = 60) -
         scale = "one cell per tile"
     else:
         scale = f"one cell per {step_q} x {step_k} tiles; mixed cells show as BOUNDARY"
-    legend = "   ".join(f"{k.glyph} {k.name}" for k in (TileKind.FULL, TileKind.BOUNDARY,
-                                                        TileKind.EMPTY))
+    legend = "   ".join(
+        f"{k.glyph} {k.name}" for k in (TileKind.FULL, TileKind.BOUNDARY, TileKind.EMPTY)
+    )
     lines = [f"q tiles down, kv tiles across ({scale})", legend]
     lines += ["".join(glyph[int(c)] for c in row) for row in cells]
     return lines

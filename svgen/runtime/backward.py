@@ -35,21 +35,41 @@ from svgen.runtime import kernel as fwd
 from svgen.runtime.coords import QueryCoords, TokenCoords
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.tables import (  # noqa: F401
-    compute_block_kinds, runs_of_blocks, transposed_runs, transposed_shape, transposed_tables,
+    compute_block_kinds,
+    runs_of_blocks,
+    transposed_runs,
+    transposed_shape,
+    transposed_tables,
 )
-
 
 
 # ----------------------------------------------------------------------------- tables
 # ----------------------------------------------------------------------------- kernels
 def _dot(a, b, contract_a: int, contract_b: int):
     precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
-    return lax.dot_general(a, b, (((contract_a,), (contract_b,)), ((), ())),
-                           preferred_element_type=jnp.float32, precision=precision)
+    return lax.dot_general(
+        a,
+        b,
+        (((contract_a,), (contract_b,)), ((), ())),
+        preferred_element_type=jnp.float32,
+        precision=precision,
+    )
 
 
-def _walk(kernel_body, *, tables: fwd.PieceTables, head_pattern, static_pattern, shape,
-          inputs, in_blocks, outputs, scratch, interpret, name):
+def _walk(
+    kernel_body,
+    *,
+    tables: fwd.PieceTables,
+    head_pattern,
+    static_pattern,
+    shape,
+    inputs,
+    in_blocks,
+    outputs,
+    scratch,
+    interpret,
+    name,
+):
     """One pallas_call over `tables` (forward or transposed) for every head: the grid and
     index maps of the forward kernel; `in_blocks` / `outputs` say per operand whether it is
     indexed by the step's row tile ("row"), column tile ("col") or is a lane-major
@@ -61,42 +81,57 @@ def _walk(kernel_body, *, tables: fwd.PieceTables, head_pattern, static_pattern,
     has_lengths, has_blocks = tables.lengths is not None, tables.blocks is not None
 
     def view(outer, step, refs):
-        return fwd._StepView(refs, heads, outer, step, single, has_lengths, has_blocks,
-                             tables.flat)
+        return fwd._StepView(refs, heads, outer, step, single, has_lengths, has_blocks, tables.flat)
 
     def spec(kind: str, d: int):
         def index_map(outer, step, slot, *refs):
             at = view(outer, step, refs)
             tile = at.q_block if kind.startswith("row") else at.kv_block(slot)
             return (at.row, 0, tile) if kind.endswith("vec") else (at.row, tile, 0)
+
         size = shape.block_q if kind.startswith("row") else shape.block_kv
         block = (None, 1, size) if kind.endswith("vec") else (None, size, d)
         return pl.BlockSpec(block, index_map)
 
     d = shape.head_dim
-    body = functools.partial(kernel_body, shape=shape, heads=heads, num_tables=len(operands),
-                             num_inputs=len(inputs), single=single, has_lengths=has_lengths,
-                             has_blocks=has_blocks, flat=tables.flat)
+    body = functools.partial(
+        kernel_body,
+        shape=shape,
+        heads=heads,
+        num_tables=len(operands),
+        num_inputs=len(inputs),
+        single=single,
+        has_lengths=has_lengths,
+        has_blocks=has_blocks,
+        flat=tables.flat,
+    )
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=len(operands),
-        grid=(inputs[0].shape[0] // heads if tables.flat else inputs[0].shape[0], steps,
-              tables.slots),
+        grid=(
+            inputs[0].shape[0] // heads if tables.flat else inputs[0].shape[0],
+            steps,
+            tables.slots,
+        ),
         in_specs=[spec(kind, d) for kind in in_blocks],
         out_specs=[spec("row", d) for _ in outputs],
         scratch_shapes=scratch,
     )
     return pl.pallas_call(
-        body, grid_spec=grid_spec,
+        body,
+        grid_spec=grid_spec,
         out_shape=[jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outputs],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary", "arbitrary")),
-        interpret=interpret, name=name,
+            dimension_semantics=("parallel", "arbitrary", "arbitrary")
+        ),
+        interpret=interpret,
+        name=name,
     )(*operands, *inputs)
 
 
 def _run_blocks(view, kind, active, blocks, shape, masks, update):
     """FULL tiles: every compute block unmasked; BOUNDARY tiles: each block by its kind,
     masked with the head's pattern's mask (update(block, mask_or_None))."""
+
     @pl.when(active & (kind == TileKind.FULL))
     def _():
         for block in blocks:
@@ -114,19 +149,33 @@ def _run_blocks(view, kind, active, blocks, shape, masks, update):
             for block in blocks:
                 block_kind = lax.shift_right_logical(word, block.bit) & fwd.KIND_MASK
                 pl.when(block_kind == TileKind.FULL)(functools.partial(update, block, None))
-                pl.when(block_kind == TileKind.BOUNDARY)(
-                    functools.partial(update, block, mask))
+                pl.when(block_kind == TileKind.BOUNDARY)(functools.partial(update, block, mask))
 
 
-def _dq_kernel(*refs, shape, heads, num_tables, num_inputs, single, has_lengths, has_blocks,
-               flat, patterns, sm_scale):
-    q_ref, k_ref, v_ref, do_ref, lse_ref, d_ref = refs[num_tables:num_tables + num_inputs]
+def _dq_kernel(
+    *refs,
+    shape,
+    heads,
+    num_tables,
+    num_inputs,
+    single,
+    has_lengths,
+    has_blocks,
+    flat,
+    patterns,
+    sm_scale,
+):
+    q_ref, k_ref, v_ref, do_ref, lse_ref, d_ref = refs[num_tables : num_tables + num_inputs]
     dq_ref = refs[num_tables + num_inputs]
-    acc, lse_col, d_col = refs[num_tables + num_inputs + 1:]
+    acc, lse_col, d_col = refs[num_tables + num_inputs + 1 :]
     view, kind, q_tile, kv_tile, active, is_first, is_last = fwd.grid_step(
-        refs[:num_tables], heads, single, has_lengths, has_blocks, flat)
-    blocks = [fwd._Block(qi, ki, shape) for qi in range(shape.q_blocks_per_tile)
-              for ki in range(shape.kv_blocks_per_tile)]
+        refs[:num_tables], heads, single, has_lengths, has_blocks, flat
+    )
+    blocks = [
+        fwd._Block(qi, ki, shape)
+        for qi in range(shape.q_blocks_per_tile)
+        for ki in range(shape.kv_blocks_per_tile)
+    ]
 
     @pl.when(is_first)
     def _():
@@ -151,16 +200,31 @@ def _dq_kernel(*refs, shape, heads, num_tables, num_inputs, single, has_lengths,
         dq_ref[...] = (acc[...] * sm_scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(*refs, shape, heads, num_tables, num_inputs, single, has_lengths, has_blocks,
-                flat, patterns, sm_scale):
+def _dkv_kernel(
+    *refs,
+    shape,
+    heads,
+    num_tables,
+    num_inputs,
+    single,
+    has_lengths,
+    has_blocks,
+    flat,
+    patterns,
+    sm_scale,
+):
     """shape is transposed: rows (block_q, cq) are keys, columns queries."""
-    k_ref, v_ref, q_ref, do_ref, lse_ref, d_ref = refs[num_tables:num_tables + num_inputs]
-    dk_ref, dv_ref = refs[num_tables + num_inputs:num_tables + num_inputs + 2]
-    dk_acc, dv_acc = refs[num_tables + num_inputs + 2:]
+    k_ref, v_ref, q_ref, do_ref, lse_ref, d_ref = refs[num_tables : num_tables + num_inputs]
+    dk_ref, dv_ref = refs[num_tables + num_inputs : num_tables + num_inputs + 2]
+    dk_acc, dv_acc = refs[num_tables + num_inputs + 2 :]
     view, kind, kv_tile, q_tile, active, is_first, is_last = fwd.grid_step(
-        refs[:num_tables], heads, single, has_lengths, has_blocks, flat)
-    blocks = [fwd._Block(ki, qi, shape) for ki in range(shape.q_blocks_per_tile)
-              for qi in range(shape.kv_blocks_per_tile)]
+        refs[:num_tables], heads, single, has_lengths, has_blocks, flat
+    )
+    blocks = [
+        fwd._Block(ki, qi, shape)
+        for ki in range(shape.q_blocks_per_tile)
+        for qi in range(shape.kv_blocks_per_tile)
+    ]
 
     @pl.when(is_first)
     def _():
@@ -207,9 +271,23 @@ def _keep_t(pattern, kv_tile, q_tile, block, shape):
 
 
 # ----------------------------------------------------------------------------- the call
-def backward(q_scaled, k, v, o, lse, do, head_pattern, static_pattern, *,
-             forward_tables: fwd.PieceTables, dkv_tables: fwd.PieceTables, patterns,
-             shape: fwd.KernelShape, sm_scale: float, interpret):
+def backward(
+    q_scaled,
+    k,
+    v,
+    o,
+    lse,
+    do,
+    head_pattern,
+    static_pattern,
+    *,
+    forward_tables: fwd.PieceTables,
+    dkv_tables: fwd.PieceTables,
+    patterns,
+    shape: fwd.KernelShape,
+    sm_scale: float,
+    interpret,
+):
     """dq, dk, dv [rows, seq_len, d] (kernel order) of the forward call that gave o, lse."""
     pad = shape.padded_seq_len - shape.seq_len
     rows_pad = ((0, 0), (0, pad), (0, 0))
@@ -218,23 +296,36 @@ def backward(q_scaled, k, v, o, lse, do, head_pattern, static_pattern, *,
     delta = jnp.pad(delta, ((0, 0), (0, pad)))[:, None, :]
     qp, kp, vp, dop = zero(q_scaled), zero(k), zero(v), zero(do)
     d = shape.head_dim
-    common = dict(head_pattern=head_pattern, static_pattern=static_pattern,
-                  interpret=interpret)
+    common = dict(head_pattern=head_pattern, static_pattern=static_pattern, interpret=interpret)
     dq = _walk(
         functools.partial(_dq_kernel, patterns=patterns, sm_scale=sm_scale),
-        tables=forward_tables, shape=shape, inputs=(qp, kp, vp, dop, lse, delta),
-        in_blocks=("row", "col", "col", "row", "row_vec", "row_vec"), outputs=(qp,),
-        scratch=[pltpu.VMEM((shape.block_q, d), jnp.float32),
-                 pltpu.VMEM((shape.block_q, fwd.LANES), jnp.float32),
-                 pltpu.VMEM((shape.block_q, fwd.LANES), jnp.float32)],
-        name="svgen_attention_dq", **common)[0]
+        tables=forward_tables,
+        shape=shape,
+        inputs=(qp, kp, vp, dop, lse, delta),
+        in_blocks=("row", "col", "col", "row", "row_vec", "row_vec"),
+        outputs=(qp,),
+        scratch=[
+            pltpu.VMEM((shape.block_q, d), jnp.float32),
+            pltpu.VMEM((shape.block_q, fwd.LANES), jnp.float32),
+            pltpu.VMEM((shape.block_q, fwd.LANES), jnp.float32),
+        ],
+        name="svgen_attention_dq",
+        **common,
+    )[0]
     t_shape = transposed_shape(shape)
     dk, dv = _walk(
         functools.partial(_dkv_kernel, patterns=patterns, sm_scale=sm_scale),
-        tables=dkv_tables, shape=t_shape, inputs=(kp, vp, qp, dop, lse, delta),
-        in_blocks=("row", "row", "col", "col", "col_vec", "col_vec"), outputs=(kp, vp),
-        scratch=[pltpu.VMEM((t_shape.block_q, d), jnp.float32),
-                 pltpu.VMEM((t_shape.block_q, d), jnp.float32)],
-        name="svgen_attention_dkv", **common)
+        tables=dkv_tables,
+        shape=t_shape,
+        inputs=(kp, vp, qp, dop, lse, delta),
+        in_blocks=("row", "row", "col", "col", "col_vec", "col_vec"),
+        outputs=(kp, vp),
+        scratch=[
+            pltpu.VMEM((t_shape.block_q, d), jnp.float32),
+            pltpu.VMEM((t_shape.block_q, d), jnp.float32),
+        ],
+        name="svgen_attention_dkv",
+        **common,
+    )
     cut = slice(0, shape.seq_len)
     return dq[:, cut], dk[:, cut], dv[:, cut]

@@ -74,8 +74,9 @@ class TokenCoords:
             return self._out(self._pos)
         frame, place = self._frame_place
         nominal = lay.video_start + place * lay.frames + frame
-        return self._out(nominal if lay.text_tokens == 0
-                         else jnp.where(self._is_text, self._pos, nominal))
+        return self._out(
+            nominal if lay.text_tokens == 0 else jnp.where(self._is_text, self._pos, nominal)
+        )
 
     def _out_bool(self, value):
         return self._out(value)

@@ -94,9 +94,23 @@ from svgen.runtime.layout import TokenLayout
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.vmem import kernel_vmem
 from svgen.runtime.tables import (  # noqa: F401  (the table format, re-exported)
-    Q_BLOCK_SHIFT, KV_BLOCK_SHIFT, KV_BLOCK_MASK, KIND_MASK, MAX_BLOCKS, BITS_PER_BLOCK,
-    LANES, RUN_COLUMNS, pack_pieces, as_runs, split_runs, blocks_dtype,
-    step_head_dtype, piece_index_dtype, walks_flat, PieceTables, KernelShape,
+    Q_BLOCK_SHIFT,
+    KV_BLOCK_SHIFT,
+    KV_BLOCK_MASK,
+    KIND_MASK,
+    MAX_BLOCKS,
+    BITS_PER_BLOCK,
+    LANES,
+    RUN_COLUMNS,
+    pack_pieces,
+    as_runs,
+    split_runs,
+    blocks_dtype,
+    step_head_dtype,
+    piece_index_dtype,
+    walks_flat,
+    PieceTables,
+    KernelShape,
     transposed_tables,
 )
 
@@ -239,23 +253,27 @@ class _StepView:
         return _kv_block(self.entry()) + jnp.minimum(slot, self.length - 1)
 
 
-def grid_step(table_refs, heads: int, single: int | None, has_lengths: bool, has_blocks: bool,
-              flat: bool):
+def grid_step(
+    table_refs, heads: int, single: int | None, has_lengths: bool, has_blocks: bool, flat: bool
+):
     """This grid step as the tables say, for the forward and the backward kernels alike:
     (view, kind, row tile, column tile, active, first step of the row tile, last step of
     it). Steps past a piece's length are inactive; the row tile's first step initializes
     its accumulators and its last writes them out."""
-    view = _StepView(table_refs, heads, pl.program_id(0), pl.program_id(1), single,
-                     has_lengths, has_blocks, flat)
+    view = _StepView(
+        table_refs, heads, pl.program_id(0), pl.program_id(1), single, has_lengths, has_blocks, flat
+    )
     slot = pl.program_id(2)
     entry = view.entry()
     row_tile = _q_block(entry)
     length = view.length
     active = view.in_range & (slot < length)
-    is_first = active & (slot == 0) & (
-        view.is_first_piece | (_q_block(view.entry(-1)) != row_tile))
-    is_last = active & (slot == length - 1) & (
-        view.is_last_piece | (_q_block(view.entry(+1)) != row_tile))
+    is_first = active & (slot == 0) & (view.is_first_piece | (_q_block(view.entry(-1)) != row_tile))
+    is_last = (
+        active
+        & (slot == length - 1)
+        & (view.is_last_piece | (_q_block(view.entry(+1)) != row_tile))
+    )
     return view, entry & KIND_MASK, row_tile, view.kv_block(slot), active, is_first, is_last
 
 
@@ -296,16 +314,18 @@ class _QueryBlockCoords:
 
     def __getattr__(self, name: str):
         if name.startswith("_") or name not in self._names:
-            raise AttributeError(f"query coordinate {name!r} was not decoded for this mask "
-                                 f"(decoded: {self._names})")
+            raise AttributeError(
+                f"query coordinate {name!r} was not decoded for this mask (decoded: {self._names})"
+            )
         value = self._ref[self._names.index(name), self._block.rows, :]
         if name == "is_text":
             value = value != 0
         return _lanes(value, self._block.shape.ckv)
 
 
-def _decode_query_coords(coords_ref, names: tuple[str, ...], layout: TokenLayout, q_block,
-                         shape: "KernelShape"):
+def _decode_query_coords(
+    coords_ref, names: tuple[str, ...], layout: TokenLayout, q_block, shape: "KernelShape"
+):
     """Decode a q tile's query coordinates (row form) into coords_ref [n, block_q, 128]."""
     pos = q_block * shape.block_q + lax.broadcasted_iota(jnp.int32, (1, shape.block_q), 1)
     q = QueryCoords(pos, layout)
@@ -321,8 +341,9 @@ def _softmax_step(state, q, k, v, keep, shape: KernelShape):
     """
     m_prev, acc_prev, l_prev = state
     precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
-    scores = lax.dot_general(q, k, (((1,), (1,)), ((), ())),
-                             preferred_element_type=jnp.float32, precision=precision)
+    scores = lax.dot_general(
+        q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32, precision=precision
+    )
     if keep is not None:
         scores = jnp.where(keep, scores, MASK_VALUE)
     m_next = jnp.maximum(m_prev, jnp.max(scores, axis=1, keepdims=True))
@@ -336,16 +357,30 @@ def _softmax_step(state, q, k, v, keep, shape: KernelShape):
         l_next = None
     else:
         l_next = alpha * l_prev + jnp.sum(probs, axis=1, keepdims=True)
-    pv = lax.dot_general(probs.astype(v.dtype), v, (((1,), (0,)), ((), ())),
-                         preferred_element_type=jnp.float32, precision=precision)
+    pv = lax.dot_general(
+        probs.astype(v.dtype),
+        v,
+        (((1,), (0,)), ((), ())),
+        preferred_element_type=jnp.float32,
+        precision=precision,
+    )
     acc_next = _lanes(alpha, shape.acc_width) * acc_prev + pv
     return m_next, acc_next, l_next
 
 
-def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int,
-                      patterns: tuple["_PatternCode", ...], single: int | None,
-                      has_lengths: bool, has_blocks: bool, flat: bool, q_scale: float,
-                      with_lse: bool = False):
+def _attention_kernel(
+    *refs,
+    shape: KernelShape,
+    heads: int,
+    num_tables: int,
+    patterns: tuple["_PatternCode", ...],
+    single: int | None,
+    has_lengths: bool,
+    has_blocks: bool,
+    flat: bool,
+    q_scale: float,
+    with_lse: bool = False,
+):
     (
         # prefetched scalars (SMEM): head_pattern, first_piece, num_pieces, entries, ...
         table_refs,
@@ -356,17 +391,25 @@ def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int,
         # scratch, carried across the steps of one q tile: m, [acc | l] (or acc and l), the
         # scaled q tile[, query coordinates]
         scratch,
-    ) = (refs[:num_tables], refs[num_tables:num_tables + 3],
-         refs[num_tables + 3:num_tables + 4 + with_lse], refs[num_tables + 4 + with_lse:])
+    ) = (
+        refs[:num_tables],
+        refs[num_tables : num_tables + 3],
+        refs[num_tables + 3 : num_tables + 4 + with_lse],
+        refs[num_tables + 4 + with_lse :],
+    )
     o_ref = outputs[0]
     m_scratch, acc_scratch, *rest = scratch
     l_scratch = None if shape.row_sum_on_mxu else rest.pop(0)
     q_scaled = rest.pop(0)
     coords_ref = rest.pop(0) if rest else None
     view, kind, q_block, kv_block, active, is_first, is_last = grid_step(
-        table_refs, heads, single, has_lengths, has_blocks, flat)
-    blocks = [_Block(qi, ki, shape) for qi in range(shape.q_blocks_per_tile)
-              for ki in range(shape.kv_blocks_per_tile)]
+        table_refs, heads, single, has_lengths, has_blocks, flat
+    )
+    blocks = [
+        _Block(qi, ki, shape)
+        for qi in range(shape.q_blocks_per_tile)
+        for ki in range(shape.kv_blocks_per_tile)
+    ]
 
     @pl.when(is_first)
     def init():
@@ -380,16 +423,20 @@ def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int,
         for index, p in enumerate(patterns):
             if not p.query_coords:
                 continue
-            decode = functools.partial(_decode_query_coords, coords_ref, p.query_coords,
-                                       p.layout, q_block, shape)
+            decode = functools.partial(
+                _decode_query_coords, coords_ref, p.query_coords, p.layout, q_block, shape
+            )
             if len(patterns) == 1:
                 decode()
             else:
                 pl.when(view.pattern == index)(decode)
 
     def load(rows):
-        return (m_scratch[rows, :], acc_scratch[rows, :],
-                None if l_scratch is None else l_scratch[rows, :])
+        return (
+            m_scratch[rows, :],
+            acc_scratch[rows, :],
+            None if l_scratch is None else l_scratch[rows, :],
+        )
 
     def store(rows, state):
         m_scratch[rows, :], acc_scratch[rows, :] = state[0], state[1]
@@ -397,11 +444,15 @@ def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int,
             l_scratch[rows, :] = state[2]
 
     def keep_of(block: _Block, pattern: "_PatternCode", padding: bool):
-        k_pos = (kv_block * shape.block_kv + block.ki * shape.ckv
-                 + lax.broadcasted_iota(jnp.int32, (1, shape.ckv), 1))
+        k_pos = (
+            kv_block * shape.block_kv
+            + block.ki * shape.ckv
+            + lax.broadcasted_iota(jnp.int32, (1, shape.ckv), 1)
+        )
         q = _QueryBlockCoords(coords_ref, pattern.query_coords, block)
-        keep = jnp.broadcast_to(pattern.boundary_mask(q, TokenCoords(k_pos, pattern.layout)),
-                                (shape.cq, shape.ckv))
+        keep = jnp.broadcast_to(
+            pattern.boundary_mask(q, TokenCoords(k_pos, pattern.layout)), (shape.cq, shape.ckv)
+        )
         # Padding keys are never attended, whatever the predicate says about them.
         return keep & (k_pos < shape.seq_len) if padding else keep
 
@@ -411,17 +462,20 @@ def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int,
         if padding:
             # Keys past the sequence lie outside the operands: the DMA leaves whatever was
             # in VMEM there. Their probabilities are 0, but 0 * NaN is not: zero those rows.
-            row = (kv_block * shape.block_kv + block.ki * shape.ckv
-                   + lax.broadcasted_iota(jnp.int32, (shape.ckv, 1), 0))
+            row = (
+                kv_block * shape.block_kv
+                + block.ki * shape.ckv
+                + lax.broadcasted_iota(jnp.int32, (shape.ckv, 1), 0)
+            )
             v = jnp.where(row < shape.seq_len, v, jnp.zeros_like(v))
-        return _softmax_step(state, q_scaled[block.rows, :], k_ref[block.cols, :], v, keep,
-                             shape)
+        return _softmax_step(state, q_scaled[block.rows, :], k_ref[block.cols, :], v, keep, shape)
 
     def masked(block: _Block, pattern: "_PatternCode"):
         """A BOUNDARY block. Only one block column of one kv tile holds padding keys (and
         never a FULL block: the tables make it BOUNDARY); the test costs a full-block VALU
         op and a vreg store per vreg (1,846 bundles against 1,520 without, temporal-major
         1024 x 512), so the others run without it."""
+
         def run(padding: bool):
             store(block.rows, update(block, load(block.rows), pattern, padding))
 
@@ -458,21 +512,23 @@ def _attention_kernel(*refs, shape: KernelShape, heads: int, num_tables: int,
                 def _(block=block):
                     store(block.rows, update(block, load(block.rows), None))
 
-                pl.when(block_kind == TileKind.BOUNDARY)(
-                    functools.partial(masked, block, pattern))
+                pl.when(block_kind == TileKind.BOUNDARY)(functools.partial(masked, block, pattern))
 
     @pl.when(is_last)
     def finalize():
         # Rows that saw no allowed key (m still MASK_VALUE) are 0, never NaN.
         seen = m_scratch[...] > 0.5 * MASK_VALUE
-        l = (acc_scratch[:, shape.head_dim:shape.head_dim + LANES] if l_scratch is None
-             else l_scratch[...])
+        l = (
+            acc_scratch[:, shape.head_dim : shape.head_dim + LANES]
+            if l_scratch is None
+            else l_scratch[...]
+        )
         inv = jnp.where(seen, 1.0 / jnp.where(seen, l, 1.0), 0.0)
-        o_ref[...] = (acc_scratch[:, :shape.head_dim] * _lanes(inv, shape.head_dim)).astype(
-            o_ref.dtype)
+        o_ref[...] = (acc_scratch[:, : shape.head_dim] * _lanes(inv, shape.head_dim)).astype(
+            o_ref.dtype
+        )
         if with_lse:  # lane-major [1, block_q]: what the backward kernels broadcast
-            lse = jnp.where(seen, m_scratch[...] + jnp.log2(jnp.where(seen, l, 1.0)),
-                            EMPTY_ROW_LSE)
+            lse = jnp.where(seen, m_scratch[...] + jnp.log2(jnp.where(seen, l, 1.0)), EMPTY_ROW_LSE)
             outputs[1][...] = jnp.transpose(lse[:, :1])
 
 
@@ -490,8 +546,15 @@ def _vmem_limit(shape: KernelShape, dtype, query_coords: int) -> int | None:
     on query coordinates covers them; this keeps a hand-built KernelShape safe too)."""
     if shape.vmem_limit_bytes is None:
         return None
-    need = kernel_vmem(shape.block_q, shape.block_kv, shape.cq, shape.ckv, shape.head_dim,
-                       jnp.dtype(dtype).name, query_coords)
+    need = kernel_vmem(
+        shape.block_q,
+        shape.block_kv,
+        shape.cq,
+        shape.ckv,
+        shape.head_dim,
+        jnp.dtype(dtype).name,
+        query_coords,
+    )
     return max(shape.vmem_limit_bytes, need.limit())
 
 
@@ -507,22 +570,37 @@ def _head_operands(tables: PieceTables, head_pattern, static_pattern):
         return operands, tables.max_pieces
     first_step = (jnp.cumsum(head_count) - head_count).astype(jnp.int32)
     bound = heads * tables.max_pieces  # the most steps any assignment can have
-    step_head = jnp.repeat(jnp.arange(heads, dtype=jnp.int32), head_count,
-                           total_repeat_length=bound)
+    step_head = jnp.repeat(
+        jnp.arange(heads, dtype=jnp.int32), head_count, total_repeat_length=bound
+    )
     # Per step, its piece in `entries`: one SMEM load instead of a chain of them.
-    step_piece = head_first[step_head] + jnp.arange(bound, dtype=jnp.int32) - first_step[
-        step_head]
+    step_piece = head_first[step_head] + jnp.arange(bound, dtype=jnp.int32) - first_step[step_head]
     step_piece = jnp.clip(step_piece, 0, tables.entries.shape[0] - 1)
     if static_pattern is not None:
         steps = int(tables.num_pieces[static_pattern].sum())
     else:  # a dynamic grid size: Mosaic reads it at run time
         steps = jnp.sum(head_count)
-    return operands + (first_step, step_head.astype(step_head_dtype(heads)),
-                       step_piece.astype(piece_index_dtype(tables))), steps
+    return operands + (
+        first_step,
+        step_head.astype(step_head_dtype(heads)),
+        step_piece.astype(piece_index_dtype(tables)),
+    ), steps
 
 
-def _flat_attention(q, k, v, head_pattern, static_pattern, tables: PieceTables, patterns, *,
-                    shape, interpret, q_scale: float, with_lse: bool = False):
+def _flat_attention(
+    q,
+    k,
+    v,
+    head_pattern,
+    static_pattern,
+    tables: PieceTables,
+    patterns,
+    *,
+    shape,
+    interpret,
+    q_scale: float,
+    with_lse: bool = False,
+):
     """q, k, v: [batch*heads, seq_len, head_dim], each head in its pattern's order. Not padded
     to whole tiles: the last tile's blocks reach past the arrays (the DMA reads what exists;
     rows past seq_len are discarded queries and masked keys), so no HBM pass pads them.
@@ -534,14 +612,23 @@ def _flat_attention(q, k, v, head_pattern, static_pattern, tables: PieceTables, 
     single = tables.max_pieces if len(patterns) == 1 else None
     has_lengths, has_blocks = tables.lengths is not None, tables.blocks is not None
     kernel = functools.partial(
-        _attention_kernel, shape=shape, heads=heads, num_tables=len(operands),
-        patterns=tuple(patterns), single=single, has_lengths=has_lengths,
-        has_blocks=has_blocks, flat=tables.flat, q_scale=q_scale, with_lse=with_lse,
+        _attention_kernel,
+        shape=shape,
+        heads=heads,
+        num_tables=len(operands),
+        patterns=tuple(patterns),
+        single=single,
+        has_lengths=has_lengths,
+        has_blocks=has_blocks,
+        flat=tables.flat,
+        q_scale=q_scale,
+        with_lse=with_lse,
     )
 
     def view(outer, step, table_refs):
-        return _StepView(table_refs, heads, outer, step, single, has_lengths, has_blocks,
-                         tables.flat)
+        return _StepView(
+            table_refs, heads, outer, step, single, has_lengths, has_blocks, tables.flat
+        )
 
     def q_index_map(outer, step, slot, *table_refs):
         at = view(outer, step, table_refs)
@@ -556,8 +643,10 @@ def _flat_attention(q, k, v, head_pattern, static_pattern, tables: PieceTables, 
         return at.row, 0, at.q_block
 
     d = shape.head_dim
-    scratch = [pltpu.VMEM((shape.block_q, LANES), jnp.float32),
-               pltpu.VMEM((shape.block_q, shape.acc_width), jnp.float32)]
+    scratch = [
+        pltpu.VMEM((shape.block_q, LANES), jnp.float32),
+        pltpu.VMEM((shape.block_q, shape.acc_width), jnp.float32),
+    ]
     if not shape.row_sum_on_mxu:
         scratch.append(pltpu.VMEM((shape.block_q, LANES), jnp.float32))
     scratch.append(pltpu.VMEM((shape.block_q, d), q.dtype))
@@ -572,20 +661,23 @@ def _flat_attention(q, k, v, head_pattern, static_pattern, tables: PieceTables, 
             pl.BlockSpec((None, shape.block_kv, d), kv_index_map),
             pl.BlockSpec((None, shape.block_kv, d), kv_index_map),
         ],
-        out_specs=[pl.BlockSpec((None, shape.block_q, d), q_index_map)] + (
-            [pl.BlockSpec((None, 1, shape.block_q), lse_index_map)] if with_lse else []),
+        out_specs=[pl.BlockSpec((None, shape.block_q, d), q_index_map)]
+        + ([pl.BlockSpec((None, 1, shape.block_q), lse_index_map)] if with_lse else []),
         scratch_shapes=scratch,
     )
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)] + (
         [jax.ShapeDtypeStruct((q.shape[0], 1, shape.padded_seq_len), jnp.float32)]
-        if with_lse else [])
+        if with_lse
+        else []
+    )
     outputs = pl.pallas_call(
         kernel,
         grid_spec=grid_spec,
         out_shape=out_shape,
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
-            vmem_limit_bytes=_vmem_limit(shape, q.dtype, query_coords)),
+            vmem_limit_bytes=_vmem_limit(shape, q.dtype, query_coords),
+        ),
         interpret=interpret,
         name="svgen_attention",  # the kernel's name in profiles and libtpu dumps
     )(*operands, q, k, v)
@@ -594,8 +686,11 @@ def _flat_attention(q, k, v, head_pattern, static_pattern, tables: PieceTables, 
 
 def _per_head_layout(x, layouts: list[TokenLayout], head_layout, to_kernel: bool):
     """Apply each head's layout permutation to x [..., heads, seq, d]."""
-    move = ((lambda lay, y: lay.to_kernel(y, jnp)) if to_kernel
-            else (lambda lay, y: lay.from_kernel(y, jnp)))
+    move = (
+        (lambda lay, y: lay.to_kernel(y, jnp))
+        if to_kernel
+        else (lambda lay, y: lay.from_kernel(y, jnp))
+    )
     if len(layouts) == 1:
         return move(layouts[0], x)
     out = move(layouts[0], x)
@@ -604,8 +699,14 @@ def _per_head_layout(x, layouts: list[TokenLayout], head_layout, to_kernel: bool
     return out
 
 
-def make_attention(*, shape: KernelShape, patterns: Sequence[Pattern], slots: int,
-                   default_head_pattern: Sequence[int] | None, dtype: str | None = None):
+def make_attention(
+    *,
+    shape: KernelShape,
+    patterns: Sequence[Pattern],
+    slots: int,
+    default_head_pattern: Sequence[int] | None,
+    dtype: str | None = None,
+):
     """The public `attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None)`.
 
     q, k, v are [heads, seq, head_dim] or [batch, heads, seq, head_dim] in the user's token
@@ -613,8 +714,12 @@ def make_attention(*, shape: KernelShape, patterns: Sequence[Pattern], slots: in
     picks each head's pattern; it defaults to the spec's static assignment. `dtype`: the spec's
     (q, k, v must have it; None accepts any floating dtype).
     """
-    tables = PieceTables.from_runs([p.runs for p in patterns], slots, shape.compute_blocks,
-                                   walks_flat(len(patterns), shape.tensor_cores))
+    tables = PieceTables.from_runs(
+        [p.runs for p in patterns],
+        slots,
+        shape.compute_blocks,
+        walks_flat(len(patterns), shape.tensor_cores),
+    )
     layouts: list[TokenLayout] = []
     for p in patterns:
         if p.layout not in layouts:
@@ -631,23 +736,58 @@ def make_attention(*, shape: KernelShape, patterns: Sequence[Pattern], slots: in
     def differentiable(q, k, v, head_pattern, static_pattern, interpret, q_scale, sm_scale):
         """The kernel in kernel order, with its VJP: the backward kernels of
         svgen.runtime.backward (head_pattern is not differentiated)."""
+
         def run(q, k, v, hp):
-            return _flat_attention(q, k, v, hp, static_pattern, tables, codes, shape=shape,
-                                   interpret=interpret, q_scale=q_scale)
+            return _flat_attention(
+                q,
+                k,
+                v,
+                hp,
+                static_pattern,
+                tables,
+                codes,
+                shape=shape,
+                interpret=interpret,
+                q_scale=q_scale,
+            )
 
         def forward(q, k, v, hp):
-            o, lse = _flat_attention(q, k, v, hp, static_pattern, tables, codes, shape=shape,
-                                     interpret=interpret, q_scale=q_scale, with_lse=True)
+            o, lse = _flat_attention(
+                q,
+                k,
+                v,
+                hp,
+                static_pattern,
+                tables,
+                codes,
+                shape=shape,
+                interpret=interpret,
+                q_scale=q_scale,
+                with_lse=True,
+            )
             return o, (q, k, v, hp, o, lse)
 
         def backward_rule(residuals, do):
             from svgen.runtime import backward
+
             q, k, v, hp, o, lse = residuals
             q_scaled = (q.astype(jnp.float32) * q_scale).astype(q.dtype)
             dq, dk, dv = backward.backward(
-                q_scaled, k, v, o, lse, do, hp, static_pattern, forward_tables=tables,
-                dkv_tables=dkv_tables(), patterns=codes, shape=shape, sm_scale=sm_scale,
-                interpret=interpret)
+                q_scaled,
+                k,
+                v,
+                o,
+                lse,
+                do,
+                hp,
+                static_pattern,
+                forward_tables=tables,
+                dkv_tables=dkv_tables(),
+                patterns=codes,
+                shape=shape,
+                sm_scale=sm_scale,
+                interpret=interpret,
+            )
             return dq, dk, dv, np.zeros(hp.shape, jax.dtypes.float0)
 
         core = jax.custom_vjp(run)
@@ -659,11 +799,15 @@ def make_attention(*, shape: KernelShape, patterns: Sequence[Pattern], slots: in
         heads = q.shape[-3]
         if head_pattern is None:
             if default_head_pattern is None:
-                raise ValueError("this kernel's patterns are assigned at run time: pass "
-                                 "head_pattern (int [heads]), e.g. from profile()")
+                raise ValueError(
+                    "this kernel's patterns are assigned at run time: pass "
+                    "head_pattern (int [heads]), e.g. from profile()"
+                )
             if heads != shape.heads:
-                raise ValueError(f"q has {heads} heads, the spec {shape.heads}: pass the "
-                                 "head_pattern of these heads (e.g. its shard under shard_map)")
+                raise ValueError(
+                    f"q has {heads} heads, the spec {shape.heads}: pass the "
+                    "head_pattern of these heads (e.g. its shard under shard_map)"
+                )
             head_pattern = default_head_pattern
         static_pattern, head_pattern = _checked_head_pattern(head_pattern, heads, len(patterns))
         head_layout = jnp.asarray(layout_of_pattern)[head_pattern]
@@ -675,9 +819,16 @@ def make_attention(*, shape: KernelShape, patterns: Sequence[Pattern], slots: in
             x = _per_head_layout(x, layouts, head_layout, to_kernel=True)
             return x.reshape((-1,) + x.shape[-2:])
 
-        out = differentiable(to_kernel(q), to_kernel(k), to_kernel(v), head_pattern,
-                             static_pattern, interpret, float(sm_scale) * LOG2_E,
-                             float(sm_scale))
+        out = differentiable(
+            to_kernel(q),
+            to_kernel(k),
+            to_kernel(v),
+            head_pattern,
+            static_pattern,
+            interpret,
+            float(sm_scale) * LOG2_E,
+            float(sm_scale),
+        )
         out = out.reshape(lead + (shape.seq_len, shape.head_dim))
         return _per_head_layout(out, layouts, head_layout, to_kernel=False)
 
@@ -692,18 +843,22 @@ def _checked_head_pattern(head_pattern, heads: int, num_patterns: int):
     if not traced and not hasattr(head_pattern, "dtype"):
         head_pattern = np.asarray(head_pattern)
     if not jnp.issubdtype(head_pattern.dtype, jnp.integer):
-        raise TypeError(f"head_pattern must hold integers (pattern indices), got dtype "
-                        f"{head_pattern.dtype}")
+        raise TypeError(
+            f"head_pattern must hold integers (pattern indices), got dtype {head_pattern.dtype}"
+        )
     if tuple(head_pattern.shape) != (heads,):
-        raise ValueError(f"head_pattern must have shape ({heads},), one pattern index per head "
-                         f"of q; got shape {tuple(head_pattern.shape)}")
+        raise ValueError(
+            f"head_pattern must have shape ({heads},), one pattern index per head "
+            f"of q; got shape {tuple(head_pattern.shape)}"
+        )
     if traced:
         return None, jnp.clip(head_pattern.astype(jnp.int32), 0, num_patterns - 1)
     values = np.asarray(head_pattern, np.int64)
     bad = values[(values < 0) | (values >= num_patterns)]
     if bad.size:
-        raise ValueError(f"head_pattern values must be pattern indices 0..{num_patterns - 1}; "
-                         f"got {bad.tolist()}")
+        raise ValueError(
+            f"head_pattern values must be pattern indices 0..{num_patterns - 1}; got {bad.tolist()}"
+        )
     # A concrete assignment gives the flat walk a static grid.
     return values, jnp.asarray(values, jnp.int32)
 
@@ -717,9 +872,11 @@ def _check_operands(q, k, v, shape: KernelShape, dtype: str | None = None) -> No
     if q.dtype != k.dtype or q.dtype != v.dtype:
         raise TypeError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
     if dtype is not None and q.dtype != jnp.dtype(dtype):
-        raise TypeError(f"this kernel was compiled for {dtype} (the spec's attention.dtype); "
-                        f"got q, k, v of dtype {q.dtype}: cast them, or compile a spec with "
-                        f"dtype {q.dtype}")
+        raise TypeError(
+            f"this kernel was compiled for {dtype} (the spec's attention.dtype); "
+            f"got q, k, v of dtype {q.dtype}: cast them, or compile a spec with "
+            f"dtype {q.dtype}"
+        )
     if q.ndim not in (3, 4):
         raise ValueError(
             f"q must be [heads, seq, head_dim] or [batch, heads, seq, head_dim], got {q.shape}"

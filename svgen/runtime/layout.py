@@ -115,8 +115,13 @@ class TokenLayout:
         nominal = pos
         if self.is_temporal_major:
             nominal = np.where(is_text, pos, self.video_start + place * self.frames + frame)
-        return Coordinates(frame=frame, row=place // self.width, col=place % self.width,
-                           index=nominal, is_text=is_text)
+        return Coordinates(
+            frame=frame,
+            row=place // self.width,
+            col=place % self.width,
+            index=nominal,
+            is_text=is_text,
+        )
 
     def original_index(self, positions: np.ndarray) -> np.ndarray:
         """The user's token index of each kernel position (the permutation into kernel order)."""
@@ -130,8 +135,7 @@ class TokenLayout:
     def kernel_position(self) -> np.ndarray:
         """int32 [seq_len]: the kernel position of each user token index."""
         out = np.empty(self.seq_len, np.int32)
-        out[self.original_index(np.arange(self.seq_len))] = np.arange(self.seq_len,
-                                                                       dtype=np.int32)
+        out[self.original_index(np.arange(self.seq_len))] = np.arange(self.seq_len, dtype=np.int32)
         return out
 
     # -- permutations of [..., seq_len, d] arrays (the wrapper's HBM cost) -----------------
@@ -149,7 +153,7 @@ class TokenLayout:
         lead, d = video.shape[:-2], video.shape[-1]
         frames = video.reshape(lead + (self.frames, self.tokens_per_frame, d))
         anchor = frames[..., : self.anchor_frames, :, :].reshape(lead + (-1, d))
-        main = xp.swapaxes(frames[..., self.anchor_frames:, :, :], -3, -2).reshape(lead + (-1, d))
+        main = xp.swapaxes(frames[..., self.anchor_frames :, :, :], -3, -2).reshape(lead + (-1, d))
         return self._join(text, xp.concatenate([anchor, main], axis=-2), xp)
 
     def from_kernel(self, y, xp=np):
@@ -160,16 +164,20 @@ class TokenLayout:
         lead, d = video.shape[:-2], video.shape[-1]
         split = self.anchor_frames * self.tokens_per_frame
         anchor = video[..., :split, :].reshape(
-            lead + (self.anchor_frames, self.tokens_per_frame, d))
-        main = xp.swapaxes(video[..., split:, :].reshape(
-            lead + (self.tokens_per_frame, self.main_frames, d)), -3, -2)
+            lead + (self.anchor_frames, self.tokens_per_frame, d)
+        )
+        main = xp.swapaxes(
+            video[..., split:, :].reshape(lead + (self.tokens_per_frame, self.main_frames, d)),
+            -3,
+            -2,
+        )
         frames = xp.concatenate([anchor, main], axis=-3).reshape(lead + (-1, d))
         return self._join(text, frames, xp)
 
     def _split(self, x):
         v0, n = self.video_start, self.video_tokens
         text = x[..., :v0, :] if self.text_first else x[..., n:, :]
-        return text, x[..., v0:v0 + n, :]
+        return text, x[..., v0 : v0 + n, :]
 
     def _join(self, text, video, xp):
         if self.text_tokens == 0:

@@ -45,8 +45,9 @@ def pattern_errors(q, k, v, patterns: Sequence[Pattern], *, key, num_queries: in
     errors = []
     for pattern in patterns:
         position = jnp.asarray(pattern.layout.kernel_position)  # user index -> kernel position
-        keep = coords.keep(pattern.boundary_mask, pattern.layout, position[rows][:, None],
-                           position[None, :])
+        keep = coords.keep(
+            pattern.boundary_mask, pattern.layout, position[rows][:, None], position[None, :]
+        )
         approx = _masked_softmax_output(scores, keep, v32)
         err = jnp.mean((approx - exact) ** 2, axis=(-2, -1))  # [..., heads]
         errors.append(err.reshape((-1,) + err.shape[-1:]).mean(axis=0))  # over the batch
@@ -55,5 +56,6 @@ def pattern_errors(q, k, v, patterns: Sequence[Pattern], *, key, num_queries: in
 
 def profile(q, k, v, patterns: Sequence[Pattern], *, key, num_queries: int = 64):
     """int32 [heads]: for each head, the index of the pattern with the least error."""
-    return jnp.argmin(pattern_errors(q, k, v, patterns, key=key, num_queries=num_queries),
-                      axis=0).astype(jnp.int32)
+    return jnp.argmin(
+        pattern_errors(q, k, v, patterns, key=key, num_queries=num_queries), axis=0
+    ).astype(jnp.int32)

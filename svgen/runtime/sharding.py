@@ -28,12 +28,10 @@ def ulysses(attention, q, k, v, *, axis_name: str, head_pattern=None, **kwargs):
     heads_axis, seq_axis = q.ndim - 3, q.ndim - 2
 
     def to_heads(x):  # [..., H, L/n, d] -> [..., H/n, L, d]
-        return lax.all_to_all(x, axis_name, split_axis=heads_axis, concat_axis=seq_axis,
-                              tiled=True)
+        return lax.all_to_all(x, axis_name, split_axis=heads_axis, concat_axis=seq_axis, tiled=True)
 
     def to_sequence(x):  # [..., H/n, L, d] -> [..., H, L/n, d]
-        return lax.all_to_all(x, axis_name, split_axis=seq_axis, concat_axis=heads_axis,
-                              tiled=True)
+        return lax.all_to_all(x, axis_name, split_axis=seq_axis, concat_axis=heads_axis, tiled=True)
 
     if head_pattern is not None:
         local_heads = q.shape[heads_axis] // lax.psum(1, axis_name)

@@ -54,7 +54,8 @@ def split_runs(runs, slots: int) -> np.ndarray:
     pieces_per_run = -(-runs[:, 2] // slots)
     run = np.repeat(np.arange(len(runs)), pieces_per_run)
     index = np.arange(int(pieces_per_run.sum())) - np.repeat(
-        np.cumsum(pieces_per_run) - pieces_per_run, pieces_per_run)
+        np.cumsum(pieces_per_run) - pieces_per_run, pieces_per_run
+    )
     start = runs[run, 1] + index * slots
     length = np.minimum(runs[run, 2] - index * slots, slots)
     return np.stack([runs[run, 0], start, length, runs[run, 3], runs[run, 4]], axis=1)
@@ -94,8 +95,9 @@ class PieceTables:
     flat: bool = False  # walk the heads' pieces one after another (see the module docstring)
 
     @classmethod
-    def from_runs(cls, runs_per_pattern: Sequence, slots: int, compute_blocks: int = 1,
-                  flat: bool = False) -> "PieceTables":
+    def from_runs(
+        cls, runs_per_pattern: Sequence, slots: int, compute_blocks: int = 1, flat: bool = False
+    ) -> "PieceTables":
         pieces = [split_runs(runs, slots) for runs in runs_per_pattern]
         counts = np.array([len(p) for p in pieces], np.int32)
         first = (np.cumsum(counts) - counts).astype(np.int32)
@@ -124,8 +126,10 @@ class PieceTables:
         step, and the head of every possible step); the pieces."""
         per_head = 12 * heads
         if self.flat:  # head_first_step; step_head and step_piece for every possible step
-            per_step = (np.dtype(step_head_dtype(heads)).itemsize
-                        + np.dtype(piece_index_dtype(self)).itemsize)
+            per_step = (
+                np.dtype(step_head_dtype(heads)).itemsize
+                + np.dtype(piece_index_dtype(self)).itemsize
+            )
             per_head += 4 * heads + heads * self.max_pieces * per_step
         return int(per_head + sum(t.nbytes for t in self.piece_operands()))
 
@@ -188,8 +192,7 @@ class KernelShape:
         return self.head_dim + (LANES if self.row_sum_on_mxu else 0)
 
 
-def compute_block_kinds(runs, num_q_tiles: int, num_kv_tiles: int, rq: int,
-                        rk: int) -> np.ndarray:
+def compute_block_kinds(runs, num_q_tiles: int, num_kv_tiles: int, rq: int, rk: int) -> np.ndarray:
     """int8 [num_q_tiles * rq, num_kv_tiles * rk]: each compute block's kind, read back from
     a pattern's runs (tile kinds and blocks words; zero-fill steps visit nothing)."""
     runs = as_runs(runs)
@@ -197,10 +200,10 @@ def compute_block_kinds(runs, num_q_tiles: int, num_kv_tiles: int, rq: int,
     shifts = BITS_PER_BLOCK * np.arange(rq * rk)
     for q_tile, start, length, kind, word in runs.tolist():
         if kind == TileKind.FULL:
-            kinds[q_tile, start:start + length] = TileKind.FULL
+            kinds[q_tile, start : start + length] = TileKind.FULL
         elif kind == TileKind.BOUNDARY:
             block = (word >> shifts) & KIND_MASK if rq * rk > 1 else [TileKind.BOUNDARY]
-            kinds[q_tile, start:start + length] = np.asarray(block, np.int8)
+            kinds[q_tile, start : start + length] = np.asarray(block, np.int8)
     per_tile = kinds.reshape(num_q_tiles, num_kv_tiles, rq, rk)
     return per_tile.transpose(0, 2, 1, 3).reshape(num_q_tiles * rq, num_kv_tiles * rk)
 
@@ -226,8 +229,13 @@ def runs_of_blocks(blocks: np.ndarray, rows: int, cols: int, rq: int, rk: int) -
             continue
         for c in visited.tolist():
             k, w = int(kind[r, c]), int(word[r, c])
-            if out and out[-1][0] == r and out[-1][1] + out[-1][2] == c and out[-1][3] == k \
-                    and out[-1][4] == w:
+            if (
+                out
+                and out[-1][0] == r
+                and out[-1][1] + out[-1][2] == c
+                and out[-1][3] == k
+                and out[-1][4] == w
+            ):
                 out[-1][2] += 1
             else:
                 out.append([r, c, 1, k, w])
@@ -247,12 +255,18 @@ def transposed_runs(runs, shape: KernelShape) -> np.ndarray:
 
 def transposed_shape(shape: KernelShape) -> KernelShape:
     """The dkv kernel's shape: rows are keys, columns queries."""
-    return dataclasses.replace(shape, block_q=shape.block_kv, block_kv=shape.block_q,
-                               compute_q=shape.ckv, compute_kv=shape.cq)
+    return dataclasses.replace(
+        shape,
+        block_q=shape.block_kv,
+        block_kv=shape.block_q,
+        compute_q=shape.ckv,
+        compute_kv=shape.cq,
+    )
 
 
-def transposed_tables(runs_per_pattern: Sequence, shape: KernelShape, heads: int,
-                      smem_budget: int = SMEM_BUDGET) -> PieceTables:
+def transposed_tables(
+    runs_per_pattern: Sequence, shape: KernelShape, heads: int, smem_budget: int = SMEM_BUDGET
+) -> PieceTables:
     """The dkv kernel's SMEM tables: the smallest piece size that fits the budget (the same
     rule as the forward's); ValueError when none does."""
     runs = [transposed_runs(r, shape) for r in runs_per_pattern]
@@ -263,12 +277,12 @@ def transposed_tables(runs_per_pattern: Sequence, shape: KernelShape, heads: int
         if tables.scalar_prefetch_bytes(heads) <= smem_budget:
             return tables
         if slots >= 256:
-            raise ValueError(f"the backward (dk, dv) tables need "
-                             f"{tables.scalar_prefetch_bytes(heads):,} bytes of SMEM, over "
-                             f"{smem_budget:,}: use larger tiles")
+            raise ValueError(
+                f"the backward (dk, dv) tables need "
+                f"{tables.scalar_prefetch_bytes(heads):,} bytes of SMEM, over "
+                f"{smem_budget:,}: use larger tiles"
+            )
         slots *= 2
-
-
 
 
 def load_runs(path: pathlib.Path, *, sha256: str) -> np.ndarray:

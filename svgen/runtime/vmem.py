@@ -31,8 +31,15 @@ class VmemNeed:
         return -(-(self.total + self.total // 8 + 2 * MIB) // MIB) * MIB
 
 
-def kernel_vmem(block_q: int, block_kv: int, compute_q: int, compute_kv: int, head_dim: int,
-                dtype: str, query_coords: int = 0) -> VmemNeed:
+def kernel_vmem(
+    block_q: int,
+    block_kv: int,
+    compute_q: int,
+    compute_kv: int,
+    head_dim: int,
+    dtype: str,
+    query_coords: int = 0,
+) -> VmemNeed:
     """The VMEM the generated kernel needs (mirrors `svgen.runtime.kernel`'s buffers).
 
     Temporaries: the f32 scores and the narrowed probabilities of one compute block (the
@@ -44,7 +51,10 @@ def kernel_vmem(block_q: int, block_kv: int, compute_q: int, compute_kv: int, he
     item = ITEMSIZE[dtype]
     pipeline = 2 * item * head_dim * (2 * block_q + 2 * block_kv)
     acc_width = head_dim + (LANES if head_dim % 256 == 128 else 0)
-    scratch = (4 * block_q * (LANES + acc_width + (0 if head_dim % 256 == 128 else LANES)
-                              + LANES * query_coords)
-               + item * block_q * head_dim)  # the scaled q tile
+    scratch = (
+        4
+        * block_q
+        * (LANES + acc_width + (0 if head_dim % 256 == 128 else LANES) + LANES * query_coords)
+        + item * block_q * head_dim
+    )  # the scaled q tile
     return VmemNeed(pipeline, scratch, compute_q * compute_kv * (4 + item))
