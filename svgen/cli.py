@@ -108,6 +108,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compile even when the per-path costs are cached (~/.cache/svgen)",
     )
+    p.add_argument(
+        "--backward",
+        action="store_true",
+        help="also model a training step: the forward saving lse, the dq and dk/dv kernels "
+        "(one more compile, of jax.grad)",
+    )
     _add_budget(p)
     p.set_defaults(run=_cost)
 
@@ -453,7 +459,9 @@ def _cost(args) -> int:
     ensure_dump_flags()
     plan = _plan(args.spec, quiet=args.json, smem_budget=args.smem_budget, target=args.target)
     progress = None if args.json else (lambda message: print(f"  {message}", file=sys.stderr))
-    report = cost.cost_plan(plan, args.spec, use_cache=not args.no_cache, progress=progress)
+    report = cost.cost_plan(
+        plan, args.spec, use_cache=not args.no_cache, progress=progress, training=args.backward
+    )
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:

@@ -218,6 +218,7 @@ class CostReport:
     vmem_bytes: int
     smem_bytes: int
     heads: int
+    training: "TrainingReport | None" = None
 
     @property
     def ms(self) -> float:
@@ -240,6 +241,42 @@ class CostReport:
             "smem_bytes": self.smem_bytes,
             "heads": self.heads,
             "model": "static: libtpu's bundle schedule, no DMA stalls, clock assumed",
+            **(
+                {} if self.training is None else {"training": self.training.to_json(self.clock_ghz)}
+            ),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingReport:
+    """One forward + backward call (what a training step runs), from `svgen cost --backward`:
+    cycles per kernel over all heads, the same kernels on a dense mask, their paths."""
+
+    paths: TrainingPaths
+    cycles: dict  # forward (with lse), dq, dkv
+    steps: dict  # per kernel: steps per kind
+    dense_cycles: dict
+
+    @property
+    def backward(self) -> int:
+        return sum(v for k, v in self.cycles.items() if k != "forward")
+
+    @property
+    def total(self) -> int:
+        return self.cycles["forward"] + self.backward
+
+    def to_json(self, clock_ghz: float) -> dict:
+        dense_total = sum(self.dense_cycles.values())
+        return {
+            "cycles": self.cycles,
+            "backward_cycles": self.backward,
+            "total_cycles": self.total,
+            "total_ms": self.total / (clock_ghz * 1e6),
+            "backward_over_forward": self.backward / self.cycles["forward"],
+            "steps": self.steps,
+            "dense_cycles": self.dense_cycles,
+            "dense_total_cycles": dense_total,
+            "paths": self.paths.to_json(),
         }
 
 
@@ -320,18 +357,27 @@ def _cache_dir() -> pathlib.Path:
 
 
 def _cache_key(
-    target: str, shape, patterns_key: str, slots: int, tables_shape: tuple, dtype: str
+    target: str,
+    shape,
+    patterns_key: str,
+    slots: int,
+    tables_shape: tuple,
+    dtype: str,
+    kind: str = "forward",
 ) -> str:
     import jax
     import jaxlib
 
-    from svgen.runtime import coords, kernel
+    from svgen.runtime import backward, coords, kernel, layout
 
-    # The kernel body and the coordinate decoding it traces.
-    kernel_source = b"".join(pathlib.Path(m.__file__).read_bytes() for m in (kernel, coords))
+    # The kernel bodies and the coordinate decoding they trace.
+    kernel_source = b"".join(
+        pathlib.Path(m.__file__).read_bytes() for m in (kernel, coords, layout, backward)
+    )
     text = json.dumps(
         [
             CACHE_VERSION,
+            kind,
             target,
             dataclasses.asdict(shape),
             patterns_key,
@@ -377,6 +423,111 @@ def measure_paths(module, target: str, *, use_cache: bool = True, progress=None)
     tmp.write_text(json.dumps(paths.to_json()))
     tmp.replace(path)
     return paths
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingPaths:
+    """Per-path bundles of the kernels one training step runs: the forward that also saves
+    each row's log-sum-exp, dq (over the forward tables) and dk/dv (over the transposed
+    tables). Each kernel is a `pallas_call` of the same phase structure as the forward
+    (init, FULL, BOUNDARY per pattern with its compute blocks, finalize); the backward
+    operands are zero-padded, so their masked blocks have no padding variant."""
+
+    forward: PathCosts
+    dq: PathCosts | None  # None: dq is computed inside the dk/dv walk (fused)
+    dkv: PathCosts
+
+    @property
+    def fused(self) -> bool:
+        return self.dq is None
+
+    def to_json(self) -> dict:
+        return {
+            "forward": self.forward.to_json(),
+            "dq": None if self.dq is None else self.dq.to_json(),
+            "dkv": self.dkv.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "TrainingPaths":
+        read = {k: None if obj[k] is None else PathCosts.from_json(obj[k]) for k in obj}
+        return cls(read["forward"], read["dq"], read["dkv"])
+
+
+def dkv_tables(module):
+    """The dk/dv kernel's tables, as the generated module builds them on its first
+    differentiated call."""
+    from svgen.runtime.tables import transposed_tables
+
+    return transposed_tables([p.runs for p in module._PATTERNS], module.SHAPE, module.HEADS)
+
+
+def measure_training_paths(
+    module, target: str, *, use_cache: bool = True, progress=None, fused: bool | None = None
+) -> TrainingPaths:
+    """Compile jax.grad through the module's attention once for `target` and read the
+    per-path costs of its kernels (cached on disk like `measure_paths`); `fused`: dq inside
+    the dk/dv walk or in its own kernel (None: the runtime's default, backward.FUSED_DQ)."""
+    import inspect
+
+    from svgen.runtime import backward
+
+    fused = backward.FUSED_DQ if fused is None else fused
+    tables, transposed = module.attention.tables, dkv_tables(module)
+    masks = "\n".join(inspect.getsource(p.boundary_mask) for p in module._PATTERNS)
+    operands = tables.piece_operands() + transposed.piece_operands()
+    key = _cache_key(
+        target,
+        module.SHAPE,
+        masks,
+        tables.slots * 1000 + transposed.slots,
+        tuple(str(t.dtype) for t in operands),
+        module.DTYPE,
+        kind="training-fused" if fused else "training",
+    )
+    path = _cache_dir() / f"{key}.json"
+    if use_cache and path.exists():
+        return TrainingPaths.from_json(json.loads(path.read_text()))
+    if progress:
+        progress(f"compiling the forward and backward kernels of {module.__name__} for {target}")
+    names = [KERNEL_NAME, f"{KERNEL_NAME}_dkv"] + ([] if fused else [f"{KERNEL_NAME}_dq"])
+    schedules = _compile_training(module, target, names, fused)
+    patterns, blocks = len(module._PATTERNS), module.SHAPE.compute_blocks
+    read = {name: read_paths(schedules[name], patterns, blocks) for name in names}
+    paths = TrainingPaths(
+        read[KERNEL_NAME], read.get(f"{KERNEL_NAME}_dq"), read[f"{KERNEL_NAME}_dkv"]
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(paths.to_json()))
+    tmp.replace(path)
+    return paths
+
+
+def _compile_training(module, target: str, names: list[str], fused: bool) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    from svgen import tpu_schedule
+    from svgen.runtime import backward
+
+    sharding = tpu_schedule.tpu_sharding(target)
+    arg = jax.ShapeDtypeStruct(
+        (module.HEADS, module.SEQ_LEN, module.HEAD_DIM), jnp.dtype(module.DTYPE), sharding=sharding
+    )
+    head_pattern = jax.ShapeDtypeStruct((module.HEADS,), jnp.int32, sharding=sharding)
+
+    def loss(q, k, v, hp):
+        return jnp.sum(module.attention(q, k, v, head_pattern=hp).astype(jnp.float32))
+
+    grads = jax.grad(loss, argnums=(0, 1, 2))
+    default, backward.FUSED_DQ = backward.FUSED_DQ, fused  # read when traced, in this compile
+    try:
+        return tpu_schedule.compile_and_dump_kernels(
+            grads, arg, arg, arg, head_pattern, kernel_names=names, target=target
+        )
+    finally:
+        backward.FUSED_DQ = default
 
 
 def _compile(module, target: str):
@@ -429,8 +580,11 @@ def padding_tile(plan) -> int | None:
     return None if seq_len % t.ckv == 0 else (seq_len - 1) // t.block_kv
 
 
-def cost_plan(plan, spec_path: str, *, use_cache: bool = True, progress=None) -> CostReport:
-    """Render the plan's module, compile its kernel for the plan's target, model one call."""
+def cost_plan(
+    plan, spec_path: str, *, use_cache: bool = True, progress=None, training: bool = False
+) -> CostReport:
+    """Render the plan's module, compile its kernel for the plan's target, model one call;
+    `training`: also the forward + backward kernels of a jax.grad call (one more compile)."""
     import importlib.util
     import sys
     import tempfile
@@ -449,6 +603,15 @@ def cost_plan(plan, spec_path: str, *, use_cache: bool = True, progress=None) ->
         try:
             module_spec.loader.exec_module(module)
             paths = measure_paths(module, plan.target.name, use_cache=use_cache, progress=progress)
+            trained = None
+            if training:
+                trained = _model_training(
+                    measure_training_paths(
+                        module, plan.target.name, use_cache=use_cache, progress=progress
+                    ),
+                    plan,
+                    module,
+                )
         finally:
             sys.modules.pop(name, None)
     head_pattern = model_head_pattern(plan)
@@ -464,7 +627,55 @@ def cost_plan(plan, spec_path: str, *, use_cache: bool = True, progress=None) ->
         plan.vmem.total,
         plan.table_bytes,
         len(head_pattern),
+        trained,
     )
+
+
+def _model_training(paths: TrainingPaths, plan, module) -> TrainingReport:
+    """Cycles of the forward (with lse), dq and dk/dv kernels over all heads, each walking
+    its own tables as the kernels do, and the same on a dense mask.
+
+    With dq fused into the dk/dv walk, its HBM traffic is charged as well, since the static
+    schedule does not show it: each step with work writes its query tile's dq back (f32) and
+    waits (the read overlaps the step's matmuls), and the wrapper zeroes dq before and
+    scales it after (two f32 passes and one in q's dtype)."""
+    from svgen.analysis.tables import build_runs, kernel_tiles
+    from svgen.runtime.tables import PieceTables, transposed_tables
+
+    head_pattern = model_head_pattern(plan)
+    transposed = dkv_tables(module)
+    compute = plan.patterns[0].compute_grid
+    full = np.full((compute.num_q_blocks, compute.num_kv_blocks), TileKind.FULL, np.int8)
+    runs = build_runs(*kernel_tiles(full, plan.grid, compute), plan.grid)
+    dense = PieceTables.from_runs([runs], 1, plan.spec.tiling.compute_blocks)
+    dense_t = transposed_tables([runs], module.SHAPE, module.HEADS)
+    kernels = [
+        ("forward", paths.forward, plan.tables, dense, padding_tile(plan)),
+        ("dkv", paths.dkv, transposed, dense_t, None),  # zero-padded: no padding variant
+    ]
+    if paths.dq is not None:
+        kernels.insert(1, ("dq", paths.dq, plan.tables, dense, None))
+    cycles, steps, dense_cycles = {}, {}, {}
+    heads = [0] * len(head_pattern)
+    for name, kernel_paths, tables, dense_tables, padding in kernels:
+        cycles[name], steps[name], _ = model_cycles(kernel_paths, tables, head_pattern, padding)
+        dense_cycles[name] = model_cycles(kernel_paths, dense_tables, heads, padding)[0]
+    if paths.fused:
+        cycles["dq_hbm"] = _dq_hbm_cycles(plan, steps["dkv"], module)
+        dense_steps = model_cycles(paths.dkv, dense_t, heads)[1]
+        dense_cycles["dq_hbm"] = _dq_hbm_cycles(plan, dense_steps, module)
+    return TrainingReport(paths, cycles, steps, dense_cycles)
+
+
+def _dq_hbm_cycles(plan, dkv_steps: dict, module) -> int:
+    """The fused walk's dq traffic in cycles at the target's HBM bandwidth (see above)."""
+    d = module.HEAD_DIM
+    tile_bytes = plan.spec.tiling.block_q * d * 4  # one query tile of dq, f32
+    work = dkv_steps["full"] + dkv_steps["mixed"]
+    rows = module.HEADS * module.PADDED_SEQ_LEN * d
+    wrapper_bytes = rows * (4 + 4 + np.dtype(module.DTYPE).itemsize)
+    seconds = (work * tile_bytes + wrapper_bytes) / plan.target.hbm_bytes_per_s
+    return int(round(seconds * plan.target.clock_ghz * 1e9))
 
 
 def format_report(report: CostReport, plan) -> list[str]:
@@ -477,6 +688,67 @@ def format_report(report: CostReport, plan) -> list[str]:
         f"  tiles {t.block_q} x {t.block_kv}, compute blocks {t.cq} x {t.ckv}; "
         f"VMEM {report.vmem_bytes / 2**20:.1f} MiB, SMEM tables {report.smem_bytes:,} B",
         "  bundles per grid step (per 512x512-equivalent in brackets):",
+        *_path_lines(p, plan, per_tile, per_block),
+    ]
+    steps = report.steps
+    lines.append(
+        f"  steps over {report.heads} heads: {steps['full']:,} FULL, "
+        f"{steps['mixed']:,} BOUNDARY, {steps['empty']:,} zero-fill, "
+        f"{steps['skipped']:,} skipped"
+    )
+    share = {k: v / report.cycles for k, v in report.cycles_by_path.items() if v}
+    lines.append("  time by path: " + ", ".join(f"{k} {v:.1%}" for k, v in share.items()))
+    if plan.assign is None:
+        lines.append("  heads: assigned at run time; modelled with the candidates in turn")
+    lines.append(f"  modelled: {report.cycles:,} cycles = {report.ms:.2f} ms per call")
+    if report.dense_cycles:
+        lines.append(
+            f"  the same kernel on a dense mask: {report.dense_cycles:,} cycles = "
+            f"{report.dense_cycles / (report.clock_ghz * 1e6):.2f} ms "
+            f"({report.dense_cycles / report.cycles:.2f}x this kernel's time)"
+        )
+    if report.training is not None:
+        lines += _training_lines(report.training, plan, report.clock_ghz, per_tile, per_block)
+    return lines
+
+
+_KERNEL_LABELS = {
+    "forward": "forward with lse",
+    "dq": "dq",
+    "dkv": "dk/dv",
+    "dq_hbm": "dq read-modify-write in HBM",
+}
+
+
+def _training_lines(training: TrainingReport, plan, clock_ghz: float, per_tile, per_block):
+    ms = lambda cycles: cycles / (clock_ghz * 1e6)  # noqa: E731
+    c, dense = training.cycles, training.dense_cycles
+    fused = training.paths.fused
+    lines = [
+        "  training (jax.grad: the forward saving lse, then "
+        + ("dk, dv and dq in one walk of the transposed tables):" if fused else "dq and dk/dv):")
+    ]
+    kernels = [("dkv", "dk/dv" + (" + dq" if fused else "") + " kernel (transposed tables)")]
+    if not fused:
+        kernels.insert(0, ("dq", "dq kernel"))
+    for name, label in kernels:
+        lines.append(f"   {label}, bundles per grid step:")
+        kernel_paths = getattr(training.paths, name)
+        lines += ["  " + line for line in _path_lines(kernel_paths, plan, per_tile, per_block)]
+    lines += [
+        "    "
+        + ", ".join(f"{_KERNEL_LABELS[k]} {v:,} cycles ({ms(v):.2f} ms)" for k, v in c.items()),
+        f"    backward / forward {training.backward / c['forward']:.2f}; forward + backward "
+        f"{training.total:,} cycles = {ms(training.total):.2f} ms per call",
+        f"    the same kernels on a dense mask: {sum(dense.values()):,} cycles = "
+        f"{ms(sum(dense.values())):.2f} ms ({sum(dense.values()) / training.total:.2f}x)",
+    ]
+    return lines
+
+
+def _path_lines(p: PathCosts, plan, per_tile: float, per_block: float) -> list[str]:
+    """One kernel's per-path bundles (see the module docstring)."""
+    lines = [
         f"    bookkeeping (skipped step) {p.bookkeeping}",
         f"    FULL tile                  {p.full} ({(p.full - p.bookkeeping) / per_tile:.0f} "
         f"body + {p.bookkeeping / per_tile:.0f} bookkeeping)",
@@ -500,24 +772,7 @@ def format_report(report: CostReport, plan) -> list[str]:
             )
         )
     init = ", ".join(str(i) for i in p.init) if len(set(p.init)) > 1 else str(p.init[0])
-    lines.append(f"    init {init}, finalize {p.finalize} (per q tile)")
-    steps = report.steps
-    lines.append(
-        f"  steps over {report.heads} heads: {steps['full']:,} FULL, "
-        f"{steps['mixed']:,} BOUNDARY, {steps['empty']:,} zero-fill, "
-        f"{steps['skipped']:,} skipped"
-    )
-    share = {k: v / report.cycles for k, v in report.cycles_by_path.items() if v}
-    lines.append("  time by path: " + ", ".join(f"{k} {v:.1%}" for k, v in share.items()))
-    if plan.assign is None:
-        lines.append("  heads: assigned at run time; modelled with the candidates in turn")
-    lines.append(f"  modelled: {report.cycles:,} cycles = {report.ms:.2f} ms per call")
-    if report.dense_cycles:
-        lines.append(
-            f"  the same kernel on a dense mask: {report.dense_cycles:,} cycles = "
-            f"{report.dense_cycles / (report.clock_ghz * 1e6):.2f} ms "
-            f"({report.dense_cycles / report.cycles:.2f}x this kernel's time)"
-        )
+    lines.append(f"    init {init}, finalize {p.finalize} (per row tile)")
     return lines
 
 

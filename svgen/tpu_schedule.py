@@ -43,7 +43,7 @@ DELAY_SLOTS = 4
 TOPOLOGIES = {"v5e": "v5e:2x2", "v6e": "v6e:2x2", "v7x": "tpu7x:2x2x1"}
 """AOT topology per target (single-chip names such as ``v6e:1x1`` are rejected by libtpu)."""
 
-_BUNDLE_START = re.compile(r"^\s*(0x[0-9a-fA-F]+|\d+)\s+([A-Z, ]*):\s*>?\s*\{")
+_BUNDLE_START = re.compile(r"^\s*(0x[0-9a-fA-F]+|\d+)\s+([A-Z, ]*):\s*>*\s*\{")
 _TOKEN = re.compile(r"/\*|\*/|;;|\{|\}")
 _OPCODE = re.compile(r"\s*(?:%[\w]+\s*=\s*)?([A-Za-z_][\w.]*)")
 _DEST = re.compile(r"\s*(%[\w]+)\s*=")
@@ -137,7 +137,8 @@ class Schedule:
         """Bundles executed by one grid-loop iteration when the forward branches at the
         addresses in ``skipped`` are taken and all other conditional ones fall through.
 
-        Inner loops count their trip count times. Unconditional forward branches are always
+        Inner loops count their trip count times (once when it is only known at run time).
+        Unconditional forward branches are always
         taken. A branch inside a skipped body may be listed or not: it does not matter.
         """
         skipped = set(skipped)
@@ -155,9 +156,9 @@ class Schedule:
         for loop in self._child_loops(lo, hi):
             cost += _live(cursor, loop.start, dead)
             per_iteration = self._range_cost(loop.start, loop.end + 1, dead)
-            if per_iteration and loop.trip_count is None:
-                raise ValueError(f"loop at {loop.start:#x} has no loop exit test immediate")
-            cost += per_iteration * (loop.trip_count or 0)
+            # A loop whose exit test compares with a register has a run-time trip count
+            # (Mosaic's copy of a partial edge block, for one): counted once, a floor.
+            cost += per_iteration * (1 if loop.trip_count is None else loop.trip_count)
             cursor = loop.end + 1
         return cost + _live(cursor, hi, dead)
 
@@ -360,8 +361,22 @@ def tpu_sharding(target: str = "v6e") -> jax.sharding.SingleDeviceSharding:
 
 def compile_and_dump(fn: Callable, *args, kernel_name: str, target: str = "v6e") -> Schedule:
     """AOT-compile ``jax.jit(fn)(*args)`` for ``target`` and parse the final bundles of the
-    Mosaic kernel whose name contains ``kernel_name``.
+    Mosaic kernel named ``kernel_name`` (see ``compile_and_dump_kernels``)."""
+    return compile_and_dump_kernels(fn, *args, kernel_names=[kernel_name], target=target)[
+        kernel_name
+    ]
 
+
+def compile_and_dump_kernels(
+    fn: Callable, *args, kernel_names: list[str], target: str = "v6e"
+) -> dict[str, Schedule]:
+    """AOT-compile ``jax.jit(fn)(*args)`` for ``target`` once and parse the final bundles of
+    each Mosaic kernel in ``kernel_names`` (a forward and its backward kernels come from one
+    compile of ``jax.grad``).
+
+    A name matches the dump of the kernel called exactly that once JAX's transformation
+    prefixes and suffixes are removed (``transpose_jvp_svgen_attention_dq__.1`` is
+    ``svgen_attention_dq``), else the one dump whose name contains it.
     ``args`` are usually ``jax.ShapeDtypeStruct`` with ``sharding=tpu_sharding(target)``.
     Lowering runs under ``jax.default_device(<target device>)``: some Pallas TPU lowering
     rules (``jnp.sign``, used by integer ``//`` and ``%``) ask the default device for its
@@ -379,10 +394,19 @@ def compile_and_dump(fn: Callable, *args, kernel_name: str, target: str = "v6e")
         jax.jit(fresh).lower(*args).compile()
     new = sorted(set(os.listdir(dump_dir)) - before)
     try:
-        return parse_bundles(_kernel_dump(dump_dir, new, kernel_name))
+        return {name: parse_bundles(_kernel_dump(dump_dir, new, name)) for name in kernel_names}
     finally:
         for name in new:
             os.remove(os.path.join(dump_dir, name))
+
+
+def _base_name(dump: str) -> str:
+    """The kernel's own name in a dump file name: ``<id>-<name>-<nn>-final_bundles.txt``,
+    without JAX's transformation prefixes (``jvp_``, ``transpose_``) and suffixes (``_``,
+    ``.1``)."""
+    name = dump.split("-", 1)[1].rsplit("-", 2)[0]
+    name = re.sub(r"^(?:(?:jvp|transpose|vmap|remat|checkpoint)_)+", "", name)
+    return re.sub(r"_*(?:\.\d+)?$", "", name)
 
 
 def _kernel_dump(dump_dir: str, names: list[str], kernel_name: str) -> str:
@@ -394,7 +418,9 @@ def _kernel_dump(dump_dir: str, names: list[str], kernel_name: str) -> str:
             "(run in a fresh process that calls ensure_dump_flags() first), or "
             "the compile came from a cache"
         )
-    hits = [n for n in dumps if kernel_name in n.split("-", 1)[1].rsplit("-", 2)[0]]
+    hits = [n for n in dumps if _base_name(n) == kernel_name]
+    if not hits:
+        hits = [n for n in dumps if kernel_name in n.split("-", 1)[1].rsplit("-", 2)[0]]
     if len(hits) != 1:
         raise RuntimeError(
             f"expected one final_bundles dump for {kernel_name!r}, got {hits} among {dumps}"

@@ -99,3 +99,14 @@ def test_transposed_tables_visit_the_same_compute_blocks(name, compile_text):
     assert len(set(np.unique(blocks).tolist())) >= 2
     # Every kv tile has a step (a zero-fill one when no q tile visits it).
     assert sorted(set(transposed[:, 0].tolist())) == list(range(nk))
+
+
+@pytest.mark.parametrize("name", ["wan21_720p_mixed", "hunyuan_720p_text"])
+def test_separate_dq_kernel_gives_the_same_gradients(name, compile_text, monkeypatch):
+    """The unfused backward (dq in its own walk of the forward tables, dk/dv in the
+    transposed one) against the float64 reference too: both stay correct, so that
+    `svgen cost --backward` can compare them."""
+    monkeypatch.setattr(backward, "FUSED_DQ", False)
+    plan, module = compile_text(scaled_spec_text(REPO / "specs" / f"{name}.yaml", tiling=TWO_LEVEL))
+    q, k, v = mixed_inputs(plan, "float32", seed=zlib.crc32(name.encode()) + 5, heads=2)
+    check_grads(plan, module, q, k, v, np.arange(2) % len(plan.patterns), "float32")

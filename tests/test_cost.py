@@ -76,6 +76,31 @@ def test_cost_json_on_a_small_spec(tmp_path):
     assert json.loads(again.stdout)["cycles"] == report["cycles"]
 
 
+def test_cost_backward_on_a_small_spec(tmp_path):
+    """`svgen cost --backward`: the kernels of a jax.grad call, each modelled over its own
+    tables; the dq read-modify-write traffic of the fused walk is charged; totals add up."""
+    (tmp_path / "small.yaml").write_text(SMALL)
+    result = subprocess.run(
+        [sys.executable, "-m", "svgen.cli", "cost", "small.yaml", "--json", "--backward"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, "SVGEN_CACHE_DIR": str(tmp_path / "cache")},
+    )
+    assert result.returncode == 0, result.stderr
+    training = json.loads(result.stdout)["training"]
+    cycles = training["cycles"]
+    assert set(cycles) == {"forward", "dkv", "dq_hbm"}  # dq fused into the dk/dv walk
+    assert all(value > 0 for value in cycles.values())
+    assert training["total_cycles"] == sum(cycles.values())
+    assert training["backward_cycles"] == cycles["dkv"] + cycles["dq_hbm"]
+    paths = training["paths"]
+    assert paths["dq"] is None
+    # The fused body does 5 matmuls to the forward's 2: it costs more than the forward's.
+    assert paths["dkv"]["full"] > paths["forward"]["full"] > paths["forward"]["bookkeeping"]
+    assert training["dense_total_cycles"] > training["total_cycles"]
+
+
 def test_model_walks_each_heads_tables():
     """Steps and cycles come from the tables the kernel walks: FULL tiles at the FULL cost,
     BOUNDARY tiles at their overhead plus each compute block's kind's cost."""

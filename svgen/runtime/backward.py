@@ -43,6 +43,10 @@ from svgen.runtime.tables import (  # noqa: F401
 )
 
 
+#: dq inside the dk/dv walk by default: chosen by `svgen cost --backward` (see README).
+FUSED_DQ = True
+
+
 # ----------------------------------------------------------------------------- tables
 # ----------------------------------------------------------------------------- kernels
 def _dot(a, b, contract_a: int, contract_b: int):
@@ -69,6 +73,8 @@ def _walk(
     scratch,
     interpret,
     name,
+    out_blocks=None,
+    aliases=None,
 ):
     """One pallas_call over `tables` (forward or transposed) for every head: the grid and
     index maps of the forward kernel; `in_blocks` / `outputs` say per operand whether it is
@@ -84,6 +90,9 @@ def _walk(
         return fwd._StepView(refs, heads, outer, step, single, has_lengths, has_blocks, tables.flat)
 
     def spec(kind: str, d: int):
+        if kind == "any":  # left in HBM: the kernel moves it with its own DMAs
+            return pl.BlockSpec(memory_space=pl.ANY)
+
         def index_map(outer, step, slot, *refs):
             at = view(outer, step, refs)
             tile = at.q_block if kind.startswith("row") else at.kv_block(slot)
@@ -113,7 +122,7 @@ def _walk(
             tables.slots,
         ),
         in_specs=[spec(kind, d) for kind in in_blocks],
-        out_specs=[spec("row", d) for _ in outputs],
+        out_specs=[spec(kind, d) for kind in (out_blocks or ("row",) * len(outputs))],
         scratch_shapes=scratch,
     )
     return pl.pallas_call(
@@ -125,6 +134,8 @@ def _walk(
         ),
         interpret=interpret,
         name=name,
+        # {input index among inputs: output index}, offset past the scalar-prefetch tables.
+        input_output_aliases={len(operands) + i: o for i, o in (aliases or {}).items()},
     )(*operands, *inputs)
 
 
@@ -212,11 +223,22 @@ def _dkv_kernel(
     flat,
     patterns,
     sm_scale,
+    fused_dq=False,
 ):
-    """shape is transposed: rows (block_q, cq) are keys, columns queries."""
-    k_ref, v_ref, q_ref, do_ref, lse_ref, d_ref = refs[num_tables : num_tables + num_inputs]
-    dk_ref, dv_ref = refs[num_tables + num_inputs : num_tables + num_inputs + 2]
-    dk_acc, dv_acc = refs[num_tables + num_inputs + 2 :]
+    """shape is transposed: rows (block_q, cq) are keys, columns queries.
+
+    fused_dq: also dq, accumulated in HBM (f32, unscaled): each step with work reads its
+    query tile's dq (the DMA overlaps the step's matmuls), adds ds^T k of its blocks and
+    writes it back before the next step, so the steps of one walk (sequential on a
+    TensorCore; other cores walk other rows) never race. One pass of the scores instead of
+    two: 5 matmuls per block against the separate kernels' 3 + 4."""
+    k_ref, v_ref, q_ref, do_ref, lse_ref, d_ref = refs[num_tables : num_tables + 6]
+    outs = refs[num_tables + num_inputs :]
+    dk_ref, dv_ref = outs[:2]
+    if fused_dq:
+        dq_hbm, dk_acc, dv_acc, dq_step, dq_buf, dq_sems = outs[2:]
+    else:
+        dk_acc, dv_acc = outs[2:]
     view, kind, kv_tile, q_tile, active, is_first, is_last = fwd.grid_step(
         refs[:num_tables], heads, single, has_lengths, has_blocks, flat
     )
@@ -239,10 +261,33 @@ def _dkv_kernel(
         if pattern is not None:
             p_t = jnp.where(_keep_t(pattern, kv_tile, q_tile, block, shape), p_t, 0.0)
         dv_acc[block.rows, :] += _dot(p_t.astype(do.dtype), do, 1, 0)
-        ds_t = p_t * (_dot(v, do, 1, 1) - dd)
-        dk_acc[block.rows, :] += _dot(ds_t.astype(q.dtype), q, 1, 0)
+        ds_t = (p_t * (_dot(v, do, 1, 1) - dd)).astype(q.dtype)
+        dk_acc[block.rows, :] += _dot(ds_t, q, 1, 0)
+        if fused_dq:  # dq of the block's queries: ds k, from ds^T with keys contracted
+            dq_step[block.cols, :] += _dot(ds_t, k, 0, 0)
 
-    _run_blocks(view, kind, active, blocks, shape, patterns, update)
+    if not fused_dq:
+        _run_blocks(view, kind, active, blocks, shape, patterns, update)
+    else:
+        work = active & (kind != TileKind.EMPTY)
+        queries = pl.ds(pl.multiple_of(q_tile * shape.block_kv, shape.block_kv), shape.block_kv)
+        tile_in_hbm = dq_hbm.at[view.row, queries, :]
+        read = pltpu.make_async_copy(tile_in_hbm, dq_buf, dq_sems.at[0])
+        write = pltpu.make_async_copy(dq_buf, tile_in_hbm, dq_sems.at[1])
+
+        @pl.when(work)
+        def _():
+            read.start()
+            dq_step[...] = jnp.zeros(dq_step.shape, jnp.float32)
+
+        _run_blocks(view, kind, active, blocks, shape, patterns, update)
+
+        @pl.when(work)
+        def _():
+            read.wait()
+            dq_buf[...] += dq_step[...]
+            write.start()
+            write.wait()  # before the next step reads a tile (maybe this one)
 
     @pl.when(is_last)
     def _():
@@ -287,8 +332,13 @@ def backward(
     shape: fwd.KernelShape,
     sm_scale: float,
     interpret,
+    fused_dq: bool | None = None,
 ):
-    """dq, dk, dv [rows, seq_len, d] (kernel order) of the forward call that gave o, lse."""
+    """dq, dk, dv [rows, seq_len, d] (kernel order) of the forward call that gave o, lse;
+    fused_dq: dq inside the dk/dv walk (one kernel) instead of its own kernel (None:
+    FUSED_DQ)."""
+    if fused_dq is None:
+        fused_dq = FUSED_DQ
     pad = shape.padded_seq_len - shape.seq_len
     rows_pad = ((0, 0), (0, pad), (0, 0))
     zero = functools.partial(jnp.pad, pad_width=rows_pad)
@@ -297,6 +347,8 @@ def backward(
     qp, kp, vp, dop = zero(q_scaled), zero(k), zero(v), zero(do)
     d = shape.head_dim
     common = dict(head_pattern=head_pattern, static_pattern=static_pattern, interpret=interpret)
+    if fused_dq:
+        return _fused(qp, kp, vp, dop, lse, delta, dkv_tables, patterns, shape, sm_scale, common)
     dq = _walk(
         functools.partial(_dq_kernel, patterns=patterns, sm_scale=sm_scale),
         tables=forward_tables,
@@ -329,3 +381,31 @@ def backward(
     )
     cut = slice(0, shape.seq_len)
     return dq[:, cut], dk[:, cut], dv[:, cut]
+
+
+def _fused(qp, kp, vp, dop, lse, delta, dkv_tables, patterns, shape, sm_scale, common):
+    """dq, dk, dv from one walk of the transposed tables (dq accumulated in HBM)."""
+    d = shape.head_dim
+    t_shape = transposed_shape(shape)
+    dq_zero = jnp.zeros(qp.shape, jnp.float32)
+    dk, dv, dq = _walk(
+        functools.partial(_dkv_kernel, patterns=patterns, sm_scale=sm_scale, fused_dq=True),
+        tables=dkv_tables,
+        shape=t_shape,
+        inputs=(kp, vp, qp, dop, lse, delta, dq_zero),
+        in_blocks=("row", "row", "col", "col", "col_vec", "col_vec", "any"),
+        outputs=(kp, vp, dq_zero),
+        out_blocks=("row", "row", "any"),
+        aliases={6: 2},
+        scratch=[
+            pltpu.VMEM((t_shape.block_q, d), jnp.float32),
+            pltpu.VMEM((t_shape.block_q, d), jnp.float32),
+            pltpu.VMEM((t_shape.block_kv, d), jnp.float32),
+            pltpu.VMEM((t_shape.block_kv, d), jnp.float32),
+            pltpu.SemaphoreType.DMA((2,)),
+        ],
+        name="svgen_attention_dkv",
+        **common,
+    )
+    cut = slice(0, shape.seq_len)
+    return (dq[:, cut] * sm_scale).astype(qp.dtype), dk[:, cut], dv[:, cut]
