@@ -12,6 +12,11 @@ head_dim 128, bf16), the Wan 2.1 spatial and temporal heads (the temporal head i
 orders) and the mixed spec (5 spatial + 5 temporal-major heads). For each, svgen at the
 tilings below; "dense kernel" is svgen's own kernel on a mask that keeps every pair.
 The shipped specs' tilings were chosen from this table (the fastest per spec).
+
+A second table models a training step (`svgen cost --backward`: the forward saving lse and
+the backward walk, dq fused into dk/dv) at each spec's shipped tiling, against dense Splash's
+forward with residuals plus its best backward (fused dkv 2048/2048/512, with the XLA ops of
+the backward; `bench/splash_cost.py` prints the search over its backward blocks).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ tpu_schedule.ensure_dump_flags()  # before anything starts libtpu
 
 import yaml  # noqa: E402
 
-from splash_cost import dense_splash_cost  # noqa: E402
+from splash_cost import dense_splash_backward_cost, dense_splash_cost  # noqa: E402
 from svgen import cost  # noqa: E402
 from svgen.analysis import analyze  # noqa: E402
 from svgen.errors import SpecError  # noqa: E402
@@ -86,6 +91,50 @@ def main() -> None:
         for tiling_name, tiling in tilings.items():
             row = _row(label, filename, overrides, tiling_name, tiling, splash["cycles"])
             print(row, flush=True)
+    if not args.quick:
+        _training_table()
+
+
+def _training_table() -> None:
+    splash = dense_splash_backward_cost(
+        seq_len=75_600,
+        heads=10,
+        head_dim=128,
+        block_q_dkv=2048,
+        block_kv_dkv=2048,
+        block_kv_dkv_compute=512,
+        fused=True,
+    )
+    clock = splash["clock_ghz"]
+    splash_total = splash["forward"]["cycles"] + splash["bwd_total_cycles"]
+    print(
+        f"\ntraining step (forward + backward), each spec at its shipped tiling; dense Splash "
+        f"forward with residuals {splash['forward']['ms']:.1f} ms + backward "
+        f"{splash['bwd_total_ms']:.1f} ms (fused dkv 2048/2048/512, XLA ops included) = "
+        f"{splash_total / (clock * 1e6):.1f} ms\n"
+    )
+    print(
+        "| case | tiles / compute blocks | forward with lse ms | backward ms | backward / "
+        "forward | forward + backward ms | vs dense Splash | vs own dense |"
+    )
+    print("|" + "---|" * 8)
+    for label, filename, overrides in CASES:
+        spec = yaml.safe_load((REPO / "specs" / filename).read_text())
+        t = spec["tiling"]
+        tiles = f"{t['block_q']}x{t['block_kv']} / {t.get('compute_q', t['block_q'])}x" + str(
+            t.get("compute_kv", t["block_kv"])
+        )
+        plan = analyze(parse_spec(spec_text(filename, t, overrides), source=filename))
+        training = cost.cost_plan(plan, f"specs/{filename}", training=True).training
+        ms = lambda cycles: cycles / (clock * 1e6)  # noqa: E731
+        forward = training.cycles["forward"]
+        dense = sum(training.dense_cycles.values())
+        print(
+            f"| {label} | {tiles} | {ms(forward):.1f} | {ms(training.backward):.1f} | "
+            f"{training.backward / forward:.2f} | {ms(training.total):.1f} | "
+            f"{splash_total / training.total:.2f}x | {dense / training.total:.2f}x |",
+            flush=True,
+        )
 
 
 def _row(label, filename, overrides, tiling_name, tiling, splash_cycles) -> str:

@@ -13,7 +13,7 @@ from svgen.schema import schema_text, spec_schema
 from svgen.spec import parse_spec
 
 from conftest import REPO, SPECS
-from test_spec import (
+from spec_corpus import (
     BASE,
     CASES,
     FULL,

@@ -7,8 +7,20 @@ import hashlib
 
 import pytest
 
+from spec_corpus import (
+    BASE,
+    CASES,
+    FULL,
+    FULL_REORDERED,
+    HEADS_BASE,
+    INTEGER_PARAMS,
+    MINIMAL,
+    MIXED,
+    _bad_values,
+    _limits_spec,
+)
 from svgen.errors import SpecError
-from svgen.limits import MAX_HEADS, MAX_PARAM, MAX_SEQ_LEN, MAX_SPEC_BYTES
+from svgen.limits import MAX_SEQ_LEN, MAX_SPEC_BYTES
 from svgen.spec import (
     Attention,
     Candidate,
@@ -22,60 +34,6 @@ from svgen.spec import (
     load_spec,
     parse_spec,
 )
-
-FULL = """\
-# a full spec exercising every section
-svgen: 1
-name: wan21_720p_spatial
-geometry: {frames: 21, height: 45, width: 80, text_tokens: 512, text_position: first}
-attention: {heads: 10, head_dim: 128, dtype: bfloat16}
-layout: temporal_major
-mask:
-  any_of:
-    - first_frame: {}
-    - spatial_window: {frames: 1, rows: 3, cols: 5}
-    - ref: local
-    - expr: "f_q // 2 == f_k // 2 and is_text_k"
-    - not:
-        band: {density: 0.5}
-    - all_of:
-        - prefix: {tokens: 64}
-        - causal_frames: {}
-patterns:
-  local: {temporal_stride: {stride: 2, rows: 1}}
-  caption:
-    text:
-tiling: {block_q: 256, block_kv: 1024}
-"""
-
-# Same content: keys reordered, block vs flow style, different comments and quoting.
-FULL_REORDERED = """\
-tiling:
-  block_kv: 1024   # kv tiles
-  block_q: 256
-patterns:
-  caption: {text: {}}
-  local:
-    temporal_stride: {rows: 1, stride: 2}
-mask:
-  any_of:
-    - first_frame: {}
-    - spatial_window: {cols: 5, rows: 3, frames: 1}
-    - ref: 'local'
-    - expr: 'f_q // 2 == f_k // 2 and is_text_k'
-    - not: {band: {density: 0.50}}
-    - all_of: [{prefix: {tokens: 64}}, {causal_frames: null}]
-layout: temporal_major
-attention: {dtype: bfloat16, head_dim: 128, heads: 10}
-geometry:
-  text_position: first
-  text_tokens: 512
-  width: 80
-  height: 45
-  frames: 21
-name: "wan21_720p_spatial"
-svgen: 1
-"""
 
 
 def test_full_spec_parses_to_expected_dataclasses():
@@ -171,15 +129,6 @@ def test_digest_changes_when_a_value_changes(old, new):
     assert parse_spec(FULL).digest != parse_spec(FULL.replace(old, new)).digest
 
 
-MINIMAL = """\
-svgen: 1
-name: tiny
-geometry: {frames: 2, height: 1, width: 1}
-attention: {heads: 1, head_dim: 64, dtype: float32}
-mask: {causal_frames: }
-"""
-
-
 def test_defaults():
     spec = parse_spec(MINIMAL)
     assert spec.geometry == TokenLayout(2, 1, 1, 0, "last")
@@ -270,22 +219,6 @@ def test_deeply_nested_masks_are_refused():
 
 # ----------------------------------------------------------------------------- heads
 
-MIXED = """\
-svgen: 1
-name: wan21_720p_mixed
-geometry: {frames: 21, height: 45, width: 80}
-attention: {heads: 10, head_dim: 128, dtype: bfloat16}
-layout: frame_major            # default layout for candidates that do not say
-patterns:
-  spatial: {any_of: [{first_frame: {frames: 1}}, {spatial_window: {frames: 1}}]}
-  temporal: {any_of: [{first_frame: {frames: 1}}, {temporal_stride: {}}]}
-heads:
-  candidates:                  # head pattern index = position in this list
-    - {pattern: spatial}
-    - {pattern: temporal, layout: temporal_major}
-  assign: runtime              # or a list of candidate pattern names, exactly attention.heads long
-tiling: {block_q: 512, block_kv: 512}
-"""
 
 MIXED_ASSIGN = (
     "[spatial, temporal, spatial, spatial, temporal, temporal, spatial, spatial, spatial, temporal]"
@@ -421,51 +354,6 @@ def test_mixed_assign_changes_digest():
 
 # ----------------------------------------------------------------------------- invalid specs
 
-BASE = """\
-svgen: 1
-name: demo
-geometry: {frames: 4, height: 2, width: 3, text_tokens: 8, text_position: last}
-attention: {heads: 2, head_dim: 128, dtype: bfloat16}
-layout: frame_major
-mask:
-  any_of:
-    - first_frame: {frames: 1}
-    - spatial_window: {frames: 1, rows: 1, cols: 2}
-    - ref: local
-patterns:
-  local: {band: {width: 3}}
-tiling: {block_q: 256, block_kv: 512}
-"""
-
-
-def _sub(old, new):
-    assert BASE.count(old) == 1, old
-    return BASE.replace(old, new)
-
-
-HEADS_BASE = """\
-svgen: 1
-name: demo
-geometry: {frames: 4, height: 2, width: 3}
-attention: {heads: 3, head_dim: 128, dtype: bfloat16}
-layout: frame_major
-patterns:
-  spatial: {spatial_window: {frames: 1}}
-  temporal: {temporal_stride: {}}
-  local: {band: {width: 3}}
-heads:
-  candidates:
-    - {pattern: spatial}
-    - {pattern: temporal, layout: temporal_major}
-  assign: [spatial, temporal, spatial]
-tiling: {block_q: 256, block_kv: 512}
-"""
-
-
-def _hsub(old, new):
-    assert HEADS_BASE.count(old) == 1, old
-    return HEADS_BASE.replace(old, new)
-
 
 def test_base_is_valid():
     spec = parse_spec(BASE, source="specs/demo.yaml")
@@ -473,176 +361,6 @@ def test_base_is_valid():
     spec = parse_spec(HEADS_BASE, source="specs/demo.yaml")
     assert spec.heads.assign == ("spatial", "temporal", "spatial")
 
-
-CASES = [  # (id, spec text)
-    (
-        "unknown_top_level_key",
-        _sub("layout: frame_major\n", "layout: frame_major\nkernel: flash\n"),
-    ),
-    ("unknown_primitive", _sub("- ref: local", "- sliding: {width: 2}")),
-    ("unknown_param_key", _sub("rows: 1, cols: 2", "rows: 1, colz: 2")),
-    ("string_where_int", _sub("frames: 4,", "frames: four,")),
-    ("bool_where_int", _sub("heads: 2,", "heads: true,")),
-    ("float_where_int", _sub("height: 2,", "height: 2.5,")),
-    ("zero_frames", _sub("frames: 4,", "frames: 0,")),
-    ("negative_window", _sub("rows: 1, cols: 2", "rows: -1, cols: 2")),
-    ("negative_text_tokens", _sub("text_tokens: 8", "text_tokens: -8")),
-    ("bad_text_position", _sub("text_position: last", "text_position: middle")),
-    ("bad_head_dim", _sub("head_dim: 128", "head_dim: 96")),
-    ("bad_dtype", _sub("dtype: bfloat16", "dtype: float16")),
-    ("bad_layout", _sub("layout: frame_major", "layout: row_major")),
-    ("block_not_multiple", _sub("block_q: 256", "block_q: 100")),
-    ("block_too_big", _sub("block_kv: 512", "block_kv: 8192")),
-    ("block_bool", _sub("block_kv: 512", "block_kv: yes")),
-    ("bad_name", _sub("name: demo", "name: Demo-Spec")),
-    ("name_too_long", _sub("name: demo", "name: " + "a" * 65)),
-    ("name_not_string", _sub("name: demo", "name: 42")),
-    ("duplicate_key", _sub("attention:", "name: again\nattention:")),
-    ("duplicate_param", _sub("{frames: 1, rows: 1,", "{frames: 1, frames: 2, rows: 1,")),
-    ("yaml_syntax_error", _sub("dtype: bfloat16}", "dtype: bfloat16")),
-    ("yaml_bad_indent", _sub("    - ref: local", "    - ref: local\n   - text: {}")),
-    (
-        "missing_mask",
-        _sub(
-            "mask:\n  any_of:\n    - first_frame: {frames: 1}\n    - spatial_window: {frames: 1, rows: 1, cols: 2}\n    - ref: local\n",
-            "",
-        ),
-    ),
-    ("missing_svgen", _sub("svgen: 1\n", "")),
-    ("missing_geometry_key", _sub("height: 2, ", "")),
-    ("missing_attention_key", _sub(", dtype: bfloat16", "")),
-    ("svgen_2", _sub("svgen: 1", "svgen: 2")),
-    ("svgen_string", _sub("svgen: 1", "svgen: '1'")),
-    ("two_keys_in_mask", _sub("    - ref: local", "    - {band: {width: 1}, prefix: {tokens: 2}}")),
-    ("zero_keys_in_mask", _sub("    - ref: local", "    - {}")),
-    ("mask_not_mapping", _sub("    - ref: local", "    - band")),
-    ("empty_any_of", _sub("local: {band: {width: 3}}", "local: {any_of: []}")),
-    ("all_of_not_list", _sub("local: {band: {width: 3}}", "local: {all_of: {band: {width: 1}}}")),
-    ("band_both", _sub("{band: {width: 3}}", "{band: {width: 3, density: 0.5}}")),
-    ("band_neither", _sub("{band: {width: 3}}", "{band: {}}")),
-    ("band_density_range", _sub("{band: {width: 3}}", "{band: {density: 1.5}}")),
-    ("band_density_zero", _sub("{band: {width: 3}}", "{band: {density: 0}}")),
-    ("prefix_missing_tokens", _sub("{band: {width: 3}}", "{prefix: {}}")),
-    ("prefix_zero", _sub("{band: {width: 3}}", "{prefix: {tokens: 0}}")),
-    ("stride_zero", _sub("{band: {width: 3}}", "{temporal_stride: {stride: 0}}")),
-    ("spatial_window_missing_frames", _sub("{frames: 1, rows: 1, cols: 2}", "{rows: 1, cols: 2}")),
-    ("first_frame_zero", _sub("first_frame: {frames: 1}", "first_frame: {frames: 0}")),
-    ("text_with_params", _sub("{band: {width: 3}}", "{text: {tokens: 3}}")),
-    ("causal_frames_scalar", _sub("{band: {width: 3}}", "{causal_frames: 3}")),
-    ("block_causal_missing_frames", _sub("{band: {width: 3}}", "{block_causal: {}}")),
-    ("block_causal_zero", _sub("{band: {width: 3}}", "{block_causal: {frames: 0}}")),
-    ("bad_expr_syntax", _sub("{band: {width: 3}}", '{expr: "abs(f_q - f_k) <= bogus"}')),
-    ("bad_expr_plain", _sub("    - ref: local", "    - expr: f_q // f_k == 0")),
-    (
-        "bad_expr_block",
-        _sub("    - ref: local", "    - expr: |\n        f_q < 1 and\n          f_k <\n"),
-    ),
-    ("expr_not_string", _sub("    - ref: local", "    - expr: 3")),
-    ("bad_ref_name", _sub("ref: local", "ref: Local")),
-    ("bad_pattern_name", _sub("  local: {band", "  local: {band: {width: 1}}\n  Bad: {band")),
-    ("duplicate_pattern", _sub("  local: {band", "  local: {band: {width: 1}}\n  local: {band")),
-    ("not_with_list", _sub("    - ref: local", "    - not: [ {text: {}} ]")),
-    ("top_level_list", "- svgen: 1\n"),
-    (
-        "geometry_not_mapping",
-        _sub(
-            "geometry: {frames: 4, height: 2, width: 3, text_tokens: 8, text_position: last}",
-            "geometry: 4x2x3",
-        ),
-    ),
-    ("unknown_tag", _sub("heads: 2,", "heads: !big 2,")),
-    # heads
-    ("both_mask_and_heads", _hsub("heads:\n", "mask: {text: {}}\nheads:\n")),
-    (
-        "neither_mask_nor_heads",
-        _hsub(
-            "heads:\n  candidates:\n    - {pattern: spatial}\n"
-            "    - {pattern: temporal, layout: temporal_major}\n"
-            "  assign: [spatial, temporal, spatial]\n",
-            "",
-        ),
-    ),
-    (
-        "heads_not_mapping",
-        _hsub(
-            "heads:\n  candidates:\n    - {pattern: spatial}\n"
-            "    - {pattern: temporal, layout: temporal_major}\n"
-            "  assign: [spatial, temporal, spatial]\n",
-            "heads: [spatial]\n",
-        ),
-    ),
-    ("heads_unknown_key", _hsub("  assign:", "  default: spatial\n  assign:")),
-    ("heads_missing_assign", _hsub("  assign: [spatial, temporal, spatial]\n", "")),
-    (
-        "heads_missing_candidates",
-        _hsub(
-            "  candidates:\n    - {pattern: spatial}\n"
-            "    - {pattern: temporal, layout: temporal_major}\n",
-            "",
-        ),
-    ),
-    (
-        "candidates_empty",
-        _hsub(
-            "  candidates:\n    - {pattern: spatial}\n"
-            "    - {pattern: temporal, layout: temporal_major}\n",
-            "  candidates: []\n",
-        ),
-    ),
-    (
-        "candidates_not_list",
-        _hsub(
-            "  candidates:\n    - {pattern: spatial}\n"
-            "    - {pattern: temporal, layout: temporal_major}\n",
-            "  candidates: {pattern: spatial}\n",
-        ),
-    ),
-    ("candidate_not_mapping", _hsub("- {pattern: spatial}", "- spatial")),
-    (
-        "candidate_missing_pattern",
-        _hsub("{pattern: temporal, layout: temporal_major}", "{layout: temporal_major}"),
-    ),
-    ("candidate_unknown_key", _hsub("{pattern: spatial}", "{pattern: spatial, tiling: 256}")),
-    ("candidate_unknown_pattern", _hsub("{pattern: temporal, layout", "{pattern: radial, layout")),
-    (
-        "candidate_bad_pattern_name",
-        _hsub("{pattern: temporal, layout", "{pattern: Temporal, layout"),
-    ),
-    (
-        "candidate_duplicate",
-        _hsub(
-            "{pattern: temporal, layout: temporal_major}",
-            "{pattern: temporal, layout: temporal_major}\n"
-            "    - {pattern: spatial, layout: temporal_major}",
-        ),
-    ),
-    ("candidate_bad_layout", _hsub("layout: temporal_major}", "layout: column_major}")),
-    (
-        "assign_too_short",
-        _hsub("assign: [spatial, temporal, spatial]", "assign: [spatial, temporal]"),
-    ),
-    (
-        "assign_too_long",
-        _hsub(
-            "assign: [spatial, temporal, spatial]", "assign: [spatial, temporal, spatial, spatial]"
-        ),
-    ),
-    (
-        "assign_unknown_name",
-        _hsub("assign: [spatial, temporal, spatial]", "assign: [spatial, temporal, radial]"),
-    ),
-    (
-        "assign_not_a_candidate",
-        _hsub("assign: [spatial, temporal, spatial]", "assign: [spatial, local, spatial]"),
-    ),
-    (
-        "assign_entry_not_name",
-        _hsub("assign: [spatial, temporal, spatial]", "assign: [spatial, 1, spatial]"),
-    ),
-    ("assign_wrong_string", _hsub("assign: [spatial, temporal, spatial]", "assign: spatial")),
-    ("assign_mapping", _hsub("assign: [spatial, temporal, spatial]", "assign: {0: spatial}")),
-    ("assign_integer", _hsub("assign: [spatial, temporal, spatial]", "assign: 3")),
-]
 
 EXPECTED = {
     "unknown_top_level_key": "specs/demo.yaml:6:1: kernel: unknown key 'kernel'; allowed keys: svgen, name, geometry, attention, layout, mask, heads, patterns, tiling",
@@ -744,67 +462,6 @@ def test_every_invalid_case_has_an_expectation():
 
 
 # ----------------------------------------------------------------------------- integer ranges
-
-LIMITS_SPEC = """\
-svgen: 1
-name: tiny
-geometry: {GEOMETRY}
-attention: {heads: HEADS, head_dim: 64, dtype: float32}
-mask: MASK
-tiling: {block_q: 4096, block_kv: 4096}
-"""
-
-# Every integer parameter of every primitive and section: (where the value goes, key path,
-# smallest valid value, largest valid value). Written out by hand rather than derived from
-# spec.py's tables, so that a wrong bound there (a negative band width accepted) fails here.
-INTEGER_PARAMS = [
-    ("mask", "{first_frame: {frames: X}}", "mask.first_frame.frames", 1, MAX_PARAM),
-    ("mask", "{spatial_window: {frames: X}}", "mask.spatial_window.frames", 0, MAX_PARAM),
-    ("mask", "{spatial_window: {frames: 1, rows: X}}", "mask.spatial_window.rows", 0, MAX_PARAM),
-    ("mask", "{spatial_window: {frames: 1, cols: X}}", "mask.spatial_window.cols", 0, MAX_PARAM),
-    ("mask", "{temporal_stride: {rows: X}}", "mask.temporal_stride.rows", 0, MAX_PARAM),
-    ("mask", "{temporal_stride: {cols: X}}", "mask.temporal_stride.cols", 0, MAX_PARAM),
-    ("mask", "{temporal_stride: {stride: X}}", "mask.temporal_stride.stride", 1, MAX_PARAM),
-    ("mask", "{temporal_stride: {frames: X}}", "mask.temporal_stride.frames", 0, MAX_PARAM),
-    ("mask", "{band: {width: X}}", "mask.band.width", 0, MAX_PARAM),
-    ("mask", "{prefix: {tokens: X}}", "mask.prefix.tokens", 1, MAX_PARAM),
-    ("mask", "{block_causal: {frames: X}}", "mask.block_causal.frames", 1, MAX_PARAM),
-    ("geometry", "frames", "geometry.frames", 1, MAX_SEQ_LEN),
-    ("geometry", "height", "geometry.height", 1, MAX_SEQ_LEN),
-    ("geometry", "width", "geometry.width", 1, MAX_SEQ_LEN),
-    ("geometry", "text_tokens", "geometry.text_tokens", 0, MAX_SEQ_LEN - 1),
-    ("heads", "HEADS", "attention.heads", 1, MAX_HEADS),
-]
-
-
-def _limits_spec(where: str, slot: str, value) -> str:
-    geometry = {"frames": 1, "height": 1, "width": 1, "text_tokens": 0}
-    mask, heads = "{causal_frames: {}}", 1
-    if where == "mask":
-        mask = slot.replace("X", str(value))
-    elif where == "geometry":
-        geometry[slot] = value
-    else:
-        heads = value
-    text = LIMITS_SPEC.replace("GEOMETRY", ", ".join(f"{k}: {v}" for k, v in geometry.items()))
-    return text.replace("HEADS", str(heads)).replace("MASK", mask)
-
-
-def _bad_values(minimum: int, maximum: int) -> list:
-    return [
-        minimum - 1,
-        -1,
-        -(2**63),
-        maximum + 1,
-        2**31,
-        2**63,
-        2**64 + 1,
-        10**40,
-        "2.5",
-        "true",
-        "'7'",
-        "[1]",
-    ]
 
 
 @pytest.mark.parametrize(
