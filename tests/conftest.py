@@ -58,24 +58,37 @@ def lower_mask_dict(mask: dict, lay: TokenLayout, bq: int, bkv: int):
     """(spec, lowered mask) of a spec with this mask (a dict as YAML would load it) on the
     geometry of ``lay``, through the spec reader and lowering as a user's file goes."""
     spec = parse_spec(
-        yaml.safe_dump(
-            {
-                "svgen": 1,
-                "name": "random_mask",
-                "geometry": {
-                    "frames": lay.frames,
-                    "height": lay.height,
-                    "width": lay.width,
-                    "text_tokens": lay.text_tokens,
-                    "text_position": lay.text_position,
-                },
-                "attention": {"heads": 1, "head_dim": 128, "dtype": "float32"},
-                "mask": mask,
-                "tiling": {"block_q": bq, "block_kv": bkv},
-            }
-        )
+        mask_spec_text(mask, lay, order=None, tiling={"block_q": bq, "block_kv": bkv})
     )
     return spec, ir.lower(spec)
+
+
+def mask_spec_text(
+    mask: dict, lay: TokenLayout, *, name="random_mask", order="", tiling=None, **extra
+) -> str:
+    """A one-head float32 spec of ``mask`` on the geometry of ``lay`` (its order unless
+    ``order`` says otherwise; None: no `layout:` key), 128 x 128 tiles unless ``tiling``."""
+    spec = {
+        "svgen": 1,
+        "name": name,
+        "geometry": {
+            "frames": lay.frames,
+            "height": lay.height,
+            "width": lay.width,
+            "text_tokens": lay.text_tokens,
+            "text_position": lay.text_position,
+        },
+        "attention": {"heads": 1, "head_dim": 128, "dtype": "float32"},
+        "layout": lay.order if order == "" else order,
+        **extra,
+        "mask": mask,
+        "tiling": tiling or {"block_q": 128, "block_kv": 128},
+    }
+    if spec["layout"] is None:
+        del spec["layout"]
+    if spec["tiling"] is False:
+        del spec["tiling"]
+    return yaml.safe_dump(spec)
 
 
 def emitted_function(mask, layout: TokenLayout):

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from conftest import REPO, random_layout, random_mask
+from conftest import REPO, mask_spec_text, random_layout, random_mask
 
 CHECKED = ["svgen", "tests", "bench", "examples", "generated"]
 
@@ -31,8 +31,6 @@ def test_code_and_generated_modules_are_formatted():
 def test_modules_of_random_masks_are_formatted(tmp_path):
     """Codegen lays statements out as the formatter does (svgen.codegen.pyformat): the
     modules of 30 random masks and layouts, long mask chains included, pass the check."""
-    import yaml
-
     from svgen import codegen
     from svgen.analysis import analyze
     from svgen.spec import parse_spec
@@ -41,23 +39,7 @@ def test_modules_of_random_masks_are_formatted(tmp_path):
     for seed in range(30):
         rng = np.random.default_rng(11_000 + seed)
         lay = random_layout(rng)
-        text = yaml.safe_dump(
-            {
-                "svgen": 1,
-                "name": f"formatted_{seed}",
-                "geometry": {
-                    "frames": lay.frames,
-                    "height": lay.height,
-                    "width": lay.width,
-                    "text_tokens": lay.text_tokens,
-                    "text_position": lay.text_position,
-                },
-                "attention": {"heads": 1, "head_dim": 128, "dtype": "float32"},
-                "layout": lay.order,
-                "mask": random_mask(rng, lay),
-                "tiling": {"block_q": 128, "block_kv": 128},
-            }
-        )
+        text = mask_spec_text(random_mask(rng, lay), lay, name=f"formatted_{seed}")
         for name, data in codegen.render(analyze(parse_spec(text)), "specs/x.yaml").items():
             (tmp_path / name).write_bytes(data)
             split_chains += sum(

@@ -21,6 +21,7 @@ from conftest import (
     emitted_function,
     emitted_keep,
     lower_mask_dict,
+    mask_spec_text,
     random_layout,
     random_mask,
 )
@@ -178,30 +179,13 @@ def test_rendered_module_masks_equal_the_oracle_under_jit(seed, compile_text):
     """The real template, rendered and imported: each pattern's boundary_mask, jitted over
     every (q, k) pair in kernel order, equals the IR oracle (random masks and layouts)."""
     import jax
-    import yaml
 
     from svgen.runtime import coords
 
     rng = np.random.default_rng(9000 + seed)
     lay = random_layout(rng)
     mask = random_mask(rng, lay)
-    text = yaml.safe_dump(
-        {
-            "svgen": 1,
-            "name": "rendered_oracle",
-            "geometry": {
-                "frames": lay.frames,
-                "height": lay.height,
-                "width": lay.width,
-                "text_tokens": lay.text_tokens,
-                "text_position": lay.text_position,
-            },
-            "attention": {"heads": 1, "head_dim": 128, "dtype": "float32"},
-            "layout": lay.order,
-            "mask": mask,
-            "tiling": {"block_q": 128, "block_kv": 128},
-        }
-    )
+    text = mask_spec_text(mask, lay, name="rendered_oracle")
     plan, module = compile_text(text)
     pattern, planned = module._PATTERNS[0], plan.only
     pos = np.arange(planned.layout.seq_len, dtype=np.int32)

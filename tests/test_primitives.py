@@ -17,7 +17,6 @@ import jsonschema
 import numpy as np
 import pytest
 import sympy
-import yaml
 
 from svgen import codegen, ir, primitives
 from svgen.analysis import analyze
@@ -37,6 +36,7 @@ from conftest import (
     emitted_function,
     emitted_keep,
     lower_mask_dict,
+    mask_spec_text,
 )
 
 KEYS = primitives.keys()
@@ -80,24 +80,15 @@ def _example_spec(key: str, lay: TokenLayout = LAYOUTS[1]):
 
 
 def _with_pattern(mask: dict, lay: TokenLayout):
-    spec = parse_spec(
-        yaml.safe_dump(
-            {
-                "svgen": 1,
-                "name": "example",
-                "geometry": {
-                    "frames": lay.frames,
-                    "height": lay.height,
-                    "width": lay.width,
-                    "text_tokens": lay.text_tokens,
-                    "text_position": lay.text_position,
-                },
-                "attention": {"heads": 1, "head_dim": 128, "dtype": "float32"},
-                "patterns": {"anchor": {"first_frame": {}}},
-                "mask": mask,
-            }
-        )
+    text = mask_spec_text(
+        mask,
+        lay,
+        name="example",
+        order=None,
+        tiling=False,
+        patterns={"anchor": {"first_frame": {}}},
     )
+    spec = parse_spec(text)
     return spec, ir.lower(spec)
 
 
