@@ -311,13 +311,14 @@ def scaled_spec_text(path, text_tokens=None, heads=2, tiling=None, dtype="float3
 # -- gradients --------------------------------------------------------------------------
 
 
-def reference_grads(plan, q, k, v, head_pattern, do, sm_scale=None):
-    """float64 dq, dk, dv of sum(attention(q, k, v) * do), heads [.., heads, seq, d]."""
+def reference_grads(plan, q, k, v, head_pattern, do, sm_scale=None, keeps=None):
+    """float64 dq, dk, dv of sum(attention(q, k, v) * do), heads [.., heads, seq, d];
+    `keeps`: per pattern, the user-order mask (default: each pattern's exact mask)."""
     q64, k64, v64, do64 = (
         np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (q, k, v, do)
     )
     scale = 1 / np.sqrt(q64.shape[-1]) if sm_scale is None else sm_scale
-    keeps = [user_order_keep(p) for p in plan.patterns]
+    keeps = keeps or [user_order_keep(p) for p in plan.patterns]
     grads = [np.zeros_like(q64) for _ in range(3)]
     for index in np.ndindex(q64.shape[:-2]):
         keep = keeps[int(head_pattern[index[-1]])]
@@ -331,3 +332,29 @@ def reference_grads(plan, q, k, v, head_pattern, do, sm_scale=None):
         grads[1][index] = ds.T @ q64[index] * scale
         grads[2][index] = p.T @ dout
     return grads
+
+
+GRAD_TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2}
+
+
+def check_grads(plan, module, q, k, v, head_pattern, dtype, jit_pattern=False, keeps=None):
+    """jax.grad of sum(attention * do) in interpret mode (NaN-poisoned) against float64."""
+    do = np.random.default_rng(7).standard_normal(q.shape).astype(np.float32)
+
+    def loss(q, k, v, hp):
+        out = module.attention(q, k, v, head_pattern=hp, interpret=POISONED)
+        return jnp.sum(out.astype(jnp.float32) * do)
+
+    grad = jax.grad(loss, argnums=(0, 1, 2))
+    hp = jnp.asarray(head_pattern, jnp.int32) if jit_pattern else np.asarray(head_pattern)
+    got = (
+        jax.jit(grad)(q, k, v, hp)
+        if jit_pattern
+        else jax.jit(lambda q, k, v: grad(q, k, v, hp))(q, k, v)
+    )
+    want = reference_grads(plan, q, k, v, np.asarray(head_pattern), do, keeps=keeps)
+    for name, a, b in zip(("dq", "dk", "dv"), got, want):
+        a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+        assert np.all(np.isfinite(a)), f"{name}: non-finite values"
+        error = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+        assert error <= GRAD_TOLERANCE[dtype], f"{name}: relative error {error:.2e}"

@@ -17,7 +17,15 @@ from svgen.runtime.kinds import TileKind
 from svgen.runtime.reference import masked_attention_reference
 from svgen.spec import ALIGN_MODES, canonical_json, parse_spec
 
-from conftest import TOLERANCE, dense_keep, lower_mask_dict, random_layout, random_mask
+from conftest import (
+    TOLERANCE,
+    check_grads,
+    dense_keep,
+    lower_mask_dict,
+    mixed_inputs,
+    random_layout,
+    random_mask,
+)
 
 MODES = [m for m in ALIGN_MODES if m != "exact"]
 POISONED = pltpu.InterpretParams(uninitialized_memory="nan")
@@ -304,3 +312,19 @@ def test_kernel_without_boundary_blocks_and_rows_emptied(compile_text):
     out, keep = run_against_aligned_reference(plan, module)
     assert int((~keep.any(axis=1)).sum()) == 256
     assert np.all(out[:, 256:] == 0.0)
+
+
+def test_gradients_of_an_aligned_mask(compile_text):
+    """jax.grad through an aligned kernel equals the float64 gradient of the aligned mask
+    (the backward walks the same FULL / EMPTY blocks, the padding column exact)."""
+    text = SPEC.format(
+        frames=5,
+        height=4,
+        width=26,
+        mask="any_of: [{first_frame: {frames: 1}}, {temporal_stride: {rows: 1, cols: 2}}]",
+        tiling="block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128, align: balanced",
+    )
+    plan, module = compile_text(text)
+    q, k, v = mixed_inputs(plan, "float32", seed=4, heads=plan.spec.attention.heads)
+    heads = [0] * plan.spec.attention.heads
+    check_grads(plan, module, q, k, v, heads, "float32", keeps=[aligned_user_keep(plan.only)])
