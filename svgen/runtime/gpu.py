@@ -1,0 +1,461 @@
+"""Block-sparse flash attention on GPU: a hand-written Pallas Triton forward kernel over the
+same per-pattern runs as the TPU kernel (svgen.runtime.kernel).
+
+A generated module's `_PATTERNS` (runs, layout, boundary_mask, query_coords) and `SHAPE` are
+everything this backend needs: `gpu_attention_of(module)` or `make_gpu_attention(patterns,
+shape, ...)` builds `attention(q, k, v, *, head_pattern=None, interpret=False,
+sm_scale=None)` with the calling convention of the TPU one. Forward only (no VJP yet).
+
+GPU tiles from TPU runs
+-----------------------
+A Triton program holds its tiles in registers, so GPU tiles are small (64 or 128 queries x
+64 keys) while the compiler classifies TPU compute blocks (compute_q x compute_kv, multiples
+of 128). The GPU tables are derived from the runs' compute-block kinds
+(`tables.compute_block_kinds`: the tile kind, and per BOUNDARY tile its `blocks` word),
+never by evaluating the mask again: GPU tiles must divide the compute blocks (block_q divides
+compute_q, block_kv divides compute_kv; any power of two up to 128 does, compute blocks being
+multiples of 128), and each GPU tile inherits the kind of the compute block it lies in.
+
+Why divisors only, and not also GPU tiles spanning several compute blocks (kind = FULL if all
+FULL, EMPTY if all EMPTY, else BOUNDARY)? Because of aligned masks (`tiling.align`): there a
+FULL or EMPTY compute block may disagree with boundary_mask (the aligned mask *is* the mask),
+so a GPU tile straddling an aligned block and a BOUNDARY block would evaluate the exact
+predicate over the aligned block and be wrong. With divisors the kernel computes exactly what
+the TPU kernel computes, compute block by compute block, for every spec.
+
+The price: inside a BOUNDARY compute block every GPU tile is visited with the mask, even one
+that the mask keeps entirely or not at all (e.g. at 64 x 64 in a 1024 x 512 block). Exact
+per-GPU-tile kinds would need the compiler's analysis at the GPU tile size (the runtime does
+not import the compiler): a later cut can have `svgen compile` emit runs at the GPU tiling.
+
+Padding keys: the GPU kv tile that holds seq_len - 1 may reach past it. The compiler never
+makes a compute block holding padding FULL, but the kernel does not rely on it: a FULL entry
+on that tile still masks keys >= seq_len (a branch of its own, see below), and a BOUNDARY
+entry always does.
+
+Table format (NumPy, `GpuTables`), CSR per (pattern, q tile):
+
+    row_offsets  int32 [patterns * num_q_tiles + 1]  entries of row r = p * num_q_tiles + i
+                                                     are entries[row_offsets[r]:row_offsets[r+1]]
+    entries      int32 [visited tiles of all patterns (at least 1)]
+                                                     kv_tile << 2 | kind (FULL or BOUNDARY)
+
+EMPTY tiles are never listed; a q tile with no entry runs no iteration and writes zeros. One
+copy per pattern, whatever the number of heads using it.
+
+Kernel
+------
+Grid (q tiles, batch * heads): one program per (q tile, head row). Q tiles vary fastest, so
+programs running together share their head's K and V in L2, and any sequence fits (grid x
+takes 2^31 - 1 q tiles, grid y 65,535 rows of batch * heads). A program reads its head's
+pattern (head_pattern, an int32 [heads] input: traced assignments work, one pallas_call for
+all heads) and its CSR row's [begin, end), and runs `lax.fori_loop(begin, end)` over the
+entries with the online-softmax state (m, l, acc) in f32 registers:
+
+  * q is loaded once, masked past seq_len, and pre-scaled by sm_scale * log2(e) (scores come
+    out in base 2: exp2, as on TPU); f32 operands use Precision.HIGHEST, which the Triton
+    lowering turns into IEEE dots (the default would be TF32);
+  * K and V tiles are loaded at the loop's top level (not inside a branch, so Triton's
+    pipeliner may prefetch them), masked past seq_len with zeros (0 * garbage would be NaN);
+  * one `lax.switch` per entry picks the score transform: a FULL tile: the scores
+    untouched, no mask at all; a FULL tile reaching past seq_len (a branch that exists only
+    when seq_len is not a multiple of block_kv): only `k < seq_len`; a BOUNDARY tile under
+    pattern p: its `boundary_mask(q_coords, k_coords)` and
+    `k < seq_len`. With several patterns that is one branch per pattern, each evaluating only
+    its own mask, selected by a scalar uniform over the program (head_pattern of the
+    program's head), so nothing diverges; the Triton lowering turns the switch into a chain
+    of scf.if;
+  * coordinates: the query coordinates a pattern's mask reads (`Pattern.query_coords`) are
+    decoded once per q tile, before the loop, as [block_q, 1] columns (TokenCoords on the
+    positions as a column; the TPU's QueryCoords row-form-and-transpose trick is a vreg
+    layout matter with no use here); key coordinates are decoded per BOUNDARY tile as
+    [1, block_kv] rows with coords.TokenCoords. TokenCoords lowers to Triton as it is:
+    lax.div / lax.rem (divsi / remsi on non-negative values), clamps (min/max),
+    jnp.where (select), bitcast int32 -> uint32 and unsigned compares (coords.within);
+  * finalize: rows whose running max never left MASK_VALUE saw no allowed key and are 0,
+    never NaN; rows past seq_len are not stored (masked store).
+
+Requirements: block_q, block_kv and head_dim powers of two, at least 16 (Triton tensor shapes
+and tl.dot), the GPU tile dividing the compute block; dtypes float32, bfloat16, float16.
+Tables, q, k, v and o are plain pallas_call operands (Triton has no scalar prefetch): the
+tables as whole-array blocks read with scalar loads, q, k, v, o as one head's whole
+[seq_len, head_dim] block each, sliced with pl.ds and masked loads / stores (a Triton block
+past the array's end would read out of bounds, so no block is ever partial).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from svgen.runtime.coords import TokenCoords
+from svgen.runtime.kernel import (
+    LOG2_E,
+    MASK_VALUE,
+    Pattern,
+    _check_operands,
+    _checked_head_pattern,
+    _per_head_layout,
+)
+from svgen.runtime.kinds import TileKind
+from svgen.runtime.layout import TokenLayout
+from svgen.runtime.tables import KIND_MASK, KV_BLOCK_SHIFT, KernelShape, compute_block_kinds
+
+DTYPES = ("float32", "bfloat16", "float16")
+DEFAULT_BLOCK_Q = 64
+DEFAULT_BLOCK_KV = 64
+
+
+# -- tables (NumPy) -------------------------------------------------------------------------
+
+
+def gpu_tile_kinds(runs, shape: KernelShape, block_q: int, block_kv: int) -> np.ndarray:
+    """int8 [ceil(seq_len / block_q), ceil(seq_len / block_kv)]: each GPU tile's kind, that of
+    the compute block it lies in (block_q must divide compute_q, block_kv compute_kv)."""
+    if shape.cq % block_q or shape.ckv % block_kv:
+        raise ValueError(
+            f"GPU tiles must divide the compute blocks ({shape.cq} x {shape.ckv}); "
+            f"got {block_q} x {block_kv}"
+        )
+    num_q = -(-shape.seq_len // shape.block_q)
+    num_kv = -(-shape.seq_len // shape.block_kv)
+    blocks = compute_block_kinds(
+        runs, num_q, num_kv, shape.q_blocks_per_tile, shape.kv_blocks_per_tile
+    )
+    gq, gk = -(-shape.seq_len // block_q), -(-shape.seq_len // block_kv)
+    rows = np.arange(gq) * block_q // shape.cq
+    cols = np.arange(gk) * block_kv // shape.ckv
+    return blocks[np.ix_(rows, cols)]
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuTables:
+    """The CSR tables of all patterns (see the module docstring)."""
+
+    block_q: int
+    block_kv: int
+    num_q_tiles: int
+    num_kv_tiles: int
+    row_offsets: np.ndarray  # int32 [patterns * num_q_tiles + 1]
+    entries: np.ndarray  # int32 [max(visited, 1)]: kv_tile << 2 | kind
+
+    @classmethod
+    def from_runs(
+        cls, runs_per_pattern: Sequence, shape: KernelShape, block_q: int, block_kv: int
+    ) -> "GpuTables":
+        counts, entries = [], []
+        gq = gk = 0
+        for runs in runs_per_pattern:
+            kinds = gpu_tile_kinds(runs, shape, block_q, block_kv)
+            gq, gk = kinds.shape
+            q_tile, kv_tile = np.nonzero(kinds != TileKind.EMPTY)  # row-major: by q tile
+            counts.append(np.bincount(q_tile, minlength=gq))
+            entries.append((kv_tile << KV_BLOCK_SHIFT) | kinds[q_tile, kv_tile])
+        counts = np.concatenate(counts)
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        flat = np.concatenate(entries) if entries else np.zeros(0, np.int64)
+        if offsets[-1] >= 2**31 or gk >= 2**29:
+            raise ValueError("the GPU tables do not fit int32: use larger GPU tiles")
+        if flat.size == 0:  # never read; keeps the operand non-empty
+            flat = np.zeros(1, np.int64)
+        return cls(block_q, block_kv, gq, gk, offsets.astype(np.int32), flat.astype(np.int32))
+
+    @property
+    def num_patterns(self) -> int:
+        return (len(self.row_offsets) - 1) // self.num_q_tiles
+
+    def visited(self, pattern: int) -> int:
+        """Visited GPU tiles of one pattern (per head using it)."""
+        rows = self.row_offsets[pattern * self.num_q_tiles : (pattern + 1) * self.num_q_tiles + 1]
+        return int(rows[-1] - rows[0])
+
+    def kinds(self, pattern: int) -> np.ndarray:
+        """int8 [num_q_tiles, num_kv_tiles] back from the CSR rows (tests, inspection)."""
+        out = np.zeros((self.num_q_tiles, self.num_kv_tiles), np.int8)
+        for i in range(self.num_q_tiles):
+            r = pattern * self.num_q_tiles + i
+            for e in self.entries[self.row_offsets[r] : self.row_offsets[r + 1]].tolist():
+                out[i, e >> KV_BLOCK_SHIFT] = e & KIND_MASK
+        return out
+
+
+# -- kernel ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _PatternCode:
+    boundary_mask: object
+    layout: TokenLayout
+    query_coords: tuple[str, ...]
+
+
+class _QueryColumns:
+    """A q tile's query coordinates, decoded before the loop as [block_q, 1] columns."""
+
+    def __init__(self, values: dict):
+        self._values = values
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(
+                f"query coordinate {name!r} was not decoded for this mask "
+                f"(decoded: {tuple(self._values)})"
+            ) from None
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+def _attention_kernel(
+    hp_ref,
+    offsets_ref,
+    entries_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    *,
+    patterns: tuple[_PatternCode, ...],
+    heads: int,
+    seq_len: int,
+    block_q: int,
+    block_kv: int,
+    num_q_tiles: int,
+    q_scale: float,
+):
+    q_tile, row = pl.program_id(0), pl.program_id(1)
+    pattern = hp_ref[lax.rem(row, heads)] if len(patterns) > 1 else 0
+    csr_row = pattern * num_q_tiles + q_tile
+    begin, end = offsets_ref[csr_row], offsets_ref[csr_row + 1]
+
+    q_pos = q_tile * block_q + lax.broadcasted_iota(jnp.int32, (block_q,), 0)
+    q_in = q_pos < seq_len
+    q = plgpu.load(q_ref.at[pl.ds(q_tile * block_q, block_q), :], mask=q_in[:, None], other=0.0)
+    q = (q.astype(jnp.float32) * q_scale).astype(q_ref.dtype)
+    precision = lax.Precision.HIGHEST if q_ref.dtype == jnp.float32 else None
+
+    # Query coordinates each pattern's mask reads, decoded once per q tile.
+    columns = []
+    for p in patterns:
+        coords = TokenCoords(q_pos[:, None], p.layout)
+        columns.append(_QueryColumns({name: getattr(coords, name) for name in p.query_coords}))
+
+    def masked(p: _PatternCode, q_coords: _QueryColumns, k_pos, k_in, scores):
+        keep = p.boundary_mask(q_coords, TokenCoords(k_pos[None, :], p.layout))
+        keep = jnp.broadcast_to(keep, scores.shape) & k_in[None, :]
+        return jnp.where(keep, scores, MASK_VALUE)
+
+    def padding(k_in, scores):
+        return jnp.where(k_in[None, :], scores, MASK_VALUE)
+
+    def body(index, state):
+        m_prev, l_prev, acc_prev = state
+        entry = entries_ref[index]
+        kv_tile = lax.shift_right_logical(entry, KV_BLOCK_SHIFT)
+        kind = entry & KIND_MASK
+        start = kv_tile * block_kv
+        k_pos = start + lax.broadcasted_iota(jnp.int32, (block_kv,), 0)
+        k_in = k_pos < seq_len
+        k = plgpu.load(k_ref.at[pl.ds(start, block_kv), :], mask=k_in[:, None], other=0.0)
+        v = plgpu.load(v_ref.at[pl.ds(start, block_kv), :], mask=k_in[:, None], other=0.0)
+        scores = lax.dot_general(
+            q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32, precision=precision
+        )
+        # 0: FULL, no mask at all; [1: FULL holding padding keys;] then BOUNDARY, one branch
+        # per pattern.
+        branches = [lambda s: s]
+        # int32 scalars, never Python ones: the Triton lowering of select_n gives a weak-typed
+        # literal operand the predicate's type (i1), which fails verification.
+        full = jnp.int32(0)
+        if seq_len % block_kv:  # the last kv tile holds padding keys
+            branches.append(functools.partial(padding, k_in))
+            full = jnp.where(start + block_kv > seq_len, jnp.int32(1), full)
+        branch = jnp.where(kind == TileKind.BOUNDARY, jnp.int32(len(branches)) + pattern, full)
+        branches += [
+            functools.partial(masked, p, c, k_pos, k_in) for p, c in zip(patterns, columns)
+        ]
+        scores = lax.switch(branch, branches, scores)
+        m_next = jnp.maximum(m_prev, jnp.max(scores, axis=1))
+        # A row with no allowed key so far has m_next == MASK_VALUE and exp2(0) = 1 on its
+        # masked scores; the first allowed key rescales that away (alpha = 0), and a row that
+        # never gets one is zeroed at the end (as in the TPU kernel).
+        probs = jnp.exp2(scores - m_next[:, None])
+        alpha = jnp.exp2(m_prev - m_next)
+        l_next = alpha * l_prev + jnp.sum(probs, axis=1)
+        pv = lax.dot_general(
+            probs.astype(v.dtype),
+            v,
+            (((1,), (0,)), ((), ())),
+            preferred_element_type=jnp.float32,
+            precision=precision,
+        )
+        return m_next, l_next, alpha[:, None] * acc_prev + pv
+
+    d = q_ref.shape[-1]
+    state = (
+        jnp.full((block_q,), MASK_VALUE, jnp.float32),
+        jnp.zeros((block_q,), jnp.float32),
+        jnp.zeros((block_q, d), jnp.float32),
+    )
+    m, l, acc = lax.fori_loop(begin, end, body, state)
+    seen = m > 0.5 * MASK_VALUE  # rows that saw no allowed key are 0, never NaN
+    inv = jnp.where(seen, 1.0 / jnp.where(seen, l, 1.0), 0.0)
+    plgpu.store(
+        o_ref.at[pl.ds(q_tile * block_q, block_q), :],
+        (acc * inv[:, None]).astype(o_ref.dtype),
+        mask=q_in[:, None],
+    )
+
+
+def _gpu_call(
+    q,
+    k,
+    v,
+    head_pattern,
+    tables: GpuTables,
+    patterns: tuple[_PatternCode, ...],
+    *,
+    seq_len: int,
+    q_scale: float,
+    interpret,
+    num_warps: int | None,
+    num_stages: int | None,
+):
+    """q, k, v: [batch*heads, seq_len, head_dim] in each head's kernel order."""
+    rows, _, d = q.shape
+    heads = int(head_pattern.shape[0])
+    kernel = functools.partial(
+        _attention_kernel,
+        patterns=patterns,
+        heads=heads,
+        seq_len=seq_len,
+        block_q=tables.block_q,
+        block_kv=tables.block_kv,
+        num_q_tiles=tables.num_q_tiles,
+        q_scale=q_scale,
+    )
+    offsets = jnp.asarray(tables.row_offsets)
+    entries = jnp.asarray(tables.entries)
+
+    def whole(x):  # a table, the same block for every program
+        return pl.BlockSpec(x.shape, lambda i, r: (0,))
+
+    head_rows = pl.BlockSpec((None, seq_len, d), lambda i, r: (r, 0, 0))
+    if num_warps is None:
+        num_warps = 4 if d <= 64 else 8
+    return pl.pallas_call(
+        kernel,
+        grid=(tables.num_q_tiles, rows),
+        in_specs=[whole(head_pattern), whole(offsets), whole(entries)] + [head_rows] * 3,
+        out_specs=head_rows,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="svgen_gpu_attention",
+    )(head_pattern, offsets, entries, q, k, v)
+
+
+def make_gpu_attention(
+    patterns: Sequence[Pattern],
+    shape: KernelShape,
+    *,
+    block_q: int = DEFAULT_BLOCK_Q,
+    block_kv: int = DEFAULT_BLOCK_KV,
+    default_head_pattern: Sequence[int] | None = None,
+    dtype: str | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = 2,
+):
+    """`attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None)` on GPU.
+
+    patterns, shape: a generated module's `_PATTERNS` and `SHAPE` (the runs are read at
+    SHAPE's tiling); block_q x block_kv: the GPU tile (powers of two >= 16); dtype: q, k, v
+    must have it (None: float32, bfloat16 or float16). q, k, v are [heads, seq, head_dim] or
+    [batch, heads, seq, head_dim] in the user's token order; the output has q's shape and
+    dtype. `head_pattern` (int [heads], may be traced) defaults to `default_head_pattern`.
+    `interpret=True` runs the kernel in Pallas's interpreter (CPU, no CUDA).
+    """
+    for name, size in (("block_q", block_q), ("block_kv", block_kv), ("head_dim", shape.head_dim)):
+        if not _is_power_of_two(size) or size < 16:
+            raise ValueError(f"{name} must be a power of two >= 16 on GPU, got {size}")
+    if dtype is not None and jnp.dtype(dtype).name not in DTYPES:
+        raise ValueError(f"GPU kernels run {', '.join(DTYPES)}; got dtype {dtype}")
+    tables = GpuTables.from_runs([p.runs for p in patterns], shape, block_q, block_kv)
+    layouts: list[TokenLayout] = []
+    for p in patterns:
+        if p.layout not in layouts:
+            layouts.append(p.layout)
+    layout_of_pattern = np.asarray([layouts.index(p.layout) for p in patterns], np.int32)
+    codes = tuple(_PatternCode(p.boundary_mask, p.layout, tuple(p.query_coords)) for p in patterns)
+
+    def attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None):
+        _check_operands(q, k, v, shape, dtype)
+        if jnp.dtype(q.dtype).name not in DTYPES:
+            raise TypeError(f"GPU kernels run {', '.join(DTYPES)}; got q, k, v of {q.dtype}")
+        heads = q.shape[-3]
+        if head_pattern is None:
+            if default_head_pattern is None:
+                raise ValueError(
+                    "this kernel's patterns are assigned at run time: pass "
+                    "head_pattern (int [heads]), e.g. from profile()"
+                )
+            if heads != shape.heads:
+                raise ValueError(
+                    f"q has {heads} heads, the spec {shape.heads}: pass the "
+                    "head_pattern of these heads"
+                )
+            head_pattern = default_head_pattern
+        _, head_pattern = _checked_head_pattern(head_pattern, heads, len(patterns))
+        head_layout = jnp.asarray(layout_of_pattern)[head_pattern]
+        lead = q.shape[:-2]
+        if sm_scale is None:
+            sm_scale = 1.0 / math.sqrt(shape.head_dim)
+
+        def to_kernel(x):
+            x = _per_head_layout(x, layouts, head_layout, to_kernel=True)
+            return x.reshape((-1,) + x.shape[-2:])
+
+        out = _gpu_call(
+            to_kernel(q),
+            to_kernel(k),
+            to_kernel(v),
+            head_pattern,
+            tables,
+            codes,
+            seq_len=shape.seq_len,
+            q_scale=float(sm_scale) * LOG2_E,
+            interpret=interpret,
+            num_warps=num_warps,
+            num_stages=num_stages,
+        )
+        out = out.reshape(lead + (shape.seq_len, shape.head_dim))
+        return _per_head_layout(out, layouts, head_layout, to_kernel=False)
+
+    attention.tables = tables
+    return attention
+
+
+def gpu_attention_of(module, **options):
+    """make_gpu_attention for a generated module (its _PATTERNS, SHAPE, HEAD_PATTERN, DTYPE);
+    options: block_q, block_kv, num_warps, num_stages, dtype."""
+    options.setdefault("dtype", getattr(module, "DTYPE", None))
+    return make_gpu_attention(
+        module._PATTERNS,
+        module.SHAPE,
+        default_head_pattern=getattr(module, "HEAD_PATTERN", None),
+        **options,
+    )

@@ -1,0 +1,329 @@
+"""The GPU (Pallas Triton) forward kernel of svgen.runtime.gpu, on the CPU.
+
+Kernels run in Pallas's interpreter (`interpret=True`: no CUDA needed), which pads every
+operand with NaN past its end and starts outputs as NaN, so an unmasked read past the
+sequence or an unwritten output row fails the float64 comparison. Separately, every kernel
+is lowered for CUDA down to Triton IR (jaxlib's Triton dialect, no GPU and no CUDA plugin)
+and the IR is verified: what the interpreter accepts but Triton would not (a primitive
+without a Triton rule, a mistyped op) fails here.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax._src.pallas.triton import lowering as triton_lowering
+
+from svgen.runtime import gpu
+from svgen.runtime.kinds import TileKind
+from svgen.runtime.reference import masked_attention_reference
+from svgen.runtime.tables import compute_block_kinds
+
+from conftest import (
+    REPO,
+    SPECS,
+    TWO_LEVEL,
+    brute_force_kinds,
+    check_per_head,
+    dense_keep,
+    import_file,
+    mask_spec_text,
+    mixed_inputs,
+    random_layout,
+    random_mask,
+    scaled_spec_text,
+    user_order_keep,
+)
+
+MIXED_SPECS = ["wan21_720p_mixed", "hunyuan_720p_mixed", "cogvideox_mixed"]
+
+
+def spec(name: str):
+    return REPO / "specs" / f"{name}.yaml"
+
+
+def run_traced(attention, q, k, v, head_pattern):
+    """The GPU attention under jit with a traced head_pattern, in interpret mode."""
+    run = jax.jit(lambda q, k, v, hp: attention(q, k, v, head_pattern=hp, interpret=True))
+    return run(q, k, v, jnp.asarray(head_pattern, jnp.int32))
+
+
+def check_batched(plan, out, q, k, v, head_pattern, dtype):
+    for b in range(q.shape[0]):
+        check_per_head(plan, out[b], q[b], k[b], v[b], head_pattern, dtype)
+
+
+# -- numerics in interpret mode ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec_path", SPECS, ids=lambda p: p.stem)
+def test_shipped_spec_scaled_down(spec_path, compile_text):
+    """Every shipped spec at 520 video tokens (+ text): not a multiple of the 64 x 64 GPU
+    tiles, every pattern on some head, head_pattern traced."""
+    plan, module = compile_text(scaled_spec_text(spec_path))
+    attention = gpu.gpu_attention_of(module)
+    for index in range(len(plan.patterns)):  # the masked path is exercised
+        assert (attention.tables.kinds(index) == TileKind.BOUNDARY).any()
+    q, k, v = mixed_inputs(plan, "float32", seed=zlib.crc32(spec_path.stem.encode()), heads=2)
+    head_pattern = np.arange(2) % len(plan.patterns)
+    out = run_traced(attention, q, k, v, head_pattern)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    check_per_head(plan, out, q, k, v, head_pattern, "float32")
+
+
+@pytest.mark.parametrize("name", MIXED_SPECS)
+def test_mixed_heads_bfloat16_with_batch(name, compile_text):
+    """Frame-major and temporal-major heads in one call, text none / first / last, bf16,
+    [batch, heads, seq, d]."""
+    plan, module = compile_text(scaled_spec_text(spec(name), heads=4, dtype="bfloat16"))
+    assert [p.layout.order for p in plan.patterns] == ["frame_major", "temporal_major"]
+    attention = gpu.gpu_attention_of(module, block_q=128, block_kv=64)
+    q, k, v = mixed_inputs(plan, "bfloat16", seed=len(name), heads=4)
+    q, k, v = (jnp.stack([x, x[::-1]]) for x in (q, k, v))  # batch 2, heads permuted
+    head_pattern = [1, 0, 0, 1]
+    out = run_traced(attention, q, k, v, head_pattern)
+    assert out.shape == q.shape and out.dtype == jnp.bfloat16
+    check_batched(plan, out, q, k, v, head_pattern, "bfloat16")
+
+
+def test_float16_and_static_head_pattern(compile_text):
+    """float16 operands (the spec says float32: dtype=None accepts any), a NumPy
+    head_pattern, sm_scale given."""
+    plan, module = compile_text(scaled_spec_text(spec("wan21_720p_mixed"), heads=2))
+    attention = gpu.make_gpu_attention(module._PATTERNS, module.SHAPE, dtype=None)
+    q, k, v = (jnp.asarray(x, jnp.float16) for x in mixed_inputs(plan, "float32", 4, heads=2))
+    head_pattern = np.asarray([1, 0])
+    out = attention(q, k, v, head_pattern=head_pattern, interpret=True, sm_scale=0.05)
+    assert out.dtype == jnp.float16
+    out64 = np.asarray(out, np.float64)
+    assert np.all(np.isfinite(out64))
+    q64, k64, v64 = (np.asarray(x, np.float64) for x in (q, k, v))
+    for head, pattern in enumerate(head_pattern.tolist()):
+        keep = user_order_keep(plan.patterns[pattern])
+        ref = masked_attention_reference(q64[head], k64[head], v64[head], keep, sm_scale=0.05)
+        err = np.max(np.abs(out64[head] - ref)) / np.max(np.abs(ref))
+        assert err <= 5e-3, f"head {head}: {err:.2e}"
+
+
+@pytest.mark.parametrize(
+    "name, tiling, block_q, block_kv",
+    [
+        ("cogvideox_mixed", TWO_LEVEL, 32, 128),  # text first; compute 128 x 128
+        ("hunyuan_720p_mixed", TWO_LEVEL, 128, 32),  # text last
+        (
+            "hunyuan_720p_text",
+            {"block_q": 512, "block_kv": 512, "compute_q": 256, "compute_kv": 256},
+            128,
+            128,
+        ),
+        ("wan21_720p_radial", None, 16, 16),  # the smallest tile tl.dot takes
+    ],
+)
+def test_gpu_tiles_dividing_compute_blocks(name, tiling, block_q, block_kv, compile_text):
+    plan, module = compile_text(scaled_spec_text(spec(name), tiling=tiling))
+    attention = gpu.gpu_attention_of(module, block_q=block_q, block_kv=block_kv)
+    q, k, v = mixed_inputs(plan, "float32", seed=block_q + block_kv, heads=2)
+    head_pattern = np.arange(2) % len(plan.patterns)
+    check_per_head(
+        plan, run_traced(attention, q, k, v, head_pattern), q, k, v, head_pattern, "float32"
+    )
+
+
+def test_full_tile_past_the_end_masks_padding_keys():
+    """Hand-made tables with a FULL compute block holding padding keys (the compiler makes
+    such blocks BOUNDARY; the kernel must not rely on it): its padding keys are still never
+    attended, and its mask is never evaluated (this one would keep nothing)."""
+    from svgen.runtime.kernel import Pattern
+    from svgen.runtime.layout import TokenLayout
+    from svgen.runtime.tables import KernelShape
+
+    lay = TokenLayout(frames=1, height=1, width=200)
+    shape = KernelShape(
+        seq_len=200, padded_seq_len=256, block_q=128, block_kv=128, head_dim=32, heads=1
+    )
+    runs = ((0, 0, 2, TileKind.FULL, 0), (1, 0, 2, TileKind.FULL, 0))
+    never = Pattern("all", runs, lay, lambda q, k: k.pos < 0)
+    attention = gpu.make_gpu_attention([never], shape, default_head_pattern=[0])
+    assert np.all(attention.tables.kinds(0) == TileKind.FULL)
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((1, 200, 32)).astype(np.float32) for _ in range(3))
+    out = np.asarray(attention(q, k, v, interpret=True))
+    ref = masked_attention_reference(q, k, v, np.ones((200, 200), bool))
+    assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) <= 1e-5
+
+
+def test_rows_without_keys_are_zero(compile_text):
+    """Text queries see nothing under a pure spatial window: exactly 0, never NaN."""
+    text = """
+svgen: 1
+name: lonely_text
+geometry: {frames: 3, height: 4, width: 30, text_tokens: 70, text_position: first}
+attention: {heads: 2, head_dim: 64, dtype: float32}
+mask: {spatial_window: {frames: 0, rows: 1}}
+tiling: {block_q: 128, block_kv: 128}
+"""
+    plan, module = compile_text(text)
+    attention = gpu.gpu_attention_of(module)
+    q, k, v = mixed_inputs(plan, "float32", seed=3, heads=2)
+    out = attention(q, k, v, interpret=True)
+    keep = dense_keep(plan.mask, plan.layout)
+    assert (~keep.any(axis=1)).sum() == 70
+    check_per_head(plan, out, q, k, v, [0, 0], "float32")
+
+
+def test_empty_mask_gives_zeros(compile_text):
+    text = """
+svgen: 1
+name: nothing
+geometry: {frames: 2, height: 3, width: 40}
+attention: {heads: 1, head_dim: 128, dtype: float32}
+mask: {all_of: [{first_frame: {frames: 1}}, {not: {first_frame: {frames: 1}}}]}
+tiling: {block_q: 128, block_kv: 128}
+"""
+    _, module = compile_text(text)
+    attention = gpu.gpu_attention_of(module)
+    assert attention.tables.visited(0) == 0
+    q = np.random.default_rng(0).standard_normal((1, 240, 128)).astype(np.float32)
+    assert np.all(np.asarray(attention(q, q, q, interpret=True)) == 0.0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_masks(seed, compile_text):
+    """Random masks on random layouts (text first or last, temporal-major anchors, tiny
+    sequences shorter than one tile) against the dense oracle; their kernels lower too."""
+    rng = np.random.default_rng(1000 + seed)
+    lay = random_layout(rng)
+    plan, module = compile_text(mask_spec_text(random_mask(rng, lay), lay, name="random_gpu"))
+    attention = gpu.gpu_attention_of(module)
+    q, k, v = mixed_inputs(plan, "float32", seed=seed, heads=1)
+    check_per_head(plan, attention(q, k, v, interpret=True), q, k, v, [0], "float32")
+    verified_triton_lowering(attention, q, [0])
+
+
+# -- tables -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_gpu_tile_kinds_are_sound(seed, compile_text):
+    """A GPU tile said EMPTY keeps no pair, one said FULL keeps every real pair (from the
+    brute-force oracle); and every tile has its compute block's kind."""
+    rng = np.random.default_rng(2000 + seed)
+    lay = random_layout(rng)
+    tiling = {"block_q": 256, "block_kv": 256, "compute_q": 128, "compute_kv": 128}
+    plan, module = compile_text(
+        mask_spec_text(random_mask(rng, lay), lay, name="random_kinds", tiling=tiling)
+    )
+    shape = module.SHAPE
+    keep = dense_keep(plan.mask, plan.layout)  # kernel order
+    for bq, bkv in ((32, 64), (64, 64), (128, 16)):
+        kinds = gpu.GpuTables.from_runs([module._PATTERNS[0].runs], shape, bq, bkv).kinds(0)
+        truth = brute_force_kinds(keep, bq, bkv)
+        assert kinds.shape == truth.shape
+        assert np.all(truth[kinds == TileKind.EMPTY] == TileKind.EMPTY)
+        assert np.all(truth[kinds == TileKind.FULL] == TileKind.FULL)
+        blocks = compute_block_kinds(
+            module._PATTERNS[0].runs,
+            -(-shape.seq_len // shape.block_q),
+            -(-shape.seq_len // shape.block_kv),
+            shape.q_blocks_per_tile,
+            shape.kv_blocks_per_tile,
+        )
+        rows = np.arange(kinds.shape[0]) * bq // 128
+        cols = np.arange(kinds.shape[1]) * bkv // 128
+        assert np.array_equal(kinds, blocks[np.ix_(rows, cols)])
+
+
+def test_tables_of_a_shipped_module_are_csr():
+    """The full-size Wan mixed module: rows in q-tile order, kv tiles increasing in a row,
+    one copy per pattern, the visited fraction that of its compute blocks."""
+    module = import_file(REPO / "generated" / "wan21_720p_mixed.py")
+
+    tables = gpu.GpuTables.from_runs([p.runs for p in module._PATTERNS], module.SHAPE, 128, 64)
+    assert tables.num_q_tiles == -(-module.SEQ_LEN // 128)
+    assert tables.row_offsets.shape == (2 * tables.num_q_tiles + 1,)
+    assert tables.row_offsets[0] == 0 and np.all(np.diff(tables.row_offsets) >= 0)
+    for r in range(len(tables.row_offsets) - 1):
+        row = tables.entries[tables.row_offsets[r] : tables.row_offsets[r + 1]] >> 2
+        assert np.all(np.diff(row) > 0)
+    kinds = tables.entries[: tables.row_offsets[-1]] & 3
+    assert set(np.unique(kinds).tolist()) == {TileKind.BOUNDARY, TileKind.FULL}
+    # 1,784 FULL + 453 BOUNDARY of 10,952 compute blocks (module docstring).
+    assert tables.visited(0) / (tables.num_q_tiles * tables.num_kv_tiles) == pytest.approx(
+        (1784 + 453) / 10952, abs=2e-3
+    )
+
+
+# -- Triton IR --------------------------------------------------------------------------------
+
+
+def verified_triton_lowering(attention, q, head_pattern):
+    """Lower `attention` for CUDA (no device needed) and verify the Triton module it builds;
+    returns its text."""
+    modules = []
+    original = triton_lowering.lower_jaxpr_to_triton_module
+
+    def verify(*args, **kwargs):
+        result = original(*args, **kwargs)
+        result.module.operation.verify()  # raises MLIRError naming the op
+        modules.append(str(result.module))
+        return result
+
+    triton_lowering.lower_jaxpr_to_triton_module = verify
+    try:
+        hp = jnp.asarray(head_pattern, jnp.int32)
+        text = (
+            jax.jit(lambda q, k, v, hp: attention(q, k, v, head_pattern=hp))
+            .trace(q, q, q, hp)
+            .lower(lowering_platforms=("cuda",))
+            .as_text()
+        )
+    finally:
+        triton_lowering.lower_jaxpr_to_triton_module = original
+    assert text.count("__gpu$xla.gpu.triton") == 1 and len(modules) == 1
+    return modules[0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("spec_path", SPECS, ids=lambda p: p.stem)
+def test_lowers_to_valid_triton_ir(spec_path, dtype, compile_text):
+    plan, module = compile_text(scaled_spec_text(spec_path, dtype=dtype))
+    attention = gpu.gpu_attention_of(module, block_q=128, block_kv=64)
+    q = jax.ShapeDtypeStruct((2, 2, plan.layout.seq_len, module.HEAD_DIM), jnp.dtype(dtype))
+    ir = verified_triton_lowering(attention, q, np.arange(2) % len(plan.patterns))
+    assert "scf.for" in ir  # the loop over a q tile's entries
+    dots = [line for line in ir.splitlines() if "tt.dot" in line]
+    assert len(dots) == 2
+    if dtype == "float32":  # Precision.HIGHEST: IEEE dots, not TF32
+        assert not any("tf32" in line for line in dots)
+
+
+def test_lowers_at_full_size():
+    """The shipped Wan mixed module as it is (75,600 tokens, 10 heads, bf16)."""
+    module = import_file(REPO / "generated" / "wan21_720p_mixed.py")
+
+    attention = gpu.gpu_attention_of(module, block_q=128, block_kv=64)
+    q = jax.ShapeDtypeStruct((1, module.HEADS, module.SEQ_LEN, module.HEAD_DIM), jnp.bfloat16)
+    verified_triton_lowering(attention, q, np.arange(module.HEADS) % 2)
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+def test_refusals(compile_text):
+    plan, module = compile_text(scaled_spec_text(spec("wan21_720p_mixed"), heads=2))
+    with pytest.raises(ValueError, match="power of two"):
+        gpu.gpu_attention_of(module, block_q=48)
+    with pytest.raises(ValueError, match="divide the compute blocks"):
+        gpu.gpu_attention_of(module, block_q=256)
+    attention = gpu.gpu_attention_of(module)
+    q, k, v = mixed_inputs(plan, "float32", seed=0, heads=2)
+    with pytest.raises(ValueError, match="assigned at run time"):
+        attention(q, k, v, interpret=True)
+    with pytest.raises(TypeError, match="compiled for float32"):
+        attention(*(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)), head_pattern=[0, 1])
+    with pytest.raises(ValueError, match="pattern indices"):
+        attention(q, k, v, head_pattern=[0, 2], interpret=True)
