@@ -353,52 +353,55 @@ def _symbol_value(name: str, q: Coordinates, k: Coordinates):
 
 def evaluate_sympy(expr: sympy.Basic, q: Coordinates, k: Coordinates):
     """Evaluate a predicate or integer expression of svgen.expr on coordinate arrays."""
+    return _evaluate(expr, q, k)
 
-    def ev(e):
-        if e is sympy.true or e is sympy.false:
-            return np.bool_(bool(e))
-        if isinstance(e, sympy.Symbol):
-            return _symbol_value(e.name, q, k)
-        if isinstance(e, sympy.Integer):
-            return np.int64(int(e))
-        args = [ev(a) for a in e.args]
-        if isinstance(e, sympy.Add):
-            return sum(args[1:], args[0])
-        if isinstance(e, sympy.Mul):
-            out = args[0]
-            for a in args[1:]:
-                out = out * a
-            return out
-        if isinstance(e, sympy.Abs):
-            return np.abs(args[0])
-        if isinstance(e, sympy.Min):
-            return np.minimum.reduce(np.broadcast_arrays(*args))
-        if isinstance(e, sympy.Max):
-            return np.maximum.reduce(np.broadcast_arrays(*args))
-        if isinstance(e, FloorDiv):
-            return args[0] // args[1]
-        if isinstance(e, FloorMod):
-            return args[0] % args[1]
-        relations = {
-            sympy.Eq: np.equal,
-            sympy.Ne: np.not_equal,
-            sympy.Lt: np.less,
-            sympy.Le: np.less_equal,
-            sympy.Gt: np.greater,
-            sympy.Ge: np.greater_equal,
-        }
-        for cls, fn in relations.items():
-            if isinstance(e, cls):
-                return fn(args[0], args[1])
-        if isinstance(e, sympy.And):
-            return np.logical_and.reduce(np.broadcast_arrays(*args))
-        if isinstance(e, sympy.Or):
-            return np.logical_or.reduce(np.broadcast_arrays(*args))
-        if isinstance(e, sympy.Not):
-            return np.logical_not(args[0])
-        raise TypeError(f"unsupported expression node {type(e).__name__}: {e}")
 
-    return ev(expr)
+def _evaluate(e, q: Coordinates, k: Coordinates):
+    """One node of evaluate_sympy. A module-level function, not a closure: a recursive
+    closure refers to itself, a reference cycle that would keep q and k (GBs over the
+    analysis's batches of pairs) until the garbage collector runs."""
+    if e is sympy.true or e is sympy.false:
+        return np.bool_(bool(e))
+    if isinstance(e, sympy.Symbol):
+        return _symbol_value(e.name, q, k)
+    if isinstance(e, sympy.Integer):
+        return np.int64(int(e))
+    args = [_evaluate(a, q, k) for a in e.args]
+    if isinstance(e, sympy.Add):
+        return sum(args[1:], args[0])
+    if isinstance(e, sympy.Mul):
+        out = args[0]
+        for a in args[1:]:
+            out = out * a
+        return out
+    if isinstance(e, sympy.Abs):
+        return np.abs(args[0])
+    if isinstance(e, sympy.Min):
+        return np.minimum.reduce(np.broadcast_arrays(*args))
+    if isinstance(e, sympy.Max):
+        return np.maximum.reduce(np.broadcast_arrays(*args))
+    if isinstance(e, FloorDiv):
+        return args[0] // args[1]
+    if isinstance(e, FloorMod):
+        return args[0] % args[1]
+    relations = {
+        sympy.Eq: np.equal,
+        sympy.Ne: np.not_equal,
+        sympy.Lt: np.less,
+        sympy.Le: np.less_equal,
+        sympy.Gt: np.greater,
+        sympy.Ge: np.greater_equal,
+    }
+    for cls, fn in relations.items():
+        if isinstance(e, cls):
+            return fn(args[0], args[1])
+    if isinstance(e, sympy.And):
+        return np.logical_and.reduce(np.broadcast_arrays(*args))
+    if isinstance(e, sympy.Or):
+        return np.logical_or.reduce(np.broadcast_arrays(*args))
+    if isinstance(e, sympy.Not):
+        return np.logical_not(args[0])
+    raise TypeError(f"unsupported expression node {type(e).__name__}: {e}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -479,7 +482,7 @@ def _lower_term(term: MaskTerm, spec: Spec, patterns: dict[str, Node]) -> Node:
     if form == primitives.PREDICATE:
         source = term.param("source")
         expr = parse_predicate(source)
-        return recognize_window(expr, spec.geometry) or primitive.node_class(source, expr)
+        return recognize_builtins(expr, spec.geometry) or primitive.node_class(source, expr)
     children = tuple(_lower_term(c, spec, patterns) for c in term.children)
     if form == primitives.MASKS:
         return primitive.node_class(children)
@@ -533,31 +536,28 @@ def recognize_window(expr, geometry) -> Node | None:
     """The built-in equal to `expr` when it is a conjunction of windows on f, h, w (and an
     optional frame stride), else None. Text tokens (f = h = w = 0) would satisfy such windows,
     so this applies only without text tokens or when the predicate excludes them."""
+    atoms = sympy.And.make_args(expr)
+    excluded = {a.args[0].name for a in atoms if _text_guard(a) == "video"}
+    if geometry.text_tokens and excluded != {"is_text_q", "is_text_k"}:
+        return None
+    return _window_node([a for a in atoms if _text_guard(a) != "video"], geometry)
+
+
+def _window_node(atoms, geometry) -> Node | None:
+    """The spatial_window / temporal_stride equal, on video pairs, to the conjunction of
+    `atoms` (windows |x_q - x_k| <= b on f, h, w and frame strides), else None."""
     bounds: dict[str, int] = {}
     stride = 1
-    excluded = set()
-    for atom in sympy.And.make_args(expr):
+    for atom in atoms:
         window = _window_bound(atom)
         if window is not None:
             bounds[window[0]] = min(bounds.get(window[0], window[1]), window[1])
             continue
         step = _stride_of(atom)
-        if step is not None:
-            stride = math.lcm(stride, step)
-            continue
-        if (
-            isinstance(atom, (sympy.Eq, sympy.Ne))
-            and atom.args[0].is_Symbol
-            and atom.args[0].name.startswith("is_text_")
-        ):
-            video = (atom.args[1] == 0) == isinstance(atom, sympy.Eq)
-            if video:
-                excluded.add(atom.args[0].name)
-                continue
-        return None
-    if (not bounds and stride == 1) or (
-        geometry.text_tokens and excluded != {"is_text_q", "is_text_k"}
-    ):
+        if step is None:
+            return None
+        stride = math.lcm(stride, step)
+    if not bounds and stride == 1:
         return None
     frames, rows, cols = bounds.get("f"), bounds.get("h"), bounds.get("w")
     if stride == 1:
@@ -568,6 +568,127 @@ def recognize_window(expr, geometry) -> Node | None:
         stride,
         frames,
     )
+
+
+def _text_guard(atom) -> str | None:
+    """'video' / 'text' when the atom says that one token (is_text_q or is_text_k) is a
+    video / a text token, else None."""
+    if not isinstance(atom, (sympy.Eq, sympy.Ne)):
+        return None
+    lhs, rhs = atom.args
+    if not (lhs.is_Symbol and lhs.name.startswith("is_text_") and rhs in (0, 1)):
+        return None
+    return "video" if (rhs == 0) == isinstance(atom, sympy.Eq) else "text"
+
+
+# Recognizing combinations of built-ins: block-causal and causal predicates, frame windows,
+# and their and / or / not with windows and text, so that the analysis counts them exactly.
+
+_FRAME_SYMBOLS = frozenset({_S["f_q"], _S["f_k"]})
+# Predicates over (f_q, f_k) are compared with built-ins on every pair of frames up to this.
+MAX_TABULATED_FRAMES = 1024
+
+
+def recognize_builtins(expr, geometry) -> Node | None:
+    """A combination of built-ins equal to `expr` on every pair of tokens of `geometry`,
+    else None: the conjunctions of windows of `recognize_window` (tried first), and any
+    and / or / not of them, of relations between the query's and the key's frame equal to
+    a `block_causal`, `causal_frames`, frame window or `first_frame` on this geometry's
+    frames (`f_k // 3 <= f_q // 3`), and of text terms (`is_text_q or is_text_k` is `text`;
+    `not is_text_q and not is_text_k` restricts the rest to video pairs)."""
+    return recognize_window(expr, geometry) or _recognize(expr, geometry, not geometry.text_tokens)
+
+
+def _recognize(e, geometry, video: bool) -> Node | None:
+    """A node equal to `e` on every pair (video=False) or on video pairs (video=True)."""
+    if e is sympy.true or e is sympy.false:
+        return Always(bool(e))
+    if video and e.free_symbols <= _FRAME_SYMBOLS:
+        node = _frame_relation(e, geometry.frames)
+        if node is not None:
+            return node
+    if isinstance(e, sympy.Not):
+        child = _recognize(e.args[0], geometry, video)
+        return None if child is None else Not(child)
+    if isinstance(e, sympy.Or):
+        return _recognize_or(sympy.Or.make_args(e), geometry, video)
+    if isinstance(e, sympy.And):
+        return _recognize_and(sympy.And.make_args(e), geometry, video)
+    return _window_node([e], geometry) if video else None
+
+
+def _recognize_or(terms, geometry, video: bool) -> Node | None:
+    """`is_text_q or is_text_k` among the terms is `text`, which holds on every pair with a
+    text token: the other terms then only need to agree on video pairs."""
+    text = {t.args[0].name for t in terms if _text_guard(t) == "text"}
+    if text == {"is_text_q", "is_text_k"}:
+        rest = [_recognize(t, geometry, True) for t in terms if _text_guard(t) != "text"]
+        return None if None in rest else AnyOf((*rest, Text()))
+    children = [_recognize(t, geometry, video) for t in terms]
+    return None if None in children else AnyOf(tuple(children))
+
+
+def _recognize_and(terms, geometry, video: bool) -> Node | None:
+    """Guards `not is_text_q and not is_text_k` make the rest a question on video pairs
+    (and the result must then keep no text pair); windows merge into one built-in."""
+    guards = {t.args[0].name for t in terms if _text_guard(t) == "video"}
+    guarded = guards == {"is_text_q", "is_text_k"}
+    if not (video or guarded):
+        return None
+    rest = [t for t in terms if _text_guard(t) != "video"]
+    windows = [t for t in rest if _window_bound(t) is not None or _stride_of(t) is not None]
+    children = [_recognize(t, geometry, True) for t in rest if t not in windows]
+    if windows:
+        children.append(_window_node(windows, geometry))
+    if None in children:
+        return None
+    if not video and not _excludes_text(AllOf(tuple(children))):
+        children.append(SpatialWindow(geometry.frames - 1, None, None))  # video pairs only
+    if not children:  # guards alone, and every pair is a video pair
+        return Always(True)
+    return AllOf(tuple(children)) if len(children) > 1 else children[0]
+
+
+def _excludes_text(node: Node) -> bool:
+    """True when the node keeps no pair with a text token."""
+    if isinstance(node, (SpatialWindow, TemporalStride, CausalFrames, BlockCausal)):
+        return True
+    if isinstance(node, AllOf):
+        return any(map(_excludes_text, node.children))
+    if isinstance(node, AnyOf):
+        return all(map(_excludes_text, node.children))
+    return isinstance(node, Always) and not node.value
+
+
+def _frame_relation(e, frames: int) -> Node | None:
+    """The built-in (or its complement) equal to a relation between f_q and f_k on every
+    pair of video frames: compared on the whole frames x frames table."""
+    if frames > MAX_TABULATED_FRAMES:
+        return None
+    f = np.arange(frames, dtype=np.int64)
+    zero = np.zeros(frames, np.int64)
+    q = Coordinates(f[:, None], zero[:, None], zero[:, None], zero[:, None], zero[:, None] > 0)
+    k = Coordinates(f[None, :], zero[None, :], zero[None, :], zero[None, :], zero[None, :] > 0)
+    table = np.broadcast_to(evaluate_sympy(e, q, k), (frames, frames))
+    for wanted, wrap in ((table, lambda n: n), (~table, Not)):
+        for node in _frame_candidates(wanted):
+            if np.array_equal(node.evaluate(q, k), wanted):
+                return wrap(node)
+    return None
+
+
+def _frame_candidates(table: np.ndarray):
+    """Built-ins a frames x frames table could be, their parameter read off its first row
+    (the keys frame 0 attends: f_k < n for block_causal and first_frame, f_k <= a for a
+    frame window)."""
+    n = int(table[0].sum())
+    if n == 0:
+        return []
+    return [
+        CausalFrames() if n == 1 else BlockCausal(n),
+        SpatialWindow(n - 1, None, None),
+        FirstFrame(n),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------

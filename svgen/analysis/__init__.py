@@ -22,16 +22,18 @@ from svgen.analysis.classify import Classification, TileGrid, classify_tiles
 from svgen.analysis.plan import PatternPlan, Plan
 from svgen.analysis.tables import (
     DEFAULT_SMEM_BUDGET,
+    MAX_SLOTS,
     BlockTable,
     TableBudgetError,
     build_runs,
     choose_piece_tables,
     kernel_tiles,
     tile_kinds,
+    transposed_tiles,
 )
 from svgen.errors import SpecError
 from svgen.runtime.layout import FRAME_MAJOR, TokenLayout
-from svgen.runtime.tables import KernelShape, transposed_tables, walks_flat
+from svgen.runtime.tables import PieceTables, walks_flat
 from svgen.spec import BLOCK_MAX, Spec
 from svgen.targets import DEFAULT_TARGET, VMEM_RESERVE, MIB, Target, kernel_vmem, target
 
@@ -66,13 +68,14 @@ def analyze(
     masks = [ir.lower(spec, spec.pattern_mask(c.pattern)) for c in heads.candidates]
     # Before any classification work: a tiling that cannot run.
     vmem = check_vmem(spec, chip, max(query_coordinate_bound(m) for m in masks))
-    patterns = []
+    patterns, tiles = [], []
     for candidate, mask in zip(heads.candidates, masks):
         layout = choose_layout(spec, candidate.layout, mask)
         grid = TileGrid(layout.seq_len, spec.tiling.block_q, spec.tiling.block_kv)
         compute = TileGrid(layout.seq_len, spec.tiling.cq, spec.tiling.ckv)
         classification, budget = _classify(spec, candidate.pattern, mask, layout, compute, progress)
-        runs = build_runs(*kernel_tiles(classification.kinds, grid, compute), grid)
+        tiles.append(kernel_tiles(classification.kinds, grid, compute))
+        runs = build_runs(*tiles[-1], grid)
         patterns.append(
             PatternPlan(
                 candidate.pattern,
@@ -98,7 +101,7 @@ def analyze(
         )
     except TableBudgetError as err:
         raise _over_budget_error(spec, patterns, err, smem_budget) from None
-    _check_backward_tables(spec, patterns, chip, smem_budget)
+    _check_backward_tables(spec, patterns, tiles, chip, smem_budget)
     return Plan(
         spec=spec, patterns=tuple(patterns), assign=assign, tables=tables, target=chip, vmem=vmem
     )
@@ -123,31 +126,31 @@ def _classify(
     return align_classification(exact, mode, compute)
 
 
-def _check_backward_tables(spec: Spec, patterns, chip: Target, smem_budget: int) -> None:
+def _check_backward_tables(spec: Spec, patterns, tiles, chip: Target, smem_budget: int) -> None:
     """The dk/dv kernel walks transposed tables (per kv tile, its q tiles): a separate
-    pallas_call whose tables must fit the SMEM budget on their own."""
-    grid, t = patterns[0].grid, spec.tiling
-    shape = KernelShape(
-        grid.seq_len,
-        grid.padded_seq_len,
-        t.block_q,
-        t.block_kv,
-        spec.attention.head_dim,
-        spec.attention.heads,
-        t.cq,
-        t.ckv,
-        tensor_cores=chip.cores_per_chip,
+    pallas_call whose tables must fit the SMEM budget on their own. Its runs come from the
+    forward tiles (`tiles`: kernel kinds and words per pattern) as
+    `svgen.runtime.tables.transposed_runs` finds them in the forward runs, vectorized; the
+    piece size is chosen by the same rule as `transposed_tables`."""
+    grid, compute, t = patterns[0].grid, patterns[0].compute_grid, spec.tiling
+    transposed = TileGrid(grid.seq_len, grid.block_kv, grid.block_q)
+    runs = [build_runs(*transposed_tiles(*kw, grid, compute), transposed) for kw in tiles]
+    flat = walks_flat(len(runs), chip.cores_per_chip)
+    slots = 1
+    while True:
+        tables = PieceTables.from_runs(runs, slots, spec.tiling.compute_blocks, flat)
+        need = tables.scalar_prefetch_bytes(spec.attention.heads)
+        if need <= smem_budget:
+            return
+        if slots >= MAX_SLOTS:
+            break
+        slots *= 2
+    raise SpecError(
+        f"the backward (dk, dv and dq) tables need {need:,} bytes of SMEM, over {smem_budget:,}: use "
+        f"larger tiles (the backward walk of the transposed tables; tiling {t.block_q} x {t.block_kv})",
+        file=spec.source,
+        key="tiling",
     )
-    try:
-        transposed_tables(
-            [p.table.runs for p in patterns], shape, spec.attention.heads, smem_budget
-        )
-    except ValueError as err:
-        raise SpecError(
-            f"{err} (the backward pass's dk, dv kernel; tiling {t.block_q} x {t.block_kv})",
-            file=spec.source,
-            key="tiling",
-        ) from None
 
 
 def query_coordinate_bound(mask: ir.Node) -> int:

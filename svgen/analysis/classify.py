@@ -1,5 +1,12 @@
 """Tile classification: EMPTY / BOUNDARY / FULL for every (q tile, kv tile) pair.
 
+Three paths, all exact for built-ins: masks whose keys do not depend on the query's frame (a
+temporal head, frame-major) from one frame's rows (`_classify_frame_invariant`); other masks
+made only of per-axis built-ins (windows, temporal strides, first frames, causal and
+block-causal frames, text, and any / all / not of them) from exact pair counts over product
+boxes of coordinates (`svgen.analysis.product`: no per-row key sets, so a 3-D window costs
+its blocks, not ~175 intervals per row); every other mask through the row sets:
+
 Query rows are processed in chunks of whole q tiles. For each chunk, the mask's row bounds
 (`rowsets`) are turned into per-tile counts with two difference arrays:
   * `full_rows[t, j]`: rows of q tile t whose certainly-allowed keys cover all real keys of
@@ -25,6 +32,7 @@ from typing import Callable
 import numpy as np
 
 from svgen import ir
+from svgen.analysis import product
 from svgen.analysis.intervals import IntervalSet, ragged_arange
 from svgen.analysis.rowsets import RowChunk, row_bounds
 from svgen.runtime.layout import TokenLayout
@@ -38,6 +46,9 @@ TARGET_INTERVALS_PER_CHUNK = 1 << 22
 # User predicates: up to this many pairs left open by the proofs are evaluated exactly (which
 # settles the count and the tile kinds); beyond it, counts are bounds and tiles stay BOUNDARY.
 MAX_UNDECIDED_PAIRS = 1 << 26
+# ... in batches of this many pairs: the oracle keeps a few arrays of this size per node of
+# the predicate, tens of MB each.
+PAIRS_PER_BATCH = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +113,9 @@ def classify_tiles(
         and not count_pairs
     ):
         return _classify_frame_invariant(mask, layout, grid, progress)
+    if product.applies(mask, layout):
+        # Per-axis masks: exact counts per block from product boxes, no per-row sets.
+        return _classify_per_axis(mask, layout, grid, progress, count_pairs)
     nq, nk = grid.num_q_blocks, grid.num_kv_blocks
     kinds = np.empty((nq, nk), np.int8)
     max_tiles_per_chunk = max(1, TARGET_ROWS_PER_CHUNK // grid.block_q)
@@ -161,6 +175,17 @@ def classify_tiles(
     exact = budget >= 0
     pairs = counter.result() if counter is not None and exact else None
     return Classification(kinds, kept, kept if exact else upper, unproven, pairs)
+
+
+def _classify_per_axis(mask, layout, grid, progress, count_pairs: bool) -> Classification:
+    """Per-axis masks (svgen.analysis.product): exact, pair counts included."""
+    got = product.classify_product(mask, layout, grid, progress, boundary_counts=count_pairs)
+    pairs = None
+    if count_pairs:
+        pairs = PairCounts(
+            got.boundary_index, got.boundary_pairs, *product.rows_with_keys(layout, mask, grid)
+        )
+    return Classification(got.kinds, got.kept, got.kept, 0, pairs)
 
 
 def _classify_frame_invariant(
@@ -311,7 +336,7 @@ def _evaluate_open_pairs(mask: ir.Node, chunk: RowChunk, pairs: IntervalSet, nk:
     per_row = np.zeros(chunk.num_rows, np.int64)
     per_row_last = np.zeros(chunk.num_rows, np.int64)
     lengths = pairs.ends - pairs.starts
-    cuts = np.searchsorted(np.cumsum(lengths), np.arange(0, lengths.sum(), 1 << 22))
+    cuts = np.searchsorted(np.cumsum(lengths), np.arange(0, lengths.sum(), PAIRS_PER_BATCH))
     edges = sorted(set(cuts.tolist()) | {0, len(pairs)})
     for lo, hi in zip(edges[:-1], edges[1:]):
         seg_len = lengths[lo:hi]
@@ -394,7 +419,7 @@ def _pairs_per_block(chunk: RowChunk, s: IntervalSet, nk: int) -> np.ndarray:
     whole_to = end // bkv
     counts = bkv * _count_runs(chunk, q_tile, whole_from, whole_to, nk)
     width = nk + 1
-    one = first == last
+    one = (first == last) & (whole_to <= whole_from)  # inside one kv tile, not all of it
     cut_head = ~one & (start % bkv != 0)
     cut_tail = ~one & (end % bkv != 0)
     index = np.concatenate(

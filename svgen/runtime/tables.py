@@ -278,7 +278,7 @@ def transposed_tables(
             return tables
         if slots >= 256:
             raise ValueError(
-                f"the backward (dk, dv) tables need "
+                f"the backward (dk, dv and dq) tables need "
                 f"{tables.scalar_prefetch_bytes(heads):,} bytes of SMEM, over "
                 f"{smem_budget:,}: use larger tiles"
             )

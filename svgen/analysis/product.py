@@ -1,0 +1,611 @@
+"""Exact tile classification of per-axis masks, without per-row key sets.
+
+Most built-ins restrict a (query, key) pair in two ways only: which token classes may meet
+(text / video, for the query and for the key), and, per coordinate axis (frame, row,
+column), a relation between the query's and the key's value on that axis alone:
+`spatial_window` is |f_q - f_k| <= a and |h_q - h_k| <= b and |w_q - w_k| <= c,
+`block_causal` is f_k // n <= f_q // n, `first_frame` is f_k < n. Over a product box of
+queries times a product box of keys such a conjunction keeps exactly the product of its
+per-axis pair counts, read in O(1) from a 2-D prefix sum of the axis's relation (an axis has
+at most a few thousand values, so the table is small).
+
+A mask combining them is a signed sum of conjunctions (inclusion-exclusion: 1[A or B] =
+1[A] + 1[B] - 1[A]1[B], 1[not A] = 1 - 1[A]), and every compute block is an exact union of a
+few product boxes (`bounds.tile_boxes`), so each block's kept pairs, hence its kind, and the
+density come out exactly. Only blocks that some conjunction may reach from the query block
+are counted (per query box, a hull of the keys each conjunction allows); the rest are EMPTY.
+
+The work is O(counted blocks x boxes^2 x conjunctions), independent of how many key
+intervals a row would need (at 1.74M tokens a 3-D window is ~175 per row in frame-major
+order and ~1,000 in temporal-major order, a frame window 14,400 per row temporal-major),
+and two shortcuts keep the counted blocks few: blocks are classified coarse to fine (a FULL
+or EMPTY block pair RATIO x RATIO times larger settles all its children, so a causal mask
+costs its diagonal, not its triangle), and tiles whose boxes differ only on axes that no
+conjunction constrains meet every tile alike, so each such kind of tile is counted once
+(a frame-only mask in temporal-major order: ~15 kinds of tile per side).
+
+Masks with other nodes (band, prefix, user predicates, primitives registered later) return
+None from `polynomial` and go through the row sets of `svgen.analysis.rowsets`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable
+
+import numpy as np
+
+from svgen import ir
+from svgen.analysis import bounds as box_bounds
+from svgen.analysis.intervals import IntervalSet, ragged_arange
+from svgen.runtime.kinds import TileKind
+from svgen.runtime.layout import TokenLayout
+
+AXES = ("f", "h", "w")
+# Class pairs as bits: bit (2 * query_is_text + key_is_text).
+VIDEO_PAIR = 1 << 0
+TEXT_QUERY_VIDEO_KEY = 1 << 2
+ANY_QUERY_VIDEO_KEY = VIDEO_PAIR | TEXT_QUERY_VIDEO_KEY
+TEXT_INVOLVED = (1 << 1) | (1 << 2) | (1 << 3)
+ALL_PAIRS = 0b1111
+# Above these the table or the sum would cost more than the row sets: fall back to them.
+MAX_AXIS = 1024
+MAX_TERMS = 64
+# Coarse-to-fine classification: each level's blocks are RATIO x RATIO blocks of the next;
+# the coarsest level has at most TOP_LEVEL_PAIRS block pairs.
+RATIO = 4
+TOP_LEVEL_PAIRS = 4096
+# Tiles that meet every tile alike (see _signatures) are counted once, when that leaves at
+# most this many pairs of distinct tiles.
+SIGNATURE_PAIRS = 1 << 16
+# Box pairs counted per NumPy pass (bounds the memory of a pass to a few hundred MB).
+COMBOS_PER_PASS = 1 << 22
+
+
+@dataclasses.dataclass(frozen=True)
+class Term:
+    """A conjunction: the class pairs it allows and its per-axis constraints, each
+    (axis, kind, parameter) with kind one of near (|x_q - x_k| <= p), below (x_k < p),
+    causal (x_k <= x_q), block (x_k // p <= x_q // p), stride ((x_q - x_k) % p == 0)."""
+
+    classes: int
+    constraints: frozenset
+
+    def times(self, other: "Term") -> "Term":
+        return Term(self.classes & other.classes, self.constraints | other.constraints)
+
+    def on_axis(self, axis: str) -> frozenset:
+        return frozenset((kind, p) for a, kind, p in self.constraints if a == axis)
+
+
+ONE = Term(ALL_PAIRS, frozenset())
+
+
+def _near(axis: str, radius: int | None) -> set:
+    return set() if radius is None else {(axis, "near", radius)}
+
+
+def _atom(node) -> Term | None:
+    """The conjunction a primitive is, or None when it is not one of the per-axis kind."""
+    if isinstance(node, ir.FirstFrame):
+        return Term(ANY_QUERY_VIDEO_KEY, frozenset({("f", "below", node.frames)}))
+    if isinstance(node, ir.SpatialWindow):
+        parts = _near("f", node.frames) | _near("h", node.rows) | _near("w", node.cols)
+        return Term(VIDEO_PAIR, frozenset(parts))
+    if isinstance(node, ir.TemporalStride):
+        parts = _near("h", node.rows) | _near("w", node.cols) | _near("f", node.frames)
+        if node.stride > 1:
+            parts.add(("f", "stride", node.stride))
+        return Term(VIDEO_PAIR, frozenset(parts))
+    if isinstance(node, ir.CausalFrames):
+        return Term(VIDEO_PAIR, frozenset({("f", "causal", 0)}))
+    if isinstance(node, ir.BlockCausal):
+        return Term(VIDEO_PAIR, frozenset({("f", "block", node.frames)}))
+    if isinstance(node, ir.Text):
+        return Term(TEXT_INVOLVED, frozenset())
+    return None
+
+
+Polynomial = dict  # Term -> integer coefficient: the mask's indicator as a signed sum
+
+
+def _add(a: Polynomial, b: Polynomial, sign: int = 1) -> Polynomial:
+    out = dict(a)
+    for term, coef in b.items():
+        out[term] = out.get(term, 0) + sign * coef
+    return {t: c for t, c in out.items() if c != 0 and t.classes}
+
+
+def _times(a: Polynomial, b: Polynomial) -> Polynomial:
+    out: Polynomial = {}
+    for ta, ca in a.items():
+        for tb, cb in b.items():
+            t = ta.times(tb)
+            out[t] = out.get(t, 0) + ca * cb
+    return {t: c for t, c in out.items() if c != 0 and t.classes}
+
+
+def polynomial(node) -> Polynomial | None:
+    """The mask's indicator as a signed sum of conjunctions; None when a node is not a
+    per-axis primitive or the sum grows past MAX_TERMS."""
+    if isinstance(node, ir.Always):
+        return {ONE: 1} if node.value else {}
+    if isinstance(node, ir.Not):
+        inner = polynomial(node.child)
+        return None if inner is None else _add({ONE: 1}, inner, -1)
+    if isinstance(node, (ir.AnyOf, ir.AllOf)):
+        out = None
+        for child in node.children:
+            p = polynomial(child)
+            if p is None:
+                return None
+            if out is None:
+                out = p
+            elif isinstance(node, ir.AllOf):
+                out = _times(out, p)
+            else:
+                out = _add(_add(out, p), _times(out, p), -1)
+            if len(out) > MAX_TERMS:
+                return None
+        return out
+    atom = _atom(node)
+    return None if atom is None else {atom: 1}
+
+
+def applies(mask, layout: TokenLayout) -> bool:
+    """True when the mask is per-axis and the geometry's axes are small enough."""
+    sizes = (layout.frames, layout.height, layout.width)
+    return max(sizes) <= MAX_AXIS and polynomial(mask) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-axis relations and their prefix sums.
+
+
+def _relation(constraints: frozenset, n: int) -> np.ndarray:
+    """bool [n, n]: rel[x_q, x_k] for a set of (kind, parameter) constraints on one axis."""
+    q = np.arange(n, dtype=np.int64)[:, None]
+    k = np.arange(n, dtype=np.int64)[None, :]
+    rel = np.ones((n, n), bool)
+    for kind, p in constraints:
+        if kind == "near":
+            rel &= np.abs(q - k) <= p
+        elif kind == "below":
+            rel &= k < p
+        elif kind == "causal":
+            rel &= k <= q
+        elif kind == "block":
+            rel &= k // p <= q // p
+        elif kind == "stride":
+            rel &= (q - k) % p == 0
+        else:  # pragma: no cover - _atom emits only the kinds above
+            raise ValueError(kind)
+    return rel
+
+
+@functools.lru_cache(maxsize=32)
+def _prefix(constraints: frozenset, n: int) -> np.ndarray:
+    """int32 [(n + 1) * (n + 1)], flat: P[i, j] = pairs x_q < i, x_k < j in the relation."""
+    table = np.zeros((n + 1, n + 1), np.int32)
+    table[1:, 1:] = np.cumsum(np.cumsum(_relation(constraints, n), axis=0, dtype=np.int32), axis=1)
+    return table.ravel()
+
+
+def _rect(table: np.ndarray, n: int, q_lo, q_hi, k_lo, k_hi) -> np.ndarray:
+    """Pairs of the relation in [q_lo, q_hi] x [k_lo, k_hi] (inclusive ranges, arrays)."""
+    w = n + 1
+    q0, q1, k0, k1 = q_lo * w, (q_hi + 1) * w, k_lo, k_hi + 1
+    return table[q1 + k1].astype(np.int64) - table[q0 + k1] - table[q1 + k0] + table[q0 + k0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Boxes of a grid's tiles.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Boxes:
+    """Exact product boxes of every tile of one grid side, grouped by tile."""
+
+    first: np.ndarray  # int64 [tiles + 1]: the boxes of tile t are first[t]:first[t + 1]
+    lo: dict  # axis -> int64 [boxes]; text boxes have the range [0, 0] (text coordinates)
+    hi: dict
+    text: np.ndarray  # int64 [boxes]: 1 for a text box
+    size: np.ndarray  # int64 [boxes]: multiplicity (text tokens of a text box; 1 for video)
+
+
+@functools.lru_cache(maxsize=16)  # both sides of every level of one classification
+def _tile_boxes(layout: TokenLayout, block: int) -> _Boxes:
+    tiles = -(-layout.seq_len // block)
+    b = box_bounds.tile_boxes(layout, block, range(tiles))
+    text = b.lo["is_text"].astype(np.int64)
+    size = np.where(text == 1, b.hi["i"] - b.lo["i"] + 1, 1)
+    first = np.searchsorted(b.tile, np.arange(tiles + 1))
+    return _Boxes(first, dict(b.lo), dict(b.hi), text, size)
+
+
+# ---------------------------------------------------------------------------------------------
+# The blocks each conjunction may reach (a sound superset: everything else is EMPTY).
+
+
+def _axis_hull(term: Term, axis: str, n: int, lo: np.ndarray, hi: np.ndarray):
+    """Per query range [lo, hi]: the first and last key value the axis relation allows from
+    some query in it (first > last when none)."""
+    table = _prefix(term.on_axis(axis), n).reshape(n + 1, n + 1)
+    # reach[b, x_k] = number of x_q in [lo, hi] related to x_k, from column differences.
+    column = table[:, 1:] - table[:, :-1]
+    reach = column[hi + 1] - column[lo]
+    some = reach > 0
+    first = np.where(some.any(axis=1), np.argmax(some, axis=1), n)
+    last = np.where(some.any(axis=1), n - 1 - np.argmax(some[:, ::-1], axis=1), -1)
+    return first, last
+
+
+def _reached_keys(layout: TokenLayout, term: Term, boxes: _Boxes, which: np.ndarray):
+    """(box, start, end): key-position intervals covering every key the term may keep for
+    a query of box `which[i]` (their union is a superset, never a subset)."""
+    parts = []
+    for query_text in (0, 1):
+        sel = which[boxes.text[which] == query_text]
+        key_video = term.classes >> (2 * query_text) & 1
+        key_text = term.classes >> (2 * query_text + 1) & 1
+        if sel.size and key_text and layout.text_tokens:
+            start = np.full(sel.size, layout.text_start, np.int64)
+            parts.append((sel, start, start + layout.text_tokens))
+        if sel.size and key_video:
+            parts.append(_reached_video_keys(layout, term, boxes, sel))
+    if not parts:
+        return (np.zeros(0, np.int64),) * 3
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
+
+
+def _reached_video_keys(layout: TokenLayout, term: Term, boxes: _Boxes, sel: np.ndarray):
+    hull = {}
+    for axis, n in zip(AXES, (layout.frames, layout.height, layout.width)):
+        hull[axis] = _axis_hull(term, axis, n, boxes.lo[axis][sel], boxes.hi[axis][sel])
+    live = np.ones(sel.size, bool)
+    for first, last in hull.values():
+        live &= first <= last
+    (f0, f1), (h0, h1), (w0, w1) = ([a[live] for a in hull[x]] for x in AXES)
+    sel = sel[live]
+    if not layout.is_temporal_major:
+        return _frame_major_hull(layout, layout.video_start, sel, f0, f1, h0, h1, w0, w1)
+    anchors = layout.anchor_frames
+    anchor = _frame_major_hull(
+        layout, layout.video_start, sel, f0, np.minimum(f1, anchors - 1), h0, h1, w0, w1
+    )
+    main = _temporal_major_hull(layout, sel, np.maximum(f0, anchors), f1, h0, h1, w0, w1)
+    return tuple(np.concatenate([a, m]) for a, m in zip(anchor, main))
+
+
+def _expand(owner, first, last):
+    """(owner repeated, value) for every value in [first, last] of each owner."""
+    counts = np.maximum(last - first + 1, 0)
+    index = np.repeat(np.arange(counts.size), counts)
+    return owner[index], first[index] + ragged_arange(counts), index
+
+
+def _frame_major_hull(layout: TokenLayout, base: int, sel, f0, f1, h0, h1, w0, w1):
+    """Frames [f0, f1] of rows [h0, h1] and columns [w0, w1] from `base`, frame-major: one
+    interval per box when whole frames, else one per frame (row starts to row ends)."""
+    s, width = layout.tokens_per_frame, layout.width
+    whole = (h0 == 0) & (h1 == layout.height - 1) & (w0 == 0) & (w1 == width - 1)
+    some = f0 <= f1
+    one = whole & some
+    starts = [base + f0[one] * s]
+    ends = [base + (f1[one] + 1) * s]
+    owners = [sel[one]]
+    each = ~whole & some
+    owner, frame, i = _expand(sel[each], f0[each], f1[each])
+    starts.append(base + frame * s + h0[each][i] * width + w0[each][i])
+    ends.append(base + frame * s + h1[each][i] * width + w1[each][i] + 1)
+    owners.append(owner)
+    return np.concatenate(owners), np.concatenate(starts), np.concatenate(ends)
+
+
+def _temporal_major_hull(layout: TokenLayout, sel, f0, f1, h0, h1, w0, w1):
+    """The same box among the temporal-major frames (place p, frame f at
+    main_start + p * T' + f - anchors): one interval per image row of places, from its first
+    place's first frame to its last place's last frame (whole rows of places merge)."""
+    t, width, anchors = layout.main_frames, layout.width, layout.anchor_frames
+    some = f0 <= f1
+    sel, f0, f1, h0, h1, w0, w1 = (a[some] for a in (sel, f0, f1, h0, h1, w0, w1))
+    full_cols = (w0 == 0) & (w1 == width - 1)
+    h_last = np.where(full_cols, h0, h1)  # whole rows: one interval over all of them
+    owner, h, i = _expand(sel, h0, h_last)
+    last_h = np.where(full_cols[i], h1[i], h)
+    start = layout.main_start + (h * width + w0[i]) * t + f0[i] - anchors
+    end = layout.main_start + (last_h * width + w1[i]) * t + f1[i] - anchors + 1
+    return owner, start, end
+
+
+def _reached_blocks(layout, poly, q_boxes: _Boxes, t0: int, t1: int, block_kv: int, nk: int):
+    """Flat (q tile * nk + kv tile) ranges, half-open and merged, of the blocks that some
+    term may reach from q tiles [t0, t1)."""
+    which = np.arange(q_boxes.first[t0], q_boxes.first[t1])
+    tile_of_box = np.repeat(np.arange(t0, t1), np.diff(q_boxes.first[t0 : t1 + 1]))
+    starts, ends = [], []
+    for term in poly:
+        box, start, end = _reached_keys(layout, term, q_boxes, which)
+        keep = end > start
+        base = tile_of_box[box[keep] - which[0]] * nk
+        starts.append(base + start[keep] // block_kv)
+        ends.append(base + (end[keep] - 1) // block_kv + 1)
+    if not starts:  # no term: the mask keeps nothing
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    reached = IntervalSet.normalized(np.concatenate(starts), np.concatenate(ends))
+    return reached.starts, reached.ends
+
+
+def _candidate_pairs(layout, poly, q_boxes, t0, t1, block_kv, nk, open_parents=None):
+    """Flat (q tile * nk + kv tile) of q tiles [t0, t1) that some term may reach (and,
+    below the top level, whose parent is BOUNDARY)."""
+    starts, ends = _reached_blocks(layout, poly, q_boxes, t0, t1, block_kv, nk)
+    if starts.size == 0:
+        return starts
+    if open_parents is None:
+        flat = _expand(np.zeros(starts.size, np.int64), starts, ends - 1)[1]
+        return flat
+    flat = _children(open_parents, t0, t1, nk)
+    at = np.searchsorted(starts, flat, side="right") - 1
+    return flat[(at >= 0) & (flat < ends[np.maximum(at, 0)])]
+
+
+def _children(open_parents: np.ndarray, t0: int, t1: int, nk: int) -> np.ndarray:
+    """Flat (q tile * nk + kv tile) of q tiles [t0, t1) whose parent is open."""
+    parent_q, parent_kv = np.nonzero(open_parents[t0 // RATIO : (t1 - 1) // RATIO + 1])
+    parent_q += t0 // RATIO
+    offset = np.arange(RATIO)
+    q = (parent_q[:, None, None] * RATIO + offset[None, :, None]).repeat(RATIO, axis=2)
+    kv = (parent_kv[:, None, None] * RATIO + offset[None, None, :]).repeat(RATIO, axis=1)
+    keep = (q >= t0) & (q < t1) & (kv < nk)
+    return q[keep] * nk + kv[keep]
+
+
+# ---------------------------------------------------------------------------------------------
+# Counting.
+
+
+def _pair_counts(layout, poly, q_boxes: _Boxes, k_boxes: _Boxes, q_tile, kv_tile):
+    """int64 kept pairs of each (q tile, kv tile), summed over their box pairs and terms."""
+    nq_box = np.diff(q_boxes.first)[q_tile]
+    nk_box = np.diff(k_boxes.first)[kv_tile]
+    combos = nq_box * nk_box
+    pair = np.repeat(np.arange(q_tile.size), combos)
+    local = ragged_arange(combos)
+    qb = q_boxes.first[q_tile][pair] + local // nk_box[pair]
+    kb = k_boxes.first[kv_tile][pair] + local % nk_box[pair]
+    class_bit = 1 << (2 * q_boxes.text[qb] + k_boxes.text[kb])
+    weight = q_boxes.size[qb] * k_boxes.size[kb]
+    total = np.zeros(qb.size, np.int64)
+    ranges = {
+        axis: (
+            q_boxes.lo[axis][qb],
+            q_boxes.hi[axis][qb],
+            k_boxes.lo[axis][kb],
+            k_boxes.hi[axis][kb],
+        )
+        for axis in AXES
+    }
+    axis_counts = {}  # (axis, constraints) -> counts: terms share most of them
+    sizes = dict(zip(AXES, (layout.frames, layout.height, layout.width)))
+    for term, coef in poly.items():
+        count = np.where(class_bit & term.classes, weight * coef, 0)
+        for axis in AXES:
+            key = (axis, term.on_axis(axis))
+            if key not in axis_counts:
+                axis_counts[key] = _axis_counts(key[1], sizes[axis], *ranges[axis])
+            count *= axis_counts[key]
+        total += count
+    starts = np.concatenate([[0], np.cumsum(combos)[:-1]])
+    return np.add.reduceat(total, starts) if total.size else np.zeros(0, np.int64)
+
+
+def _axis_counts(constraints: frozenset, n: int, q_lo, q_hi, k_lo, k_hi) -> np.ndarray:
+    """Pairs of one axis's relation in each [q_lo, q_hi] x [k_lo, k_hi]."""
+    if not constraints:  # every pair
+        return (q_hi - q_lo + 1) * (k_hi - k_lo + 1)
+    return _rect(_prefix(constraints, n), n, q_lo, q_hi, k_lo, k_hi)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProductClassification:
+    kinds: np.ndarray  # int8 [nq, nk] of TileKind
+    kept: int  # exact kept real pairs
+    boundary_index: np.ndarray | None = None  # with boundary_counts: flat BOUNDARY blocks,
+    boundary_pairs: np.ndarray | None = None  # sorted, and the kept pairs of each
+
+
+def classify_product(
+    mask,
+    layout: TokenLayout,
+    grid,
+    progress: Callable[[int, int], None] | None = None,
+    boundary_counts: bool = False,
+) -> ProductClassification:
+    """Kinds and kept pairs of a per-axis mask (see the module docstring); with
+    `boundary_counts`, also the kept pairs of every BOUNDARY block.
+
+    Coarse to fine: blocks RATIO x RATIO times larger are classified first, and a block pair
+    is counted only when its parent is BOUNDARY (a FULL or EMPTY parent settles all its
+    children)."""
+    poly = polynomial(mask)
+    q_boxes = _tile_boxes(layout, grid.block_q)
+    k_boxes = _tile_boxes(layout, grid.block_kv)
+    constrained = {axis for term in poly for axis in AXES if term.on_axis(axis)}
+    q_sig, q_rep = _signatures(q_boxes, constrained)
+    k_sig, k_rep = _signatures(k_boxes, constrained)
+    if q_rep.size * k_rep.size <= SIGNATURE_PAIRS:
+        out = _classify_signatures(
+            layout, poly, grid, (q_sig, q_rep), (k_sig, k_rep), boundary_counts
+        )
+        if progress is not None:
+            progress(grid.num_q_blocks, grid.num_q_blocks)
+        return out
+    kinds = kept = None
+    levels = _levels(grid)
+    found = [] if boundary_counts else None
+    for depth, level in enumerate(levels):
+        last = depth == len(levels) - 1
+        kinds, level_kept = _classify_level(
+            layout, poly, level, kinds, progress if last else None, found if last else None
+        )
+        kept = level_kept if kept is None else kept  # the top level counts every pair
+    if found is None:
+        return ProductClassification(kinds, kept)
+    index = np.concatenate([f[0] for f in found] + [np.zeros(0, np.int64)])
+    pairs = np.concatenate([f[1] for f in found] + [np.zeros(0, np.int64)])
+    order = np.argsort(index, kind="stable")
+    return ProductClassification(kinds, kept, index[order], pairs[order])
+
+
+def _signatures(boxes: _Boxes, constrained: set) -> tuple[np.ndarray, np.ndarray]:
+    """(signature per tile, a tile of each signature). A tile's signature is its boxes with
+    the ranges of axes no term constrains replaced by their lengths: the count of a box pair
+    on such an axis is the product of the lengths, so tiles of one signature meet every
+    tile alike."""
+    columns = [boxes.text, boxes.size]
+    for axis in AXES:
+        lo, hi = boxes.lo[axis], boxes.hi[axis]
+        columns += [lo, hi] if axis in constrained else [hi - lo + 1]
+    rows = np.stack(columns, axis=1)
+    ids: dict[bytes, int] = {}
+    tiles = boxes.first.size - 1
+    signature = np.empty(tiles, np.int64)
+    for t in range(tiles):
+        signature[t] = ids.setdefault(rows[boxes.first[t] : boxes.first[t + 1]].tobytes(), len(ids))
+    _, representative = np.unique(signature, return_index=True)
+    return signature, representative
+
+
+def _classify_signatures(layout, poly, grid, q, kv, boundary_counts: bool):
+    """Kinds and kept pairs from one count per (q signature, kv signature); `q` and `kv`
+    are (signature per tile, a tile of each signature)."""
+    (q_sig, q_rep), (k_sig, k_rep) = q, kv
+    q_tile = np.repeat(q_rep, k_rep.size)
+    kv_tile = np.tile(k_rep, q_rep.size)
+    q_boxes = _tile_boxes(layout, grid.block_q)
+    k_boxes = _tile_boxes(layout, grid.block_kv)
+    count = _pair_counts(layout, poly, q_boxes, k_boxes, q_tile, kv_tile)
+    table = _kinds(count, _real_pairs(grid, q_tile, kv_tile)).reshape(q_rep.size, k_rep.size)
+    count = count.reshape(q_rep.size, k_rep.size)
+    per_q = np.bincount(q_sig, minlength=q_rep.size)
+    per_kv = np.bincount(k_sig, minlength=k_rep.size)
+    kept = int((count * per_q[:, None] * per_kv).sum())
+    kinds = table[q_sig[:, None], k_sig[None, :]]
+    if not boundary_counts:
+        return ProductClassification(kinds, kept)
+    nk = grid.num_kv_blocks
+    index = np.flatnonzero(kinds.ravel() == TileKind.BOUNDARY)
+    pairs = count[q_sig[index // nk], k_sig[index % nk]]
+    return ProductClassification(kinds, kept, index, pairs.astype(np.int64))
+
+
+def _levels(grid) -> list:
+    """Grids from the coarsest (at most TOP_LEVEL_PAIRS block pairs) to `grid`."""
+    out = [grid]
+    while out[-1].num_q_blocks * out[-1].num_kv_blocks > TOP_LEVEL_PAIRS and (
+        out[-1].num_q_blocks > 1 or out[-1].num_kv_blocks > 1
+    ):
+        g = out[-1]
+        out.append(type(g)(g.seq_len, g.block_q * RATIO, g.block_kv * RATIO))
+    return out[::-1]
+
+
+def _classify_level(layout, poly, grid, parent, progress, found: list | None = None):
+    """Kinds of `grid` given the kinds of its parent grid (None at the top), and the pairs
+    counted (all kept pairs at the top level); `found` collects (flat index, kept pairs) of
+    the BOUNDARY blocks counted."""
+    nq, nk = grid.num_q_blocks, grid.num_kv_blocks
+    kinds = np.full((nq, nk), TileKind.EMPTY, np.int8)
+    if parent is not None:
+        settled = np.repeat(np.repeat(parent, RATIO, axis=0), RATIO, axis=1)[:nq, :nk]
+        kinds[settled == TileKind.FULL] = TileKind.FULL
+        open_parents = parent == TileKind.BOUNDARY
+    else:
+        open_parents = None
+    q_boxes = _tile_boxes(layout, grid.block_q)
+    k_boxes = _tile_boxes(layout, grid.block_kv)
+    kept = 0
+    # Box pairs per block pair at most: a pass of `per_pass` block pairs stays within
+    # COMBOS_PER_PASS box pairs; a chunk of q tiles reaches at most `tiles * nk` blocks.
+    combos = int(np.diff(q_boxes.first).max()) * int(np.diff(k_boxes.first).max())
+    per_pass = max(1, COMBOS_PER_PASS // combos)
+    tiles = max(1, per_pass // nk)
+    for t0 in range(0, nq, tiles):
+        t1 = min(t0 + tiles, nq)
+        if parent is not None and not open_parents[t0 // RATIO : (t1 - 1) // RATIO + 1].any():
+            continue
+        flat = _candidate_pairs(layout, poly, q_boxes, t0, t1, grid.block_kv, nk, open_parents)
+        for lo in range(0, flat.size, per_pass):
+            part = flat[lo : lo + per_pass]
+            q_tile, kv_tile = part // nk, part % nk
+            count = _pair_counts(layout, poly, q_boxes, k_boxes, q_tile, kv_tile)
+            kept += int(count.sum())
+            kind = _kinds(count, _real_pairs(grid, q_tile, kv_tile))
+            kinds[q_tile, kv_tile] = kind
+            if found is not None:
+                boundary = kind == TileKind.BOUNDARY
+                found.append((part[boundary], count[boundary]))
+        if progress is not None:
+            progress(t1, nq)
+    return kinds, kept
+
+
+def _real_pairs(grid, q_tile, kv_tile) -> np.ndarray:
+    rows = np.minimum((q_tile + 1) * grid.block_q, grid.seq_len) - q_tile * grid.block_q
+    keys = np.minimum((kv_tile + 1) * grid.block_kv, grid.seq_len) - kv_tile * grid.block_kv
+    return rows * keys
+
+
+def _kinds(count: np.ndarray, real: np.ndarray) -> np.ndarray:
+    return np.where(
+        count == real, TileKind.FULL, np.where(count > 0, TileKind.BOUNDARY, TileKind.EMPTY)
+    ).astype(np.int8)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows with keys (what `tiling.align` needs to count the rows it empties).
+
+ROWS_PER_PASS = 1 << 20
+
+
+def rows_with_keys(layout: TokenLayout, mask, grid) -> tuple[np.ndarray, np.ndarray]:
+    """Per q block of `grid`: real rows keeping at least one key, and those among them
+    keeping none in the last kv block (svgen.analysis.classify.PairCounts)."""
+    poly = polynomial(mask)
+    everything = _tile_boxes(layout, layout.seq_len)  # one tile: every key
+    last = _tile_boxes(layout, grid.block_kv)
+    last_tile = grid.num_kv_blocks - 1
+    with_keys = np.zeros(grid.num_q_blocks, np.int64)
+    without_last = np.zeros(grid.num_q_blocks, np.int64)
+    for lo in range(0, layout.seq_len, ROWS_PER_PASS):
+        rows = np.arange(lo, min(lo + ROWS_PER_PASS, layout.seq_len), dtype=np.int64)
+        has = _row_keys(layout, poly, everything, 0, rows) > 0
+        none_last = _row_keys(layout, poly, last, last_tile, rows) == 0
+        block = rows // grid.block_q
+        with_keys += np.bincount(block[has], minlength=grid.num_q_blocks)
+        without_last += np.bincount(block[has & none_last], minlength=grid.num_q_blocks)
+    return with_keys, without_last
+
+
+def _row_keys(layout, poly, boxes: _Boxes, tile: int, rows: np.ndarray) -> np.ndarray:
+    """Keys of tile `tile` of `boxes` that each query row (kernel positions) keeps."""
+    c = layout.coordinates(rows)
+    x = {"f": c.frame, "h": c.row, "w": c.col}
+    query_text = c.is_text.astype(np.int64)
+    sizes = dict(zip(AXES, (layout.frames, layout.height, layout.width)))
+    total = np.zeros(rows.size, np.int64)
+    for b in range(boxes.first[tile], boxes.first[tile + 1]):
+        class_bit = 1 << (2 * query_text + boxes.text[b])
+        for term, coef in poly.items():
+            count = np.where(class_bit & term.classes, coef * boxes.size[b], 0)
+            for axis in AXES:
+                n = sizes[axis]
+                point = np.arange(n, dtype=np.int64)  # every query value of the axis
+                per_value = _axis_counts(
+                    term.on_axis(axis), n, point, point, boxes.lo[axis][b], boxes.hi[axis][b]
+                )
+                count *= per_value[x[axis]]
+            total += count
+    return total
