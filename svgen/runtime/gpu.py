@@ -103,7 +103,7 @@ from svgen.runtime.kernel import (
     MASK_VALUE,
     Pattern,
     _check_operands,
-    _checked_head_pattern,
+    resolve_head_pattern,
     _per_head_layout,
 )
 from svgen.runtime.kinds import TileKind
@@ -407,19 +407,9 @@ def make_gpu_attention(
         if jnp.dtype(q.dtype).name not in DTYPES:
             raise TypeError(f"GPU kernels run {', '.join(DTYPES)}; got q, k, v of {q.dtype}")
         heads = q.shape[-3]
-        if head_pattern is None:
-            if default_head_pattern is None:
-                raise ValueError(
-                    "this kernel's patterns are assigned at run time: pass "
-                    "head_pattern (int [heads]), e.g. from profile()"
-                )
-            if heads != shape.heads:
-                raise ValueError(
-                    f"q has {heads} heads, the spec {shape.heads}: pass the "
-                    "head_pattern of these heads"
-                )
-            head_pattern = default_head_pattern
-        _, head_pattern = _checked_head_pattern(head_pattern, heads, len(patterns))
+        _, head_pattern = resolve_head_pattern(
+            head_pattern, default_head_pattern, heads, shape.heads, len(patterns)
+        )
         head_layout = jnp.asarray(layout_of_pattern)[head_pattern]
         lead = q.shape[:-2]
         if sm_scale is None:

@@ -797,19 +797,9 @@ def make_attention(
     def attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None):
         _check_operands(q, k, v, shape, dtype)
         heads = q.shape[-3]
-        if head_pattern is None:
-            if default_head_pattern is None:
-                raise ValueError(
-                    "this kernel's patterns are assigned at run time: pass "
-                    "head_pattern (int [heads]), e.g. from profile()"
-                )
-            if heads != shape.heads:
-                raise ValueError(
-                    f"q has {heads} heads, the spec {shape.heads}: pass the "
-                    "head_pattern of these heads (e.g. its shard under shard_map)"
-                )
-            head_pattern = default_head_pattern
-        static_pattern, head_pattern = _checked_head_pattern(head_pattern, heads, len(patterns))
+        static_pattern, head_pattern = resolve_head_pattern(
+            head_pattern, default_head_pattern, heads, shape.heads, len(patterns)
+        )
         head_layout = jnp.asarray(layout_of_pattern)[head_pattern]
         lead = q.shape[:-2]
         if sm_scale is None:
@@ -834,6 +824,24 @@ def make_attention(
 
     attention.tables = tables
     return attention
+
+
+def resolve_head_pattern(head_pattern, default, heads: int, spec_heads: int, num_patterns: int):
+    """The call's head -> pattern assignment (the spec's static one when not given), checked
+    as `_checked_head_pattern` says: (NumPy copy when concrete, int32 [heads] array)."""
+    if head_pattern is None:
+        if default is None:
+            raise ValueError(
+                "this kernel's patterns are assigned at run time: pass "
+                "head_pattern (int [heads]), e.g. from profile()"
+            )
+        if heads != spec_heads:
+            raise ValueError(
+                f"q has {heads} heads, the spec {spec_heads}: pass the "
+                "head_pattern of these heads (e.g. its shard under shard_map)"
+            )
+        head_pattern = default
+    return _checked_head_pattern(head_pattern, heads, num_patterns)
 
 
 def _checked_head_pattern(head_pattern, heads: int, num_patterns: int):
