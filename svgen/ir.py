@@ -261,6 +261,50 @@ class BlockCausal:
 
 
 @dataclasses.dataclass(frozen=True)
+class CubeWindow:
+    """Both video, and the keys' cube within `frames` x `rows` x `cols` cubes of the query's:
+    tokens grouped into cubes of cube_frames x cube_rows x cube_cols (aligned to frame, row
+    and column 0), |f_q // a - f_k // a| <= frames and likewise for rows and columns. The
+    window of Sliding Tile Attention, whose tiles are such cubes."""
+
+    cube_frames: int
+    cube_rows: int
+    cube_cols: int
+    frames: int
+    rows: int
+    cols: int
+
+    def _axes(self):
+        return (
+            ("f", "frame", self.cube_frames, self.frames),
+            ("h", "row", self.cube_rows, self.rows),
+            ("w", "col", self.cube_cols, self.cols),
+        )
+
+    def evaluate(self, q, k):
+        keep = _both_video(q, k)
+        for _, name, size, radius in self._axes():
+            keep = keep & _near(getattr(q, name) // size, getattr(k, name) // size, radius)
+        return keep
+
+    def predicate(self):
+        parts = [_video_pair()]
+        for symbol, _, size, radius in self._axes():
+            a, b = _S[f"{symbol}_q"], _S[f"{symbol}_k"]
+            if size > 1:
+                a, b = FloorDiv(a, size), FloorDiv(b, size)
+            parts.append(_within(a, b, radius))
+        return sympy.And(*parts)
+
+    def describe(self):
+        return (
+            f"cube window: video pairs whose {self.cube_frames}x{self.cube_rows}x"
+            f"{self.cube_cols} cubes are within {self.frames} / {self.rows} / {self.cols} "
+            f"cubes (frames / rows / columns)"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class Predicate:
     """A user `expr`, parsed by svgen.expr into sympy; `source` is the user's text."""
 

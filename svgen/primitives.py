@@ -279,6 +279,22 @@ BUILTINS = (
         code_name="block_causal",
     ),
     Primitive(
+        "cube_window",
+        "both video and the key's cube within frames x rows x cols cubes of the query's "
+        "(cubes of cube_frames x cube_rows x cube_cols: Sliding Tile Attention's window)",
+        params=(
+            Param("cube_frames", "frames per cube", minimum=1, required=True, within=FRAME_COUNT),
+            Param("cube_rows", "rows per cube", minimum=1, required=True),
+            Param("cube_cols", "columns per cube", minimum=1, required=True),
+            Param("frames", "largest cube difference in time", required=True),
+            Param("rows", "largest cube difference in rows", required=True),
+            Param("cols", "largest cube difference in columns", required=True),
+        ),
+        node=_ir("CubeWindow"),
+        rows=_rows("cube_window_rows"),
+        code_name="cube_window",
+    ),
+    Primitive(
         "expr",
         "a predicate over f_q h_q w_q f_k h_k w_k i_q i_k is_text_q is_text_k",
         form=PREDICATE,

@@ -231,6 +231,14 @@ PRIMITIVE_GENERATORS = {
     "text": lambda rng, lay: {},
     "causal_frames": lambda rng, lay: {},
     "block_causal": lambda rng, lay: {"frames": int(rng.integers(1, lay.frames + 2))},
+    "cube_window": lambda rng, lay: {
+        "cube_frames": int(rng.integers(1, 3)),
+        "cube_rows": int(rng.integers(1, 4)),
+        "cube_cols": int(rng.integers(1, 4)),
+        "frames": int(rng.integers(0, 2)),
+        "rows": int(rng.integers(0, 2)),
+        "cols": int(rng.integers(0, 3)),
+    },
     "expr": lambda rng, lay: str(rng.choice(PREDICATES)),
 }
 

@@ -67,7 +67,8 @@ COMBOS_PER_PASS = 1 << 22
 class Term:
     """A conjunction: the class pairs it allows and its per-axis constraints, each
     (axis, kind, parameter) with kind one of near (|x_q - x_k| <= p), below (x_k < p),
-    causal (x_k <= x_q), block (x_k // p <= x_q // p), stride ((x_q - x_k) % p == 0)."""
+    causal (x_k <= x_q), block (x_k // p <= x_q // p), stride ((x_q - x_k) % p == 0),
+    cube (|x_q // s - x_k // s| <= r for p = (s, r))."""
 
     classes: int
     constraints: frozenset
@@ -104,6 +105,17 @@ def _atom(node) -> Term | None:
         return Term(VIDEO_PAIR, frozenset({("f", "block", node.frames)}))
     if isinstance(node, ir.Text):
         return Term(TEXT_INVOLVED, frozenset())
+    if isinstance(node, ir.CubeWindow):
+        return Term(
+            VIDEO_PAIR,
+            frozenset(
+                {
+                    ("f", "cube", (node.cube_frames, node.frames)),
+                    ("h", "cube", (node.cube_rows, node.rows)),
+                    ("w", "cube", (node.cube_cols, node.cols)),
+                }
+            ),
+        )
     return None
 
 
@@ -179,6 +191,8 @@ def _relation(constraints: frozenset, n: int) -> np.ndarray:
             rel &= k // p <= q // p
         elif kind == "stride":
             rel &= (q - k) % p == 0
+        elif kind == "cube":  # p = (cube size, radius in cubes)
+            rel &= np.abs(q // p[0] - k // p[0]) <= p[1]
         else:  # pragma: no cover - _atom emits only the kinds above
             raise ValueError(kind)
     return rel

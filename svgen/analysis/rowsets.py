@@ -177,6 +177,44 @@ def block_causal_rows(node: ir.BlockCausal, chunk: RowChunk) -> Bounds:
     )
 
 
+def cube_window_rows(node: ir.CubeWindow, chunk: RowChunk) -> Bounds:
+    """The video keys of the cubes around the query's: one coordinate box per row."""
+    lay = chunk.layout
+    rows = np.flatnonzero(~chunk.coords.is_text)
+    c = chunk.coords
+    (f_lo, f_hi), (h_lo, h_hi), (w_lo, w_hi) = (
+        _cube_range(getattr(c, name)[rows], size, radius, extent)
+        for name, size, radius, extent in (
+            ("frame", node.cube_frames, node.frames, lay.frames),
+            ("row", node.cube_rows, node.rows, lay.height),
+            ("col", node.cube_cols, node.cols, lay.width),
+        )
+    )
+    return Bounds.exact(
+        _video_box_keys(
+            chunk,
+            rows,
+            f_lo,
+            f_hi - f_lo + 1,
+            1,
+            h_lo,
+            h_hi,
+            w_lo,
+            w_hi,
+            full_rows=False,
+            full_cols=False,
+        )
+    )
+
+
+def _cube_range(x: np.ndarray, size: int, radius: int, extent: int):
+    """Inclusive [lo, hi] of the coordinates whose cube is within `radius` cubes of x's."""
+    cube = x // size
+    lo = np.maximum((cube - radius) * size, 0)
+    hi = np.minimum((cube + radius + 1) * size - 1, extent - 1)
+    return lo, hi
+
+
 def _full_box(lay, n: int):
     """(h_lo, h_hi, w_lo, w_hi, full_rows, full_cols) of whole frames, for n rows."""
     return (
