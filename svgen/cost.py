@@ -411,18 +411,27 @@ def measure_paths(module, target: str, *, use_cache: bool = True, progress=None)
         tuple(str(t.dtype) for t in tables.piece_operands()),
         module.DTYPE,
     )
+
+    def measure() -> PathCosts:
+        if progress:
+            progress(f"compiling {module.__name__} for {target} (libtpu)")
+        schedule = _compile(module, target)
+        return read_paths(schedule, len(module._PATTERNS), module.SHAPE.compute_blocks)
+
+    return _cached(key, use_cache, measure, PathCosts.from_json)
+
+
+def _cached(key: str, use_cache: bool, measure, from_json):
+    """The costs cached under `key`, else `measure()`'s, written atomically for next time."""
     path = _cache_dir() / f"{key}.json"
     if use_cache and path.exists():
-        return PathCosts.from_json(json.loads(path.read_text()))
-    if progress:
-        progress(f"compiling {module.__name__} for {target} (libtpu)")
-    schedule = _compile(module, target)
-    paths = read_paths(schedule, len(module._PATTERNS), module.SHAPE.compute_blocks)
+        return from_json(json.loads(path.read_text()))
+    costs = measure()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(paths.to_json()))
+    tmp.write_text(json.dumps(costs.to_json()))
     tmp.replace(path)
-    return paths
+    return costs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -485,23 +494,21 @@ def measure_training_paths(
         module.DTYPE,
         kind="training-fused" if fused else "training",
     )
-    path = _cache_dir() / f"{key}.json"
-    if use_cache and path.exists():
-        return TrainingPaths.from_json(json.loads(path.read_text()))
-    if progress:
-        progress(f"compiling the forward and backward kernels of {module.__name__} for {target}")
-    names = [KERNEL_NAME, f"{KERNEL_NAME}_dkv"] + ([] if fused else [f"{KERNEL_NAME}_dq"])
-    schedules = _compile_training(module, target, names, fused)
-    patterns, blocks = len(module._PATTERNS), module.SHAPE.compute_blocks
-    read = {name: read_paths(schedules[name], patterns, blocks) for name in names}
-    paths = TrainingPaths(
-        read[KERNEL_NAME], read.get(f"{KERNEL_NAME}_dq"), read[f"{KERNEL_NAME}_dkv"]
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(paths.to_json()))
-    tmp.replace(path)
-    return paths
+
+    def measure() -> TrainingPaths:
+        if progress:
+            progress(
+                f"compiling the forward and backward kernels of {module.__name__} for {target}"
+            )
+        names = [KERNEL_NAME, f"{KERNEL_NAME}_dkv"] + ([] if fused else [f"{KERNEL_NAME}_dq"])
+        schedules = _compile_training(module, target, names, fused)
+        patterns, blocks = len(module._PATTERNS), module.SHAPE.compute_blocks
+        read = {name: read_paths(schedules[name], patterns, blocks) for name in names}
+        return TrainingPaths(
+            read[KERNEL_NAME], read.get(f"{KERNEL_NAME}_dq"), read[f"{KERNEL_NAME}_dkv"]
+        )
+
+    return _cached(key, use_cache, measure, TrainingPaths.from_json)
 
 
 def _compile_training(module, target: str, names: list[str], fused: bool) -> dict:
@@ -511,12 +518,6 @@ def _compile_training(module, target: str, names: list[str], fused: bool) -> dic
     from svgen import tpu_schedule
     from svgen.runtime import backward
 
-    sharding = tpu_schedule.tpu_sharding(target)
-    arg = jax.ShapeDtypeStruct(
-        (module.HEADS, module.SEQ_LEN, module.HEAD_DIM), jnp.dtype(module.DTYPE), sharding=sharding
-    )
-    head_pattern = jax.ShapeDtypeStruct((module.HEADS,), jnp.int32, sharding=sharding)
-
     def loss(q, k, v, hp):
         return jnp.sum(module.attention(q, k, v, head_pattern=hp).astype(jnp.float32))
 
@@ -524,13 +525,25 @@ def _compile_training(module, target: str, names: list[str], fused: bool) -> dic
     default, backward.FUSED_DQ = backward.FUSED_DQ, fused  # read when traced, in this compile
     try:
         return tpu_schedule.compile_and_dump_kernels(
-            grads, arg, arg, arg, head_pattern, kernel_names=names, target=target
+            grads, *_aot_args(module, target), kernel_names=names, target=target
         )
     finally:
         backward.FUSED_DQ = default
 
 
 def _compile(module, target: str):
+    from svgen import tpu_schedule
+
+    def run(q, k, v, hp):
+        return module.attention(q, k, v, head_pattern=hp)
+
+    return tpu_schedule.compile_and_dump(
+        run, *_aot_args(module, target), kernel_name=KERNEL_NAME, target=target
+    )
+
+
+def _aot_args(module, target: str) -> tuple:
+    """q, k, v and a traced head_pattern of the module's full size, placed on the target."""
     import jax
     import jax.numpy as jnp
 
@@ -541,13 +554,7 @@ def _compile(module, target: str):
         (module.HEADS, module.SEQ_LEN, module.HEAD_DIM), jnp.dtype(module.DTYPE), sharding=sharding
     )
     head_pattern = jax.ShapeDtypeStruct((module.HEADS,), jnp.int32, sharding=sharding)
-
-    def run(q, k, v, hp):
-        return module.attention(q, k, v, head_pattern=hp)
-
-    return tpu_schedule.compile_and_dump(
-        run, arg, arg, arg, head_pattern, kernel_name=KERNEL_NAME, target=target
-    )
+    return arg, arg, arg, head_pattern
 
 
 # ----------------------------------------------------------------------------- a spec
@@ -562,16 +569,21 @@ def model_head_pattern(plan) -> list[int]:
 def dense_cycles(paths: PathCosts, plan) -> int:
     """The same kernel's paths on a mask that keeps every pair (pattern 0's BOUNDARY costs
     for the compute blocks that hold padding keys)."""
-    from svgen.analysis.tables import build_runs, kernel_tiles
     from svgen.runtime.tables import PieceTables
 
-    compute = plan.patterns[0].compute_grid
-    full = np.full((compute.num_q_blocks, compute.num_kv_blocks), TileKind.FULL, np.int8)
-    runs = build_runs(*kernel_tiles(full, plan.grid, compute), plan.grid)
-    tables = PieceTables.from_runs([runs], 1, plan.spec.tiling.compute_blocks)
+    tables = PieceTables.from_runs([_dense_runs(plan)], 1, plan.spec.tiling.compute_blocks)
     heads = plan.spec.attention.heads
     total, _, _ = model_cycles(paths, tables, [0] * heads, padding_tile(plan))
     return total
+
+
+def _dense_runs(plan):
+    """The runs of a mask that keeps every pair, at the plan's tiles and compute blocks."""
+    from svgen.analysis.tables import build_runs, kernel_tiles
+
+    compute = plan.patterns[0].compute_grid
+    full = np.full((compute.num_q_blocks, compute.num_kv_blocks), TileKind.FULL, np.int8)
+    return build_runs(*kernel_tiles(full, plan.grid, compute), plan.grid)
 
 
 def padding_tile(plan) -> int | None:
@@ -639,14 +651,11 @@ def _model_training(paths: TrainingPaths, plan, module) -> TrainingReport:
     schedule does not show it: each step with work writes its query tile's dq back (f32) and
     waits (the read overlaps the step's matmuls), and the wrapper zeroes dq before and
     scales it after (two f32 passes and one in q's dtype)."""
-    from svgen.analysis.tables import build_runs, kernel_tiles
     from svgen.runtime.tables import PieceTables, transposed_tables
 
     head_pattern = model_head_pattern(plan)
     transposed = dkv_tables(module)
-    compute = plan.patterns[0].compute_grid
-    full = np.full((compute.num_q_blocks, compute.num_kv_blocks), TileKind.FULL, np.int8)
-    runs = build_runs(*kernel_tiles(full, plan.grid, compute), plan.grid)
+    runs = _dense_runs(plan)
     dense = PieceTables.from_runs([runs], 1, plan.spec.tiling.compute_blocks)
     dense_t = transposed_tables([runs], module.SHAPE, module.HEADS)
     kernels = [

@@ -78,8 +78,12 @@ def _chain(expr: str, depth: int) -> list[str]:
 
 def _split_top(expr: str, op: str) -> list[str]:
     """The operands of `op` at parenthesis depth 0 (operators written ` op `)."""
+    return _split_outside_brackets(expr, f" {op} ")
+
+
+def _split_outside_brackets(expr: str, token: str) -> list[str]:
+    """expr split at each `token` that no bracket encloses."""
     parts, depth, start, i = [], 0, 0, 0
-    token = f" {op} "
     while i < len(expr):
         ch = expr[i]
         if ch in "([":
@@ -124,23 +128,9 @@ def _unwrap(expr: str) -> str:
 
 
 def _is_tuple(value: str) -> bool:
-    return _is_group(value) and len(_split_commas(value[1:-1])) > 1
+    return _is_group(value) and len(_split_outside_brackets(value[1:-1], ",")) > 1
 
 
 def _tuple_items(value: str, depth: int) -> list[str]:
-    items = [item.strip() for item in _split_commas(value[1:-1]) if item.strip()]
+    items = [item.strip() for item in _split_outside_brackets(value[1:-1], ",") if item.strip()]
     return [f"{INDENT * depth}{item}," for item in items]
-
-
-def _split_commas(expr: str) -> list[str]:
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(expr):
-        if ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append(expr[start:i])
-            start = i + 1
-    parts.append(expr[start:])
-    return parts

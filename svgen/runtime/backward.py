@@ -266,9 +266,7 @@ def _dkv_kernel(
         if fused_dq:  # dq of the block's queries: ds k, from ds^T with keys contracted
             dq_step[block.cols, :] += _dot(ds_t, k, 0, 0)
 
-    if not fused_dq:
-        _run_blocks(view, kind, active, blocks, shape, patterns, update)
-    else:
+    if fused_dq:
         work = active & (kind != TileKind.EMPTY)
         queries = pl.ds(pl.multiple_of(q_tile * shape.block_kv, shape.block_kv), shape.block_kv)
         tile_in_hbm = dq_hbm.at[view.row, queries, :]
@@ -280,7 +278,9 @@ def _dkv_kernel(
             read.start()
             dq_step[...] = jnp.zeros(dq_step.shape, jnp.float32)
 
-        _run_blocks(view, kind, active, blocks, shape, patterns, update)
+    _run_blocks(view, kind, active, blocks, shape, patterns, update)
+
+    if fused_dq:
 
         @pl.when(work)
         def _():
@@ -347,8 +347,13 @@ def backward(
     qp, kp, vp, dop = zero(q_scaled), zero(k), zero(v), zero(do)
     d = shape.head_dim
     common = dict(head_pattern=head_pattern, static_pattern=static_pattern, interpret=interpret)
+    walk_dkv = functools.partial(
+        _dkv_walk, kp, vp, qp, dop, lse, delta, dkv_tables, patterns, shape, sm_scale, common
+    )
+    cut = slice(0, shape.seq_len)
     if fused_dq:
-        return _fused(qp, kp, vp, dop, lse, delta, dkv_tables, patterns, shape, sm_scale, common)
+        dk, dv, dq = walk_dkv(fused_dq=True)
+        return (dq[:, cut] * sm_scale).astype(qp.dtype), dk[:, cut], dv[:, cut]
     dq = _walk(
         functools.partial(_dq_kernel, patterns=patterns, sm_scale=sm_scale),
         tables=forward_tables,
@@ -364,48 +369,43 @@ def backward(
         name="svgen_attention_dq",
         **common,
     )[0]
-    t_shape = transposed_shape(shape)
-    dk, dv = _walk(
-        functools.partial(_dkv_kernel, patterns=patterns, sm_scale=sm_scale),
-        tables=dkv_tables,
-        shape=t_shape,
-        inputs=(kp, vp, qp, dop, lse, delta),
-        in_blocks=("row", "row", "col", "col", "col_vec", "col_vec"),
-        outputs=(kp, vp),
-        scratch=[
-            pltpu.VMEM((t_shape.block_q, d), jnp.float32),
-            pltpu.VMEM((t_shape.block_q, d), jnp.float32),
-        ],
-        name="svgen_attention_dkv",
-        **common,
-    )
-    cut = slice(0, shape.seq_len)
+    dk, dv = walk_dkv(fused_dq=False)
     return dq[:, cut], dk[:, cut], dv[:, cut]
 
 
-def _fused(qp, kp, vp, dop, lse, delta, dkv_tables, patterns, shape, sm_scale, common):
-    """dq, dk, dv from one walk of the transposed tables (dq accumulated in HBM)."""
+def _dkv_walk(
+    kp, vp, qp, dop, lse, delta, dkv_tables, patterns, shape, sm_scale, common, *, fused_dq
+):
+    """The walk of the transposed tables: (dk, dv), and with fused_dq also dq (f32, unscaled,
+    accumulated in an HBM buffer aliased from zeros)."""
     d = shape.head_dim
     t_shape = transposed_shape(shape)
-    dq_zero = jnp.zeros(qp.shape, jnp.float32)
-    dk, dv, dq = _walk(
-        functools.partial(_dkv_kernel, patterns=patterns, sm_scale=sm_scale, fused_dq=True),
+    inputs, in_blocks = (
+        (kp, vp, qp, dop, lse, delta),
+        ("row", "row", "col", "col", "col_vec", "col_vec"),
+    )
+    outputs, out_blocks, aliases = (kp, vp), ("row", "row"), {}
+    scratch = [pltpu.VMEM((t_shape.block_q, d), jnp.float32) for _ in range(2)]  # dk, dv
+    if fused_dq:
+        dq_zero = jnp.zeros(qp.shape, jnp.float32)
+        inputs, in_blocks = inputs + (dq_zero,), in_blocks + ("any",)
+        outputs, out_blocks = outputs + (dq_zero,), out_blocks + ("any",)
+        aliases = {len(inputs) - 1: len(outputs) - 1}
+        scratch += [
+            pltpu.VMEM((t_shape.block_kv, d), jnp.float32),  # this step's dq contribution
+            pltpu.VMEM((t_shape.block_kv, d), jnp.float32),  # the q tile's dq from HBM
+            pltpu.SemaphoreType.DMA((2,)),
+        ]
+    return _walk(
+        functools.partial(_dkv_kernel, patterns=patterns, sm_scale=sm_scale, fused_dq=fused_dq),
         tables=dkv_tables,
         shape=t_shape,
-        inputs=(kp, vp, qp, dop, lse, delta, dq_zero),
-        in_blocks=("row", "row", "col", "col", "col_vec", "col_vec", "any"),
-        outputs=(kp, vp, dq_zero),
-        out_blocks=("row", "row", "any"),
-        aliases={6: 2},
-        scratch=[
-            pltpu.VMEM((t_shape.block_q, d), jnp.float32),
-            pltpu.VMEM((t_shape.block_q, d), jnp.float32),
-            pltpu.VMEM((t_shape.block_kv, d), jnp.float32),
-            pltpu.VMEM((t_shape.block_kv, d), jnp.float32),
-            pltpu.SemaphoreType.DMA((2,)),
-        ],
+        inputs=inputs,
+        in_blocks=in_blocks,
+        outputs=outputs,
+        out_blocks=out_blocks,
+        aliases=aliases,
+        scratch=scratch,
         name="svgen_attention_dkv",
         **common,
     )
-    cut = slice(0, shape.seq_len)
-    return (dq[:, cut] * sm_scale).astype(qp.dtype), dk[:, cut], dv[:, cut]
