@@ -2,14 +2,19 @@
 without a GPU (issue 12).
 
     python bench/gpu_bench.py [--specs NAME,...] [--tiles 64x64,128x64]
+    python bench/gpu_bench.py --compile [--target h100|h200] [--specs ...] [--tiles ...]
     python bench/gpu_bench.py --time [--runs N] [--specs ...]        # needs a CUDA GPU
     python bench/gpu_bench.py --time --interpret --tiny [--specs ...]  # CPU, tests the script
 
-Default (static, no GPU, no timing): for every shipped generated module (generated/*.py) and
-GPU tile, the GPU tables `svgen.runtime.gpu.GpuTables` are built as the kernel builds them and
-one markdown table is printed, one row per (spec, pattern, tile):
+Every mode works from what `svgen compile SPEC --target h100` produces: for each shipped spec
+(specs/*.yaml) and GPU tile, the GPU plan `analyze(spec, target_name="h100")` with the spec's
+`gpu` tiles set to that tile (classified at the GPU tiles themselves), its CSR tables
+(`plan.tables`, svgen.runtime.gpu_tables.GpuTables) and, for --compile and --time, the
+`<name>_gpu.py` module rendered from it into a scratch directory.
 
-  density        kept pairs / seq_len^2 (the module docstring's "Kept pairs" line)
+Default (static, no GPU, no timing): one markdown table, one row per (spec, pattern, tile):
+
+  density        kept pairs / seq_len^2 (the plan's classification)
   FULL, BOUNDARY GPU tiles the kernel visits per head using the pattern (EMPTY: never)
   visited        visited GPU tiles / all GPU tiles (ceil(seq / block_q) x ceil(seq / block_kv))
   pairs visited  real (q, k) pairs inside visited tiles / seq_len^2: never below density
@@ -18,12 +23,23 @@ one markdown table is printed, one row per (spec, pattern, tile):
 
 These are work counts, not times: no speed claim is made without a GPU.
 
+--compile (no GPU; the toolchain of `.gpu-aot`, see svgen/gpu_aot.py): per spec, the
+deviceless compile facts for --target of svgen's GPU module at the spec's own `gpu` tiling (or
+at each --tiles tile when given), from `svgen.gpu_aot.compile_module`: grid, threads, shared
+memory, registers, spills (ptxas), wgmma instructions in the PTX; beside it JAX's dense Pallas
+Triton flash attention (`jax.experimental.pallas.ops.gpu.attention.mha`, its default 128 x 128
+blocks) compiled the same way, in a child process (this script with --dense-child) against
+the same target description, on [1, seq, heads, d] bf16 inputs with seq zero-padded to a
+multiple of 128, its launch facts read from XLA's dump the same way. Also per row: the tiles a
+head visits (svgen: its pattern's visited tiles; dense: all of them) and the score entries
+that makes relative to dense. Compile facts, not times.
+
 --time (a CUDA GPU, e.g. one H200): per spec at full size, bf16, random q, k, v, batch 1, the
 module's head assignment (HEAD_PATTERN, or head h -> pattern h % patterns), jit, warm-up,
 `block_until_ready`, the median of --runs calls, side by side:
 
-  svgen          gpu_attention_of(module, block_q, block_kv) (the per-head token reorder of
-                 mixed specs is inside the timed call)
+  svgen          the GPU module's `attention` at that tile (the per-head token reorder of mixed
+                 specs is inside the timed call)
   dense mha      jax.experimental.pallas.ops.gpu.attention.mha (dense flash attention, Pallas
                  Triton), inputs [1, seq, heads, d] prepared outside the timed call; it needs
                  seq to be a multiple of its blocks (128), so the sequence is zero-padded to a
@@ -39,10 +55,14 @@ nothing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
+import json
+import os
 import pathlib
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +75,8 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 
 TINY_GEOMETRY = {"frames": 5, "height": 4, "width": 26}  # 520 video tokens
 MHA_BLOCK = 128  # BlockSizes.get_default() of jax's Pallas Triton mha (block_q = block_k)
+DEFAULT_TILES = "64x64,128x64"
+DENSE_TIMEOUT_S = 900
 
 
 def import_file(path: pathlib.Path, name: str | None = None):
@@ -65,7 +87,7 @@ def import_file(path: pathlib.Path, name: str | None = None):
 
 
 def shipped(names: list[str] | None) -> list[str]:
-    all_names = sorted(p.stem for p in (REPO / "generated").glob("*.py"))
+    all_names = sorted(p.stem for p in (REPO / "specs").glob("*.yaml"))
     if not names:
         return all_names
     unknown = sorted(set(names) - set(all_names))
@@ -74,14 +96,41 @@ def shipped(names: list[str] | None) -> list[str]:
     return [n for n in all_names if n in names]
 
 
-def kept_pairs(module, plan=None) -> list[tuple[int, int]]:
-    """(kept pairs, total pairs) per pattern: the plan's, or the module docstring's."""
-    if plan is not None:
-        return [(p.classification.kept_pairs, p.total_pairs) for p in plan.patterns]
-    found = re.findall(r"Kept pairs: ([\d,]+) of ([\d,]+)", module.__doc__ or "")
-    if len(found) != len(module._PATTERNS):
-        raise ValueError(f"{module.__name__}: no 'Kept pairs' line per pattern in its docstring")
-    return [(int(a.replace(",", "")), int(b.replace(",", ""))) for a, b in found]
+def load(name: str):
+    from svgen.spec import load_spec
+
+    return load_spec(REPO / "specs" / f"{name}.yaml")
+
+
+def gpu_plan(spec, tile: tuple[int, int] | None, target: str = "h100"):
+    """The GPU plan of `spec` (what `svgen compile --target` analyzes) with its `gpu` tiles
+    set to `tile` (warps and stages kept); None: the spec's own `gpu` tiling."""
+    from svgen.analysis import analyze
+
+    if tile is not None:
+        gpu = dataclasses.replace(spec.gpu_tiling, block_q=tile[0], block_kv=tile[1])
+        spec = dataclasses.replace(spec, gpu=gpu)
+    return analyze(spec, target_name=target)
+
+
+def write_gpu_module(plan, name: str, out_dir: pathlib.Path) -> pathlib.Path:
+    """Renders the plan's GPU module (and its tables file) into out_dir; its path."""
+    from svgen import codegen
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for filename, data in codegen.render(plan, f"specs/{name}.yaml").items():
+        (out_dir / filename).write_bytes(data)
+    return out_dir / codegen.module_filename(plan.spec.name, "gpu")
+
+
+def classified_note(name: str, plan) -> str | None:
+    grid, gpu = plan.grid, plan.gpu
+    if (grid.block_q, grid.block_kv) == (gpu.block_q, gpu.block_kv):
+        return None
+    return (
+        f"{name} at {gpu.block_q}x{gpu.block_kv}: classified at {grid.block_q}x{grid.block_kv} "
+        f"(the GPU tiles' grid would exceed MAX_TILE_PAIRS); each GPU tile has its block's kind"
+    )
 
 
 def default_head_pattern(module) -> np.ndarray:
@@ -89,6 +138,10 @@ def default_head_pattern(module) -> np.ndarray:
     if hp is None:
         return np.arange(module.HEADS) % len(module._PATTERNS)
     return np.asarray(hp)
+
+
+def tile_words(tile: tuple[int, int]) -> str:
+    return f"{tile[0]}x{tile[1]}"
 
 
 # -- static mode ------------------------------------------------------------------------------
@@ -115,38 +168,39 @@ def pattern_stats(tables, pattern: int, seq_len: int) -> dict:
     }
 
 
-def static_rows(names: list[str], tiles: list[tuple[int, int]]) -> list[dict]:
-    from svgen.runtime.gpu import GpuTables
-
+def static_rows(names: list[str], tiles: list[tuple[int, int]], notes: list[str]) -> list[dict]:
     rows = []
     for name in names:
-        module = import_file(REPO / "generated" / f"{name}.py")
-        kept = kept_pairs(module)
-        for bq, bkv in tiles:
-            tables = GpuTables.from_runs([p.runs for p in module._PATTERNS], module.SHAPE, bq, bkv)
-            csr_bytes = tables.row_offsets.nbytes + tables.entries.nbytes
-            for index, pattern in enumerate(module._PATTERNS):
-                s = pattern_stats(tables, index, module.SEQ_LEN)
+        spec = load(name)
+        for tile in tiles:
+            plan = gpu_plan(spec, tile)
+            note = classified_note(name, plan)
+            if note:
+                notes.append(note)
+            tables = plan.tables
+            for index, pattern in enumerate(plan.patterns):
+                s = pattern_stats(tables, index, pattern.layout.seq_len)
                 rows.append(
                     dict(
                         s,
                         spec=name,
                         pattern=pattern.name,
-                        tile=f"{bq}x{bkv}",
-                        kept=kept[index][0],
-                        total_pairs=kept[index][1],
-                        csr_bytes=csr_bytes,
+                        tile=tile_words(tile),
+                        kept=pattern.classification.kept_pairs,
+                        total_pairs=pattern.total_pairs,
+                        csr_bytes=tables.nbytes,
                     )
                 )
     return rows
 
 
-def print_static(rows: list[dict]) -> None:
+def print_static(rows: list[dict], notes: list[str]) -> None:
     print("## svgen GPU kernel: tiles visited vs density (static: tables only, no timing)")
     print()
     print(
-        "Work counts from the GPU tables (svgen.runtime.gpu.GpuTables), per head using the "
-        "pattern; no speed claim without a GPU (run `--time` on one)."
+        "Work counts from the GPU plan's CSR tables (`svgen compile --target h100`: "
+        "classified at the GPU tiles), per head using the pattern; no speed claim without "
+        "a GPU (run `--time` on one)."
     )
     print()
     print(
@@ -161,14 +215,291 @@ def print_static(rows: list[dict]) -> None:
             f"| {r['visited_pairs'] / r['total_pairs']:.4f} "
             f"| {r['boundary'] / max(r['visited'], 1):.3f} | {r['csr_bytes']:,} |"
         )
+    print_notes(notes)
+
+
+def print_notes(notes: list[str]) -> None:
+    if notes:
+        print()
+        for note in notes:
+            print(f"- {note}")
+
+
+# -- compile mode -----------------------------------------------------------------------------
+
+
+def use_repo_toolchain() -> None:
+    """Where neither $SVGEN_GPU_TOOLCHAIN nor the working directory names a toolchain, the
+    repository's `.gpu-aot` (so the script runs from any directory)."""
+    from svgen import gpu_aot
+
+    local = pathlib.Path(gpu_aot.DEFAULT_TOOLCHAIN_DIR) / "jax_cuda12_plugin"
+    repo = REPO / gpu_aot.DEFAULT_TOOLCHAIN_DIR
+    if gpu_aot.TOOLCHAIN_ENV not in os.environ and not local.is_dir():
+        if (repo / "jax_cuda12_plugin").is_dir():
+            os.environ[gpu_aot.TOOLCHAIN_ENV] = str(repo)
+
+
+_LAUNCH_RE = re.compile(
+    r"kCustomKernel\b[^\n]*?\s(\S+) grid: \[([\d, ]+)\] threads: \[([\d, ]+)\]\s+"
+    r"shared_memory: (\d+)"
+)
+
+
+def kernel_launch(dump: pathlib.Path, prefix: str) -> dict:
+    """The launch of the custom kernel whose name starts with `prefix`, from XLA's thunk
+    sequence (as svgen.gpu_aot reads svgen's): name, grid, threads, shared memory."""
+    found = []
+    for path in sorted(dump.glob("*thunk_sequence.txt")):
+        found += _LAUNCH_RE.findall(path.read_text())
+    named = [f for f in found if f[0].startswith(prefix)]
+    if not named:
+        kernels = ", ".join(f[0] for f in found) or "none"
+        raise RuntimeError(
+            f"no {prefix}* kernel in XLA's thunk sequence (custom kernels: {kernels})"
+        )
+    name, grid, threads, shared = named[0]
+    return {
+        "kernel": name,
+        "grid": [int(x) for x in grid.split(",")],
+        "threads": int(threads.split(",")[0]),
+        "shared_memory": int(shared),
+    }
+
+
+def kernel_ptx(dump: pathlib.Path, name: str) -> pathlib.Path:
+    for path in sorted(dump.glob("*.ptx")):
+        if re.search(rf"\.entry {re.escape(name)}\(", path.read_text()):
+            return path
+    raise RuntimeError(f"no PTX entry {name} in XLA's dump")
+
+
+def kernel_registers(ptx: pathlib.Path, name: str, dump: pathlib.Path) -> dict:
+    """Registers per thread and spill bytes from `ptxas -v` (as svgen.gpu_aot reads them)."""
+    from svgen.gpu_aot import ptxas_path
+
+    ptxas = ptxas_path()
+    if ptxas is None:
+        return {}
+    done = subprocess.run(
+        [ptxas, "-arch=sm_90a", "-v", str(ptx), "-o", str(dump / "kernel.cubin")],
+        capture_output=True,
+        text=True,
+    )
+    text, out, n = done.stdout + done.stderr, {}, re.escape(name)
+    m = re.search(rf"Function properties for {n}\s*\n\s*(\d+) bytes stack frame, "
+                  r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)  # fmt: skip
+    if m:
+        out["spill_store_bytes"], out["spill_load_bytes"] = int(m[2]), int(m[3])
+    m = re.search(rf"Compiling entry function '{n}'[\s\S]*?Used (\d+) registers", text)
+    if m:
+        out["registers"] = int(m[1])
+    return out
+
+
+def dense_child(target: str, seq: int, heads: int, head_dim: int) -> dict:
+    """In a child process (toolchain on PYTHONPATH, JAX_PLATFORMS=cpu): JAX's dense Pallas
+    Triton mha compiled for `target` without a GPU, as svgen.gpu_aot compiles svgen's kernel
+    (the same topology, target description and dump), on [1, seq, heads, head_dim] bf16."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import topologies
+    from jax.experimental.pallas.ops.gpu.attention import mha
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from svgen.targets import gpu_target
+
+    chip = gpu_target(target)
+    topology = topologies.get_topology_desc(
+        platform="cuda", target_config=chip.config_text(), topology="1x1x1"
+    )
+    mesh = topologies.make_mesh(topology, (1,), ("x",))
+    sharding = NamedSharding(mesh, PartitionSpec())
+    x = jax.ShapeDtypeStruct((1, seq, heads, head_dim), jnp.bfloat16, sharding=sharding)
+    sm_scale = 1.0 / float(np.sqrt(head_dim))
+    fn = jax.jit(lambda q, k, v: mha(q, k, v, None, sm_scale=sm_scale))
+    with tempfile.TemporaryDirectory() as tmp:
+        dump = pathlib.Path(tmp)
+        start = time.perf_counter()
+        fn.lower(x, x, x).compile(compiler_options={"xla_dump_to": str(dump)})
+        seconds = time.perf_counter() - start
+        launch = kernel_launch(dump, "mha")
+        ptx = kernel_ptx(dump, launch["kernel"])
+        return {
+            "target": chip.name,
+            **launch,
+            "shared_memory_limit": chip.shared_memory_per_block,
+            "wgmma": ptx.read_text().count("wgmma.mma_async"),
+            **kernel_registers(ptx, launch["kernel"], dump),
+            "compile_s": round(seconds, 2),
+        }
+
+
+def compile_dense(target: str, seq: int, heads: int, head_dim: int) -> dict:
+    """dense_child's facts, from this script re-run with --dense-child in a child process."""
+    from svgen import gpu_aot
+
+    command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--dense-child"]
+    command += ["--target", target, "--seq", str(seq), "--heads", str(heads)]
+    command += ["--head-dim", str(head_dim)]
+    try:
+        done = subprocess.run(
+            command,
+            env=gpu_aot.child_env(gpu_aot.toolchain_dir()),
+            capture_output=True,
+            text=True,
+            timeout=DENSE_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise gpu_aot.GpuCompileError(
+            f"the dense mha compile ran past {DENSE_TIMEOUT_S} s"
+        ) from None
+    try:
+        facts = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        tail = "\n".join(done.stderr.strip().splitlines()[-20:])
+        raise gpu_aot.GpuCompileError(
+            f"the dense mha compile ended with status {done.returncode} and no result:\n{tail}"
+        ) from None
+    if "error" in facts:
+        raise gpu_aot.GpuCompileError(f"the dense mha compile failed: {facts['message']}")
+    return facts
+
+
+def compile_rows(names, tiles, target: str, notes: list[str]) -> tuple[list[dict], int]:
+    """Per spec: svgen's rows (one per tile) and one dense mha row; and the failures."""
+    from svgen import gpu_aot
+
+    rows, failures, dense = [], 0, {}
+    with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
+        for name in names:
+            spec = load(name)
+            seq = spec.geometry.seq_len
+            padded = -(-seq // MHA_BLOCK) * MHA_BLOCK
+            for tile in tiles or [None]:
+                plan = gpu_plan(spec, tile, target)
+                gpu, tables = plan.gpu, plan.tables
+                words = tile_words((gpu.block_q, gpu.block_kv))
+                note = classified_note(name, plan)
+                if note:
+                    notes.append(note)
+                path = write_gpu_module(plan, name, pathlib.Path(tmp) / f"{name}_{words}")
+                try:
+                    facts = gpu_aot.compile_module(path, target)
+                except gpu_aot.GpuCompileError as err:
+                    notes.append(f"{name} at {words}: svgen's compile failed: {err}")
+                    failures += 1
+                    continue
+                all_tiles = tables.num_q_tiles * tables.num_kv_tiles
+                visited = {p.name: tables.visited(i) for i, p in enumerate(plan.patterns)}
+                rows.append(
+                    dict(
+                        facts,
+                        spec=name,
+                        kernel="svgen",
+                        tile=f"{words}, {gpu.num_warps} warps, {gpu.num_stages} stages",
+                        visited=visited,
+                        all_tiles=all_tiles,
+                        vs_dense={
+                            p: n * gpu.block_q * gpu.block_kv / padded**2
+                            for p, n in visited.items()
+                        },
+                    )
+                )
+            key = (padded, spec.attention.heads, spec.attention.head_dim)
+            if key not in dense:
+                try:
+                    dense[key] = compile_dense(target, *key)
+                except gpu_aot.GpuCompileError as err:
+                    dense[key] = None
+                    notes.append(f"{name}: {err}")
+                    failures += 1
+            if dense[key] is not None:
+                all_tiles = (padded // MHA_BLOCK) ** 2
+                rows.append(
+                    dict(
+                        dense[key],
+                        spec=name,
+                        kernel="dense mha",
+                        tile=f"{MHA_BLOCK}x{MHA_BLOCK}",
+                        visited={"": all_tiles},
+                        all_tiles=all_tiles,
+                        vs_dense={"": 1.0},
+                    )
+                )
+                if padded != seq:
+                    notes.append(f"{name}: dense mha on seq {seq:,} zero-padded to {padded:,}")
+    return rows, failures
+
+
+def per_pattern(values: dict, fmt) -> str:
+    """One value, or `pattern value` per pattern of a mixed spec."""
+    if len(values) == 1:
+        return fmt(next(iter(values.values())))
+    return "; ".join(f"{p} {fmt(v)}" for p, v in values.items())
+
+
+def print_compile(rows: list[dict], notes: list[str], target: str) -> None:
+    from svgen.targets import gpu_target
+
+    chip = gpu_target(target)
+    print(
+        f"## svgen GPU kernel vs JAX's dense Pallas flash attention: compile facts for "
+        f"{chip.description} (deviceless, no timing)"
+    )
+    print()
+    print(
+        "These are compile facts, not times: what XLA, Triton and ptxas produce for the chip "
+        "on this host without a GPU (svgen.gpu_aot); shared memory of the "
+        f"{chip.shared_memory_per_block:,} bytes a block may use. Tiles per head: svgen's "
+        "visited tiles (of all its tiles), dense mha's all; vs dense: the score entries a "
+        "head computes, over dense mha's. No speed claim without a GPU (run `--time` on one)."
+    )
+    print()
+    print(
+        "| spec | kernel | tile | grid | threads | shared memory | registers "
+        "| spills (store / load bytes) | wgmma | tiles per head (of all) | vs dense |"
+    )
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        registers = f"{r['registers']}" if "registers" in r else "?"
+        spills = (
+            f"{r['spill_store_bytes']:,} / {r['spill_load_bytes']:,}"
+            if "spill_store_bytes" in r
+            else "?"
+        )
+        tiles = per_pattern(r["visited"], lambda n: f"{n:,} ({n / r['all_tiles']:.4f})")
+        print(
+            f"| {r['spec']} | {r['kernel']} | {r['tile']} | {r['grid']} | {r['threads']} "
+            f"| {r['shared_memory']:,} | {registers} | {spills} | {r['wgmma']} "
+            f"| {tiles} | {per_pattern(r['vs_dense'], lambda x: f'{x:.4f}')} |"
+        )
+    print_notes(notes)
+
+
+def compile_mode(names, tiles, target: str) -> int:
+    from svgen import gpu_aot
+
+    use_repo_toolchain()
+    try:
+        gpu_aot.toolchain_dir()
+    except gpu_aot.GpuCompileError as err:
+        print(f"gpu_bench --compile: {err}", file=sys.stderr)
+        return 2
+    notes: list[str] = []
+    start = time.perf_counter()
+    rows, failures = compile_rows(names, tiles, target, notes)
+    notes.append(f"compiled in {time.perf_counter() - start:.1f} s on this host")
+    print_compile(rows, notes, target)
+    return 1 if failures else 0
 
 
 # -- timing mode ------------------------------------------------------------------------------
 
 
 def tiny_spec_text(path: pathlib.Path) -> str:
-    """The spec at TINY_GEOMETRY (+ 40 text tokens if it has text), 2 heads, bf16, 128 x 128
-    tiles; prefixes and band widths scaled with the video (as tests/conftest.py does)."""
+    """The spec at TINY_GEOMETRY (+ 40 text tokens if it has text), 2 heads, bf16; prefixes
+    and band widths scaled with the video (as tests/conftest.py does)."""
     import yaml
 
     spec = yaml.safe_load(path.read_text())
@@ -200,16 +531,22 @@ def tiny_spec_text(path: pathlib.Path) -> str:
     return yaml.safe_dump(spec, sort_keys=False)
 
 
-def compile_tiny(name: str, out_dir: pathlib.Path):
-    from svgen import codegen
-    from svgen.analysis import analyze
+def tiny_spec(name: str):
     from svgen.spec import parse_spec
 
-    spec = parse_spec(tiny_spec_text(REPO / "specs" / f"{name}.yaml"), source=f"{name}.yaml")
-    plan = analyze(spec)
-    for filename, data in codegen.render(plan, f"specs/{name}.yaml").items():
-        (out_dir / filename).write_bytes(data)
-    return plan, import_file(out_dir / codegen.module_filename(spec.name), f"_tiny_{name}")
+    return parse_spec(tiny_spec_text(REPO / "specs" / f"{name}.yaml"), source=f"{name}.yaml")
+
+
+def gpu_modules(name: str, spec, tiles, out_dir: pathlib.Path) -> list[tuple]:
+    """(tile, plan, module) per tile: the GPU module `svgen compile --target h100
+    --no-gpu-check` writes for the spec at that GPU tile, imported."""
+    kernels = []
+    for tile in tiles:
+        plan = gpu_plan(spec, tile)
+        words = tile_words(tile)
+        path = write_gpu_module(plan, name, out_dir / f"{name}_{words}")
+        kernels.append((tile, plan, import_file(path, f"_gpu_bench_{name}_{words}")))
+    return kernels
 
 
 def user_order_keep(pattern_plan) -> np.ndarray:
@@ -245,13 +582,13 @@ def device_memory_bytes() -> int | None:
         return None
 
 
-def time_spec(name, module, plan, tiles, args, notes) -> list[dict]:
+def time_spec(name, kernels, args, notes) -> list[dict]:
+    """kernels: (tile, plan, module) per GPU tile (gpu_modules)."""
     import jax
     import jax.numpy as jnp
     from jax.experimental.pallas.ops.gpu.attention import mha
 
-    from svgen.runtime.gpu import gpu_attention_of
-
+    _, plan, module = kernels[0]
     heads, seq, d = module.HEADS, module.SEQ_LEN, module.HEAD_DIM
     sm_scale = 1.0 / np.sqrt(d)
     head_pattern = default_head_pattern(module)
@@ -284,11 +621,6 @@ def time_spec(name, module, plan, tiles, args, notes) -> list[dict]:
             f"{limit / 2**30:,.0f} GiB)"
         )
     else:
-        if plan is None:
-            from svgen.analysis import analyze
-            from svgen.spec import load_spec
-
-            plan = analyze(load_spec(REPO / "specs" / f"{name}.yaml"))
         keeps = [user_order_keep(p) for p in plan.patterns]
         mask = jnp.asarray(np.stack([keeps[p] for p in head_pattern.tolist()])[None])
         tq, tk, tv = (jnp.transpose(x, (1, 0, 2))[None] for x in (q, k, v))  # [1, seq, h, d]
@@ -297,10 +629,9 @@ def time_spec(name, module, plan, tiles, args, notes) -> list[dict]:
         )
         xla_ms, xla_out = median_ms(run_xla, (tq, tk, tv, mask), args.runs, args.warmup)
 
-    for bq, bkv in tiles:
-        attention = gpu_attention_of(module, block_q=bq, block_kv=bkv)
+    for tile, _, module in kernels:
         run = jax.jit(
-            lambda q, k, v, hp, attention=attention: attention(
+            lambda q, k, v, hp, attention=module.attention: attention(
                 q, k, v, head_pattern=hp, interpret=args.interpret
             )
         )
@@ -312,7 +643,7 @@ def time_spec(name, module, plan, tiles, args, notes) -> list[dict]:
         rows.append(
             dict(
                 spec=name,
-                tile=f"{bq}x{bkv}",
+                tile=tile_words(tile),
                 seq=seq,
                 heads=heads,
                 svgen=ms,
@@ -346,10 +677,7 @@ def print_timing(rows, notes, meaningless: bool) -> None:
             f"| {r['spec']} | {r['seq']:,} | {r['heads']} | {r['tile']} | {r['svgen']:.3f} "
             f"| {r['mha']:.3f} | {r['mha'] / r['svgen']:.2f}x | {xla} | {vs_xla} | {err} |"
         )
-    if notes:
-        print()
-        for note in notes:
-            print(f"- {note}")
+    print_notes(notes)
 
 
 def timing(names, tiles, args) -> int:
@@ -367,14 +695,11 @@ def timing(names, tiles, args) -> int:
         print("--tiny is for --interpret (testing the script)", file=sys.stderr)
         return 2
     rows, notes = [], []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
         for name in names:
-            plan = None
-            if args.tiny:
-                plan, module = compile_tiny(name, pathlib.Path(tmp))
-            else:
-                module = import_file(REPO / "generated" / f"{name}.py")
-            rows += time_spec(name, module, plan, tiles, args, notes)
+            spec = tiny_spec(name) if args.tiny else load(name)
+            kernels = gpu_modules(name, spec, tiles, pathlib.Path(tmp))
+            rows += time_spec(name, kernels, args, notes)
     print_timing(rows, notes, meaningless=args.interpret)
     return 0
 
@@ -387,22 +712,49 @@ def main(argv=None) -> int:
     libtpu_env.prepare()  # before JAX starts its backends (see svgen/libtpu_env.py)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--specs", default="", help="comma-separated spec names (default: all)")
-    parser.add_argument("--tiles", default="64x64,128x64", help="GPU tiles, e.g. 64x64,128x64")
+    parser.add_argument(
+        "--tiles",
+        default=None,
+        help=f"GPU tiles, e.g. {DEFAULT_TILES} (the default; with --compile: each spec's own "
+        "`gpu` tiling)",
+    )
+    parser.add_argument(
+        "--compile", action="store_true", help="deviceless compile facts, svgen vs dense mha"
+    )
+    parser.add_argument("--target", default="h100", choices=("h100", "h200"), help="--compile's")
     parser.add_argument("--time", action="store_true", help="time on a CUDA GPU")
     parser.add_argument("--runs", type=int, default=20, help="timed calls (median)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU)")
     parser.add_argument("--tiny", action="store_true", help="scaled-down specs (with --interpret)")
+    # the dense mha compile, in the child process that --compile starts
+    parser.add_argument("--dense-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--seq", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--heads", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--head-dim", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.dense_child:
+        try:
+            facts = dense_child(args.target, args.seq, args.heads, args.head_dim)
+        except Exception as err:  # XLA raises its own error types; the text says what failed
+            lines = [line for line in str(err).strip().splitlines() if line.strip()]
+            facts = {"error": "compile", "message": " | ".join(lines[-6:])}
+        print(json.dumps(facts, sort_keys=True))
+        return 0 if "error" not in facts else 1
     names = shipped([n for n in args.specs.split(",") if n])
-    tiles = parse_tiles(args.tiles)
+    if args.compile:
+        if args.time or args.interpret or args.tiny:
+            parser.error("--compile goes without --time, --interpret and --tiny")
+        return compile_mode(names, parse_tiles(args.tiles or ""), args.target)
+    tiles = parse_tiles(args.tiles or DEFAULT_TILES)
     if args.time:
         if args.interpret:
             args.runs, args.warmup = min(args.runs, 2), min(args.warmup, 1)
         return timing(names, tiles, args)
     if args.interpret or args.tiny:
         parser.error("--interpret and --tiny go with --time")
-    print_static(static_rows(names, tiles))
+    notes: list[str] = []
+    print_static(static_rows(names, tiles, notes), notes)
     return 0
 
 

@@ -18,16 +18,17 @@ import json
 import os
 import pathlib
 import sys
+import tempfile
 import time
 
 import numpy as np
 
-from svgen import codegen, libtpu_env, lint
+from svgen import codegen, gpu_aot, libtpu_env, lint
 from svgen.analysis import DEFAULT_SMEM_BUDGET, Plan, analyze
 from svgen.errors import SpecError
 from svgen.spec import ALIGN_MODES, load_spec
 from svgen.tune import DEFAULT_CONFIRM
-from svgen.targets import DEFAULT_TARGET, TARGETS
+from svgen.targets import DEFAULT_TARGET, GPU_TARGETS, TARGETS
 
 OUT_DEFAULT = "generated"
 EXIT_STALE = 1
@@ -75,7 +76,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print errors only (no progress, summary or warnings)",
     )
-    _add_budget(p)
+    p.add_argument(
+        "--no-gpu-check",
+        action="store_true",
+        help="with a GPU target: write the modules without their deviceless compile "
+        "(nothing then checks that the kernel fits the GPU)",
+    )
+    _add_budget(p, gpu=True)
     p.set_defaults(run=_compile)
 
     p = sub.add_parser("inspect", help="print what the compiler found for a spec")
@@ -93,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
         help="write a picture of the tile map, colored by tile kind "
         "(FILE_<pattern>.png per pattern when there are several)",
     )
-    _add_budget(p)
+    _add_budget(p, gpu=True)
     p.set_defaults(run=_inspect)
 
     p = sub.add_parser(
@@ -159,7 +166,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_budget(p: argparse.ArgumentParser) -> None:
+def _add_budget(p: argparse.ArgumentParser, gpu: bool = False) -> None:
     p.add_argument(
         "--smem-budget",
         type=int,
@@ -168,6 +175,16 @@ def _add_budget(p: argparse.ArgumentParser) -> None:
         help="fail when a kernel's scalar-prefetch tables exceed this many bytes "
         f"(default {DEFAULT_SMEM_BUDGET}: one TPU core's SMEM)",
     )
+    if gpu:
+        p.add_argument(
+            "--target",
+            choices=sorted(TARGETS) + sorted(GPU_TARGETS),
+            default=DEFAULT_TARGET,
+            help=f"the chip the kernel is for (default {DEFAULT_TARGET}): a TPU (its VMEM "
+            f"decides which tilings fit), or a GPU ({', '.join(sorted(GPU_TARGETS))}: a Pallas "
+            f"Triton kernel, <name>_gpu.py, tiled by the spec's `gpu` section)",
+        )
+        return
     p.add_argument(
         "--target",
         choices=sorted(TARGETS),
@@ -300,6 +317,13 @@ def _compile(args) -> int:
         files = codegen.render(
             plan, _spec_path_for_header(spec_file, out_dir), _regenerate_options(args, out_dir)
         )
+        launch = None
+        if plan.gpu is not None and not check and not args.no_gpu_check:
+            try:
+                launch = _gpu_compile(files, plan, args.target)
+            except gpu_aot.GpuCompileError as err:
+                errors.append(f"{spec_file}: gpu: {err}")
+                continue
         for filename, data in files.items():
             rendered[out_dir / filename] = data
         if not args.quiet and not check:
@@ -307,10 +331,13 @@ def _compile(args) -> int:
                 f"{p.name}: {c['full']} full, {c['boundary']} boundary, {c['empty']} empty"
                 for p, c in ((p, p.tile_counts()) for p in plan.patterns)
             )
+            kernel = (
+                f"{plan.grid_steps} grid steps per head; {plan.table_bytes} bytes of SMEM tables"
+                if plan.gpu is None
+                else f"{plan.table_bytes} bytes of GPU tables; {_launch_words(launch)}"
+            )
             print(
-                f"{spec_file}: {tiles}; {plan.grid_steps} grid steps per head; "
-                f"{plan.table_bytes} bytes of SMEM tables; "
-                f"{time.perf_counter() - start:.2f} s",
+                f"{spec_file}: {tiles}; {kernel}; {time.perf_counter() - start:.2f} s",
                 file=sys.stderr,
             )
             for p in plan.patterns:
@@ -333,6 +360,32 @@ def _compile(args) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _gpu_compile(files: dict[str, bytes], plan: Plan, target: str) -> dict:
+    """The deviceless compile of a GPU module (svgen.gpu_aot), from a scratch directory:
+    nothing reaches the output directory before it passed."""
+    with tempfile.TemporaryDirectory(prefix="svgen-gpu-") as tmp:
+        for filename, data in files.items():
+            (pathlib.Path(tmp) / filename).write_bytes(data)
+        module = pathlib.Path(tmp) / codegen.module_filename(plan.spec.name, "gpu")
+        return gpu_aot.compile_module(module, target)
+
+
+def _launch_words(launch: dict | None) -> str:
+    if launch is None:
+        return "not compiled (--no-gpu-check)"
+    spills = launch.get("spill_store_bytes", 0) + launch.get("spill_load_bytes", 0)
+    registers = (
+        f", {launch['registers']} registers, {spills:,} bytes spilled"
+        if "registers" in launch
+        else ""
+    )
+    return (
+        f"compiled for {launch['target']}: grid {launch['grid']}, {launch['threads']} threads, "
+        f"{launch['shared_memory']:,} of {launch['shared_memory_limit']:,} bytes of shared "
+        f"memory{registers}, {launch['wgmma']} wgmma"
+    )
 
 
 def _write_all(rendered: dict[pathlib.Path, bytes]) -> list[pathlib.Path]:

@@ -30,6 +30,8 @@ def _kernel_lines(s: dict) -> list[str]:
     s = dict(s)
     for key in ("name", "patterns"):
         s.pop(key, None)
+    if "gpu" in s:
+        return _gpu_kernel_lines(s)
     lines = [
         f"tokens: {_count(s.pop('seq_len'))} (padded to {_count(s.pop('padded_seq_len'))})",
         f"tiles: {s.pop('block_q')} x {s.pop('block_kv')}, a {s.pop('num_q_blocks')} x "
@@ -45,11 +47,32 @@ def _kernel_lines(s: dict) -> list[str]:
     return lines + _generic_lines(s)
 
 
+def _gpu_kernel_lines(s: dict) -> list[str]:
+    gpu = dict(s.pop("gpu"))
+    s.pop("table_bytes")
+    for key in ("compute_q", "compute_kv"):  # the classification tiles: no compute blocks
+        s.pop(key)
+    lines = [
+        f"tokens: {_count(s.pop('seq_len'))} (padded to {_count(s.pop('padded_seq_len'))})",
+        f"classified at {s.pop('block_q')} x {s.pop('block_kv')} tiles, a "
+        f"{s.pop('num_q_blocks')} x {s.pop('num_kv_blocks')} grid{_align(s.pop('align'))}",
+        f"target: {s.pop('target')} (GPU, Pallas Triton): tiles {gpu.pop('block_q')} x "
+        f"{gpu.pop('block_kv')}, a {_count(gpu.pop('num_q_tiles'))} x "
+        f"{_count(gpu.pop('num_kv_tiles'))} grid; {gpu.pop('num_warps')} warps, "
+        f"{gpu.pop('num_stages')} stages; CSR tables {_bytes(gpu.pop('table_bytes'))}",
+    ]
+    if "assign" in s:
+        lines.append(f"heads: {_assignment(s.pop('assign'))}")
+    return lines + _generic_lines(dict(s, **{f"gpu {k}": v for k, v in gpu.items()}))
+
+
 def _pattern_lines(s: dict) -> list[str]:
     s = dict(s)
     layout = s.pop("layout")
     if "anchor_frames" in s:
         layout += f", {_plural(s.pop('anchor_frames'), 'anchor frame')}"
+    if "cube" in s:
+        layout += ", cubes of {} x {} x {} (frames x rows x cols)".format(*s.pop("cube"))
     lines = [
         f"layout: {layout}",
         f"tiles: {_kinds(s.pop('tiles'))}; visited fraction "

@@ -42,11 +42,12 @@ def spec_schema() -> dict:
         "heads": _heads(),
         "patterns": _patterns(),
         "tiling": _tiling(),
+        "gpu": _gpu(),
     }
     return {
         "$schema": DRAFT,
         "title": "svgen spec",
-        "description": "A video-attention mask for svgen to compile into a Pallas TPU kernel.",
+        "description": "A video-attention mask for svgen to compile into a Pallas TPU or GPU kernel.",
         "type": "object",
         "properties": {key: sections[key] for key in spec.TOP_KEYS},
         "additionalProperties": False,
@@ -70,7 +71,22 @@ def _name() -> dict:
 
 
 def _layout(description: str) -> dict:
-    return {"enum": list(spec.LAYOUTS), "default": spec.LAYOUTS[0], "description": description}
+    size = {"type": "integer", "minimum": 1, "maximum": MAX_SEQ_LEN}
+    cube = _section(
+        spec.TILED_KEYS,
+        {
+            key: dict(size, description=f"the cube's {key} (at most the video's)")
+            for key in spec.TILED_KEYS
+        },
+        spec.TILED_KEYS,
+        "Sliding Tile Attention's cube-major order: each frames x rows x cols cube contiguous",
+    )
+    tiled = _section(spec.LAYOUT_KEYS, {spec.TILED: cube}, spec.LAYOUT_KEYS, "a tiled layout")
+    return {
+        "oneOf": [{"enum": list(spec.LAYOUTS)}, tiled],
+        "default": spec.LAYOUTS[0],
+        "description": description,
+    }
 
 
 def _section(
@@ -142,6 +158,28 @@ def _tiling() -> dict:
     }
     return _section(
         spec.TILING_KEYS, keys, (), "tiles and the compute blocks inside them", nullable=True
+    )
+
+
+def _gpu() -> dict:
+    d = spec.GpuTiling()
+    keys = {
+        "block_q": {"enum": list(spec.GPU_BLOCKS), "default": d.block_q},
+        "block_kv": {"enum": list(spec.GPU_BLOCKS), "default": d.block_kv},
+        "num_warps": {"enum": list(spec.GPU_WARPS), "default": d.num_warps},
+        "num_stages": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": spec.GPU_MAX_STAGES,
+            "default": d.num_stages,
+        },
+    }
+    return _section(
+        spec.GPU_KEYS,
+        keys,
+        (),
+        "the GPU kernel's tiles, warps and pipeline stages (svgen compile --target h100|h200)",
+        nullable=True,
     )
 
 

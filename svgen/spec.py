@@ -44,7 +44,14 @@ from svgen.limits import (
     MAX_YAML_DEPTH,
     MAX_YAML_NODES,
 )
-from svgen.runtime.layout import ORDERS, TEXT_POSITIONS, TokenLayout
+from svgen.runtime.layout import (
+    FRAME_MAJOR,
+    TEMPORAL_MAJOR,
+    TEXT_POSITIONS,
+    TILED,
+    Tiled,
+    TokenLayout,
+)
 
 __all__ = [
     "Location",
@@ -64,7 +71,7 @@ __all__ = [
 NAME_PATTERN = "[a-z][a-z0-9_]*"
 NAME_RE = re.compile(r"[a-z][a-z0-9_]*\Z")
 SPEC_VERSION = 1
-LAYOUTS = ORDERS  # the `layout:` values
+LAYOUTS = (FRAME_MAJOR, TEMPORAL_MAJOR)  # the `layout:` names; tiled is {tiled: {...}}
 DTYPES = ("bfloat16", "float32")
 HEAD_DIMS = (64, 128, 256)
 #: How `tiling.align` rounds the mask to whole compute blocks (svgen.analysis.align says how
@@ -175,6 +182,18 @@ class Tiling:
 
 
 @dataclass(frozen=True)
+class GpuTiling:
+    """How `svgen compile --target h100|h200` tiles the GPU kernel (svgen.runtime.gpu): a
+    Triton program's q and kv tiles (they live in registers, so they are small), its warps
+    and its software-pipelining stages."""
+
+    block_q: int = 64
+    block_kv: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+@dataclass(frozen=True)
 class MaskTerm:
     """One node of a mask tree.
 
@@ -204,7 +223,7 @@ class Candidate:
     """
 
     pattern: str
-    layout: str  # "frame_major" | "temporal_major"; the spec's layout when not given
+    layout: str | Tiled  # a name of LAYOUTS or a tiled cube; the spec's layout when not given
     where: Location | None = field(default=None, compare=False, hash=False)
 
 
@@ -230,13 +249,18 @@ class Spec:
     name: str
     geometry: TokenLayout
     attention: Attention
-    layout: str  # "frame_major" | "temporal_major"; the default layout of head candidates
+    layout: str | Tiled  # a name of LAYOUTS or a tiled cube; the default of head candidates
     mask: MaskTerm | None  # one pattern for every head; None when ``heads`` is given
     patterns: tuple[tuple[str, MaskTerm], ...]  # sorted by name
     heads: HeadPatterns | None  # patterns per head; None when ``mask`` is given
     tiling: Tiling
     source: str  # the path string as given
     digest: str  # sha256 hex of canonical_json(spec)
+    gpu: GpuTiling | None = None  # the `gpu` section; None: not given (GpuTiling's defaults)
+
+    @property
+    def gpu_tiling(self) -> GpuTiling:
+        return self.gpu or GpuTiling()
 
     def head_patterns(self) -> HeadPatterns:
         """``heads``, or for a ``mask`` spec its one implicit candidate named ``"mask"`` on every head."""
@@ -267,7 +291,9 @@ def _term_json(term: MaskTerm) -> dict:
 
 def _heads_json(heads: HeadPatterns) -> dict:
     return {
-        "candidates": [{"pattern": c.pattern, "layout": c.layout} for c in heads.candidates],
+        "candidates": [
+            {"pattern": c.pattern, "layout": _layout_json(c.layout)} for c in heads.candidates
+        ],
         "assign": "runtime" if heads.assign is None else list(heads.assign),
     }
 
@@ -289,7 +315,7 @@ def _canonical_obj(name, geometry, attention, layout, mask, patterns, heads, til
             "head_dim": attention.head_dim,
             "dtype": attention.dtype,
         },
-        "layout": layout,
+        "layout": _layout_json(layout),
         "mask": _term_json(mask) if mask is not None else None,
         "patterns": {n: _term_json(t) for n, t in patterns},
         "tiling": _tiling_json(tiling),
@@ -298,6 +324,14 @@ def _canonical_obj(name, geometry, attention, layout, mask, patterns, heads, til
         del obj["mask"]
         obj["heads"] = _heads_json(heads)
     return obj
+
+
+def _layout_json(layout: str | Tiled) -> str | dict:
+    # A name as before (digests of older specs stay valid); a tiled layout as written, so
+    # that its cube is part of the spec's identity.
+    if isinstance(layout, str):
+        return layout
+    return {TILED: {"frames": layout.frames, "rows": layout.rows, "cols": layout.cols}}
 
 
 def _tiling_json(tiling: Tiling) -> dict:
@@ -312,6 +346,18 @@ def _tiling_json(tiling: Tiling) -> dict:
     return out
 
 
+def _with_gpu(obj: dict, gpu: GpuTiling | None) -> dict:
+    # Only when given, so the digests of specs without it stay what they were.
+    if gpu is not None:
+        obj["gpu"] = {
+            "block_q": gpu.block_q,
+            "block_kv": gpu.block_kv,
+            "num_warps": gpu.num_warps,
+            "num_stages": gpu.num_stages,
+        }
+    return obj
+
+
 def _dumps(obj: dict) -> str:
     return json.dumps(
         obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
@@ -321,15 +367,18 @@ def _dumps(obj: dict) -> str:
 def canonical_json(spec: Spec) -> str:
     """The canonical JSON text the digest is computed from (no source, no locations)."""
     return _dumps(
-        _canonical_obj(
-            spec.name,
-            spec.geometry,
-            spec.attention,
-            spec.layout,
-            spec.mask,
-            spec.patterns,
-            spec.heads,
-            spec.tiling,
+        _with_gpu(
+            _canonical_obj(
+                spec.name,
+                spec.geometry,
+                spec.attention,
+                spec.layout,
+                spec.mask,
+                spec.patterns,
+                spec.heads,
+                spec.tiling,
+            ),
+            spec.gpu,
         )
     )
 
@@ -535,6 +584,7 @@ TOP_KEYS = (
     "heads",
     "patterns",
     "tiling",
+    "gpu",
 )
 GEOMETRY_KEYS = ("frames", "height", "width", "text_tokens", "text_position")
 #: The least value of each size in ``geometry`` (their most: MAX_SEQ_LEN, and so their total).
@@ -543,7 +593,14 @@ ATTENTION_KEYS = ("heads", "head_dim", "dtype")
 TILING_KEYS = ("block_q", "block_kv", "compute_q", "compute_kv", "align")
 MAX_COMPUTE_BLOCKS = 16  # per tile: their kinds fit one int32 of SMEM (2 bits each)
 HEADS_KEYS = ("candidates", "assign")
+GPU_KEYS = ("block_q", "block_kv", "num_warps", "num_stages")
+#: Triton tiles: powers of two (tensor shapes), at least 16 (tl.dot's smallest operand).
+GPU_BLOCKS = (16, 32, 64, 128, 256)
+GPU_WARPS = (1, 2, 4, 8, 16)
+GPU_MAX_STAGES = 8
 CANDIDATE_KEYS = ("pattern", "layout")
+LAYOUT_KEYS = (TILED,)  # the mapping form of `layout:`
+TILED_KEYS = ("frames", "rows", "cols")  # the cube, each at most the geometry's extent
 
 
 def _read_geometry(r: _Reader, node: Node, path: str) -> TokenLayout:
@@ -672,8 +729,60 @@ def _read_tiling(r: _Reader, node: Node, path: str) -> Tiling:
     return tiling
 
 
+def _read_gpu(r: _Reader, node: Node, path: str) -> GpuTiling | None:
+    """The `gpu` section: sizes checked here; what fits a GPU's shared memory is checked by
+    the deviceless compile of `svgen compile --target h100|h200` (svgen.gpu_aot)."""
+    if _is_null(r, node, path):
+        return None
+    e = r.mapping(node, path, GPU_KEYS)
+    vals = {}
+    choices_of = {"block_q": GPU_BLOCKS, "block_kv": GPU_BLOCKS, "num_warps": GPU_WARPS}
+    for key, choices in choices_of.items():
+        if key in e:
+            vals[key] = r.choice(e[key][1], _join(path, key), choices)
+    if "num_stages" in e:
+        vals["num_stages"] = r.integer(
+            e["num_stages"][1], _join(path, "num_stages"), 1, GPU_MAX_STAGES, "GPU_MAX_STAGES"
+        )
+    return GpuTiling(**vals)
+
+
+def _read_layout(r: _Reader, node: Node, path: str, geometry: TokenLayout) -> str | Tiled:
+    """A layout: a name of LAYOUTS, or {tiled: {frames, rows, cols}} with a cube of positive
+    sizes, each at most the geometry's frames, height and width."""
+    if not isinstance(node, MappingNode):
+        if isinstance(node, ScalarNode) and r.scalar(node, path) == TILED:
+            raise r.error(
+                node, path, "tiled needs its cube: write {tiled: {frames: A, rows: B, cols: C}}"
+            )
+        return r.choice(node, path, LAYOUTS)
+    entries = r.mapping(node, path, LAYOUT_KEYS)
+    r.require(node, path, entries, LAYOUT_KEYS)
+    tpath, tnode = _join(path, TILED), entries[TILED][1]
+    cube = r.mapping(tnode, tpath, TILED_KEYS, what="a mapping {frames: A, rows: B, cols: C}")
+    r.require(tnode, tpath, cube, TILED_KEYS)
+    extents = {"frames": "frames", "rows": "height", "cols": "width"}
+    sizes = {
+        key: r.integer(
+            cube[key][1],
+            _join(tpath, key),
+            1,
+            getattr(geometry, extents[key]),
+            f"geometry.{extents[key]}: a cube fits in the video",
+        )
+        for key in TILED_KEYS
+    }
+    return Tiled(**sizes)
+
+
 def _read_heads(
-    r: _Reader, node: Node, path: str, patterns: tuple[str, ...], layout: str, heads: int
+    r: _Reader,
+    node: Node,
+    path: str,
+    patterns: tuple[str, ...],
+    layout: str | Tiled,
+    heads: int,
+    geometry: TokenLayout,
 ) -> HeadPatterns:
     """The ``heads`` section; ``patterns`` are the defined pattern names, ``layout`` the default."""
     e = r.mapping(node, path, HEADS_KEYS)
@@ -716,7 +825,7 @@ def _read_heads(
         seen[pname] = ipath
         clayout = layout
         if "layout" in entries:
-            clayout = r.choice(entries["layout"][1], _join(ipath, "layout"), LAYOUTS)
+            clayout = _read_layout(r, entries["layout"][1], _join(ipath, "layout"), geometry)
         candidates.append(Candidate(pname, clayout, r.location(item, ipath)))
 
     apath = _join(path, "assign")
@@ -1240,9 +1349,9 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
     )
     geometry = _read_geometry(r, top["geometry"][1], "geometry")
     attention = _read_attention(r, top["attention"][1], "attention")
-    layout = "frame_major"
+    layout = FRAME_MAJOR
     if "layout" in top:
-        layout = r.choice(top["layout"][1], "layout", LAYOUTS)
+        layout = _read_layout(r, top["layout"][1], "layout", geometry)
     masks = _MaskReader(r)
     mask = masks.read_mask(top["mask"][1], "mask") if "mask" in top else None
 
@@ -1286,7 +1395,13 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
     heads = None
     if "heads" in top:
         heads = _read_heads(
-            r, top["heads"][1], "heads", tuple(n for n, _ in patterns), layout, attention.heads
+            r,
+            top["heads"][1],
+            "heads",
+            tuple(n for n, _ in patterns),
+            layout,
+            attention.heads,
+            geometry,
         )
 
     tiling = Tiling(DEFAULT_BLOCK, DEFAULT_BLOCK)
@@ -1301,12 +1416,11 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
         len(heads.candidates) if heads is not None else 1,
     )
 
+    gpu = _read_gpu(r, top["gpu"][1], "gpu") if "gpu" in top else None
+
     pats = tuple(patterns)
-    digest = hashlib.sha256(
-        _dumps(_canonical_obj(name, geometry, attention, layout, mask, pats, heads, tiling)).encode(
-            "utf-8"
-        )
-    ).hexdigest()
+    canonical = _canonical_obj(name, geometry, attention, layout, mask, pats, heads, tiling)
+    digest = hashlib.sha256(_dumps(_with_gpu(canonical, gpu)).encode("utf-8")).hexdigest()
     return Spec(
         name=name,
         geometry=geometry,
@@ -1318,6 +1432,7 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
         tiling=tiling,
         source=source,
         digest=digest,
+        gpu=gpu,
     )
 
 

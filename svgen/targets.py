@@ -43,3 +43,48 @@ def target(name: str) -> Target:
     if name not in TARGETS:
         raise ValueError(f"unknown target {name!r}; one of {', '.join(TARGETS)}")
     return TARGETS[name]
+
+
+# -- GPUs (the Pallas Triton backend, svgen.runtime.gpu) ----------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuTarget:
+    """An NVIDIA GPU: what `svgen compile --target` checks a GPU kernel's launch against, and
+    the XLA target description a deviceless compile uses (svgen/gpu_specs/, svgen.gpu_aot)."""
+
+    name: str
+    description: str
+    config_file: str  # svgen/gpu_specs/<file>: XLA GpuTargetConfig text proto
+    shared_memory_per_block: int  # bytes a block may opt into (shared_memory_per_block_optin)
+    registers_per_thread: int  # the most a thread may use (PTX ISA: 255 on sm_90)
+    sm_count: int
+    hbm_bytes_per_s: float
+
+    def config_text(self) -> str:
+        import importlib.resources  # only a deviceless compile reads it
+
+        return (
+            importlib.resources.files("svgen").joinpath("gpu_specs", self.config_file).read_text()
+        )
+
+
+# Published Hopper figures, as the target protos in svgen/gpu_specs/ hold them.
+GPU_TARGETS = {
+    "h100": GpuTarget(
+        "h100", "NVIDIA H100 SXM (sm_90a)", "h100_sxm.txtpb", 232448, 255, 132, 3.35e12
+    ),
+    "h200": GpuTarget(
+        "h200", "NVIDIA H200 SXM (sm_90a)", "h200_sxm.txtpb", 232448, 255, 132, 4.8e12
+    ),
+}
+
+
+def is_gpu(name: str) -> bool:
+    return name in GPU_TARGETS
+
+
+def gpu_target(name: str) -> GpuTarget:
+    if name not in GPU_TARGETS:
+        raise ValueError(f"unknown GPU target {name!r}; one of {', '.join(GPU_TARGETS)}")
+    return GPU_TARGETS[name]

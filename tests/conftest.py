@@ -166,7 +166,7 @@ def compile_spec_text(text: str, out_dir: pathlib.Path, **analyze_options):
     out_dir.mkdir(parents=True, exist_ok=True)
     for filename, data in codegen.render(plan, "specs/test.yaml").items():
         (out_dir / filename).write_bytes(data)
-    return plan, import_file(out_dir / codegen.module_filename(spec.name))
+    return plan, import_file(out_dir / codegen.module_filename(spec.name, plan.backend))
 
 
 @pytest.fixture

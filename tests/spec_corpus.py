@@ -304,6 +304,12 @@ CASES = [  # (id, spec text)
     ("assign_wrong_string", _hsub("assign: [spatial, temporal, spatial]", "assign: spatial")),
     ("assign_mapping", _hsub("assign: [spatial, temporal, spatial]", "assign: {0: spatial}")),
     ("assign_integer", _hsub("assign: [spatial, temporal, spatial]", "assign: 3")),
+    # gpu
+    ("gpu_not_mapping", BASE + "gpu: 64\n"),
+    ("gpu_unknown_key", BASE + "gpu: {warps: 4}\n"),
+    ("gpu_block_not_power_of_two", BASE + "gpu: {block_q: 48}\n"),
+    ("gpu_block_too_big", BASE + "gpu: {block_kv: 512}\n"),
+    ("gpu_warps", BASE + "gpu: {num_warps: 3}\n"),
 ]
 
 
@@ -337,6 +343,7 @@ INTEGER_PARAMS = [
     ("geometry", "width", "geometry.width", 1, MAX_SEQ_LEN),
     ("geometry", "text_tokens", "geometry.text_tokens", 0, MAX_SEQ_LEN - 1),
     ("heads", "HEADS", "attention.heads", 1, MAX_HEADS),
+    ("gpu", "num_stages", "gpu.num_stages", 1, 8),
 ]
 
 
@@ -347,9 +354,11 @@ def _limits_spec(where: str, slot: str, value) -> str:
         mask = slot.replace("X", str(value))
     elif where == "geometry":
         geometry[slot] = value
-    else:
+    elif where == "heads":
         heads = value
     text = LIMITS_SPEC.replace("GEOMETRY", ", ".join(f"{k}: {v}" for k, v in geometry.items()))
+    if where == "gpu":
+        text += f"gpu: {{{slot}: {value}}}\n"
     return text.replace("HEADS", str(heads)).replace("MASK", mask)
 
 

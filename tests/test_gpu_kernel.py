@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import yaml
 from jax._src.pallas.triton import lowering as triton_lowering
 
 from svgen.runtime import gpu
@@ -202,6 +203,95 @@ def test_random_masks(seed, compile_text):
     q, k, v = mixed_inputs(plan, "float32", seed=seed, heads=1)
     check_per_head(plan, attention(q, k, v, interpret=True), q, k, v, [0], "float32")
     verified_triton_lowering(attention, q, [0])
+
+
+# -- generated GPU modules (svgen compile --target h100) ---------------------------------------
+
+
+def with_gpu(text: str, **gpu_section) -> str:
+    spec = yaml.safe_load(text)
+    spec["gpu"] = gpu_section
+    return yaml.safe_dump(spec, sort_keys=False)
+
+
+@pytest.mark.parametrize("spec_path", SPECS, ids=lambda p: p.stem)
+def test_generated_module_of_every_shipped_spec(spec_path, compile_text):
+    """What `svgen compile --target h100` writes, scaled down: classified at the GPU tiles
+    (64 x 64 by default: every GPU tile its own exact kind), traced head_pattern, NaN-poisoned
+    inputs past the end (interpret mode), against float64."""
+    plan, module = compile_text(scaled_spec_text(spec_path), target_name="h100")
+    assert plan.backend == "gpu" and module.TARGET == "h100"
+    assert (module.BLOCK_Q, module.GPU_BLOCK_Q) == (64, 64)
+    keeps = [user_order_keep(p) for p in plan.patterns]
+    for index, p in enumerate(plan.patterns):  # exact per GPU tile, as brute force finds them
+        kernel_keep = dense_keep(p.mask, p.layout)
+        assert np.array_equal(
+            module.attention.tables.kinds(index), brute_force_kinds(kernel_keep, 64, 64)
+        )
+        assert (p.kinds == TileKind.BOUNDARY).any() or not keeps[index].any()
+    q, k, v = mixed_inputs(plan, "float32", seed=zlib.crc32(spec_path.stem.encode()), heads=2)
+    head_pattern = np.arange(2) % len(plan.patterns)
+    out = run_traced(module.attention, q, k, v, head_pattern)
+    check_per_head(plan, out, q, k, v, head_pattern, "float32")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_generated_modules_of_random_specs(seed, compile_text):
+    """Random masks, layouts (frame- and temporal-major, text first or last, sizes that do
+    not divide the tiles) and GPU tiles; bf16 on odd seeds."""
+    rng = np.random.default_rng(3000 + seed)
+    lay = random_layout(rng)
+    dtype = "bfloat16" if seed % 2 else "float32"
+    block_q, block_kv = (int(rng.choice([16, 32, 64, 128])) for _ in range(2))
+    text = mask_spec_text(random_mask(rng, lay), lay, name="random_gpu_module")
+    text = text.replace("dtype: float32", f"dtype: {dtype}")
+    text = with_gpu(text, block_q=block_q, block_kv=block_kv, num_warps=4, num_stages=2)
+    plan, module = compile_text(text, target_name="h200")
+    keep = dense_keep(plan.mask, plan.layout)
+    assert np.array_equal(
+        module.attention.tables.kinds(0), brute_force_kinds(keep, block_q, block_kv)
+    )
+    q, k, v = mixed_inputs(plan, dtype, seed=seed, heads=1)
+    out = module.attention(q, k, v, interpret=True)
+    if keep.any():
+        check_per_head(plan, out, q, k, v, [0], dtype)
+    else:  # a mask that keeps nothing: every row is 0 (never NaN)
+        assert np.all(np.asarray(out, np.float32) == 0.0)
+
+
+def test_generated_module_classifies_coarser_past_the_tile_pair_limit(compile_text, monkeypatch):
+    """Where the GPU tiles' grid would exceed MAX_TILE_PAIRS, the plan classifies at a
+    power-of-two multiple of them and each GPU tile inherits its block's kind: still exact."""
+    from svgen import analysis
+
+    monkeypatch.setattr(analysis, "MAX_TILE_PAIRS", 40)  # 9 x 9 tiles of 64 would be 81
+    plan, module = compile_text(scaled_spec_text(spec("wan21_720p_band")), target_name="h100")
+    assert (module.BLOCK_Q, module.BLOCK_KV, module.GPU_BLOCK_Q) == (128, 128, 64)
+    assert "Classified at 128 x 128 tiles" in module.__doc__
+    q, k, v = mixed_inputs(plan, "float32", seed=5, heads=2)
+    check_per_head(plan, run_traced(module.attention, q, k, v, [0, 0]), q, k, v, [0, 0], "float32")
+
+
+def test_gpu_modules_are_deterministic_and_leave_tpu_modules_alone(tmp_path):
+    """Rendering twice gives the same bytes; a GPU module is <name>_gpu.py, and the TPU
+    module of the same spec is what it was."""
+    from svgen import codegen
+    from svgen.analysis import analyze
+    from svgen.spec import load_spec
+
+    spec_file = spec("hunyuan_720p_mixed")
+    plans = [analyze(load_spec(spec_file), target_name="h100") for _ in range(2)]
+    first, second = (codegen.render(p, "specs/hunyuan_720p_mixed.yaml") for p in plans)
+    assert first == second
+    assert sorted(first) == [
+        "hunyuan_720p_mixed_gpu.py",
+        "hunyuan_720p_mixed_gpu_spatial_tables.npy",
+        "hunyuan_720p_mixed_gpu_temporal_tables.npy",
+    ]
+    tpu = codegen.render(analyze(load_spec(spec_file)), "specs/hunyuan_720p_mixed.yaml")
+    assert tpu == {
+        "hunyuan_720p_mixed.py": (REPO / "generated" / "hunyuan_720p_mixed.py").read_bytes()
+    }
 
 
 # -- tables -----------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ def test_wheel_contains_the_templates(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "svgen/templates/pallas_tpu/module.py.j2" in names
     assert "svgen/runtime/kernel.py" in names
+    assert {"svgen/gpu_specs/h100_sxm.txtpb", "svgen/gpu_specs/h200_sxm.txtpb"} <= set(names)
 
 
 def test_ci_runs_exactly_the_readme_commands():
@@ -64,3 +65,16 @@ def test_jax_is_a_range_and_libtpu_is_optional():
     (dev,) = [r for r in groups["dev"] if r.name == "jax"]
     assert dev.extras == {"tpu"} and str(dev.specifier) == "==0.10.2"
     assert jax.__version__ in dev.specifier and jax.__version__ in base.specifier
+
+
+def test_gpu_toolchain_matches_the_tested_jax():
+    """gpu-aot.txt (the README's install) and the install hint of svgen.gpu_aot name the same
+    packages, the CUDA plugin at exactly the jax version the tests run."""
+    import jax
+
+    from svgen import gpu_aot
+
+    lines = (REPO / "gpu-aot.txt").read_text().splitlines()
+    pinned = [line for line in lines if line and not line.startswith("#")]
+    assert pinned == gpu_aot.toolchain_packages()
+    assert f"jax-cuda12-plugin=={jax.__version__}" in pinned

@@ -204,7 +204,7 @@ def test_empty_spec():
         parse_spec("# nothing here\n", source="e.yaml")
     assert str(info.value) == (
         "e.yaml: the spec is empty; expected a mapping with keys svgen, name, geometry, "
-        "attention, layout, mask, heads, patterns, tiling"
+        "attention, layout, mask, heads, patterns, tiling, gpu"
     )
 
 
@@ -363,7 +363,7 @@ def test_base_is_valid():
 
 
 EXPECTED = {
-    "unknown_top_level_key": "specs/demo.yaml:6:1: kernel: unknown key 'kernel'; allowed keys: svgen, name, geometry, attention, layout, mask, heads, patterns, tiling",
+    "unknown_top_level_key": "specs/demo.yaml:6:1: kernel: unknown key 'kernel'; allowed keys: svgen, name, geometry, attention, layout, mask, heads, patterns, tiling, gpu",
     "unknown_primitive": "specs/demo.yaml:10:7: mask.any_of[2].sliding: unknown mask primitive 'sliding'; allowed: first_frame, spatial_window, temporal_stride, band, prefix, text, causal_frames, block_causal, cube_window, expr, any_of, all_of, not, ref",
     "unknown_param_key": "specs/demo.yaml:9:44: mask.any_of[1].spatial_window.colz: unknown key 'colz'; allowed keys: frames, rows, cols",
     "string_where_int": "specs/demo.yaml:3:20: geometry.frames: must be a positive integer, got a string ('four')",
@@ -445,6 +445,11 @@ EXPECTED = {
     "assign_wrong_string": "specs/demo.yaml:14:11: heads.assign: must be 'runtime' or a list of candidate pattern names, one per head, got a string ('spatial')",
     "assign_mapping": "specs/demo.yaml:14:11: heads.assign: must be 'runtime' or a list of candidate pattern names, one per head, got a mapping",
     "assign_integer": "specs/demo.yaml:14:11: heads.assign: must be 'runtime' or a list of candidate pattern names, one per head, got an integer (3)",
+    "gpu_not_mapping": "specs/demo.yaml:14:6: gpu: must be a mapping, got an integer (64)",
+    "gpu_unknown_key": "specs/demo.yaml:14:7: gpu.warps: unknown key 'warps'; allowed keys: block_q, block_kv, num_warps, num_stages",
+    "gpu_block_not_power_of_two": "specs/demo.yaml:14:16: gpu.block_q: must be one of 16, 32, 64, 128, 256, got 48",
+    "gpu_block_too_big": "specs/demo.yaml:14:17: gpu.block_kv: must be one of 16, 32, 64, 128, 256, got 512",
+    "gpu_warps": "specs/demo.yaml:14:18: gpu.num_warps: must be one of 1, 2, 4, 8, 16, got 3",
 }
 
 
@@ -645,3 +650,20 @@ def test_spec_file_size_is_bounded(tmp_path):
     assert str(info.value) == (
         f"{path}: the spec file is larger than the {MAX_SPEC_BYTES:,} bytes of MAX_SPEC_BYTES"
     )
+
+
+def test_gpu_section():
+    """Given keys override GpuTiling's defaults; the section takes part in the digest only
+    when given (the digests of specs without it, in generated headers, stay valid)."""
+    from spec_corpus import BASE
+
+    from svgen.spec import GpuTiling
+
+    plain = parse_spec(BASE, source="s.yaml")
+    assert plain.gpu is None and plain.gpu_tiling == GpuTiling(64, 64, 4, 2)
+    given = parse_spec(BASE + "gpu: {block_kv: 128, num_stages: 3}\n", source="s.yaml")
+    assert given.gpu == GpuTiling(block_q=64, block_kv=128, num_warps=4, num_stages=3)
+    assert given.digest != plain.digest
+    assert parse_spec(BASE + "gpu:\n", source="s.yaml").digest == plain.digest
+    assert '"gpu":{"block_kv":128' in canonical_json(given)
+    assert "gpu" not in canonical_json(plain)

@@ -10,11 +10,17 @@ The passes, in order (each a pure function; `analyze` is only this list):
   4. kernel_tiles        tile kinds and per-tile compute-block words, as the kernel runs them
   5. build_runs          the visited tiles as runs, in the kernel's order
   6. choose_piece_tables  SMEM pieces of all patterns, within the SMEM budget
+
+For a GPU target (`analyze_gpu`) the same passes 1-5 run at the GPU kernel's classification
+tiles, and step 6 is the GPU kernel's CSR tables (svgen.runtime.gpu_tables).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
+
+import numpy as np
 
 from svgen import ir
 from svgen.analysis.align import PairBudget, align_classification
@@ -32,13 +38,26 @@ from svgen.analysis.tables import (
     transposed_tiles,
 )
 from svgen.errors import SpecError
+from svgen.limits import MAX_TILE_PAIRS
+from svgen.runtime.gpu_tables import GpuTables
 from svgen.runtime.layout import FRAME_MAJOR, TokenLayout
-from svgen.runtime.tables import PieceTables, walks_flat
-from svgen.spec import BLOCK_MAX, Spec
-from svgen.targets import DEFAULT_TARGET, VMEM_RESERVE, MIB, Target, kernel_vmem, target
+from svgen.runtime.tables import KernelShape, PieceTables, walks_flat
+from svgen.spec import BLOCK_MAX, Spec, Tiling
+from svgen.targets import (
+    DEFAULT_TARGET,
+    MIB,
+    VMEM_RESERVE,
+    GpuTarget,
+    Target,
+    gpu_target,
+    is_gpu,
+    kernel_vmem,
+    target,
+)
 
 __all__ = [
     "analyze",
+    "analyze_gpu",
     "query_coordinate_bound",
     "Plan",
     "PatternPlan",
@@ -63,13 +82,92 @@ def analyze(
     smem_budget: int = DEFAULT_SMEM_BUDGET,
     target_name: str = DEFAULT_TARGET,
 ) -> Plan:
+    if is_gpu(target_name):
+        return analyze_gpu(spec, gpu_target(target_name), progress)
     chip = target(target_name)
     heads = spec.head_patterns()
     masks = [ir.lower(spec, spec.pattern_mask(c.pattern)) for c in heads.candidates]
     # Before any classification work: a tiling that cannot run.
     vmem = check_vmem(spec, chip, max(query_coordinate_bound(m) for m in masks))
+    patterns, tiles = _pattern_plans(spec, masks, progress)
+    names = [c.pattern for c in heads.candidates]
+    assign = None if heads.assign is None else tuple(names.index(n) for n in heads.assign)
+    try:
+        tables = choose_piece_tables(
+            [p.table.runs for p in patterns],
+            spec.attention.heads,
+            smem_budget,
+            spec.tiling.compute_blocks,
+            walks_flat(len(patterns), chip.cores_per_chip),
+        )
+    except TableBudgetError as err:
+        raise _over_budget_error(spec, patterns, err, smem_budget) from None
+    _check_backward_tables(spec, patterns, tiles, chip, smem_budget)
+    return Plan(
+        spec=spec, patterns=tuple(patterns), assign=assign, tables=tables, target=chip, vmem=vmem
+    )
+
+
+def analyze_gpu(
+    spec: Spec, chip: GpuTarget, progress: Callable[[int, int], None] | None = None
+) -> Plan:
+    """The plan of the GPU kernel (svgen.runtime.gpu): passes 1-5 at the classification
+    tiles of `gpu_classification_tiling`, then the CSR tables of all patterns. The returned
+    plan's spec carries that tiling (what the generated module's SHAPE and docstring say);
+    what fits the GPU's shared memory and registers is the deviceless compile's to check
+    (svgen.gpu_aot), not the analysis's."""
+    heads = spec.head_patterns()
+    classified = dataclasses.replace(
+        spec, tiling=gpu_classification_tiling(spec, len(heads.candidates))
+    )
+    masks = [ir.lower(spec, spec.pattern_mask(c.pattern)) for c in heads.candidates]
+    patterns, _ = _pattern_plans(classified, masks, progress)
+    # Runs of the tile kinds themselves: unlike the TPU kernel, the GPU kernel masks the
+    # padding keys of a FULL tile in a branch of its own (svgen.runtime.gpu), so the last
+    # key column need not run as BOUNDARY.
+    patterns = [
+        dataclasses.replace(
+            p, table=BlockTable(build_runs(p.kinds, np.zeros(p.kinds.shape, np.int64), p.grid))
+        )
+        for p in patterns
+    ]
+    names = [c.pattern for c in heads.candidates]
+    assign = None if heads.assign is None else tuple(names.index(n) for n in heads.assign)
+    gpu = spec.gpu_tiling
+    grid = patterns[0].grid
+    shape = KernelShape(
+        grid.seq_len, grid.padded_seq_len, grid.block_q, grid.block_kv,
+        spec.attention.head_dim, spec.attention.heads,
+    )  # fmt: skip
+    tables = GpuTables.from_runs([p.table.runs for p in patterns], shape, gpu.block_q, gpu.block_kv)
+    return Plan(
+        spec=classified,
+        patterns=tuple(patterns),
+        assign=assign,
+        tables=tables,
+        target=chip,
+        vmem=None,
+        gpu=gpu,
+    )
+
+
+def gpu_classification_tiling(spec: Spec, patterns: int) -> Tiling:
+    """The tiles a GPU plan classifies at: the GPU tiles themselves (every GPU tile gets its
+    own exact kind), or, where that grid would exceed MAX_TILE_PAIRS, the smallest power-of-two
+    multiple of them that fits (each GPU tile then inherits the kind of the block it lies in,
+    as svgen.runtime.gpu_tables does). `tiling.align` rounds at these tiles."""
+    gpu, seq_len = spec.gpu_tiling, spec.geometry.seq_len
+    bq, bkv = gpu.block_q, gpu.block_kv
+    while -(-seq_len // bq) * -(-seq_len // bkv) * patterns > MAX_TILE_PAIRS:
+        bq, bkv = 2 * bq, 2 * bkv
+    return Tiling(bq, bkv, align=spec.tiling.align)
+
+
+def _pattern_plans(spec: Spec, masks, progress) -> tuple[list[PatternPlan], list]:
+    """Passes 2-5 for every candidate pattern at the spec's tiling: the pattern plans, and
+    per pattern its kernel tiles (kinds and compute-block words)."""
     patterns, tiles = [], []
-    for candidate, mask in zip(heads.candidates, masks):
+    for candidate, mask in zip(spec.head_patterns().candidates, masks):
         layout = choose_layout(spec, candidate.layout, mask)
         grid = TileGrid(layout.seq_len, spec.tiling.block_q, spec.tiling.block_kv)
         compute = TileGrid(layout.seq_len, spec.tiling.cq, spec.tiling.ckv)
@@ -89,22 +187,7 @@ def analyze(
                 budget,
             )
         )
-    names = [c.pattern for c in heads.candidates]
-    assign = None if heads.assign is None else tuple(names.index(n) for n in heads.assign)
-    try:
-        tables = choose_piece_tables(
-            [p.table.runs for p in patterns],
-            spec.attention.heads,
-            smem_budget,
-            spec.tiling.compute_blocks,
-            walks_flat(len(patterns), chip.cores_per_chip),
-        )
-    except TableBudgetError as err:
-        raise _over_budget_error(spec, patterns, err, smem_budget) from None
-    _check_backward_tables(spec, patterns, tiles, chip, smem_budget)
-    return Plan(
-        spec=spec, patterns=tuple(patterns), assign=assign, tables=tables, target=chip, vmem=vmem
-    )
+    return patterns, tiles
 
 
 def _classify(

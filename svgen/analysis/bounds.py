@@ -2,7 +2,8 @@
 
 A user `expr` has no closed-form key intervals, so it is bounded per tile instead: the
 positions of a tile are split into a few exact coordinate boxes (a partial row, partial
-frame, whole frames, ...; text tokens in a box of their own), and the predicate is evaluated
+frame, whole frames, ...; in a tiled layout runs of rows, frames, cubes, row groups and frame
+groups of the cube order; text tokens in a box of their own), and the predicate is evaluated
 with interval arithmetic over every (q box, kv box) pair. A tile pair is proven TRUE when no
 box pair can be false, proven FALSE when none can be true; anything else stays undecided and
 runs as a BOUNDARY tile, where the kernel evaluates the predicate exactly.
@@ -55,6 +56,12 @@ def _range_boxes(layout: TokenLayout, start: int, end: int):
     if ts < te:
         yield (0, 0, 0, 0, 0, 0, ts, te - 1, 1, 1)
     vs, ve = max(start, v0) - v0, min(end, v0 + n) - v0
+    if layout.is_tiled:  # runs of the cube order: contiguous, so nominal = kernel positions
+        for a, b in _tiled_pieces(layout, vs, ve):
+            f0, h0, w0 = (int(x) for x in layout.tiled_coordinates(a))
+            f1, h1, w1 = (int(x) for x in layout.tiled_coordinates(b - 1))
+            yield (f0, f1, h0, h1, w0, w1, a + v0, b - 1 + v0, 0, 0)
+        return
     if not layout.is_temporal_major:
         for a, b in _video_pieces(layout, vs, ve):
             f0, h0, w0 = _decode(layout, a)
@@ -107,6 +114,54 @@ def _main_pieces(layout: TokenLayout, ja: int, jb: int):
         pb -= 1
     if pa <= pb:
         yield anchors, layout.frames - 1, pa, pb
+
+
+def _tiled_pieces(layout: TokenLayout, vs: int, ve: int):
+    """Split tiled video offsets [vs, ve) into runs that are coordinate boxes: from each
+    position, as many whole units as fit of the coarsest level whose unit starts there (frame
+    groups; row groups, cubes, frames of a cube, rows of a cube within their parent unit;
+    single tokens of a row)."""
+    while vs < ve:
+        for start, size, parent_end in _tiled_levels(layout, vs):
+            if start != vs:
+                continue
+            limit = min(parent_end, ve)
+            # Whole units before the parent's end all have the full size (only the last unit
+            # of a parent is partial, and it ends at parent_end).
+            end = parent_end if limit == parent_end else vs + (limit - vs) // size * size
+            if end > vs:
+                yield vs, end
+                vs = end
+                break
+
+
+def _tiled_levels(layout: TokenLayout, v: int) -> list[tuple[int, int, int]]:
+    """Per level of the tiled order, coarse to fine (frame group, row group, cube, frame of
+    the cube, row of the cube, token): (first offset of v's unit, the size of a whole unit of
+    that level, the end of v's parent unit)."""
+    (a, b, c), big_h, big_w = layout.cube, layout.height, layout.width
+    gf = v // (a * big_h * big_w)
+    start = gf * a * big_h * big_w
+    fa = min(a, layout.frames - gf * a)
+    levels = [(start, a * big_h * big_w, layout.video_tokens)]
+    end = start + fa * big_h * big_w
+    gh = (v - start) // (fa * b * big_w)
+    start += gh * fa * b * big_w
+    hb = min(b, big_h - gh * b)
+    levels.append((start, fa * b * big_w, end))
+    end = start + fa * hb * big_w
+    gw = (v - start) // (fa * hb * c)
+    start += gw * fa * hb * c
+    wc = min(c, big_w - gw * c)
+    levels.append((start, fa * hb * c, end))
+    end = start + fa * hb * wc
+    start += (v - start) // (hb * wc) * (hb * wc)
+    levels.append((start, hb * wc, end))
+    end = start + hb * wc
+    start += (v - start) // wc * wc
+    levels.append((start, wc, end))
+    levels.append((v, 1, start + wc))
+    return levels
 
 
 def _decode(layout: TokenLayout, v: int):

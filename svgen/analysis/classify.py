@@ -1,11 +1,12 @@
 """Tile classification: EMPTY / BOUNDARY / FULL for every (q tile, kv tile) pair.
 
-Three paths, all exact for built-ins: masks whose keys do not depend on the query's frame (a
-temporal head, frame-major) from one frame's rows (`_classify_frame_invariant`); other masks
-made only of per-axis built-ins (windows, temporal strides, first frames, causal and
-block-causal frames, text, and any / all / not of them) from exact pair counts over product
-boxes of coordinates (`svgen.analysis.product`: no per-row key sets, so a 3-D window costs
-its blocks, not ~175 intervals per row); every other mask through the row sets:
+Three paths, all exact for built-ins, in every layout: masks whose keys do not depend on the
+query's frame (a temporal head, frame-major) from one frame's rows
+(`_classify_frame_invariant`); other masks made only of per-axis built-ins (windows, temporal
+strides, cube windows, first frames, causal and block-causal frames, text, and any / all /
+not of them) from exact pair counts over product boxes of coordinates
+(`svgen.analysis.product`: no per-row key sets, so a 3-D window costs its blocks, not ~175
+intervals per row); every other mask through the row sets:
 
 Query rows are processed in chunks of whole q tiles. For each chunk, the mask's row bounds
 (`rowsets`) are turned into per-tile counts with two difference arrays:
@@ -35,7 +36,7 @@ from svgen import ir
 from svgen.analysis import product
 from svgen.analysis.intervals import IntervalSet, ragged_arange
 from svgen.analysis.rowsets import RowChunk, row_bounds
-from svgen.runtime.layout import TokenLayout
+from svgen.runtime.layout import FRAME_MAJOR, TokenLayout
 from svgen.runtime.kinds import TileKind
 
 # Chunk size: at most this many rows, and about this many intervals (a temporal head in
@@ -108,7 +109,7 @@ def classify_tiles(
     if (
         layout.text_tokens == 0
         and layout.frames > 1
-        and not layout.is_temporal_major
+        and layout.order == FRAME_MAJOR
         and is_frame_invariant(mask)
         and not count_pairs
     ):

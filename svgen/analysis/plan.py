@@ -10,11 +10,12 @@ from svgen import ir
 from svgen.analysis.align import PairBudget
 from svgen.analysis.classify import Classification, TileGrid
 from svgen.analysis.tables import BlockTable
+from svgen.runtime.gpu_tables import GpuTables
 from svgen.runtime.layout import TokenLayout
 from svgen.runtime.tables import PieceTables
 from svgen.runtime.kinds import TileKind
-from svgen.spec import Spec
-from svgen.targets import Target, VmemNeed
+from svgen.spec import GpuTiling, Spec
+from svgen.targets import GpuTarget, Target, VmemNeed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +82,8 @@ class PatternPlan:
         }
         if self.layout.is_temporal_major:
             out["anchor_frames"] = self.layout.anchor_frames
+        if self.layout.is_tiled:
+            out["cube"] = list(self.layout.cube)  # frames, rows, cols
         if not c.density_is_exact:
             out["density_upper"] = c.kept_pairs_upper / self.total_pairs
         if self.budget is not None:
@@ -93,9 +96,14 @@ class Plan:
     spec: Spec
     patterns: tuple[PatternPlan, ...]  # the candidates, in head_pattern index order
     assign: tuple[int, ...] | None  # pattern index per head; None: chosen at run time
-    tables: PieceTables  # the kernel's scalar prefetch, all patterns
-    target: Target  # the chip the kernel is compiled for
-    vmem: VmemNeed  # what the kernel keeps in VMEM there
+    tables: PieceTables | GpuTables  # TPU: the scalar prefetch; GPU: the CSR tables
+    target: Target | GpuTarget  # the chip the kernel is compiled for
+    vmem: VmemNeed | None  # TPU: what the kernel keeps in VMEM there (None on GPU)
+    gpu: GpuTiling | None = None  # GPU plans: the GPU kernel's tiles, warps and stages
+
+    @property
+    def backend(self) -> str:
+        return "tpu" if self.gpu is None else "gpu"
 
     # -- single-pattern views (a spec with `mask`) -----------------------------------------
     @property
@@ -142,6 +150,8 @@ class Plan:
     # -- kernel-wide -----------------------------------------------------------------------
     @property
     def table_bytes(self) -> int:
+        if self.gpu is not None:
+            return self.tables.nbytes
         return self.tables.scalar_prefetch_bytes(self.spec.attention.heads)
 
     @property
@@ -186,6 +196,8 @@ class Plan:
             if self.only.budget is not None:
                 out.update(self.only.budget.to_json())
         out["target"] = self.target.name
+        if self.gpu is not None:
+            return _gpu_summary(self, out)
         out["vmem_bytes"] = self.vmem.total
         out["vmem_limit_bytes"] = self.vmem.limit()
         out["table_bytes"] = self.table_bytes
@@ -209,6 +221,35 @@ class Plan:
                 "runtime" if self.assign is None else [self.patterns[i].name for i in self.assign]
             )
         return out
+
+
+def _gpu_summary(plan: Plan, out: dict) -> dict:
+    """A GPU plan's `svgen inspect --json` object: the keys of a TPU plan that describe the
+    mask and its classification (block_q / block_kv: the classification tiles), then the GPU
+    kernel's own (key `gpu`)."""
+    gpu, tables = plan.gpu, plan.tables
+    out["gpu"] = {
+        "block_q": gpu.block_q,
+        "block_kv": gpu.block_kv,
+        "num_warps": gpu.num_warps,
+        "num_stages": gpu.num_stages,
+        "num_q_tiles": tables.num_q_tiles,
+        "num_kv_tiles": tables.num_kv_tiles,
+        "table_bytes": tables.nbytes,
+    }
+    out["table_bytes"] = tables.nbytes
+    per_pattern = {
+        p.name: dict(p.summary(), gpu_visited_tiles=tables.visited(i))
+        for i, p in enumerate(plan.patterns)
+    }
+    if len(plan.patterns) == 1:
+        out.update({k: v for k, v in per_pattern[plan.only.name].items() if k not in out})
+    else:
+        out["patterns"] = per_pattern
+        out["assign"] = (
+            "runtime" if plan.assign is None else [plan.patterns[i].name for i in plan.assign]
+        )
+    return out
 
 
 def _pattern_bytes(plan: Plan, index: int) -> int:

@@ -282,6 +282,8 @@ def _reached_video_keys(layout: TokenLayout, term: Term, boxes: _Boxes, sel: np.
         live &= first <= last
     (f0, f1), (h0, h1), (w0, w1) = ([a[live] for a in hull[x]] for x in AXES)
     sel = sel[live]
+    if layout.is_tiled:
+        return _tiled_hull(layout, sel, f0, f1, h0, h1, w0, w1)
     if not layout.is_temporal_major:
         return _frame_major_hull(layout, layout.video_start, sel, f0, f1, h0, h1, w0, w1)
     anchors = layout.anchor_frames
@@ -331,6 +333,22 @@ def _temporal_major_hull(layout: TokenLayout, sel, f0, f1, h0, h1, w0, w1):
     start = layout.main_start + (h * width + w0[i]) * t + f0[i] - anchors
     end = layout.main_start + (last_h * width + w1[i]) * t + f1[i] - anchors + 1
     return owner, start, end
+
+
+def _tiled_hull(layout: TokenLayout, sel, f0, f1, h0, h1, w0, w1):
+    """The same box in a tiled layout: per (frame group, row group) it meets, one interval
+    from its first token in the first cube it meets to its last token in the last one (the
+    cubes of a row group are consecutive, and inside a cube the order is (f, h, w), so those
+    two tokens are the box's least and greatest there)."""
+    a, b, _ = layout.cube
+    owner, gf, i = _expand(sel, f0 // a, f1 // a)
+    owner, gh, j = _expand(owner, h0[i] // b, h1[i] // b)
+    i, gf = i[j], gf[j]
+    first = layout.tiled_offset(np.maximum(f0[i], gf * a), np.maximum(h0[i], gh * b), w0[i])
+    last = layout.tiled_offset(
+        np.minimum(f1[i], gf * a + a - 1), np.minimum(h1[i], gh * b + b - 1), w1[i]
+    )
+    return owner, layout.video_start + first, layout.video_start + last + 1
 
 
 def _reached_blocks(layout, poly, q_boxes: _Boxes, t0: int, t1: int, block_kv: int, nk: int):

@@ -257,6 +257,8 @@ def _video_box_keys(
     w in [w_lo, w_hi], as kernel-position intervals per row (all arguments per row)."""
     lay = chunk.layout
     f_count = np.maximum(f_count, 0)
+    if lay.is_tiled:
+        return _tiled_box(chunk, rows, f_first, f_count, f_step, h_lo, h_hi, w_lo, w_hi)
     if not lay.is_temporal_major:
         return _frame_major_box(
             chunk,
@@ -417,8 +419,84 @@ def _whole_frame_places(chunk: RowChunk, rows, h_lo, h_hi, w_lo, w_hi, full_rows
     )
 
 
+def _tiled_box(chunk: RowChunk, rows, f_first, f_count, f_step, h_lo, h_hi, w_lo, w_hi):
+    """The box in a tiled layout, cube by cube (see TokenLayout's docstring for the order).
+
+    The box meets each frame group in a run of frames (one frame when strided), each row
+    group in a run of rows, and each cube in a sub-box: one interval when it holds whole
+    frames of the cube, one per frame when whole rows, else one per (frame, row). A whole row
+    group (all its frames, rows and columns) is one interval; touching intervals (whole
+    cubes side by side, consecutive row groups) merge when the set is normalized.
+    """
+    lay = chunk.layout
+    (a, b, c), big_w = lay.cube, lay.width
+    # Frame pieces: (box, frame group, first and last frame), inside one frame group.
+    if f_step == 1:
+        last = f_first + f_count - 1
+        live = np.flatnonzero(f_count > 0)
+        box, gf = _expand_range(live, f_first[live] // a, last[live] // a)
+        f0 = np.maximum(f_first[box], gf * a)
+        f1 = np.minimum(last[box], gf * a + a - 1)
+    else:
+        box, j = _expand(f_count)
+        f0 = f1 = f_first[box] + j * f_step
+        gf = f0 // a
+    # Row pieces: (frame piece, row group, first and last row), inside one row group.
+    piece, gh = _expand_range(np.arange(box.size), h_lo[box] // b, h_hi[box] // b)
+    box, gf, f0, f1 = box[piece], gf[piece], f0[piece], f1[piece]
+    h0 = np.maximum(h_lo[box], gh * b)
+    h1 = np.minimum(h_hi[box], gh * b + b - 1)
+    fa = np.minimum(a, lay.frames - gf * a)
+    hb = np.minimum(b, lay.height - gh * b)
+    group_start = lay.video_start + gf * a * lay.tokens_per_frame + fa * gh * b * big_w
+    whole = (
+        (f0 == gf * a)
+        & (f1 == gf * a + fa - 1)
+        & (h0 == gh * b)
+        & (h1 == gh * b + hb - 1)
+        & (w_lo[box] == 0)
+        & (w_hi[box] == big_w - 1)
+    )
+    parts = [
+        chunk.per_row(rows[box[whole]], group_start[whole], (group_start + fa * hb * big_w)[whole])
+    ]
+    # The other row pieces, cube by cube.
+    some = np.flatnonzero(~whole)
+    piece, gw = _expand_range(some, w_lo[box[some]] // c, w_hi[box[some]] // c)
+    box, fa, hb = box[piece], fa[piece], hb[piece]
+    wc = np.minimum(c, big_w - gw * c)
+    base = group_start[piece] + fa * hb * gw * c
+    df0, df1 = f0[piece] - gf[piece] * a, f1[piece] - gf[piece] * a
+    dh0, dh1 = h0[piece] - gh[piece] * b, h1[piece] - gh[piece] * b
+    dc0 = np.maximum(w_lo[box], gw * c) - gw * c
+    dc1 = np.minimum(w_hi[box], gw * c + wc - 1) - gw * c
+    full_cols = (dc0 == 0) & (dc1 == wc - 1)
+    full_slices = full_cols & (dh0 == 0) & (dh1 == hb - 1)
+    per_frame = np.where(full_slices, 1, df1 - df0 + 1)
+    per_row = np.where(full_cols, 1, dh1 - dh0 + 1)
+    cube, k = _expand(per_frame * per_row)
+    jf, jh = k // per_row[cube], k % per_row[cube]
+    slices, cols = full_slices[cube], full_cols[cube]
+    df_first = df0[cube] + np.where(slices, 0, jf)
+    df_last = np.where(slices, df1[cube], df_first)
+    dh_first = dh0[cube] + np.where(cols, 0, jh)
+    dh_last = np.where(cols, dh1[cube], dh_first)
+    hbc, wcc = hb[cube], wc[cube]
+    start = base[cube] + (df_first * hbc + dh_first) * wcc + dc0[cube]
+    end = base[cube] + (df_last * hbc + dh_last) * wcc + dc1[cube] + 1
+    parts.append(chunk.per_row(rows[box[cube]], start, end))
+    return parts[0].union(parts[1])
+
+
+def _expand_range(owner, first, last):
+    """(owner repeated, value) for every value in [first, last] of each owner."""
+    which, within = _expand(last - first + 1)
+    return owner[which], first[which] + within
+
+
 def _nominal_keys(chunk: RowChunk, rows, start, end) -> IntervalSet:
-    """Keys whose nominal position is in [start, end) (per row), as kernel positions."""
+    """Keys whose nominal position is in [start, end) (per row), as kernel positions (the
+    same in a tiled layout: its nominal order is the kernel order)."""
     lay = chunk.layout
     if not lay.is_temporal_major:
         return chunk.per_row(rows, start, end)

@@ -46,8 +46,13 @@ class Header:
     body_sha256: str
 
 
-def module_filename(name: str) -> str:
-    return f"{name}.py"
+def module_stem(name: str, backend: str = "tpu") -> str:
+    """A GPU module sits beside the TPU one of the same spec: <name>_gpu.py."""
+    return name if backend == "tpu" else f"{name}_{backend}"
+
+
+def module_filename(name: str, backend: str = "tpu") -> str:
+    return f"{module_stem(name, backend)}.py"
 
 
 def tables_filename(name: str) -> str:
@@ -67,7 +72,7 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
     """The generated files for `plan`; `spec_path` is how the header names the spec, and
     `options` are the `svgen compile` arguments besides it that the header's Regenerate line
     must repeat (an output directory, a target...) to produce these files again."""
-    name = plan.spec.name
+    name = module_stem(plan.spec.name, plan.backend)
     files: dict[str, bytes] = {}
     single = len(plan.patterns) == 1
     patterns = []
@@ -96,7 +101,7 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
         .render(_context(plan, spec_path, patterns))
     )
     header = _header(spec_path, options, plan.spec.digest, body)
-    files[module_filename(name)] = (header + body).encode()
+    files[f"{name}.py"] = (header + body).encode()
     return dict(sorted(files.items()))
 
 
@@ -175,6 +180,8 @@ def _pattern_lines(pattern) -> list[str]:
     order = layout.order
     if layout.is_temporal_major:
         order += f", the first {layout.anchor_frames} frame(s) kept first as anchors"
+    if layout.is_tiled:
+        order += ", cubes of {} frame(s) x {} row(s) x {} column(s)".format(*layout.cube)
     lines = [
         f"Layout: {order}",
         f"Tiles: {grid.block_q} x {grid.block_kv}, {grid.num_q_blocks} x {grid.num_kv_blocks} = "
@@ -225,8 +232,8 @@ def _budget_lines(budget) -> list[str]:
 
 
 def _layout_args(layout) -> list[str]:
-    """TokenLayout's fields by the spec's names, one per line (anchor frames only where they
-    exist)."""
+    """TokenLayout's fields by the spec's names, one per line (anchor frames and the cube
+    only where they exist, so that modules of the other layouts read as they always did)."""
     args = [
         f"frames={layout.frames}",
         f"height={layout.height}",
@@ -237,6 +244,12 @@ def _layout_args(layout) -> list[str]:
     ]
     if layout.is_temporal_major:
         args.append(f"anchor_frames={layout.anchor_frames}")
+    if layout.is_tiled:
+        args += [
+            f"cube_frames={layout.cube_frames}",
+            f"cube_rows={layout.cube_rows}",
+            f"cube_cols={layout.cube_cols}",
+        ]
     return args
 
 
@@ -253,6 +266,79 @@ def _mask_lines(lines) -> list[str]:
     return out
 
 
+def _runtime_imports(plan: Plan, patterns: list[dict]) -> str:
+    names = {"kernel"}
+    if any("coords." in line for p in patterns for line in p["mask_lines"]):
+        names.add("coords")  # boundary masks call coords.within / coords.TokenCoords
+    if plan.gpu is not None:
+        names.add("gpu")
+    return ", ".join(sorted(names))
+
+
+def _constants(plan: Plan) -> list[tuple[str, str]]:
+    spec, layout, grid = plan.spec, plan.layout, plan.grid
+    common = [
+        ("SEQ_LEN", str(layout.seq_len)),
+        ("PADDED_SEQ_LEN", str(grid.padded_seq_len)),
+        ("BLOCK_Q", str(grid.block_q)),
+        ("BLOCK_KV", str(grid.block_kv)),
+    ]
+    attention = [
+        ("HEADS", str(spec.attention.heads)),
+        ("HEAD_DIM", str(spec.attention.head_dim)),
+        ("DTYPE", pyformat.string(spec.attention.dtype)),
+    ]
+    if plan.gpu is not None:
+        return (
+            common
+            + attention
+            + [
+                ("TARGET", pyformat.string(plan.target.name)),
+                ("GPU_BLOCK_Q", str(plan.gpu.block_q)),
+                ("GPU_BLOCK_KV", str(plan.gpu.block_kv)),
+                ("NUM_WARPS", str(plan.gpu.num_warps)),
+                ("NUM_STAGES", str(plan.gpu.num_stages)),
+            ]
+        )
+    return (
+        common
+        + [
+            ("COMPUTE_Q", str(plan.patterns[0].compute_grid.block_q)),
+            ("COMPUTE_KV", str(plan.patterns[0].compute_grid.block_kv)),
+        ]
+        + attention
+        + [
+            ("SLOTS_PER_PIECE", str(plan.tables.slots)),
+            ("TARGET", pyformat.string(plan.target.name)),
+            ("VMEM_LIMIT_BYTES", str(plan.vmem.limit())),
+            ("TENSOR_CORES", str(plan.target.cores_per_chip)),
+        ]
+    )
+
+
+def _kernel_lines(plan: Plan) -> list[str]:
+    """The docstring's Kernel line(s): the TPU grid and SMEM tables, or the GPU launch."""
+    if plan.gpu is None:
+        return [
+            f"Kernel: {_grid_steps_words(plan)}, pieces of up to "
+            f"{plan.tables.slots} kv tile(s); tables {_int(plan.table_bytes)} bytes of SMEM "
+            f"(scalar prefetch)"
+        ]
+    gpu, tables, grid = plan.gpu, plan.tables, plan.grid
+    lines = [
+        f"Kernel: GPU (Pallas Triton) for {plan.target.description}: one program per q tile "
+        f"and head, {_int(tables.num_q_tiles)} q tiles of {gpu.block_q} x kv tiles of "
+        f"{gpu.block_kv}, {gpu.num_warps} warps, {gpu.num_stages} stages; CSR tables "
+        f"{_int(tables.nbytes)} bytes",
+    ]
+    if (grid.block_q, grid.block_kv) != (gpu.block_q, gpu.block_kv):
+        lines.append(
+            f"Classified at {grid.block_q} x {grid.block_kv} tiles (the GPU tiles' grid would "
+            f"exceed MAX_TILE_PAIRS); each GPU tile has the kind of the tile it lies in"
+        )
+    return lines
+
+
 def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
     spec, layout, grid = plan.spec, plan.layout, plan.grid
     text_where = f", {spec.geometry.text_position}" if layout.text_tokens else ""
@@ -262,9 +348,7 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
         f"{text_where}; seq_len {_int(layout.seq_len)} (padded to {_int(grid.padded_seq_len)})",
         f"Attention: {spec.attention.heads} heads x head_dim {spec.attention.head_dim}, "
         f"{spec.attention.dtype}",
-        f"Kernel: {_grid_steps_words(plan)}, pieces of up to "
-        f"{plan.tables.slots} kv tile(s); tables {_int(plan.table_bytes)} bytes of SMEM "
-        f"(scalar prefetch)",
+        *_kernel_lines(plan),
     ]
     if len(plan.patterns) == 1:
         heads = "every head uses the one pattern"
@@ -299,21 +383,8 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
         "summary": summary,
         "heads": heads,
         "patterns": patterns,
-        "constants": [
-            ("SEQ_LEN", str(layout.seq_len)),
-            ("PADDED_SEQ_LEN", str(grid.padded_seq_len)),
-            ("BLOCK_Q", str(grid.block_q)),
-            ("BLOCK_KV", str(grid.block_kv)),
-            ("COMPUTE_Q", str(plan.patterns[0].compute_grid.block_q)),
-            ("COMPUTE_KV", str(plan.patterns[0].compute_grid.block_kv)),
-            ("HEADS", str(spec.attention.heads)),
-            ("HEAD_DIM", str(spec.attention.head_dim)),
-            ("DTYPE", pyformat.string(spec.attention.dtype)),
-            ("SLOTS_PER_PIECE", str(plan.tables.slots)),
-            ("TARGET", pyformat.string(plan.target.name)),
-            ("VMEM_LIMIT_BYTES", str(plan.vmem.limit())),
-            ("TENSOR_CORES", str(plan.target.cores_per_chip)),
-        ],
+        "constants": _constants(plan),
+        "gpu": plan.gpu is not None,
         "pattern_names": pyformat.literal_tuple([pyformat.string(p.name) for p in plan.patterns]),
         "head_pattern_lines": pyformat.assignment(
             "HEAD_PATTERN",
@@ -324,5 +395,5 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
         ),
         "kinds": [(k.name, int(k)) for k in TileKind],
         "any_tables_file": any(p["tables_file"] for p in pattern_files),
-        "uses_coords": any("coords." in line for p in patterns for line in p["mask_lines"]),
+        "runtime_imports": _runtime_imports(plan, patterns),
     }

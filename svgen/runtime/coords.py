@@ -25,7 +25,8 @@ class TokenCoords:
 
     Text tokens have frame = row = col = place = 0 (the documented `expr` semantics); built-in
     primitives always test `is_text` first. `index` is the position in the nominal order
-    (temporal_major: p*T + f for video); `place` = row * width + col.
+    (temporal_major: p*T + f for video; tiled: the kernel position); `place` = row * width +
+    col.
     """
 
     def __init__(self, pos, layout: TokenLayout):
@@ -56,10 +57,14 @@ class TokenCoords:
 
     @functools.cached_property
     def row(self):
+        if self.layout.is_tiled:
+            return self._out(self._zero_for_text(self._tiled[1]))
         return self._out(self._zero_for_text(lax.div(self._frame_place[1], self.layout.width)))
 
     @functools.cached_property
     def col(self):
+        if self.layout.is_tiled:
+            return self._out(self._zero_for_text(self._tiled[2]))
         return self._out(self._zero_for_text(lax.rem(self._frame_place[1], self.layout.width)))
 
     @functools.cached_property
@@ -102,6 +107,9 @@ class TokenCoords:
         """(frame, place p = h*W + w) of the video offset, in this layout's kernel order."""
         lay = self.layout
         s, v = lay.tokens_per_frame, self._video_offset
+        if lay.is_tiled:
+            frame, row, col = self._tiled
+            return frame, row * lay.width + col
         if not lay.is_temporal_major or lay.main_frames == 0:
             return lax.div(v, s), lax.rem(v, s)
         t = lay.main_frames
@@ -114,10 +122,68 @@ class TokenCoords:
             place = jnp.where(in_anchor, lax.rem(v, s), place)
         return frame, place
 
+    @functools.cached_property
+    def _tiled(self):
+        """tiled: (frame, row, col) of the video offset, level by level as
+        TokenLayout.tiled_coordinates peels them. Each level divides by a unit size that
+        depends on whether the enclosing groups are the last, partial ones; only constant
+        divisors are used (one division per case, then a select), and no select at all on an
+        axis the cube divides."""
+        lay = self.layout
+        (a, b, c), big_w = lay.cube, lay.width
+        sizes = [(a, lay.frames), (b, lay.height), (c, big_w)]
+
+        def unit(n: int, size: int, last: bool) -> int:  # an axis group's extent
+            return size - (-(-size // n) - 1) * n if last else n
+
+        def last_group(group, n: int, size: int):  # None: the axis has no partial group
+            return None if size % n == 0 else group == (-(-size // n) - 1)
+
+        def extent(axis: int, flag):
+            full, partial = unit(*sizes[axis], False), unit(*sizes[axis], True)
+            return full if flag is None else jnp.where(flag, partial, full)
+
+        v = self._video_offset
+        gf = lax.div(v, a * lay.tokens_per_frame)
+        v = v - gf * (a * lay.tokens_per_frame)
+        last_f = last_group(gf, a, lay.frames)
+        gh = _cases(lax.div, v, lambda f: unit(a, lay.frames, f) * b * big_w, [last_f])
+        v = v - gh * (extent(0, last_f) * (b * big_w))
+        last_h = last_group(gh, b, lay.height)
+
+        def cube_units(f, h):
+            return unit(a, lay.frames, f) * unit(b, lay.height, h) * c
+
+        gw = _cases(lax.div, v, cube_units, [last_f, last_h])
+        v = v - gw * (extent(0, last_f) * extent(1, last_h) * c)
+        last_w = last_group(gw, c, big_w)
+
+        def slice_units(h, w):
+            return unit(b, lay.height, h) * unit(c, big_w, w)
+
+        df = _cases(lax.div, v, slice_units, [last_h, last_w])
+        v = v - df * (extent(1, last_h) * extent(2, last_w))
+        dh = _cases(lax.div, v, lambda w: unit(c, big_w, w), [last_w])
+        dw = v - dh * extent(2, last_w)
+        return gf * a + df, gh * b + dh, gw * c + dw
+
     def _zero_for_text(self, value):
         if self.layout.text_tokens == 0:
             return value
         return jnp.where(self._is_text, 0, value)
+
+
+def _cases(op, x, operand, flags, chosen=()):
+    """op(x, operand(*flag values)) element by element, each flag (a bool array, or None for
+    never) selecting its case: one op per combination of the flags given, with constant
+    operands (Mosaic divides by constants, not by vectors)."""
+    if len(chosen) == len(flags):
+        return op(x, operand(*chosen))
+    off = _cases(op, x, operand, flags, chosen + (False,))
+    if flags[len(chosen)] is None:
+        return off
+    on = _cases(op, x, operand, flags, chosen + (True,))
+    return jnp.where(flags[len(chosen)], on, off)
 
 
 class QueryCoords(TokenCoords):

@@ -6,42 +6,28 @@ everything this backend needs: `gpu_attention_of(module)` or `make_gpu_attention
 shape, ...)` builds `attention(q, k, v, *, head_pattern=None, interpret=False,
 sm_scale=None)` with the calling convention of the TPU one. Forward only (no VJP yet).
 
-GPU tiles from TPU runs
------------------------
+GPU tiles and runs
+------------------
 A Triton program holds its tiles in registers, so GPU tiles are small (64 or 128 queries x
-64 keys) while the compiler classifies TPU compute blocks (compute_q x compute_kv, multiples
-of 128). The GPU tables are derived from the runs' compute-block kinds
-(`tables.compute_block_kinds`: the tile kind, and per BOUNDARY tile its `blocks` word),
-never by evaluating the mask again: GPU tiles must divide the compute blocks (block_q divides
-compute_q, block_kv divides compute_kv; any power of two up to 128 does, compute blocks being
-multiples of 128), and each GPU tile inherits the kind of the compute block it lies in.
+64 keys). The GPU tables (`svgen.runtime.gpu_tables`: CSR per (pattern, q tile), EMPTY tiles
+never listed) are derived from a module's runs, never by evaluating the mask again: each GPU
+tile inherits the kind of the compute block it lies in, so GPU tiles must divide the compute
+blocks. A GPU module (`svgen compile --target h100`) is classified at the GPU tiles
+themselves (compute block = GPU tile: every GPU tile has its own exact kind); a TPU module's
+runs work too (`gpu_attention_of(tpu_module)`, GPU tiles dividing its 128-multiple compute
+blocks), but then every GPU tile of a BOUNDARY compute block is visited with the mask.
 
 Why divisors only, and not also GPU tiles spanning several compute blocks (kind = FULL if all
 FULL, EMPTY if all EMPTY, else BOUNDARY)? Because of aligned masks (`tiling.align`): there a
 FULL or EMPTY compute block may disagree with boundary_mask (the aligned mask *is* the mask),
 so a GPU tile straddling an aligned block and a BOUNDARY block would evaluate the exact
 predicate over the aligned block and be wrong. With divisors the kernel computes exactly what
-the TPU kernel computes, compute block by compute block, for every spec.
-
-The price: inside a BOUNDARY compute block every GPU tile is visited with the mask, even one
-that the mask keeps entirely or not at all (e.g. at 64 x 64 in a 1024 x 512 block). Exact
-per-GPU-tile kinds would need the compiler's analysis at the GPU tile size (the runtime does
-not import the compiler): a later cut can have `svgen compile` emit runs at the GPU tiling.
+the runs say, block by block, for every spec.
 
 Padding keys: the GPU kv tile that holds seq_len - 1 may reach past it. The compiler never
 makes a compute block holding padding FULL, but the kernel does not rely on it: a FULL entry
 on that tile still masks keys >= seq_len (a branch of its own, see below), and a BOUNDARY
 entry always does.
-
-Table format (NumPy, `GpuTables`), CSR per (pattern, q tile):
-
-    row_offsets  int32 [patterns * num_q_tiles + 1]  entries of row r = p * num_q_tiles + i
-                                                     are entries[row_offsets[r]:row_offsets[r+1]]
-    entries      int32 [visited tiles of all patterns (at least 1)]
-                                                     kv_tile << 2 | kind (FULL or BOUNDARY)
-
-EMPTY tiles are never listed; a q tile with no entry runs no iteration and writes zeros. One
-copy per pattern, whatever the number of heads using it.
 
 Kernel
 ------
@@ -108,84 +94,12 @@ from svgen.runtime.kernel import (
 )
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
-from svgen.runtime.tables import KIND_MASK, KV_BLOCK_SHIFT, KernelShape, compute_block_kinds
+from svgen.runtime.gpu_tables import GpuTables, gpu_tile_kinds  # noqa: F401  (re-exported)
+from svgen.runtime.tables import KIND_MASK, KV_BLOCK_SHIFT, KernelShape
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_BLOCK_Q = 64
 DEFAULT_BLOCK_KV = 64
-
-
-# -- tables (NumPy) -------------------------------------------------------------------------
-
-
-def gpu_tile_kinds(runs, shape: KernelShape, block_q: int, block_kv: int) -> np.ndarray:
-    """int8 [ceil(seq_len / block_q), ceil(seq_len / block_kv)]: each GPU tile's kind, that of
-    the compute block it lies in (block_q must divide compute_q, block_kv compute_kv)."""
-    if shape.cq % block_q or shape.ckv % block_kv:
-        raise ValueError(
-            f"GPU tiles must divide the compute blocks ({shape.cq} x {shape.ckv}); "
-            f"got {block_q} x {block_kv}"
-        )
-    num_q = -(-shape.seq_len // shape.block_q)
-    num_kv = -(-shape.seq_len // shape.block_kv)
-    blocks = compute_block_kinds(
-        runs, num_q, num_kv, shape.q_blocks_per_tile, shape.kv_blocks_per_tile
-    )
-    gq, gk = -(-shape.seq_len // block_q), -(-shape.seq_len // block_kv)
-    rows = np.arange(gq) * block_q // shape.cq
-    cols = np.arange(gk) * block_kv // shape.ckv
-    return blocks[np.ix_(rows, cols)]
-
-
-@dataclasses.dataclass(frozen=True)
-class GpuTables:
-    """The CSR tables of all patterns (see the module docstring)."""
-
-    block_q: int
-    block_kv: int
-    num_q_tiles: int
-    num_kv_tiles: int
-    row_offsets: np.ndarray  # int32 [patterns * num_q_tiles + 1]
-    entries: np.ndarray  # int32 [max(visited, 1)]: kv_tile << 2 | kind
-
-    @classmethod
-    def from_runs(
-        cls, runs_per_pattern: Sequence, shape: KernelShape, block_q: int, block_kv: int
-    ) -> "GpuTables":
-        counts, entries = [], []
-        gq = gk = 0
-        for runs in runs_per_pattern:
-            kinds = gpu_tile_kinds(runs, shape, block_q, block_kv)
-            gq, gk = kinds.shape
-            q_tile, kv_tile = np.nonzero(kinds != TileKind.EMPTY)  # row-major: by q tile
-            counts.append(np.bincount(q_tile, minlength=gq))
-            entries.append((kv_tile << KV_BLOCK_SHIFT) | kinds[q_tile, kv_tile])
-        counts = np.concatenate(counts)
-        offsets = np.concatenate([[0], np.cumsum(counts)])
-        flat = np.concatenate(entries) if entries else np.zeros(0, np.int64)
-        if offsets[-1] >= 2**31 or gk >= 2**29:
-            raise ValueError("the GPU tables do not fit int32: use larger GPU tiles")
-        if flat.size == 0:  # never read; keeps the operand non-empty
-            flat = np.zeros(1, np.int64)
-        return cls(block_q, block_kv, gq, gk, offsets.astype(np.int32), flat.astype(np.int32))
-
-    @property
-    def num_patterns(self) -> int:
-        return (len(self.row_offsets) - 1) // self.num_q_tiles
-
-    def visited(self, pattern: int) -> int:
-        """Visited GPU tiles of one pattern (per head using it)."""
-        rows = self.row_offsets[pattern * self.num_q_tiles : (pattern + 1) * self.num_q_tiles + 1]
-        return int(rows[-1] - rows[0])
-
-    def kinds(self, pattern: int) -> np.ndarray:
-        """int8 [num_q_tiles, num_kv_tiles] back from the CSR rows (tests, inspection)."""
-        out = np.zeros((self.num_q_tiles, self.num_kv_tiles), np.int8)
-        for i in range(self.num_q_tiles):
-            r = pattern * self.num_q_tiles + i
-            for e in self.entries[self.row_offsets[r] : self.row_offsets[r + 1]].tolist():
-                out[i, e >> KV_BLOCK_SHIFT] = e & KIND_MASK
-        return out
 
 
 # -- kernel ---------------------------------------------------------------------------------

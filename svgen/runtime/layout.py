@@ -16,7 +16,23 @@ refer to:
                   frame-major order, then the other frames temporal-major
                   (p*(T - anchor) + f - anchor): a first-frame anchor is then one contiguous
                   block of keys instead of a stride-T comb across every tile.
-Text tokens keep their place (first or last) in all three orders.
+  tiled           Sliding Tile Attention's cube-major order, for a cube of a x b x c
+                  (cube_frames x cube_rows x cube_cols): the video is cut into cubes of a
+                  frames, b rows and c columns, the cubes follow each other in
+                  (frame group, row group, column group) order and the tokens inside a cube
+                  in (f, h, w) order, so that each cube is a contiguous run of the kernel's
+                  sequence. When a size does not divide the geometry the last group of that
+                  axis is smaller (partial cubes): frame group gf holds fa = min(a, F - gf*a)
+                  frames, row group gh hb = min(b, H - gh*b) rows, column group gw
+                  wc = min(c, W - gw*c) columns, and video token (f, h, w) sits at
+                      gf*a*H*W + fa*(gh*b*W + hb*gw*c) + ((f % a)*hb + h % b)*wc + w % c
+                  (gf = f // a, gh = h // b, gw = w // c): the frame groups before it, the
+                  row groups of its frame group before it (fa*b*W tokens each), the cubes of
+                  its row group before it (fa*hb*c tokens each), then its place in the cube.
+                  The nominal order is the kernel order itself (the layout's own order, as
+                  for temporal_major; there are no anchor frames), so a band is a band of
+                  cubes.
+Text tokens keep their place (first or last) in all orders.
 
 The field names are the spec's keys (`geometry:` and `layout:`), so a layout reads the same in
 a spec, in a generated module and in a test.
@@ -31,8 +47,19 @@ import numpy as np
 
 FRAME_MAJOR = "frame_major"
 TEMPORAL_MAJOR = "temporal_major"
-ORDERS = (FRAME_MAJOR, TEMPORAL_MAJOR)
+TILED = "tiled"
+ORDERS = (FRAME_MAJOR, TEMPORAL_MAJOR, TILED)
 TEXT_POSITIONS = ("first", "last")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiled:
+    """A spec's `layout: {tiled: {frames: a, rows: b, cols: c}}`: the tiled order and its
+    cube (what `TokenLayout.with_order` takes besides the names of ORDERS)."""
+
+    frames: int
+    rows: int
+    cols: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,11 +71,28 @@ class TokenLayout:
     text_position: str = "last"  # one of TEXT_POSITIONS
     order: str = FRAME_MAJOR  # one of ORDERS
     anchor_frames: int = 0  # temporal_major only: frames kept first, in frame-major order
+    # tiled only: the cube's frames, rows and columns (0 in the other orders)
+    cube_frames: int = 0
+    cube_rows: int = 0
+    cube_cols: int = 0
 
-    def with_order(self, order: str, anchor_frames: int = 0) -> "TokenLayout":
-        """The same tokens in another kernel order (anchor frames only for temporal_major)."""
+    def __post_init__(self):
+        if self.order == TILED and min(self.cube) < 1:
+            raise ValueError(f"a tiled layout needs positive cube sizes, got {self.cube}")
+
+    def with_order(self, order: "str | Tiled", anchor_frames: int = 0) -> "TokenLayout":
+        """The same tokens in another kernel order: a name of ORDERS or a Tiled cube (anchor
+        frames only for temporal_major)."""
         anchors = anchor_frames if order == TEMPORAL_MAJOR else 0
-        return dataclasses.replace(self, order=order, anchor_frames=anchors)
+        cube = (order.frames, order.rows, order.cols) if isinstance(order, Tiled) else (0, 0, 0)
+        return dataclasses.replace(
+            self,
+            order=TILED if isinstance(order, Tiled) else order,
+            anchor_frames=anchors,
+            cube_frames=cube[0],
+            cube_rows=cube[1],
+            cube_cols=cube[2],
+        )
 
     # -- sizes -----------------------------------------------------------------------------
 
@@ -82,6 +126,15 @@ class TokenLayout:
         return self.order == TEMPORAL_MAJOR
 
     @property
+    def is_tiled(self) -> bool:
+        return self.order == TILED
+
+    @property
+    def cube(self) -> tuple[int, int, int]:
+        """tiled: (cube_frames, cube_rows, cube_cols)."""
+        return self.cube_frames, self.cube_rows, self.cube_cols
+
+    @property
     def main_frames(self) -> int:
         """temporal_major: frames after the anchor block (T')."""
         return self.frames - self.anchor_frames
@@ -96,6 +149,9 @@ class TokenLayout:
     def video_frame_place(self, video: np.ndarray):
         """(frame, place p = h*W + w) of kernel video offsets (position - video_start)."""
         s = self.tokens_per_frame
+        if self.is_tiled:
+            frame, row, col = self.tiled_coordinates(video)
+            return frame, row * self.width + col
         if not self.is_temporal_major:
             return video // s, video % s
         anchor = video < self.anchor_frames * s
@@ -104,6 +160,41 @@ class TokenLayout:
         frame = np.where(anchor, video // s, self.anchor_frames + main % t)
         place = np.where(anchor, video % s, main // t)
         return frame, place
+
+    def tiled_coordinates(self, video: np.ndarray):
+        """tiled: (frame, row, col) of kernel video offsets, peeling the levels of the order
+        (frame group, row group, cube, frame of the cube, row of the cube) one by one: each
+        level's units have one size except the last, partial one, which comes last."""
+        a, b, c = self.cube
+        big_h, big_w = self.height, self.width
+        v = np.asarray(video, dtype=np.int64)
+        gf = v // (a * big_h * big_w)
+        v = v - gf * (a * big_h * big_w)
+        fa = np.minimum(a, self.frames - gf * a)
+        gh = v // (fa * b * big_w)
+        v = v - gh * (fa * b * big_w)
+        hb = np.minimum(b, big_h - gh * b)
+        gw = v // (fa * hb * c)
+        v = v - gw * (fa * hb * c)
+        wc = np.minimum(c, big_w - gw * c)
+        df, v = v // (hb * wc), v % (hb * wc)
+        return gf * a + df, gh * b + v // wc, gw * c + v % wc
+
+    def tiled_offset(self, frame, row, col):
+        """tiled: the kernel video offset of video token (frame, row, col) (the formula of
+        the module docstring; NumPy arrays or ints)."""
+        a, b, c = self.cube
+        gf, gh, gw = frame // a, row // b, col // c
+        fa = np.minimum(a, self.frames - gf * a)
+        hb = np.minimum(b, self.height - gh * b)
+        wc = np.minimum(c, self.width - gw * c)
+        return (
+            gf * (a * self.tokens_per_frame)
+            + fa * (gh * b * self.width + hb * gw * c)
+            + ((frame - gf * a) * hb + row - gh * b) * wc
+            + col
+            - gw * c
+        )
 
     def coordinates(self, positions: np.ndarray) -> "Coordinates":
         """Coordinates of kernel positions; text tokens have frame = row = col = 0."""
@@ -143,12 +234,41 @@ class TokenLayout:
     @property
     def is_identity(self) -> bool:
         """Kernel order equals the user's order (no permutation)."""
+        if self.is_tiled:
+            return self._tiled_is_frame_major
         return not self.is_temporal_major or self.main_frames <= 1
 
+    @property
+    def _tiled_is_frame_major(self) -> bool:
+        """A cube order walks tokens frame-major unless an axis split into several groups is
+        walked before a finer axis of the cube that has more than one value: several column
+        groups with cubes of several rows or frames, or several row groups with cubes of
+        several frames."""
+        a, b, c = (
+            min(n, size) for n, size in zip(self.cube, (self.frames, self.height, self.width))
+        )
+        split_cols = c < self.width and (a > 1 or b > 1)
+        split_rows = b < self.height and a > 1
+        return not (split_cols or split_rows)
+
+    @property
+    def _tiled_divides(self) -> bool:
+        a, b, c = self.cube
+        return self.frames % a == 0 and self.height % b == 0 and self.width % c == 0
+
+    @functools.cached_property
+    def _user_index(self) -> np.ndarray:
+        """int32 [seq_len]: original_index of every kernel position (the gather into kernel
+        order)."""
+        return self.original_index(np.arange(self.seq_len)).astype(np.int32)
+
     def to_kernel(self, x, xp=np):
-        """x [..., seq_len, d] in the user's order -> kernel order (reshape + transpose)."""
+        """x [..., seq_len, d] in the user's order -> kernel order (reshape + transpose; a
+        gather for a tiled order with partial cubes)."""
         if self.is_identity:
             return x
+        if self.is_tiled:
+            return self._tiled_to_kernel(x, xp)
         text, video = self._split(x)
         lead, d = video.shape[:-2], video.shape[-1]
         frames = video.reshape(lead + (self.frames, self.tokens_per_frame, d))
@@ -160,6 +280,8 @@ class TokenLayout:
         """The inverse of to_kernel."""
         if self.is_identity:
             return y
+        if self.is_tiled:
+            return self._tiled_from_kernel(y, xp)
         text, video = self._split(y)
         lead, d = video.shape[:-2], video.shape[-1]
         split = self.anchor_frames * self.tokens_per_frame
@@ -173,6 +295,29 @@ class TokenLayout:
         )
         frames = xp.concatenate([anchor, main], axis=-3).reshape(lead + (-1, d))
         return self._join(text, frames, xp)
+
+    def _tiled_to_kernel(self, x, xp):
+        if not self._tiled_divides:
+            return xp.take(x, self._user_index, axis=-2)
+        text, video = self._split(x)
+        lead, d = video.shape[:-2], video.shape[-1]
+        (a, b, c), n = self.cube, len(lead)
+        grid = (self.frames // a, a, self.height // b, b, self.width // c, c)
+        video = video.reshape(lead + grid + (d,))
+        # (groups f, a, groups h, b, groups w, c) -> (groups f, groups h, groups w, a, b, c)
+        axes = tuple(range(n)) + tuple(n + i for i in (0, 2, 4, 1, 3, 5, 6))
+        return self._join(text, xp.transpose(video, axes).reshape(lead + (-1, d)), xp)
+
+    def _tiled_from_kernel(self, y, xp):
+        if not self._tiled_divides:
+            return xp.take(y, self.kernel_position, axis=-2)
+        text, video = self._split(y)
+        lead, d = video.shape[:-2], video.shape[-1]
+        (a, b, c), n = self.cube, len(lead)
+        cubes = (self.frames // a, self.height // b, self.width // c, a, b, c)
+        video = video.reshape(lead + cubes + (d,))
+        axes = tuple(range(n)) + tuple(n + i for i in (0, 3, 1, 4, 2, 5, 6))
+        return self._join(text, xp.transpose(video, axes).reshape(lead + (-1, d)), xp)
 
     def _split(self, x):
         v0, n = self.video_start, self.video_tokens
