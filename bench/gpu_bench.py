@@ -60,7 +60,6 @@ import importlib.util
 import json
 import os
 import pathlib
-import re
 import statistics
 import subprocess
 import sys
@@ -69,7 +68,7 @@ import time
 
 import numpy as np
 
-from svgen import libtpu_env
+from svgen import gpu_aot, libtpu_env
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -231,7 +230,6 @@ def print_notes(notes: list[str]) -> None:
 def use_repo_toolchain() -> None:
     """Where neither $SVGEN_GPU_TOOLCHAIN nor the working directory names a toolchain, the
     repository's `.gpu-aot` (so the script runs from any directory)."""
-    from svgen import gpu_aot
 
     local = pathlib.Path(gpu_aot.DEFAULT_TOOLCHAIN_DIR) / "jax_cuda12_plugin"
     repo = REPO / gpu_aot.DEFAULT_TOOLCHAIN_DIR
@@ -240,81 +238,18 @@ def use_repo_toolchain() -> None:
             os.environ[gpu_aot.TOOLCHAIN_ENV] = str(repo)
 
 
-_LAUNCH_RE = re.compile(
-    r"kCustomKernel\b[^\n]*?\s(\S+) grid: \[([\d, ]+)\] threads: \[([\d, ]+)\]\s+"
-    r"shared_memory: (\d+)"
-)
-
-
-def kernel_launch(dump: pathlib.Path, prefix: str) -> dict:
-    """The launch of the custom kernel whose name starts with `prefix`, from XLA's thunk
-    sequence (as svgen.gpu_aot reads svgen's): name, grid, threads, shared memory."""
-    found = []
-    for path in sorted(dump.glob("*thunk_sequence.txt")):
-        found += _LAUNCH_RE.findall(path.read_text())
-    named = [f for f in found if f[0].startswith(prefix)]
-    if not named:
-        kernels = ", ".join(f[0] for f in found) or "none"
-        raise RuntimeError(
-            f"no {prefix}* kernel in XLA's thunk sequence (custom kernels: {kernels})"
-        )
-    name, grid, threads, shared = named[0]
-    return {
-        "kernel": name,
-        "grid": [int(x) for x in grid.split(",")],
-        "threads": int(threads.split(",")[0]),
-        "shared_memory": int(shared),
-    }
-
-
-def kernel_ptx(dump: pathlib.Path, name: str) -> pathlib.Path:
-    for path in sorted(dump.glob("*.ptx")):
-        if re.search(rf"\.entry {re.escape(name)}\(", path.read_text()):
-            return path
-    raise RuntimeError(f"no PTX entry {name} in XLA's dump")
-
-
-def kernel_registers(ptx: pathlib.Path, name: str, dump: pathlib.Path) -> dict:
-    """Registers per thread and spill bytes from `ptxas -v` (as svgen.gpu_aot reads them)."""
-    from svgen.gpu_aot import ptxas_path
-
-    ptxas = ptxas_path()
-    if ptxas is None:
-        return {}
-    done = subprocess.run(
-        [ptxas, "-arch=sm_90a", "-v", str(ptx), "-o", str(dump / "kernel.cubin")],
-        capture_output=True,
-        text=True,
-    )
-    text, out, n = done.stdout + done.stderr, {}, re.escape(name)
-    m = re.search(rf"Function properties for {n}\s*\n\s*(\d+) bytes stack frame, "
-                  r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)  # fmt: skip
-    if m:
-        out["spill_store_bytes"], out["spill_load_bytes"] = int(m[2]), int(m[3])
-    m = re.search(rf"Compiling entry function '{n}'[\s\S]*?Used (\d+) registers", text)
-    if m:
-        out["registers"] = int(m[1])
-    return out
-
-
 def dense_child(target: str, seq: int, heads: int, head_dim: int) -> dict:
     """In a child process (toolchain on PYTHONPATH, JAX_PLATFORMS=cpu): JAX's dense Pallas
     Triton mha compiled for `target` without a GPU, as svgen.gpu_aot compiles svgen's kernel
     (the same topology, target description and dump), on [1, seq, heads, head_dim] bf16."""
     import jax
     import jax.numpy as jnp
-    from jax.experimental import topologies
     from jax.experimental.pallas.ops.gpu.attention import mha
-    from jax.sharding import NamedSharding, PartitionSpec
 
     from svgen.targets import gpu_target
 
     chip = gpu_target(target)
-    topology = topologies.get_topology_desc(
-        platform="cuda", target_config=chip.config_text(), topology="1x1x1"
-    )
-    mesh = topologies.make_mesh(topology, (1,), ("x",))
-    sharding = NamedSharding(mesh, PartitionSpec())
+    sharding = gpu_aot.target_sharding(chip)
     x = jax.ShapeDtypeStruct((1, seq, heads, head_dim), jnp.bfloat16, sharding=sharding)
     sm_scale = 1.0 / float(np.sqrt(head_dim))
     fn = jax.jit(lambda q, k, v: mha(q, k, v, None, sm_scale=sm_scale))
@@ -323,21 +258,20 @@ def dense_child(target: str, seq: int, heads: int, head_dim: int) -> dict:
         start = time.perf_counter()
         fn.lower(x, x, x).compile(compiler_options={"xla_dump_to": str(dump)})
         seconds = time.perf_counter() - start
-        launch = kernel_launch(dump, "mha")
-        ptx = kernel_ptx(dump, launch["kernel"])
+        launch = gpu_aot.kernel_launch(dump, "mha")
+        ptx = gpu_aot.kernel_ptx(dump, launch["kernel"])
         return {
             "target": chip.name,
             **launch,
             "shared_memory_limit": chip.shared_memory_per_block,
             "wgmma": ptx.read_text().count("wgmma.mma_async"),
-            **kernel_registers(ptx, launch["kernel"], dump),
+            **gpu_aot.kernel_registers(ptx, launch["kernel"], dump),
             "compile_s": round(seconds, 2),
         }
 
 
 def compile_dense(target: str, seq: int, heads: int, head_dim: int) -> dict:
     """dense_child's facts, from this script re-run with --dense-child in a child process."""
-    from svgen import gpu_aot
 
     command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--dense-child"]
     command += ["--target", target, "--seq", str(seq), "--heads", str(heads)]
@@ -368,7 +302,6 @@ def compile_dense(target: str, seq: int, heads: int, head_dim: int) -> dict:
 
 def compile_rows(names, tiles, target: str, notes: list[str]) -> tuple[list[dict], int]:
     """Per spec: svgen's rows (one per tile) and one dense mha row; and the failures."""
-    from svgen import gpu_aot
 
     rows, failures, dense = [], 0, {}
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
@@ -478,7 +411,6 @@ def print_compile(rows: list[dict], notes: list[str], target: str) -> None:
 
 
 def compile_mode(names, tiles, target: str) -> int:
-    from svgen import gpu_aot
 
     use_repo_toolchain()
     try:

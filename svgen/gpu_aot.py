@@ -186,24 +186,30 @@ def _smaller_configs(c: _Config):
         yield _Config(bq, bkv, c.num_warps, stages)
 
 
+def target_sharding(chip):
+    """A sharding on one device of `chip` (a svgen.targets.GpuTarget) built from its target
+    description: what arguments of a deviceless compile carry (in the child process)."""
+    from jax.experimental import topologies
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    topology = topologies.get_topology_desc(
+        platform="cuda", target_config=chip.config_text(), topology="1x1x1"
+    )
+    return NamedSharding(topologies.make_mesh(topology, (1,), ("x",)), PartitionSpec())
+
+
 class _Compiler:
     """Compiles a module's kernel at some configuration for one target (in the child)."""
 
     def __init__(self, module, target: str):
         import jax
         import jax.numpy as jnp
-        from jax.experimental import topologies
-        from jax.sharding import NamedSharding, PartitionSpec
 
         from svgen.targets import gpu_target
 
         self.module, self.jax, self.jnp = module, jax, jnp
         self.target = gpu_target(target)
-        topology = topologies.get_topology_desc(
-            platform="cuda", target_config=self.target.config_text(), topology="1x1x1"
-        )
-        mesh = topologies.make_mesh(topology, (1,), ("x",))
-        self.sharding = NamedSharding(mesh, PartitionSpec())
+        self.sharding = target_sharding(self.target)
 
     def attention(self, config: _Config):
         from svgen.runtime import gpu
@@ -240,25 +246,39 @@ class _Compiler:
         return None
 
 
-def _launch(dump: pathlib.Path) -> dict:
-    """grid, threads and shared memory of the kernel's launch, from XLA's thunk sequence."""
-    pattern = re.compile(
-        rf"{KERNEL_NAME} grid: \[([\d, ]+)\] threads: \[([\d, ]+)\]\s+shared_memory: (\d+)"
-    )
+_LAUNCH_RE = re.compile(
+    r"kCustomKernel\b[^\n]*?\s(\S+) grid: \[([\d, ]+)\] threads: \[([\d, ]+)\]\s+"
+    r"shared_memory: (\d+)"
+)
+
+
+def kernel_launch(dump: pathlib.Path, prefix: str) -> dict:
+    """The launch of the custom kernel whose name starts with `prefix`, from XLA's thunk
+    sequence in `dump`: name, grid (x, y, z), threads per block, shared memory bytes."""
+    found = []
     for path in sorted(dump.glob("*thunk_sequence.txt")):
-        m = pattern.search(path.read_text())
-        if m:
-            grid = [int(x) for x in m[1].split(",")]
-            threads = [int(x) for x in m[2].split(",")]
-            return {"grid": grid[:2], "threads": threads[0], "shared_memory": int(m[3])}
-    raise GpuCompileError(f"no launch of {KERNEL_NAME} in XLA's thunk sequence")
+        found += _LAUNCH_RE.findall(path.read_text())
+    named = [f for f in found if f[0].startswith(prefix)]
+    if not named:
+        kernels = ", ".join(f[0] for f in found) or "none"
+        raise GpuCompileError(
+            f"no {prefix}* kernel in XLA's thunk sequence (custom kernels: {kernels})"
+        )
+    name, grid, threads, shared = named[0]
+    return {
+        "kernel": name,
+        "grid": [int(x) for x in grid.split(",")],
+        "threads": int(threads.split(",")[0]),
+        "shared_memory": int(shared),
+    }
 
 
-def _kernel_ptx(dump: pathlib.Path) -> pathlib.Path:
+def kernel_ptx(dump: pathlib.Path, name: str) -> pathlib.Path:
+    """The PTX file in `dump` that defines the entry `name`."""
     for path in sorted(dump.glob("*.ptx")):
-        if f".entry {KERNEL_NAME}" in path.read_text():
+        if re.search(rf"\.entry {re.escape(name)}\(", path.read_text()):
             return path
-    raise GpuCompileError(f"no PTX entry {KERNEL_NAME} in the dump")
+    raise GpuCompileError(f"no PTX entry {name} in XLA's dump")
 
 
 def ptxas_path() -> str | None:
@@ -274,8 +294,9 @@ def ptxas_path() -> str | None:
     return shutil.which("ptxas")
 
 
-def _registers(ptx: pathlib.Path, dump: pathlib.Path) -> dict:
-    """Registers per thread and spill bytes of the kernel, from `ptxas -v`."""
+def kernel_registers(ptx: pathlib.Path, name: str, dump: pathlib.Path) -> dict:
+    """Registers per thread and spill bytes of entry `name`, from `ptxas -v` ({} without
+    ptxas)."""
     ptxas = ptxas_path()
     if ptxas is None:
         return {}
@@ -284,27 +305,29 @@ def _registers(ptx: pathlib.Path, dump: pathlib.Path) -> dict:
         capture_output=True,
         text=True,
     )
-    text = done.stdout + done.stderr
-    out = {}
-    m = re.search(rf"Function properties for {KERNEL_NAME}\s*\n\s*(\d+) bytes stack frame, "
+    text, out, n = done.stdout + done.stderr, {}, re.escape(name)
+    m = re.search(rf"Function properties for {n}\s*\n\s*(\d+) bytes stack frame, "
                   r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)  # fmt: skip
     if m:
         out["spill_store_bytes"], out["spill_load_bytes"] = int(m[2]), int(m[3])
-    m = re.search(rf"Compiling entry function '{KERNEL_NAME}'[\s\S]*?Used (\d+) registers", text)
+    m = re.search(rf"Compiling entry function '{n}'[\s\S]*?Used (\d+) registers", text)
     if m:
         out["registers"] = int(m[1])
     return out
 
 
 def _facts(compiler: _Compiler, config: _Config, dump: pathlib.Path, seconds: float) -> dict:
-    ptx = _kernel_ptx(dump)
+    ptx = kernel_ptx(dump, KERNEL_NAME)
+    launch = kernel_launch(dump, KERNEL_NAME)
     return {
         "target": compiler.target.name,
         "config": dataclasses.asdict(config),
-        **_launch(dump),
+        "grid": launch["grid"][:2],
+        "threads": launch["threads"],
+        "shared_memory": launch["shared_memory"],
         "shared_memory_limit": compiler.target.shared_memory_per_block,
         "wgmma": ptx.read_text().count("wgmma.mma_async"),
-        **_registers(ptx, dump),
+        **kernel_registers(ptx, KERNEL_NAME, dump),
         "compile_s": round(seconds, 2),
     }
 
@@ -323,7 +346,11 @@ def _over_shared_memory(compiler: _Compiler, config: _Config, message: str, hint
         for smaller in _smaller_configs(config):
             with tempfile.TemporaryDirectory() as tmp:
                 if compiler.compile(smaller, pathlib.Path(tmp)) is None:
-                    fits = dict(_launch(pathlib.Path(tmp)), config=dataclasses.asdict(smaller))
+                    launch = kernel_launch(pathlib.Path(tmp), KERNEL_NAME)
+                    fits = {
+                        "shared_memory": launch["shared_memory"],
+                        "config": dataclasses.asdict(smaller),
+                    }
                     break
     out["fits"] = fits
     suggestion = (

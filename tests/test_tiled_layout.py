@@ -2,6 +2,7 @@
 kernel-side coordinates, exact classification, the spec syntax, and a compiled kernel."""
 
 import itertools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -379,3 +380,71 @@ def test_gpu_module_of_a_tiled_spec_matches_the_reference(compile_text):
     head_pattern = np.array([0, 1])
     out = module.attention(q, k, v, head_pattern=head_pattern, interpret=True)
     check_per_head(plan, out, q, k, v, head_pattern, "float32")
+
+
+# -- cube DMA: tiles read straight from the user's [frames, height, width, d] -----------------
+
+CUBE_DMA_SPEC = """\
+svgen: 1
+name: sta_dma
+geometry: {frames: 4, height: 8, width: 16}
+attention: {heads: 2, head_dim: 128, dtype: DTYPE}
+layout: {tiled: {frames: 2, rows: 4, cols: 16}}
+mask: {any_of: [{cube_window: {cube_frames: 2, cube_rows: 4, cube_cols: 16, frames: 1, rows: 0, cols: 0}}, {spatial_window: {frames: 0, rows: 1, cols: 3}}]}
+tiling: {block_q: 128, block_kv: 128}
+"""
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cube_dma_forward_needs_no_permutation(dtype, compile_text):
+    """Cubes dividing the video, no text, one cube per tile: the kernel reads and writes the
+    user's array as boxes. The forward matches float64 (NaN-poisoned interpret mode), and the
+    jitted call holds no transpose, gather or concatenation: no HBM pass besides the
+    kernel's own."""
+    plan, module = compile_text(CUBE_DMA_SPEC.replace("DTYPE", dtype))
+    assert module.attention.cube_dma is not None
+    assert (plan.patterns[0].kinds == TileKind.BOUNDARY).any()  # the mask runs too
+    q, k, v = mixed_inputs(plan, dtype, seed=11, heads=2)
+    out = module.attention(q, k, v, interpret=POISONED)
+    check_per_head(plan, out, q, k, v, [0, 0], dtype)
+    # XLA's program for v6e moves no data around the kernel; the same cubes with a kv tile of
+    # two cubes (no cube DMA) permute q, k, v into cube order and the output back.
+    assert data_movement(compile_for_v6e(module).as_text()) == set()
+    _, permuted = compile_text(
+        CUBE_DMA_SPEC.replace("DTYPE", dtype).replace("block_kv: 128", "block_kv: 256")
+    )
+    assert permuted.attention.cube_dma is None
+    assert "transpose" in data_movement(compile_for_v6e(permuted).as_text())
+
+
+def data_movement(hlo: str) -> set[str]:
+    """The JAX ops behind XLA instructions that move q, k, v or o data (floating results, by
+    their op_name metadata; the int32 head tables may be gathered)."""
+    pattern = r'= (?:f32|bf16)\[[^\n]*op_name="[^"]*/(transpose|gather|concatenate|copy)[^"/]*"'
+    return set(re.findall(pattern, hlo))
+
+
+def test_cube_dma_gradients(compile_text):
+    """The backward pass permutes into cube order and back: gradients equal float64."""
+    plan, module = compile_text(CUBE_DMA_SPEC.replace("DTYPE", "float32"))
+    q, k, v = mixed_inputs(plan, "float32", seed=12, heads=2)
+    check_grads(plan, module, q, k, v, np.array([0, 0]), "float32")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        ("geometry: {frames: 4,", "geometry: {text_tokens: 8, frames: 4,"),  # text tokens
+        ("block_kv: 128}", "block_kv: 256}"),  # a kv tile of two cubes
+        ("frames: 2, rows: 4, cols: 16}}", "frames: 2, rows: 8, cols: 8}}"),  # still fits
+        ("rows: 4, cols: 16}}", "rows: 8, cols: 4}}"),  # 4 columns: under the sublane tile
+    ],
+)
+def test_cube_dma_only_where_a_tile_is_a_box(change, compile_text):
+    text = CUBE_DMA_SPEC.replace("DTYPE", "float32").replace(*change)
+    text = text.replace("cube_rows: 4, cube_cols: 16", "cube_rows: 4, cube_cols: 8")
+    plan, module = compile_text(text)
+    fits = change[1].startswith("frames: 2, rows: 8, cols: 8")
+    assert (module.attention.cube_dma is not None) == fits
+    q, k, v = mixed_inputs(plan, "float32", seed=13, heads=2)
+    check_per_head(plan, module.attention(q, k, v, interpret=POISONED), q, k, v, [0, 0], "float32")

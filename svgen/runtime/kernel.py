@@ -73,6 +73,17 @@ Arithmetic (why each choice; measured on libtpu's v6e schedule, see `svgen cost`
     block reads them as full vregs instead of decoding [cq, 1] columns (cq/8 vregs per op)
     for every block (temporal-major decode: 2,977 bundles per 1024 x 512 BOUNDARY block
     before, 1,846 after, FULL 1,274).
+
+Cube DMA (tiled layouts, `CubeDma`)
+-----------------------------------
+In a tiled layout whose cubes divide the video, with no text tokens and tiles of exactly one
+cube, every tile is a strided box of the user's own [frames, height, width, d] array. The
+forward kernel then reads and writes those boxes directly (4-D blocks, the cube's (frame, row,
+column) group from the tile index, the VMEM block viewed as [cube tokens, d]), and the wrapper
+makes no permutation at all: the user's array goes in and the output comes out in the user's
+order, with no HBM pass over q, k, v or o. The box DMA costs about 75 bundles per step more
+than a contiguous block (v6e, 384-token cubes). The backward pass permutes its operands into
+the cube order as for any other layout.
 """
 
 from __future__ import annotations
@@ -398,6 +409,8 @@ def _attention_kernel(
         refs[num_tables + 4 + with_lse :],
     )
     o_ref = outputs[0]
+    if len(q_ref.shape) == 4:  # cube DMA: each [a, b, c, d] box read as [cube tokens, d]
+        q_ref, k_ref, v_ref, o_ref = (_BoxRows(ref) for ref in (q_ref, k_ref, v_ref, o_ref))
     m_scratch, acc_scratch, *rest = scratch
     l_scratch = None if shape.row_sum_on_mxu else rest.pop(0)
     q_scaled = rest.pop(0)
@@ -533,6 +546,84 @@ def _attention_kernel(
 
 
 @dataclasses.dataclass(frozen=True)
+class CubeDma:
+    """A tile is one cube, a box of the user's [frames, height, width, d] array (see the
+    module docstring): the kernel's q, k, v and o are that 4-D view of each head."""
+
+    frames: int
+    height: int
+    width: int
+    cube: tuple[int, int, int]
+
+    @property
+    def groups(self) -> tuple[int, int, int]:
+        a, b, c = self.cube
+        return self.frames // a, self.height // b, self.width // c
+
+    @property
+    def view(self) -> tuple[int, int, int]:
+        return self.frames, self.height, self.width
+
+    def box(self, tile):
+        """The (frame, row, column) group of cube `tile` (cubes in (frame, row, column) group
+        order): the block index of its box. lax.div / lax.rem: non-negative, and no `sign`
+        (which does not lower for TPU from a CPU host)."""
+        _, rows, cols = self.groups
+        return lax.div(tile, rows * cols), lax.rem(lax.div(tile, cols), rows), lax.rem(tile, cols)
+
+
+class _BoxRows:
+    """A cube DMA block [a, b, c, d] read and written as [cube tokens, d] values, as the
+    kernel body reads its blocks: `x[...]`, `x[pl.ds(start, size), :]` (static), `x[...] = y`.
+    The value reshape merges whole (8, 128) tiles (see _CUBE_COLS_MULTIPLE), so it moves no
+    data: on v6e it compiles to the same bundles as a ref reshape, which Pallas's TPU
+    interpreter does not run."""
+
+    def __init__(self, ref):
+        self._ref = ref
+        self.shape = (math.prod(ref.shape[:-1]), ref.shape[-1])
+        self.dtype = ref.dtype
+
+    def __getitem__(self, index):
+        rows = self._ref[...].reshape(self.shape)
+        if index is Ellipsis:
+            return rows
+        row_slice, cols = index
+        if cols != slice(None) or not isinstance(row_slice, pl.Slice):
+            raise NotImplementedError(f"cube DMA blocks are read by row ranges, got {index}")
+        return rows[row_slice.start : row_slice.start + row_slice.size]
+
+    def __setitem__(self, index, value):
+        if index is not Ellipsis:
+            raise NotImplementedError(f"cube DMA blocks are written whole, got {index}")
+        self._ref[...] = value.reshape(self._ref.shape)
+
+
+# The sublane tile of the box's last spatial axis: a [cube tokens, d] view of a 4-D VMEM block
+# merges whole (8, 128) tiles only when the cube's column count is a multiple of 8.
+_CUBE_COLS_MULTIPLE = 8
+
+
+def cube_dma(layouts: Sequence[TokenLayout], shape: KernelShape) -> CubeDma | None:
+    """The cube DMA of a kernel whose heads all use `layouts`, or None where it does not
+    apply (then the wrapper permutes q, k, v into kernel order and o back)."""
+    if len(layouts) != 1 or not layouts[0].is_tiled:
+        return None
+    lay = layouts[0]
+    a, b, c = lay.cube
+    cube_tokens = a * b * c
+    fits = (
+        lay.text_tokens == 0
+        and lay.frames % a == 0
+        and lay.height % b == 0
+        and lay.width % c == 0
+        and c % _CUBE_COLS_MULTIPLE == 0
+        and shape.block_q == shape.block_kv == cube_tokens
+    )
+    return CubeDma(lay.frames, lay.height, lay.width, lay.cube) if fits else None
+
+
+@dataclasses.dataclass(frozen=True)
 class _PatternCode:
     """What the kernel body needs of a pattern: its mask, layout and decoded query coords."""
 
@@ -600,8 +691,10 @@ def _flat_attention(
     interpret,
     q_scale: float,
     with_lse: bool = False,
+    cubes: CubeDma | None = None,
 ):
-    """q, k, v: [batch*heads, seq_len, head_dim], each head in its pattern's order. Not padded
+    """q, k, v: [batch*heads, seq_len, head_dim], each head in its pattern's order, or with
+    `cubes` [batch*heads, frames, height, width, head_dim] in the user's order. Not padded
     to whole tiles: the last tile's blocks reach past the arrays (the DMA reads what exists;
     rows past seq_len are discarded queries and masked keys), so no HBM pass pads them.
     with_lse: also return each row's log-sum-exp of its base-2 scores, f32 [rows, 1,
@@ -630,19 +723,24 @@ def _flat_attention(
             table_refs, heads, outer, step, single, has_lengths, has_blocks, tables.flat
         )
 
+    def block_index(row, tile):
+        return (row, tile, 0) if cubes is None else (row, *cubes.box(tile), 0)
+
     def q_index_map(outer, step, slot, *table_refs):
         at = view(outer, step, table_refs)
-        return at.row, at.q_block, 0
+        return block_index(at.row, at.q_block)
 
     def kv_index_map(outer, step, slot, *table_refs):
         at = view(outer, step, table_refs)
-        return at.row, at.kv_block(slot), 0
+        return block_index(at.row, at.kv_block(slot))
 
     def lse_index_map(outer, step, slot, *table_refs):
         at = view(outer, step, table_refs)
         return at.row, 0, at.q_block
 
     d = shape.head_dim
+    q_block = (None, shape.block_q, d) if cubes is None else (None, *cubes.cube, d)
+    kv_block = (None, shape.block_kv, d) if cubes is None else q_block
     scratch = [
         pltpu.VMEM((shape.block_q, LANES), jnp.float32),
         pltpu.VMEM((shape.block_q, shape.acc_width), jnp.float32),
@@ -657,11 +755,11 @@ def _flat_attention(
         num_scalar_prefetch=len(operands),
         grid=(q.shape[0] // heads if tables.flat else q.shape[0], steps, tables.slots),
         in_specs=[
-            pl.BlockSpec((None, shape.block_q, d), q_index_map),
-            pl.BlockSpec((None, shape.block_kv, d), kv_index_map),
-            pl.BlockSpec((None, shape.block_kv, d), kv_index_map),
+            pl.BlockSpec(q_block, q_index_map),
+            pl.BlockSpec(kv_block, kv_index_map),
+            pl.BlockSpec(kv_block, kv_index_map),
         ],
-        out_specs=[pl.BlockSpec((None, shape.block_q, d), q_index_map)]
+        out_specs=[pl.BlockSpec(q_block, q_index_map)]
         + ([pl.BlockSpec((None, 1, shape.block_q), lse_index_map)] if with_lse else []),
         scratch_shapes=scratch,
     )
@@ -727,6 +825,7 @@ def make_attention(
     # NumPy here: importing a generated module must not start a JAX backend.
     layout_of_pattern = np.asarray([layouts.index(p.layout) for p in patterns], np.int32)
     codes = [_PatternCode(p.boundary_mask, p.layout, tuple(p.query_coords)) for p in patterns]
+    cubes = cube_dma(layouts, shape)
 
     @functools.cache
     def dkv_tables() -> PieceTables:
@@ -749,6 +848,7 @@ def make_attention(
                 shape=shape,
                 interpret=interpret,
                 q_scale=q_scale,
+                cubes=cubes,
             )
 
         def forward(q, k, v, hp):
@@ -764,6 +864,7 @@ def make_attention(
                 interpret=interpret,
                 q_scale=q_scale,
                 with_lse=True,
+                cubes=cubes,
             )
             return o, (q, k, v, hp, o, lse)
 
@@ -771,6 +872,10 @@ def make_attention(
             from svgen.runtime import backward
 
             q, k, v, hp, o, lse = residuals
+            if cubes is not None:  # the backward kernels read tiles in cube order
+                q, k, v, o, do = (
+                    _cube_order(x, layouts[0], to_kernel=True) for x in (q, k, v, o, do)
+                )
             q_scaled = (q.astype(jnp.float32) * q_scale).astype(q.dtype)
             dq, dk, dv = backward.backward(
                 q_scaled,
@@ -788,6 +893,8 @@ def make_attention(
                 sm_scale=sm_scale,
                 interpret=interpret,
             )
+            if cubes is not None:
+                dq, dk, dv = (_cube_order(x, layouts[0], to_kernel=False) for x in (dq, dk, dv))
             return dq, dk, dv, np.zeros(hp.shape, jax.dtypes.float0)
 
         core = jax.custom_vjp(run)
@@ -805,7 +912,9 @@ def make_attention(
         if sm_scale is None:
             sm_scale = 1.0 / math.sqrt(shape.head_dim)
 
-        def to_kernel(x):  # identity layouts: a free reshape, no HBM pass
+        def to_kernel(x):  # identity layouts and cube DMA: a free reshape, no HBM pass
+            if cubes is not None:
+                return x.reshape((-1, *cubes.view, shape.head_dim))
             x = _per_head_layout(x, layouts, head_layout, to_kernel=True)
             return x.reshape((-1,) + x.shape[-2:])
 
@@ -820,10 +929,22 @@ def make_attention(
             float(sm_scale),
         )
         out = out.reshape(lead + (shape.seq_len, shape.head_dim))
+        if cubes is not None:  # the kernel wrote the user's order
+            return out
         return _per_head_layout(out, layouts, head_layout, to_kernel=False)
 
     attention.tables = tables
+    attention.cube_dma = cubes
     return attention
+
+
+def _cube_order(x, layout: TokenLayout, to_kernel: bool):
+    """Cube DMA's [rows, frames, height, width, d] (the user's order) to [rows, seq_len, d]
+    in the layout's kernel order, or back (the backward pass's operands and gradients)."""
+    if to_kernel:
+        return layout.to_kernel(x.reshape(x.shape[0], -1, x.shape[-1]), jnp)
+    y = layout.from_kernel(x, jnp)
+    return y.reshape(y.shape[0], layout.frames, layout.height, layout.width, y.shape[-1])
 
 
 def resolve_head_pattern(head_pattern, default, heads: int, spec_heads: int, num_patterns: int):
