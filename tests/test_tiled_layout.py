@@ -438,6 +438,7 @@ def test_cube_dma_gradients(compile_text):
         ("block_kv: 128}", "block_kv: 256}"),  # a kv tile of two cubes
         ("frames: 2, rows: 4, cols: 16}}", "frames: 2, rows: 8, cols: 8}}"),  # still fits
         ("rows: 4, cols: 16}}", "rows: 8, cols: 4}}"),  # 4 columns: under the sublane tile
+        ("frames: 2, rows: 4, cols: 16}}", "frames: 1, rows: 8, cols: 16}}"),  # frame-major
     ],
 )
 def test_cube_dma_only_where_a_tile_is_a_box(change, compile_text):

@@ -607,8 +607,8 @@ _CUBE_COLS_MULTIPLE = 8
 def cube_dma(layouts: Sequence[TokenLayout], shape: KernelShape) -> CubeDma | None:
     """The cube DMA of a kernel whose heads all use `layouts`, or None where it does not
     apply (then the wrapper permutes q, k, v into kernel order and o back)."""
-    if len(layouts) != 1 or not layouts[0].is_tiled:
-        return None
+    if len(layouts) != 1 or not layouts[0].is_tiled or layouts[0].is_identity:
+        return None  # (an identity layout's tiles are contiguous already: plain blocks)
     lay = layouts[0]
     a, b, c = lay.cube
     cube_tokens = a * b * c
