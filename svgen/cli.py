@@ -324,6 +324,8 @@ def _compile(args) -> int:
             except gpu_aot.GpuCompileError as err:
                 errors.append(f"{spec_file}: gpu: {err}")
                 continue
+            if not args.quiet:
+                _print_warnings(gpu_aot.launch_warnings(launch))
         for filename, data in files.items():
             rendered[out_dir / filename] = data
         if not args.quiet and not check:

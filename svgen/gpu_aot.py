@@ -142,6 +142,21 @@ def compile_module(module_path: pathlib.Path, target: str, hint: bool = True) ->
     return facts
 
 
+def launch_warnings(facts: dict) -> list[str]:
+    """What a compile that passed still says is slow: registers spilled to local memory
+    (ptxas does not fail on spills)."""
+    spilled = facts.get("spill_store_bytes", 0) + facts.get("spill_load_bytes", 0)
+    if not spilled:
+        return []
+    c = facts["config"]
+    return [
+        f"the GPU kernel spills registers on {facts['target']} ({facts['registers']} per "
+        f"thread, {facts['spill_store_bytes']:,} bytes stored and {facts['spill_load_bytes']:,} "
+        f"loaded per thread) with gpu {{block_q: {c['block_q']}, block_kv: {c['block_kv']}, "
+        f"num_warps: {c['num_warps']}}}: more warps or smaller tiles keep it in registers"
+    ]
+
+
 # -- in the child process ------------------------------------------------------------------
 
 

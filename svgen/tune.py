@@ -2,6 +2,9 @@
 
 The search space: DMA tiles q x kv from TILE_SIZES, compute blocks from COMPUTE_SIZES that
 divide them (at most 16 per tile), the spec's own tiling, times the align modes asked for.
+When every head uses one tiled layout whose cube is a multiple of 128 tokens, tiles of 1, 2,
+4 and 8 cubes and compute blocks of one cube join them: whole cubes make a cube window's
+blocks FULL or EMPTY, which powers of two cut (STA's 6 x 8 x 8 cubes are 384 tokens).
 Each candidate is analyzed as `svgen compile` would (a candidate over the SMEM or VMEM budget
 is dropped, with the reason), then costed.
 
@@ -38,7 +41,15 @@ import yaml
 
 from svgen.analysis import DEFAULT_SMEM_BUDGET, Plan, analyze
 from svgen.errors import SpecError
-from svgen.spec import ALIGN_MODES, MAX_COMPUTE_BLOCKS, Spec, parse_spec
+from svgen.runtime.layout import Tiled
+from svgen.spec import (
+    ALIGN_MODES,
+    BLOCK_MAX,
+    BLOCK_MULTIPLE,
+    MAX_COMPUTE_BLOCKS,
+    Spec,
+    parse_spec,
+)
 from svgen.targets import DEFAULT_TARGET
 
 TILE_SIZES = (512, 1024, 2048, 4096)
@@ -172,15 +183,33 @@ def candidates(spec: Spec, aligns: Sequence[str]) -> list[Candidate]:
     """The search space (module docstring), the spec's own tiling first."""
     t = spec.tiling
     out = [Candidate(t.block_q, t.block_kv, t.cq, t.ckv, a) for a in aligns]
-    for bq in TILE_SIZES:
-        for bkv in TILE_SIZES:
-            for cq in (c for c in COMPUTE_SIZES if c <= bq):
-                for ckv in (c for c in COMPUTE_SIZES if c <= bkv):
+    tiles, computes = TILE_SIZES, COMPUTE_SIZES
+    cube = _cube_tokens(spec)
+    if cube:
+        computes = tuple(sorted({*computes, cube}))
+        tiles = tuple(sorted({*tiles, *(cube * m for m in (1, 2, 4, 8) if cube * m <= BLOCK_MAX)}))
+    for bq in tiles:
+        for bkv in tiles:
+            for cq in (c for c in computes if c <= bq and bq % c == 0):
+                for ckv in (c for c in computes if c <= bkv and bkv % c == 0):
                     if (bq // cq) * (bkv // ckv) > MAX_COMPUTE_BLOCKS:
                         continue
                     out += [Candidate(bq, bkv, cq, ckv, a) for a in aligns]
     seen: set[Candidate] = set()
     return [c for c in out if not (c in seen or seen.add(c))]
+
+
+def _cube_tokens(spec: Spec) -> int | None:
+    """The tokens of the cube of the one tiled layout every head uses, when they are a whole
+    number of 128-token TPU tiles (else None)."""
+    layouts = {c.layout for c in spec.head_patterns().candidates}
+    if len(layouts) != 1:
+        return None
+    (layout,) = layouts
+    if not isinstance(layout, Tiled):
+        return None
+    tokens = layout.frames * layout.rows * layout.cols
+    return tokens if tokens % BLOCK_MULTIPLE == 0 and tokens <= BLOCK_MAX else None
 
 
 def candidate_spec(spec_text: str, source: str, c: Candidate) -> Spec:

@@ -58,9 +58,11 @@ def test_every_shipped_spec_compiles_for(target, tmp_path):
         assert facts["spill_store_bytes"] == 0, f"{spec_path.stem} spills registers"
 
 
-def write_spec(tmp_path: pathlib.Path, name: str, gpu: str) -> pathlib.Path:
-    text = (REPO / "specs" / "wan21_720p_band.yaml").read_text()
-    text = text.replace("name: wan21_720p_band", f"name: {name}") + gpu
+def write_spec(
+    tmp_path: pathlib.Path, name: str, gpu: str, base: str = "wan21_720p_band"
+) -> pathlib.Path:
+    text = (REPO / "specs" / f"{base}.yaml").read_text()
+    text = text.replace(f"name: {base}", f"name: {name}") + gpu
     path = tmp_path / "specs" / f"{name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -121,3 +123,18 @@ def test_cost_and_tune_are_tpu_only():
     for command in ("cost", "tune"):
         done = run_svgen(command, "specs/wan21_720p_band.yaml", "--target", "h100")
         assert done.returncode == 2 and "invalid choice: 'h100'" in done.stderr
+
+
+def test_register_spills_are_a_warning(tmp_path):
+    """ptxas passes a kernel that spills; svgen compile writes it and says so on stderr
+    (the temporal spec at 128 x 64 tiles with 4 warps: 255 registers and spills)."""
+    path = write_spec(
+        tmp_path,
+        "spilling",
+        "gpu: {block_q: 128, block_kv: 64, num_warps: 4}\n",
+        base="wan21_720p_temporal",
+    )
+    done = run_svgen("compile", str(path), "--target", "h200", "--out", str(tmp_path / "gen"))
+    assert done.returncode == 0, done.stderr
+    assert "svgen: warning: the GPU kernel spills registers on h200 (255 per thread" in done.stderr
+    assert (tmp_path / "gen" / "spilling_gpu.py").exists()

@@ -90,6 +90,20 @@ def test_search_space():
     assert {c.align for c in space} == {"exact", "balanced"}
 
 
+def test_search_space_of_a_tiled_layout_has_whole_cubes():
+    """Cubes of 3 x 8 x 16 = 384 tokens (STA's are 6 x 8 x 8): tiles of 1, 2, 4 and 8 cubes
+    with one-cube compute blocks join the powers of two; compute blocks divide their tiles."""
+    text = SPEC.replace("layout: frame_major", "layout: {tiled: {frames: 3, rows: 8, cols: 16}}")
+    space = tune.candidates(parse_spec(text), ["exact"])
+    assert Candidate(768, 1536, 384, 384, "exact") in space
+    assert Candidate(384, 384, 384, 384, "exact") in space
+    assert Candidate(3072, 3072, 384, 384, "exact") not in space  # 64 blocks per tile
+    assert Candidate(768, 768, 512, 512, "exact") not in space  # 512 does not divide 768
+    assert all(c.block_q % c.compute_q == 0 and c.block_kv % c.compute_kv == 0 for c in space)
+    plain = tune.candidates(parse_spec(SPEC), ["exact"])
+    assert not any(384 in (c.block_q, c.compute_q) for c in plain)
+
+
 def test_estimates_are_exact_for_costs_of_the_modelled_form():
     points = [
         (c, synthetic_paths(c))
