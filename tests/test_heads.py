@@ -126,8 +126,13 @@ def _pallas_calls(jaxpr):
 
 
 def _pallas_grid(fn, *args):
-    """The grid of the one pallas_call in fn's jaxpr."""
-    eqns = list(_pallas_calls(jax.make_jaxpr(fn)(*args).jaxpr))
+    """The grid of the one attention pallas_call in fn's jaxpr (temporal-major heads add the
+    permutation kernels of svgen.runtime.permute around it)."""
+    eqns = [
+        e
+        for e in _pallas_calls(jax.make_jaxpr(fn)(*args).jaxpr)
+        if e.params["name"] == "svgen_attention"
+    ]
     assert len(eqns) == 1
     return tuple(eqns[0].params["grid_mapping"].grid)
 
