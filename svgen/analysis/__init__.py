@@ -121,16 +121,7 @@ def analyze_gpu(
         spec, tiling=gpu_classification_tiling(spec, len(heads.candidates))
     )
     masks = [ir.lower(spec, spec.pattern_mask(c.pattern)) for c in heads.candidates]
-    patterns, _ = _pattern_plans(classified, masks, progress)
-    # Runs of the tile kinds themselves: unlike the TPU kernel, the GPU kernel masks the
-    # padding keys of a FULL tile in a branch of its own (svgen.runtime.gpu), so the last
-    # key column need not run as BOUNDARY.
-    patterns = [
-        dataclasses.replace(
-            p, table=BlockTable(build_runs(p.kinds, np.zeros(p.kinds.shape, np.int64), p.grid))
-        )
-        for p in patterns
-    ]
+    patterns, _ = _pattern_plans(classified, masks, progress, gpu_runs=True)
     names = [c.pattern for c in heads.candidates]
     assign = None if heads.assign is None else tuple(names.index(n) for n in heads.assign)
     gpu = spec.gpu_tiling
@@ -163,16 +154,25 @@ def gpu_classification_tiling(spec: Spec, patterns: int) -> Tiling:
     return Tiling(bq, bkv, align=spec.tiling.align)
 
 
-def _pattern_plans(spec: Spec, masks, progress) -> tuple[list[PatternPlan], list]:
+def _pattern_plans(
+    spec: Spec, masks, progress, gpu_runs: bool = False
+) -> tuple[list[PatternPlan], list]:
     """Passes 2-5 for every candidate pattern at the spec's tiling: the pattern plans, and
-    per pattern its kernel tiles (kinds and compute-block words)."""
+    per pattern its kernel tiles (kinds and compute-block words). gpu_runs: the runs are
+    those of the tile kinds themselves (one compute block per tile): unlike the TPU kernel,
+    the GPU kernel masks the padding keys of a FULL tile in a branch of its own
+    (svgen.runtime.gpu), so the last key column need not run as BOUNDARY."""
     patterns, tiles = [], []
     for candidate, mask in zip(spec.head_patterns().candidates, masks):
         layout = choose_layout(spec, candidate.layout, mask)
         grid = TileGrid(layout.seq_len, spec.tiling.block_q, spec.tiling.block_kv)
         compute = TileGrid(layout.seq_len, spec.tiling.cq, spec.tiling.ckv)
         classification, budget = _classify(spec, candidate.pattern, mask, layout, compute, progress)
-        tiles.append(kernel_tiles(classification.kinds, grid, compute))
+        kinds = tile_kinds(classification.kinds, grid, compute)
+        if gpu_runs:
+            tiles.append((kinds, np.zeros(kinds.shape, np.int64)))
+        else:
+            tiles.append(kernel_tiles(classification.kinds, grid, compute))
         runs = build_runs(*tiles[-1], grid)
         patterns.append(
             PatternPlan(
@@ -182,7 +182,7 @@ def _pattern_plans(spec: Spec, masks, progress) -> tuple[list[PatternPlan], list
                 grid,
                 compute,
                 classification,
-                tile_kinds(classification.kinds, grid, compute),
+                kinds,
                 BlockTable(runs),
                 budget,
             )

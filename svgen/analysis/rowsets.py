@@ -190,6 +190,12 @@ def cube_window_rows(node: ir.CubeWindow, chunk: RowChunk) -> Bounds:
             ("col", node.cube_cols, node.cols, lay.width),
         )
     )
+    return _frames_box(chunk, rows, (f_lo, f_hi), (h_lo, h_hi), (w_lo, w_hi), False, False)
+
+
+def _frames_box(chunk: RowChunk, rows, frames, heights, widths, full_rows, full_cols) -> Bounds:
+    """Exact row sets of per-row boxes of consecutive frames: inclusive (lo, hi) per axis."""
+    (f_lo, f_hi), (h_lo, h_hi), (w_lo, w_hi) = frames, heights, widths
     return Bounds.exact(
         _video_box_keys(
             chunk,
@@ -201,8 +207,8 @@ def cube_window_rows(node: ir.CubeWindow, chunk: RowChunk) -> Bounds:
             h_hi,
             w_lo,
             w_hi,
-            full_rows=False,
-            full_cols=False,
+            full_rows=full_rows,
+            full_cols=full_cols,
         )
     )
 
@@ -548,23 +554,14 @@ def spatial_window_rows(node: ir.SpatialWindow, chunk: RowChunk) -> Bounds:
     lay = chunk.layout
     rows = np.flatnonzero(~chunk.coords.is_text)
     c = chunk.coords
-    f_lo, f_hi = _window(c.frame[rows], node.frames, lay.frames)
-    h_lo, h_hi = _window(c.row[rows], node.rows, lay.height)
-    w_lo, w_hi = _window(c.col[rows], node.cols, lay.width)
-    return Bounds.exact(
-        _video_box_keys(
-            chunk,
-            rows,
-            f_lo,
-            f_hi - f_lo + 1,
-            1,
-            h_lo,
-            h_hi,
-            w_lo,
-            w_hi,
-            full_rows=_covers(node.rows, lay.height),
-            full_cols=_covers(node.cols, lay.width),
-        )
+    return _frames_box(
+        chunk,
+        rows,
+        _window(c.frame[rows], node.frames, lay.frames),
+        _window(c.row[rows], node.rows, lay.height),
+        _window(c.col[rows], node.cols, lay.width),
+        full_rows=_covers(node.rows, lay.height),
+        full_cols=_covers(node.cols, lay.width),
     )
 
 
