@@ -33,6 +33,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from svgen.runtime import kernel as fwd
 from svgen.runtime.coords import QueryCoords, TokenCoords
+from svgen.runtime.interpret import settled
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.tables import (  # noqa: F401
     compute_block_kinds,
@@ -125,7 +126,7 @@ def _walk(
         out_specs=[spec(kind, d) for kind in (out_blocks or ("row",) * len(outputs))],
         scratch_shapes=scratch,
     )
-    return pl.pallas_call(
+    outputs = pl.pallas_call(
         body,
         grid_spec=grid_spec,
         out_shape=[jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outputs],
@@ -137,6 +138,7 @@ def _walk(
         # {input index among inputs: output index}, offset past the scalar-prefetch tables.
         input_output_aliases={len(operands) + i: o for i, o in (aliases or {}).items()},
     )(*operands, *inputs)
+    return [settled(x, interpret) for x in outputs]
 
 
 def _run_blocks(view, kind, active, blocks, shape, masks, update):

@@ -84,6 +84,13 @@ makes no permutation at all: the user's array goes in and the output comes out i
 order, with no HBM pass over q, k, v or o. The box DMA costs about 75 bundles per step more
 than a contiguous block (v6e, 384-token cubes). The backward pass permutes its operands into
 the cube order as for any other layout.
+
+Other layouts (`_layout_mover`)
+-------------------------------
+Where the heads use identity layouts and one temporal-major layout, the wrapper moves q, k, v
+into kernel order and o back with the permute kernel (svgen.runtime.permute: one read and one
+write of each tensor, frame-major heads copied whole, the head -> layout code traced); any
+other mix of layouts is permuted by XLA, layout by layout, selected per head.
 """
 
 from __future__ import annotations
@@ -100,7 +107,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from svgen.runtime import permute
 from svgen.runtime.coords import QueryCoords, TokenCoords
+from svgen.runtime.interpret import settled
 from svgen.runtime.layout import TokenLayout
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.vmem import kernel_vmem
@@ -779,6 +788,7 @@ def _flat_attention(
         interpret=interpret,
         name="svgen_attention",  # the kernel's name in profiles and libtpu dumps
     )(*operands, q, k, v)
+    outputs = [settled(x, interpret) for x in outputs]
     return tuple(outputs) if with_lse else outputs[0]
 
 
@@ -826,6 +836,9 @@ def make_attention(
     layout_of_pattern = np.asarray([layouts.index(p.layout) for p in patterns], np.int32)
     codes = [_PatternCode(p.boundary_mask, p.layout, tuple(p.query_coords)) for p in patterns]
     cubes = cube_dma(layouts, shape)
+    # Temporal-major heads: one Pallas pass per tensor (svgen.runtime.permute) instead of
+    # XLA's reshape + transpose (4-5x the HBM traffic; bench/wrapper_cost.py).
+    permute_kernel = cubes is None and permute.applies(layouts)
 
     @functools.cache
     def dkv_tables() -> PieceTables:
@@ -912,10 +925,21 @@ def make_attention(
         if sm_scale is None:
             sm_scale = 1.0 / math.sqrt(shape.head_dim)
 
-        def to_kernel(x):  # identity layouts and cube DMA: a free reshape, no HBM pass
+        mover = _layout_mover(
+            layouts,
+            layout_of_pattern,
+            static_pattern,
+            head_layout,
+            interpret,
+            cubes,
+            permute_kernel,
+        )
+
+        def to_kernel(x):
             if cubes is not None:
                 return x.reshape((-1, *cubes.view, shape.head_dim))
-            x = _per_head_layout(x, layouts, head_layout, to_kernel=True)
+            if mover is not None:
+                x = mover(x, to_kernel=True)
             return x.reshape((-1,) + x.shape[-2:])
 
         out = differentiable(
@@ -929,13 +953,42 @@ def make_attention(
             float(sm_scale),
         )
         out = out.reshape(lead + (shape.seq_len, shape.head_dim))
-        if cubes is not None:  # the kernel wrote the user's order
-            return out
-        return _per_head_layout(out, layouts, head_layout, to_kernel=False)
+        return out if mover is None else mover(out, to_kernel=False)
 
     attention.tables = tables
     attention.cube_dma = cubes
+    attention.permute_kernel = permute_kernel
     return attention
+
+
+def _layout_mover(
+    layouts, layout_of_pattern, static_pattern, head_layout, interpret, cubes, permute_kernel
+):
+    """How q, k, v reach kernel order and o comes back: `mover(x, to_kernel)` on arrays
+    [..., heads, seq, d], or None where nothing moves. Cube DMA reads and writes the user's
+    array; the permute kernel moves temporal-major heads (nothing at all when a static
+    assignment gives every head an identity layout); otherwise XLA permutes each layout."""
+    if cubes is not None:
+        return None
+    if permute_kernel:
+        if static_pattern is not None and all(
+            layouts[i].is_identity for i in layout_of_pattern[static_pattern]
+        ):
+            return None
+
+        def by_permute_kernel(x, to_kernel):
+            rows = x.reshape((-1,) + x.shape[-2:])
+            moved = permute.permute(
+                rows, layouts, head_layout, to_kernel=to_kernel, interpret=interpret
+            )
+            return moved.reshape(x.shape)
+
+        return by_permute_kernel
+
+    def by_xla(x, to_kernel):
+        return _per_head_layout(x, layouts, head_layout, to_kernel)
+
+    return by_xla
 
 
 def _cube_order(x, layout: TokenLayout, to_kernel: bool):

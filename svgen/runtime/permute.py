@@ -15,19 +15,24 @@ and written once:
   * rows whose head uses an identity layout (frame-major) are one HBM-to-HBM DMA of the
     whole row (the head -> layout code is scalar-prefetched: traced assignments work).
 
-The transpose runs in f32 (bf16 rows are packed two to a sublane). On v6e (T' = 20, k = 128,
-bf16) it costs ~620-700 bundles per block against ~1,400 cycles of DMA for the block's
-1.3 MB at 1.64 TB/s: the kernel is bound by HBM, not by the transpose.
+Per row the blocks are a two-slot pipeline: block j + 1's reads and block j - 1's writes run
+while block j is transposed (in f32: bf16 rows are packed two to a sublane). On v6e at Wan
+size (T' = 20, k = 128, bf16, 10 heads; libtpu's final schedule) a middle block's step issues
+and transposes in about 990 bundles (to kernel order) and its DMAs move 1.3 MB, about 1,400
+cycles at 1.64 TB/s: the kernel is bound by HBM, so q, k, v and o cost about 0.94 ms for the
+Wan temporal spec (8 tensor passes at 1.64 TB/s: `bench/wrapper_cost.py`). Without the pipeline
+(every DMA waited for where it was started) a block took ~771 bundles plus the DMAs' ~1,400
+cycles, in series.
 
 `to_kernel` / `from_kernel` carry each other as their VJP (a permutation's transpose is its
 inverse), so gradients flow through them.
 
-Status: not used by the generated wrappers yet. Wired into `make_attention`, eager calls in
-Pallas's TPU interpreter (`pltpu.InterpretParams`) hung now and then (3 runs of about 10:
-three of these calls, then the attention kernel, in one eager `attention`); jitted calls and
-the discharge interpreter (`interpret=True`) did not. Until that is understood the wrapper
-keeps XLA's permutation; this kernel is tested on its own (tests/test_permute.py) and
-compiles for v6e at full size.
+The generated wrappers use it (`svgen.runtime.kernel.make_attention`) wherever the heads'
+layouts are identity layouts and one temporal-major layout, with text and frames of whole
+multiples of 8 tokens (`applies`): 8 tensor passes for q, k, v and o instead of XLA's 33-40
+(Wan's temporal and mixed specs, HunyuanVideo's mixed spec; CogVideoX's 226 text tokens keep
+XLA's permutation). Eager calls in Pallas's TPU interpreter wait for each result
+(svgen.runtime.interpret).
 """
 
 from __future__ import annotations
@@ -39,17 +44,28 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from svgen.runtime.interpret import settled
 from svgen.runtime.layout import TokenLayout
 
 #: Places per block: a block is PLACES x T' rows (1.3 MB in bf16 at T' = 20, d = 128).
 PLACES = 128
 
 
+#: Every DMA's rows start and end on a multiple of this: Mosaic refuses slices of a bf16 HBM
+#: array that cut its (8, 128) tiles (measured: 226 text tokens or 204 places per frame fail
+#: to compile for v6e, 232 and 216 compile).
+ROW_ALIGNMENT = 8
+
+
 def applies(layouts: list[TokenLayout]) -> bool:
     """Whether the heads' layouts are what this kernel permutes: identity layouts and at most
-    one temporal-major layout that is not the identity."""
+    one temporal-major layout that is not the identity, whose text and frames are whole
+    multiples of ROW_ALIGNMENT tokens (then so is every run, block and range it moves)."""
     moved = [lay for lay in layouts if not lay.is_identity]
-    return len(moved) == 1 and moved[0].is_temporal_major
+    if len(moved) != 1 or not moved[0].is_temporal_major:
+        return False
+    lay = moved[0]
+    return lay.text_tokens % ROW_ALIGNMENT == 0 and lay.tokens_per_frame % ROW_ALIGNMENT == 0
 
 
 def _moved(layouts: list[TokenLayout]) -> TokenLayout:
@@ -62,7 +78,7 @@ def permute(x, layouts: list[TokenLayout], head_layout, *, to_kernel: bool, inte
     each head's kernel order (or back); head_layout int32 [heads] indexes `layouts`."""
     lay = _moved(layouts)
     moved = jnp.asarray([not lay_.is_identity for lay_ in layouts], jnp.int32)[head_layout]
-    return _permute(x, moved, lay, to_kernel, interpret)
+    return settled(_permute(x, moved, lay, to_kernel, interpret), interpret)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
@@ -100,9 +116,11 @@ def _call(x, moved, lay: TokenLayout, to_kernel: bool, interpret):
             in_specs=[any_space],
             out_specs=any_space,
             scratch_shapes=[
-                pltpu.VMEM((frames, k, d), x.dtype),
-                pltpu.VMEM((k * frames, d), x.dtype),
-                pltpu.SemaphoreType.DMA((2,)),
+                pltpu.VMEM((2, frames, k, d), x.dtype),  # two slots: block j and j + 1
+                pltpu.VMEM((2, k * frames, d), x.dtype),
+                pltpu.SemaphoreType.DMA((2,)),  # reads into slot 0, 1
+                pltpu.SemaphoreType.DMA((2,)),  # writes from slot 0, 1
+                pltpu.SemaphoreType.DMA(()),  # whole-range copies
             ],
         ),
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
@@ -125,13 +143,34 @@ def _identity_ranges(lay: TokenLayout) -> list[tuple[int, int]]:
     return ranges
 
 
-def _kernel(moved_ref, x_hbm, o_hbm, runs, rows, sem, *, lay, heads, k, blocks, to_kernel, seq):
+def _kernel(
+    moved_ref,
+    x_hbm,
+    o_hbm,
+    runs,
+    rows,
+    read_sem,
+    write_sem,
+    copy_sem,
+    *,
+    lay,
+    heads,
+    k,
+    blocks,
+    to_kernel,
+    seq,
+):
+    """Grid (row, block j). A moved row is a two-slot pipeline over its blocks: step j starts
+    block j + 1's reads, waits for block j's, transposes it and starts its writes, then waits
+    for block j - 1's writes, so that the DMAs of neighbouring blocks run while this one is
+    transposed. Every DMA a row starts is waited for within the row's own steps."""
     r, j = pl.program_id(0), pl.program_id(1)
     is_moved = moved_ref[jax.lax.rem(r, heads)] != 0
+    last = lay.tokens_per_frame - (blocks - 1) * k  # places in the last block
 
     def copy(start: int, length: int):
         c = pltpu.make_async_copy(
-            x_hbm.at[r, pl.ds(start, length)], o_hbm.at[r, pl.ds(start, length)], sem.at[1]
+            x_hbm.at[r, pl.ds(start, length)], o_hbm.at[r, pl.ds(start, length)], copy_sem
         )
         c.start()
         c.wait()
@@ -145,59 +184,115 @@ def _kernel(moved_ref, x_hbm, o_hbm, runs, rows, sem, *, lay, heads, k, blocks, 
         for start, length in _identity_ranges(lay):
             copy(start, length)
 
-    block = functools.partial(_block, r, j, x_hbm, o_hbm, runs, rows, sem, lay, k)
-    last = lay.tokens_per_frame - (blocks - 1) * k
-    if last == k:
-        pl.when(is_moved)(functools.partial(block, k, to_kernel))
-        return
-    pl.when(is_moved & (j < blocks - 1))(functools.partial(block, k, to_kernel))
-    pl.when(is_moved & (j == blocks - 1))(functools.partial(block, last, to_kernel))
+    blocks_of = _Blocks(r, x_hbm, o_hbm, runs, rows, read_sem, write_sem, lay, k, to_kernel)
+
+    def size_of(block: int):
+        return last if block == blocks - 1 else k
+
+    def on_block(block_index, action):
+        """Run action(size) with the static size of block `block_index` (traced)."""
+        if last == k:  # (one block: last == k == places)
+            action(k)
+            return
+        pl.when(block_index < blocks - 1)(lambda: action(k))
+        pl.when(block_index == blocks - 1)(lambda: action(last))
+
+    @pl.when(is_moved)
+    def _():
+        slot = jax.lax.rem(j, 2)
+
+        @pl.when(j == 0)
+        def _():
+            _start(blocks_of.reads(0, 0, size_of(0)))
+
+        @pl.when(j + 1 < blocks)
+        def _():
+            on_block(j + 1, lambda size: _start(blocks_of.reads(j + 1, 1 - slot, size)))
+
+        def transpose_and_write(size):
+            _wait(blocks_of.reads(j, slot, size))
+            blocks_of.transpose(slot, size)
+            _start(blocks_of.writes(j, slot, size))
+
+        on_block(j, transpose_and_write)
+
+        @pl.when(j > 0)
+        def _():  # block j - 1 is never the last one
+            _wait(blocks_of.writes(j - 1, 1 - slot, k))
+
+        @pl.when(j == blocks - 1)
+        def _():
+            on_block(j, lambda size: _wait(blocks_of.writes(j, slot, size)))
 
 
-def _block(r, j, x_hbm, o_hbm, runs, rows, sem, lay: TokenLayout, k: int, size: int, to_kernel):
-    """Block j of row r, `size` places (k but for the last): T' runs of `size` places, one per
-    main frame, in the user's order; size * T' rows, place-major, in the kernel's."""
-    frames, d = lay.main_frames, runs.shape[-1]
-    place = j * k
-    first_frame = lay.video_start + lay.anchor_frames * lay.tokens_per_frame
-    run_refs = [
-        x_hbm.at[r, pl.ds(first_frame + f * lay.tokens_per_frame + place, size)]
-        if to_kernel
-        else o_hbm.at[r, pl.ds(first_frame + f * lay.tokens_per_frame + place, size)]
-        for f in range(frames)
-    ]
-    block_ref = (o_hbm if to_kernel else x_hbm).at[
-        r, pl.ds(lay.main_start + place * frames, size * frames)
-    ]
-    if to_kernel:
-        copies = [
-            pltpu.make_async_copy(src, runs.at[f, pl.ds(0, size)], sem.at[0])
-            for f, src in enumerate(run_refs)
-        ]
-        for c in copies:
-            c.start()
-        for c in copies:
-            c.wait()
-        value = runs[:, pl.ds(0, size), :].astype(jnp.float32)
-        rows[pl.ds(0, size * frames), :] = (
-            jnp.swapaxes(value, 0, 1).reshape(size * frames, d).astype(rows.dtype)
-        )
-        out = pltpu.make_async_copy(rows.at[pl.ds(0, size * frames)], block_ref, sem.at[0])
-        out.start()
-        out.wait()
-        return
-    read = pltpu.make_async_copy(block_ref, rows.at[pl.ds(0, size * frames)], sem.at[0])
-    read.start()
-    read.wait()
-    value = rows[pl.ds(0, size * frames), :].astype(jnp.float32)
-    runs[:, pl.ds(0, size), :] = jnp.swapaxes(value.reshape(size, frames, d), 0, 1).astype(
-        runs.dtype
-    )
-    copies = [
-        pltpu.make_async_copy(runs.at[f, pl.ds(0, size)], dst, sem.at[0])
-        for f, dst in enumerate(run_refs)
-    ]
+def _start(copies) -> None:
     for c in copies:
         c.start()
+
+
+def _wait(copies) -> None:
     for c in copies:
         c.wait()
+
+
+class _Blocks:
+    """The DMAs and the transpose of one row's blocks. Block j holds `size` places (k but
+    for the last): T' runs of `size` places, one per main frame, in the user's order;
+    size * T' rows, place-major, in the kernel's. `runs` holds the former, `rows` the
+    latter, each in two slots."""
+
+    def __init__(self, r, x_hbm, o_hbm, runs, rows, read_sem, write_sem, lay, k, to_kernel):
+        self.r, self.x_hbm, self.o_hbm = r, x_hbm, o_hbm
+        self.runs, self.rows = runs, rows
+        self.read_sem, self.write_sem = read_sem, write_sem
+        self.lay, self.k, self.to_kernel = lay, k, to_kernel
+
+    def _user_runs(self, hbm, j, size):
+        lay = self.lay
+        first_frame = lay.video_start + lay.anchor_frames * lay.tokens_per_frame
+        place = j * self.k
+        return [
+            hbm.at[self.r, pl.ds(first_frame + f * lay.tokens_per_frame + place, size)]
+            for f in range(lay.main_frames)
+        ]
+
+    def _kernel_rows(self, hbm, j, size):
+        frames = self.lay.main_frames
+        return hbm.at[self.r, pl.ds(self.lay.main_start + j * self.k * frames, size * frames)]
+
+    def reads(self, j, slot, size):
+        sem = self.read_sem.at[slot]
+        if self.to_kernel:
+            return [
+                pltpu.make_async_copy(src, self.runs.at[slot, f, pl.ds(0, size)], sem)
+                for f, src in enumerate(self._user_runs(self.x_hbm, j, size))
+            ]
+        n = size * self.lay.main_frames
+        src = self._kernel_rows(self.x_hbm, j, size)
+        return [pltpu.make_async_copy(src, self.rows.at[slot, pl.ds(0, n)], sem)]
+
+    def writes(self, j, slot, size):
+        sem = self.write_sem.at[slot]
+        if self.to_kernel:
+            n = size * self.lay.main_frames
+            dst = self._kernel_rows(self.o_hbm, j, size)
+            return [pltpu.make_async_copy(self.rows.at[slot, pl.ds(0, n)], dst, sem)]
+        return [
+            pltpu.make_async_copy(self.runs.at[slot, f, pl.ds(0, size)], dst, sem)
+            for f, dst in enumerate(self._user_runs(self.o_hbm, j, size))
+        ]
+
+    def transpose(self, slot, size):
+        """runs[slot] [T', size, d] <-> rows[slot] [size * T', d], in f32 (bf16 rows are
+        packed two to a sublane)."""
+        frames, d = self.lay.main_frames, self.runs.shape[-1]
+        if self.to_kernel:
+            value = self.runs[slot, :, pl.ds(0, size), :].astype(jnp.float32)
+            self.rows[slot, pl.ds(0, size * frames), :] = (
+                jnp.swapaxes(value, 0, 1).reshape(size * frames, d).astype(self.rows.dtype)
+            )
+            return
+        value = self.rows[slot, pl.ds(0, size * frames), :].astype(jnp.float32)
+        self.runs[slot, :, pl.ds(0, size), :] = jnp.swapaxes(
+            value.reshape(size, frames, d), 0, 1
+        ).astype(self.runs.dtype)
