@@ -88,7 +88,8 @@ def inputs(plan, kinds, which: str, rng, example):
 
 def aligned_keep(pattern, rows: np.ndarray, exact: np.ndarray) -> np.ndarray:
     """The aligned mask's keep [rows, seq_len] of kernel-order query rows, from the compute
-    blocks' kinds (BOUNDARY blocks, left exact, take the exact keep)."""
+    blocks' kinds (an exact pattern's BOUNDARY blocks take the exact keep; an aligned one has
+    none)."""
     lay, grid = pattern.layout, pattern.compute_grid
     kinds = pattern.compute_kinds[rows // grid.block_q][:, np.arange(lay.seq_len) // grid.block_kv]
     return np.where(kinds == TileKind.FULL, True, np.where(kinds == TileKind.EMPTY, False, exact))

@@ -107,18 +107,12 @@ def _align(mode: str) -> str:
 
 def _budget(s: dict) -> str:
     """What aligning changed (consumes the pair-budget keys of `s`)."""
-    line = (
+    return (
         f"aligned mask: exact density {_fraction(s.pop('exact_density'))}; "
         f"{_count(s.pop('pairs_added'))} pairs added, {_count(s.pop('pairs_dropped'))} "
         f"dropped; recall {_fraction(s.pop('recall'))}, precision "
         f"{_fraction(s.pop('precision'))}; {_plural(s.pop('rows_emptied'), 'row')} emptied"
     )
-    exact_blocks = s.pop("exact_boundary_blocks")
-    if exact_blocks:
-        line += (
-            f"; {_plural(exact_blocks, 'BOUNDARY block')} left exact (the column of padding keys)"
-        )
-    return line
 
 
 def _assignment(assign) -> str:

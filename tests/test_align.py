@@ -52,8 +52,7 @@ def brute_force_align(keep: np.ndarray, bq: int, bkv: int, mode: str):
                 if block.any()
                 else TileKind.EMPTY
             )
-            padding_column = j == len(ks) - 1 and n % bkv != 0
-            if kinds[i, j] == TileKind.BOUNDARY and not padding_column:
+            if kinds[i, j] == TileKind.BOUNDARY:
                 kept[i, j], real[i, j] = int(block.sum()), block.size
     if mode == "superset":
         promote = set(kept)
@@ -163,7 +162,7 @@ def test_balanced_keeps_the_density_close_on_a_band():
     )
     pattern = analyze(parse_spec(lay_text)).only
     b = pattern.budget
-    assert b.mode == "balanced" and b.exact_blocks == 0  # 1,024 tokens: no padding column
+    assert b.mode == "balanced"
     assert abs(b.aligned_pairs - b.exact_pairs) <= 128 * 128 // 2
     assert not np.any(pattern.compute_kinds == TileKind.BOUNDARY)
 
@@ -233,27 +232,24 @@ def test_inspect_summary_reports_the_budget():
     b = plan.only.budget
     assert s["density"] == b.density == plan.density
     assert s["exact_density"] == b.exact_density
-    # 520 tokens: the last key column holds padding and keeps the exact mask.
-    assert b.exact_blocks > 0
-    boundary = np.argwhere(plan.only.compute_kinds == TileKind.BOUNDARY)
-    assert np.all(boundary[:, 1] == plan.only.compute_grid.num_kv_blocks - 1)
+    # 520 tokens: the last key column holds padding; it is aligned like every other.
+    assert plan.only.compute_grid.seq_len % 128 != 0
+    assert not np.any(plan.only.compute_kinds == TileKind.BOUNDARY)
     exact = analyze(parse_spec(text.replace(", align: nearest", ""))).summary()
     assert exact["align"] == "exact" and "pairs_added" not in exact
 
 
 # ----------------------------------------------------------------------------- the kernel
 def aligned_user_keep(pattern) -> np.ndarray:
-    """The aligned mask, dense, in the user's order: FULL blocks keep every pair, EMPTY none,
-    BOUNDARY (the padding column) the exact mask."""
+    """The aligned mask, dense, in the user's order: FULL blocks keep every pair, EMPTY none
+    (an aligned pattern has no BOUNDARY block)."""
     lay, grid = pattern.layout, pattern.compute_grid
-    keep = dense_keep(pattern.mask, lay)
     kinds = pattern.compute_kinds
     expand = np.repeat(np.repeat(kinds, grid.block_q, 0), grid.block_kv, 1)[
         : lay.seq_len, : lay.seq_len
     ]
-    aligned = np.where(
-        expand == TileKind.FULL, True, np.where(expand == TileKind.EMPTY, False, keep)
-    )
+    assert not np.any(kinds == TileKind.BOUNDARY)
+    aligned = expand == TileKind.FULL
     position = np.empty(lay.seq_len, np.int64)
     position[lay.original_index(np.arange(lay.seq_len))] = np.arange(lay.seq_len)
     return aligned[np.ix_(position, position)]
@@ -280,7 +276,8 @@ def run_against_aligned_reference(plan, module, seed=0):
 
 @pytest.mark.parametrize("mode", ["superset", "balanced"])
 def test_kernel_is_exact_for_the_aligned_mask_with_padding(mode, compile_text):
-    """520 tokens, temporal-major with an anchor frame: the padding column stays exact."""
+    """520 tokens, temporal-major with an anchor frame: the padding column is aligned too (its
+    FULL blocks mask the padding keys), and the generated mask decodes no coordinates."""
     text = SPEC.format(
         frames=5,
         height=4,
@@ -291,6 +288,7 @@ def test_kernel_is_exact_for_the_aligned_mask_with_padding(mode, compile_text):
     text = text.replace("mask:", "layout: temporal_major\nmask:")
     plan, module = compile_text(text)
     assert plan.only.budget.mode == mode
+    assert module._PATTERNS[0].query_coords == () and module.boundary_mask(None, None) is True
     run_against_aligned_reference(plan, module)
 
 
@@ -308,7 +306,7 @@ def test_kernel_without_boundary_blocks_and_rows_emptied(compile_text):
     plan, module = compile_text(text)
     pattern = plan.only
     assert not np.any(pattern.compute_kinds == TileKind.BOUNDARY)
-    assert pattern.budget.rows_emptied == 256 and pattern.budget.exact_blocks == 0
+    assert pattern.budget.rows_emptied == 256
     out, keep = run_against_aligned_reference(plan, module)
     assert int((~keep.any(axis=1)).sum()) == 256
     assert np.all(out[:, 256:] == 0.0)
@@ -316,7 +314,7 @@ def test_kernel_without_boundary_blocks_and_rows_emptied(compile_text):
 
 def test_gradients_of_an_aligned_mask(compile_text):
     """jax.grad through an aligned kernel equals the float64 gradient of the aligned mask
-    (the backward walks the same FULL / EMPTY blocks, the padding column exact)."""
+    (the backward walks the same FULL / EMPTY blocks; padding keys in the last column)."""
     text = SPEC.format(
         frames=5,
         height=4,

@@ -13,10 +13,10 @@ exactly what changed. The modes:
               closest to the exact one (of two equally close counts, the smaller: fewer
               blocks to run); the rest become EMPTY.
 
-One exception: when the sequence does not fill its last compute block column, that column's
-blocks hold padding keys, and the kernel tests `k < seq_len` only on its masked (BOUNDARY)
-path. Those blocks are left as they are: BOUNDARY ones stay BOUNDARY and keep the exact mask
-(at most one column of blocks, usually a handful), so padding is never attended.
+Every block is aligned, the column holding padding keys (when the sequence does not fill
+its last compute block column) included: the kernel runs that column's FULL blocks through
+its masked path, which tests `k < seq_len`, and an aligned pattern's mask there is `True`, so
+padding is never attended and an aligned kernel decodes no coordinates at all.
 
 Everything comes from `PairCounts` (interval counting in the classification), never from an
 N x N array: the pair budget is exact.
@@ -46,7 +46,6 @@ class PairBudget:
     pairs_added: int  # kept by the aligned mask only
     pairs_dropped: int  # kept by the exact mask only
     rows_emptied: int  # query rows with keys under the exact mask and none aligned
-    exact_blocks: int  # BOUNDARY blocks left exact (the padding-key column)
 
     @property
     def exact_density(self) -> float:
@@ -79,7 +78,6 @@ class PairBudget:
             "recall": self.recall,
             "precision": self.precision,
             "rows_emptied": self.rows_emptied,
-            "exact_boundary_blocks": self.exact_blocks,
         }
 
     def words(self) -> str:
@@ -107,31 +105,17 @@ def align_classification(
     nk = grid.num_kv_blocks
     q, kv = p.boundary_index // nk, p.boundary_index % nk
     real = _real_pairs(grid, q, kv)
-    movable = _alignable(grid, kv)
-    promote = np.zeros(q.size, bool)
-    promote[movable] = promoted_blocks(
-        mode,
-        p.boundary_pairs[movable],
-        real[movable],
-        c.kept_pairs - int(p.boundary_pairs[movable].sum()),
-        c.kept_pairs,
+    promote = promoted_blocks(
+        mode, p.boundary_pairs, real, c.kept_pairs - int(p.boundary_pairs.sum()), c.kept_pairs
     )
-    drop = movable & ~promote
     kinds = c.kinds.copy()
     kinds[q[promote], kv[promote]] = TileKind.FULL
-    kinds[q[drop], kv[drop]] = TileKind.EMPTY
+    kinds[q[~promote], kv[~promote]] = TileKind.EMPTY
     added = int((real[promote] - p.boundary_pairs[promote]).sum())
-    dropped = int(p.boundary_pairs[drop].sum())
+    dropped = int(p.boundary_pairs[~promote].sum())
     aligned = c.kept_pairs + added - dropped
     budget = PairBudget(
-        mode,
-        grid.seq_len**2,
-        c.kept_pairs,
-        aligned,
-        added,
-        dropped,
-        _rows_emptied(kinds, p, grid),
-        int(np.count_nonzero(~movable)),
+        mode, grid.seq_len**2, c.kept_pairs, aligned, added, dropped, _rows_emptied(kinds, p)
     )
     return Classification(kinds, aligned, aligned, 0), budget
 
@@ -174,17 +158,7 @@ def _real_pairs(grid: TileGrid, q: np.ndarray, kv: np.ndarray) -> np.ndarray:
     return rows.astype(np.int64) * keys
 
 
-def _alignable(grid: TileGrid, kv: np.ndarray) -> np.ndarray:
-    """Blocks that may be rounded: all but the column holding padding keys (module docstring)."""
-    if grid.seq_len % grid.block_kv == 0:
-        return np.ones(kv.size, bool)
-    return kv != grid.num_kv_blocks - 1
-
-
-def _rows_emptied(kinds: np.ndarray, p: PairCounts, grid: TileGrid) -> int:
-    """Rows that had keys and have none now. A q block with a FULL block gives every real
-    row keys; without one, its rows keep only their keys in the exact padding column."""
+def _rows_emptied(kinds: np.ndarray, p: PairCounts) -> int:
+    """Rows that had keys and have none now: those of the q blocks left without a FULL one."""
     has_full = np.any(kinds == TileKind.FULL, axis=1)
-    left_exact = grid.seq_len % grid.block_kv != 0
-    lost = p.rows_without_last if left_exact else p.rows_with_keys
-    return int(lost[~has_full].sum())
+    return int(p.rows_with_keys[~has_full].sum())

@@ -21,7 +21,7 @@ import numpy as np
 
 from svgen.analysis import Plan
 from svgen.codegen import pyformat
-from svgen.codegen.predicate import emit_mask
+from svgen.codegen.predicate import aligned_mask, emit_mask
 from svgen.codegen.tilemap import render_tile_map
 from svgen.runtime.kinds import TileKind
 
@@ -223,11 +223,6 @@ def _budget_lines(budget) -> list[str]:
         f"{budget.recall:.6f}, precision {budget.precision:.6f}; {_int(budget.rows_emptied)} "
         f"query rows emptied (they output zeros)",
     ]
-    if budget.exact_blocks:
-        lines.append(
-            f"Left exact: {_int(budget.exact_blocks)} BOUNDARY compute blocks of the "
-            f"last key column, which holds padding keys (masked as written)"
-        )
     return lines
 
 
@@ -358,7 +353,7 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
         heads = "static: " + ", ".join(plan.patterns[i].name for i in plan.assign)
     patterns = []
     for index, (pattern, files) in enumerate(zip(plan.patterns, pattern_files)):
-        mask = emit_mask(pattern.mask, pattern.layout)
+        mask = aligned_mask() if pattern.budget else emit_mask(pattern.mask, pattern.layout)
         patterns.append(
             dict(
                 files,

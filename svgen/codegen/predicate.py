@@ -49,6 +49,15 @@ def emit_mask(mask: ir.Node, layout: TokenLayout) -> MaskSource:
     return MaskSource(tuple(emitter.lines), result, tuple(read))
 
 
+def aligned_mask() -> MaskSource:
+    """An aligned pattern's mask (tiling.align): its blocks are FULL or EMPTY, and the kernel
+    runs the masked path only for FULL blocks of the column holding padding keys, where it
+    tests k < seq_len itself. Every pair of a visited block is kept; no coordinates."""
+    return MaskSource(
+        ("# Aligned (tiling.align): every real pair of a visited block is kept.",), "True", ()
+    )
+
+
 _QUERY_ATTRIBUTE = re.compile(r"\bq\.(\w+)")
 
 
