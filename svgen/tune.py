@@ -12,21 +12,24 @@ Costing every candidate exactly would take one libtpu compile each (~15-25 s her
 per-path costs of a grid step depend on the compute-block shape, the number of blocks per
 tile and the mask code, not on the tile counts, which the model walks from the tables
 exactly. So:
-  1. the spec's own tiling is compiled, and per compute-block shape one *probe*: the
-     candidate with 2 x 4 such blocks per tile (or the nearest shape that exists);
+  1. the spec's own tiling is compiled, and per compute-block shape and mask code (exact, or
+     aligned: an aligned kernel has no mask code) one *probe*: the candidate with 2 x 4 such
+     blocks per tile (or the nearest shape that exists);
   2. every other candidate's per-path costs are *estimated* from the compiled ones of its
-     compute-block shape (`estimate_paths`: per-block and per-branch costs as measured,
+     compute-block shape and mask code (`estimate_paths`: per-block and per-branch costs as measured,
      what grows with the tile fitted);
   3. the ranking walks the tables of every candidate with those costs (`cost.model_cycles`);
      while one of the first `confirm` rows is an estimate, the best such is compiled, its
      shape's estimates are refitted with the new point, and the rows re-ranked.
 The first choice is therefore always an exactly costed kernel; `exhaustive` compiles every
-candidate (to check the estimates). Compiles are cached on disk by `svgen cost`, so align
-modes of one tiling (same mask code) share theirs, and a second tune costs no compile.
+candidate (to check the estimates). Compiles are cached on disk by `svgen cost`, so the
+aligned modes of one tiling (the same mask-free code) share theirs, and a second tune costs
+no compile.
 
 On the blog spec (wan21_720p_band, 44 tilings; 88 candidates with two align modes) a cold
-tune compiles 6-8 kernels in 3-4 minutes on a 2-core machine and picks the best kernel an
-exhaustive run (44 compiles, 7.7 minutes) finds. Estimates were 2.7% off on average; the worst
+tune compiles 12 kernels in about 4 minutes on a 2-core machine; an exhaustive run (44
+compiles, 7.7 minutes, before aligned kernels dropped their mask code) found the same first
+choices. Estimates were 2.7% off on average; the worst
 (up to 14% low) are one-block tiles, which the confirm loop compiles if they rank high.
 """
 
@@ -79,6 +82,12 @@ class Candidate:
     @property
     def tiling_key(self) -> tuple[int, int, int, int]:
         return self.block_q, self.block_kv, self.compute_q, self.compute_kv
+
+    @property
+    def code_key(self) -> tuple[int, int, int, int, bool]:
+        """What the kernel's code depends on: the tiling, and whether the mask is aligned
+        (every aligned mode generates the same mask-free code; exact keeps the mask)."""
+        return self.tiling_key + (self.align != "exact",)
 
     def label(self) -> str:
         tile = f"{self.block_q}x{self.block_kv}"
@@ -252,8 +261,8 @@ def tune(
     current = Candidate(t.block_q, t.block_kv, t.cq, t.ckv, t.align)
     if current in plans:  # what the user has, costed exactly (often in the cache already)
         costs.exact(current, plans[current])
-    for shape in sorted({c.compute_shape for c in plans}):
-        probe = _probe(shape, plans)
+    for shape, aligned in sorted({(c.compute_shape, c.code_key[4]) for c in plans}):
+        probe = _probe(shape, aligned, plans)
         costs.exact(probe, plans[probe])
     rows = [costs.row(c, plan) for c, plan in plans.items()]
     for row in rows:
@@ -356,11 +365,12 @@ def _analyze_all(text, spec_path, spec, aligns, target, smem_budget, progress):
     return plans, dropped
 
 
-def _probe(shape: tuple[int, int], plans: dict) -> Candidate:
-    """The first candidate compiled for a compute-block shape: 2 x 4 blocks per tile when it
-    exists (rows of several blocks, as the fast tilings have; every per-block cost is in
-    it), else the one closest to that; of several align modes, the first."""
-    same = [c for c in plans if c.compute_shape == shape]
+def _probe(shape: tuple[int, int], aligned: bool, plans: dict) -> Candidate:
+    """The first candidate compiled for a compute-block shape and mask code (exact, or
+    aligned): 2 x 4 blocks per tile when it exists (rows of several blocks, as the fast
+    tilings have; every per-block cost is in it), else the one closest to that; of several
+    aligned modes, the first."""
+    same = [c for c in plans if c.compute_shape == shape and c.code_key[4] == aligned]
 
     def distance(c: Candidate):
         return (
@@ -374,32 +384,33 @@ def _probe(shape: tuple[int, int], plans: dict) -> Candidate:
 
 
 class _Costs:
-    """Exact per-path costs, one compile per kernel shape (align modes of one tiling share
-    the mask code, so they share it), and estimates from the compiled ones."""
+    """Exact per-path costs, one compile per kernel code (`Candidate.code_key`: the aligned
+    modes of one tiling share theirs), and estimates from the compiled ones of the same
+    compute-block shape and mask code."""
 
     def __init__(self, measure: Measure, progress: Progress, seq_len: int):
         self.measure, self.progress, self.seq_len = measure, progress, seq_len
-        self.paths: dict[tuple, object] = {}  # tiling key -> exact PathCosts
+        self.paths: dict[tuple, object] = {}  # code key -> exact PathCosts
         self.compiles = 0
 
     def exact(self, c: Candidate, plan: Plan):
-        if c.tiling_key not in self.paths:
+        if c.code_key not in self.paths:
             self.compiles += 1
             self.progress(f"costing {c.label()} (libtpu)", self.compiles, 0)
-            self.paths[c.tiling_key] = self.measure(plan)
-        return self.paths[c.tiling_key]
+            self.paths[c.code_key] = self.measure(plan)
+        return self.paths[c.code_key]
 
     def row(self, c: Candidate, plan: Plan) -> Row:
-        """The candidate costed exactly when its tiling was compiled, else estimated."""
+        """The candidate costed exactly when its code was compiled, else estimated."""
         from svgen import cost
 
-        paths = self.paths.get(c.tiling_key)
+        paths = self.paths.get(c.code_key)
         exact = paths is not None
         if not exact:
             points = [
-                (Candidate(*key), p)
+                (Candidate(*key[:4]), p)
                 for key, p in sorted(self.paths.items())
-                if key[2:] == c.compute_shape
+                if key[2:4] == c.compute_shape and key[4] == c.code_key[4]
             ]
             paths = estimate_paths(points, c, self.seq_len)
         cycles, steps, _ = cost.model_cycles(

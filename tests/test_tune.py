@@ -63,8 +63,8 @@ def synthetic_paths(c: Candidate, patterns: int = 1) -> PathCosts:
 def fake_measure(compiled: list):
     def measure(plan):
         t = plan.spec.tiling
-        c = Candidate(t.block_q, t.block_kv, t.cq, t.ckv)
-        compiled.append(c)
+        c = Candidate(t.block_q, t.block_kv, t.cq, t.ckv, t.align)
+        compiled.append(c.code_key)
         return synthetic_paths(c, len(plan.patterns))
 
     return measure
@@ -133,8 +133,11 @@ def test_tune_ranks_compiled_first_choices(tmp_path):
     assert [r.cycles for r in rows] == sorted(r.cycles for r in rows)
     assert all(r.exact for r in rows[:3]) and result.choice.exact
     assert any(not r.exact for r in rows)  # the rest estimated
-    assert len(compiled) == len(set(compiled)) == result.compiles  # one compile per tiling
-    assert result.compiles < len({r.candidate.tiling_key for r in rows})
+    # One compile per kernel code: a tiling's exact and aligned kernels differ (an aligned one
+    # has no mask code), its aligned modes share one.
+    assert len(compiled) == len(set(compiled)) == result.compiles
+    assert result.compiles < len({r.candidate.code_key for r in rows})
+    assert any(aligned for *_, aligned in compiled) and not all(a for *_, a in compiled)
     # The synthetic costs have the modelled form: estimates equal exact costs, so the first
     # choice is the best of an exhaustive run.
     everything = tune.tune(
