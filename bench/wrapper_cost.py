@@ -18,6 +18,10 @@ the rows marked "XLA permutation", by XLA's reshape + transpose as before that k
 permute kernel the floor is not its time: its DMAs and its in-VMEM transpose do not overlap,
 see the module's docstring for its bundles per block.
 
+Rows marked "token_order=kernel" call `attention(..., token_order="kernel")`: q, k, v arrive in
+each head's kernel order and o leaves in it (a model that keeps its activations in that
+order converts once with `attention.to_kernel_order`, not per call).
+
 The last two rows are Sliding Tile Attention at HunyuanVideo's size (30 x 48 x 80 latents,
 24 heads, no text; a window of 3 x 3 x 3 cubes of 6 x 8 x 8) in the tiled layout with one cube
 per tile: with the kernel's cube DMA (tiles read and written as boxes of the user's array) and
@@ -38,6 +42,7 @@ from svgen import tpu_schedule  # noqa: E402
 tpu_schedule.ensure_dump_flags()  # before anything starts libtpu
 
 import contextlib  # noqa: E402
+import functools  # noqa: E402
 import importlib.util  # noqa: E402
 import tempfile  # noqa: E402
 
@@ -68,6 +73,12 @@ CASES = [
         "static",
     ),
     (
+        "temporal, temporal-major, token_order=kernel",
+        "wan21_720p_temporal.yaml",
+        {"layout": "temporal_major", "token_order": "kernel"},
+        "static",
+    ),
+    (
         "temporal, temporal-major, XLA permutation",
         "wan21_720p_temporal.yaml",
         {"layout": "temporal_major", "permute_kernel": False},
@@ -86,6 +97,12 @@ CASES = [
         "static",
     ),
     ("mixed, traced head_pattern, permute kernel", "wan21_720p_mixed.yaml", {}, "traced"),
+    (
+        "mixed, traced head_pattern, token_order=kernel",
+        "wan21_720p_mixed.yaml",
+        {"token_order": "kernel"},
+        "traced",
+    ),
     (
         "mixed, traced head_pattern, XLA permutation",
         "wan21_720p_mixed.yaml",
@@ -136,7 +153,7 @@ def _module(text: str, name: str):
     return plan, module
 
 
-def _wrapper_bytes(module, traced: bool) -> float:
+def _wrapper_bytes(module, traced: bool, token_order: str) -> float:
     """Bytes XLA's cost analysis gives for the wrapper alone on v6e."""
     real = kernel._flat_attention
 
@@ -155,13 +172,14 @@ def _wrapper_bytes(module, traced: bool) -> float:
             jnp.dtype(module.DTYPE),
             sharding=sharding,
         )
+        call = functools.partial(module.attention, token_order=token_order)
         if traced:
             hp = jax.ShapeDtypeStruct((module.HEADS,), jnp.int32, sharding=sharding)
-            lowered = jax.jit(lambda q, k, v, h: module.attention(q, k, v, head_pattern=h)).lower(
+            lowered = jax.jit(lambda q, k, v, h: call(q, k, v, head_pattern=h)).lower(
                 arg, arg, arg, hp
             )
         else:
-            lowered = jax.jit(lambda q, k, v: module.attention(q, k, v)).lower(arg, arg, arg)
+            lowered = jax.jit(lambda q, k, v: call(q, k, v)).lower(arg, arg, arg)
         analysis = lowered.compile().cost_analysis()
     finally:
         kernel._flat_attention = real
@@ -179,6 +197,7 @@ def main() -> None:
     kernel_ms_of = {}  # spec text -> the kernel's modelled ms (the switches leave it alone)
     for label, filename, overrides, head_pattern in CASES:
         overrides = dict(overrides)
+        token_order = overrides.pop("token_order", "user")
         switches = contextlib.ExitStack()
         if not overrides.pop("cube_dma", True):
             switches.enter_context(_Patched(kernel, "cube_dma", lambda layouts, shape: None))
@@ -195,7 +214,7 @@ def main() -> None:
         with switches:
             plan, module = _module(text, filename)
             traced = head_pattern == "traced"
-            total = _wrapper_bytes(module, traced)
+            total = _wrapper_bytes(module, traced, token_order)
             if text not in kernel_ms_of or filename == "hunyuan_sta.yaml":
                 # Uncached: both STA rows share the kernel source and the masks, but the cube
                 # DMA changes the kernel.

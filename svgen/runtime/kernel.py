@@ -135,6 +135,9 @@ from svgen.runtime.tables import (  # noqa: F401  (the table format, re-exported
 )
 
 LOG2_E = 1.4426950408889634
+# attention(..., token_order=...): q, k, v and o in the user's token order, or already in each
+# head's kernel order (what attention.to_kernel_order gives; nothing is permuted).
+TOKEN_ORDERS = ("user", "kernel")
 
 # Finite "minus infinity": exp2(MASK_VALUE - m) underflows to 0 without inf - inf = NaN.
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
@@ -815,12 +818,20 @@ def make_attention(
     default_head_pattern: Sequence[int] | None,
     dtype: str | None = None,
 ):
-    """The public `attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None)`.
+    """The public `attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None,
+    token_order="user")`.
 
     q, k, v are [heads, seq, head_dim] or [batch, heads, seq, head_dim] in the user's token
     order; the output has the shape and dtype of q. `head_pattern` (int [heads], may be traced)
     picks each head's pattern; it defaults to the spec's static assignment. `dtype`: the spec's
     (q, k, v must have it; None accepts any floating dtype).
+
+    token_order="kernel": q, k, v are already in each head's kernel order and o comes back in
+    it, so nothing is permuted around the kernel. `attention.to_kernel_order(x,
+    head_pattern=...)` and `attention.from_kernel_order(y, ...)` move [..., heads, seq, d]
+    arrays between the orders: a model that keeps its activations in kernel order between
+    layers (token-wise layers do not care about the order) pays those passes once, not per
+    attention call.
     """
     tables = PieceTables.from_runs(
         [p.runs for p in patterns],
@@ -845,9 +856,9 @@ def make_attention(
         """Built on the first differentiated call, so that importing a module stays cheap."""
         return transposed_tables([p.runs for p in patterns], shape, shape.heads)
 
-    def differentiable(q, k, v, head_pattern, static_pattern, interpret, q_scale, sm_scale):
-        """The kernel in kernel order, with its VJP: the backward kernels of
-        svgen.runtime.backward (head_pattern is not differentiated)."""
+    def differentiable(q, k, v, head_pattern, static_pattern, interpret, q_scale, sm_scale, cubes):
+        """The kernel in kernel order (cube DMA: the user's 4-D view), with its VJP: the
+        backward kernels of svgen.runtime.backward (head_pattern is not differentiated)."""
 
         def run(q, k, v, hp):
             return _flat_attention(
@@ -914,30 +925,40 @@ def make_attention(
         core.defvjp(forward, backward_rule)
         return core(q, k, v, head_pattern)
 
-    def attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None):
-        _check_operands(q, k, v, shape, dtype)
-        heads = q.shape[-3]
+    def resolved(head_pattern, heads: int):
         static_pattern, head_pattern = resolve_head_pattern(
             head_pattern, default_head_pattern, heads, shape.heads, len(patterns)
         )
-        head_layout = jnp.asarray(layout_of_pattern)[head_pattern]
+        return static_pattern, head_pattern, jnp.asarray(layout_of_pattern)[head_pattern]
+
+    def attention(
+        q, k, v, *, head_pattern=None, interpret=False, sm_scale=None, token_order="user"
+    ):
+        _check_operands(q, k, v, shape, dtype)
+        if token_order not in TOKEN_ORDERS:
+            raise ValueError(f"token_order must be one of {TOKEN_ORDERS}, got {token_order!r}")
+        static_pattern, head_pattern, head_layout = resolved(head_pattern, q.shape[-3])
         lead = q.shape[:-2]
         if sm_scale is None:
             sm_scale = 1.0 / math.sqrt(shape.head_dim)
-
-        mover = _layout_mover(
-            layouts,
-            layout_of_pattern,
-            static_pattern,
-            head_layout,
-            interpret,
-            cubes,
-            permute_kernel,
-        )
+        in_kernel_order = token_order == "kernel"
+        # In kernel order every tile is a contiguous run already: plain blocks, no cube DMA.
+        box_dma = None if in_kernel_order else cubes
+        mover = None
+        if not in_kernel_order:
+            mover = _layout_mover(
+                layouts,
+                layout_of_pattern,
+                static_pattern,
+                head_layout,
+                interpret,
+                cubes,
+                permute_kernel,
+            )
 
         def to_kernel(x):
-            if cubes is not None:
-                return x.reshape((-1, *cubes.view, shape.head_dim))
+            if box_dma is not None:
+                return x.reshape((-1, *box_dma.view, shape.head_dim))
             if mover is not None:
                 x = mover(x, to_kernel=True)
             return x.reshape((-1,) + x.shape[-2:])
@@ -951,10 +972,43 @@ def make_attention(
             interpret,
             float(sm_scale) * LOG2_E,
             float(sm_scale),
+            box_dma,
         )
         out = out.reshape(lead + (shape.seq_len, shape.head_dim))
         return out if mover is None else mover(out, to_kernel=False)
 
+    def order_mover(x, head_pattern, interpret):
+        """The mover of [..., heads, seq, d] arrays between the user's and the kernel order
+        (the permute kernel where it applies, else XLA; never cube DMA, which is a way of
+        reading the user's order, not an order), or None where the orders are the same."""
+        if x.ndim not in (3, 4) or x.shape[-2:] != (shape.seq_len, shape.head_dim):
+            raise ValueError(
+                f"expected [heads, {shape.seq_len}, {shape.head_dim}] or [batch, heads, "
+                f"{shape.seq_len}, {shape.head_dim}], got {tuple(x.shape)}"
+            )
+        static_pattern, _, head_layout = resolved(head_pattern, x.shape[-3])
+        return _layout_mover(
+            layouts,
+            layout_of_pattern,
+            static_pattern,
+            head_layout,
+            interpret,
+            None,
+            permute.applies(layouts),
+        )
+
+    def to_kernel_order(x, *, head_pattern=None, interpret=False):
+        """x [..., heads, seq, d] in the user's token order -> each head's kernel order."""
+        mover = order_mover(x, head_pattern, interpret)
+        return x if mover is None else mover(x, to_kernel=True)
+
+    def from_kernel_order(y, *, head_pattern=None, interpret=False):
+        """The inverse of to_kernel_order."""
+        mover = order_mover(y, head_pattern, interpret)
+        return y if mover is None else mover(y, to_kernel=False)
+
+    attention.to_kernel_order = to_kernel_order
+    attention.from_kernel_order = from_kernel_order
     attention.tables = tables
     attention.cube_dma = cubes
     attention.permute_kernel = permute_kernel
