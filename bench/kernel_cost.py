@@ -90,7 +90,7 @@ def main() -> None:
     )
     header = (
         "| case | tiles / compute blocks | FULL per 512² | BOUNDARY / FULL | "
-        "book-keeping share | steps (FULL / BOUNDARY / skipped) | ms | vs dense Splash "
+        "bookkeeping share | steps (FULL / BOUNDARY / skipped) | ms | vs dense Splash "
         "| vs own dense |"
     )
     print(header)
