@@ -167,3 +167,20 @@ def test_a_layer_kept_in_kernel_order(compile_text):
     in_kernel_order = lay.from_kernel(layer(lay.to_kernel(hidden, jnp), "kernel"), jnp)
     want = layer(hidden, "user")
     np.testing.assert_allclose(np.asarray(in_kernel_order), np.asarray(want), rtol=2e-5, atol=2e-5)
+
+
+def test_gpu_kernel_order_call(compile_text):
+    """The GPU attention takes token_order too (interpret mode): the same conversion, and its
+    kernel-order call converted back matches float64 per head."""
+    from svgen.runtime import gpu
+
+    plan, module = compile_text(MIXED_SPEC.replace("DTYPE", "float32"))
+    attention = gpu.gpu_attention_of(module)
+    q, k, v = mixed_inputs(plan, "float32", seed=37, heads=3)
+    hp = np.asarray([1, 0, 1])
+    moved = [attention.to_kernel_order(x, head_pattern=hp) for x in (q, k, v)]
+    np.testing.assert_array_equal(np.asarray(moved[0]), kernel_order_by_layout(plan, q, hp))
+    out = attention(*moved, head_pattern=hp, interpret=True, token_order="kernel")
+    check_per_head(plan, attention.from_kernel_order(out, head_pattern=hp), q, k, v, hp, "float32")
+    with pytest.raises(ValueError, match="token_order must be one of"):
+        attention(q, k, v, token_order="frame_major")

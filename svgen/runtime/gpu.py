@@ -91,6 +91,8 @@ from svgen.runtime.kernel import (
     _check_operands,
     resolve_head_pattern,
     _per_head_layout,
+    check_order_operand,
+    check_token_order,
 )
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
@@ -294,7 +296,9 @@ def make_gpu_attention(
     num_warps: int | None = None,
     num_stages: int | None = 2,
 ):
-    """`attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None)` on GPU.
+    """`attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None,
+    token_order="user")` on GPU, with `attention.to_kernel_order` / `from_kernel_order` (as
+    svgen.runtime.kernel.make_attention's; XLA moves the heads).
 
     patterns, shape: a generated module's `_PATTERNS` and `SHAPE` (the runs are read at
     SHAPE's tiling); block_q x block_kv: the GPU tile (powers of two >= 16); dtype: q, k, v
@@ -316,21 +320,28 @@ def make_gpu_attention(
     layout_of_pattern = np.asarray([layouts.index(p.layout) for p in patterns], np.int32)
     codes = tuple(_PatternCode(p.boundary_mask, p.layout, tuple(p.query_coords)) for p in patterns)
 
-    def attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None):
-        _check_operands(q, k, v, shape, dtype)
-        if jnp.dtype(q.dtype).name not in DTYPES:
-            raise TypeError(f"GPU kernels run {', '.join(DTYPES)}; got q, k, v of {q.dtype}")
-        heads = q.shape[-3]
+    def head_layout_of(head_pattern, heads: int):
         _, head_pattern = resolve_head_pattern(
             head_pattern, default_head_pattern, heads, shape.heads, len(patterns)
         )
-        head_layout = jnp.asarray(layout_of_pattern)[head_pattern]
+        return head_pattern, jnp.asarray(layout_of_pattern)[head_pattern]
+
+    def attention(
+        q, k, v, *, head_pattern=None, interpret=False, sm_scale=None, token_order="user"
+    ):
+        _check_operands(q, k, v, shape, dtype)
+        check_token_order(token_order)
+        if jnp.dtype(q.dtype).name not in DTYPES:
+            raise TypeError(f"GPU kernels run {', '.join(DTYPES)}; got q, k, v of {q.dtype}")
+        head_pattern, head_layout = head_layout_of(head_pattern, q.shape[-3])
         lead = q.shape[:-2]
         if sm_scale is None:
             sm_scale = 1.0 / math.sqrt(shape.head_dim)
+        in_kernel_order = token_order == "kernel"
 
         def to_kernel(x):
-            x = _per_head_layout(x, layouts, head_layout, to_kernel=True)
+            if not in_kernel_order:
+                x = _per_head_layout(x, layouts, head_layout, to_kernel=True)
             return x.reshape((-1,) + x.shape[-2:])
 
         out = _gpu_call(
@@ -347,8 +358,24 @@ def make_gpu_attention(
             num_stages=num_stages,
         )
         out = out.reshape(lead + (shape.seq_len, shape.head_dim))
+        if in_kernel_order:
+            return out
         return _per_head_layout(out, layouts, head_layout, to_kernel=False)
 
+    def to_kernel_order(x, *, head_pattern=None, interpret=False):
+        """x [..., heads, seq, d] in the user's token order -> each head's kernel order."""
+        check_order_operand(x, shape)
+        _, head_layout = head_layout_of(head_pattern, x.shape[-3])
+        return _per_head_layout(x, layouts, head_layout, to_kernel=True)
+
+    def from_kernel_order(y, *, head_pattern=None, interpret=False):
+        """The inverse of to_kernel_order."""
+        check_order_operand(y, shape)
+        _, head_layout = head_layout_of(head_pattern, y.shape[-3])
+        return _per_head_layout(y, layouts, head_layout, to_kernel=False)
+
+    attention.to_kernel_order = to_kernel_order
+    attention.from_kernel_order = from_kernel_order
     attention.tables = tables
     return attention
 

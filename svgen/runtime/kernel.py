@@ -935,8 +935,7 @@ def make_attention(
         q, k, v, *, head_pattern=None, interpret=False, sm_scale=None, token_order="user"
     ):
         _check_operands(q, k, v, shape, dtype)
-        if token_order not in TOKEN_ORDERS:
-            raise ValueError(f"token_order must be one of {TOKEN_ORDERS}, got {token_order!r}")
+        check_token_order(token_order)
         static_pattern, head_pattern, head_layout = resolved(head_pattern, q.shape[-3])
         lead = q.shape[:-2]
         if sm_scale is None:
@@ -981,11 +980,7 @@ def make_attention(
         """The mover of [..., heads, seq, d] arrays between the user's and the kernel order
         (the permute kernel where it applies, else XLA; never cube DMA, which is a way of
         reading the user's order, not an order), or None where the orders are the same."""
-        if x.ndim not in (3, 4) or x.shape[-2:] != (shape.seq_len, shape.head_dim):
-            raise ValueError(
-                f"expected [heads, {shape.seq_len}, {shape.head_dim}] or [batch, heads, "
-                f"{shape.seq_len}, {shape.head_dim}], got {tuple(x.shape)}"
-            )
+        check_order_operand(x, shape)
         static_pattern, _, head_layout = resolved(head_pattern, x.shape[-3])
         return _layout_mover(
             layouts,
@@ -1013,6 +1008,20 @@ def make_attention(
     attention.cube_dma = cubes
     attention.permute_kernel = permute_kernel
     return attention
+
+
+def check_token_order(token_order) -> None:
+    if token_order not in TOKEN_ORDERS:
+        raise ValueError(f"token_order must be one of {TOKEN_ORDERS}, got {token_order!r}")
+
+
+def check_order_operand(x, shape: KernelShape) -> None:
+    """What to_kernel_order / from_kernel_order take: [..., heads, seq_len, head_dim]."""
+    if x.ndim not in (3, 4) or x.shape[-2:] != (shape.seq_len, shape.head_dim):
+        raise ValueError(
+            f"expected [heads, {shape.seq_len}, {shape.head_dim}] or [batch, heads, "
+            f"{shape.seq_len}, {shape.head_dim}], got {tuple(x.shape)}"
+        )
 
 
 def _layout_mover(
