@@ -16,8 +16,8 @@ exactly. So:
      aligned: an aligned kernel has no mask code) one *probe*: the candidate with 2 x 4 such
      blocks per tile (or the nearest shape that exists);
   2. every other candidate's per-path costs are *estimated* from the compiled ones of its
-     compute-block shape and mask code (`estimate_paths`: per-block and per-branch costs as measured,
-     what grows with the tile fitted);
+     compute-block shape and mask code (`estimate_paths`: per-block and per-branch costs as
+     measured, what grows with the tile fitted);
   3. the ranking walks the tables of every candidate with those costs (`cost.model_cycles`);
      while one of the first `confirm` rows is an estimate, the best such is compiled, its
      shape's estimates are refitted with the new point, and the rows re-ranked.
@@ -27,10 +27,9 @@ aligned modes of one tiling (the same mask-free code) share theirs, and a second
 no compile.
 
 On the blog spec (wan21_720p_band, 44 tilings; 88 candidates with two align modes) a cold
-tune compiles 12 kernels in about 4 minutes on a 2-core machine; an exhaustive run (44
-compiles, 7.7 minutes, before aligned kernels dropped their mask code) found the same first
-choices. Estimates were 2.7% off on average; the worst
-(up to 14% low) are one-block tiles, which the confirm loop compiles if they rank high.
+tune compiles 12 kernels in about 4 minutes on a 2-core machine; an exhaustive run (88
+compiles, 12.8 minutes) finds the same first choice. Estimates were 2.6% off on average; the
+worst (up to 14% low) are one-block tiles, which the confirm loop compiles if they rank high.
 """
 
 from __future__ import annotations
@@ -84,10 +83,14 @@ class Candidate:
         return self.block_q, self.block_kv, self.compute_q, self.compute_kv
 
     @property
+    def aligned(self) -> bool:
+        """Every aligned mode generates the same mask-free code; exact keeps the mask."""
+        return self.align != "exact"
+
+    @property
     def code_key(self) -> tuple[int, int, int, int, bool]:
-        """What the kernel's code depends on: the tiling, and whether the mask is aligned
-        (every aligned mode generates the same mask-free code; exact keeps the mask)."""
-        return self.tiling_key + (self.align != "exact",)
+        """What the kernel's code depends on: the tiling and whether the mask is aligned."""
+        return self.tiling_key + (self.aligned,)
 
     def label(self) -> str:
         tile = f"{self.block_q}x{self.block_kv}"
@@ -261,7 +264,7 @@ def tune(
     current = Candidate(t.block_q, t.block_kv, t.cq, t.ckv, t.align)
     if current in plans:  # what the user has, costed exactly (often in the cache already)
         costs.exact(current, plans[current])
-    for shape, aligned in sorted({(c.compute_shape, c.code_key[4]) for c in plans}):
+    for shape, aligned in sorted({(c.compute_shape, c.aligned) for c in plans}):
         probe = _probe(shape, aligned, plans)
         costs.exact(probe, plans[probe])
     rows = [costs.row(c, plan) for c, plan in plans.items()]
@@ -370,7 +373,7 @@ def _probe(shape: tuple[int, int], aligned: bool, plans: dict) -> Candidate:
     aligned): 2 x 4 blocks per tile when it exists (rows of several blocks, as the fast
     tilings have; every per-block cost is in it), else the one closest to that; of several
     aligned modes, the first."""
-    same = [c for c in plans if c.compute_shape == shape and c.code_key[4] == aligned]
+    same = [c for c in plans if c.compute_shape == shape and c.aligned == aligned]
 
     def distance(c: Candidate):
         return (
@@ -410,7 +413,7 @@ class _Costs:
             points = [
                 (Candidate(*key[:4]), p)
                 for key, p in sorted(self.paths.items())
-                if key[2:4] == c.compute_shape and key[4] == c.code_key[4]
+                if key[2:4] == c.compute_shape and key[4] == c.aligned  # (code_key order)
             ]
             paths = estimate_paths(points, c, self.seq_len)
         cycles, steps, _ = cost.model_cycles(

@@ -363,7 +363,8 @@ def make_gpu_attention(
         return _per_head_layout(out, layouts, head_layout, to_kernel=False)
 
     def to_kernel_order(x, *, head_pattern=None, interpret=False):
-        """x [..., heads, seq, d] in the user's token order -> each head's kernel order."""
+        """x [..., heads, seq, d] in the user's token order -> each head's kernel order
+        (`interpret` is accepted for the TPU wrapper's signature; XLA moves the heads here)."""
         check_order_operand(x, shape)
         _, head_layout = head_layout_of(head_pattern, x.shape[-3])
         return _per_head_layout(x, layouts, head_layout, to_kernel=True)

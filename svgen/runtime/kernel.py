@@ -848,8 +848,9 @@ def make_attention(
     codes = [_PatternCode(p.boundary_mask, p.layout, tuple(p.query_coords)) for p in patterns]
     cubes = cube_dma(layouts, shape)
     # Temporal-major heads: one Pallas pass per tensor (svgen.runtime.permute) instead of
-    # XLA's reshape + transpose (4-5x the HBM traffic; bench/wrapper_cost.py).
-    permute_kernel = cubes is None and permute.applies(layouts)
+    # XLA's reshape + transpose (4-5x the HBM traffic; bench/wrapper_cost.py). Never beside
+    # cube DMA, which is for a tiled layout.
+    permute_kernel = permute.applies(layouts)
 
     @functools.cache
     def dkv_tables() -> PieceTables:
@@ -942,17 +943,12 @@ def make_attention(
             sm_scale = 1.0 / math.sqrt(shape.head_dim)
         in_kernel_order = token_order == "kernel"
         # In kernel order every tile is a contiguous run already: plain blocks, no cube DMA.
+        # Cube DMA reads and writes the user's array: nothing to move either.
         box_dma = None if in_kernel_order else cubes
         mover = None
-        if not in_kernel_order:
+        if not in_kernel_order and box_dma is None:
             mover = _layout_mover(
-                layouts,
-                layout_of_pattern,
-                static_pattern,
-                head_layout,
-                interpret,
-                cubes,
-                permute_kernel,
+                layouts, layout_of_pattern, static_pattern, head_layout, interpret, permute_kernel
             )
 
         def to_kernel(x):
@@ -983,13 +979,7 @@ def make_attention(
         check_order_operand(x, shape)
         static_pattern, _, head_layout = resolved(head_pattern, x.shape[-3])
         return _layout_mover(
-            layouts,
-            layout_of_pattern,
-            static_pattern,
-            head_layout,
-            interpret,
-            None,
-            permute.applies(layouts),
+            layouts, layout_of_pattern, static_pattern, head_layout, interpret, permute_kernel
         )
 
     def to_kernel_order(x, *, head_pattern=None, interpret=False):
@@ -1025,14 +1015,12 @@ def check_order_operand(x, shape: KernelShape) -> None:
 
 
 def _layout_mover(
-    layouts, layout_of_pattern, static_pattern, head_layout, interpret, cubes, permute_kernel
+    layouts, layout_of_pattern, static_pattern, head_layout, interpret, permute_kernel
 ):
-    """How q, k, v reach kernel order and o comes back: `mover(x, to_kernel)` on arrays
-    [..., heads, seq, d], or None where nothing moves. Cube DMA reads and writes the user's
-    array; the permute kernel moves temporal-major heads (nothing at all when a static
-    assignment gives every head an identity layout); otherwise XLA permutes each layout."""
-    if cubes is not None:
-        return None
+    """How arrays [..., heads, seq, d] go between the user's order and each head's kernel
+    order: `mover(x, to_kernel)`, or None where nothing moves. The permute kernel moves
+    temporal-major heads (nothing at all when a static assignment gives every head an
+    identity layout); otherwise XLA permutes each layout."""
     if permute_kernel:
         if static_pattern is not None and all(
             layouts[i].is_identity for i in layout_of_pattern[static_pattern]
