@@ -25,6 +25,7 @@ import numpy as np
 import sympy
 
 from svgen import primitives
+from svgen import int_range
 from svgen.errors import SpecError
 from svgen.expr import SYMBOLS, FloorDiv, FloorMod, parse_predicate
 from svgen.runtime.layout import Coordinates
@@ -526,12 +527,30 @@ def _lower_term(term: MaskTerm, spec: Spec, patterns: dict[str, Node]) -> Node:
     if form == primitives.PREDICATE:
         source = term.param("source")
         expr = parse_predicate(source)
+        _check_device_range(expr, spec.geometry, term)
         return recognize_builtins(expr, spec.geometry) or primitive.node_class(source, expr)
     children = tuple(_lower_term(c, spec, patterns) for c in term.children)
     if form == primitives.MASKS:
         return primitive.node_class(children)
     assert form == primitives.MASK, form
     return primitive.node_class(children[0])
+
+
+def _check_device_range(expr, geometry, term: MaskTerm) -> None:
+    """Refuse a predicate that int32 cannot evaluate over this geometry (svgen.int_range):
+    the analysis would count its pairs exactly and the kernel compute others."""
+    domain = int_range.coordinate_domain(
+        geometry.frames, geometry.height, geometry.width, geometry.seq_len
+    )
+    overflow = int_range.int32_overflow(expr, domain)
+    if overflow is not None:
+        sub, (lo, hi) = overflow
+        raise SpecError(
+            f"{sub} takes values {lo:,} .. {hi:,} on this geometry, outside the kernel's "
+            f"int32 ({int_range.INT32_MIN:,} .. {int_range.INT32_MAX:,}); rewrite the "
+            "predicate with smaller factors or offsets",
+            **_where(term),
+        )
 
 
 # ---------------------------------------------------------------------------------------------

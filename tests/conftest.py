@@ -18,7 +18,7 @@ import yaml
 from svgen import codegen, ir, libtpu_env
 from svgen.analysis import analyze
 from svgen.codegen.predicate import emit_mask
-from svgen.runtime.layout import TokenLayout
+from svgen.runtime.layout import Tiled, TokenLayout
 from svgen.runtime import coords
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.reference import masked_attention_reference
@@ -105,10 +105,12 @@ def emitted_function(mask, layout: TokenLayout):
 def emitted_keep(fn, layout: TokenLayout) -> np.ndarray:
     """keep[q, k] for every real pair from a generated boundary_mask, queries decoded in row
     form and turned into columns, as the kernel does once per q tile."""
-    pos = jnp.arange(layout.seq_len, dtype=jnp.int32)
-    q = coords.QueryCoords(pos[None, :], layout)
-    k = coords.TokenCoords(pos[None, :], layout)
-    return np.broadcast_to(np.asarray(fn(q, k)), (layout.seq_len, layout.seq_len))
+    def keep(pos):
+        return fn(coords.QueryCoords(pos[None, :], layout), coords.TokenCoords(pos[None, :], layout))
+
+    # Jitted: one XLA compile is faster than dispatching each op of the mask eagerly.
+    kept = jax.jit(keep)(jnp.arange(layout.seq_len, dtype=jnp.int32))
+    return np.broadcast_to(np.asarray(kept), (layout.seq_len, layout.seq_len))
 
 
 def user_order_keep(pattern) -> np.ndarray:
@@ -239,8 +241,63 @@ PRIMITIVE_GENERATORS = {
         "rows": int(rng.integers(0, 2)),
         "cols": int(rng.integers(0, 3)),
     },
-    "expr": lambda rng, lay: str(rng.choice(PREDICATES)),
+    "expr": lambda rng, lay: (
+        str(rng.choice(PREDICATES)) if rng.random() < 0.5 else random_predicate(rng)
+    ),
 }
+
+
+# -- random user predicates: the printer's hard cases ---------------------------------------
+# Sums and differences of floor divisions and modulos of shifted coordinates (dividends of
+# both signs), products, nested abs / min / max, chained comparisons, boolean equalities,
+# and / or / not: every form svgen.codegen.predicate prints, drawn where a dropped
+# parenthesis or a wrong shift changes values.
+
+
+def _random_integer(rng, depth: int) -> str:
+    r = rng.random()
+    if depth >= 3 or r < 0.3:
+        name = f"{rng.choice(['f', 'h', 'w', 'i'])}_{rng.choice(['q', 'k'])}"
+        offset = int(rng.integers(-12, 13))
+        return name if offset == 0 else f"({name} {'-' if offset > 0 else '+'} {abs(offset)})"
+    if r < 0.36:
+        return str(int(rng.integers(-9, 10)))
+    a = _random_integer(rng, depth + 1)
+    if r < 0.58:  # often minus a floor division or modulo: where parentheses matter most
+        b = _random_integer(rng, depth + 1)
+        if rng.random() < 0.4:
+            b = f"({b} {rng.choice(['//', '%'])} {int(rng.integers(2, 9))})"
+        return f"({a} {rng.choice(['+', '-'])} {b})"
+    if r < 0.76:
+        return f"({a} {rng.choice(['//', '%'])} {int(rng.integers(1, 9))})"
+    if r < 0.82:
+        return f"({a} * {int(rng.integers(-3, 4))})"
+    if r < 0.9:
+        return f"-abs({a})" if rng.random() < 0.3 else f"abs({a})"
+    fn = rng.choice(["min", "max"])
+    return f"{fn}({a}, {_random_integer(rng, depth + 1)})"
+
+
+def _random_comparison(rng) -> str:
+    ops = ["<", "<=", ">", ">=", "==", "!="]
+    text = _random_integer(rng, 1)
+    for _ in range(1 if rng.random() < 0.75 else 2):  # sometimes chained: a < b <= c
+        text += f" {rng.choice(ops)} {_random_integer(rng, 1)}"
+    return text
+
+
+def random_predicate(rng, depth: int = 0) -> str:
+    """A random `expr` (user syntax) over any geometry; at most ~150 tokens."""
+    r = rng.random()
+    if depth >= 2 or r < 0.45:
+        return _random_comparison(rng)
+    if r < 0.55:
+        return f"not ({random_predicate(rng, depth + 1)})"
+    if r < 0.85:
+        joiner = rng.choice(["and", "or"])
+        return f"({random_predicate(rng, depth + 1)}) {joiner} ({random_predicate(rng, depth + 1)})"
+    op = rng.choice(["==", "!="])  # boolean (in)equality: a segment mask's natural form
+    return f"({random_predicate(rng, depth + 1)}) {op} ({random_predicate(rng, depth + 1)})"
 
 
 def random_primitive(rng, lay: TokenLayout) -> dict:
@@ -273,6 +330,20 @@ def random_layout(rng) -> TokenLayout:
         order,
         anchors,
     )
+
+
+def random_tiled_layout(rng) -> TokenLayout:
+    """A tiled layout with cubes that may not divide the video (ragged edge cubes)."""
+    frames, height, width = (int(rng.integers(1, n)) for n in (6, 7, 9))
+    cube = tuple(int(rng.integers(1, n + 1)) for n in (frames, height, width))
+    text = int(rng.choice([0, 0, 3, 17]))
+    position = "first" if rng.integers(0, 2) else "last"
+    return TokenLayout(frames, height, width, text, position).with_order(Tiled(*cube))
+
+
+def random_any_layout(rng) -> TokenLayout:
+    """Any of the three token orders (a third of the draws tiled)."""
+    return random_tiled_layout(rng) if rng.random() < 1 / 3 else random_layout(rng)
 
 
 # -- kernels at test size --------------------------------------------------------------

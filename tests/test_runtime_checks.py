@@ -33,14 +33,46 @@ def test_bad_head_pattern_is_an_error(mixed, head_pattern, error, words):
     assert words in str(info.value)
 
 
-def test_traced_head_pattern_out_of_range_is_clamped_not_read_past_the_tables(mixed):
-    """Under jit values cannot be checked: they are clamped to a valid pattern."""
+def test_traced_head_pattern_out_of_range_gives_nan_heads(mixed):
+    """Under jit values cannot raise: a head whose value is no pattern index comes out NaN
+    (never the clamped pattern's result, which would pass for its own); the other heads are
+    exactly what a valid assignment gives them, and no table is read out of bounds."""
     plan, module = mixed
     q, k, v = mixed_inputs(plan, "float32", seed=1)
     run = jax.jit(lambda hp: module.attention(q, k, v, head_pattern=hp, interpret=POISONED))
     wild = np.asarray(run(jnp.asarray([-5, 0, 7, 1], jnp.int32)))
-    clamped = np.asarray(run(jnp.asarray([0, 0, 1, 1], jnp.int32)))
-    np.testing.assert_array_equal(wild, clamped)
+    valid = np.asarray(run(jnp.asarray([0, 0, 1, 1], jnp.int32)))
+    assert np.isnan(wild[[0, 2]]).all()
+    np.testing.assert_array_equal(wild[[1, 3]], valid[[1, 3]])
+    assert np.isfinite(valid).all()
+
+
+def test_traced_head_pattern_out_of_range_gives_nan_gradients(mixed):
+    plan, module = mixed
+    q, k, v = mixed_inputs(plan, "float32", seed=3)
+
+    @jax.jit
+    def grads(hp):
+        loss = lambda q, k, v: module.attention(q, k, v, head_pattern=hp, interpret=True).sum()
+        return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    for g in grads(jnp.asarray([0, 2, 1, 0], jnp.int32)):
+        g = np.asarray(g)
+        assert np.isnan(g[1]).all() and np.isfinite(g[[0, 2, 3]]).all()
+
+
+def test_gpu_module_traced_head_pattern_out_of_range_gives_nan_heads(compile_text):
+    plan, module = compile_text(
+        scaled_spec_text(REPO / "specs" / "wan21_720p_mixed.yaml", heads=4), target_name="h100"
+    )
+    q, k, v = mixed_inputs(plan, "float32", seed=4)
+    run = jax.jit(lambda hp: module.attention(q, k, v, head_pattern=hp, interpret=True))
+    wild = np.asarray(run(jnp.asarray([0, 3, 1, -1], jnp.int32)))
+    valid = np.asarray(run(jnp.asarray([0, 1, 1, 1], jnp.int32)))
+    assert np.isnan(wild[[1, 3]]).all()
+    np.testing.assert_array_equal(wild[[0, 2]], valid[[0, 2]])
+    with pytest.raises(ValueError, match="got \\[3, -1\\]"):
+        module.attention(q, k, v, head_pattern=np.asarray([0, 3, 1, -1]), interpret=True)
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from svgen.schema import spec_schema
 from svgen.spec import canonical_json, parse_spec
 
 from conftest import (
+    random_tiled_layout,
     POISONED,
     brute_force_kinds,
     check_grads,
@@ -189,13 +190,6 @@ def test_tile_boxes_are_exact(lay):
             box = itertools.product(range(f0, f1 + 1), range(h0, h1 + 1), range(w0, w1 + 1))
             assert tokens == set(box) and len(tokens) == run.size
         np.testing.assert_array_equal(np.sort(np.concatenate(covered)), np.arange(start, end))
-
-
-def random_tiled_layout(rng) -> TokenLayout:
-    frames, height, width = (int(rng.integers(1, n)) for n in (6, 7, 9))
-    cube = tuple(int(rng.integers(1, n + 1)) for n in (frames, height, width))
-    text = int(rng.choice([0, 0, 3, 17]))
-    return tiled(frames, height, width, cube, text, "first" if rng.integers(0, 2) else "last")
 
 
 @pytest.mark.parametrize("seed", range(150))

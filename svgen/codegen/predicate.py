@@ -12,11 +12,9 @@ from __future__ import annotations
 import dataclasses
 import re
 
-import numpy as np
 import sympy
 
-from svgen import ir, primitives
-from svgen.analysis.bounds import integer_bounds
+from svgen import int_range, ir, primitives
 from svgen.expr import SYMBOLS, FloorDiv, FloorMod
 from svgen.runtime.layout import TokenLayout
 
@@ -66,18 +64,9 @@ class _Emitter:
         self.layout = layout
         self.lines: list[str] = []
         self.taken: dict[str, int] = {}
-        s = {
-            "f": (0, layout.frames - 1),
-            "h": (0, layout.height - 1),
-            "w": (0, layout.width - 1),
-            "i": (0, layout.seq_len - 1),
-            "is_text": (0, 1),
-        }
-        self.domain = {
-            f"{c}_{side}": (np.int64(lo), np.int64(hi))
-            for c, (lo, hi) in s.items()
-            for side in ("q", "k")
-        }
+        self.domain = int_range.coordinate_domain(
+            layout.frames, layout.height, layout.width, layout.seq_len
+        )
 
     def fresh(self, base: str) -> str:
         n = self.taken.get(base, 0)
@@ -101,10 +90,10 @@ class _Emitter:
             fill = "ones_like" if node.value else "zeros_like"
             self.lines.append(f"{name} = jnp.{fill}(k.pos, dtype=jnp.bool_)")
         else:
+            predicate = self._specialize(node.predicate())
+            self._check_device_range(predicate, node)
             self.lines.append(f"# {node.describe()}")
-            self.lines.append(
-                f"{name} = {_strip(self.boolean(self._specialize(node.predicate())))}"
-            )
+            self.lines.append(f"{name} = {_strip(self.boolean(predicate))}")
         return name
 
     def _within_unless(self, node: ir.AnyOf) -> str | None:
@@ -129,6 +118,14 @@ class _Emitter:
             f"{name} = coords.within({parts[0]}, {parts[1]}, unless={' | '.join(unless)})"
         )
         return name
+
+    def _check_device_range(self, predicate, node) -> None:
+        """Every value the printed line computes fits int32 (user predicates are refused
+        earlier, with their location, by ir.lower; built-ins stay far below 2^31)."""
+        overflow = int_range.int32_overflow(predicate, self.domain)
+        if overflow is not None:
+            sub, (lo, hi) = overflow
+            raise ValueError(f"{node.describe()}: {sub} takes values {lo} .. {hi}, past int32")
 
     def _reads_only(self, node, side: str) -> bool:
         symbols = self._specialize(node.predicate()).free_symbols
@@ -240,7 +237,10 @@ class _Emitter:
             out = ""
             for t in terms:
                 negative = _is_negative_term(t)
-                body = _strip(self.integer(-t if negative else t))
+                body = self.integer(-t if negative else t)
+                # "a + (b - c)" may lose its parentheses, "a - (b - c)" and "-(b - c)" not.
+                if not (negative and _is_sum(_strip(body))):
+                    body = _strip(body)
                 out += (
                     (" - " if negative else " + ") + body
                     if out
@@ -267,13 +267,13 @@ class _Emitter:
         if isinstance(e, (FloorDiv, FloorMod)):
             numerator, divisor = e.args
             d = int(divisor)
-            lo, _ = integer_bounds(numerator, self.domain)
-            shift = int(-(int(lo) // d) * d) if int(lo) < 0 else 0  # multiple of d making it >= 0
-            num = _strip(self.integer(numerator))
-            shifted = f"{num} + {shift}" if shift else num
+            # lax.div / lax.rem truncate toward zero: shift the dividend by a multiple of d
+            # to make it non-negative (sympy folds the shift into its constant term).
+            shift = int_range.non_negative_shift(numerator, d, self.domain)
+            shifted = _strip(self.integer(sympy.Add(numerator, shift)))
             if isinstance(e, FloorMod):
                 return f"lax.rem({shifted}, {d})"
-            return f"(lax.div({shifted}, {d}) - {shift // d})" if shift else f"lax.div({num}, {d})"
+            return f"(lax.div({shifted}, {d}) - {shift // d})" if shift else f"lax.div({shifted}, {d})"
         raise TypeError(f"cannot print integer expression {e}")
 
 
@@ -288,6 +288,18 @@ def _strip(s: str) -> str:
         if depth == 0 and i < len(s) - 1:
             return s
     return s[1:-1]
+
+
+def _is_sum(s: str) -> bool:
+    """Whether a printed expression has a binary + or - outside all parentheses (the printer
+    writes binary operators with spaces around them, unary minus without)."""
+    depth = 0
+    for i, ch in enumerate(s):
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth == 0 and s.startswith((" + ", " - "), i):
+            return True
+    return False
 
 
 def _print_order(e):
