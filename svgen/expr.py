@@ -15,8 +15,23 @@ Grammar (Python-like precedence, lowest first)::
     unary      := ('-' | '+') unary | atom
     atom       := INT | NAME | 'true' | 'false' | ('abs' | 'min' | 'max') '(' args ')' | '(' or_expr ')'
 
+Names: ``f h w`` are a video token's frame, row and column (0 for text tokens); ``i`` is its
+position in the head's layout order (the nominal order of :mod:`svgen.runtime.layout`), so
+``i_q`` / ``i_k`` change meaning with the spec's ``layout:``; ``is_text`` is 1 for a text token.
+
 Every sub-expression is an integer or a boolean; mixing them is a syntax error, except
 that a bare ``is_text_q`` / ``is_text_k`` where a boolean is needed means ``== 1``.
+``<``, ``<=``, ``>``, ``>=`` compare integers; ``==`` and ``!=`` compare two integers or two
+booleans: ``(f_q < 2) == (f_k < 2)`` (both in the first two frames or both after them: a
+segment mask) is built as ``(a and b) or (not a and not b)``, ``!=`` as
+``(a and not b) or (not a and b)``, so the rest of svgen sees only and / or / not. Without
+the parentheses, ``f_q < 2 == f_k < 2`` is Python's chain ``f_q < 2 and 2 == f_k and f_k < 2``.
+
+``//`` and ``%`` are Python's floor division and modulo, also on negative operands:
+``a // b`` rounds toward minus infinity (``-7 // 2 == -4``, not -3) and ``a % b`` takes the
+sign of the divisor (``-7 % 2 == 1``), so ``a == b * (a // b) + a % b`` always holds. The
+divisor must be a positive integer literal, so ``a % b`` is always in ``0 .. b - 1``. Powers
+(``**``) are not supported: write the product out.
 
 The text's length, its number of tokens, its nesting and its integer literals are bounded
 (:mod:`svgen.limits`) before sympy sees anything, so no predicate can make parsing slow or
@@ -49,6 +64,12 @@ _SYMBOL_NAMES = ("f_q", "h_q", "w_q", "f_k", "h_k", "w_k", "i_q", "i_k", "is_tex
 SYMBOLS: dict[str, sympy.Symbol] = {
     name: sympy.Symbol(name, integer=True, nonnegative=True) for name in _SYMBOL_NAMES
 }
+
+#: Nodes of a predicate's sympy tree once boolean == / != are expanded (each repeats both of
+#: its sides, so nesting them doubles the tree per level: 16 levels in 131 tokens made 409,590
+#: nodes). Four times MAX_EXPR_TOKENS: an equality between two halves of a predicate of the
+#: token limit, nested once more, still fits.
+MAX_EXPR_NODES = 4 * MAX_EXPR_TOKENS
 
 _BOOL_COERCIBLE = frozenset({"is_text_q", "is_text_k"})
 _FUNCTIONS = ("abs", "min", "max")
@@ -185,6 +206,12 @@ def _tokenize(text: str) -> list[_Tok]:
             toks.append(_Tok("op", two, i))
             i += 2
             continue
+        if two == "**":
+            raise ExprSyntaxError(
+                "'**' is not supported: predicates have no powers; write the product out "
+                "(f_q * f_q)",
+                i,
+            )
         if two in ("&&", "||"):
             word = "and" if two == "&&" else "or"
             raise ExprSyntaxError(f"unexpected '{two}'; use '{word}'", i)
@@ -332,16 +359,47 @@ class _Parser:
         first = self._sum()
         if not self._at_op(*self._REL):
             return first
-        msg = "comparison needs integer operands"
-        left = self._as_int(first, msg)
-        parts = []
+        left, parts = first, []
         while self._at_op(*self._REL):
-            op = self._advance().text
-            right_v = self._sum()
-            right = self._as_int(right_v, msg)
-            parts.append(self._REL[op](left, right))
+            op = self._advance()
+            right = self._sum()
+            parts.append(self._compare(left, op, right))
             left = right
         return _Val(sympy.And(*parts) if len(parts) > 1 else parts[0], True, first.offset)
+
+    def _compare(self, left: _Val, op: _Tok, right: _Val) -> sympy.Basic:
+        """One link of a comparison chain: two integers, or (== and != only) two booleans."""
+        if not (left.is_bool or right.is_bool):
+            return self._REL[op.text](left.expr, right.expr)
+        boolean = left if left.is_bool else right
+        if op.text not in ("==", "!="):
+            raise ExprSyntaxError(
+                f"'{op.text}' needs integer operands; only '==' and '!=' compare booleans",
+                boolean.offset,
+            )
+        if not self._both_bool(left, right):
+            raise ExprSyntaxError(
+                f"'{op.text}' compares an integer with a boolean; compare two integers, or "
+                "two comparisons in parentheses: (f_q < 2) == (f_k < 2)",
+                boolean.offset,
+            )
+        a, b = self._as_bool(left, ""), self._as_bool(right, "")
+        # Each side appears twice in the result, so nested equalities double the tree at every
+        # level (every pass over it, evaluation and printing included, walks the tree).
+        if 2 * (_tree_size(a) + _tree_size(b)) + 5 > MAX_EXPR_NODES:
+            raise ExprSyntaxError(
+                f"boolean '{op.text}' repeats both sides ((a and b) or (not a and not b)): "
+                f"here the predicate would grow past {MAX_EXPR_NODES} nodes (MAX_EXPR_NODES); "
+                "nest fewer boolean comparisons",
+                op.offset,
+            )
+        return _equal(a, b) if op.text == "==" else _differ(a, b)
+
+    @staticmethod
+    def _both_bool(left: _Val, right: _Val) -> bool:
+        """Whether both sides are booleans, a bare is_text_q / is_text_k (0 or 1) counting as
+        one beside a boolean, as wherever a boolean is needed."""
+        return (left.is_bool or left.text_flag) and (right.is_bool or right.text_flag)
 
     def _sum(self) -> _Val:
         acc = self._term()
@@ -467,6 +525,28 @@ class _Parser:
         es = [self._as_int(a, f"{name}() needs integer arguments") for a in args]
         fn = sympy.Min if name == "min" else sympy.Max
         return _Val(fn(*es), False, name_tok.offset)
+
+
+def _tree_size(e: sympy.Basic) -> int:
+    """The nodes of ``e`` counted as a tree (a shared sub-expression as often as it is
+    used), stopping once past MAX_EXPR_NODES: the count costs no more than the limit."""
+    count, todo = 0, [e]
+    while todo and count <= MAX_EXPR_NODES:
+        node = todo.pop()
+        count += 1
+        todo.extend(node.args)
+    return count
+
+
+def _equal(a: sympy.Basic, b: sympy.Basic) -> sympy.Basic:
+    """a == b for booleans, in and / or / not: what the analysis and codegen understand
+    (sympy's Equivalent is not)."""
+    return sympy.Or(sympy.And(a, b), sympy.And(sympy.Not(a), sympy.Not(b)))
+
+
+def _differ(a: sympy.Basic, b: sympy.Basic) -> sympy.Basic:
+    """a != b for booleans, in and / or / not (sympy's Xor is not understood downstream)."""
+    return sympy.Or(sympy.And(a, sympy.Not(b)), sympy.And(sympy.Not(a), b))
 
 
 def parse_predicate(text: str) -> sympy.Basic:

@@ -662,8 +662,16 @@ def _check_tile_grid(
     )
 
 
+# sm_scale is a call's argument, not the kernel's: a spec that gives one (a string, NaN, a
+# number alike) is refused, saying where the scale goes instead.
+_ATTENTION_NOTE = (
+    f"allowed keys: {', '.join(ATTENTION_KEYS)} (the softmax scale is not part of a spec: "
+    "pass sm_scale=... to the generated attention())"
+)
+
+
 def _read_attention(r: _Reader, node: Node, path: str) -> Attention:
-    e = r.mapping(node, path, ATTENTION_KEYS)
+    e = r.mapping(node, path, ATTENTION_KEYS, allowed_note=_ATTENTION_NOTE)
     r.require(node, path, e, ATTENTION_KEYS)
     heads = r.integer(e["heads"][1], _join(path, "heads"), 1, MAX_HEADS, "MAX_HEADS")
     head_dim = r.choice(e["head_dim"][1], _join(path, "head_dim"), HEAD_DIMS)
@@ -1284,9 +1292,22 @@ def _compose(text: str, source: str) -> Node | None:
             f"{MAX_SPEC_BYTES:,} of MAX_SPEC_BYTES",
             file=source,
         )
-    loader = _BoundedLoader(text, source)
+    loader = None
     try:
+        # The reader refuses control characters (even in a comment) while the loader is
+        # built: inside the try, so that they are a located error, not a traceback.
+        loader = _BoundedLoader(text, source)
         return loader.get_single_node()
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        raise SpecError(
+            f"YAML syntax error: special character U+{exc.character:04X} is not allowed in "
+            f"YAML, not even in a comment (in a double-quoted string, write it as an escape)",
+            file=source,
+            line=line,
+            column=column,
+        ) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or "invalid YAML"
@@ -1299,7 +1320,8 @@ def _compose(text: str, source: str) -> Node | None:
     except yaml.YAMLError as exc:
         raise SpecError(f"YAML syntax error: {exc}", file=source) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def parse_spec(text: str, *, source: str = "<string>") -> Spec:

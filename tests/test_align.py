@@ -2,8 +2,6 @@
 small geometries), the kernel against the float64 reference of the aligned mask, and the
 rules of `balanced`."""
 
-from fractions import Fraction
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -18,6 +16,9 @@ from svgen.runtime.reference import masked_attention_reference
 from svgen.spec import ALIGN_MODES, canonical_json, parse_spec
 
 from conftest import (
+    aligned_user_keep,
+    brute_force_align,
+    check_budget,
     TOLERANCE,
     check_grads,
     dense_keep,
@@ -31,63 +32,8 @@ MODES = [m for m in ALIGN_MODES if m != "exact"]
 POISONED = pltpu.InterpretParams(uninitialized_memory="nan")
 
 
-# ----------------------------------------------------------------------------- brute force
-def _blocks(seq_len: int, block: int):
-    return [(s, min(s + block, seq_len)) for s in range(0, seq_len, block)]
-
-
-def brute_force_align(keep: np.ndarray, bq: int, bkv: int, mode: str):
-    """(aligned kinds, aligned keep) from the dense mask, straight from the mode's definition."""
-    n = keep.shape[0]
-    qs, ks = _blocks(n, bq), _blocks(n, bkv)
-    kinds = np.empty((len(qs), len(ks)), np.int8)
-    kept, real = {}, {}
-    for i, (q0, q1) in enumerate(qs):
-        for j, (k0, k1) in enumerate(ks):
-            block = keep[q0:q1, k0:k1]
-            kinds[i, j] = (
-                TileKind.FULL
-                if block.all()
-                else TileKind.BOUNDARY
-                if block.any()
-                else TileKind.EMPTY
-            )
-            if kinds[i, j] == TileKind.BOUNDARY:
-                kept[i, j], real[i, j] = int(block.sum()), block.size
-    if mode == "superset":
-        promote = set(kept)
-    elif mode == "subset":
-        promote = set()
-    elif mode == "nearest":
-        promote = {b for b in kept if 2 * kept[b] >= real[b]}
-    else:  # balanced: every prefix of the order tried, the closest count (first of equals)
-        order = sorted(kept, key=lambda b: (-Fraction(kept[b], real[b]), b))
-        base = int(keep.sum()) - sum(kept.values())
-        counts = [base + sum(real[b] for b in order[:m]) for m in range(len(order) + 1)]
-        distance = [abs(c - int(keep.sum())) for c in counts]
-        promote = set(order[: distance.index(min(distance))])
-    aligned = keep.copy()
-    for i, j in kept:
-        kinds[i, j] = TileKind.FULL if (i, j) in promote else TileKind.EMPTY
-        aligned[qs[i][0] : qs[i][1], ks[j][0] : ks[j][1]] = (i, j) in promote
-    return kinds, aligned
-
-
-def check_budget(budget, keep: np.ndarray, aligned: np.ndarray):
-    n = keep.shape[0]
-    assert budget.total_pairs == n * n
-    assert budget.exact_pairs == int(keep.sum())
-    assert budget.aligned_pairs == int(aligned.sum())
-    assert budget.pairs_added == int((aligned & ~keep).sum())
-    assert budget.pairs_dropped == int((keep & ~aligned).sum())
-    assert budget.rows_emptied == int((keep.any(axis=1) & ~aligned.any(axis=1)).sum())
-    both = int((keep & aligned).sum())
-    assert budget.recall == (both / keep.sum() if keep.sum() else 1.0)
-    assert budget.precision == (both / aligned.sum() if aligned.sum() else 1.0)
-
-
 @pytest.mark.parametrize("seed", range(60))
-def testrandom_masks_every_mode_against_brute_force(seed):
+def test_random_masks_every_mode_against_brute_force(seed):
     rng = np.random.default_rng(1000 + seed)
     lay = random_layout(rng)
     bq, bkv = int(rng.choice([8, 16, 32])), int(rng.choice([8, 16, 24]))
@@ -240,21 +186,6 @@ def test_inspect_summary_reports_the_budget():
 
 
 # ----------------------------------------------------------------------------- the kernel
-def aligned_user_keep(pattern) -> np.ndarray:
-    """The aligned mask, dense, in the user's order: FULL blocks keep every pair, EMPTY none
-    (an aligned pattern has no BOUNDARY block)."""
-    lay, grid = pattern.layout, pattern.compute_grid
-    kinds = pattern.compute_kinds
-    expand = np.repeat(np.repeat(kinds, grid.block_q, 0), grid.block_kv, 1)[
-        : lay.seq_len, : lay.seq_len
-    ]
-    assert not np.any(kinds == TileKind.BOUNDARY)
-    aligned = expand == TileKind.FULL
-    position = np.empty(lay.seq_len, np.int64)
-    position[lay.original_index(np.arange(lay.seq_len))] = np.arange(lay.seq_len)
-    return aligned[np.ix_(position, position)]
-
-
 def run_against_aligned_reference(plan, module, seed=0):
     rng = np.random.default_rng(seed)
     shape = (2, plan.layout.seq_len, 128)

@@ -41,7 +41,7 @@ def _check(kinds, kept, keep, expected_kinds, exact):
 
 
 @pytest.mark.parametrize("seed", range(300))
-def testrandom_masks_small_tiles(seed):
+def test_random_masks_small_tiles(seed):
     """Small tiles (8..24, sizes that do not divide them) give many tiles per case."""
     rng = np.random.default_rng(seed)
     lay = random_layout(rng)

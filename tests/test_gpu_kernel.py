@@ -121,7 +121,7 @@ def test_float16_and_static_head_pattern(compile_text):
             128,
             128,
         ),
-        ("wan21_720p_radial", None, 16, 16),  # the smallest tile tl.dot takes
+        ("wan21_720p_frame_decay", None, 16, 16),  # the smallest tile tl.dot takes
     ],
 )
 def test_gpu_tiles_dividing_compute_blocks(name, tiling, block_q, block_kv, compile_text):

@@ -667,3 +667,41 @@ def test_gpu_section():
     assert parse_spec(BASE + "gpu:\n", source="s.yaml").digest == plain.digest
     assert '"gpu":{"block_kv":128' in canonical_json(given)
     assert "gpu" not in canonical_json(plain)
+
+
+# ----------------------------------------------------------------------------- sm_scale
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        '"0.1"',  # a string
+        "'abc'",
+        "true",  # a boolean
+        ".nan",  # NaN and infinities, as YAML writes them
+        ".inf",
+        "-.inf",
+        "0.125",  # even a good number: the scale is the call's, not the spec's
+    ],
+)
+def test_sm_scale_in_a_spec_is_refused_where_it_is_written(written):
+    """A spec has no softmax scale (it is attention()'s sm_scale argument, checked there):
+    whatever value is written, the key is refused at its file:line:col, saying where the
+    scale goes."""
+    text = BASE.replace(
+        "attention: {heads: 2, head_dim: 128, dtype: bfloat16}",
+        "attention: {heads: 2, head_dim: 128, dtype: bfloat16, sm_scale: " + written + "}",
+    )
+    with pytest.raises(SpecError) as info:
+        parse_spec(text, source="specs/demo.yaml")
+    assert str(info.value) == (
+        "specs/demo.yaml:4:55: attention.sm_scale: unknown key 'sm_scale'; allowed "
+        "keys: heads, head_dim, dtype (the softmax scale is not part of a spec: pass "
+        "sm_scale=... to the generated attention())"
+    )
+
+
+def test_sm_scale_at_the_top_level_is_refused_too():
+    with pytest.raises(SpecError) as info:
+        parse_spec(BASE + "sm_scale: .nan\n", source="specs/demo.yaml")
+    assert str(info.value).startswith("specs/demo.yaml:14:1: sm_scale: unknown key 'sm_scale'")

@@ -4,7 +4,8 @@ same per-pattern runs as the TPU kernel (svgen.runtime.kernel).
 A generated module's `_PATTERNS` (runs, layout, boundary_mask, query_coords) and `SHAPE` are
 everything this backend needs: `gpu_attention_of(module)` or `make_gpu_attention(patterns,
 shape, ...)` builds `attention(q, k, v, *, head_pattern=None, interpret=False,
-sm_scale=None)` with the calling convention of the TPU one. Forward only (no VJP yet).
+sm_scale=None, token_order="user")` with the calling convention of the TPU one (and its
+docstring, `help(module.attention)`). Forward only (no VJP yet).
 
 GPU tiles and runs
 ------------------
@@ -62,7 +63,9 @@ entries with the online-softmax state (m, l, acc) in f32 registers:
     never NaN; rows past seq_len are not stored (masked store).
 
 Requirements: block_q, block_kv and head_dim powers of two, at least 16 (Triton tensor shapes
-and tl.dot), the GPU tile dividing the compute block; dtypes float32, bfloat16, float16.
+and tl.dot), the GPU tile dividing the compute block; dtypes float32, bfloat16, float16 (a
+spec names float32 or bfloat16, and a generated GPU module's kernel takes that dtype only;
+float16 runs through `gpu_attention_of(module, dtype="float16")`).
 Tables, q, k, v and o are plain pallas_call operands (Triton has no scalar prefetch): the
 tables as whole-array blocks read with scalar loads, q, k, v, o as one head's whole
 [seq_len, head_dim] block each, sliced with pl.ds and masked loads / stores (a Triton block
@@ -73,7 +76,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Sequence
 
 import jax
@@ -89,10 +91,13 @@ from svgen.runtime.kernel import (
     MASK_VALUE,
     Pattern,
     _check_operands,
+    poison_unknown_patterns,
     resolve_head_pattern,
     _per_head_layout,
+    attention_doc,
     check_order_operand,
     check_token_order,
+    checked_sm_scale,
 )
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
@@ -100,6 +105,11 @@ from svgen.runtime.gpu_tables import GpuTables, gpu_tile_kinds  # noqa: F401  (r
 from svgen.runtime.tables import KIND_MASK, KV_BLOCK_SHIFT, KernelShape
 
 DTYPES = ("float32", "bfloat16", "float16")
+# How to get a kernel for a dtype that no spec names (a spec's attention.dtype is float32 or
+# bfloat16), for the advice of a dtype mismatch.
+_REBUILD = {
+    "float16": 'build one for it: svgen.runtime.gpu.gpu_attention_of(module, dtype="float16")'
+}
 DEFAULT_BLOCK_Q = 64
 DEFAULT_BLOCK_KV = 64
 
@@ -302,7 +312,8 @@ def make_gpu_attention(
 
     patterns, shape: a generated module's `_PATTERNS` and `SHAPE` (the runs are read at
     SHAPE's tiling); block_q x block_kv: the GPU tile (powers of two >= 16); dtype: q, k, v
-    must have it (None: float32, bfloat16 or float16). q, k, v are [heads, seq, head_dim] or
+    must have it (None: float32, bfloat16 or float16; a spec names float32 or bfloat16, and
+    float16 is reached only here). q, k, v are [heads, seq, head_dim] or
     [batch, heads, seq, head_dim] in the user's token order; the output has q's shape and
     dtype. `head_pattern` (int [heads], may be traced) defaults to `default_head_pattern`.
     `interpret=True` runs the kernel in Pallas's interpreter (CPU, no CUDA).
@@ -329,14 +340,14 @@ def make_gpu_attention(
     def attention(
         q, k, v, *, head_pattern=None, interpret=False, sm_scale=None, token_order="user"
     ):
-        _check_operands(q, k, v, shape, dtype)
+        _check_operands(q, k, v, shape, dtype, rebuild=_REBUILD)
         check_token_order(token_order)
         if jnp.dtype(q.dtype).name not in DTYPES:
             raise TypeError(f"GPU kernels run {', '.join(DTYPES)}; got q, k, v of {q.dtype}")
+        sm_scale = checked_sm_scale(sm_scale, shape.head_dim)
+        requested = head_pattern
         head_pattern, head_layout = head_layout_of(head_pattern, q.shape[-3])
         lead = q.shape[:-2]
-        if sm_scale is None:
-            sm_scale = 1.0 / math.sqrt(shape.head_dim)
         in_kernel_order = token_order == "kernel"
 
         def to_kernel(x):
@@ -358,9 +369,9 @@ def make_gpu_attention(
             num_stages=num_stages,
         )
         out = out.reshape(lead + (shape.seq_len, shape.head_dim))
-        if in_kernel_order:
-            return out
-        return _per_head_layout(out, layouts, head_layout, to_kernel=False)
+        if not in_kernel_order:
+            out = _per_head_layout(out, layouts, head_layout, to_kernel=False)
+        return poison_unknown_patterns(out, requested, len(patterns))
 
     def to_kernel_order(x, *, head_pattern=None, interpret=False):
         """x [..., heads, seq, d] in the user's token order -> each head's kernel order
@@ -375,6 +386,14 @@ def make_gpu_attention(
         _, head_layout = head_layout_of(head_pattern, y.shape[-3])
         return _per_head_layout(y, layouts, head_layout, to_kernel=False)
 
+    attention.__doc__ = attention_doc(
+        shape,
+        dtype,
+        [p.name for p in patterns],
+        default_head_pattern,
+        backend="GPU",
+        any_dtype=" or ".join(DTYPES),
+    )
     attention.to_kernel_order = to_kernel_order
     attention.from_kernel_order = from_kernel_order
     attention.tables = tables

@@ -98,6 +98,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import numbers
 from typing import Callable, Sequence
 
 import jax
@@ -138,6 +139,9 @@ LOG2_E = 1.4426950408889634
 # attention(..., token_order=...): q, k, v and o in the user's token order, or already in each
 # head's kernel order (what attention.to_kernel_order gives; nothing is permuted).
 TOKEN_ORDERS = ("user", "kernel")
+# What a spec's attention.dtype may name (svgen.spec.DTYPES: runtime/ never imports the spec
+# reader; a test checks that they agree), for the advice of a dtype mismatch.
+SPEC_DTYPES = ("bfloat16", "float32")
 
 # Finite "minus infinity": exp2(MASK_VALUE - m) underflows to 0 without inf - inf = NaN.
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
@@ -937,10 +941,10 @@ def make_attention(
     ):
         _check_operands(q, k, v, shape, dtype)
         check_token_order(token_order)
+        sm_scale = checked_sm_scale(sm_scale, shape.head_dim)
+        requested = head_pattern
         static_pattern, head_pattern, head_layout = resolved(head_pattern, q.shape[-3])
         lead = q.shape[:-2]
-        if sm_scale is None:
-            sm_scale = 1.0 / math.sqrt(shape.head_dim)
         in_kernel_order = token_order == "kernel"
         # In kernel order every tile is a contiguous run already: plain blocks, no cube DMA.
         # Cube DMA reads and writes the user's array: nothing to move either.
@@ -970,7 +974,8 @@ def make_attention(
             box_dma,
         )
         out = out.reshape(lead + (shape.seq_len, shape.head_dim))
-        return out if mover is None else mover(out, to_kernel=False)
+        out = out if mover is None else mover(out, to_kernel=False)
+        return poison_unknown_patterns(out, requested, len(patterns))
 
     def order_mover(x, head_pattern, interpret):
         """The mover of [..., heads, seq, d] arrays between the user's and the kernel order
@@ -992,12 +997,94 @@ def make_attention(
         mover = order_mover(y, head_pattern, interpret)
         return y if mover is None else mover(y, to_kernel=False)
 
+    attention.__doc__ = attention_doc(
+        shape, dtype, [p.name for p in patterns], default_head_pattern, backend="TPU"
+    )
     attention.to_kernel_order = to_kernel_order
     attention.from_kernel_order = from_kernel_order
     attention.tables = tables
     attention.cube_dma = cubes
     attention.permute_kernel = permute_kernel
     return attention
+
+
+def attention_doc(
+    shape: KernelShape,
+    dtype: str | None,
+    pattern_names: Sequence[str],
+    default_head_pattern: Sequence[int] | None,
+    *,
+    backend: str,
+    any_dtype: str = "any floating dtype",
+) -> str:
+    """The docstring of a generated module's `attention` (what `help(module.attention)`
+    shows), with this kernel's sizes, dtype and patterns written in. `any_dtype`: what q, k,
+    v may be when the kernel has no dtype of its own."""
+    n, d = shape.seq_len, shape.head_dim
+    dtypes = f"of dtype {dtype}" if dtype is not None else f"of {any_dtype}"
+    names = ", ".join(f"{i}: {name}" for i, name in enumerate(pattern_names))
+    if default_head_pattern is None:
+        default = "required: this kernel's patterns are chosen at run time (e.g. by profile())"
+    else:
+        default = f"the spec's assignment, HEAD_PATTERN = {tuple(default_head_pattern)}"
+    if backend == "TPU":
+        interpret = (
+            "True (or a pltpu.InterpretParams) runs the kernel in Pallas's TPU interpreter, on\n"
+            "    the CPU; False compiles it for the TPU."
+        )
+        grads = "Differentiable in q, k and v (jax.grad: svgen's backward kernels)."
+    else:
+        interpret = (
+            "True runs the kernel in Pallas's interpreter, on the CPU; False compiles it\n"
+            "    with Triton for the GPU."
+        )
+        grads = "Forward only: no gradient yet on GPU."
+    return f"""attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None, token_order="user")
+
+Block-sparse attention on {backend}: o = softmax(sm_scale * q k^T over the keys each query's
+mask keeps) v, per head.
+
+q, k, v: [heads, {n}, {d}] or [batch, heads, {n}, {d}] arrays {dtypes}, the
+    three alike: heads before tokens (a [seq, heads, head_dim] array, PyTorch's order, needs
+    jnp.swapaxes(x, -3, -2) first), tokens in the user's order (video frame-major, text first
+    or last as the spec says) unless token_order="kernel".
+head_pattern: int [heads], each head's pattern ({names}); may be traced under jax.jit. q may
+    have any number of heads when it is given. None: {default}.
+    A value that is no pattern index raises where it is concrete; traced, it makes that
+    head's outputs (and gradients) NaN.
+interpret: {interpret}
+sm_scale: the factor on the scores q.k before the softmax, a finite real number; None:
+    1/sqrt({d}).
+token_order: "user", or "kernel": q, k, v already in each head's kernel order, and o
+    returned in it (attention.to_kernel_order(x, head_pattern=...) and
+    attention.from_kernel_order(y, ...) convert), so nothing is permuted around the kernel.
+
+Returns o, of q's shape and dtype; a query whose mask keeps no key gets zeros.
+{grads}
+"""
+
+
+def checked_sm_scale(sm_scale, head_dim: int) -> float:
+    """The call's sm_scale as a float (None: 1/sqrt(head_dim)). float() alone would take the
+    string "0.1" and True, and a NaN or infinite scale would poison every output row."""
+    if sm_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    real = isinstance(sm_scale, numbers.Real) or (
+        getattr(sm_scale, "shape", None) == ()
+        and (
+            jnp.issubdtype(sm_scale.dtype, jnp.floating)
+            or jnp.issubdtype(sm_scale.dtype, jnp.integer)
+        )
+    )
+    if not real or isinstance(sm_scale, (bool, np.bool_)):
+        raise TypeError(
+            "sm_scale must be a real number (the factor on the scores q.k; None: "
+            f"1/sqrt(head_dim)), got {type(sm_scale).__name__} {sm_scale!r}"
+        )
+    value = float(sm_scale)
+    if not math.isfinite(value):
+        raise ValueError(f"sm_scale must be finite, got {value}")
+    return value
 
 
 def check_token_order(token_order) -> None:
@@ -1008,10 +1095,24 @@ def check_token_order(token_order) -> None:
 def check_order_operand(x, shape: KernelShape) -> None:
     """What to_kernel_order / from_kernel_order take: [..., heads, seq_len, head_dim]."""
     if x.ndim not in (3, 4) or x.shape[-2:] != (shape.seq_len, shape.head_dim):
-        raise ValueError(
-            f"expected [heads, {shape.seq_len}, {shape.head_dim}] or [batch, heads, "
-            f"{shape.seq_len}, {shape.head_dim}], got {tuple(x.shape)}"
+        raise ValueError(_shape_message("x", x.shape, shape))
+
+
+def _shape_message(name: str, got: tuple, shape: KernelShape) -> str:
+    """What a q, k, v (or to_kernel_order operand) of the wrong shape is told: the expected
+    layout with this kernel's sizes, and the transpose when the heads and tokens look swapped
+    (PyTorch's [batch, seq, heads, head_dim])."""
+    n, d = shape.seq_len, shape.head_dim
+    message = (
+        f"expected [heads, {n}, {d}] or [batch, heads, {n}, {d}] ([..., heads, seq, "
+        f"head_dim] at this kernel's sizes) for {name}; got {tuple(got)}"
+    )
+    if len(got) in (3, 4) and got[-3] == n and got[-1] == d:
+        message += (
+            f" (is it [..., seq, heads, head_dim]? put the heads first: "
+            f"jnp.swapaxes({name}, -3, -2))"
         )
+    return message
 
 
 def _layout_mover(
@@ -1096,7 +1197,25 @@ def _checked_head_pattern(head_pattern, heads: int, num_patterns: int):
     return values, jnp.asarray(values, jnp.int32)
 
 
-def _check_operands(q, k, v, shape: KernelShape, dtype: str | None = None) -> None:
+def poison_unknown_patterns(out, head_pattern, num_patterns: int):
+    """`out` [..., heads, seq, d] with NaN in every head whose traced head_pattern value is no
+    pattern index. A concrete value out of range raised already; a traced one cannot raise,
+    and the kernel ran such a head with the nearest pattern (its value clamped so that no
+    table is read out of bounds): another pattern's result, which must not pass for this
+    head's. The factor is 1 elsewhere (exact), and NaN gradients flow back through it too.
+    Costs one elementwise pass over o, for traced assignments only."""
+    if not isinstance(head_pattern, jax.core.Tracer):
+        return out
+    known = (head_pattern >= 0) & (head_pattern < num_patterns)
+    factor = jnp.where(known, 1.0, jnp.nan).astype(out.dtype)
+    return out * factor[:, None, None]
+
+
+def _check_operands(
+    q, k, v, shape: KernelShape, dtype: str | None = None, rebuild: dict | None = None
+) -> None:
+    """q, k, v as the kernel takes them. `rebuild`: dtype name -> how to build a kernel for
+    it other than from a spec (the GPU's float16), for the advice of a dtype mismatch."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not (hasattr(x, "shape") and hasattr(x, "dtype")):
             raise TypeError(f"{name} must be an array (jax or numpy), got {type(x).__name__}")
@@ -1106,18 +1225,21 @@ def _check_operands(q, k, v, shape: KernelShape, dtype: str | None = None) -> No
         raise TypeError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
     if dtype is not None and q.dtype != jnp.dtype(dtype):
         raise TypeError(
-            f"this kernel was compiled for {dtype} (the spec's attention.dtype); "
-            f"got q, k, v of dtype {q.dtype}: cast them, or compile a spec with "
-            f"dtype {q.dtype}"
+            f"this kernel was compiled for {dtype} (the spec's attention.dtype); got q, k, v "
+            f"of dtype {q.dtype}: {_dtype_advice(jnp.dtype(q.dtype).name, dtype, rebuild)}"
         )
-    if q.ndim not in (3, 4):
-        raise ValueError(
-            f"q must be [heads, seq, head_dim] or [batch, heads, seq, head_dim], got {q.shape}"
-        )
+    if q.ndim not in (3, 4) or q.shape[-2:] != (shape.seq_len, shape.head_dim):
+        raise ValueError(_shape_message("q", q.shape, shape))
     if q.shape != k.shape or q.shape != v.shape:
         raise ValueError(f"q, k, v shapes differ: {q.shape}, {k.shape}, {v.shape}")
-    if q.shape[-2:] != (shape.seq_len, shape.head_dim):
-        raise ValueError(
-            f"this kernel was compiled for seq_len={shape.seq_len}, head_dim={shape.head_dim};"
-            f" got q of shape {q.shape}"
-        )
+
+
+def _dtype_advice(got: str, compiled: str, rebuild: dict | None) -> str:
+    """Cast, or build a kernel for the operands' dtype in a way that exists: a spec names only
+    SPEC_DTYPES (float16 is refused there)."""
+    cast = f"cast them (x.astype(jnp.{compiled}))"
+    if got in SPEC_DTYPES:
+        return f"{cast}, or compile a spec with attention.dtype: {got}"
+    if rebuild and got in rebuild:
+        return f"{cast}, or {rebuild[got]}"
+    return f"{cast}; a spec's attention.dtype is one of {', '.join(SPEC_DTYPES)}"
