@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from svgen.cost import PathCosts, model_cycles
 from svgen.runtime.kernel import PieceTables
@@ -126,3 +127,24 @@ def test_model_walks_each_heads_tables():
     # With kv tile 2 holding padding keys, its BOUNDARY blocks cost their padded variant.
     _, _, padded = model_cycles(paths, tables, [0, 0, 0], padding_tile=2)
     assert padded["mixed"] == 3 * ((20 + 60 + 31) + (20 + 50))
+
+
+@pytest.mark.parametrize("padding_tile, padded_steps", [(2, 0), (1, 1), (0, 1), (3, 1)])
+def test_padding_tile_counts_only_the_steps_that_visit_it(padding_tile, padded_steps):
+    """A piece of two BOUNDARY tiles (kv 0-1): a padding tile right after it (2) is not one of
+    its steps, one inside it is; the next piece (kv 3) holds it alone."""
+    paths = PathCosts(
+        bookkeeping=10,
+        full=100,
+        mixed=(20,),
+        block=(((30, 50, 60),),),
+        init=(5,),
+        finalize=7,
+        pipeline=3,
+    )
+    b = TileKind.BOUNDARY
+    runs = np.array([[0, 0, 2, b, 0], [0, 3, 1, b, 0]])
+    tables = PieceTables.from_runs([runs], 1, compute_blocks=1)
+    _, steps, by_path = model_cycles(paths, tables, [0], padding_tile=padding_tile)
+    assert steps["mixed"] == 3
+    assert by_path["mixed"] == 3 * (20 + 50) + padded_steps * (60 - 50)
