@@ -6,7 +6,8 @@ Exit status: 0 success; 1 `--check` (or `--diff`, which implies it) found stale 
 hand-edited files; 2 bad input (a spec error, printed as file:line:column: key: message,
 without a traceback; or `cost` without libtpu installed). Warnings about likely mistakes
 (svgen.lint) go to stderr and change neither the exit status nor the files. Nothing is
-written unless every spec compiled, and never with --check or --diff.
+written unless every spec compiled, and never with --check or --diff; never over a file that
+another existing spec generated (its header names its spec) or that svgen did not write.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ import tempfile
 import time
 
 import numpy as np
+import yaml
 
 from svgen import codegen, gpu_aot, libtpu_env, lint
 from svgen.analysis import DEFAULT_SMEM_BUDGET, Plan, analyze
 from svgen.errors import SpecError
+from svgen.inspect_text import density_bounds_words, inspect_lines, json_summary, pattern_summary
 from svgen.spec import ALIGN_MODES, load_spec
 from svgen.tune import DEFAULT_CONFIRM
 from svgen.targets import DEFAULT_TARGET, GPU_TARGETS, TARGETS
@@ -46,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except SpecError as err:
-        print(f"svgen: error: {err}", file=sys.stderr)
+        print(f"svgen: error: {_located(err)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # `svgen inspect ... | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -145,7 +148,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--confirm",
-        type=int,
+        type=_positive_int,
         default=DEFAULT_CONFIRM,
         metavar="K",
         help="compile until the first K rows are exactly costed, not estimated "
@@ -166,10 +169,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (a budget of 0 or less means nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _add_budget(p: argparse.ArgumentParser, gpu: bool = False) -> None:
     p.add_argument(
         "--smem-budget",
-        type=int,
+        type=_positive_int,
         default=DEFAULT_SMEM_BUDGET,
         metavar="BYTES",
         help="fail when a kernel's scalar-prefetch tables exceed this many bytes "
@@ -296,8 +310,10 @@ def _regenerate_options(args, out_dir: pathlib.Path) -> list[str]:
 
 def _compile(args) -> int:
     out_dir = pathlib.Path(args.out)
+    _check_folder(out_dir, "--out")
     check = args.check or args.diff  # a diff is always a dry run: --diff implies --check
     rendered: dict[pathlib.Path, bytes] = {}
+    owners: dict[pathlib.Path, str] = {}  # the spec file each rendered file comes from
     errors: list[str] = []
     names: dict[str, str] = {}
     for spec_file in args.specs:
@@ -305,7 +321,7 @@ def _compile(args) -> int:
         try:
             plan = _plan(spec_file, args.quiet, args.smem_budget, args.target, warn=not args.quiet)
         except SpecError as err:
-            errors.append(str(err))
+            errors.append(str(_located(err)))
             continue
         if plan.spec.name in names:
             errors.append(
@@ -317,20 +333,26 @@ def _compile(args) -> int:
         files = codegen.render(
             plan, _spec_path_for_header(spec_file, out_dir), _regenerate_options(args, out_dir)
         )
+        clashes = _collisions(files, spec_file, out_dir, owners, check)
+        if clashes:
+            errors += clashes
+            continue
         launch = None
         if plan.gpu is not None and not check and not args.no_gpu_check:
             try:
                 launch = _gpu_compile(files, plan, args.target)
             except gpu_aot.GpuCompileError as err:
-                errors.append(f"{spec_file}: gpu: {err}")
+                errors.append(str(_located(SpecError(str(err), file=spec_file, key="gpu"))))
                 continue
             if not args.quiet:
                 _print_warnings(gpu_aot.launch_warnings(launch))
         for filename, data in files.items():
             rendered[out_dir / filename] = data
+            owners[out_dir / filename] = spec_file
         if not args.quiet and not check:
             tiles = "; ".join(
                 f"{p.name}: {c['full']} full, {c['boundary']} boundary, {c['empty']} empty"
+                f"{_bounded_density_words(p)}"
                 for p, c in ((p, p.tile_counts()) for p in plan.patterns)
             )
             kernel = (
@@ -364,6 +386,130 @@ def _compile(args) -> int:
     return 0
 
 
+def _bounded_density_words(pattern) -> str:
+    """What the compile summary adds for a pattern whose density is only bounded: the
+    bounds, said to be bounds (an exact density needs no word there)."""
+    c = pattern.classification
+    if c.density_is_exact:
+        return ""
+    return ", density " + density_bounds_words(
+        pattern.density, c.kept_pairs_upper / pattern.total_pairs
+    )
+
+
+def _collisions(
+    files: dict[str, bytes],
+    spec_file: str,
+    out_dir: pathlib.Path,
+    owners: dict[pathlib.Path, str],
+    check: bool,
+) -> list[str]:
+    """Why the files of `spec_file` must not be written: a name that another spec of this
+    compile also renders (a spec `b48` for a GPU and one named `b48_gpu` both make
+    `b48_gpu.py`; names and pattern names can combine to the same `_tables.npy`), or a file
+    already in `out_dir` that another existing spec's compile wrote (`_owners`). Both spec
+    files are named; nothing is written."""
+    problems = []
+    for filename in files:
+        path = out_dir / filename
+        if path in owners:
+            problems.append(
+                f"{spec_file}: name: its generated file {filename} is also generated from "
+                f"{owners[path]}; generated file names must not collide: rename one of the specs"
+            )
+            continue
+        if check or not path.exists():
+            continue
+        if path.is_dir():
+            problems.append(
+                f"{spec_file}: name: {path} is a folder, in the way of a generated file"
+            )
+            continue
+        owners_on_disk = _owners(path, out_dir)
+        if owners_on_disk is None:
+            problems.append(
+                f"{spec_file}: name: {path} exists and is not a file svgen generated; "
+                f"refusing to replace it"
+            )
+            continue
+        for owner in owners_on_disk:
+            if not _same_file(owner, spec_file) and owner.exists():
+                problems.append(
+                    f"{spec_file}: name: {path} was generated from {owner}, another spec; "
+                    f"compiling {spec_file} would replace it: generated file names must not "
+                    f"collide: rename one of the specs"
+                )
+                break
+    return problems
+
+
+def _owners(path: pathlib.Path, out_dir: pathlib.Path) -> list[pathlib.Path] | None:
+    """The spec files that the generated file `path` came from: a module's header names its
+    spec; a table file belongs to each module in `out_dir` that loads it (none: left over).
+    None for a module without svgen's header (not a generated file)."""
+    if path.suffix == ".py":
+        header = codegen.parse_header(path.read_text(errors="replace"))
+        return None if header is None else [out_dir.resolve().parent / header.spec_path]
+    quoted, found = f'"{path.name}"', []
+    for module in sorted(out_dir.glob("*.py")):
+        text = module.read_text(errors="replace")
+        header = codegen.parse_header(text)
+        if header is not None and quoted in text:
+            found.append(out_dir.resolve().parent / header.spec_path)
+    return found
+
+
+def _same_file(a: pathlib.Path, b: str) -> bool:
+    return a.resolve() == pathlib.Path(b).resolve()
+
+
+def _check_folder(path: pathlib.Path, option: str) -> None:
+    """`path` is, or can be made, a folder: its nearest existing ancestor is a folder."""
+    for existing in (path, *path.parents):
+        if existing.exists():
+            break
+    if not existing.is_dir():
+        what = "" if existing == path else f" (its parent {existing} is)"
+        raise SpecError(f"{option}: {path} must be a folder, but it is a file{what}")
+
+
+def _check_file_target(path: pathlib.Path, option: str) -> None:
+    """An output file `path` can be written: its folder exists, and it is not a folder."""
+    parent = path.parent
+    if not parent.is_dir():
+        why = "does not exist" if not parent.exists() else "is a file"
+        raise SpecError(f"{option}: cannot write {path}: the folder {parent} {why}")
+    if path.is_dir():
+        raise SpecError(f"{option}: cannot write {path}: it is a folder")
+
+
+def _located(err: SpecError) -> SpecError:
+    """`err` with the line and column of its key in its spec file, when it names a key but
+    not where it is written (the analysis knows the key path, not the YAML node): the key's
+    value, else its nearest written parent (`tiling` when the tiling is the default: the
+    file's first line), so that every message about a spec reads file:line:col: key."""
+    if err.line is not None or err.file is None or not err.key:
+        return err
+    try:
+        text = pathlib.Path(err.file).read_text(encoding="utf-8")
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except (OSError, UnicodeError, yaml.YAMLError):
+        return err
+    if node is None:
+        return err
+    for part in err.key.split("."):
+        if not isinstance(node, yaml.MappingNode):
+            break
+        found = [v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == part]
+        if not found:
+            break
+        node = found[0]
+    mark = node.start_mark
+    return SpecError(
+        err.message, file=err.file, line=mark.line + 1, column=mark.column + 1, key=err.key
+    )
+
+
 def _gpu_compile(files: dict[str, bytes], plan: Plan, target: str) -> dict:
     """The deviceless compile of a GPU module (svgen.gpu_aot), from a scratch directory:
     nothing reaches the output directory before it passed."""
@@ -391,15 +537,21 @@ def _launch_words(launch: dict | None) -> str:
 
 
 def _write_all(rendered: dict[pathlib.Path, bytes]) -> list[pathlib.Path]:
-    """Write changed files only, each through a temporary file and an atomic rename."""
+    """Write changed files only, each through a temporary file and an atomic rename; a file
+    that cannot be written is a SpecError naming it (its temporary file removed)."""
     written = []
     for path, data in rendered.items():
         if path.exists() and path.read_bytes() == data:
             continue
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            done = f" ({len(written)} other file(s) written before)" if written else ""
+            raise SpecError(f"cannot write it: {exc.strerror or exc}{done}", file=str(path))
         written.append(path)
     return written
 
@@ -456,6 +608,11 @@ def _orphans(out_dir: pathlib.Path, expected: set[pathlib.Path]) -> list[str]:
 
 
 def _inspect(args) -> int:
+    # Before the analysis (seconds for a big spec): where the files go must exist.
+    if args.tiles:
+        _check_file_target(pathlib.Path(args.tiles), "--tiles")
+    if args.png:
+        _check_file_target(pathlib.Path(args.png), "--png")
     plan = _plan(args.spec, quiet=args.json, smem_budget=args.smem_budget, target=args.target)
     single = len(plan.patterns) == 1
     if args.tiles:
@@ -473,19 +630,22 @@ def _inspect(args) -> int:
             path = pathlib.Path(args.png)
             if not single:
                 path = path.with_name(f"{path.stem}_{pattern.name}{path.suffix}")
+            s = pattern_summary(pattern)
+            density = (
+                f"density {s['density']:.4f}"
+                if s["density_is_exact"]
+                else f"density bounds {s['density_lower']:.4f} to {s['density_upper']:.4f}"
+            )
             title = (
                 f"{plan.spec.name}{'' if single else ' / ' + pattern.name}: "
                 f"{pattern.grid.block_q} x {pattern.grid.block_kv} tiles, "
-                f"{pattern.layout.order}, density {pattern.density:.4f}, "
+                f"{pattern.layout.order}, {density}, "
                 f"visited fraction {pattern.visited_fraction:.4f}"
             )
             write_tile_map_png(pattern.kinds, path, title=title)
-    summary = plan.summary()
     if args.json:
-        print(json.dumps(summary, indent=2, sort_keys=False))
+        print(json.dumps(json_summary(plan), indent=2, sort_keys=False))
         return 0
-    from svgen.inspect_text import inspect_lines
-
     for line in inspect_lines(plan, args.spec):
         print(line)
     return 0
@@ -509,14 +669,19 @@ def _cost(args) -> int:
     from svgen import cost
 
     # libtpu must learn where to dump its schedules before anything starts it.
-    from svgen.tpu_schedule import ensure_dump_flags
+    from svgen.tpu_schedule import NoGridLoop, ensure_dump_flags
 
     ensure_dump_flags()
     plan = _plan(args.spec, quiet=args.json, smem_budget=args.smem_budget, target=args.target)
     progress = None if args.json else (lambda message: print(f"  {message}", file=sys.stderr))
-    report = cost.cost_plan(
-        plan, args.spec, use_cache=not args.no_cache, progress=progress, training=args.backward
-    )
+    try:
+        report = cost.cost_plan(
+            plan, args.spec, use_cache=not args.no_cache, progress=progress, training=args.backward
+        )
+    except NoGridLoop as err:  # a kernel check_costable let through: still no traceback
+        raise SpecError(
+            f"svgen cost cannot read this kernel's schedule: {err}", file=args.spec, key="tiling"
+        ) from None
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:
@@ -528,8 +693,8 @@ def _cost(args) -> int:
 def _tune(args) -> int:
     from svgen import tune
 
-    if args.confirm < 1:
-        raise SpecError("--confirm must be at least 1")
+    if args.apply:  # before minutes of tuning: the spec can be rewritten at all
+        _rewritable(pathlib.Path(args.spec))
     progress = _TuneProgress(quiet=False)
     try:
         result = tune.tune(
@@ -555,25 +720,86 @@ def _tune(args) -> int:
 
 def _apply_tiling(spec_file: str, candidate, quiet: bool) -> None:
     """Rewrite the spec's tiling in place (atomically, only once the new text reads back as
-    the chosen tiling), and say what changed."""
+    the same spec with the chosen tiling), and say what changed."""
+    path = pathlib.Path(spec_file)
+    text, changes = _rewritten(path, candidate)
+    if not changes:
+        print(f"svgen: {spec_file}: tiling unchanged (already the first choice)", file=sys.stderr)
+        return
+    _rewritable(path)  # still, after the tuning
+    _write_all({path: text.encode("utf-8")})
+    print(f"svgen: {spec_file}: tiling " + "; ".join(changes), file=sys.stderr)
+
+
+def _rewritable(path: pathlib.Path) -> None:
+    """Refuse a spec that `--apply` could not or should not rewrite: one that cannot be
+    read, or is read-only (no write permission bit: a read-only file is the user's word,
+    which root's access would override), in a folder that takes no new file (the rewrite is
+    a temporary file and a rename), or whose `tiling` the rewrite cannot change alone."""
+    spec = load_spec(path)
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise SpecError(f"cannot read the spec file: {exc.strerror}", file=str(path)) from None
+    if not mode & 0o222 or not os.access(path, os.W_OK):
+        raise SpecError(
+            "--apply rewrites the spec in place, but the file is read-only", file=str(path)
+        )
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise SpecError(
+            f"--apply rewrites the spec through a temporary file beside it, but its folder "
+            f"{path.parent} is read-only",
+            file=str(path),
+        )
+    from svgen.tune import Candidate
+
+    t = spec.tiling
+    _rewritten(path, Candidate(t.block_q, t.block_kv, t.cq, t.ckv, t.align))
+
+
+def _rewritten(path: pathlib.Path, candidate) -> tuple[str, list[str]]:
+    """The spec's text with `candidate`'s tiling, and the changes in words; a SpecError when
+    the new text would not read back as the same spec with that tiling."""
     from svgen.spec import parse_spec
     from svgen.tune import rewrite_tiling
 
-    path = pathlib.Path(spec_file)
-    text, changes = rewrite_tiling(path.read_text(encoding="utf-8"), candidate)
-    t = parse_spec(text, source=spec_file).tiling
-    assert (t.block_q, t.block_kv, t.cq, t.ckv, t.align) == (
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeError) as exc:
+        raise SpecError(f"cannot read the spec file: {exc}", file=str(path)) from None
+    old = parse_spec(text, source=str(path))
+    new_text, changes = rewrite_tiling(text, candidate, source=str(path))
+    try:
+        new = parse_spec(new_text, source=str(path))
+    except SpecError:  # about the rewritten text, not the user's: say what happened instead
+        new = None
+    t = new.tiling if new is not None else None
+    want = (
         candidate.block_q,
         candidate.block_kv,
         candidate.compute_q,
         candidate.compute_kv,
         candidate.align,
-    ), "the rewritten spec does not read back as the chosen tiling"
-    if not changes:
-        print(f"svgen: {spec_file}: tiling unchanged (already the first choice)", file=sys.stderr)
-        return
-    _write_all({path: text.encode("utf-8")})
-    print(f"svgen: {spec_file}: tiling " + "; ".join(changes), file=sys.stderr)
+    )
+    if (
+        t is None
+        or (t.block_q, t.block_kv, t.cq, t.ckv, t.align) != want
+        or _without_tiling(old) != _without_tiling(new)
+    ):
+        raise SpecError(
+            "--apply could not rewrite the tiling alone (the rewritten spec reads back "
+            "differently); write tiling's keys out in full, then run again",
+            file=str(path),
+            key="tiling",
+        )
+    return new_text, changes
+
+
+def _without_tiling(spec):
+    """What a spec says besides its tiling (for --apply's check that only the tiling moved)."""
+    import dataclasses
+
+    return dataclasses.replace(spec, tiling=None, digest="")
 
 
 class _TuneProgress(_StatusLine):

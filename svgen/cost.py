@@ -592,6 +592,25 @@ def padding_tile(plan) -> int | None:
     return None if seq_len % t.ckv == 0 else (seq_len - 1) // t.block_kv
 
 
+def check_costable(plan) -> None:
+    """Refuse, before compiling, a kernel of one grid step per head: libtpu compiles a
+    single step without the grid loop (or, over several heads, without the per-step branch
+    the paths are read from), so the model has no step to read; it is a few thousand cycles
+    in any case."""
+    from svgen.errors import SpecError
+
+    if plan.grid_steps == 1:
+        t = plan.spec.tiling
+        raise SpecError(
+            f"svgen cost models a kernel's grid steps, but this one has a single grid step "
+            f"per head (on a {plan.grid.num_q_blocks} x {plan.grid.num_kv_blocks} grid of "
+            f"{t.block_q} x {t.block_kv} tiles), which libtpu compiles without the grid loop "
+            f"the model reads: nothing to model (cost a longer sequence or smaller tiles)",
+            file=plan.spec.source,
+            key="tiling",
+        )
+
+
 def cost_plan(
     plan, spec_path: str, *, use_cache: bool = True, progress=None, training: bool = False
 ) -> CostReport:
@@ -603,6 +622,7 @@ def cost_plan(
 
     from svgen import codegen
 
+    check_costable(plan)
     with tempfile.TemporaryDirectory(prefix="svgen_cost_") as tmp:
         for filename, data in codegen.render(plan, spec_path).items():
             (pathlib.Path(tmp) / filename).write_bytes(data)

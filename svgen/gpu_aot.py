@@ -11,8 +11,10 @@ JAX's CUDA plugin and ptxas, at JAX's version: `jax-cuda12-plugin`, `jax-cuda12-
 `jax[cuda12]` has them already. On a CPU-only machine they go into a directory of their own
 (`pip install --no-deps --target .gpu-aot ...`, the README's install command), never into the
 environment that runs svgen and its tests: there, every JAX process would find the plugin and
-log CUDA-driver messages on stderr. Where svgen looks: $SVGEN_GPU_TOOLCHAIN, else `.gpu-aot`
-in the working directory, else the running environment (`toolchain_dir`).
+log CUDA-driver messages on stderr. Where svgen looks (`toolchain_dir`), in order:
+$SVGEN_GPU_TOOLCHAIN when set (then nowhere else), `.gpu-aot` beside the svgen package (the
+repository root, for an editable install: found from any working directory), `.gpu-aot` in
+the working directory, the running environment. The error of a missing toolchain lists them.
 
 The compile runs in a child process (`python -m svgen.gpu_aot MODULE --target NAME`) with the
 toolchain first on PYTHONPATH and JAX_PLATFORMS=cpu: without a driver the plugin would fail
@@ -75,28 +77,53 @@ def toolchain_packages() -> list[str]:
 def install_hint() -> str:
     packages = " ".join(toolchain_packages())
     return (
-        f"install it beside svgen with `pip install --no-deps --target {DEFAULT_TOOLCHAIN_DIR} "
-        f"{packages}` (or point ${TOOLCHAIN_ENV} at such a directory)"
+        f"install it beside svgen with `pip install --no-deps --target "
+        f"{project_toolchain_dir()} {packages}` (or point ${TOOLCHAIN_ENV} at such a directory)"
     )
+
+
+def project_toolchain_dir() -> pathlib.Path:
+    """`.gpu-aot` beside the svgen package: in the repository root for an editable install
+    (where the README's install command puts it), whatever the working directory."""
+    return pathlib.Path(__file__).resolve().parent.parent / DEFAULT_TOOLCHAIN_DIR
+
+
+def _holds_plugin(path: pathlib.Path) -> bool:
+    return (path / "jax_cuda12_plugin").is_dir()
+
+
+def _environment_has_plugin() -> bool:
+    """Whether the running environment has the plugin itself (a GPU machine's jax[cuda12])."""
+    return importlib.util.find_spec("jax_cuda12_plugin") is not None
 
 
 def toolchain_dir() -> pathlib.Path | None:
     """The toolchain directory to put on the child's PYTHONPATH; None when the running
-    environment has the plugin itself (a GPU machine's jax[cuda12]). Raises GpuCompileError
-    when neither has it."""
+    environment has the plugin itself (a GPU machine's jax[cuda12]). Raises GpuCompileError,
+    saying where it looked, when none has it.
+
+    Where: $SVGEN_GPU_TOOLCHAIN when set (then only there: a wrong setting is an error, not
+    a fallback), else `.gpu-aot` beside the package (`project_toolchain_dir`), else `.gpu-aot`
+    in the working directory, else the running environment."""
     given = os.environ.get(TOOLCHAIN_ENV)
-    candidates = [pathlib.Path(given)] if given else [pathlib.Path(DEFAULT_TOOLCHAIN_DIR)]
-    for path in candidates:
-        if (path / "jax_cuda12_plugin").is_dir():
-            return path.resolve()
     if given:
+        if _holds_plugin(pathlib.Path(given)):
+            return pathlib.Path(given).resolve()
         raise GpuCompileError(
             f"${TOOLCHAIN_ENV}={given} holds no jax_cuda12_plugin; {install_hint()}"
         )
-    if importlib.util.find_spec("jax_cuda12_plugin") is not None:
+    looked = []
+    for path in (project_toolchain_dir(), pathlib.Path(DEFAULT_TOOLCHAIN_DIR).resolve()):
+        if _holds_plugin(path):
+            return path
+        if str(path) not in looked:
+            looked.append(str(path))
+    if _environment_has_plugin():
         return None
+    looked.append(f"the running environment ({sys.executable})")
     raise GpuCompileError(
-        f"compiling for a GPU without one needs JAX's CUDA plugin and ptxas; {install_hint()}"
+        f"compiling for a GPU without one needs JAX's CUDA plugin and ptxas, found in none "
+        f"of: {', '.join(looked)} (${TOOLCHAIN_ENV} is not set); {install_hint()}"
     )
 
 

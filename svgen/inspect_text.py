@@ -1,8 +1,12 @@
 """`svgen inspect` as text for people: the same facts as `--json`, in words and rounded numbers.
 
-Lines are built from the JSON summaries (`Plan.summary`, `PatternPlan.summary`), each known
-key consumed by the line that words it; a key added later still prints, generically, so text
-and JSON never disagree about what is reported.
+Lines are built from the JSON summaries (`json_summary`, `pattern_summary`), each known key
+consumed by the line that words it; a key added later still prints, generically, so text and
+JSON never disagree about what is reported.
+
+A density the analysis only bounded (a user predicate past its evaluation budget,
+`density_is_exact` false) is never reported as the density: `density` is then null and the
+bounds are `density_lower` and `density_upper`.
 """
 
 from __future__ import annotations
@@ -13,15 +17,45 @@ from svgen.codegen.tilemap import render_tile_map
 KIND_ORDER = ("full", "boundary", "empty")
 
 
+def json_summary(plan: Plan) -> dict:
+    """The `svgen inspect --json` object: `Plan.summary()`, each bounded density reported
+    as its bounds (see the module docstring), for the kernel and per pattern."""
+    out = _bounds_for_density(plan.summary())
+    if "patterns" in out:
+        out["patterns"] = {name: _bounds_for_density(p) for name, p in out["patterns"].items()}
+    return out
+
+
+def pattern_summary(pattern) -> dict:
+    """One pattern's part of `json_summary` (`PatternPlan.summary()`, bounds as there)."""
+    return _bounds_for_density(pattern.summary())
+
+
+def _bounds_for_density(s: dict) -> dict:
+    """`s` with `density` null and `density_lower` / `density_upper` in its place when the
+    density is only bounded: the lower bound under `density` reads as the density (150x too
+    low for a neighborhood predicate that the analysis could not decide)."""
+    if s.get("density_is_exact", True):
+        return s
+    out = {}
+    for key, value in s.items():
+        if key == "density":
+            out.update(density=None, density_lower=value, density_upper=s["density_upper"])
+        elif key != "density_upper":
+            out[key] = value
+    return out
+
+
 def inspect_lines(plan: Plan, spec_file: str) -> list[str]:
     """The whole text report: the kernel, then per pattern its statistics and tile map."""
-    pattern_keys = set(plan.patterns[0].summary()) if len(plan.patterns) == 1 else set()
-    summary = {k: v for k, v in plan.summary().items() if k not in pattern_keys}
+    patterns = [pattern_summary(p) for p in plan.patterns]
+    pattern_keys = set(patterns[0]) if len(plan.patterns) == 1 else set()
+    summary = {k: v for k, v in json_summary(plan).items() if k not in pattern_keys}
     lines = [f"{plan.spec.name} ({spec_file})"]
     lines += [f"  {line}" for line in _kernel_lines(summary)]
-    for pattern in plan.patterns:
+    for pattern, s in zip(plan.patterns, patterns):
         lines += ["", f"  pattern {pattern.name}: {pattern.mask.describe()}"]
-        lines += [f"    {line}" for line in _pattern_lines(pattern.summary())]
+        lines += [f"    {line}" for line in _pattern_lines(s)]
         lines += [f"    {line}" for line in render_tile_map(pattern.kinds)]
     return lines
 
@@ -78,7 +112,7 @@ def _pattern_lines(s: dict) -> list[str]:
         f"tiles: {_kinds(s.pop('tiles'))}; visited fraction "
         f"{_fraction(s.pop('visited_fraction'))} ({_count(s.pop('visited_steps'))} grid steps)",
         f"compute blocks: {_kinds(s.pop('compute_blocks'))}",
-        _density(s.pop("density"), s.pop("density_is_exact"), s.pop("density_upper", None)),
+        _density(s),
     ]
     if "exact_density" in s:
         lines[-1] = lines[-1].replace("(exact)", "(exact count, aligned mask)")
@@ -92,12 +126,19 @@ def _pattern_lines(s: dict) -> list[str]:
     return lines + _generic_lines(s)
 
 
-def _density(low: float, exact: bool, high: float | None) -> str:
-    if exact:
-        return f"density: {_fraction(low)} of token pairs kept (exact)"
+def _density(s: dict) -> str:
+    """The density line (consumes the density keys of `s`)."""
+    density = s.pop("density")
+    if s.pop("density_is_exact"):
+        return f"density: {_fraction(density)} of token pairs kept (exact)"
+    return f"density: {density_bounds_words(s.pop('density_lower'), s.pop('density_upper'))}"
+
+
+def density_bounds_words(low: float, high: float) -> str:
+    """A bounded density in words (`svgen inspect` and the compile summary)."""
     return (
-        f"density: between {_fraction(low)} and {_fraction(high)} of token pairs kept "
-        f"(bounds: the mask was not evaluated everywhere)"
+        f"between {_fraction(low)} and {_fraction(high)} of token pairs kept (bounds, not "
+        f"the density: a user predicate was not evaluated everywhere)"
     )
 
 

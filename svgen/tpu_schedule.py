@@ -196,6 +196,11 @@ def op_family(op: str) -> str:
 # ---------------------------------------------------------------------------- parsing
 
 
+class NoGridLoop(ValueError):
+    """A listing without a loop: libtpu compiles a kernel of a single grid step straight
+    through, and the per-step paths cannot be told from the code around them."""
+
+
 def parse_bundles(text: str) -> Schedule:
     """Parse a ``*-final_bundles.txt`` listing (see the module docstring for its shape)."""
     bundles, region_start = [], {}
@@ -218,7 +223,7 @@ def parse_bundles(text: str) -> Schedule:
         )
     )
     if not loops:
-        raise ValueError("no loop in the listing: not a Pallas grid kernel")
+        raise NoGridLoop("no loop in the listing: not a Pallas grid kernel")
     forward = [jump for jump in jumps if jump[1] > jump[0]]
     grid = max(loops, key=lambda loop: loop.bundles)
     return Schedule(tuple(bundles), loops, tuple(_forward_branches(bundles, forward, grid)))

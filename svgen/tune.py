@@ -557,11 +557,15 @@ def summary_lines(result: TuneResult) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- --apply
-def rewrite_tiling(text: str, c: Candidate) -> tuple[str, list[str]]:
+def rewrite_tiling(text: str, c: Candidate, source: str = "<string>") -> tuple[str, list[str]]:
     """The spec text with the candidate's tiling, through a round-trip YAML parser (comments,
     key order and flow style kept), and what changed, in words. Keys the file has are set;
     missing ones are added only when they matter (compute blocks other than the whole tile,
-    an align mode other than exact)."""
+    an align mode other than exact).
+
+    A `tiling` mapping that is a YAML anchor or alias (`tiling: &t {...}` with `gpu: *t`)
+    is refused: the rewrite would change every key sharing it (the GPU's tiles would get
+    compute blocks). Anchored scalars inside it are fine: a new value replaces the alias."""
     import io
 
     from ruamel.yaml import YAML
@@ -583,6 +587,17 @@ def rewrite_tiling(text: str, c: Candidate) -> tuple[str, list[str]]:
     }
     needed = c.tiling()
     tiling = data.get("tiling")
+    if isinstance(tiling, CommentedMap) and tiling.anchor.value is not None:
+        line, column = data.lc.key("tiling")
+        raise SpecError(
+            f"--apply does not rewrite a tiling written with a YAML anchor or alias "
+            f"(&{tiling.anchor.value}): it would change every key that shares it; write "
+            f"tiling's keys out in full, then run again",
+            file=source,
+            line=line + 1,
+            column=column + 1,
+            key="tiling",
+        )
     changes = []
     if not isinstance(tiling, dict):
         tiling = CommentedMap()

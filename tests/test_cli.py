@@ -2,6 +2,8 @@
 
 import json
 import os
+import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -373,7 +375,7 @@ def test_over_vmem_exits_2_and_writes_nothing(project):
     result = run_cli(["compile", "specs/tiny.yaml"], project)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     err = result.stderr
-    assert "tiny.yaml: tiling: the kernel needs" in err
+    assert "tiny.yaml:9:9: tiling: the kernel needs" in err  # located: file:line:col
     assert "MiB of VMEM at 4096 x 4096 tiles with 4096 x 4096 compute blocks" in err
     assert "over the 120 MiB a kernel may use on v6e" in err and "would fit" in err
     assert not (project / "generated").exists()
@@ -467,3 +469,109 @@ def test_cost_without_libtpu_says_what_to_install(project, capsys, monkeypatch):
     assert main(["cost", str(project / "specs" / "tiny.yaml")]) == 2
     err = capsys.readouterr().err
     assert err == f"svgen: error: {cli.NO_LIBTPU}\n" and "pip install 'svgen[tpu]'" in err
+
+
+# A user predicate that the analysis, with its evaluation budget at 0, only bounds: the
+# neighborhoods of a diamond, not a built-in shape, so interval arithmetic leaves tiles open.
+BOUNDED = """svgen: 1
+name: bounded
+geometry: {frames: 4, height: 8, width: 16}
+attention: {heads: 1, head_dim: 128, dtype: float32}
+mask: {expr: "abs(w_q - w_k) + abs(h_q - h_k) <= 2 and f_q == f_k"}
+tiling: {block_q: 128, block_kv: 128}
+"""
+
+
+@pytest.fixture
+def bounded(project, monkeypatch):
+    """specs/bounded.yaml, analyzed only to bounds (test_classify's over-budget setting)."""
+    from svgen.analysis import classify
+
+    monkeypatch.setattr(classify, "MAX_UNDECIDED_PAIRS", 0)
+    monkeypatch.chdir(project)
+    (project / "specs" / "bounded.yaml").write_text(BOUNDED)
+    return "specs/bounded.yaml"
+
+
+def test_a_bounded_density_is_never_reported_as_the_density(bounded, capsys):
+    """inspect --json: `density` null, the bounds under density_lower / density_upper; the
+    text, the compile summary and the generated docstring say "bounds"."""
+    plan = analyze(load_spec(bounded))
+    c = plan.classification
+    assert not c.density_is_exact and c.kept_pairs < c.kept_pairs_upper
+    assert main(["inspect", "--json", bounded]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["density"] is None and summary["density_is_exact"] is False
+    assert summary["density_lower"] == c.kept_pairs / plan.only.total_pairs
+    assert summary["density_upper"] == c.kept_pairs_upper / plan.only.total_pairs
+    assert summary["unproven_boundary_tiles"] == c.unproven_tiles > 0
+
+    assert main(["inspect", bounded]) == 0
+    out = capsys.readouterr().out
+    assert "density: between 0.0000 and 0.2500 of token pairs kept (bounds, not the density" in out
+    assert "(exact)" not in out
+
+    assert main(["compile", bounded]) == 0
+    summary_line = capsys.readouterr().err.splitlines()[0]
+    assert summary_line.startswith(f"{bounded}: mask: 0 full, 4 boundary, 12 empty, density ")
+    assert "(bounds, not the density" in summary_line
+    docstring = pathlib.Path("generated/bounded.py").read_text()
+    assert "(density bounds 0.000000 to 0.250000: a user predicate" in docstring
+
+
+def test_a_bounded_density_per_pattern(bounded, capsys):
+    """With several patterns, each pattern's object in `patterns` reports its own way."""
+    text = BOUNDED.replace(
+        'mask: {expr: "abs(w_q - w_k) + abs(h_q - h_k) <= 2 and f_q == f_k"}',
+        "patterns:\n"
+        '  near: {expr: "abs(w_q - w_k) + abs(h_q - h_k) <= 2 and f_q == f_k"}\n'
+        "  first: {first_frame: {frames: 1}}\n"
+        "heads: {candidates: [{pattern: near}, {pattern: first}], assign: [near]}",
+    )
+    pathlib.Path(bounded).write_text(text)
+    assert main(["inspect", "--json", bounded]) == 0
+    patterns = json.loads(capsys.readouterr().out)["patterns"]
+    assert patterns["near"]["density"] is None and patterns["near"]["density_upper"] == 0.25
+    assert patterns["first"]["density"] == 0.25 and "density_lower" not in patterns["first"]
+
+
+def _inspect_keys_section() -> str:
+    text = (REPO / "README.md").read_text()
+    start = text.index("#### `svgen inspect --json` keys")
+    return text[start : text.index("\n## ", start)]
+
+
+def _keys(obj, prefix=""):
+    """Every key of a JSON object, nested objects' keys too (not the pattern names)."""
+    for key, value in obj.items():
+        if prefix == "patterns.":
+            yield from _keys(value, "")
+            continue
+        yield key
+        if isinstance(value, dict) and key not in ("tiles", "compute_blocks"):
+            yield from _keys(value, f"{key}.")
+
+
+def test_every_inspect_json_key_is_documented(project, bounded, capsys):
+    """Each key `svgen inspect --json` prints, for every kind of spec (one pattern, several,
+    aligned, temporal-major, tiled, bounded, GPU), is in README's table of them."""
+    (project / "specs" / "two.yaml").write_text(TWO_PATTERNS)
+    (project / "specs" / "cubes.yaml").write_text(
+        GOOD.replace("tiling:", "layout: {tiled: {frames: 1, rows: 2, cols: 6}}\ntiling:")
+    )
+    aligned = GOOD.replace("block_kv: 128}", "block_kv: 128, align: nearest}")
+    (project / "specs" / "aligned.yaml").write_text(aligned)
+    runs = [
+        [bounded],
+        ["specs/two.yaml"],
+        ["specs/cubes.yaml"],
+        ["specs/aligned.yaml"],
+        ["specs/two.yaml", "--target", "h100"],
+        ["specs/tiny.yaml", "--target", "h200"],
+    ]
+    section = _inspect_keys_section()
+    for args in runs:
+        assert main(["inspect", "--json", *args]) == 0, capsys.readouterr().err
+        for key in _keys(json.loads(capsys.readouterr().out)):
+            # `key`, or a key of a documented object: `{block_q, ..., table_bytes}`
+            assert re.search(rf"[`{{ ]{key}[`,}}]", section), (key, args)

@@ -9,6 +9,7 @@ ptxas); CI installs it, so a missing toolchain fails here rather than skipping.
 from __future__ import annotations
 
 import math
+import os
 import pathlib
 import subprocess
 import sys
@@ -105,9 +106,47 @@ def test_compile_writes_the_gpu_module_beside_the_tpu_one(tmp_path):
     assert check.returncode == 0, check.stderr
 
 
-def test_a_missing_toolchain_is_an_error_that_says_how_to_install_it(tmp_path, monkeypatch):
+def test_compile_from_another_directory_finds_the_toolchain_beside_svgen(tmp_path):
+    """Run from a folder without `.gpu-aot` and without $SVGEN_GPU_TOOLCHAIN, the compile
+    finds the repository's toolchain (beside the svgen package), as the README installs it."""
+    assert (gpu_aot.project_toolchain_dir() / "jax_cuda12_plugin").is_dir()
+    path = write_spec(tmp_path, "elsewhere", "gpu:\n  block_q: 32\n  block_kv: 64\n")
+    env = {k: v for k, v in os.environ.items() if k != gpu_aot.TOOLCHAIN_ENV}
+    done = subprocess.run(
+        [sys.executable, "-m", "svgen.cli", "compile", str(path.relative_to(tmp_path))]
+        + ["--target", "h100"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "compiled for h100" in done.stderr
+    assert (tmp_path / "generated" / "elsewhere_gpu.py").exists()
+
+
+def test_a_missing_toolchain_is_an_error_that_says_where_it_looked(tmp_path, monkeypatch):
+    """Without the variable: the folder beside svgen, then the working directory, then the
+    running environment; the error names each, and says how to install into the first."""
+    monkeypatch.delenv(gpu_aot.TOOLCHAIN_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(gpu_aot, "project_toolchain_dir", lambda: tmp_path / "beside")
+    monkeypatch.setattr(gpu_aot, "_environment_has_plugin", lambda: False)
+    with pytest.raises(gpu_aot.GpuCompileError) as err:
+        gpu_aot.toolchain_dir()
+    message = str(err.value)
+    assert f"found in none of: {tmp_path / 'beside'}, {tmp_path / '.gpu-aot'}, " in message
+    assert f"the running environment ({sys.executable})" in message
+    assert f"pip install --no-deps --target {tmp_path / 'beside'} " in message
+    (tmp_path / ".gpu-aot" / "jax_cuda12_plugin").mkdir(parents=True)
+    assert gpu_aot.toolchain_dir() == tmp_path / ".gpu-aot"  # then the working directory
+    (tmp_path / "beside" / "jax_cuda12_plugin").mkdir(parents=True)
+    assert gpu_aot.toolchain_dir() == tmp_path / "beside"  # the folder beside svgen first
+
+
+def test_a_wrong_toolchain_variable_is_an_error_that_says_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setenv(gpu_aot.TOOLCHAIN_ENV, str(tmp_path / "nowhere"))
-    with pytest.raises(gpu_aot.GpuCompileError, match="pip install --no-deps --target .gpu-aot"):
+    with pytest.raises(gpu_aot.GpuCompileError, match="pip install --no-deps --target /"):
         gpu_aot.toolchain_dir()
     path = write_spec(tmp_path, "no_toolchain", "")
     done = run_svgen("compile", str(path), "--target", "h100", "--out", str(tmp_path / "gen"))

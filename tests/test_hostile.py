@@ -3,14 +3,22 @@ line and key, no traceback, and nothing written.
 
 The corpus is what an outside review found hanging, exhausting memory or crashing the
 compiler (alias bombs, ref fan-out, huge and deeply nested expressions, deep YAML, integers
-past 2**63, huge geometries, long ref chains), plus spec and pattern names that would
-shadow other modules. Each text is written to a scratch folder and compiled in-process
-through the command line, as a user would run it.
+past 2**63, huge geometries, long ref chains, characters YAML refuses), plus spec and
+pattern names that would shadow other modules. Each text is written to a scratch folder and
+compiled in-process through the command line, as a user would run it.
+
+Then hostile commands, on specs that are fine: generated file names that collide across
+specs, output paths that are files or missing folders, meaningless budgets, `svgen cost`
+refusals, `svgen tune --apply` on specs it cannot rewrite. Each ends with exit status 2, a
+message (file:line:col and key where it is about a spec), no traceback, nothing written.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import subprocess
+import sys
 import time
 
 import pytest
@@ -100,8 +108,8 @@ def _two_candidates(geometry: str) -> str:
     )
 
 
-# (id, spec text, the key the message must name (None: the file as a whole), a word the
-# message must contain)
+# (id, spec text, the key the message must name (None: the file as a whole; ":line:col": a
+# YAML error there), a word the message must contain)
 CASES = [
     # -- YAML aliases
     ("alias_bomb_in_masks", _alias_bomb(), "patterns.", "MAX_YAML_NODES"),
@@ -273,6 +281,12 @@ CASES = [
     ),
     ("long_name", _sub("name: hostile", "name: " + "n" * 100000), "name", "at most 64"),
     ("endless_key", _spec() + "k" * 100000 + ": 1\n", None, "YAML syntax error"),
+    # -- characters YAML refuses (its reader's error is raised before any node is composed)
+    ("control_char_in_comment", _spec() + "# a \x07 bell\n", ":7:5", "U+0007"),
+    ("nul_in_expr", _spec('{expr: "f_q <\x00 1"}'), ":5:20", "U+0000"),
+    ("nul_in_name", _sub("name: hostile", "name: host\x00ile"), ":2:11", "U+0000"),
+    ("nul_escaped_in_name", _sub("name: hostile", 'name: "host\\0ile"'), "name", "spec name"),
+    ("nul_escaped_in_expr", _spec('{expr: "f_q <\\0 1"}'), "mask.expr", "unexpected"),
 ]
 
 # Names that would shadow a module, a builtin or be a keyword: as the spec name (the
@@ -341,6 +355,9 @@ def test_hostile_spec_is_refused_quickly_and_cleanly(project, capsys, case_id, t
     if key is None:  # about the file as a whole, or a YAML syntax error
         assert line.startswith(f"svgen: error: {spec}"), line
         return
+    if key.startswith(":"):  # a YAML error at a line and column, about no key
+        assert line.startswith(f"svgen: error: {spec}{key}: YAML syntax error: "), line
+        return
     # file:line:column: key: message
     match = re.match(rf"svgen: error: {re.escape(spec)}:(\d+):(\d+): (\S+): ", line)
     assert match, line
@@ -376,3 +393,255 @@ def test_limits_leave_room_for_real_specs(project, capsys):
         capsys.readouterr().err
     )
     assert (project / "out" / "fine.py").exists()
+
+
+# -- hostile commands: each ends with exit status 2, a clear message, no traceback, and
+# nothing written (the scratch project's files are the same bytes before and after).
+
+SMALL = HEAD.replace("{frames: 2, height: 2, width: 2}", "{frames: 2, height: 8, width: 16}")
+
+
+def _files(root) -> dict:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def _refused(project, capsys, argv: list[str], *words: str) -> str:
+    """Run the command line in-process; check the promises; return stderr."""
+    before = _files(project)
+    try:
+        status = main(argv)
+    except SystemExit as exc:  # argparse refuses its own arguments this way
+        status = exc.code
+    out, err = capsys.readouterr()
+    assert status == 2, err
+    assert "Traceback" not in out + err
+    for word in words:
+        assert word in err, err
+    assert _files(project) == before
+    return err
+
+
+def _write(project, name: str, text: str):
+    path = project / "specs" / f"{name}.yaml"
+    path.write_text(text.replace("name: hostile", f"name: {name}"))
+    return path
+
+
+def _compiled(argv: list[str]) -> None:
+    assert main(argv + ["--quiet"]) == 0
+
+
+@pytest.mark.parametrize("gpu_first", [True, False])
+def test_a_gpu_module_name_never_replaces_another_specs_module(project, capsys, gpu_first):
+    """`b48 --target h100` writes b48_gpu.py, a TPU compile of the spec named `b48_gpu`
+    too: whichever comes second is refused, naming both specs."""
+    gpu = _write(project, "b48", _spec())
+    tpu = _write(project, "b48_gpu", _spec())
+    out = str(project / "out")
+    gpu_run = ["compile", str(gpu), "--out", out, "--target", "h100", "--no-gpu-check"]
+    tpu_run = ["compile", str(tpu), "--out", out]
+    first, second = (gpu_run, tpu_run) if gpu_first else (tpu_run, gpu_run)
+    _compiled(first)
+    err = _refused(project, capsys, second, "generated file names must not collide")
+    line = _error_line(err)
+    assert f"b48_gpu.py was generated from {(gpu if gpu_first else tpu).resolve()}" in line
+    assert f"compiling {tpu if gpu_first else gpu} would replace it" in line
+    # The same spec again is no collision.
+    _compiled(first)
+
+
+def _two_patterns(a: str, b: str) -> str:
+    return SMALL + (
+        f"patterns: {{{a}: {{causal_frames: {{}}}}, {b}: {{band: {{width: 3}}}}}}\n"
+        f"heads: {{candidates: [{{pattern: {a}}}, {{pattern: {b}}}], assign: [{a}]}}\n" + TILING
+    )
+
+
+@pytest.fixture
+def table_files(monkeypatch):
+    """Every pattern's runs in a .npy beside the module (as past 4,096 runs)."""
+    from svgen import codegen
+
+    monkeypatch.setattr(codegen, "MAX_INLINE_RUNS", 0)
+
+
+def test_table_file_names_never_collide_in_one_compile(project, capsys, table_files):
+    """Spec `a` with pattern `b_c` and spec `a_b` with pattern `c` both make
+    a_b_c_tables.npy: refused, naming both specs, before anything is written."""
+    a = _write(project, "a", _two_patterns("b_c", "x"))
+    a_b = _write(project, "a_b", _two_patterns("c", "y"))
+    argv = ["compile", str(a), str(a_b), "--out", str(project / "out")]
+    line = _error_line(_refused(project, capsys, argv, "nothing written"))
+    assert line.startswith(f"svgen: error: {a_b}: name: its generated file a_b_c_tables.npy")
+    assert f"is also generated from {a}; generated file names must not collide" in line
+
+
+def test_table_files_of_another_spec_are_never_replaced(project, capsys, table_files):
+    a = _write(project, "a", _two_patterns("b_c", "x"))
+    a_b = _write(project, "a_b", _two_patterns("c", "y"))
+    out = str(project / "out")
+    _compiled(["compile", str(a), "--out", out])
+    argv = ["compile", str(a_b), "--out", out]
+    line = _error_line(_refused(project, capsys, argv, "would replace it"))
+    assert f"a_b_c_tables.npy was generated from {a.resolve()}, another spec" in line
+
+
+def test_a_file_svgen_did_not_write_is_never_replaced(project, capsys):
+    spec = _write(project, "mine", _spec())
+    (project / "out" / "mine.py").write_text("print('my own module')\n")
+    argv = ["compile", str(spec), "--out", str(project / "out")]
+    _refused(project, capsys, argv, "is not a file svgen generated; refusing to replace it")
+
+
+def test_out_naming_a_file(project, capsys):
+    spec = _write(project, "fine", _spec())
+    (project / "out" / "a_file").write_text("")
+    for out in ("a_file", "a_file/below"):
+        argv = ["compile", str(spec), "--out", str(project / "out" / out)]
+        _refused(project, capsys, argv, "--out: ", "must be a folder, but it is a file")
+
+
+@pytest.mark.parametrize("option,name", [("--tiles", "t.npy"), ("--png", "t.png")])
+def test_inspect_into_a_folder_that_does_not_exist(project, capsys, option, name):
+    spec = _write(project, "fine", _spec())
+    target = str(project / "out" / "missing" / name)
+    argv = ["inspect", str(spec), option, target]
+    _refused(project, capsys, argv, f"{option}: cannot write {target}: the folder", "not exist")
+
+
+@pytest.mark.parametrize("command", ["compile", "inspect", "cost", "tune"])
+@pytest.mark.parametrize("budget", ["-1", "0", "lots"])
+def test_meaningless_smem_budget(project, capsys, command, budget):
+    spec = _write(project, "fine", _spec())
+    _refused(project, capsys, [command, str(spec), "--smem-budget", budget], "--smem-budget")
+
+
+def test_align_over_the_analysis_budget_names_line_and_column(project, capsys, monkeypatch):
+    from svgen.analysis import classify
+
+    monkeypatch.setattr(classify, "MAX_UNDECIDED_PAIRS", 0)
+    text = SMALL + 'mask: {expr: "abs(w_q - w_k) + abs(h_q - h_k) <= 2"}\n'
+    spec = _write(project, "near", text + "tiling: {block_q: 128, block_kv: 128, align: nearest}\n")
+    argv = ["compile", str(spec), "--out", str(project / "out")]
+    line = _error_line(_refused(project, capsys, argv, "nothing written"))
+    assert line.startswith(
+        f"svgen: error: {spec}:6:46: tiling.align: align: nearest needs exact"
+    ), line
+
+
+def _run(*args: str, cwd) -> subprocess.CompletedProcess:
+    """In a child process: `svgen cost` sets libtpu's flags for the whole process."""
+    return subprocess.run(
+        [sys.executable, "-m", "svgen.cli", *args], capture_output=True, text=True, cwd=cwd
+    )
+
+
+def _refused_in_child(project, args: list[str], *words: str) -> str:
+    before = _files(project)
+    done = _run(*args, cwd=project)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    for word in words:
+        assert word in done.stderr, done.stderr
+    assert _files(project) == before
+    return done.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="svgen cost needs libtpu")
+def test_cost_refusals_name_line_and_column(project):
+    """Over the VMEM, over the SMEM budget, and a kernel of one grid step (libtpu compiles
+    it without a loop): file:line:col: tiling, before any compile."""
+    spec = _write(project, "one", SMALL.replace("frames: 2,", "frames: 1,") + _spec()[len(HEAD) :])
+    big = _write(
+        project, "big", _spec().replace(TILING, "tiling: {block_q: 4096, block_kv: 4096}\n")
+    )
+    budget = _write(project, "tight", SMALL + "mask: {band: {width: 1}}\n" + TILING)
+    cases = [
+        (["cost", "specs/big.yaml"], f"{big.name}:6:9: tiling: the kernel needs"),
+        (
+            ["cost", "specs/tight.yaml", "--smem-budget", "16"],
+            f"{budget.name}:6:9: tiling: pattern 'tight' needs",
+        ),
+        (["cost", "specs/one.yaml"], f"{spec.name}:6:9: tiling: svgen cost models a kernel's"),
+    ]
+    for args, words in cases:
+        _refused_in_child(project, args, "svgen: error: specs/" + words)
+
+
+class _FakeTune:
+    """`svgen.tune.tune` without its compiles: the spec's tiling with larger tiles first."""
+
+    def __init__(self, then=None):
+        self.then = then
+
+    def __call__(self, spec, **kwargs):
+        from types import SimpleNamespace
+
+        from svgen.tune import Candidate
+
+        if self.then:
+            self.then()
+        result = SimpleNamespace(choice=SimpleNamespace(candidate=Candidate(256, 256, 256, 256)))
+        result.to_json = lambda: {}
+        return result
+
+
+def test_tune_apply_on_a_read_only_spec(project, capsys, monkeypatch):
+    """Refused before tuning, and after it when the file became read-only meanwhile; no
+    temporary file left."""
+    from svgen import tune
+
+    spec = _write(project, "fixed", SMALL + "mask: {band: {width: 1}}\n" + TILING)
+    monkeypatch.setattr(tune, "tune", _FakeTune())
+    spec.chmod(0o444)
+    argv = ["tune", str(spec), "--apply", "--json"]
+    _refused(project, capsys, argv, f"{spec}: --apply rewrites the spec in place", "read-only")
+    spec.chmod(0o644)
+    monkeypatch.setattr(tune, "tune", _FakeTune(then=lambda: spec.chmod(0o444)))
+    _refused(project, capsys, argv, "read-only")
+    spec.chmod(0o644)
+    monkeypatch.setattr(tune, "tune", _FakeTune())
+    assert main(argv) == 0  # writable: rewritten
+    assert "tiling: {block_q: 256, block_kv: 256}" in spec.read_text()
+    assert sorted(p.name for p in spec.parent.iterdir()) == ["fixed.yaml"]
+
+
+@pytest.mark.parametrize(
+    "tiling,at",
+    [
+        ("tiling: &t {block_q: 128, block_kv: 128}\ngpu: *t\n", "6:1"),
+        ("gpu: &g {block_q: 128, block_kv: 128}\ntiling: *g\n", "7:1"),
+    ],
+)
+def test_tune_apply_on_a_tiling_written_with_an_anchor(project, capsys, monkeypatch, tiling, at):
+    """The rewrite would give the GPU section compute blocks: refused, located, before any
+    tuning, saying that anchors in `tiling` are not rewritten."""
+    from svgen import tune
+
+    monkeypatch.setattr(tune, "tune", _FakeTune(then=lambda: pytest.fail("tuned")))
+    spec = _write(project, "shared", SMALL + "mask: {band: {width: 1}}\n" + tiling)
+    argv = ["tune", str(spec), "--apply"]
+    line = _error_line(_refused(project, capsys, argv, "write tiling's keys out in full"))
+    assert line.startswith(f"svgen: error: {spec}:{at}: tiling: --apply does not rewrite a ")
+    assert "YAML anchor or alias" in line
+
+
+def test_tune_apply_never_writes_a_rewrite_that_changes_more_than_the_tiling(
+    project, capsys, monkeypatch
+):
+    """The rewritten text must read back as the same spec but for its tiling; if not (a YAML
+    construct the round trip mishandles), refused, located, instead of an assertion."""
+    from svgen import tune
+
+    monkeypatch.setattr(tune, "tune", _FakeTune())
+    real = tune.rewrite_tiling
+    monkeypatch.setattr(
+        tune,
+        "rewrite_tiling",
+        lambda text, c, source: (real(text, c, source)[0].replace("width: 1}", "width: 2}"), ["x"]),
+    )
+    spec = _write(project, "drift", SMALL + "mask: {band: {width: 1}}\n" + TILING)
+    line = _error_line(_refused(project, capsys, ["tune", str(spec), "--apply"], "reads back"))
+    assert line.startswith(f"svgen: error: {spec}:6:9: tiling: --apply could not rewrite the")

@@ -172,10 +172,12 @@ def _pattern_lines(pattern) -> list[str]:
             f"{_int(c.kept_pairs)} of {_int(pattern.total_pairs)} (density {pattern.density:.6f})"
         )
     else:
+        # Bounds only, and said so: a lower bound printed as "the density" misleads.
         density = (
             f"between {_int(c.kept_pairs)} and {_int(c.kept_pairs_upper)} of "
-            f"{_int(pattern.total_pairs)} (density {pattern.density:.6f} to "
-            f"{c.kept_pairs_upper / pattern.total_pairs:.6f})"
+            f"{_int(pattern.total_pairs)} (density bounds {pattern.density:.6f} to "
+            f"{c.kept_pairs_upper / pattern.total_pairs:.6f}: a user predicate was not "
+            f"evaluated everywhere)"
         )
     order = layout.order
     if layout.is_temporal_major:

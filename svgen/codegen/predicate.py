@@ -273,7 +273,9 @@ class _Emitter:
             shifted = _strip(self.integer(sympy.Add(numerator, shift)))
             if isinstance(e, FloorMod):
                 return f"lax.rem({shifted}, {d})"
-            return f"(lax.div({shifted}, {d}) - {shift // d})" if shift else f"lax.div({shifted}, {d})"
+            return (
+                f"(lax.div({shifted}, {d}) - {shift // d})" if shift else f"lax.div({shifted}, {d})"
+            )
         raise TypeError(f"cannot print integer expression {e}")
 
 
