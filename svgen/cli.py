@@ -28,7 +28,7 @@ import yaml
 from svgen import codegen, gpu_aot, libtpu_env, lint
 from svgen.analysis import DEFAULT_SMEM_BUDGET, Plan, analyze
 from svgen.errors import SpecError
-from svgen.inspect_text import density_bounds_words, inspect_lines, json_summary, pattern_summary
+from svgen.inspect_text import density_bounds_words, inspect_lines
 from svgen.spec import ALIGN_MODES, load_spec
 from svgen.tune import DEFAULT_CONFIRM
 from svgen.targets import DEFAULT_TARGET, GPU_TARGETS, TARGETS
@@ -630,7 +630,7 @@ def _inspect(args) -> int:
             path = pathlib.Path(args.png)
             if not single:
                 path = path.with_name(f"{path.stem}_{pattern.name}{path.suffix}")
-            s = pattern_summary(pattern)
+            s = pattern.summary()
             density = (
                 f"density {s['density']:.4f}"
                 if s["density_is_exact"]
@@ -644,7 +644,7 @@ def _inspect(args) -> int:
             )
             write_tile_map_png(pattern.kinds, path, title=title)
     if args.json:
-        print(json.dumps(json_summary(plan), indent=2, sort_keys=False))
+        print(json.dumps(plan.summary(), indent=2, sort_keys=False))
         return 0
     for line in inspect_lines(plan, args.spec):
         print(line)

@@ -1,6 +1,6 @@
 """`svgen inspect` as text for people: the same facts as `--json`, in words and rounded numbers.
 
-Lines are built from the JSON summaries (`json_summary`, `pattern_summary`), each known key
+Lines are built from the JSON summaries (`Plan.summary`, `PatternPlan.summary`), each known key
 consumed by the line that words it; a key added later still prints, generically, so text and
 JSON never disagree about what is reported.
 
@@ -17,40 +17,11 @@ from svgen.codegen.tilemap import render_tile_map
 KIND_ORDER = ("full", "boundary", "empty")
 
 
-def json_summary(plan: Plan) -> dict:
-    """The `svgen inspect --json` object: `Plan.summary()`, each bounded density reported
-    as its bounds (see the module docstring), for the kernel and per pattern."""
-    out = _bounds_for_density(plan.summary())
-    if "patterns" in out:
-        out["patterns"] = {name: _bounds_for_density(p) for name, p in out["patterns"].items()}
-    return out
-
-
-def pattern_summary(pattern) -> dict:
-    """One pattern's part of `json_summary` (`PatternPlan.summary()`, bounds as there)."""
-    return _bounds_for_density(pattern.summary())
-
-
-def _bounds_for_density(s: dict) -> dict:
-    """`s` with `density` null and `density_lower` / `density_upper` in its place when the
-    density is only bounded: the lower bound under `density` reads as the density (150x too
-    low for a neighborhood predicate that the analysis could not decide)."""
-    if s.get("density_is_exact", True):
-        return s
-    out = {}
-    for key, value in s.items():
-        if key == "density":
-            out.update(density=None, density_lower=value, density_upper=s["density_upper"])
-        elif key != "density_upper":
-            out[key] = value
-    return out
-
-
 def inspect_lines(plan: Plan, spec_file: str) -> list[str]:
     """The whole text report: the kernel, then per pattern its statistics and tile map."""
-    patterns = [pattern_summary(p) for p in plan.patterns]
+    patterns = [p.summary() for p in plan.patterns]
     pattern_keys = set(patterns[0]) if len(plan.patterns) == 1 else set()
-    summary = {k: v for k, v in json_summary(plan).items() if k not in pattern_keys}
+    summary = {k: v for k, v in plan.summary().items() if k not in pattern_keys}
     lines = [f"{plan.spec.name} ({spec_file})"]
     lines += [f"  {line}" for line in _kernel_lines(summary)]
     for pattern, s in zip(plan.patterns, patterns):

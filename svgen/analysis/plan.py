@@ -74,7 +74,9 @@ class PatternPlan:
             "layout": self.layout.order,
             "tiles": self.tile_counts(),
             "compute_blocks": self.compute_block_counts(),
-            "density": self.density,
+            # Never a bound under `density`: a user predicate not evaluated everywhere has
+            # only bounds (150x apart for a neighborhood predicate), reported as such.
+            **self._density_keys(),
             "density_is_exact": c.density_is_exact,
             "visited_fraction": self.visited_fraction,
             "visited_steps": self.table.visited_steps,
@@ -84,11 +86,19 @@ class PatternPlan:
             out["anchor_frames"] = self.layout.anchor_frames
         if self.layout.is_tiled:
             out["cube"] = list(self.layout.cube)  # frames, rows, cols
-        if not c.density_is_exact:
-            out["density_upper"] = c.kept_pairs_upper / self.total_pairs
         if self.budget is not None:
             out.update(self.budget.to_json())
         return out
+
+    def _density_keys(self) -> dict:
+        c = self.classification
+        if c.density_is_exact:
+            return {"density": self.density}
+        return {
+            "density": None,
+            "density_lower": self.density,  # the pairs proven kept
+            "density_upper": c.kept_pairs_upper / self.total_pairs,
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,9 +198,12 @@ class Plan:
                         "tiles",
                         "compute_blocks",
                         "density",
+                        "density_lower",
+                        "density_upper",
                         "density_is_exact",
                         "visited_fraction",
                     )
+                    if k in single
                 }
             )
             if self.only.budget is not None:
