@@ -27,14 +27,17 @@ by the same toolchain are the reliable output.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import pathlib
+import re
 
 import numpy as np
 
+from svgen.errors import SpecError
 from svgen.runtime.kinds import TileKind
 
 KERNEL_NAME = "svgen_attention"
@@ -611,6 +614,48 @@ def check_costable(plan) -> None:
         )
 
 
+class KernelOutOfVmem(SpecError):
+    """libtpu refused to compile the kernel: its scoped VMEM (buffers and the compiler's
+    stack) is over the limit it was compiled with (for the forward kernel, the generated
+    module's: svgen.runtime.vmem undercounted this tiling). `svgen cost` reports it in one
+    line; `svgen tune` skips the candidate."""
+
+
+# libtpu's error for it, and the sizes it reports ("... with size 16.33M and limit 15.00M").
+_VMEM_OOM = "CompileTimeScopedVmemOom"
+_VMEM_SIZES = re.compile(r"Scoped allocation with size ([\d.]+)([KMG]) and limit ([\d.]+)([KMG])")
+
+
+@contextlib.contextmanager
+def _vmem_refusal(plan):
+    """Turn libtpu's CompileTimeScopedVmemOom, raised from inside jax's compile with the whole
+    HLO instruction in it, into a KernelOutOfVmem naming the tiling and the VMEM needed."""
+    try:
+        yield
+    except Exception as err:  # jax's XlaRuntimeError (its class moves between versions)
+        if _VMEM_OOM not in str(err):
+            raise
+        raise KernelOutOfVmem(
+            _vmem_message(plan, str(err)), file=plan.spec.source, key="tiling"
+        ) from None
+
+
+def _vmem_message(plan, error: str) -> str:
+    t, a = plan.spec.tiling, plan.spec.attention
+    sizes = _VMEM_SIZES.search(error)
+    need = (
+        f"{sizes.group(1)} {sizes.group(2)}iB of VMEM, over the scoped limit of "
+        f"{sizes.group(3)} {sizes.group(4)}iB it was compiled with"
+        if sizes
+        else "more VMEM than the scoped limit it was compiled with"
+    )
+    return (
+        f"libtpu cannot compile the kernel for {plan.target.name} at {t.block_q} x {t.block_kv} "
+        f"tiles with {t.cq} x {t.ckv} compute blocks (head_dim {a.head_dim}, {a.dtype}): it "
+        f"needs {need} ({_VMEM_OOM}); use smaller tiles or compute blocks"
+    )
+
+
 def cost_plan(
     plan, spec_path: str, *, use_cache: bool = True, progress=None, training: bool = False
 ) -> CostReport:
@@ -634,16 +679,17 @@ def cost_plan(
         sys.modules[name] = module
         try:
             module_spec.loader.exec_module(module)
-            paths = measure_paths(module, plan.target.name, use_cache=use_cache, progress=progress)
+            with _vmem_refusal(plan):
+                paths = measure_paths(
+                    module, plan.target.name, use_cache=use_cache, progress=progress
+                )
             trained = None
             if training:
-                trained = _model_training(
-                    measure_training_paths(
+                with _vmem_refusal(plan):
+                    training_paths = measure_training_paths(
                         module, plan.target.name, use_cache=use_cache, progress=progress
-                    ),
-                    plan,
-                    module,
-                )
+                    )
+                trained = _model_training(training_paths, plan, module)
         finally:
             sys.modules.pop(name, None)
     head_pattern = model_head_pattern(plan)

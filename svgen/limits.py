@@ -9,10 +9,18 @@ of under 10 nodes and predicates of under 40 tokens), and each one is checked in
 :mod:`svgen.spec` (or :mod:`svgen.expr`) before the work it bounds starts, so a spec over a
 limit is one :class:`svgen.errors.SpecError` naming the limit, in well under a second.
 
+The analysis's own work (row-set intervals, product box pairs) depends on the mask's terms
+and the geometry together, not on the file's size: it is counted while it runs (`Work`),
+before each step allocates, and estimated before the classification starts where it can be.
+
 README.md lists these under "Limits"; change both together.
 """
 
 from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
 
 # --------------------------------------------------------------------------- the YAML text
 
@@ -45,6 +53,28 @@ MAX_HEADS = 1024
 #: pair (a dense tile grid), so this caps that grid at 16 MiB; a long sequence needs larger
 #: compute blocks.
 MAX_TILE_PAIRS = 1 << 24
+#: Row-set work of the analysis, over all candidate patterns together: the intervals of
+#: allowed keys it builds per query row for the masks the per-axis analysis does not take
+#: (band, prefix, `expr`, unions of more than 64 terms once expanded), counted at every step
+#: that builds them (svgen.analysis.rowsets; about 10-16M a second). The node limits do not
+#: bound it: 250 windows in one any_of at 115,200 tokens need 1.7*10^9 (4.5 minutes, 4.7
+#: GB), a band and whole-frame windows in 6 x 8 x 8 cubes at 1.74M tokens 2.2*10^9.
+#: Estimated from sampled rows before the classification starts (a spec over it is refused
+#: in about a second), and enforced while it runs at ROW_SET_BACKSTOP times this
+#: (svgen.analysis). The shipped specs need at most 0.7M, the bench's `expr` window of whole
+#: tiles at 1.74M tokens 33M, STA's cube window with a prefix anchor in 6 x 8 x 8 cubes at
+#: 1.74M tokens 162M (10 s).
+MAX_ROW_SET_WORK = 1 << 28
+#: Work of the per-axis (product) analysis, over all candidate patterns together, per term
+#: of the mask's inclusion-exclusion sum (at most svgen.analysis.product's MAX_TERMS): box
+#: pairs counted, plus each query box's reach along every axis value. It grows with the
+#: boxes a tile breaks into (many small cubes of a ragged tiled layout) and the terms (six
+#: per-axis primitives in one any_of make 63): at 1.74M tokens, six such terms in 5 x 7 x 11
+#: cubes need ~2.4*10^9 (four minutes). Each level of the coarse-to-fine classification is
+#: refused before it starts when its bound (the children of BOUNDARY blocks) would pass
+#: this. The shipped specs need at most 5M; the bench's 1.74M-token cases 21M; a 3-D window
+#: and a cube window in those ragged cubes at 1.74M tokens 120M.
+MAX_PRODUCT_WORK = 1 << 28
 
 # --------------------------------------------------------------------------- masks
 
@@ -73,3 +103,60 @@ MAX_EXPR_TOKENS = 256
 MAX_EXPR_DEPTH = 32
 #: The largest integer literal in an `expr`: the kernel evaluates predicates in int32.
 MAX_EXPR_LITERAL = 2**31 - 1
+
+
+# --------------------------------------------------------------------------- analysis work
+
+
+class WorkOverLimit(Exception):
+    """A step of the analysis would have taken its `Work` past the budget (it did not run)."""
+
+    def __init__(self, work: "Work", used: int):
+        super().__init__(f"{work.name}: {used:,} units of work, over the budget")
+        self.work, self.used = work, used
+
+
+@dataclasses.dataclass
+class Budget:
+    limit: int
+    used: int = 0
+
+
+class Work:
+    """One kind of analysis work, bounded while it runs: a step `charge`s what it is about to
+    build before it allocates it, and inside `budget(n)` the charge that passes n raises
+    WorkOverLimit. Outside any budget nothing is counted (tests and benchmarks call the
+    analysis functions unbounded; `svgen.analysis.analyze` sets the budgets)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._current: contextvars.ContextVar[Budget | None] = contextvars.ContextVar(
+            name, default=None
+        )
+
+    @contextlib.contextmanager
+    def budget(self, limit: int):
+        """Count the work inside against `limit` (an inner budget shadows an outer one)."""
+        budget = Budget(limit)
+        token = self._current.set(budget)
+        try:
+            yield budget
+        finally:
+            self._current.reset(token)
+
+    def current(self) -> Budget | None:
+        return self._current.get()
+
+    def charge(self, amount) -> None:
+        budget = self._current.get()
+        if budget is not None:
+            budget.used += int(amount)
+            if budget.used > budget.limit:
+                raise WorkOverLimit(self, budget.used)
+
+
+#: Counted by svgen.analysis.rowsets (intervals built), against MAX_ROW_SET_WORK.
+ROW_SET_WORK = Work("MAX_ROW_SET_WORK")
+#: Counted by svgen.analysis.product (box pairs and reach, times terms), against
+#: MAX_PRODUCT_WORK.
+PRODUCT_WORK = Work("MAX_PRODUCT_WORK")

@@ -265,12 +265,18 @@ def tune(
     if current in plans:  # what the user has, costed exactly (often in the cache already)
         costs.exact(current, plans[current])
     for shape, aligned in sorted({(c.compute_shape, c.aligned) for c in plans}):
-        probe = _probe(shape, aligned, plans)
-        costs.exact(probe, plans[probe])
-    rows = [costs.row(c, plan) for c, plan in plans.items()]
+        _probe_exactly(shape, aligned, plans, costs)
+    rows = [costs.row(c, plan) for c, plan in plans.items() if c.code_key not in costs.refused]
     for row in rows:
         row.current = row.candidate == current
     rows = _confirm(rows, costs, len(rows) if exhaustive else confirm)
+    dropped += costs.skipped(plans)
+    if not rows:
+        raise SpecError(
+            f"libtpu ran out of VMEM compiling every candidate tiling ({dropped[-1][1]})",
+            file=spec_path,
+            key="tiling",
+        )
     return TuneResult(spec, target, rows, dropped, costs.compiles, time.perf_counter() - start)
 
 
@@ -386,6 +392,18 @@ def _probe(shape: tuple[int, int], aligned: bool, plans: dict) -> Candidate:
     return min(same, key=distance)
 
 
+def _probe_exactly(shape: tuple[int, int], aligned: bool, plans: dict, costs: "_Costs") -> None:
+    """Compile the probe of a compute-block shape; where libtpu refuses it, the next one, so
+    that the shape's other candidates have a compiled point to be estimated from (or, every
+    one refused, none is left to estimate)."""
+    left = {c: p for c, p in plans.items() if c.compute_shape == shape and c.aligned == aligned}
+    while left:
+        probe = _probe(shape, aligned, left)
+        if costs.exact(probe, left[probe]) is not None:
+            return
+        left = {c: p for c, p in left.items() if c.code_key not in costs.refused}
+
+
 class _Costs:
     """Exact per-path costs, one compile per kernel code (`Candidate.code_key`: the aligned
     modes of one tiling share theirs), and estimates from the compiled ones of the same
@@ -394,14 +412,30 @@ class _Costs:
     def __init__(self, measure: Measure, progress: Progress, seq_len: int):
         self.measure, self.progress, self.seq_len = measure, progress, seq_len
         self.paths: dict[tuple, object] = {}  # code key -> exact PathCosts
+        self.refused: dict[tuple, str] = {}  # code key -> why libtpu did not compile it
         self.compiles = 0
 
     def exact(self, c: Candidate, plan: Plan):
+        """The candidate's exact costs; None when libtpu refused its kernel (out of VMEM at
+        compile time, svgen.cost.KernelOutOfVmem): the candidate is then skipped."""
+        from svgen.cost import KernelOutOfVmem
+
+        if c.code_key in self.refused:
+            return None
         if c.code_key not in self.paths:
             self.compiles += 1
             self.progress(f"costing {c.label()} (libtpu)", self.compiles, 0)
-            self.paths[c.code_key] = self.measure(plan)
+            try:
+                self.paths[c.code_key] = self.measure(plan)
+            except KernelOutOfVmem as err:
+                self.refused[c.code_key] = err.message
+                self.progress(f"skipping {c.label()}: libtpu ran out of VMEM", self.compiles, 0)
+                return None
         return self.paths[c.code_key]
+
+    def skipped(self, plans: dict) -> list[tuple[Candidate, str]]:
+        """(candidate, why) of the candidates whose kernel libtpu refused."""
+        return [(c, self.refused[c.code_key]) for c in plans if c.code_key in self.refused]
 
     def row(self, c: Candidate, plan: Plan) -> Row:
         """The candidate costed exactly when its code was compiled, else estimated."""
@@ -431,7 +465,9 @@ def _confirm(rows: list[Row], costs: _Costs, top: int) -> list[Row]:
         if not pending:
             return rows
         compiled = pending[0]
-        costs.exact(compiled.candidate, compiled.plan)
+        if costs.exact(compiled.candidate, compiled.plan) is None:  # skipped, with why
+            rows = [r for r in rows if r.candidate.code_key not in costs.refused]
+            continue
         for i, r in enumerate(rows):
             if not r.exact and r.candidate.compute_shape == compiled.candidate.compute_shape:
                 again = costs.row(r.candidate, r.plan)

@@ -171,6 +171,77 @@ def test_every_tiling_the_compiler_accepts_compiles_for_its_target(target, tmp_p
     assert outcomes[0] == "compiled" and outcomes[-1] == "refused"  # the list spans the limit
 
 
+# Tilings `svgen compile` accepts, across head dims and dtypes: (id, heads, head_dim, dtype,
+# frames x height x width, tiling). Sequences are short (VMEM depends on the tiles, not the
+# length) and, but for the 512 tokens, end inside a compute block (the padding-key variant:
+# more stack). The
+# figures are libtpu's scoped VMEM need against the limit the module asked for before the
+# VMEM model counted lane padding and the stack of the cross-lane row sum.
+HEAD_DIM_TILINGS = [
+    ("d64_bf16_2048x2048_1024x512", 4, 64, "bfloat16", (4, 32, 35), (2048, 2048, 1024, 512)),
+    # ^ 16.33 MiB needed, 15 asked for (17.33 with the padding variant here)
+    ("d64_bf16_2048x4096_1024x1024", 4, 64, "bfloat16", (3, 32, 95), (2048, 4096, 1024, 1024)),
+    # ^ 29.62 of 19 MiB
+    ("d64_f32_512_tokens_1024x2048_512x512", 1, 64, "float32", (1, 16, 32), (1024, 2048, 512, 512)),
+    # ^ 14.94 of 11 MiB
+    ("d64_bf16_one_2048x2048_block", 1, 64, "bfloat16", (3, 32, 47), (2048, 2048, 2048, 2048)),
+    # ^ the most stack per tile element measured (3.43 bytes)
+    ("d128_f32_2048x2048_1024x512", 1, 128, "float32", (3, 32, 47), (2048, 2048, 1024, 512)),
+    # ^ 20.87 of 24 MiB: f32's operand splits, within the margin before, counted now
+    ("d256_bf16_2048x2048_1024x512", 1, 256, "bfloat16", (3, 32, 47), (2048, 2048, 1024, 512)),
+    # ^ 24.95 of 24 MiB
+    ("d256_f32_1024x1024_512x512", 1, 256, "float32", (3, 32, 47), (1024, 1024, 512, 512)),
+    # ^ 19.85 of 19 MiB
+]
+
+
+def _tiling_line(bq: int, bkv: int, cq: int, ckv: int) -> str:
+    return f"tiling: {{block_q: {bq}, block_kv: {bkv}, compute_q: {cq}, compute_kv: {ckv}}}"
+
+
+@pytest.mark.parametrize(
+    "heads,head_dim,dtype,geometry,tiling",
+    [case[1:] for case in HEAD_DIM_TILINGS],
+    ids=[case[0] for case in HEAD_DIM_TILINGS],
+)
+def test_accepted_tilings_compile_at_every_head_dim(
+    heads, head_dim, dtype, geometry, tiling, tmp_path
+):
+    """Every tiling the compiler accepts compiles for v6e at the VMEM limit the generated
+    module asks for, at head dims 64, 128 and 256 in bf16 and f32 (a [block, 64] buffer takes
+    128 lanes in VMEM, and with the row sum across lanes the compiler's stack grows with the
+    tile: svgen.runtime.vmem)."""
+    from conftest import compile_spec_text
+
+    frames, height, width = geometry
+    text = f"""svgen: 1
+name: head_dim_{head_dim}
+geometry: {{frames: {frames}, height: {height}, width: {width}, text_tokens: 0}}
+attention: {{heads: {heads}, head_dim: {head_dim}, dtype: {dtype}}}
+mask:
+  any_of:
+    - first_frame: {{frames: 1}}
+    - spatial_window: {{frames: 1}}
+{_tiling_line(*tiling)}
+"""
+    _, module = compile_spec_text(text, tmp_path)
+    assert "tpu_custom_call" in compile_for_v6e(module).as_text()
+
+
+def test_cogvideox_retiled_compiles(tmp_path):
+    """The shipped head_dim 64 spec at 2048 x 2048 tiles of 1024 x 512 blocks (21.33 MiB
+    needed, 17 asked for before), text first and two patterns."""
+    import re
+
+    from conftest import compile_spec_text
+
+    base = (REPO / "specs" / "cogvideox_mixed.yaml").read_text()
+    text = re.sub(r"^tiling:.*$", _tiling_line(2048, 2048, 1024, 512), base, flags=re.M)
+    _, module = compile_spec_text(text, tmp_path)
+    assert module.HEAD_DIM == 64
+    assert "tpu_custom_call" in compile_for_v6e(module).as_text()
+
+
 # A process that loads libtpu the way a training job does (no sharing variable), so it takes
 # libtpu's multi-process lock, and keeps it until killed. If a process outside the test holds
 # the lock already, this one cannot load, and that process serves as the holder instead.

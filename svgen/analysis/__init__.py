@@ -23,8 +23,9 @@ from typing import Callable
 import numpy as np
 
 from svgen import ir
+from svgen.analysis import product, rowsets
 from svgen.analysis.align import PairBudget, align_classification
-from svgen.analysis.classify import Classification, TileGrid, classify_tiles
+from svgen.analysis.classify import Classification, TileGrid, classify_tiles, is_frame_invariant
 from svgen.analysis.plan import PatternPlan, Plan
 from svgen.analysis.tables import (
     DEFAULT_SMEM_BUDGET,
@@ -38,7 +39,14 @@ from svgen.analysis.tables import (
     transposed_tiles,
 )
 from svgen.errors import SpecError
-from svgen.limits import MAX_TILE_PAIRS
+from svgen.limits import (
+    MAX_PRODUCT_WORK,
+    MAX_ROW_SET_WORK,
+    MAX_TILE_PAIRS,
+    PRODUCT_WORK,
+    ROW_SET_WORK,
+    WorkOverLimit,
+)
 from svgen.runtime.gpu_tables import GpuTables
 from svgen.runtime.layout import FRAME_MAJOR, TokenLayout
 from svgen.runtime.tables import KernelShape, PieceTables, walks_flat
@@ -162,32 +170,118 @@ def _pattern_plans(
     those of the tile kinds themselves (one compute block per tile): unlike the TPU kernel,
     the GPU kernel masks the padding keys of a FULL tile in a branch of its own
     (svgen.runtime.gpu), so the last key column need not run as BOUNDARY."""
+    candidates = spec.head_patterns().candidates
+    layouts = [choose_layout(spec, c.layout, m) for c, m in zip(candidates, masks)]
+    check_row_set_work(spec, masks, layouts)  # before any classification work
     patterns, tiles = [], []
-    for candidate, mask in zip(spec.head_patterns().candidates, masks):
-        layout = choose_layout(spec, candidate.layout, mask)
-        grid = TileGrid(layout.seq_len, spec.tiling.block_q, spec.tiling.block_kv)
-        compute = TileGrid(layout.seq_len, spec.tiling.cq, spec.tiling.ckv)
-        classification, budget = _classify(spec, candidate.pattern, mask, layout, compute, progress)
-        kinds = tile_kinds(classification.kinds, grid, compute)
-        if gpu_runs:
-            tiles.append((kinds, np.zeros(kinds.shape, np.int64)))
-        else:
-            tiles.append(kernel_tiles(classification.kinds, grid, compute))
-        runs = build_runs(*tiles[-1], grid)
-        patterns.append(
-            PatternPlan(
-                candidate.pattern,
-                layout,
-                mask,
-                grid,
-                compute,
-                classification,
-                kinds,
-                BlockTable(runs),
-                budget,
-            )
-        )
+    # All candidates together: the estimate can miss work in rows it did not sample, and the
+    # product analysis has none; these stop either long before it would run for minutes.
+    with (
+        ROW_SET_WORK.budget(int(ROW_SET_BACKSTOP * MAX_ROW_SET_WORK)),
+        PRODUCT_WORK.budget(MAX_PRODUCT_WORK),
+    ):
+        for candidate, mask, layout in zip(candidates, masks, layouts):
+            try:
+                plan, kernel = _pattern_plan(
+                    spec, candidate.pattern, mask, layout, progress, gpu_runs
+                )
+            except WorkOverLimit as over:
+                raise _work_error(spec, over, candidate.pattern, mask, layout) from None
+            patterns.append(plan)
+            tiles.append(kernel)
     return patterns, tiles
+
+
+def _pattern_plan(spec: Spec, name: str, mask, layout: TokenLayout, progress, gpu_runs: bool):
+    """One candidate's plan and kernel tiles (kinds and compute-block words)."""
+    grid = TileGrid(layout.seq_len, spec.tiling.block_q, spec.tiling.block_kv)
+    compute = TileGrid(layout.seq_len, spec.tiling.cq, spec.tiling.ckv)
+    classification, budget = _classify(spec, name, mask, layout, compute, progress)
+    kinds = tile_kinds(classification.kinds, grid, compute)
+    if gpu_runs:
+        tiles = (kinds, np.zeros(kinds.shape, np.int64))
+    else:
+        tiles = kernel_tiles(classification.kinds, grid, compute)
+    runs = build_runs(*tiles, grid)
+    plan = PatternPlan(
+        name, layout, mask, grid, compute, classification, kinds, BlockTable(runs), budget
+    )
+    return plan, tiles
+
+
+# How far past MAX_ROW_SET_WORK the classifications may go before they are stopped: the
+# estimate samples rows, so a mask whose work sits in rows the samples missed is caught there.
+ROW_SET_BACKSTOP = 1.5
+
+
+def _row_set_rows(spec: Spec, mask: ir.Node, layout: TokenLayout) -> int:
+    """How many query rows `classify_tiles` builds row sets for (mirrors its dispatch): one
+    frame's for a frame-invariant mask in frame-major order, none for a per-axis mask (its
+    product boxes), else every row."""
+    if (
+        layout.text_tokens == 0
+        and layout.frames > 1
+        and layout.order == FRAME_MAJOR
+        and is_frame_invariant(mask)
+        and spec.tiling.align == "exact"
+    ):
+        return layout.tokens_per_frame
+    return 0 if product.applies(mask, layout) else layout.seq_len
+
+
+def check_row_set_work(spec: Spec, masks, layouts) -> None:
+    """Refuse, before classifying anything, masks whose row sets would build more than
+    MAX_ROW_SET_WORK intervals over all candidate patterns together (estimated from sampled
+    rows, see rowsets.estimate_work): the work grows with terms x rows x intervals per row,
+    which the limits on the spec's size do not bound."""
+    t, left = spec.tiling, MAX_ROW_SET_WORK
+    for candidate, mask, layout in zip(spec.head_patterns().candidates, masks, layouts):
+        rows = _row_set_rows(spec, mask, layout)
+        if rows == 0:
+            continue
+        work = rowsets.estimate_work(mask, layout, t.block_q, t.block_kv, rows, left)
+        if work is None:
+            raise _row_set_error(spec, candidate.pattern, rows, layout)
+        left -= work
+
+
+def _row_set_error(spec: Spec, name: str, rows: int, layout: TokenLayout) -> SpecError:
+    return _mask_error(
+        spec,
+        name,
+        f"needs more than {MAX_ROW_SET_WORK:,} row-set intervals to classify "
+        f"(MAX_ROW_SET_WORK: the allowed keys of {rows:,} query rows in {layout.order} order "
+        f"as intervals, summed over its terms and every candidate pattern); use fewer or "
+        f"smaller terms (a union of many windows), fewer tokens, or built-ins the per-axis "
+        f"analysis takes (at most {product.MAX_TERMS} terms once unions are expanded)",
+    )
+
+
+def _mask_error(spec: Spec, name: str, message: str) -> SpecError:
+    """A SpecError at the mask key of pattern `name` (file:line:col)."""
+    where = spec.pattern_mask(name).where
+    which = f"pattern {name!r}" if spec.heads is not None else "the mask"
+    if where is None:
+        return SpecError(f"{which} {message}", file=spec.source, key="mask")
+    return SpecError(
+        f"{which} {message}", file=where.file, line=where.line, column=where.column, key=where.key
+    )
+
+
+def _work_error(spec: Spec, over: WorkOverLimit, name: str, mask, layout) -> SpecError:
+    """The error of a classification stopped by its work budget."""
+    if over.work is ROW_SET_WORK:
+        return _row_set_error(spec, name, _row_set_rows(spec, mask, layout), layout)
+    terms = len(product.polynomial(mask) or ())
+    return _mask_error(
+        spec,
+        name,
+        f"needs more than {MAX_PRODUCT_WORK:,} box pairs x terms to classify "
+        f"(MAX_PRODUCT_WORK: {layout.seq_len:,} tokens in {layout.order} order, whose tiles "
+        f"break into coordinate boxes, times the {terms} terms of its inclusion-exclusion "
+        f"sum); use fewer primitives in one any_of or all_of, cubes that divide the geometry, "
+        f"or fewer tokens",
+    )
 
 
 def _classify(
@@ -277,7 +371,7 @@ def check_vmem(spec: Spec, chip: Target, query_coords: int = 0):
     raise SpecError(
         f"the kernel needs {need.limit() / MIB:.1f} MiB of VMEM at {t.block_q} x {t.block_kv} "
         f"tiles with {t.cq} x {t.ckv} compute blocks (blocks {need.pipeline / MIB:.1f}, "
-        f"scratch {need.scratch / MIB:.1f}, score tiles {need.temporaries / MIB:.1f} MiB), "
+        f"scratch {need.scratch / MIB:.1f}, compiler spills {need.temporaries / MIB:.1f} MiB), "
         f"over the {available / MIB:.0f} MiB a kernel may use on {chip.name} "
         f"({chip.vmem_bytes / MIB:.0f} MiB per TensorCore); {hint}",
         file=spec.source,
@@ -297,13 +391,15 @@ def _over_budget_error(spec: Spec, patterns, err, smem_budget) -> SpecError:
     while max(bq, bkv) < BLOCK_MAX:
         bq, bkv = min(2 * bq, BLOCK_MAX), min(2 * bkv, BLOCK_MAX)
         bigger = TileGrid(grid.seq_len, bq, bkv)
-        runs = [
-            build_runs(
-                *kernel_tiles(classify_tiles(p.mask, p.layout, bigger).kinds, bigger, bigger),
-                bigger,
-            )
-            for p in patterns
-        ]
+        try:
+            with (
+                ROW_SET_WORK.budget(int(ROW_SET_BACKSTOP * MAX_ROW_SET_WORK)),
+                PRODUCT_WORK.budget(MAX_PRODUCT_WORK),
+            ):
+                kinds = [classify_tiles(p.mask, p.layout, bigger).kinds for p in patterns]
+        except WorkOverLimit:
+            break  # a hint is not worth more than the analysis itself
+        runs = [build_runs(*kernel_tiles(k, bigger, bigger), bigger) for k in kinds]
         try:
             t = choose_piece_tables(runs, spec.attention.heads, smem_budget)
         except TableBudgetError:

@@ -39,6 +39,7 @@ import numpy as np
 from svgen import ir
 from svgen.analysis import bounds as box_bounds
 from svgen.analysis.intervals import IntervalSet, ragged_arange
+from svgen.limits import PRODUCT_WORK, WorkOverLimit
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
 
@@ -245,6 +246,7 @@ def _tile_boxes(layout: TokenLayout, block: int) -> _Boxes:
 def _axis_hull(term: Term, axis: str, n: int, lo: np.ndarray, hi: np.ndarray):
     """Per query range [lo, hi]: the first and last key value the axis relation allows from
     some query in it (first > last when none)."""
+    PRODUCT_WORK.charge(lo.size * n)  # a [boxes, n] array per term and axis
     table = _prefix(term.on_axis(axis), n).reshape(n + 1, n + 1)
     # reach[b, x_k] = number of x_q in [lo, hi] related to x_k, from column differences.
     column = table[:, 1:] - table[:, :-1]
@@ -403,6 +405,8 @@ def _pair_counts(layout, poly, q_boxes: _Boxes, k_boxes: _Boxes, q_tile, kv_tile
     nq_box = np.diff(q_boxes.first)[q_tile]
     nk_box = np.diff(k_boxes.first)[kv_tile]
     combos = nq_box * nk_box
+    # The work: box pairs times terms (many small cubes, dozens of terms), before allocating.
+    PRODUCT_WORK.charge(int(combos.sum()) * len(poly))
     pair = np.repeat(np.arange(q_tile.size), combos)
     local = ragged_arange(combos)
     qb = q_boxes.first[q_tile][pair] + local // nk_box[pair]
@@ -468,6 +472,8 @@ def classify_product(
     q_sig, q_rep = _signatures(q_boxes, constrained)
     k_sig, k_rep = _signatures(k_boxes, constrained)
     if q_rep.size * k_rep.size <= SIGNATURE_PAIRS:
+        q_count, k_count = np.diff(q_boxes.first), np.diff(k_boxes.first)
+        _check_bound(int(q_count[q_rep].sum()) * int(k_count[k_rep].sum()) * len(poly))
         out = _classify_signatures(
             layout, poly, grid, (q_sig, q_rep), (k_sig, k_rep), boundary_counts
         )
@@ -559,18 +565,17 @@ def _classify_level(layout, poly, grid, parent, progress, found: list | None = N
     q_boxes = _tile_boxes(layout, grid.block_q)
     k_boxes = _tile_boxes(layout, grid.block_kv)
     kept = 0
-    # Box pairs per block pair at most: a pass of `per_pass` block pairs stays within
-    # COMBOS_PER_PASS box pairs; a chunk of q tiles reaches at most `tiles * nk` blocks.
-    combos = int(np.diff(q_boxes.first).max()) * int(np.diff(k_boxes.first).max())
-    per_pass = max(1, COMBOS_PER_PASS // combos)
-    tiles = max(1, per_pass // nk)
+    # A chunk of q tiles reaches at most `tiles * nk` blocks, about COMBOS_PER_PASS box pairs
+    # on average (the passes then split them by their actual box pairs, see _passes).
+    combos = np.diff(q_boxes.first).mean() * np.diff(k_boxes.first).mean()
+    tiles = max(1, int(COMBOS_PER_PASS // (combos * nk)))
+    _check_bound(_level_bound(layout, poly, grid, open_parents, q_boxes, k_boxes, tiles))
     for t0 in range(0, nq, tiles):
         t1 = min(t0 + tiles, nq)
         if parent is not None and not open_parents[t0 // RATIO : (t1 - 1) // RATIO + 1].any():
             continue
         flat = _candidate_pairs(layout, poly, q_boxes, t0, t1, grid.block_kv, nk, open_parents)
-        for lo in range(0, flat.size, per_pass):
-            part = flat[lo : lo + per_pass]
+        for part in _passes(flat, nk, q_boxes, k_boxes):
             q_tile, kv_tile = part // nk, part % nk
             count = _pair_counts(layout, poly, q_boxes, k_boxes, q_tile, kv_tile)
             kept += int(count.sum())
@@ -582,6 +587,46 @@ def _classify_level(layout, poly, grid, parent, progress, found: list | None = N
         if progress is not None:
             progress(t1, nq)
     return kinds, kept
+
+
+def _passes(flat: np.ndarray, nk: int, q_boxes: _Boxes, k_boxes: _Boxes):
+    """Consecutive runs of the block pairs `flat` of about COMBOS_PER_PASS box pairs each (at
+    most that plus one pair's): split by each pair's own box pairs, not the most any pair has,
+    so that tiles of many small cubes next to tiles of few boxes do not make every pass tiny
+    (a NumPy pass per handful of pairs)."""
+    if flat.size == 0:
+        return []
+    combos = np.diff(q_boxes.first)[flat // nk] * np.diff(k_boxes.first)[flat % nk]
+    group = (np.cumsum(combos) - combos) // COMBOS_PER_PASS
+    cuts = np.flatnonzero(np.diff(group)) + 1
+    return np.split(flat, cuts)
+
+
+def _level_bound(layout, poly, grid, open_parents, q_boxes: _Boxes, k_boxes: _Boxes, tiles):
+    """PRODUCT_WORK a level charges at most, known before it runs: the box pairs of the
+    children of BOUNDARY parents (every block pair at the top), and the reach of every query
+    box of the chunks of `tiles` q tiles it visits (one [boxes, axis size] array per axis),
+    both per term."""
+    nq, nk = grid.num_q_blocks, grid.num_kv_blocks
+    q_count, k_count = np.diff(q_boxes.first), np.diff(k_boxes.first)
+    if open_parents is None:
+        pairs = int(q_count.sum()) * int(k_count.sum())
+        rows = np.arange(nq)
+    else:
+        flat = _children(open_parents, 0, nq, nk)
+        pairs = int((q_count[flat // nk] * k_count[flat % nk]).sum())
+        chunks = np.unique(flat // nk // tiles)  # _reached_blocks takes all of their boxes
+        rows = (chunks[:, None] * tiles + np.arange(tiles)).ravel()
+        rows = rows[rows < nq]
+    reach = int(q_count[rows].sum()) * (layout.frames + layout.height + layout.width)
+    return (pairs + reach) * len(poly)
+
+
+def _check_bound(bound: int) -> None:
+    """Refuse, before it starts, a step that could take PRODUCT_WORK past its budget."""
+    budget = PRODUCT_WORK.current()
+    if budget is not None and budget.used + bound > budget.limit:
+        raise WorkOverLimit(PRODUCT_WORK, budget.used + bound)
 
 
 def _real_pairs(grid, q_tile, kv_tile) -> np.ndarray:

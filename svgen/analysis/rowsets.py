@@ -8,7 +8,11 @@ kernel order (a frame window is one interval, a temporal column one interval per
 the algebra of interval sets is closed. User predicates contribute sound bounds proven per
 tile (`bounds`), which the same algebra then combines.
 
-Nothing here is proportional to seq_len**2: the work is the number of intervals.
+Nothing here is proportional to seq_len**2: the work is the number of intervals. That number
+is what a hostile mask inflates (hundreds of windows, each a few dozen intervals per row, make
+billions), so every step that builds intervals charges them to `svgen.limits.ROW_SET_WORK`
+before allocating, and `estimate_work` extrapolates a few sampled rows to the whole sequence
+before the classification starts (svgen.limits.MAX_ROW_SET_WORK).
 """
 
 from __future__ import annotations
@@ -21,7 +25,29 @@ import numpy as np
 from svgen import ir, primitives
 from svgen.analysis import bounds as box_bounds
 from svgen.analysis.intervals import IntervalSet, ragged_arange
+from svgen.limits import ROW_SET_WORK, WorkOverLimit
 from svgen.runtime.layout import TokenLayout
+
+
+# Rows `estimate_work` samples, spread evenly: per-row interval counts of the built-ins vary
+# smoothly with the position (windows clipped at the edges), so a few stand for all.
+SAMPLE_ROWS = 16
+
+
+def estimate_work(node, layout: TokenLayout, block_q: int, block_kv: int, rows: int, limit: int):
+    """The intervals `row_bounds` would build for rows [0, rows), extrapolated from
+    SAMPLE_ROWS rows spread over them; None when that exceeds `limit` (the sampling stops
+    as soon as it does, so a hostile mask costs about limit * SAMPLE_ROWS / rows here)."""
+    samples = min(SAMPLE_ROWS, rows)
+    scale = rows / samples
+    try:
+        with ROW_SET_WORK.budget(int(limit / scale)) as budget:
+            for i in range(samples):
+                first = int((i + 0.5) * rows / samples)
+                row_bounds(node, RowChunk(layout, block_q, block_kv, first, 1))
+    except WorkOverLimit:
+        return None
+    return int(budget.used * scale)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +89,7 @@ class RowChunk:
     @functools.cached_property
     def universe(self) -> IntervalSet:
         """Every real key of every row."""
+        ROW_SET_WORK.charge(self.num_rows)
         base = np.arange(self.num_rows, dtype=np.int64) * self.stride
         return IntervalSet(base, base + self.layout.seq_len)
 
@@ -78,6 +105,7 @@ class RowChunk:
     def per_row(self, rows: np.ndarray, starts, ends) -> IntervalSet:
         """Intervals [starts, ends) of key positions for local rows `rows` (clipped)."""
         seq_len = self.layout.seq_len
+        ROW_SET_WORK.charge(np.size(rows))
         starts = np.clip(starts, 0, seq_len)
         ends = np.clip(ends, 0, seq_len)
         base = rows.astype(np.int64) * self.stride
@@ -243,6 +271,7 @@ def _window(center: np.ndarray, radius: int | None, size: int):
 def _expand(counts: np.ndarray):
     """(parent, index) pairs: parent i repeated counts[i] times, index 0..counts[i]-1."""
     counts = np.maximum(counts, 0)
+    ROW_SET_WORK.charge(counts.sum())  # the intervals of a box: what a hostile window inflates
     return np.repeat(np.arange(counts.size), counts), ragged_arange(counts)
 
 
@@ -631,21 +660,72 @@ def _tile_runs_to_rows(chunk: RowChunk, q_tiles: np.ndarray, allowed: np.ndarray
         rows_of_tile.append((lo, hi))
     rows_of_tile = np.array(rows_of_tile, np.int64)
     counts = rows_of_tile[tile_idx, 1] - rows_of_tile[tile_idx, 0]
+    ROW_SET_WORK.charge(counts.sum())
     run = np.repeat(np.arange(tile_idx.size), counts)
     rows = rows_of_tile[tile_idx[run], 0] + ragged_arange(counts)
     return chunk.per_row(rows, run_start[run] * bkv, run_end[run] * bkv)
 
 
 def any_of_rows(node: ir.AnyOf, chunk: RowChunk) -> Bounds:
-    parts = [row_bounds(c, chunk) for c in node.children]
-    lo = functools.reduce(IntervalSet.union, (p.lo for p in parts))
-    if all(p.is_exact for p in parts):
-        return Bounds.exact(lo)
-    return Bounds(lo, functools.reduce(IntervalSet.union, (p.hi for p in parts)))
+    lo, loose = _Union(), _Union()
+    for child in node.children:  # one part at a time: only the union and a batch are held
+        part = row_bounds(child, chunk)
+        lo.add(part.lo)
+        if not part.is_exact:
+            loose.add(part.hi)
+    if loose.empty:
+        return Bounds.exact(lo.result())
+    # The union of every hi: the exact parts' hi are their lo, already in lo.
+    low = lo.result()
+    loose.add(low)
+    return Bounds(low, loose.result())
+
+
+# Parts of an any_of gathered before one normalization (see _Union).
+UNION_BATCH = 1 << 16
+
+
+class _Union:
+    """The union of many interval sets, normalized in batches at least as large as the union
+    so far: a fold of pairwise unions would renormalize the growing result once per part
+    (quadratic in the parts of a wide any_of), and holding every part until the end would
+    keep all of them in memory at once."""
+
+    def __init__(self):
+        self._done: IntervalSet | None = None
+        self._batch: list[IntervalSet] = []
+        self._size = 0
+
+    @property
+    def empty(self) -> bool:
+        return self._done is None and not self._batch
+
+    def add(self, part: IntervalSet) -> None:
+        self._batch.append(part)
+        self._size += len(part)
+        done = 0 if self._done is None else len(self._done)
+        if self._size > max(done, UNION_BATCH):
+            self._flush()
+
+    def _flush(self) -> None:
+        sets = ([self._done] if self._done is not None else []) + self._batch
+        ROW_SET_WORK.charge(sum(len(s) for s in sets))
+        self._done = IntervalSet.normalized(
+            np.concatenate([s.starts for s in sets]), np.concatenate([s.ends for s in sets])
+        )
+        self._batch, self._size = [], 0
+
+    def result(self) -> IntervalSet:
+        if self._done is None and len(self._batch) <= 1:
+            return self._batch[0] if self._batch else IntervalSet.empty()
+        if self._batch:
+            self._flush()
+        return self._done
 
 
 def all_of_rows(node: ir.AllOf, chunk: RowChunk) -> Bounds:
     parts = [row_bounds(c, chunk) for c in node.children]
+    ROW_SET_WORK.charge(sum(len(p.lo) + (0 if p.is_exact else len(p.hi)) for p in parts))
     lo = functools.reduce(IntervalSet.intersection, (p.lo for p in parts))
     if all(p.is_exact for p in parts):
         return Bounds.exact(lo)
@@ -654,6 +734,7 @@ def all_of_rows(node: ir.AllOf, chunk: RowChunk) -> Bounds:
 
 def not_rows(node: ir.Not, chunk: RowChunk) -> Bounds:
     inner = row_bounds(node.child, chunk)
+    ROW_SET_WORK.charge(len(inner.lo) + (0 if inner.is_exact else len(inner.hi)))
     hi = inner.lo.complement_within(chunk.universe)
     if inner.is_exact:
         return Bounds.exact(hi)
