@@ -45,7 +45,13 @@ from dataclasses import dataclass
 
 import sympy
 
-from svgen.limits import MAX_EXPR_CHARS, MAX_EXPR_DEPTH, MAX_EXPR_LITERAL, MAX_EXPR_TOKENS
+from svgen.limits import (
+    MAX_EXPR_CHARS,
+    MAX_EXPR_DEPTH,
+    MAX_EXPR_LITERAL,
+    MAX_EXPR_NODES,
+    MAX_EXPR_TOKENS,
+)
 
 __all__ = [
     "SYMBOLS",
@@ -65,11 +71,6 @@ SYMBOLS: dict[str, sympy.Symbol] = {
     name: sympy.Symbol(name, integer=True, nonnegative=True) for name in _SYMBOL_NAMES
 }
 
-#: Nodes of a predicate's sympy tree once boolean == / != are expanded (each repeats both of
-#: its sides, so nesting them doubles the tree per level: 16 levels in 131 tokens made 409,590
-#: nodes). Four times MAX_EXPR_TOKENS: an equality between two halves of a predicate of the
-#: token limit, nested once more, still fits.
-MAX_EXPR_NODES = 4 * MAX_EXPR_TOKENS
 
 _BOOL_COERCIBLE = frozenset({"is_text_q", "is_text_k"})
 _FUNCTIONS = ("abs", "min", "max")

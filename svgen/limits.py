@@ -160,3 +160,8 @@ ROW_SET_WORK = Work("MAX_ROW_SET_WORK")
 #: Counted by svgen.analysis.product (box pairs and reach, times terms), against
 #: MAX_PRODUCT_WORK.
 PRODUCT_WORK = Work("MAX_PRODUCT_WORK")
+#: Nodes of a predicate's sympy tree once boolean == / != are expanded (each repeats both of
+#: its sides, so nesting them doubles the tree per level: 16 levels in 131 tokens made 409,590
+#: nodes). Four times MAX_EXPR_TOKENS: an equality between two halves of a predicate of the
+#: token limit, nested once more, still fits.
+MAX_EXPR_NODES = 4 * MAX_EXPR_TOKENS
