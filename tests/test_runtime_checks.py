@@ -105,3 +105,14 @@ def test_profile_needs_a_positive_number_of_queries(mixed, num_queries):
     q, k, v = mixed_inputs(plan, "float32", seed=4)
     with pytest.raises(ValueError, match="num_queries must be a positive integer"):
         module.profile(q, k, v, key=jax.random.PRNGKey(0), num_queries=num_queries)
+
+
+def test_more_heads_than_the_spec_says_how_to_run_them(compile_text):
+    """q with more heads than the spec, no head_pattern: the error says a head_pattern runs
+    any number of heads, and with one it runs."""
+    plan, module = compile_text(scaled_spec_text(REPO / "specs" / "wan21_720p_band.yaml", heads=2))
+    q, k, v = mixed_inputs(plan, "float32", seed=5, heads=3)
+    with pytest.raises(ValueError, match="any number of heads runs when you pass head_pattern"):
+        module.attention(q, k, v, interpret=True)
+    out = module.attention(q, k, v, head_pattern=np.zeros(3, np.int32), interpret=POISONED)
+    assert np.asarray(out).shape == q.shape and np.isfinite(np.asarray(out)).all()

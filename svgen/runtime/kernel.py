@@ -1163,8 +1163,9 @@ def resolve_head_pattern(head_pattern, default, heads: int, spec_heads: int, num
             )
         if heads != spec_heads:
             raise ValueError(
-                f"q has {heads} heads, the spec {spec_heads}: pass the "
-                "head_pattern of these heads (e.g. its shard under shard_map)"
+                f"q has {heads} heads, the spec {spec_heads}: any number of heads runs when "
+                "you pass head_pattern (int [heads], each head's pattern index; e.g. its "
+                "shard under shard_map)"
             )
         head_pattern = default
     return _checked_head_pattern(head_pattern, heads, num_patterns)
