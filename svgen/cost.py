@@ -600,8 +600,6 @@ def check_costable(plan) -> None:
     single step without the grid loop (or, over several heads, without the per-step branch
     the paths are read from), so the model has no step to read; it is a few thousand cycles
     in any case."""
-    from svgen.errors import SpecError
-
     if plan.grid_steps == 1:
         t = plan.spec.tiling
         raise SpecError(
