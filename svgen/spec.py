@@ -182,6 +182,19 @@ class Tiling:
 
 
 @dataclass(frozen=True)
+class Runtime:
+    """The `runtime` section: inputs given at call time that only remove pairs from the
+    compiled mask (svgen.runtime.segments): per-token segment ids, per-prompt text lengths."""
+
+    segments: bool = False
+    text_lengths: bool = False
+
+    @property
+    def any(self) -> bool:
+        return self.segments or self.text_lengths
+
+
+@dataclass(frozen=True)
 class GpuTiling:
     """How `svgen compile --target h100|h200` tiles the GPU kernel (svgen.runtime.gpu): a
     Triton program's q and kv tiles (they live in registers, so they are small), its warps
@@ -257,6 +270,7 @@ class Spec:
     source: str  # the path string as given
     digest: str  # sha256 hex of canonical_json(spec)
     gpu: GpuTiling | None = None  # the `gpu` section; None: not given (GpuTiling's defaults)
+    runtime: Runtime = Runtime()  # the `runtime` section (all False: not given)
 
     @property
     def gpu_tiling(self) -> GpuTiling:
@@ -358,6 +372,13 @@ def _with_gpu(obj: dict, gpu: GpuTiling | None) -> dict:
     return obj
 
 
+def _with_runtime(obj: dict, runtime: Runtime) -> dict:
+    # Only when something is declared, so the digests of specs without it stay what they were.
+    if runtime.any:
+        obj["runtime"] = {"segments": runtime.segments, "text_lengths": runtime.text_lengths}
+    return obj
+
+
 def _dumps(obj: dict) -> str:
     return json.dumps(
         obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
@@ -366,21 +387,17 @@ def _dumps(obj: dict) -> str:
 
 def canonical_json(spec: Spec) -> str:
     """The canonical JSON text the digest is computed from (no source, no locations)."""
-    return _dumps(
-        _with_gpu(
-            _canonical_obj(
-                spec.name,
-                spec.geometry,
-                spec.attention,
-                spec.layout,
-                spec.mask,
-                spec.patterns,
-                spec.heads,
-                spec.tiling,
-            ),
-            spec.gpu,
-        )
+    obj = _canonical_obj(
+        spec.name,
+        spec.geometry,
+        spec.attention,
+        spec.layout,
+        spec.mask,
+        spec.patterns,
+        spec.heads,
+        spec.tiling,
     )
+    return _dumps(_with_runtime(_with_gpu(obj, spec.gpu), spec.runtime))
 
 
 # ----------------------------------------------------------------------------- node helpers
@@ -585,7 +602,9 @@ TOP_KEYS = (
     "patterns",
     "tiling",
     "gpu",
+    "runtime",
 )
+RUNTIME_KEYS = ("segments", "text_lengths")
 GEOMETRY_KEYS = ("frames", "height", "width", "text_tokens", "text_position")
 #: The least value of each size in ``geometry`` (their most: MAX_SEQ_LEN, and so their total).
 GEOMETRY_MINIMUMS = {"frames": 1, "height": 1, "width": 1, "text_tokens": 0}
@@ -753,6 +772,32 @@ def _read_gpu(r: _Reader, node: Node, path: str) -> GpuTiling | None:
             e["num_stages"][1], _join(path, "num_stages"), 1, GPU_MAX_STAGES, "GPU_MAX_STAGES"
         )
     return GpuTiling(**vals)
+
+
+def _read_runtime(r: _Reader, node: Node, path: str, geometry: TokenLayout) -> Runtime:
+    """The `runtime` section: which run-time inputs the module takes (booleans)."""
+    if _is_null(r, node, path):
+        return Runtime()
+    e = r.mapping(node, path, RUNTIME_KEYS)
+    vals = {}
+    for key in RUNTIME_KEYS:
+        if key not in e:
+            continue
+        vnode = e[key][1]
+        value = r.scalar(vnode, _join(path, key)) if isinstance(vnode, ScalarNode) else _MISSING
+        if not isinstance(value, bool):
+            raise r.error(
+                vnode, _join(path, key), f"must be true or false, got {r.describe(vnode)}"
+            )
+        vals[key] = value
+    runtime = Runtime(**vals)
+    if runtime.text_lengths and geometry.text_tokens == 0:
+        raise r.error(
+            e["text_lengths"][1],
+            _join(path, "text_lengths"),
+            "needs text tokens: the geometry has none (geometry.text_tokens)",
+        )
+    return runtime
 
 
 def _read_layout(r: _Reader, node: Node, path: str, geometry: TokenLayout) -> str | Tiled:
@@ -1439,10 +1484,14 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
     )
 
     gpu = _read_gpu(r, top["gpu"][1], "gpu") if "gpu" in top else None
+    runtime = Runtime()
+    if "runtime" in top:
+        runtime = _read_runtime(r, top["runtime"][1], "runtime", geometry)
 
     pats = tuple(patterns)
     canonical = _canonical_obj(name, geometry, attention, layout, mask, pats, heads, tiling)
-    digest = hashlib.sha256(_dumps(_with_gpu(canonical, gpu)).encode("utf-8")).hexdigest()
+    canonical = _with_runtime(_with_gpu(canonical, gpu), runtime)
+    digest = hashlib.sha256(_dumps(canonical).encode("utf-8")).hexdigest()
     return Spec(
         name=name,
         geometry=geometry,
@@ -1455,6 +1504,7 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
         source=source,
         digest=digest,
         gpu=gpu,
+        runtime=runtime,
     )
 
 

@@ -269,6 +269,8 @@ def _runtime_imports(plan: Plan, patterns: list[dict]) -> str:
         names.add("coords")  # boundary masks call coords.within / coords.TokenCoords
     if plan.gpu is not None:
         names.add("gpu")
+    if plan.spec.runtime.any:
+        names.add("segments")
     return ", ".join(sorted(names))
 
 
@@ -395,4 +397,26 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
         "kinds": [(k.name, int(k)) for k in TileKind],
         "any_tables_file": any(p["tables_file"] for p in pattern_files),
         "runtime_imports": _runtime_imports(plan, patterns),
+        "runtime_inputs": _runtime_inputs(spec.runtime),
+        "runtime_words": _runtime_words(spec.runtime),
     }
+
+
+def _runtime_words(runtime) -> str:
+    """What a module's docstring says of its run-time inputs."""
+    words = []
+    if runtime.segments:
+        words.append("segment_ids (int32 [seq_len] or [batch, seq_len]: only pairs of one id)")
+    if runtime.text_lengths:
+        words.append("text_lengths (int32 [] or [batch]: real text tokens; the rest padding)")
+    return "; ".join(words)
+
+
+def _runtime_inputs(runtime) -> str | None:
+    """The make_attention argument of a spec's `runtime` section (None: not given)."""
+    if not runtime.any:
+        return None
+    return (
+        f"segments.RuntimeInputs(segments={runtime.segments}, "
+        f"text_lengths={runtime.text_lengths})"
+    )

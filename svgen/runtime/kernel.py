@@ -108,7 +108,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from svgen.runtime import permute
+from svgen.runtime import permute, segments
 from svgen.runtime.coords import QueryCoords, TokenCoords
 from svgen.runtime.interpret import settled
 from svgen.runtime.layout import TokenLayout
@@ -188,6 +188,9 @@ class _StepView:
     has_lengths: bool
     has_blocks: bool
     flat: bool
+    # Run-time tables (svgen.runtime.segments): first piece and piece count per row (batch *
+    # heads) instead of per head, and no static piece count.
+    per_row: bool = False
 
     @property
     def head(self):
@@ -211,11 +214,13 @@ class _StepView:
     def count(self):
         if self.single_pattern_pieces is not None:
             return self.single_pattern_pieces
-        return self.refs[2][self.head]
+        return self.refs[2][self.outer if self.per_row else self.head]
 
     @property
     def first_piece(self):
-        return 0 if self.single_pattern_pieces is not None else self.refs[1][self.head]
+        if self.single_pattern_pieces is not None:
+            return 0
+        return self.refs[1][self.outer if self.per_row else self.head]
 
     @property
     def piece(self):
@@ -281,14 +286,28 @@ class _StepView:
 
 
 def grid_step(
-    table_refs, heads: int, single: int | None, has_lengths: bool, has_blocks: bool, flat: bool
+    table_refs,
+    heads: int,
+    single: int | None,
+    has_lengths: bool,
+    has_blocks: bool,
+    flat: bool,
+    per_row: bool = False,
 ):
     """This grid step as the tables say, for the forward and the backward kernels alike:
     (view, kind, row tile, column tile, active, first step of the row tile, last step of
     it). Steps past a piece's length are inactive; the row tile's first step initializes
     its accumulators and its last writes them out."""
     view = _StepView(
-        table_refs, heads, pl.program_id(0), pl.program_id(1), single, has_lengths, has_blocks, flat
+        table_refs,
+        heads,
+        pl.program_id(0),
+        pl.program_id(1),
+        single,
+        has_lengths,
+        has_blocks,
+        flat,
+        per_row,
     )
     slot = pl.program_id(2)
     entry = view.entry()
@@ -407,22 +426,26 @@ def _attention_kernel(
     flat: bool,
     q_scale: float,
     with_lse: bool = False,
+    segment_row: int | None = None,
 ):
+    """segment_row: with run-time segments, the row of the query-coordinate scratch that
+    holds the q tile's segment ids (the inputs then end with the query and key ids)."""
+    num_inputs = 3 if segment_row is None else 5
     (
         # prefetched scalars (SMEM): head_pattern, first_piece, num_pieces, entries, ...
         table_refs,
-        # inputs (VMEM blocks)
-        (q_ref, k_ref, v_ref),
+        # inputs (VMEM blocks): q, k, v[, query ids [1, block_q], key ids [1, block_kv]]
+        (q_ref, k_ref, v_ref, *id_refs),
         # outputs: o[, lse (base 2, for the backward pass)]
         outputs,
         # scratch, carried across the steps of one q tile: m, [acc | l] (or acc and l), the
-        # scaled q tile[, query coordinates]
+        # scaled q tile[, query coordinates[, query ids]]
         scratch,
     ) = (
         refs[:num_tables],
-        refs[num_tables : num_tables + 3],
-        refs[num_tables + 3 : num_tables + 4 + with_lse],
-        refs[num_tables + 4 + with_lse :],
+        refs[num_tables : num_tables + num_inputs],
+        refs[num_tables + num_inputs : num_tables + num_inputs + 1 + with_lse],
+        refs[num_tables + num_inputs + 1 + with_lse :],
     )
     o_ref = outputs[0]
     if len(q_ref.shape) == 4:  # cube DMA: each [a, b, c, d] box read as [cube tokens, d]
@@ -432,7 +455,7 @@ def _attention_kernel(
     q_scaled = rest.pop(0)
     coords_ref = rest.pop(0) if rest else None
     view, kind, q_block, kv_block, active, is_first, is_last = grid_step(
-        table_refs, heads, single, has_lengths, has_blocks, flat
+        table_refs, heads, single, has_lengths, has_blocks, flat, per_row=segment_row is not None
     )
     blocks = [
         _Block(qi, ki, shape)
@@ -459,6 +482,10 @@ def _attention_kernel(
                 decode()
             else:
                 pl.when(view.pattern == index)(decode)
+        if segment_row is not None:  # the q tile's ids as lane-replicated columns, once
+            coords_ref[segment_row] = jnp.broadcast_to(
+                jnp.transpose(id_refs[0][...]), (shape.block_q, LANES)
+            )
 
     def load(rows):
         return (
@@ -482,6 +509,9 @@ def _attention_kernel(
         keep = jnp.broadcast_to(
             pattern.boundary_mask(q, TokenCoords(k_pos, pattern.layout)), (shape.cq, shape.ckv)
         )
+        if segment_row is not None:  # run-time segments: only pairs of one segment
+            q_ids = _lanes(coords_ref[segment_row, block.rows, :], shape.ckv)
+            keep = keep & (q_ids == id_refs[1][:, block.cols])
         # Padding keys are never attended, whatever the predicate says about them.
         return keep & (k_pos < shape.seq_len) if padding else keep
 
@@ -648,10 +678,11 @@ class _PatternCode:
     query_coords: tuple[str, ...]
 
 
-def _vmem_limit(shape: KernelShape, dtype, query_coords: int) -> int | None:
+def _vmem_limit(shape: KernelShape, dtype, query_coords: int, ids: bool = False) -> int | None:
     """The module's limit, never below what this call's buffers need (the compiler's bound
-    on query coordinates covers them; this keeps a hand-built KernelShape safe too)."""
-    if shape.vmem_limit_bytes is None:
+    on query coordinates covers them; this keeps a hand-built KernelShape safe too). ids:
+    run-time segments, whose [1, tile] id blocks take 8 sublanes, double-buffered."""
+    if shape.vmem_limit_bytes is None and not ids:
         return None
     need = kernel_vmem(
         shape.block_q,
@@ -662,7 +693,11 @@ def _vmem_limit(shape: KernelShape, dtype, query_coords: int) -> int | None:
         jnp.dtype(dtype).name,
         query_coords,
     )
-    return max(shape.vmem_limit_bytes, need.limit())
+    if ids:
+        need = dataclasses.replace(
+            need, pipeline=need.pipeline + 2 * 8 * 4 * (shape.block_q + shape.block_kv)
+        )
+    return max(shape.vmem_limit_bytes or 0, need.limit())
 
 
 def _head_operands(tables: PieceTables, head_pattern, static_pattern):
@@ -708,18 +743,30 @@ def _flat_attention(
     q_scale: float,
     with_lse: bool = False,
     cubes: CubeDma | None = None,
+    call=None,
 ):
     """q, k, v: [batch*heads, seq_len, head_dim], each head in its pattern's order, or with
     `cubes` [batch*heads, frames, height, width, head_dim] in the user's order. Not padded
     to whole tiles: the last tile's blocks reach past the arrays (the DMA reads what exists;
     rows past seq_len are discarded queries and masked keys), so no HBM pass pads them.
     with_lse: also return each row's log-sum-exp of its base-2 scores, f32 [rows, 1,
-    padded_seq_len] (what the backward pass needs)."""
+    padded_seq_len] (what the backward pass needs).
+    call: run-time segments, (CallTables, query ids, key ids [batch*heads, 1, seq]): the
+    call's tables replace `tables` (which still say slots and the walk), per-head walk."""
     heads = int(head_pattern.shape[0])
-    head_operands, steps = _head_operands(tables, head_pattern, static_pattern)
-    operands = head_operands + tuple(jnp.asarray(t) for t in tables.piece_operands())
-    single = tables.max_pieces if len(patterns) == 1 else None
+    flat = tables.flat and call is None
+    if call is None:
+        head_operands, steps = _head_operands(tables, head_pattern, static_pattern)
+        operands = head_operands + tuple(jnp.asarray(t) for t in tables.piece_operands())
+        single = tables.max_pieces if len(patterns) == 1 else None
+        id_inputs = ()
+    else:
+        call_tables, q_ids, kv_ids = call
+        operands = (head_pattern, call_tables.row_first_piece, call_tables.row_num_pieces)
+        operands += call_tables.piece_operands()
+        steps, single, id_inputs = call_tables.steps, None, (q_ids, kv_ids)
     has_lengths, has_blocks = tables.lengths is not None, tables.blocks is not None
+    query_coords = max(len(p.query_coords) for p in patterns)
     kernel = functools.partial(
         _attention_kernel,
         shape=shape,
@@ -729,14 +776,23 @@ def _flat_attention(
         single=single,
         has_lengths=has_lengths,
         has_blocks=has_blocks,
-        flat=tables.flat,
+        flat=flat,
         q_scale=q_scale,
         with_lse=with_lse,
+        segment_row=None if call is None else query_coords,
     )
 
     def view(outer, step, table_refs):
         return _StepView(
-            table_refs, heads, outer, step, single, has_lengths, has_blocks, tables.flat
+            table_refs,
+            heads,
+            outer,
+            step,
+            single,
+            has_lengths,
+            has_blocks,
+            flat,
+            per_row=call is not None,
         )
 
     def block_index(row, tile):
@@ -754,6 +810,10 @@ def _flat_attention(
         at = view(outer, step, table_refs)
         return at.row, 0, at.q_block
 
+    def kv_ids_index_map(outer, step, slot, *table_refs):
+        at = view(outer, step, table_refs)
+        return at.row, 0, at.kv_block(slot)
+
     d = shape.head_dim
     q_block = (None, shape.block_q, d) if cubes is None else (None, *cubes.cube, d)
     kv_block = (None, shape.block_kv, d) if cubes is None else q_block
@@ -764,17 +824,24 @@ def _flat_attention(
     if not shape.row_sum_on_mxu:
         scratch.append(pltpu.VMEM((shape.block_q, LANES), jnp.float32))
     scratch.append(pltpu.VMEM((shape.block_q, d), q.dtype))
-    query_coords = max(len(p.query_coords) for p in patterns)
-    if query_coords:
-        scratch.append(pltpu.VMEM((query_coords, shape.block_q, LANES), jnp.int32))
+    coord_rows = query_coords + (call is not None)  # and the query ids
+    if coord_rows:
+        scratch.append(pltpu.VMEM((coord_rows, shape.block_q, LANES), jnp.int32))
+    id_specs = []
+    if call is not None:
+        id_specs = [
+            pl.BlockSpec((None, 1, shape.block_q), lse_index_map),
+            pl.BlockSpec((None, 1, shape.block_kv), kv_ids_index_map),
+        ]
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=len(operands),
-        grid=(q.shape[0] // heads if tables.flat else q.shape[0], steps, tables.slots),
+        grid=(q.shape[0] // heads if flat else q.shape[0], steps, tables.slots),
         in_specs=[
             pl.BlockSpec(q_block, q_index_map),
             pl.BlockSpec(kv_block, kv_index_map),
             pl.BlockSpec(kv_block, kv_index_map),
-        ],
+        ]
+        + id_specs,
         out_specs=[pl.BlockSpec(q_block, q_index_map)]
         + ([pl.BlockSpec((None, 1, shape.block_q), lse_index_map)] if with_lse else []),
         scratch_shapes=scratch,
@@ -790,11 +857,11 @@ def _flat_attention(
         out_shape=out_shape,
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
-            vmem_limit_bytes=_vmem_limit(shape, q.dtype, query_coords),
+            vmem_limit_bytes=_vmem_limit(shape, q.dtype, coord_rows, ids=call is not None),
         ),
         interpret=interpret,
         name="svgen_attention",  # the kernel's name in profiles and libtpu dumps
-    )(*operands, q, k, v)
+    )(*operands, q, k, v, *id_inputs)
     outputs = [settled(x, interpret) for x in outputs]
     return tuple(outputs) if with_lse else outputs[0]
 
@@ -821,9 +888,10 @@ def make_attention(
     slots: int,
     default_head_pattern: Sequence[int] | None,
     dtype: str | None = None,
+    runtime: segments.RuntimeInputs = segments.RuntimeInputs(),
 ):
     """The public `attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None,
-    token_order="user")`.
+    token_order="user"[, segment_ids=None][, text_lengths=None])`.
 
     q, k, v are [heads, seq, head_dim] or [batch, heads, seq, head_dim] in the user's token
     order; the output has the shape and dtype of q. `head_pattern` (int [heads], may be traced)
@@ -836,6 +904,9 @@ def make_attention(
     arrays between the orders: a model that keeps its activations in kernel order between
     layers (token-wise layers do not care about the order) pays those passes once, not per
     attention call.
+
+    runtime: the spec's run-time inputs (svgen.runtime.segments); a call that gives none of
+    them runs the static tables, exactly as a module without them.
     """
     tables = PieceTables.from_runs(
         [p.runs for p in patterns],
@@ -856,16 +927,35 @@ def make_attention(
     # cube DMA, which is for a tiled layout.
     permute_kernel = permute.applies(layouts)
 
+    layout_index = tuple(int(i) for i in layout_of_pattern)
+
+    @functools.cache
+    def call_tables(transposed: bool) -> segments.SegmentTables:
+        """The static side of run-time tables, built on the first call that needs them."""
+        runs = [p.runs for p in patterns]
+        return segments.SegmentTables.build(runs, layout_index, shape, slots, transposed)
+
     @functools.cache
     def dkv_tables() -> PieceTables:
         """Built on the first differentiated call, so that importing a module stays cheap."""
         return transposed_tables([p.runs for p in patterns], shape, shape.heads)
 
-    def differentiable(q, k, v, head_pattern, static_pattern, interpret, q_scale, sm_scale, cubes):
+    def differentiable(
+        q, k, v, head_pattern, static_pattern, interpret, q_scale, sm_scale, cubes, ids
+    ):
         """The kernel in kernel order (cube DMA: the user's 4-D view), with its VJP: the
-        backward kernels of svgen.runtime.backward (head_pattern is not differentiated)."""
+        backward kernels of svgen.runtime.backward (head_pattern is not differentiated).
+        ids: run-time segments (segments.CallIds [batch, layouts, seq]) or None."""
 
-        def run(q, k, v, hp):
+        def forward_call(hp, ids):
+            if ids is None:
+                return None
+            tables_now = call_tables(False).tables(ids, hp)
+            head_layout = jnp.asarray(layout_of_pattern)[hp]
+            rows = (segments.head_rows(x, head_layout) for x in ids)
+            return (tables_now, *rows)
+
+        def run(q, k, v, hp, ids):
             return _flat_attention(
                 q,
                 k,
@@ -878,9 +968,10 @@ def make_attention(
                 interpret=interpret,
                 q_scale=q_scale,
                 cubes=cubes,
+                call=forward_call(hp, ids),
             )
 
-        def forward(q, k, v, hp):
+        def forward(q, k, v, hp, ids):
             o, lse = _flat_attention(
                 q,
                 k,
@@ -894,13 +985,14 @@ def make_attention(
                 q_scale=q_scale,
                 with_lse=True,
                 cubes=cubes,
+                call=forward_call(hp, ids),
             )
-            return o, (q, k, v, hp, o, lse)
+            return o, (q, k, v, hp, ids, o, lse)
 
         def backward_rule(residuals, do):
             from svgen.runtime import backward
 
-            q, k, v, hp, o, lse = residuals
+            q, k, v, hp, ids, o, lse = residuals
             if cubes is not None:  # the backward kernels read tiles in cube order
                 q, k, v, o, do = (
                     _cube_order(x, layouts[0], to_kernel=True) for x in (q, k, v, o, do)
@@ -924,11 +1016,12 @@ def make_attention(
             )
             if cubes is not None:
                 dq, dk, dv = (_cube_order(x, layouts[0], to_kernel=False) for x in (dq, dk, dv))
-            return dq, dk, dv, np.zeros(hp.shape, jax.dtypes.float0)
+            no_ids = None if ids is None else jax.tree.map(_no_cotangent, ids)
+            return dq, dk, dv, _no_cotangent(hp), no_ids
 
         core = jax.custom_vjp(run)
         core.defvjp(forward, backward_rule)
-        return core(q, k, v, head_pattern)
+        return core(q, k, v, head_pattern, ids)
 
     def resolved(head_pattern, heads: int):
         static_pattern, head_pattern = resolve_head_pattern(
@@ -936,12 +1029,32 @@ def make_attention(
         )
         return static_pattern, head_pattern, jnp.asarray(layout_of_pattern)[head_pattern]
 
+    def call_ids(segment_ids, text_lengths, batch: int | None):
+        """The call's ids per layout (segments.CallIds [batch, layouts, seq]), or None when
+        it gives no run-time input."""
+        segments.check_call_inputs(runtime, segment_ids, text_lengths, batch, layouts[0])
+        if segment_ids is None and text_lengths is None:
+            return None
+        call_tables(False).check_smem(batch or 1, shape.heads)
+        ids = segments.user_order_ids(segment_ids, text_lengths, batch or 1, layouts[0])
+        return segments.CallIds(*(segments.layout_order_ids(x, layouts) for x in ids))
+
     def attention(
-        q, k, v, *, head_pattern=None, interpret=False, sm_scale=None, token_order="user"
+        q,
+        k,
+        v,
+        *,
+        head_pattern=None,
+        interpret=False,
+        sm_scale=None,
+        token_order="user",
+        segment_ids=None,
+        text_lengths=None,
     ):
         _check_operands(q, k, v, shape, dtype)
         check_token_order(token_order)
         sm_scale = checked_sm_scale(sm_scale, shape.head_dim)
+        ids = call_ids(segment_ids, text_lengths, q.shape[0] if q.ndim == 4 else None)
         requested = head_pattern
         static_pattern, head_pattern, head_layout = resolved(head_pattern, q.shape[-3])
         lead = q.shape[:-2]
@@ -972,6 +1085,7 @@ def make_attention(
             float(sm_scale) * LOG2_E,
             float(sm_scale),
             box_dma,
+            ids,
         )
         out = out.reshape(lead + (shape.seq_len, shape.head_dim))
         out = out if mover is None else mover(out, to_kernel=False)
@@ -1006,6 +1120,11 @@ def make_attention(
     attention.cube_dma = cubes
     attention.permute_kernel = permute_kernel
     return attention
+
+
+def _no_cotangent(x):
+    """The cotangent of an integer input (head_pattern, run-time ids): none."""
+    return np.zeros(x.shape, jax.dtypes.float0)
 
 
 def attention_doc(

@@ -1,0 +1,247 @@
+"""Run-time segments and text lengths: what a spec's `runtime:` section adds to a call.
+
+A module compiled with `runtime: {segments: true}` takes `segment_ids` (int32 [seq] or
+[batch, seq], in the user's token order): keep(q, k) additionally requires the same id. With
+`runtime: {text_lengths: true}` it takes `text_lengths` (int32 [] or [batch]): text token t
+(counted from the first text token) is real when t < length; the others are padding.
+
+Both become one pair of per-token ids in each head's kernel order, for queries and for keys:
+  * a token's segment id (0 everywhere when the call gives none);
+  * a padding token, or one whose given id is negative, gets -1 as a query and -2 as a key:
+    it attends nothing and nothing attends it, so a padded query row comes out as zeros
+    (the kernels' rule for a row with no allowed key) and its gradients are zero.
+Coordinates stay the spec's: a pattern sees the same frame, row and column numbers whatever
+the segments are; segments only remove pairs.
+
+Tables: per call, per batch element and per pattern, the compile-time visits are refined by
+the ids' per-block ranges (svgen.runtime.refine) and compacted at the static maximum
+(`StaticVisits.max_pieces`, the pattern's static step count), all in jnp under jit; the
+kernels walk them per head (never the flat walk: its step tables would be per batch element
+too), with per-row (batch * heads) first-piece and piece-count tables in SMEM and a grid as
+long as the longest row's pieces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from svgen.runtime.layout import TokenLayout
+from svgen.runtime.refine import StaticVisits, block_segment_ranges, refine, segment_words
+from svgen.runtime.tables import (
+    SMEM_BUDGET,
+    KernelShape,
+    blocks_dtype,
+    transposed_runs,
+    transposed_shape,
+)
+
+# Ids of padding tokens (and of tokens given a negative id): never equal, so never kept.
+QUERY_PADDING_ID = -1
+KEY_PADDING_ID = -2
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeInputs:
+    """What a spec's `runtime:` section declares (all False: a fully static module)."""
+
+    segments: bool = False
+    text_lengths: bool = False
+
+    @property
+    def any(self) -> bool:
+        return self.segments or self.text_lengths
+
+    def arguments(self) -> tuple[str, ...]:
+        """The keyword arguments of `attention` these inputs add."""
+        return ("segment_ids",) * self.segments + ("text_lengths",) * self.text_lengths
+
+
+class CallIds(NamedTuple):
+    """One call's ids in each head's kernel order, int32 [batch, heads, seq] (a pytree)."""
+
+    query: jax.Array
+    key: jax.Array
+
+
+class CallTables(NamedTuple):
+    """One call's SMEM tables (per-head walk): per row (batch * heads) its first piece and
+    piece count, the pieces of every batch element one after another, and the grid's
+    middle size (the most pieces of any row; traced)."""
+
+    row_first_piece: jax.Array  # int32 [batch * heads]
+    row_num_pieces: jax.Array  # int32 [batch * heads]
+    entries: jax.Array  # int32 [batch * pieces per element]
+    lengths: jax.Array | None
+    blocks: jax.Array | None
+    steps: jax.Array  # int32 []
+
+    def piece_operands(self) -> tuple[jax.Array, ...]:
+        return tuple(t for t in (self.entries, self.lengths, self.blocks) if t is not None)
+
+
+def check_call_inputs(
+    inputs: RuntimeInputs, segment_ids, text_lengths, batch: int | None, layout: TokenLayout
+):
+    """Shapes and dtypes of a call's run-time inputs (ValueError / TypeError with what was
+    expected); concrete text lengths are also checked against the spec's text tokens.
+    batch: the leading dimension of q (None: q has none)."""
+    seq = layout.seq_len
+    if segment_ids is not None:
+        if not inputs.segments:
+            raise TypeError(
+                "segment_ids: this module was compiled without `runtime: {segments: true}` "
+                "in its spec; add it and run svgen compile again"
+            )
+        _check_int32("segment_ids", segment_ids, ((seq,),) + (((batch, seq),) if batch else ()))
+    if text_lengths is not None:
+        if not inputs.text_lengths:
+            raise TypeError(
+                "text_lengths: this module was compiled without `runtime: {text_lengths: "
+                "true}` in its spec; add it and run svgen compile again"
+            )
+        _check_int32("text_lengths", text_lengths, ((),) + (((batch,),) if batch else ()))
+        if not isinstance(text_lengths, jax.core.Tracer):
+            values = np.asarray(text_lengths)
+            if values.size and (values.min() < 0 or values.max() > layout.text_tokens):
+                raise ValueError(
+                    f"text_lengths must lie in 0 .. {layout.text_tokens} (the spec's text "
+                    f"tokens), got values {int(values.min())} .. {int(values.max())}"
+                )
+
+
+def _check_int32(name: str, x, shapes: tuple[tuple[int, ...], ...]) -> None:
+    dtype = getattr(x, "dtype", None)
+    shape = tuple(getattr(x, "shape", ()))
+    if dtype is None or np.dtype(dtype) != np.int32:
+        raise TypeError(f"{name} must be int32, got {dtype or type(x).__name__}")
+    if shape not in shapes:
+        want = " or ".join(f"[{', '.join(map(str, s))}]" for s in shapes)
+        raise ValueError(f"{name} must have shape {want}, got [{', '.join(map(str, shape))}]")
+
+
+def user_order_ids(segment_ids, text_lengths, batch: int, layout: TokenLayout):
+    """(query ids, key ids), int32 [batch, seq] in the user's order (see the docstring).
+    Traced text lengths outside 0 .. text tokens are clamped (never read out of bounds)."""
+    seq = layout.seq_len
+    ids = jnp.zeros((batch, seq), jnp.int32)
+    if segment_ids is not None:
+        ids = jnp.broadcast_to(jnp.asarray(segment_ids, jnp.int32), (batch, seq))
+    padding = ids < 0
+    if text_lengths is not None:
+        lengths = jnp.clip(jnp.asarray(text_lengths, jnp.int32), 0, layout.text_tokens)
+        lengths = jnp.broadcast_to(lengths, (batch,))
+        text = np.arange(seq) - layout.text_start  # the token's place among the text
+        is_text = (text >= 0) & (text < layout.text_tokens)
+        padding = padding | (jnp.asarray(is_text) & (jnp.asarray(text) >= lengths[:, None]))
+    return (
+        jnp.where(padding, QUERY_PADDING_ID, ids),
+        jnp.where(padding, KEY_PADDING_ID, ids),
+    )
+
+
+def layout_order_ids(ids, layouts: Sequence[TokenLayout]) -> jax.Array:
+    """ids [batch, seq] (user order) -> [batch, layouts, seq], in each layout's kernel order."""
+    return jnp.stack([lay.to_kernel(ids[..., None], jnp)[..., 0] for lay in layouts], axis=1)
+
+
+def head_rows(ids, head_layout) -> jax.Array:
+    """ids [batch, layouts, seq] -> the kernels' [batch * heads, 1, seq] (head_layout: int32
+    [heads], each head's layout): lane-major rows, read as [1, tile] blocks."""
+    per_head = ids[:, head_layout, :]
+    return per_head.reshape(-1, 1, ids.shape[-1])
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SegmentTables:
+    """The static side of per-call tables: each pattern's visits (forward, or the dk/dv
+    kernel's transposed ones), the layout the pattern's ids are read in, and the sizes."""
+
+    visits: tuple[StaticVisits, ...]
+    layout_index: tuple[int, ...]  # per pattern: its layout among the module's layouts
+    shape: KernelShape  # the walk's shape (transposed for dk/dv)
+    slots: int
+    transposed: bool
+
+    @classmethod
+    def build(
+        cls, runs_per_pattern, layout_index, shape: KernelShape, slots: int, transposed: bool
+    ) -> "SegmentTables":
+        walk_shape = transposed_shape(shape) if transposed else shape
+        rq, rk = walk_shape.q_blocks_per_tile, walk_shape.kv_blocks_per_tile
+        visits = tuple(
+            StaticVisits.from_runs(transposed_runs(r, shape) if transposed else r, rq, rk)
+            for r in runs_per_pattern
+        )
+        return cls(visits, tuple(layout_index), walk_shape, slots, transposed)
+
+    @functools.cached_property
+    def first_piece(self) -> np.ndarray:
+        """Where each pattern's pieces start within one batch element's tables."""
+        sizes = np.array([v.max_pieces for v in self.visits], np.int64)
+        return (np.cumsum(sizes) - sizes).astype(np.int32)
+
+    @property
+    def pieces_per_element(self) -> int:
+        return int(sum(v.max_pieces for v in self.visits))
+
+    def smem_bytes(self, batch: int, heads: int) -> int:
+        """SMEM of the call's tables: per row three int32, per piece its entry (and length,
+        and blocks word)."""
+        per_piece = 4 + (1 if self.slots < 128 else 2) * (self.slots > 1)
+        if self.shape.compute_blocks > 1:
+            per_piece += np.dtype(blocks_dtype(self.shape.compute_blocks)).itemsize
+        return 12 * batch * heads + batch * self.pieces_per_element * per_piece
+
+    def check_smem(self, batch: int, heads: int) -> None:
+        need = self.smem_bytes(batch, heads)
+        if need > SMEM_BUDGET:
+            raise ValueError(
+                f"the run-time tables of {batch} batch elements x {heads} heads need "
+                f"{need:,} bytes of SMEM, over {SMEM_BUDGET:,}: call with fewer batch "
+                f"elements at a time (each element has its own tables)"
+            )
+
+    def tables(self, ids: CallIds, head_pattern) -> CallTables:
+        """The call's tables from its ids [batch, layouts, seq] (query and key ids in each
+        layout's order), for int32 head_pattern [heads]."""
+        batch = ids.query.shape[0]
+        # The walk's rows are keys in the transposed (dk/dv) walk.
+        row_ids, col_ids = (ids.key, ids.query) if self.transposed else (ids.query, ids.key)
+        per_pattern = [
+            jax.vmap(functools.partial(self._pattern_pieces, visits))(
+                row_ids[:, lay], col_ids[:, lay]
+            )
+            for visits, lay in zip(self.visits, self.layout_index)
+        ]
+
+        def joined(field: str):
+            parts = [getattr(p, field) for p in per_pattern]
+            return None if parts[0] is None else jnp.concatenate(parts, axis=1).reshape(-1)
+
+        counts = jnp.stack([p.num_pieces for p in per_pattern], axis=1)  # [batch, patterns]
+        element_first = jnp.arange(batch, dtype=jnp.int32)[:, None] * self.pieces_per_element
+        row_first = element_first + jnp.asarray(self.first_piece)[head_pattern][None, :]
+        row_count = counts[:, head_pattern]
+        return CallTables(
+            row_first.reshape(-1).astype(jnp.int32),
+            row_count.reshape(-1).astype(jnp.int32),
+            joined("entries"),
+            joined("lengths"),
+            joined("blocks"),
+            jnp.max(row_count).astype(jnp.int32),
+        )
+
+    def _pattern_pieces(self, visits: StaticVisits, row_ids, col_ids):
+        shape = self.shape
+        num_rows = visits.num_q_tiles * shape.q_blocks_per_tile
+        num_cols = -(-shape.seq_len // shape.block_kv) * shape.kv_blocks_per_tile
+        row_lo, row_hi = block_segment_ranges(row_ids, shape.cq, num_rows)
+        col_lo, col_hi = block_segment_ranges(col_ids, shape.ckv, num_cols)
+        words = segment_words(visits, row_lo, row_hi, col_lo, col_hi)
+        return refine(visits, words, self.slots)
