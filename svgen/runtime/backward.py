@@ -76,19 +76,31 @@ def _walk(
     name,
     out_blocks=None,
     aliases=None,
+    call=None,
 ):
     """One pallas_call over `tables` (forward or transposed) for every head: the grid and
     index maps of the forward kernel; `in_blocks` / `outputs` say per operand whether it is
     indexed by the step's row tile ("row"), column tile ("col") or is a lane-major
-    [rows, 1, padded] row vector indexed by the row ("row_vec") or column ("col_vec") tile."""
+    [rows, 1, padded] row vector indexed by the row ("row_vec") or column ("col_vec") tile.
+    call: run-time segments' CallTables (svgen.runtime.segments), which replace `tables`'
+    pieces (`tables` still says slots, lengths and blocks); per-head walk."""
     heads = int(head_pattern.shape[0])
-    head_operands, steps = fwd._head_operands(tables, head_pattern, static_pattern)
-    operands = head_operands + tuple(jnp.asarray(t) for t in tables.piece_operands())
-    single = tables.max_pieces if tables.num_pieces.size == 1 else None
+    flat = tables.flat and call is None
+    if call is None:
+        head_operands, steps = fwd._head_operands(tables, head_pattern, static_pattern)
+        operands = head_operands + tuple(jnp.asarray(t) for t in tables.piece_operands())
+        single = tables.max_pieces if tables.num_pieces.size == 1 else None
+    else:
+        operands = (head_pattern, call.row_first_piece, call.row_num_pieces)
+        operands += call.piece_operands()
+        steps, single = call.steps, None
     has_lengths, has_blocks = tables.lengths is not None, tables.blocks is not None
+    per_row = call is not None
 
     def view(outer, step, refs):
-        return fwd._StepView(refs, heads, outer, step, single, has_lengths, has_blocks, tables.flat)
+        return fwd._StepView(
+            refs, heads, outer, step, single, has_lengths, has_blocks, flat, per_row
+        )
 
     def spec(kind: str, d: int):
         if kind == "any":  # left in HBM: the kernel moves it with its own DMAs
@@ -113,12 +125,13 @@ def _walk(
         single=single,
         has_lengths=has_lengths,
         has_blocks=has_blocks,
-        flat=tables.flat,
+        flat=flat,
+        per_row=per_row,
     )
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=len(operands),
         grid=(
-            inputs[0].shape[0] // heads if tables.flat else inputs[0].shape[0],
+            inputs[0].shape[0] // heads if flat else inputs[0].shape[0],
             steps,
             tables.slots,
         ),
@@ -177,12 +190,16 @@ def _dq_kernel(
     flat,
     patterns,
     sm_scale,
+    per_row=False,
 ):
-    q_ref, k_ref, v_ref, do_ref, lse_ref, d_ref = refs[num_tables : num_tables + num_inputs]
+    """per_row: run-time segments; the inputs end with the query and key ids."""
+    q_ref, k_ref, v_ref, do_ref, lse_ref, d_ref, *id_refs = refs[
+        num_tables : num_tables + num_inputs
+    ]
     dq_ref = refs[num_tables + num_inputs]
     acc, lse_col, d_col = refs[num_tables + num_inputs + 1 :]
     view, kind, q_tile, kv_tile, active, is_first, is_last = fwd.grid_step(
-        refs[:num_tables], heads, single, has_lengths, has_blocks, flat
+        refs[:num_tables], heads, single, has_lengths, has_blocks, flat, per_row
     )
     blocks = [
         fwd._Block(qi, ki, shape)
@@ -202,7 +219,11 @@ def _dq_kernel(
         k, v = k_ref[block.cols, :], v_ref[block.cols, :]
         p = jnp.exp2(_dot(q, k, 1, 1) - fwd._lanes(lse_col[block.rows, :], shape.ckv))
         if pattern is not None:
-            p = jnp.where(_keep(pattern, q_tile, kv_tile, block, shape), p, 0.0)
+            keep = _keep(pattern, q_tile, kv_tile, block, shape)
+            if id_refs:  # only pairs of one segment
+                q_ids, kv_ids = id_refs[0][:, block.rows], id_refs[1][:, block.cols]
+                keep = keep & (jnp.transpose(q_ids) == kv_ids)
+            p = jnp.where(keep, p, 0.0)
         ds = p * (_dot(do, v, 1, 1) - fwd._lanes(d_col[block.rows, :], shape.ckv))
         acc[block.rows, :] += _dot(ds.astype(k.dtype), k, 1, 0)
 
@@ -226,6 +247,7 @@ def _dkv_kernel(
     patterns,
     sm_scale,
     fused_dq=False,
+    per_row=False,
 ):
     """shape is transposed: rows (block_q, cq) are keys, columns queries.
 
@@ -233,8 +255,11 @@ def _dkv_kernel(
     query tile's dq (the DMA overlaps the step's matmuls), adds ds^T k of its blocks and
     writes it back before the next step, so the steps of one walk (sequential on a
     TensorCore; other cores walk other rows) never race. One pass of the scores instead of
-    two: 5 matmuls per block against the separate kernels' 3 + 4."""
+    two: 5 matmuls per block against the separate kernels' 3 + 4.
+
+    per_row: run-time segments; the key and query ids follow the six inputs."""
     k_ref, v_ref, q_ref, do_ref, lse_ref, d_ref = refs[num_tables : num_tables + 6]
+    id_refs = refs[num_tables + 6 : num_tables + 8] if per_row else ()
     outs = refs[num_tables + num_inputs :]
     dk_ref, dv_ref = outs[:2]
     if fused_dq:
@@ -242,7 +267,7 @@ def _dkv_kernel(
     else:
         dk_acc, dv_acc = outs[2:]
     view, kind, kv_tile, q_tile, active, is_first, is_last = fwd.grid_step(
-        refs[:num_tables], heads, single, has_lengths, has_blocks, flat
+        refs[:num_tables], heads, single, has_lengths, has_blocks, flat, per_row
     )
     blocks = [
         fwd._Block(ki, qi, shape)
@@ -261,7 +286,11 @@ def _dkv_kernel(
         lse, dd = lse_ref[:, block.cols], d_ref[:, block.cols]  # [1, cq]: lane-major rows
         p_t = jnp.exp2(_dot(k, q, 1, 1) - lse)
         if pattern is not None:
-            p_t = jnp.where(_keep_t(pattern, kv_tile, q_tile, block, shape), p_t, 0.0)
+            keep_t = _keep_t(pattern, kv_tile, q_tile, block, shape)
+            if id_refs:  # only pairs of one segment (keys are rows here)
+                kv_ids, q_ids = id_refs[0][:, block.rows], id_refs[1][:, block.cols]
+                keep_t = keep_t & (jnp.transpose(kv_ids) == q_ids)
+            p_t = jnp.where(keep_t, p_t, 0.0)
         dv_acc[block.rows, :] += _dot(p_t.astype(do.dtype), do, 1, 0)
         ds_t = (p_t * (_dot(v, do, 1, 1) - dd)).astype(q.dtype)
         dk_acc[block.rows, :] += _dot(ds_t, q, 1, 0)
@@ -335,10 +364,12 @@ def backward(
     sm_scale: float,
     interpret,
     fused_dq: bool | None = None,
+    calls=None,
 ):
     """dq, dk, dv [rows, seq_len, d] (kernel order) of the forward call that gave o, lse;
     fused_dq: dq inside the dk/dv walk (one kernel) instead of its own kernel (None:
-    FUSED_DQ)."""
+    FUSED_DQ). calls: run-time segments, (forward CallTables, dk/dv CallTables, query ids,
+    key ids [rows, 1, seq_len]) (svgen.runtime.segments)."""
     if fused_dq is None:
         fused_dq = FUSED_DQ
     pad = shape.padded_seq_len - shape.seq_len
@@ -349,8 +380,26 @@ def backward(
     qp, kp, vp, dop = zero(q_scaled), zero(k), zero(v), zero(do)
     d = shape.head_dim
     common = dict(head_pattern=head_pattern, static_pattern=static_pattern, interpret=interpret)
+    fwd_call = dkv_call = None
+    ids = ()
+    if calls is not None:
+        fwd_call, dkv_call, *ids = calls
+        ids = tuple(jnp.pad(x, ((0, 0), (0, 0), (0, pad))) for x in ids)
     walk_dkv = functools.partial(
-        _dkv_walk, kp, vp, qp, dop, lse, delta, dkv_tables, patterns, shape, sm_scale, common
+        _dkv_walk,
+        kp,
+        vp,
+        qp,
+        dop,
+        lse,
+        delta,
+        dkv_tables,
+        patterns,
+        shape,
+        sm_scale,
+        common,
+        call=dkv_call,
+        ids=ids,
     )
     cut = slice(0, shape.seq_len)
     if fused_dq:
@@ -360,8 +409,11 @@ def backward(
         functools.partial(_dq_kernel, patterns=patterns, sm_scale=sm_scale),
         tables=forward_tables,
         shape=shape,
-        inputs=(qp, kp, vp, dop, lse, delta),
-        in_blocks=("row", "col", "col", "row", "row_vec", "row_vec"),
+        inputs=(qp, kp, vp, dop, lse, delta, *ids),
+        in_blocks=("row", "col", "col", "row", "row_vec", "row_vec") + ("row_vec", "col_vec")[
+            : len(ids)
+        ],
+        call=fwd_call,
         outputs=(qp,),
         scratch=[
             pltpu.VMEM((shape.block_q, d), jnp.float32),
@@ -376,16 +428,33 @@ def backward(
 
 
 def _dkv_walk(
-    kp, vp, qp, dop, lse, delta, dkv_tables, patterns, shape, sm_scale, common, *, fused_dq
+    kp,
+    vp,
+    qp,
+    dop,
+    lse,
+    delta,
+    dkv_tables,
+    patterns,
+    shape,
+    sm_scale,
+    common,
+    *,
+    fused_dq,
+    call=None,
+    ids=(),
 ):
     """The walk of the transposed tables: (dk, dv), and with fused_dq also dq (f32, unscaled,
-    accumulated in an HBM buffer aliased from zeros)."""
+    accumulated in an HBM buffer aliased from zeros). call, ids: run-time segments (the
+    call's transposed tables; query and key ids)."""
     d = shape.head_dim
     t_shape = transposed_shape(shape)
     inputs, in_blocks = (
         (kp, vp, qp, dop, lse, delta),
         ("row", "row", "col", "col", "col_vec", "col_vec"),
     )
+    if ids:  # keys are the rows here
+        inputs, in_blocks = inputs + (ids[1], ids[0]), in_blocks + ("row_vec", "col_vec")
     outputs, out_blocks, aliases = (kp, vp), ("row", "row"), {}
     scratch = [pltpu.VMEM((t_shape.block_q, d), jnp.float32) for _ in range(2)]  # dk, dv
     if fused_dq:
@@ -401,6 +470,7 @@ def _dkv_walk(
     return _walk(
         functools.partial(_dkv_kernel, patterns=patterns, sm_scale=sm_scale, fused_dq=fused_dq),
         tables=dkv_tables,
+        call=call,
         shape=t_shape,
         inputs=inputs,
         in_blocks=in_blocks,

@@ -933,7 +933,9 @@ def make_attention(
     def call_tables(transposed: bool) -> segments.SegmentTables:
         """The static side of run-time tables, built on the first call that needs them."""
         runs = [p.runs for p in patterns]
-        return segments.SegmentTables.build(runs, layout_index, shape, slots, transposed)
+        # The dk/dv walk's pieces are as long as its static tables' (its grid's last axis).
+        walk_slots = dkv_tables().slots if transposed else slots
+        return segments.SegmentTables.build(runs, layout_index, shape, walk_slots, transposed)
 
     @functools.cache
     def dkv_tables() -> PieceTables:
@@ -947,13 +949,22 @@ def make_attention(
         backward kernels of svgen.runtime.backward (head_pattern is not differentiated).
         ids: run-time segments (segments.CallIds [batch, layouts, seq]) or None."""
 
+        def id_rows(hp, ids):
+            head_layout = jnp.asarray(layout_of_pattern)[hp]
+            return tuple(segments.head_rows(x, head_layout) for x in ids)
+
         def forward_call(hp, ids):
             if ids is None:
                 return None
-            tables_now = call_tables(False).tables(ids, hp)
-            head_layout = jnp.asarray(layout_of_pattern)[hp]
-            rows = (segments.head_rows(x, head_layout) for x in ids)
-            return (tables_now, *rows)
+            return (call_tables(False).tables(ids, hp), *id_rows(hp, ids))
+
+        def backward_calls(hp, ids):
+            if ids is None:
+                return None
+            # Both walks' tables: the dq kernel's (unused when dq is fused into the dk/dv
+            # walk; XLA drops what nothing reads) and the dk/dv kernel's.
+            tables_of = (call_tables(t).tables(ids, hp) for t in (False, True))
+            return (*tables_of, *id_rows(hp, ids))
 
         def run(q, k, v, hp, ids):
             return _flat_attention(
@@ -1013,6 +1024,7 @@ def make_attention(
                 shape=shape,
                 sm_scale=sm_scale,
                 interpret=interpret,
+                calls=backward_calls(hp, ids),
             )
             if cubes is not None:
                 dq, dk, dv = (_cube_order(x, layouts[0], to_kernel=False) for x in (dq, dk, dv))
