@@ -367,15 +367,17 @@ def _cache_key(
     tables_shape: tuple,
     dtype: str,
     kind: str = "forward",
+    runtime: tuple[str, ...] = (),
 ) -> str:
     import jax
     import jaxlib
 
-    from svgen.runtime import backward, coords, kernel, layout
+    from svgen.runtime import backward, coords, kernel, layout, segments
 
     # The kernel bodies and the coordinate decoding they trace.
     kernel_source = b"".join(
-        pathlib.Path(m.__file__).read_bytes() for m in (kernel, coords, layout, backward)
+        pathlib.Path(m.__file__).read_bytes()
+        for m in (kernel, coords, layout, backward, segments)
     )
     text = json.dumps(
         [
@@ -390,7 +392,8 @@ def _cache_key(
             jax.__version__,
             jaxlib.__version__,
             hashlib.sha256(kernel_source).hexdigest(),
-        ],
+        ]
+        + ([list(runtime)] if runtime else []),
         sort_keys=True,
     )
     return hashlib.sha256(text.encode()).hexdigest()[:32]
@@ -413,6 +416,7 @@ def measure_paths(module, target: str, *, use_cache: bool = True, progress=None)
         tables.slots,
         tuple(str(t.dtype) for t in tables.piece_operands()),
         module.DTYPE,
+        runtime=module.attention.runtime.arguments(),
     )
 
     def measure() -> PathCosts:
@@ -535,13 +539,37 @@ def _compile_training(module, target: str, names: list[str], fused: bool) -> dic
 
 
 def _compile(module, target: str):
+    """The kernel's schedule; a module with run-time inputs is compiled with them (traced),
+    so what is measured is the kernel that reads run-time segments."""
     from svgen import tpu_schedule
 
-    def run(q, k, v, hp):
-        return module.attention(q, k, v, head_pattern=hp)
+    names = module.attention.runtime.arguments()
+
+    def run(q, k, v, hp, *runtime_inputs):
+        return module.attention(q, k, v, head_pattern=hp, **dict(zip(names, runtime_inputs)))
 
     return tpu_schedule.compile_and_dump(
-        run, *_aot_args(module, target), kernel_name=KERNEL_NAME, target=target
+        run,
+        *_aot_args(module, target),
+        *_runtime_args(module, target),
+        kernel_name=KERNEL_NAME,
+        target=target,
+    )
+
+
+def _runtime_args(module, target: str) -> tuple:
+    """Traced run-time inputs of the module's full size (one batch element), in the order
+    of `attention.runtime.arguments()`."""
+    import jax
+    import jax.numpy as jnp
+
+    from svgen import tpu_schedule
+
+    sharding = tpu_schedule.tpu_sharding(target)
+    shapes = {"segment_ids": (module.SEQ_LEN,), "text_lengths": ()}
+    return tuple(
+        jax.ShapeDtypeStruct(shapes[name], jnp.int32, sharding=sharding)
+        for name in module.attention.runtime.arguments()
     )
 
 

@@ -1129,6 +1129,7 @@ def make_attention(
     attention.to_kernel_order = to_kernel_order
     attention.from_kernel_order = from_kernel_order
     attention.tables = tables
+    attention.runtime = runtime
     attention.cube_dma = cubes
     attention.permute_kernel = permute_kernel
     return attention
