@@ -376,8 +376,7 @@ def _cache_key(
 
     # The kernel bodies and the coordinate decoding they trace.
     kernel_source = b"".join(
-        pathlib.Path(m.__file__).read_bytes()
-        for m in (kernel, coords, layout, backward, segments)
+        pathlib.Path(m.__file__).read_bytes() for m in (kernel, coords, layout, backward, segments)
     )
     text = json.dumps(
         [

@@ -43,6 +43,7 @@ def spec_schema() -> dict:
         "patterns": _patterns(),
         "tiling": _tiling(),
         "gpu": _gpu(),
+        "runtime": _runtime(),
     }
     return {
         "$schema": DRAFT,
@@ -179,6 +180,31 @@ def _gpu() -> dict:
         keys,
         (),
         "the GPU kernel's tiles, warps and pipeline stages (svgen compile --target h100|h200)",
+        nullable=True,
+    )
+
+
+def _runtime() -> dict:
+    keys = {
+        "segments": {
+            "type": "boolean",
+            "default": False,
+            "description": "attention(..., segment_ids=int32 [seq] or [batch, seq]): keep only "
+            "pairs of one segment; a negative id marks a padding token",
+        },
+        "text_lengths": {
+            "type": "boolean",
+            "default": False,
+            "description": "attention(..., text_lengths=int32 [] or [batch]): the real text "
+            "tokens; padding text is never attended and its rows come out as zeros",
+        },
+    }
+    return _section(
+        spec.RUNTIME_KEYS,
+        keys,
+        (),
+        "inputs given at call time that only remove pairs from the compiled mask; the tables "
+        "are refined on the device per call, with no recompilation",
         nullable=True,
     )
 

@@ -167,9 +167,7 @@ def test_one_pattern_against_float64(layout, dtype, tmp_path):
 
 @pytest.mark.parametrize("text_position", ["first", "last"])
 def test_two_patterns_with_traced_head_pattern(text_position, tmp_path):
-    plan, module = compile_spec_text(
-        spec_text(TWO_PATTERNS, text_position=text_position), tmp_path
-    )
+    plan, module = compile_spec_text(spec_text(TWO_PATTERNS, text_position=text_position), tmp_path)
     rng = np.random.default_rng(3 if text_position == "first" else 4)
     seq, batch = plan.layout.seq_len, 2
     q, k, v = inputs(rng, batch, 3, seq, 64, "float32")
@@ -225,9 +223,7 @@ def test_gradients_against_float64(fused, tmp_path, monkeypatch):
     keeps = [user_order_keep(p) for p in plan.patterns]
     for b in range(batch):
         per_pattern = [call_keep(kp, plan.layout, ids[b], lengths[b]) for kp in keeps]
-        want = reference_grads(
-            plan, q[b], k[b], v[b], head_pattern, do[b], keeps=per_pattern
-        )
+        want = reference_grads(plan, q[b], k[b], v[b], head_pattern, do[b], keeps=per_pattern)
         for name, a, w in zip(("dq", "dk", "dv"), got, want):
             a = np.asarray(a[b], np.float64)
             assert np.all(np.isfinite(a)), f"{name}: non-finite values"
@@ -268,9 +264,7 @@ def test_one_segment_gives_the_compile_time_tables(tmp_path):
     hp = jnp.zeros(2, jnp.int32)
     static = module.attention.tables
     for transposed in (False, True):
-        expected = (
-            transposed_tables([pattern.runs], module.SHAPE, 2) if transposed else static
-        )
+        expected = transposed_tables([pattern.runs], module.SHAPE, 2) if transposed else static
         tables = segments.SegmentTables.build(
             [pattern.runs], (0,), module.SHAPE, expected.slots, transposed
         ).tables(call_ids, hp)
@@ -356,7 +350,9 @@ def test_text_lengths_need_text_tokens():
 
 def test_the_runtime_section_changes_the_digest_only_when_given():
     with_section = parse_spec(spec_text(ONE_PATTERN))
-    without = parse_spec(spec_text(ONE_PATTERN).replace("runtime: {segments: true, text_lengths: true}", ""))
+    without = parse_spec(
+        spec_text(ONE_PATTERN).replace("runtime: {segments: true, text_lengths: true}", "")
+    )
     declared_false = parse_spec(
         spec_text(ONE_PATTERN).replace(
             "runtime: {segments: true, text_lengths: true}",

@@ -48,8 +48,15 @@ from svgen.limits import (
     WorkOverLimit,
 )
 from svgen.runtime.gpu_tables import GpuTables
+from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import FRAME_MAJOR, TokenLayout
-from svgen.runtime.tables import KernelShape, PieceTables, walks_flat
+from svgen.runtime.tables import (
+    KernelShape,
+    PieceTables,
+    runtime_table_bytes,
+    static_steps,
+    walks_flat,
+)
 from svgen.spec import BLOCK_MAX, Spec, Tiling
 from svgen.targets import (
     DEFAULT_TARGET,
@@ -91,6 +98,13 @@ def analyze(
     target_name: str = DEFAULT_TARGET,
 ) -> Plan:
     if is_gpu(target_name):
+        if spec.runtime.any:
+            raise SpecError(
+                "run-time inputs run on TPU only in this release: the GPU module "
+                f"(--target {target_name}) does not take them yet; compile for a TPU target",
+                file=spec.source,
+                key="runtime",
+            )
         return analyze_gpu(spec, gpu_target(target_name), progress)
     chip = target(target_name)
     heads = spec.head_patterns()
@@ -111,6 +125,8 @@ def analyze(
     except TableBudgetError as err:
         raise _over_budget_error(spec, patterns, err, smem_budget) from None
     _check_backward_tables(spec, patterns, tiles, chip, smem_budget)
+    if spec.runtime.any:
+        _check_runtime_tables(spec, patterns, tables.slots, smem_budget)
     return Plan(
         spec=spec, patterns=tuple(patterns), assign=assign, tables=tables, target=chip, vmem=vmem
     )
@@ -328,6 +344,28 @@ def _check_backward_tables(spec: Spec, patterns, tiles, chip: Target, smem_budge
         file=spec.source,
         key="tiling",
     )
+
+
+def _check_runtime_tables(spec: Spec, patterns, slots: int, smem_budget: int) -> None:
+    """A call with run-time inputs builds its tables at each pattern's static maximum (its
+    static step count), per batch element; one element's must fit SMEM, for the forward
+    walk and for the dk/dv walk (whose static steps are the same visited tiles plus at most
+    one zero-fill step per kv tile)."""
+    kv_tiles = patterns[0].grid.num_kv_blocks
+    pieces = []
+    for p in patterns:
+        visited = int(sum(r[2] for r in p.table.runs if r[3] != TileKind.EMPTY))
+        pieces.append(max(static_steps(p.table.runs), visited + kv_tiles))
+    heads = spec.attention.heads
+    need = runtime_table_bytes(pieces, slots, spec.tiling.compute_blocks, 1, heads)
+    if need > smem_budget:
+        raise SpecError(
+            f"the run-time tables (runtime:) need {need:,} bytes of SMEM for one batch element, "
+            f"over {smem_budget:,}: use larger tiles (each of the {sum(pieces):,} static steps "
+            f"of all patterns keeps its own piece at run time)",
+            file=spec.source,
+            key="runtime",
+        )
 
 
 def query_coordinate_bound(mask: ir.Node) -> int:

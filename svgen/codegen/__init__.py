@@ -402,14 +402,14 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
     }
 
 
-def _runtime_words(runtime) -> str:
-    """What a module's docstring says of its run-time inputs."""
+def _runtime_words(runtime) -> list[str]:
+    """What a module's docstring says of its run-time inputs, a line each."""
     words = []
     if runtime.segments:
-        words.append("segment_ids (int32 [seq_len] or [batch, seq_len]: only pairs of one id)")
+        words.append("segment_ids: int32 [seq_len] or [batch, seq_len], only pairs of one id")
     if runtime.text_lengths:
-        words.append("text_lengths (int32 [] or [batch]: real text tokens; the rest padding)")
-    return "; ".join(words)
+        words.append("text_lengths: int32 [] or [batch], the real text tokens (the rest: padding)")
+    return words
 
 
 def _runtime_inputs(runtime) -> str | None:
@@ -417,6 +417,5 @@ def _runtime_inputs(runtime) -> str | None:
     if not runtime.any:
         return None
     return (
-        f"segments.RuntimeInputs(segments={runtime.segments}, "
-        f"text_lengths={runtime.text_lengths})"
+        f"segments.RuntimeInputs(segments={runtime.segments}, text_lengths={runtime.text_lengths})"
     )

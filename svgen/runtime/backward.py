@@ -410,9 +410,8 @@ def backward(
         tables=forward_tables,
         shape=shape,
         inputs=(qp, kp, vp, dop, lse, delta, *ids),
-        in_blocks=("row", "col", "col", "row", "row_vec", "row_vec") + ("row_vec", "col_vec")[
-            : len(ids)
-        ],
+        in_blocks=("row", "col", "col", "row", "row_vec", "row_vec")
+        + ("row_vec", "col_vec")[: len(ids)],
         call=fwd_call,
         outputs=(qp,),
         scratch=[

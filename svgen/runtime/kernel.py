@@ -97,6 +97,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 import numbers
 from typing import Callable, Sequence
@@ -963,6 +964,7 @@ def make_attention(
                 return None
             # Both walks' tables: the dq kernel's (unused when dq is fused into the dk/dv
             # walk; XLA drops what nothing reads) and the dk/dv kernel's.
+            call_tables(True).check_smem(ids.query.shape[0], shape.heads)
             tables_of = (call_tables(t).tables(ids, hp) for t in (False, True))
             return (*tables_of, *id_rows(hp, ids))
 
@@ -1124,7 +1126,19 @@ def make_attention(
         return y if mover is None else mover(y, to_kernel=False)
 
     attention.__doc__ = attention_doc(
-        shape, dtype, [p.name for p in patterns], default_head_pattern, backend="TPU"
+        shape,
+        dtype,
+        [p.name for p in patterns],
+        default_head_pattern,
+        backend="TPU",
+        runtime=runtime,
+        text_tokens=layouts[0].text_tokens,
+    )
+    # help() shows only the run-time inputs this module takes.
+    signature = inspect.signature(attention)
+    undeclared = {"segment_ids", "text_lengths"} - set(runtime.arguments())
+    attention.__signature__ = signature.replace(
+        parameters=[p for p in signature.parameters.values() if p.name not in undeclared]
     )
     attention.to_kernel_order = to_kernel_order
     attention.from_kernel_order = from_kernel_order
@@ -1148,10 +1162,12 @@ def attention_doc(
     *,
     backend: str,
     any_dtype: str = "any floating dtype",
+    runtime: segments.RuntimeInputs = segments.RuntimeInputs(),
+    text_tokens: int = 0,
 ) -> str:
     """The docstring of a generated module's `attention` (what `help(module.attention)`
     shows), with this kernel's sizes, dtype and patterns written in. `any_dtype`: what q, k,
-    v may be when the kernel has no dtype of its own."""
+    v may be when the kernel has no dtype of its own; `runtime`: its run-time inputs."""
     n, d = shape.seq_len, shape.head_dim
     dtypes = f"of dtype {dtype}" if dtype is not None else f"of {any_dtype}"
     names = ", ".join(f"{i}: {name}" for i, name in enumerate(pattern_names))
@@ -1171,7 +1187,23 @@ def attention_doc(
             "    with Triton for the GPU."
         )
         grads = "Forward only: no gradient yet on GPU."
-    return f"""attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None, token_order="user")
+    extra = "".join(f", {name}=None" for name in runtime.arguments())
+    runtime_lines = ""
+    if runtime.segments:
+        runtime_lines += f"""segment_ids: int32 [{n}] or [batch, {n}], in the user's token order (may be traced):
+    only pairs of one id are kept, on top of the mask; a negative id marks a padding token
+    (it attends nothing and nothing attends it). None: every token in one segment.
+"""
+    if runtime.text_lengths:
+        runtime_lines += f"""text_lengths: int32 [] or [batch] (may be traced): how many of the {text_tokens} text tokens
+    are real (counted from the first); the others are padding, never attended, their rows
+    zeros. Concrete values outside 0 .. {text_tokens} raise; traced ones are clamped to it.
+"""
+    if runtime.any:
+        runtime_lines += """    Each call refines the tables on the device (no host round trip, one compile for all
+    run-time values); jax.vmap gives each batch element its own.
+"""
+    return f"""attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None, token_order="user"{extra})
 
 Block-sparse attention on {backend}: o = softmax(sm_scale * q k^T over the keys each query's
 mask keeps) v, per head.
@@ -1190,7 +1222,7 @@ sm_scale: the factor on the scores q.k before the softmax, a finite real number;
 token_order: "user", or "kernel": q, k, v already in each head's kernel order, and o
     returned in it (attention.to_kernel_order(x, head_pattern=...) and
     attention.from_kernel_order(y, ...) convert), so nothing is permuted around the kernel.
-
+{runtime_lines}
 Returns o, of q's shape and dtype; a query whose mask keeps no key gets zeros.
 {grads}
 """

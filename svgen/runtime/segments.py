@@ -36,7 +36,7 @@ from svgen.runtime.refine import StaticVisits, block_segment_ranges, refine, seg
 from svgen.runtime.tables import (
     SMEM_BUDGET,
     KernelShape,
-    blocks_dtype,
+    runtime_table_bytes,
     transposed_runs,
     transposed_shape,
 )
@@ -191,12 +191,9 @@ class SegmentTables:
         return int(sum(v.max_pieces for v in self.visits))
 
     def smem_bytes(self, batch: int, heads: int) -> int:
-        """SMEM of the call's tables: per row three int32, per piece its entry (and length,
-        and blocks word)."""
-        per_piece = 4 + (1 if self.slots < 128 else 2) * (self.slots > 1)
-        if self.shape.compute_blocks > 1:
-            per_piece += np.dtype(blocks_dtype(self.shape.compute_blocks)).itemsize
-        return 12 * batch * heads + batch * self.pieces_per_element * per_piece
+        """SMEM of the call's tables (svgen.runtime.tables.runtime_table_bytes)."""
+        pieces = [v.max_pieces for v in self.visits]
+        return runtime_table_bytes(pieces, self.slots, self.shape.compute_blocks, batch, heads)
 
     def check_smem(self, batch: int, heads: int) -> None:
         need = self.smem_bytes(batch, heads)

@@ -82,6 +82,25 @@ def walks_flat(patterns: int, tensor_cores: int) -> bool:
     return patterns > 1 and tensor_cores == 1
 
 
+def runtime_table_bytes(
+    pieces_per_pattern: Sequence[int], slots: int, compute_blocks: int, batch: int, heads: int
+) -> int:
+    """SMEM of the tables a call with run-time inputs builds (svgen.runtime.segments): per
+    row (batch * heads) its pattern, first piece and piece count; per batch element every
+    pattern's pieces at their static maximum (the pattern's static step count), each an
+    entry, a length when slots > 1 and a blocks word with several compute blocks a tile."""
+    per_piece = 4 + (1 if slots < 128 else 2) * (slots > 1)
+    if compute_blocks > 1:
+        per_piece += np.dtype(blocks_dtype(compute_blocks)).itemsize
+    return 12 * batch * heads + batch * int(sum(pieces_per_pattern)) * per_piece
+
+
+def static_steps(runs) -> int:
+    """A pattern's static step count: its runs' tiles, one zero-fill step per q tile that
+    visits nothing (the most pieces run-time refinement can give it)."""
+    return int(as_runs(runs)[:, 2].sum())
+
+
 @dataclasses.dataclass(frozen=True)
 class PieceTables:
     """The SMEM tables of all candidate patterns (see the module docstring)."""
