@@ -40,8 +40,12 @@ import numpy as np
 from svgen.errors import SpecError
 from svgen.runtime.kinds import TileKind
 
+# svgen.runtime.refine.SEGMENT_BOUNDARY (that module imports JAX; the cost model reads
+# tables without it): a compute block across run-time segments. A test checks they agree.
+SEGMENT_BOUNDARY = 3
+
 KERNEL_NAME = "svgen_attention"
-CACHE_VERSION = 3
+CACHE_VERSION = 4  # 4: segment_block (kernels reading run-time tables)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +61,9 @@ class PathCosts:
     init: tuple[int, ...]  # per pattern (each decodes its own query coordinates)
     finalize: int
     pipeline: int  # one of the two extra iterations (prologue / epilogue)
+    # Kernels reading run-time tables: [pattern][block] = extra bundles of a SEGMENT_BOUNDARY
+    # block (pattern mask and segment test) as (plain, on the kv tile holding padding keys).
+    segment_block: tuple[tuple[tuple[int, int], ...], ...] = ()
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -71,6 +78,7 @@ class PathCosts:
             tuple(obj["init"]),
             obj["finalize"],
             obj["pipeline"],
+            tuple(tuple(tuple(b) for b in p) for p in obj.get("segment_block", ())),
         )
 
     def tile_cost(self, pattern: int, kind: int, word: int, padding: bool = False) -> int:
@@ -81,25 +89,33 @@ class PathCosts:
         if kind == TileKind.EMPTY:
             return self.bookkeeping
         blocks = self.block[pattern]
+        if kind == SEGMENT_BOUNDARY:  # a tile of one compute block, across segments
+            return self.mixed[pattern] + self.segment_block[pattern][0][1 if padding else 0]
         if len(blocks) == 1 and word == 0:  # one compute block per tile: BOUNDARY
             return self.mixed[pattern] + blocks[0][2 if padding else 1]
         cost = self.mixed[pattern]
         for index, (full, boundary, padded) in enumerate(blocks):
             block_kind = (word >> (2 * index)) & 3
-            cost += (
-                full
-                if block_kind == TileKind.FULL
-                else ((padded if padding else boundary) if block_kind == TileKind.BOUNDARY else 0)
-            )
+            if block_kind == TileKind.FULL:
+                cost += full
+            elif block_kind == TileKind.BOUNDARY:
+                cost += padded if padding else boundary
+            elif block_kind == SEGMENT_BOUNDARY:
+                cost += self.segment_block[pattern][index][1 if padding else 0]
         return cost
 
 
-def read_paths(schedule, patterns: int, compute_blocks: int) -> PathCosts:
-    """Map the kernel's branches onto its phases (order checked against their contents)."""
+def read_paths(schedule, patterns: int, compute_blocks: int, segmented: bool = False) -> PathCosts:
+    """Map the kernel's branches onto its phases (order checked against their contents).
+    segmented: the kernel reads run-time tables, so every BOUNDARY tile of one compute
+    block has a SEGMENT_BOUNDARY twin (a phase of its own) and every compute block of a
+    BOUNDARY tile a third branch (svgen.runtime.kernel)."""
     loop_branches = schedule.branches_in_loop()
     stage = min(b.depth for b in loop_branches)
-    top = _kernel_phases([b for b in loop_branches if b.depth == stage + 1], patterns)
-    init, full, *mixed, finalize = top
+    twins = 2 if segmented and compute_blocks == 1 else 1
+    top = _kernel_phases([b for b in loop_branches if b.depth == stage + 1], patterns * twins)
+    init, full, *mixed_phases, finalize = top
+    mixed, segment_tiles = mixed_phases[::twins], mixed_phases[1::twins] if twins == 2 else []
     phases = {b.address for b in top}
     cost = schedule.path_cost
 
@@ -135,6 +151,10 @@ def read_paths(schedule, patterns: int, compute_blocks: int) -> PathCosts:
         plain, padded = pair
         return (cost(skipped | {padded.address}) - base, cost(skipped | {plain.address}) - base)
 
+    per_pattern_segment = []
+    for m in segment_tiles:
+        per_pattern_segment.append((variants(m, phases - {m.address}, bookkeeping),))
+    per_block = 3 if segmented else 2
     for m in mixed:
         others = phases - {m.address}
         if compute_blocks == 1:
@@ -143,24 +163,28 @@ def read_paths(schedule, patterns: int, compute_blocks: int) -> PathCosts:
             per_pattern_blocks.append(((0, plain, padded),))
             continue
         inner = inside(m)
-        if len(inner) != 2 * compute_blocks:
+        if len(inner) != per_block * compute_blocks:
             raise RuntimeError(
-                f"expected {2 * compute_blocks} compute-block branches in a "
+                f"expected {per_block * compute_blocks} compute-block branches in a "
                 f"BOUNDARY tile, found {len(inner)}"
             )
         addresses = {b.address for b in inner}
         base = cost(others | addresses)
         mixed_base.append(base)
-        blocks = []
+        blocks, segment_blocks = [], []
         for index in range(compute_blocks):
-            f, b = inner[2 * index], inner[2 * index + 1]
+            f, b, *sg = inner[per_block * index : per_block * (index + 1)]
             blocks.append(
                 (
                     cost(others | (addresses - {f.address})) - base,
                     *variants(b, others | (addresses - {b.address}), base),
                 )
             )
+            if sg:
+                segment_blocks.append(variants(sg[0], others | (addresses - {sg[0].address}), base))
         per_pattern_blocks.append(tuple(blocks))
+        if segmented:
+            per_pattern_segment.append(tuple(segment_blocks))
     stage_branch = [b for b in loop_branches if b.depth == stage]
     pipeline = cost({b.address for b in stage_branch}) if stage_branch else bookkeeping
     return PathCosts(
@@ -171,13 +195,15 @@ def read_paths(schedule, patterns: int, compute_blocks: int) -> PathCosts:
         _init_per_pattern(init, inside(init), patterns, only, cost, phases),
         only(finalize) - bookkeeping,
         pipeline,
+        tuple(per_pattern_segment),
     )
 
 
 def _kernel_phases(top: list, patterns: int) -> list:
     """init, full, mixed per pattern, finalize among the step's top-level branches: the run
     of 2 + patterns + 1 branches whose FULL and BOUNDARY ones do matmuls (the pipeline's own
-    conditional DMA issues and waits sit around them at the same depth)."""
+    conditional DMA issues and waits sit around them at the same depth). `patterns`: the
+    BOUNDARY phases (twice the patterns when each has a SEGMENT_BOUNDARY twin)."""
     expected = 2 + patterns + 1
     for start in range(1, len(top) - expected + 2):
         run = top[start - 1 : start - 1 + expected]
@@ -422,7 +448,12 @@ def measure_paths(module, target: str, *, use_cache: bool = True, progress=None)
         if progress:
             progress(f"compiling {module.__name__} for {target} (libtpu)")
         schedule = _compile(module, target)
-        return read_paths(schedule, len(module._PATTERNS), module.SHAPE.compute_blocks)
+        return read_paths(
+            schedule,
+            len(module._PATTERNS),
+            module.SHAPE.compute_blocks,
+            segmented=module.attention.runtime.any,
+        )
 
     return _cached(key, use_cache, measure, PathCosts.from_json)
 
@@ -870,6 +901,14 @@ def _path_lines(p: PathCosts, plan, per_tile: float, per_block: float) -> list[s
                 if padded > max(boundary_blocks)
                 else ""
             )
+        )
+    for index, pattern in enumerate(plan.patterns[: len(p.segment_block)]):
+        plain = _mean([b for b, _ in p.segment_block[index]])
+        padded = max(padding for _, padding in p.segment_block[index])
+        label = "" if len(plan.patterns) == 1 else f" [{pattern.name}]"
+        lines.append(
+            f"    SEGMENT_BOUNDARY block{label} (across run-time segments): {plain} "
+            f"({plain / per_block:.0f}); {padded} with the padding test"
         )
     init = ", ".join(str(i) for i in p.init) if len(set(p.init)) > 1 else str(p.init[0])
     lines.append(f"    init {init}, finalize {p.finalize} (per row tile)")

@@ -17,7 +17,13 @@ from conftest import brute_force_kinds
 from svgen.analysis.classify import TileGrid
 from svgen.analysis.tables import build_runs, kernel_tiles
 from svgen.runtime.kinds import TileKind
-from svgen.runtime.refine import StaticVisits, block_segment_ranges, refine, segment_words
+from svgen.runtime.refine import (
+    SEGMENT_BOUNDARY,
+    StaticVisits,
+    block_segment_ranges,
+    refine,
+    segment_words,
+)
 from svgen.runtime.tables import BITS_PER_BLOCK, PieceTables
 
 EMPTY, BOUNDARY, FULL = int(TileKind.EMPTY), int(TileKind.BOUNDARY), int(TileKind.FULL)
@@ -80,6 +86,8 @@ def oracle_tables(pattern: Pattern, words, slots: int) -> PieceTables:
     kind = np.where(
         (blocks == FULL).all(1), FULL, np.where((blocks == EMPTY).all(1), EMPTY, BOUNDARY)
     )
+    if cb == 1:  # the word is the tile's kind, SEGMENT_BOUNDARY included
+        kind = blocks[:, 0]
     shape = (pattern.grid.num_q_blocks, pattern.grid.num_kv_blocks)
     kinds, table_words = np.zeros(shape, np.int64), np.zeros(shape, np.int64)
     kinds[visits.q_tile, visits.kv_tile] = kind
@@ -291,6 +299,8 @@ def check_segment_words(pattern: Pattern, keep, ids, words, consecutive: bool):
                     assert (col0 + j + 1) * CKV <= seq, "FULL over padding keys"
                 if same.size and same.all() and len(np.unique(ids[rows])) == 1:
                     assert g == s, "a block inside one segment lost its static kind"
+                elif g != EMPTY:
+                    assert g == SEGMENT_BOUNDARY, "a block across segments skips their test"
                 if consecutive and s != EMPTY:
                     assert (g == EMPTY) == (not same.any()), "EMPTY is exact for ids in order"
 

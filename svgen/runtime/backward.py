@@ -35,6 +35,7 @@ from svgen.runtime import kernel as fwd
 from svgen.runtime.coords import QueryCoords, TokenCoords
 from svgen.runtime.interpret import settled
 from svgen.runtime.kinds import TileKind
+from svgen.runtime.refine import SEGMENT_BOUNDARY
 from svgen.runtime.tables import (  # noqa: F401
     compute_block_kinds,
     runs_of_blocks,
@@ -154,9 +155,11 @@ def _walk(
     return [settled(x, interpret) for x in outputs]
 
 
-def _run_blocks(view, kind, active, blocks, shape, masks, update):
+def _run_blocks(view, kind, active, blocks, shape, masks, update, segments: bool = False):
     """FULL tiles: every compute block unmasked; BOUNDARY tiles: each block by its kind,
-    masked with the head's pattern's mask (update(block, mask_or_None))."""
+    masked with the head's pattern's mask (update(block, mask_or_None, segmented)).
+    segments: run-time tables, whose SEGMENT_BOUNDARY blocks (or tiles of one block) also
+    test the segment ids."""
 
     @pl.when(active & (kind == TileKind.FULL))
     def _():
@@ -176,6 +179,15 @@ def _run_blocks(view, kind, active, blocks, shape, masks, update):
                 block_kind = lax.shift_right_logical(word, block.bit) & fwd.KIND_MASK
                 pl.when(block_kind == TileKind.FULL)(functools.partial(update, block, None))
                 pl.when(block_kind == TileKind.BOUNDARY)(functools.partial(update, block, mask))
+                if segments:
+                    pl.when(block_kind == SEGMENT_BOUNDARY)(
+                        functools.partial(update, block, mask, True)
+                    )
+
+        if segments and not view.has_blocks:
+            pl.when(active & (kind == SEGMENT_BOUNDARY) & is_pattern)(
+                functools.partial(update, blocks[0], mask, True)
+            )
 
 
 def _dq_kernel(
@@ -214,20 +226,20 @@ def _dq_kernel(
         lse_col[...] = jnp.broadcast_to(jnp.transpose(lse_ref[...]), lse_col.shape)
         d_col[...] = jnp.broadcast_to(jnp.transpose(d_ref[...]), d_col.shape)
 
-    def update(block, pattern):
+    def update(block, pattern, segmented=False):
         q, do = q_ref[block.rows, :], do_ref[block.rows, :]
         k, v = k_ref[block.cols, :], v_ref[block.cols, :]
         p = jnp.exp2(_dot(q, k, 1, 1) - fwd._lanes(lse_col[block.rows, :], shape.ckv))
         if pattern is not None:
             keep = _keep(pattern, q_tile, kv_tile, block, shape)
-            if id_refs:  # only pairs of one segment
+            if segmented:  # the block spans run-time segments: only pairs of one segment
                 q_ids, kv_ids = id_refs[0][:, block.rows], id_refs[1][:, block.cols]
                 keep = keep & (jnp.transpose(q_ids) == kv_ids)
             p = jnp.where(keep, p, 0.0)
         ds = p * (_dot(do, v, 1, 1) - fwd._lanes(d_col[block.rows, :], shape.ckv))
         acc[block.rows, :] += _dot(ds.astype(k.dtype), k, 1, 0)
 
-    _run_blocks(view, kind, active, blocks, shape, patterns, update)
+    _run_blocks(view, kind, active, blocks, shape, patterns, update, segments=bool(id_refs))
 
     @pl.when(is_last)
     def _():
@@ -280,14 +292,14 @@ def _dkv_kernel(
         dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
         dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
 
-    def update(block, pattern):
+    def update(block, pattern, segmented=False):
         k, v = k_ref[block.rows, :], v_ref[block.rows, :]
         q, do = q_ref[block.cols, :], do_ref[block.cols, :]
         lse, dd = lse_ref[:, block.cols], d_ref[:, block.cols]  # [1, cq]: lane-major rows
         p_t = jnp.exp2(_dot(k, q, 1, 1) - lse)
         if pattern is not None:
             keep_t = _keep_t(pattern, kv_tile, q_tile, block, shape)
-            if id_refs:  # only pairs of one segment (keys are rows here)
+            if segmented:  # across run-time segments: only pairs of one (keys are rows here)
                 kv_ids, q_ids = id_refs[0][:, block.rows], id_refs[1][:, block.cols]
                 keep_t = keep_t & (jnp.transpose(kv_ids) == q_ids)
             p_t = jnp.where(keep_t, p_t, 0.0)
@@ -309,7 +321,7 @@ def _dkv_kernel(
             read.start()
             dq_step[...] = jnp.zeros(dq_step.shape, jnp.float32)
 
-    _run_blocks(view, kind, active, blocks, shape, patterns, update)
+    _run_blocks(view, kind, active, blocks, shape, patterns, update, segments=per_row)
 
     if fused_dq:
 

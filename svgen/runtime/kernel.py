@@ -114,6 +114,7 @@ from svgen.runtime.coords import QueryCoords, TokenCoords
 from svgen.runtime.interpret import settled
 from svgen.runtime.layout import TokenLayout
 from svgen.runtime.kinds import TileKind
+from svgen.runtime.refine import SEGMENT_BOUNDARY
 from svgen.runtime.vmem import kernel_vmem
 from svgen.runtime.tables import (  # noqa: F401  (the table format, re-exported)
     Q_BLOCK_SHIFT,
@@ -500,7 +501,7 @@ def _attention_kernel(
         if l_scratch is not None:
             l_scratch[rows, :] = state[2]
 
-    def keep_of(block: _Block, pattern: "_PatternCode", padding: bool):
+    def keep_of(block: _Block, pattern: "_PatternCode", padding: bool, segmented: bool):
         k_pos = (
             kv_block * shape.block_kv
             + block.ki * shape.ckv
@@ -510,14 +511,20 @@ def _attention_kernel(
         keep = jnp.broadcast_to(
             pattern.boundary_mask(q, TokenCoords(k_pos, pattern.layout)), (shape.cq, shape.ckv)
         )
-        if segment_row is not None:  # run-time segments: only pairs of one segment
+        if segmented:  # the block spans run-time segments: only pairs of one segment
             q_ids = _lanes(coords_ref[segment_row, block.rows, :], shape.ckv)
             keep = keep & (q_ids == id_refs[1][:, block.cols])
         # Padding keys are never attended, whatever the predicate says about them.
         return keep & (k_pos < shape.seq_len) if padding else keep
 
-    def update(block: _Block, state, pattern: "_PatternCode | None", padding: bool = False):
-        keep = None if pattern is None else keep_of(block, pattern, padding)
+    def update(
+        block: _Block,
+        state,
+        pattern: "_PatternCode | None",
+        padding: bool = False,
+        segmented: bool = False,
+    ):
+        keep = None if pattern is None else keep_of(block, pattern, padding, segmented)
         v = v_ref[block.cols, :]
         if padding:
             # Keys past the sequence lie outside the operands: the DMA leaves whatever was
@@ -530,14 +537,16 @@ def _attention_kernel(
             v = jnp.where(row < shape.seq_len, v, jnp.zeros_like(v))
         return _softmax_step(state, q_scaled[block.rows, :], k_ref[block.cols, :], v, keep, shape)
 
-    def masked(block: _Block, pattern: "_PatternCode"):
+    def masked(block: _Block, pattern: "_PatternCode", segmented: bool = False):
         """A BOUNDARY block. Only one block column of one kv tile holds padding keys (and
         never a FULL block: the tables make it BOUNDARY); the test costs a full-block VALU
         op and a vreg store per vreg (1,846 bundles against 1,520 without, temporal-major
-        1024 x 512), so the others run without it."""
+        1024 x 512), so the others run without it. segmented: a SEGMENT_BOUNDARY block of
+        run-time tables (it also tests the segment ids)."""
 
         def run(padding: bool):
-            store(block.rows, update(block, load(block.rows), pattern, padding))
+            state = update(block, load(block.rows), pattern, padding, segmented)
+            store(block.rows, state)
 
         if shape.padding_kv_tile is None or block.ki != shape.padding_block_column:
             run(False)
@@ -573,6 +582,16 @@ def _attention_kernel(
                     store(block.rows, update(block, load(block.rows), None))
 
                 pl.when(block_kind == TileKind.BOUNDARY)(functools.partial(masked, block, pattern))
+                if segment_row is not None:  # only run-time tables have such blocks
+                    pl.when(block_kind == SEGMENT_BOUNDARY)(
+                        functools.partial(masked, block, pattern, True)
+                    )
+
+        if segment_row is not None and not has_blocks:
+            # One compute block per tile: the tile's kind says whether it spans segments.
+            pl.when(active & (kind == SEGMENT_BOUNDARY) & is_pattern)(
+                functools.partial(masked, blocks[0], pattern, True)
+            )
 
     @pl.when(is_last)
     def finalize():

@@ -24,6 +24,7 @@ traced int32 piece count. The first num_pieces pieces are exactly the compile-ti
 the refined kinds, because each step below is the compile-time rule written as a scan:
   * a visit's kind follows from its word as in `kernel_tiles`: every block FULL -> FULL,
     every block EMPTY -> dropped, else BOUNDARY keeping the word (0 in the table otherwise);
+    with one compute block per tile the word is the kind (SEGMENT_BOUNDARY included);
   * kept visits merge into runs as in `build_runs`: a kept visit continues the run of the
     visit just before it in static order when that one is kept, is the previous kv tile of
     the same q tile, and has the same kind and word (kept visits of one run are consecutive
@@ -52,7 +53,8 @@ of the last tiles) count for nothing: a block of padding only has an empty range
   * EMPTY when it was statically EMPTY or the query and key ranges are disjoint (a block
     with no real keys has an empty range: disjoint from everything);
   * its static kind when both ranges are one and the same segment;
-  * else BOUNDARY: the kernel must test segments per element there.
+  * else SEGMENT_BOUNDARY (3, the one value 2 bits hold that no static table uses): the
+    kernel tests the pattern's mask and the segment ids per element there, and only there.
   * A block with no real query rows (the last q tile reaching past the sequence) is a
     wildcard, as in `kernel_tiles`: FULL when every other block of the tile ends FULL, else
     EMPTY (its rows are discarded); statically EMPTY ones stay EMPTY.
@@ -87,6 +89,12 @@ from svgen.runtime.tables import (
     blocks_dtype,
     pack_pieces,
 )
+
+# The kind of a compute block (or of a tile of one compute block) whose rows and keys span
+# run-time segments: the kernels test the pattern's mask and the segment ids there. A block
+# inside one segment keeps its static kind and skips the segment test (the kernels' code for
+# this kind exists only where run-time tables are read; the compiler never emits it).
+SEGMENT_BOUNDARY = 3
 
 _INT32_MAX = np.iinfo(np.int32).max
 _INT32_MIN = np.iinfo(np.int32).min
@@ -230,8 +238,8 @@ def _tile_kinds(visits: StaticVisits, words):
     kind = jnp.where(
         words == full, TileKind.FULL, jnp.where(words == 0, TileKind.EMPTY, TileKind.BOUNDARY)
     ).astype(jnp.int32)
-    if visits.compute_blocks == 1:
-        return kind, jnp.zeros_like(words)
+    if visits.compute_blocks == 1:  # the word is the tile's kind, SEGMENT_BOUNDARY included
+        return words, jnp.zeros_like(words)
     return kind, jnp.where(kind == TileKind.BOUNDARY, words, 0)
 
 
@@ -345,7 +353,7 @@ def segment_words(visits: StaticVisits, q_lo, q_hi, kv_lo, kv_hi):
     block = jnp.where(
         (static == TileKind.EMPTY) | disjoint,
         TileKind.EMPTY,
-        jnp.where(one_segment, static, TileKind.BOUNDARY),
+        jnp.where(one_segment, static, SEGMENT_BOUNDARY),
     )
     # Blocks of padding rows only: FULL where the rest of the tile is (one unmasked body),
     # else EMPTY, as at compile time; statically EMPTY ones stay EMPTY.
