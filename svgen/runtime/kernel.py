@@ -428,11 +428,13 @@ def _attention_kernel(
     flat: bool,
     q_scale: float,
     with_lse: bool = False,
-    segment_row: int | None = None,
+    segments: bool = False,
 ):
-    """segment_row: with run-time segments, the row of the query-coordinate scratch that
-    holds the q tile's segment ids (the inputs then end with the query and key ids)."""
-    num_inputs = 3 if segment_row is None else 5
+    """segments: run-time tables; the inputs then end with the query and key ids, read by
+    SEGMENT_BOUNDARY blocks only (each transposes its [1, cq] query ids: 473 bundles per
+    1024 x 1024 block, against 899 per q tile for a lane-replicated copy made in init, which
+    every q tile would pay; v6e, svgen cost)."""
+    num_inputs = 5 if segments else 3
     (
         # prefetched scalars (SMEM): head_pattern, first_piece, num_pieces, entries, ...
         table_refs,
@@ -441,7 +443,7 @@ def _attention_kernel(
         # outputs: o[, lse (base 2, for the backward pass)]
         outputs,
         # scratch, carried across the steps of one q tile: m, [acc | l] (or acc and l), the
-        # scaled q tile[, query coordinates[, query ids]]
+        # scaled q tile[, query coordinates]
         scratch,
     ) = (
         refs[:num_tables],
@@ -457,7 +459,7 @@ def _attention_kernel(
     q_scaled = rest.pop(0)
     coords_ref = rest.pop(0) if rest else None
     view, kind, q_block, kv_block, active, is_first, is_last = grid_step(
-        table_refs, heads, single, has_lengths, has_blocks, flat, per_row=segment_row is not None
+        table_refs, heads, single, has_lengths, has_blocks, flat, per_row=segments
     )
     blocks = [
         _Block(qi, ki, shape)
@@ -484,10 +486,6 @@ def _attention_kernel(
                 decode()
             else:
                 pl.when(view.pattern == index)(decode)
-        if segment_row is not None:  # the q tile's ids as lane-replicated columns, once
-            coords_ref[segment_row] = jnp.broadcast_to(
-                jnp.transpose(id_refs[0][...]), (shape.block_q, LANES)
-            )
 
     def load(rows):
         return (
@@ -512,7 +510,7 @@ def _attention_kernel(
             pattern.boundary_mask(q, TokenCoords(k_pos, pattern.layout)), (shape.cq, shape.ckv)
         )
         if segmented:  # the block spans run-time segments: only pairs of one segment
-            q_ids = _lanes(coords_ref[segment_row, block.rows, :], shape.ckv)
+            q_ids = jnp.transpose(id_refs[0][:, block.rows])  # [cq, 1]
             keep = keep & (q_ids == id_refs[1][:, block.cols])
         # Padding keys are never attended, whatever the predicate says about them.
         return keep & (k_pos < shape.seq_len) if padding else keep
@@ -582,12 +580,12 @@ def _attention_kernel(
                     store(block.rows, update(block, load(block.rows), None))
 
                 pl.when(block_kind == TileKind.BOUNDARY)(functools.partial(masked, block, pattern))
-                if segment_row is not None:  # only run-time tables have such blocks
+                if segments:  # only run-time tables have such blocks
                     pl.when(block_kind == SEGMENT_BOUNDARY)(
                         functools.partial(masked, block, pattern, True)
                     )
 
-        if segment_row is not None and not has_blocks:
+        if segments and not has_blocks:
             # One compute block per tile: the tile's kind says whether it spans segments.
             pl.when(active & (kind == SEGMENT_BOUNDARY) & is_pattern)(
                 functools.partial(masked, blocks[0], pattern, True)
@@ -799,7 +797,7 @@ def _flat_attention(
         flat=flat,
         q_scale=q_scale,
         with_lse=with_lse,
-        segment_row=None if call is None else query_coords,
+        segments=call is not None,
     )
 
     def view(outer, step, table_refs):
@@ -844,9 +842,8 @@ def _flat_attention(
     if not shape.row_sum_on_mxu:
         scratch.append(pltpu.VMEM((shape.block_q, LANES), jnp.float32))
     scratch.append(pltpu.VMEM((shape.block_q, d), q.dtype))
-    coord_rows = query_coords + (call is not None)  # and the query ids
-    if coord_rows:
-        scratch.append(pltpu.VMEM((coord_rows, shape.block_q, LANES), jnp.int32))
+    if query_coords:
+        scratch.append(pltpu.VMEM((query_coords, shape.block_q, LANES), jnp.int32))
     id_specs = []
     if call is not None:
         id_specs = [
@@ -877,7 +874,7 @@ def _flat_attention(
         out_shape=out_shape,
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
-            vmem_limit_bytes=_vmem_limit(shape, q.dtype, coord_rows, ids=call is not None),
+            vmem_limit_bytes=_vmem_limit(shape, q.dtype, query_coords, ids=call is not None),
         ),
         interpret=interpret,
         name="svgen_attention",  # the kernel's name in profiles and libtpu dumps
