@@ -1,6 +1,6 @@
 """What building a call's tables on device costs, next to the attention kernel it feeds.
 
-    .venv/bin/python bench/refine_cost.py [--permute gather|transpose] [--spec NAME ...]
+    .venv/bin/python bench/refine_cost.py [--permute module|gather|transpose] [--spec NAME ...]
 
 For each shipped Wan 2.1 720p spec (``specs/wan21_720p_*.yaml``, 75,600 tokens) this builds
 ``StaticVisits`` from every pattern's runs in the generated module (``generated/<name>.py``)
@@ -8,9 +8,14 @@ and jit-compiles, ahead of time for TPU v6e with libtpu on this host, the whole 
 path of one call (``svgen.runtime.refine``): per-token segment ids int32 [seq_len] in the
 user's order -> each pattern's kernel order -> ``block_segment_ranges`` of the compute block
 rows and columns -> ``segment_words`` -> ``refine``, for every pattern of the spec in one
-program. A temporal-major pattern needs its ids permuted first: ``--permute gather`` (the
-default) indexes them with the layout's permutation, any layout; ``--permute transpose``
-writes the temporal-major order as a reshape and a transpose (checked equal to the layout's
+program. ``--permute module`` (the default) runs exactly what a generated module with a
+``runtime:`` section runs per call (svgen.runtime.segments: query and key ids, each layout's
+order by ``TokenLayout.to_kernel``, the refined pieces of every pattern, the per-row
+(batch x heads) first-piece and count tables and the [heads, 1, seq] id rows the kernel
+reads), for one batch element and the spec's heads; ``--backward`` adds the dk/dv walk's
+transposed tables, which a jax.grad call builds too. The other two time the bare pipeline:
+``gather`` indexes the ids with the layout's permutation, any layout; ``transpose`` writes
+the temporal-major order as a reshape and a transpose (checked equal to the layout's
 permutation, in NumPy; other orders still gather).
 
 Counting, as ``bench/splash_cost.py`` counts the XLA ops of its backward: libtpu writes the
@@ -63,6 +68,7 @@ from svgen.runtime.refine import (  # noqa: E402
     refine,
     segment_words,
 )
+from svgen.runtime import segments  # noqa: E402
 from svgen.spec import parse_spec  # noqa: E402
 from svgen.targets import TARGETS  # noqa: E402
 
@@ -117,6 +123,38 @@ def check_transpose(layout) -> None:
     if layout.is_temporal_major:
         ids = np.arange(layout.seq_len)
         assert np.array_equal(_temporal_major(ids, layout), layout.original_index(ids))
+
+
+def module_tables(module, backward: bool = False):
+    """ids int32 [seq_len] -> the call's tables and id rows, as the module's attention builds
+    them (svgen.runtime.segments), for the spec's heads (each on its default pattern, or on
+    the candidates in turn when they are chosen at run time)."""
+    layouts = []
+    for p in module._PATTERNS:
+        if p.layout not in layouts:
+            layouts.append(p.layout)
+    layout_index = tuple(layouts.index(p.layout) for p in module._PATTERNS)
+    runs = [p.runs for p in module._PATTERNS]
+    slots = module.SLOTS_PER_PIECE
+    walks = [segments.SegmentTables.build(runs, layout_index, module.SHAPE, slots, False)]
+    if backward:
+        from svgen.runtime.backward import transposed_tables
+
+        dkv_slots = transposed_tables(runs, module.SHAPE, module.HEADS).slots
+        walks.append(
+            segments.SegmentTables.build(runs, layout_index, module.SHAPE, dkv_slots, True)
+        )
+    assign = module.HEAD_PATTERN or [h % len(runs) for h in range(module.HEADS)]
+    head_pattern = jnp.asarray(assign, jnp.int32)
+    head_layout = jnp.asarray(layout_index, jnp.int32)[head_pattern]
+
+    def run(ids):
+        ids = segments.user_order_ids(ids, None, 1, layouts[0])
+        call_ids = segments.CallIds(*(segments.layout_order_ids(x, layouts) for x in ids))
+        rows = tuple(segments.head_rows(x, head_layout) for x in call_ids)
+        return [walk.tables(call_ids, head_pattern) for walk in walks], rows
+
+    return run
 
 
 def call_tables(module, visits: list[StaticVisits], how: str):
@@ -195,11 +233,15 @@ def op_stages(hlo: str) -> dict[str, tuple[str, str]]:
 
     def stage(frame: int) -> str:
         calls = chain(frame)
-        mine = [f for path, f in calls if path.endswith("runtime/refine.py")]
+        mine = [
+            f
+            for path, f in calls
+            if path.endswith("runtime/refine.py") or path.endswith("runtime/segments.py")
+        ]
         if mine:
             inner, outer = mine[0], mine[-1].split(".")[0]
             return outer if inner.split(".")[0] == outer else f"{outer} / {inner.split('.')[0]}"
-        if any(f in ("to_kernel_order", "_temporal_major") for _, f in calls):
+        if any(f in ("to_kernel_order", "_temporal_major", "to_kernel") for _, f in calls):
             return PERMUTE_STAGE
         return "other"
 
@@ -234,7 +276,7 @@ def kernel_cycles(name: str) -> int:
     return cost.cost_plan(plan, path).cycles
 
 
-def measure(name: str, how: str) -> dict:
+def measure(name: str, how: str, backward: bool = False) -> dict:
     """One spec: its patterns, the refinement program's ops and cycles, the kernel's."""
     module = load_module(name)
     visits = pattern_visits(module)
@@ -243,7 +285,10 @@ def measure(name: str, how: str) -> dict:
     ids = jax.ShapeDtypeStruct(
         (module.SHAPE.seq_len,), jnp.int32, sharding=tpu_schedule.tpu_sharding(TARGET)
     )
-    dumps, compiled = _compile_dumps(call_tables(module, visits, how), ids, target=TARGET)
+    program = (
+        module_tables(module, backward) if how == "module" else call_tables(module, visits, how)
+    )
+    dumps, compiled = _compile_dumps(program, ids, target=TARGET)
     stages = op_stages(compiled.as_text())
     ops = []
     for dump, text in dumps.items():
@@ -324,17 +369,21 @@ def print_breakdown(row: dict, top: int = 5) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--permute", choices=("gather", "transpose"), default="gather")
+    parser.add_argument("--permute", choices=("module", "gather", "transpose"), default="module")
+    parser.add_argument(
+        "--backward", action="store_true", help="module: also the dk/dv walk's tables"
+    )
     parser.add_argument("--spec", action="append", choices=SPECS, help="default: all")
     args = parser.parse_args()
     clock = TARGETS[TARGET].clock_ghz
     rows = []
     for name in args.spec or SPECS:
         print(f"  {name} ...", file=sys.stderr, flush=True)
-        rows.append(measure(name, args.permute))
+        rows.append(measure(name, args.permute, args.backward))
     print(
         f"On-device table refinement (segment ids -> block ranges -> words -> pieces, every "
-        f"pattern; ids to kernel order by {args.permute}), {TARGET} at {clock} GHz: rough XLA "
+        f"pattern; ids to kernel order by {args.permute}"
+        f"{', forward and dk/dv tables' if args.backward else ''}), {TARGET} at {clock} GHz: rough XLA "
         f"cycles from libtpu's bundles, against the kernel's modelled cycles (svgen cost); "
         f"goal <= {GOAL:.0%}\n"
     )
