@@ -330,3 +330,48 @@ def test_aot_compile_while_another_process_holds_libtpu():
     assert not [noise for noise in LIBTPU_NOISE if noise in shared.stderr], shared.stderr
     # The control: the lock was really held, so the test above is not vacuous.
     assert unprepared.returncode != 0 and "lockfile" in unprepared.stderr
+
+
+@pytest.mark.parametrize("spec_name", ["hunyuan_720p_text", "wan21_720p_mixed"])
+def test_run_time_segments_compile_for_v6e(spec_name, tmp_path):
+    """A module with a `runtime:` section at full size: the forward kernel that reads the
+    call's tables and segment ids (batched, and under jax.vmap), and for one spec the
+    gradient (both walks' run-time tables), pass Mosaic and libtpu."""
+    from conftest import compile_spec_text
+
+    text = (REPO / "specs" / f"{spec_name}.yaml").read_text()
+    has_text = "text_tokens" in text
+    text += "runtime: {segments: true%s}\n" % (", text_lengths: true" if has_text else "")
+    _, module = compile_spec_text(text, tmp_path)
+    sharding = jax.sharding.SingleDeviceSharding(v6e_device())
+    arg = jax.ShapeDtypeStruct(
+        (2, module.HEADS, module.SEQ_LEN, module.HEAD_DIM),
+        jnp.dtype(module.DTYPE),
+        sharding=sharding,
+    )
+    ids = jax.ShapeDtypeStruct((2, module.SEQ_LEN), jnp.int32, sharding=sharding)
+    lengths = jax.ShapeDtypeStruct((2,), jnp.int32, sharding=sharding)
+    hp = jax.ShapeDtypeStruct((module.HEADS,), jnp.int32, sharding=sharding)
+
+    def call(q, k, v, hp, s, t):
+        extra = {"text_lengths": t} if has_text else {}
+        return module.attention(q, k, v, head_pattern=hp, segment_ids=s, **extra)
+
+    compiled = jax.jit(call).lower(arg, arg, arg, hp, ids, lengths).compile()
+    assert "tpu_custom_call" in compiled.as_text()
+    if has_text:
+        one = jax.ShapeDtypeStruct(arg.shape[1:], arg.dtype, sharding=sharding)
+        mapped = jax.vmap(call, in_axes=(0, 0, 0, None, 0, 0))
+        jax.jit(mapped).lower(
+            *(jax.ShapeDtypeStruct((2,) + one.shape, one.dtype, sharding=sharding),) * 3,
+            hp,
+            ids,
+            lengths,
+        ).compile()
+
+        def loss(q, k, v, hp, s, t):
+            return jnp.sum(call(q, k, v, hp, s, t).astype(jnp.float32))
+
+        grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+        text = grad.lower(arg, arg, arg, hp, ids, lengths).compile().as_text()
+        assert "svgen_attention_dkv" in text

@@ -407,3 +407,12 @@ def test_heads_sharded_with_shard_map():
     )
     assert result.returncode == 0, result.stdout + result.stderr[-4000:]
     assert "OK" in result.stdout
+
+
+def test_the_cost_model_knows_the_run_time_kind():
+    from svgen import cost
+    from svgen.runtime import refine
+    from svgen.runtime.kinds import TileKind
+
+    assert cost.SEGMENT_BOUNDARY == refine.SEGMENT_BOUNDARY
+    assert refine.SEGMENT_BOUNDARY not in {int(k) for k in TileKind}  # no static table has it
