@@ -561,8 +561,10 @@ def test_every_inspect_json_key_is_documented(project, bounded, capsys):
     )
     aligned = GOOD.replace("block_kv: 128}", "block_kv: 128, align: nearest}")
     (project / "specs" / "aligned.yaml").write_text(aligned)
+    (project / "specs" / "runtime.yaml").write_text(GOOD + "runtime: {segments: true}\n")
     runs = [
         [bounded],
+        ["specs/runtime.yaml"],
         ["specs/two.yaml"],
         ["specs/cubes.yaml"],
         ["specs/aligned.yaml"],

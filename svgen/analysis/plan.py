@@ -216,6 +216,9 @@ class Plan:
         out["table_bytes"] = self.table_bytes
         out["grid_steps"] = self.grid_steps
         out["slots_per_piece"] = self.tables.slots
+        runtime = self.spec.runtime
+        if runtime.any:  # only when declared: the keys of other specs stay what they were
+            out["runtime"] = [n for n in ("segments", "text_lengths") if getattr(runtime, n)]
         if len(self.patterns) == 1:
             out.update(
                 {k: v for k, v in self.only.summary().items() if k not in out and k != "layout"}
