@@ -6,13 +6,15 @@ import importlib.util
 from conftest import REPO
 
 
-def test_video_dit_layer_example():
-    spec = importlib.util.spec_from_file_location(
-        "video_dit_layer", REPO / "examples" / "video_dit_layer.py"
-    )
+def load_example(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "examples" / f"{name}.py")
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    rows = example.run(seed=1, verbose=False)
+    return example
+
+
+def test_video_dit_layer_example():
+    rows = load_example("video_dit_layer").run(seed=1, verbose=False)
     assert len(rows) == 8
     for head, planted, chosen, error in rows:
         assert chosen == planted, (head, planted, chosen)
@@ -20,12 +22,7 @@ def test_video_dit_layer_example():
 
 
 def test_packed_batch_example():
-    spec = importlib.util.spec_from_file_location(
-        "packed_batch", REPO / "examples" / "packed_batch.py"
-    )
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    result = example.run(seed=3, verbose=False)
+    result = load_example("packed_batch").run(seed=3, verbose=False)
     assert result["worst_output_error"] <= 1e-5 and result["worst_gradient_error"] <= 1e-5
     for row in result["rows"]:  # steps: exactly the union of the per-video visited tiles
         assert row["steps"] == row["union"] <= row["static_steps"], row
