@@ -266,6 +266,7 @@ class _Compiler:
             dtype=m.DTYPE,
             num_warps=config.num_warps,
             num_stages=config.num_stages,
+            runtime=getattr(m.attention, "runtime", gpu.segments.RuntimeInputs()),
         )
 
     def compile(self, config: _Config, dump: pathlib.Path):
@@ -274,13 +275,24 @@ class _Compiler:
         shape = (m.HEADS, m.SEQ_LEN, m.HEAD_DIM)
         qkv = jax.ShapeDtypeStruct(shape, jnp.dtype(m.DTYPE), sharding=self.sharding)
         attention = self.attention(config)
+        # A module with run-time inputs is compiled with them (the kernel that reads ids).
+        names = attention.runtime.arguments()
+        shapes = {"segment_ids": (m.SEQ_LEN,), "text_lengths": ()}
+        extra = tuple(
+            jax.ShapeDtypeStruct(shapes[n], jnp.int32, sharding=self.sharding) for n in names
+        )
         if m.HEAD_PATTERN is None and len(m.PATTERNS) > 1:  # heads choose at run time
             hp = jax.ShapeDtypeStruct((m.HEADS,), jnp.int32, sharding=self.sharding)
-            args = (qkv, qkv, qkv, hp)
-            fn = lambda q, k, v, hp: attention(q, k, v, head_pattern=hp)  # noqa: E731
+            args = (qkv, qkv, qkv, hp) + extra
+
+            def fn(q, k, v, hp, *inputs):
+                return attention(q, k, v, head_pattern=hp, **dict(zip(names, inputs)))
         else:
-            args = (qkv, qkv, qkv)
-            fn = lambda q, k, v: attention(q, k, v)  # noqa: E731
+            args = (qkv, qkv, qkv) + extra
+
+            def fn(q, k, v, *inputs):
+                return attention(q, k, v, **dict(zip(names, inputs)))
+
         try:
             jax.jit(fn).lower(*args).compile(compiler_options={"xla_dump_to": str(dump)})
         except Exception as err:  # XLA raises its own error types; the text says what failed

@@ -416,3 +416,51 @@ def test_the_cost_model_knows_the_run_time_kind():
 
     assert cost.SEGMENT_BOUNDARY == refine.SEGMENT_BOUNDARY
     assert refine.SEGMENT_BOUNDARY not in {int(k) for k in TileKind}  # no static table has it
+
+
+@pytest.mark.parametrize("template", ["one", "two"])
+def test_gpu_module_with_run_time_inputs(template, tmp_path):
+    """`svgen compile --target h100` of a spec with a `runtime:` section: the GPU forward
+    takes the same inputs (interpret mode, NaN past the operands' ends), against float64,
+    one compile for every run-time value; and its Triton IR verifies for CUDA."""
+    from test_gpu_kernel import verified_triton_lowering
+
+    text = spec_text(ONE_PATTERN if template == "one" else TWO_PATTERNS, layout="temporal_major")
+    plan, module = compile_spec_text(text, tmp_path, target_name="h100")
+    assert plan.backend == "gpu"
+    rng = np.random.default_rng(21 if template == "one" else 22)
+    seq, batch, heads = plan.layout.seq_len, 2, module.HEADS
+    q, k, v = inputs(rng, batch, heads, seq, 64, "float32")
+    head_pattern = jnp.asarray(np.arange(heads) % len(plan.patterns), jnp.int32)
+    run = jax.jit(
+        lambda q, k, v, hp, s, t: module.attention(
+            q, k, v, head_pattern=hp, segment_ids=s, text_lengths=t, interpret=True
+        )
+    )
+    for _ in range(2):
+        ids = np.stack([random_segment_ids(rng, seq) for _ in range(batch)])
+        lengths = random_text_lengths(rng, batch, plan.layout.text_tokens)
+        out = run(q, k, v, head_pattern, ids, lengths)
+        check_outputs(plan, out, q, k, v, np.asarray(head_pattern), ids, lengths, "float32")
+    assert run._cache_size() == 1
+
+    def with_ids(q, k, v, head_pattern):
+        return module.attention(
+            q, k, v, head_pattern=head_pattern, segment_ids=jnp.asarray(ids), text_lengths=3
+        )
+
+    with pytest.raises(TypeError, match="text_lengths must be int32"):
+        verified_triton_lowering(with_ids, q, np.asarray(head_pattern))
+
+    def lowered(q, k, v, head_pattern):
+        return module.attention(
+            q,
+            k,
+            v,
+            head_pattern=head_pattern,
+            segment_ids=jnp.asarray(ids),
+            text_lengths=jnp.asarray(lengths),
+        )
+
+    ir = verified_triton_lowering(lowered, q, np.asarray(head_pattern))
+    assert "tt.load" in ir

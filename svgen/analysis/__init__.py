@@ -98,13 +98,6 @@ def analyze(
     target_name: str = DEFAULT_TARGET,
 ) -> Plan:
     if is_gpu(target_name):
-        if spec.runtime.any:
-            raise SpecError(
-                "run-time inputs run on TPU only in this release: the GPU module "
-                f"(--target {target_name}) does not take them yet; compile for a TPU target",
-                file=spec.source,
-                key="runtime",
-            )
         return analyze_gpu(spec, gpu_target(target_name), progress)
     chip = target(target_name)
     heads = spec.head_patterns()

@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from typing import Sequence
 
 import jax
@@ -99,8 +100,10 @@ from svgen.runtime.kernel import (
     check_token_order,
     checked_sm_scale,
 )
+from svgen.runtime import segments
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
+from svgen.runtime.segments import KEY_PADDING_ID, QUERY_PADDING_ID
 from svgen.runtime.gpu_tables import GpuTables, gpu_tile_kinds  # noqa: F401  (re-exported)
 from svgen.runtime.tables import KIND_MASK, KV_BLOCK_SHIFT, KernelShape
 
@@ -142,6 +145,10 @@ class _QueryColumns:
             ) from None
 
 
+_INT32_MAX = np.iinfo(np.int32).max
+_INT32_MIN = np.iinfo(np.int32).min
+
+
 def _is_power_of_two(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
 
@@ -153,8 +160,7 @@ def _attention_kernel(
     q_ref,
     k_ref,
     v_ref,
-    o_ref,
-    *,
+    *refs,
     patterns: tuple[_PatternCode, ...],
     heads: int,
     seq_len: int,
@@ -162,7 +168,12 @@ def _attention_kernel(
     block_kv: int,
     num_q_tiles: int,
     q_scale: float,
+    segments: bool = False,
 ):
+    """segments: run-time segment ids follow v (query and key ids of the program's row,
+    svgen.runtime.segments); the static tables stay, and a tile whose queries and keys are
+    not all of one segment runs its branch with the ids compared too."""
+    *id_refs, o_ref = refs
     q_tile, row = pl.program_id(0), pl.program_id(1)
     pattern = hp_ref[lax.rem(row, heads)] if len(patterns) > 1 else 0
     csr_row = pattern * num_q_tiles + q_tile
@@ -173,6 +184,12 @@ def _attention_kernel(
     q = plgpu.load(q_ref.at[pl.ds(q_tile * block_q, block_q), :], mask=q_in[:, None], other=0.0)
     q = (q.astype(jnp.float32) * q_scale).astype(q_ref.dtype)
     precision = lax.Precision.HIGHEST if q_ref.dtype == jnp.float32 else None
+    if segments:  # the q tile's ids, and the one id all its rows share (if any)
+        q_ids = plgpu.load(
+            id_refs[0].at[pl.ds(q_tile * block_q, block_q)], mask=q_in, other=QUERY_PADDING_ID
+        )
+        q_lo = jnp.min(jnp.where(q_in, q_ids, _INT32_MAX))
+        q_hi = jnp.max(jnp.where(q_in, q_ids, _INT32_MIN))
 
     # Query coordinates each pattern's mask reads, decoded once per q tile.
     columns = []
@@ -198,6 +215,10 @@ def _attention_kernel(
         k_in = k_pos < seq_len
         k = plgpu.load(k_ref.at[pl.ds(start, block_kv), :], mask=k_in[:, None], other=0.0)
         v = plgpu.load(v_ref.at[pl.ds(start, block_kv), :], mask=k_in[:, None], other=0.0)
+        if segments:
+            k_ids = plgpu.load(
+                id_refs[1].at[pl.ds(start, block_kv)], mask=k_in, other=KEY_PADDING_ID
+            )
         scores = lax.dot_general(
             q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32, precision=precision
         )
@@ -214,6 +235,14 @@ def _attention_kernel(
         branches += [
             functools.partial(masked, p, c, k_pos, k_in) for p, c in zip(patterns, columns)
         ]
+        if segments:
+            # Each branch again with the ids compared, for a tile not inside one segment.
+            k_lo = jnp.min(jnp.where(k_in, k_ids, _INT32_MAX))
+            k_hi = jnp.max(jnp.where(k_in, k_ids, _INT32_MIN))
+            one_segment = (q_lo == q_hi) & (k_lo == k_hi) & (q_lo == k_lo)
+            same = q_ids[:, None] == k_ids[None, :]
+            branches += [functools.partial(_same_segment, b, same) for b in branches]
+            branch = jnp.where(one_segment, branch, branch + jnp.int32(len(branches) // 2))
         scores = lax.switch(branch, branches, scores)
         m_next = jnp.maximum(m_prev, jnp.max(scores, axis=1))
         # A row with no allowed key so far has m_next == MASK_VALUE and exp2(0) = 1 on its
@@ -247,6 +276,11 @@ def _attention_kernel(
     )
 
 
+def _same_segment(branch, same, scores):
+    """A branch's scores, then only the pairs of one segment."""
+    return jnp.where(same, branch(scores), MASK_VALUE)
+
+
 def _gpu_call(
     q,
     k,
@@ -260,8 +294,10 @@ def _gpu_call(
     interpret,
     num_warps: int | None,
     num_stages: int | None,
+    ids=None,
 ):
-    """q, k, v: [batch*heads, seq_len, head_dim] in each head's kernel order."""
+    """q, k, v: [batch*heads, seq_len, head_dim] in each head's kernel order; ids: run-time
+    segments, (query ids, key ids) [batch*heads, seq_len] in the same order."""
     rows, _, d = q.shape
     heads = int(head_pattern.shape[0])
     kernel = functools.partial(
@@ -273,6 +309,7 @@ def _gpu_call(
         block_kv=tables.block_kv,
         num_q_tiles=tables.num_q_tiles,
         q_scale=q_scale,
+        segments=ids is not None,
     )
     offsets = jnp.asarray(tables.row_offsets)
     entries = jnp.asarray(tables.entries)
@@ -281,18 +318,19 @@ def _gpu_call(
         return pl.BlockSpec(x.shape, lambda i, r: (0,))
 
     head_rows = pl.BlockSpec((None, seq_len, d), lambda i, r: (r, 0, 0))
+    id_rows = [pl.BlockSpec((None, seq_len), lambda i, r: (r, 0))] * (0 if ids is None else 2)
     if num_warps is None:
         num_warps = 4 if d <= 64 else 8
     return pl.pallas_call(
         kernel,
         grid=(tables.num_q_tiles, rows),
-        in_specs=[whole(head_pattern), whole(offsets), whole(entries)] + [head_rows] * 3,
+        in_specs=[whole(head_pattern), whole(offsets), whole(entries)] + [head_rows] * 3 + id_rows,
         out_specs=head_rows,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="svgen_gpu_attention",
-    )(head_pattern, offsets, entries, q, k, v)
+    )(head_pattern, offsets, entries, q, k, v, *(ids or ()))
 
 
 def make_gpu_attention(
@@ -305,6 +343,7 @@ def make_gpu_attention(
     dtype: str | None = None,
     num_warps: int | None = None,
     num_stages: int | None = 2,
+    runtime: segments.RuntimeInputs = segments.RuntimeInputs(),
 ):
     """`attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None,
     token_order="user")` on GPU, with `attention.to_kernel_order` / `from_kernel_order` (as
@@ -316,7 +355,9 @@ def make_gpu_attention(
     float16 is reached only here). q, k, v are [heads, seq, head_dim] or
     [batch, heads, seq, head_dim] in the user's token order; the output has q's shape and
     dtype. `head_pattern` (int [heads], may be traced) defaults to `default_head_pattern`.
-    `interpret=True` runs the kernel in Pallas's interpreter (CPU, no CUDA).
+    `interpret=True` runs the kernel in Pallas's interpreter (CPU, no CUDA). runtime: the
+    spec's run-time inputs (segment_ids, text_lengths, as on TPU; the GPU kernel keeps its
+    static tables and compares the ids in the tiles that are not inside one segment).
     """
     for name, size in (("block_q", block_q), ("block_kv", block_kv), ("head_dim", shape.head_dim)):
         if not _is_power_of_two(size) or size < 16:
@@ -337,8 +378,28 @@ def make_gpu_attention(
         )
         return head_pattern, jnp.asarray(layout_of_pattern)[head_pattern]
 
+    def call_ids(segment_ids, text_lengths, batch, head_layout):
+        """The call's (query, key) ids [batch*heads, seq] in each head's order, or None."""
+        segments.check_call_inputs(runtime, segment_ids, text_lengths, batch, layouts[0])
+        if segment_ids is None and text_lengths is None:
+            return None
+        ids = segments.user_order_ids(segment_ids, text_lengths, batch or 1, layouts[0])
+        return tuple(
+            segments.head_rows(segments.layout_order_ids(x, layouts), head_layout)[:, 0]
+            for x in ids
+        )
+
     def attention(
-        q, k, v, *, head_pattern=None, interpret=False, sm_scale=None, token_order="user"
+        q,
+        k,
+        v,
+        *,
+        head_pattern=None,
+        interpret=False,
+        sm_scale=None,
+        token_order="user",
+        segment_ids=None,
+        text_lengths=None,
     ):
         _check_operands(q, k, v, shape, dtype, rebuild=_REBUILD)
         check_token_order(token_order)
@@ -347,6 +408,7 @@ def make_gpu_attention(
         sm_scale = checked_sm_scale(sm_scale, shape.head_dim)
         requested = head_pattern
         head_pattern, head_layout = head_layout_of(head_pattern, q.shape[-3])
+        ids = call_ids(segment_ids, text_lengths, q.shape[0] if q.ndim == 4 else None, head_layout)
         lead = q.shape[:-2]
         in_kernel_order = token_order == "kernel"
 
@@ -367,6 +429,7 @@ def make_gpu_attention(
             interpret=interpret,
             num_warps=num_warps,
             num_stages=num_stages,
+            ids=ids,
         )
         out = out.reshape(lead + (shape.seq_len, shape.head_dim))
         if not in_kernel_order:
@@ -393,7 +456,15 @@ def make_gpu_attention(
         default_head_pattern,
         backend="GPU",
         any_dtype=" or ".join(DTYPES),
+        runtime=runtime,
+        text_tokens=layouts[0].text_tokens,
     )
+    signature = inspect.signature(attention)  # help() shows only the declared inputs
+    undeclared = {"segment_ids", "text_lengths"} - set(runtime.arguments())
+    attention.__signature__ = signature.replace(
+        parameters=[p for p in signature.parameters.values() if p.name not in undeclared]
+    )
+    attention.runtime = runtime
     attention.to_kernel_order = to_kernel_order
     attention.from_kernel_order = from_kernel_order
     attention.tables = tables
@@ -404,6 +475,9 @@ def gpu_attention_of(module, **options):
     """make_gpu_attention for a generated module (its _PATTERNS, SHAPE, HEAD_PATTERN, DTYPE);
     options: block_q, block_kv, num_warps, num_stages, dtype."""
     options.setdefault("dtype", getattr(module, "DTYPE", None))
+    runtime = getattr(module.attention, "runtime", None)
+    if runtime is not None:
+        options.setdefault("runtime", runtime)
     return make_gpu_attention(
         module._PATTERNS,
         module.SHAPE,
