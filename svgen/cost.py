@@ -350,9 +350,10 @@ def model_cycles(
             else ((kv_start <= padding_tile) & (padding_tile < kv_start + lengths)).astype(np.int64)
         )
         for kind, word, length, on_padding in _grouped(kinds, words, lengths, padding):
-            name = {TileKind.FULL: "full", TileKind.BOUNDARY: "mixed", TileKind.EMPTY: "empty"}[
-                TileKind(kind)
-            ]
+            # SEGMENT_BOUNDARY (run-time tables of one compute block per tile) is mixed too.
+            name = {int(TileKind.FULL): "full", int(TileKind.EMPTY): "empty"}.get(
+                int(kind), "mixed"
+            )
             steps[name] += length
             by_path[name] += (length - on_padding) * paths.tile_cost(
                 pattern, kind, word

@@ -20,6 +20,7 @@ from svgen.runtime.kinds import TileKind
 from svgen.runtime.refine import (
     SEGMENT_BOUNDARY,
     StaticVisits,
+    block_segment_bits,
     block_segment_ranges,
     refine,
     segment_words,
@@ -358,3 +359,32 @@ def test_one_compile_and_vmap_over_a_batch_of_segment_layouts():
             oracle_tables(pattern, np.asarray(single_words), slots),
             pattern.visits,
         )
+
+
+@pytest.mark.parametrize("rq, rk", SHAPES)
+def test_segment_bits_make_empty_exact_for_ids_in_any_order(rq, rk):
+    """With bits (ids < 32, shuffled, as prompts packed after their videos are), a statically
+    visited block is EMPTY exactly when its queries and keys share no id; still sound."""
+    rng = np.random.default_rng([rq, rk, 9])
+    seq = int(rng.integers(20, 70))
+    keep = random_keep(rng, seq)
+    pattern = compile_pattern(brute_force_kinds(keep, CQ, CKV), seq, rq, rk)
+    visits = pattern.visits
+    q_rows, kv_cols = visits.num_q_tiles * rq, pattern.grid.num_kv_blocks * rk
+
+    @jax.jit
+    def words_of(ids):
+        q_lo, q_hi = block_segment_ranges(ids, CQ, q_rows)
+        kv_lo, kv_hi = block_segment_ranges(ids, CKV, kv_cols)
+        q_bits = block_segment_bits(ids, CQ, q_rows)
+        kv_bits = block_segment_bits(ids, CKV, kv_cols)
+        return segment_words(visits, q_lo, q_hi, kv_lo, kv_hi, q_bits, kv_bits)
+
+    np.testing.assert_array_equal(
+        block_segment_bits(jnp.asarray([0, 3, -1, 33, 5], jnp.int32), 2, 3), [9, 2, 32]
+    )
+    for _ in range(8):
+        ids = np.sort(rng.integers(0, 12, size=seq)).astype(np.int32)
+        ids = rng.permutation(12)[ids].astype(np.int32)  # segments out of order
+        words = np.asarray(words_of(ids))
+        check_segment_words(pattern, keep, ids, words, consecutive=True)

@@ -328,10 +328,26 @@ def block_segment_ranges(segment_ids, block: int, num_blocks: int | None = None)
     return lo.reshape(num_blocks, block).min(1), hi.reshape(num_blocks, block).max(1)
 
 
-def segment_words(visits: StaticVisits, q_lo, q_hi, kv_lo, kv_hi):
+def block_segment_bits(segment_ids, block: int, num_blocks: int):
+    """int32 [num_blocks]: per block of `block` tokens, bit (id & 31) set for every
+    non-negative id it holds (negative ids and positions past the array set none). Two blocks
+    whose bits do not meet share no non-negative id: with fewer than 32 distinct ids, or ids
+    that differ mod 32, that decides EMPTY exactly where ranges cannot (ids out of order,
+    such as prompts packed after their videos)."""
+    segment_ids = jnp.asarray(segment_ids, jnp.int32)
+    padding = num_blocks * block - segment_ids.shape[0]
+    bits = jnp.where(segment_ids >= 0, jnp.left_shift(jnp.int32(1), segment_ids & 31), jnp.int32(0))
+    bits = jnp.pad(bits, (0, padding)).reshape(num_blocks, block)
+    return lax.reduce(bits, jnp.int32(0), lax.bitwise_or, (1,))
+
+
+def segment_words(visits: StaticVisits, q_lo, q_hi, kv_lo, kv_hi, q_bits=None, kv_bits=None):
     """int32 [V]: each visit's word refined by segments (see the module docstring). q_lo,
     q_hi: int32 [num_q_tiles * rq], per compute block row; kv_lo, kv_hi: int32 [at least
-    (last visited kv tile + 1) * rk], per compute block column (`block_segment_ranges`)."""
+    (last visited kv tile + 1) * rk], per compute block column (`block_segment_ranges`).
+    q_bits, kv_bits (optional, `block_segment_bits`, the same shapes): blocks whose bits do
+    not meet are disjoint too; pass them only when negative ids never pair with anything
+    (svgen.runtime.segments makes every negative id -1 as a query and -2 as a key)."""
     rq, rk = visits.q_blocks_per_tile, visits.kv_blocks_per_tile
     if jnp.shape(q_lo) != (visits.num_q_tiles * rq,) or jnp.shape(q_hi) != jnp.shape(q_lo):
         raise ValueError(f"q ranges must be [{visits.num_q_tiles * rq}], got {jnp.shape(q_lo)}")
@@ -349,6 +365,10 @@ def segment_words(visits: StaticVisits, q_lo, q_hi, kv_lo, kv_hi):
     kl, kh = (jnp.asarray(x, jnp.int32)[cols][:, None, :] for x in (kv_lo, kv_hi))
     no_queries = ql > qh
     disjoint = (qh < kl) | (kh < ql) | (kl > kh)
+    if q_bits is not None:
+        qb = jnp.asarray(q_bits, jnp.int32)[rows][:, :, None]
+        kb = jnp.asarray(kv_bits, jnp.int32)[cols][:, None, :]
+        disjoint = disjoint | ((qb & kb) == 0)
     one_segment = (ql == qh) & (kl == kh) & (ql == kl)
     block = jnp.where(
         (static == TileKind.EMPTY) | disjoint,

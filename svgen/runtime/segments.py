@@ -32,7 +32,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from svgen.runtime.layout import TokenLayout
-from svgen.runtime.refine import StaticVisits, block_segment_ranges, refine, segment_words
+from svgen.runtime.refine import (
+    StaticVisits,
+    block_segment_bits,
+    block_segment_ranges,
+    refine,
+    segment_words,
+)
 from svgen.runtime.tables import (
     SMEM_BUDGET,
     KernelShape,
@@ -240,5 +246,9 @@ class SegmentTables:
         num_cols = -(-shape.seq_len // shape.block_kv) * shape.kv_blocks_per_tile
         row_lo, row_hi = block_segment_ranges(row_ids, shape.cq, num_rows)
         col_lo, col_hi = block_segment_ranges(col_ids, shape.ckv, num_cols)
-        words = segment_words(visits, row_lo, row_hi, col_lo, col_hi)
+        # Bits as well as ranges: exact EMPTY for up to 32 ids in any order (padding ids are
+        # negative and never pair, so they set no bit).
+        row_bits = block_segment_bits(row_ids, shape.cq, num_rows)
+        col_bits = block_segment_bits(col_ids, shape.ckv, num_cols)
+        words = segment_words(visits, row_lo, row_hi, col_lo, col_hi, row_bits, col_bits)
         return refine(visits, words, self.slots)
