@@ -66,7 +66,7 @@ COST_AT_ONE_MIB = textwrap.dedent(
     import sys
     from svgen import cli
     from svgen.runtime import kernel
-    kernel._vmem_limit = lambda *args: 1 << 20
+    kernel._vmem_limit = lambda *args, **kwargs: 1 << 20
     sys.exit(cli.main(["cost", sys.argv[1], "--no-cache"]))
     """
 )
