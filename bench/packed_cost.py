@@ -52,7 +52,6 @@ mask:
 tiling: {block_q: 2048, block_kv: 4096, compute_q: 1024, compute_kv: 1024}
 runtime: {segments: true}
 """
-FRAMES, PER_FRAME, TEXT = 21, 45 * 80, 512
 # (frames, real prompt tokens, prompt slots) per packed video.
 PACKINGS = {
     "one video, full prompt": [(21, 512, 512)],
@@ -60,16 +59,6 @@ PACKINGS = {
     "2 videos (11 + 10 frames)": [(11, 200, 256), (10, 64, 256)],
     "3 videos (7 + 8 + 6 frames)": [(7, 120, 170), (8, 170, 171), (6, 40, 171)],
 }
-
-
-def segment_ids(packing) -> np.ndarray:
-    ids = np.full(FRAMES * PER_FRAME + TEXT, -1, np.int32)
-    frame, slot = 0, FRAMES * PER_FRAME
-    for video, (frames, real, slots) in enumerate(packing):
-        ids[frame * PER_FRAME : (frame + frames) * PER_FRAME] = video
-        ids[slot : slot + real] = video
-        frame, slot = frame + frames, slot + slots
-    return ids
 
 
 def refined_tables(module, ids: np.ndarray):
@@ -168,7 +157,7 @@ def main() -> None:
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, packing in PACKINGS.items():
-        ids = segment_ids(packing)
+        ids = segments.packed_segment_ids(plan.layout, packing)
         tables = refined_tables(module, ids)
         steps = int(tables.lengths.sum()) if tables.lengths is not None else len(tables.entries)
         union = union_of_videos(plan, ids)

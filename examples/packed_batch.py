@@ -76,17 +76,6 @@ def compile_module(directory: pathlib.Path):
     return plan, module
 
 
-def segment_ids(packing) -> np.ndarray:
-    """int32 [seq]: video v's frames and its prompt's real tokens get id v, padding slots -1."""
-    ids = np.full(FRAMES * PER_FRAME + TEXT, -1, np.int32)
-    frame, slot = 0, FRAMES * PER_FRAME
-    for video, (frames, real, slots) in enumerate(packing):
-        ids[frame * PER_FRAME : (frame + frames) * PER_FRAME] = video
-        ids[slot : slot + real] = video
-        frame, slot = frame + frames, slot + slots
-    return ids
-
-
 def video_tokens(packing, video: int) -> tuple[np.ndarray, np.ndarray]:
     """(positions in the packed sequence, the video's own frame of each; -1 for text)."""
     first = sum(f for f, _, _ in packing[:video])
@@ -154,7 +143,7 @@ def run(seed: int = 0, verbose: bool = True) -> dict:
         plan, module = compile_module(pathlib.Path(tmp))
         seq = plan.layout.seq_len
         rng = np.random.default_rng(seed)
-        ids = np.stack([segment_ids(p) for p in PACKING])
+        ids = np.stack([segments.packed_segment_ids(plan.layout, p) for p in PACKING])
         batch, heads, d = len(PACKING), module.HEADS, module.HEAD_DIM
         q, k, v, do = (
             rng.standard_normal((batch, heads, seq, d)).astype(np.float32) for _ in range(4)

@@ -464,3 +464,15 @@ def test_gpu_module_with_run_time_inputs(template, tmp_path):
 
     ir = verified_triton_lowering(lowered, q, np.asarray(head_pattern))
     assert "tt.load" in ir
+
+
+def test_packed_segment_ids():
+    from svgen.runtime.layout import TokenLayout
+    from svgen.runtime.segments import packed_segment_ids
+
+    lay = TokenLayout(frames=3, height=1, width=2, text_tokens=4, text_position="first")
+    np.testing.assert_array_equal(
+        packed_segment_ids(lay, [(1, 1, 2), (1, 2, 2)]), [0, -1, 1, 1, 0, 0, 1, 1, -1, -1]
+    )
+    with pytest.raises(ValueError, match="video 1 .* does not fit"):
+        packed_segment_ids(lay, [(2, 1, 2), (2, 1, 2)])

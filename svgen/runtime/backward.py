@@ -92,8 +92,7 @@ def _walk(
         operands = head_operands + tuple(jnp.asarray(t) for t in tables.piece_operands())
         single = tables.max_pieces if tables.num_pieces.size == 1 else None
     else:
-        operands = (head_pattern, call.row_first_piece, call.row_num_pieces)
-        operands += call.piece_operands()
+        operands = call.scalar_operands(head_pattern)
         steps, single = call.steps, None
     has_lengths, has_blocks = tables.lengths is not None, tables.blocks is not None
     per_row = call is not None

@@ -76,7 +76,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 from typing import Sequence
 
 import jax
@@ -380,14 +379,10 @@ def make_gpu_attention(
 
     def call_ids(segment_ids, text_lengths, batch, head_layout):
         """The call's (query, key) ids [batch*heads, seq] in each head's order, or None."""
-        segments.check_call_inputs(runtime, segment_ids, text_lengths, batch, layouts[0])
-        if segment_ids is None and text_lengths is None:
+        ids = segments.call_ids(runtime, segment_ids, text_lengths, batch, layouts)
+        if ids is None:
             return None
-        ids = segments.user_order_ids(segment_ids, text_lengths, batch or 1, layouts[0])
-        return tuple(
-            segments.head_rows(segments.layout_order_ids(x, layouts), head_layout)[:, 0]
-            for x in ids
-        )
+        return tuple(segments.head_rows(x, head_layout)[:, 0] for x in ids)
 
     def attention(
         q,
@@ -459,11 +454,7 @@ def make_gpu_attention(
         runtime=runtime,
         text_tokens=layouts[0].text_tokens,
     )
-    signature = inspect.signature(attention)  # help() shows only the declared inputs
-    undeclared = {"segment_ids", "text_lengths"} - set(runtime.arguments())
-    attention.__signature__ = signature.replace(
-        parameters=[p for p in signature.parameters.values() if p.name not in undeclared]
-    )
+    segments.declared_signature(attention, runtime)
     attention.runtime = runtime
     attention.to_kernel_order = to_kernel_order
     attention.from_kernel_order = from_kernel_order

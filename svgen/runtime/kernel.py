@@ -97,7 +97,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import math
 import numbers
 from typing import Callable, Sequence
@@ -780,8 +779,7 @@ def _flat_attention(
         id_inputs = ()
     else:
         call_tables, q_ids, kv_ids = call
-        operands = (head_pattern, call_tables.row_first_piece, call_tables.row_num_pieces)
-        operands += call_tables.piece_operands()
+        operands = call_tables.scalar_operands(head_pattern)
         steps, single, id_inputs = call_tables.steps, None, (q_ids, kv_ids)
     has_lengths, has_blocks = tables.lengths is not None, tables.blocks is not None
     query_coords = max(len(p.query_coords) for p in patterns)
@@ -1062,12 +1060,10 @@ def make_attention(
     def call_ids(segment_ids, text_lengths, batch: int | None):
         """The call's ids per layout (segments.CallIds [batch, layouts, seq]), or None when
         it gives no run-time input."""
-        segments.check_call_inputs(runtime, segment_ids, text_lengths, batch, layouts[0])
-        if segment_ids is None and text_lengths is None:
-            return None
-        call_tables(False).check_smem(batch or 1, shape.heads)
-        ids = segments.user_order_ids(segment_ids, text_lengths, batch or 1, layouts[0])
-        return segments.CallIds(*(segments.layout_order_ids(x, layouts) for x in ids))
+        ids = segments.call_ids(runtime, segment_ids, text_lengths, batch, layouts)
+        if ids is not None:
+            call_tables(False).check_smem(batch or 1, shape.heads)
+        return ids
 
     def attention(
         q,
@@ -1150,12 +1146,7 @@ def make_attention(
         runtime=runtime,
         text_tokens=layouts[0].text_tokens,
     )
-    # help() shows only the run-time inputs this module takes.
-    signature = inspect.signature(attention)
-    undeclared = {"segment_ids", "text_lengths"} - set(runtime.arguments())
-    attention.__signature__ = signature.replace(
-        parameters=[p for p in signature.parameters.values() if p.name not in undeclared]
-    )
+    segments.declared_signature(attention, runtime)
     attention.to_kernel_order = to_kernel_order
     attention.from_kernel_order = from_kernel_order
     attention.tables = tables

@@ -233,13 +233,15 @@ def refine(visits: StaticVisits, words, slots: int) -> RefinedPieces:
 
 def _tile_kinds(visits: StaticVisits, words):
     """(kind, table word) of each visit, from its refined word, as `kernel_tiles` decides.
-    With one compute block per tile the word is the kind and the table holds no word."""
-    full = int(TileKind.FULL) if visits.compute_blocks == 1 else visits.full_word
-    kind = jnp.where(
-        words == full, TileKind.FULL, jnp.where(words == 0, TileKind.EMPTY, TileKind.BOUNDARY)
-    ).astype(jnp.int32)
-    if visits.compute_blocks == 1:  # the word is the tile's kind, SEGMENT_BOUNDARY included
+    With one compute block per tile the word is the kind (SEGMENT_BOUNDARY included) and the
+    table holds no word."""
+    if visits.compute_blocks == 1:
         return words, jnp.zeros_like(words)
+    kind = jnp.where(
+        words == visits.full_word,
+        TileKind.FULL,
+        jnp.where(words == 0, TileKind.EMPTY, TileKind.BOUNDARY),
+    ).astype(jnp.int32)
     return kind, jnp.where(kind == TileKind.BOUNDARY, words, 0)
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from typing import NamedTuple, Sequence
 
 import jax
@@ -87,8 +88,11 @@ class CallTables(NamedTuple):
     blocks: jax.Array | None
     steps: jax.Array  # int32 []
 
-    def piece_operands(self) -> tuple[jax.Array, ...]:
-        return tuple(t for t in (self.entries, self.lengths, self.blocks) if t is not None)
+    def scalar_operands(self, head_pattern) -> tuple[jax.Array, ...]:
+        """The kernels' scalar-prefetch operands in their order (svgen.runtime.kernel):
+        head_pattern, per-row first piece and count, entries[, lengths][, blocks]."""
+        pieces = tuple(t for t in (self.entries, self.lengths, self.blocks) if t is not None)
+        return (head_pattern, self.row_first_piece, self.row_num_pieces) + pieces
 
 
 def check_call_inputs(
@@ -129,6 +133,49 @@ def _check_int32(name: str, x, shapes: tuple[tuple[int, ...], ...]) -> None:
     if shape not in shapes:
         want = " or ".join(f"[{', '.join(map(str, s))}]" for s in shapes)
         raise ValueError(f"{name} must have shape {want}, got [{', '.join(map(str, shape))}]")
+
+
+def call_ids(
+    inputs: RuntimeInputs, segment_ids, text_lengths, batch: int | None, layouts
+) -> CallIds | None:
+    """A call's ids in each layout's kernel order, CallIds [batch, layouts, seq], after
+    `check_call_inputs`; None when the call gives no run-time input (the static path).
+    batch: q's leading dimension (None: q has none)."""
+    check_call_inputs(inputs, segment_ids, text_lengths, batch, layouts[0])
+    if segment_ids is None and text_lengths is None:
+        return None
+    ids = user_order_ids(segment_ids, text_lengths, batch or 1, layouts[0])
+    return CallIds(*(layout_order_ids(x, layouts) for x in ids))
+
+
+def declared_signature(attention, inputs: RuntimeInputs) -> None:
+    """Let help(attention) show only the run-time inputs its module declares."""
+    signature = inspect.signature(attention)
+    undeclared = {"segment_ids", "text_lengths"} - set(inputs.arguments())
+    attention.__signature__ = signature.replace(
+        parameters=[p for p in signature.parameters.values() if p.name not in undeclared]
+    )
+
+
+def packed_segment_ids(layout: TokenLayout, videos) -> np.ndarray:
+    """Segment ids (int32 [seq], the user's order) of a packed sequence: video i takes the
+    next `frames` frames and the next `slots` text slots, of which the first `real` are its
+    prompt; it gets id i there, every other token (unused frames, a prompt's padding slots)
+    is padding (-1). videos: (frames, real, slots) per video, in order."""
+    ids = np.full(layout.seq_len, -1, np.int32)
+    frame = slot = 0
+    for video, (frames, real, slots) in enumerate(videos):
+        if frame + frames > layout.frames or slot + slots > layout.text_tokens or real > slots:
+            raise ValueError(
+                f"video {video} ({frames} frames, {real} of {slots} text slots) does not fit "
+                f"the {layout.frames} frames and {layout.text_tokens} text tokens left after "
+                "the videos before it"
+            )
+        start = layout.video_start + frame * layout.tokens_per_frame
+        ids[start : start + frames * layout.tokens_per_frame] = video
+        ids[layout.text_start + slot : layout.text_start + slot + real] = video
+        frame, slot = frame + frames, slot + slots
+    return ids
 
 
 def user_order_ids(segment_ids, text_lengths, batch: int, layout: TokenLayout):
