@@ -470,7 +470,12 @@ def lower(spec: Spec, term: MaskTerm | None = None) -> Node:
     lowered: dict[str, Node] = {}
     for name in order:
         lowered[name] = _lower_term(patterns[name], spec, lowered)
-    return simplify(_lower_term(term, spec, lowered))
+    node = _lower_term(term, spec, lowered)
+    if spec.runtime.kv_cache:
+        # Chunked generation: a chunk sees only the frames generated before it and itself,
+        # whatever the mask says of later ones (they are not in the cache yet).
+        node = AllOf((node, BlockCausal(spec.runtime.chunk_frames)))
+    return simplify(node)
 
 
 def anchor_frames(node: Node) -> int:

@@ -198,6 +198,22 @@ def _runtime() -> dict:
             "description": "attention(..., text_lengths=int32 [] or [batch]): the real text "
             "tokens; padding text is never attended and its rows come out as zeros",
         },
+        "kv_cache": _section(
+            spec.KV_CACHE_KEYS,
+            {
+                "chunk_frames": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "frames per chunk (divides geometry.frames): "
+                    "attention(q_chunk, k_cache, v_cache, q_frame_offset=...) attends a chunk "
+                    "against a cache of the whole video, the mask in absolute frames and "
+                    "block-causal over the chunks",
+                }
+            },
+            spec.KV_CACHE_KEYS,
+            "calls that attend a chunk of frames against a KV cache (autoregressive video); "
+            "video-only geometry, frame_major layouts",
+        ),
     }
     return _section(
         spec.RUNTIME_KEYS,

@@ -184,14 +184,23 @@ class Tiling:
 @dataclass(frozen=True)
 class Runtime:
     """The `runtime` section: inputs given at call time that only remove pairs from the
-    compiled mask (svgen.runtime.segments): per-token segment ids, per-prompt text lengths."""
+    compiled mask (svgen.runtime.segments): per-token segment ids, per-prompt text lengths;
+    and `kv_cache: {chunk_frames: C}`: calls that attend a chunk of C frames (its first
+    frame given at call time) against a cache of the video's keys and values
+    (svgen.runtime.chunks). chunk_frames 0: no chunked calls."""
 
     segments: bool = False
     text_lengths: bool = False
+    chunk_frames: int = 0
+    where: Location | None = field(default=None, compare=False, hash=False)  # kv_cache's key
 
     @property
     def any(self) -> bool:
         return self.segments or self.text_lengths
+
+    @property
+    def kv_cache(self) -> bool:
+        return self.chunk_frames > 0
 
 
 @dataclass(frozen=True)
@@ -376,6 +385,8 @@ def _with_runtime(obj: dict, runtime: Runtime) -> dict:
     # Only when something is declared, so the digests of specs without it stay what they were.
     if runtime.any:
         obj["runtime"] = {"segments": runtime.segments, "text_lengths": runtime.text_lengths}
+    if runtime.kv_cache:
+        obj.setdefault("runtime", {})["kv_cache"] = {"chunk_frames": runtime.chunk_frames}
     return obj
 
 
@@ -604,7 +615,8 @@ TOP_KEYS = (
     "gpu",
     "runtime",
 )
-RUNTIME_KEYS = ("segments", "text_lengths")
+RUNTIME_KEYS = ("segments", "text_lengths", "kv_cache")
+KV_CACHE_KEYS = ("chunk_frames",)
 GEOMETRY_KEYS = ("frames", "height", "width", "text_tokens", "text_position")
 #: The least value of each size in ``geometry`` (their most: MAX_SEQ_LEN, and so their total).
 GEOMETRY_MINIMUMS = {"frames": 1, "height": 1, "width": 1, "text_tokens": 0}
@@ -775,12 +787,13 @@ def _read_gpu(r: _Reader, node: Node, path: str) -> GpuTiling | None:
 
 
 def _read_runtime(r: _Reader, node: Node, path: str, geometry: TokenLayout) -> Runtime:
-    """The `runtime` section: which run-time inputs the module takes (booleans)."""
+    """The `runtime` section: which run-time inputs the module takes (booleans), and the
+    KV-cache chunks (`kv_cache: {chunk_frames: C}`)."""
     if _is_null(r, node, path):
         return Runtime()
     e = r.mapping(node, path, RUNTIME_KEYS)
-    vals = {}
-    for key in RUNTIME_KEYS:
+    vals: dict[str, Any] = {}
+    for key in ("segments", "text_lengths"):
         if key not in e:
             continue
         vnode = e[key][1]
@@ -790,6 +803,8 @@ def _read_runtime(r: _Reader, node: Node, path: str, geometry: TokenLayout) -> R
                 vnode, _join(path, key), f"must be true or false, got {r.describe(vnode)}"
             )
         vals[key] = value
+    if "kv_cache" in e:
+        vals.update(_read_kv_cache(r, e["kv_cache"][1], _join(path, "kv_cache"), geometry))
     runtime = Runtime(**vals)
     if runtime.text_lengths and geometry.text_tokens == 0:
         raise r.error(
@@ -797,7 +812,63 @@ def _read_runtime(r: _Reader, node: Node, path: str, geometry: TokenLayout) -> R
             _join(path, "text_lengths"),
             "needs text tokens: the geometry has none (geometry.text_tokens)",
         )
+    if runtime.kv_cache and runtime.any:
+        key = "segments" if runtime.segments else "text_lengths"
+        raise r.error(
+            e[key][1],
+            _join(path, key),
+            "cannot be combined with kv_cache yet: a chunked call takes no segment ids or "
+            "text lengths",
+        )
     return runtime
+
+
+def _read_kv_cache(r: _Reader, node: Node, path: str, geometry: TokenLayout) -> dict:
+    """kv_cache: {chunk_frames: C}: C divides the geometry's frames (the longest video, in
+    chunks of C frames), and the tokens are video only (text belongs to cross-attention)."""
+    e = r.mapping(node, path, KV_CACHE_KEYS, what="a mapping {chunk_frames: C}")
+    r.require(node, path, e, KV_CACHE_KEYS)
+    cpath = _join(path, "chunk_frames")
+    chunk = r.integer(e["chunk_frames"][1], cpath, 1, geometry.frames, "geometry.frames")
+    if geometry.frames % chunk:
+        raise r.error(
+            e["chunk_frames"][1],
+            cpath,
+            f"must divide geometry.frames ({geometry.frames}): the video is generated in "
+            f"chunks of {chunk} frames, got a last chunk of {geometry.frames % chunk}",
+        )
+    if geometry.text_tokens:
+        raise r.error(
+            node,
+            path,
+            "needs a video-only geometry (geometry.text_tokens is "
+            f"{geometry.text_tokens}): the chunks and the cache are frames; attend text "
+            "in a cross-attention of its own",
+        )
+    return {"chunk_frames": chunk, "where": r.location(node, path)}
+
+
+def _check_kv_cache_layouts(r: _Reader, node: Node, layout, heads) -> None:
+    """Chunked calls read the chunk's frames as one run of tokens: frame-major layouts only."""
+    layouts = [("layout", layout)]
+    if heads is not None:
+        layouts += [
+            (f"heads.candidates[{i}].layout", c.layout) for i, c in enumerate(heads.candidates)
+        ]
+    for key, order in layouts:
+        if order != FRAME_MAJOR:
+            raise r.error(
+                node,
+                "runtime.kv_cache",
+                f"needs frame_major layouts, but {key} is {_layout_words(order)}: a chunk of "
+                "frames must be one run of tokens",
+            )
+
+
+def _layout_words(order) -> str:
+    if isinstance(order, Tiled):
+        return f"tiled {order.frames}x{order.rows}x{order.cols}"
+    return str(order)
 
 
 def _read_layout(r: _Reader, node: Node, path: str, geometry: TokenLayout) -> str | Tiled:
@@ -1487,6 +1558,15 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
     runtime = Runtime()
     if "runtime" in top:
         runtime = _read_runtime(r, top["runtime"][1], "runtime", geometry)
+        if runtime.kv_cache:
+            _check_kv_cache_layouts(r, top["runtime"][1], layout, heads)
+            if tiling.aligned:
+                raise r.error(
+                    top["runtime"][1],
+                    "runtime.kv_cache",
+                    f"needs tiling.align: exact (got {tiling.align}): the chunks' tiles are "
+                    "not the full sequence's, so they would round other blocks",
+                )
 
     pats = tuple(patterns)
     canonical = _canonical_obj(name, geometry, attention, layout, mask, pats, heads, tiling)

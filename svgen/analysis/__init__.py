@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 
 from svgen import ir
-from svgen.analysis import product, rowsets
+from svgen.analysis import chunks, product, rowsets
 from svgen.analysis.align import PairBudget, align_classification
 from svgen.analysis.classify import Classification, TileGrid, classify_tiles, is_frame_invariant
 from svgen.analysis.plan import PatternPlan, Plan
@@ -120,8 +120,19 @@ def analyze(
     _check_backward_tables(spec, patterns, tiles, chip, smem_budget)
     if spec.runtime.any:
         _check_runtime_tables(spec, patterns, tables.slots, smem_budget)
+    chunked = ()
+    if spec.runtime.kv_cache:
+        cf = spec.runtime.chunk_frames
+        chunked = tuple(chunks.chunk_runs(p.mask, p.layout, spec.tiling, cf) for p in patterns)
+        _check_chunk_tables(spec, chunked, tables.slots, smem_budget)
     return Plan(
-        spec=spec, patterns=tuple(patterns), assign=assign, tables=tables, target=chip, vmem=vmem
+        spec=spec,
+        patterns=tuple(patterns),
+        assign=assign,
+        tables=tables,
+        target=chip,
+        vmem=vmem,
+        chunk_runs=chunked,
     )
 
 
@@ -133,6 +144,10 @@ def analyze_gpu(
     plan's spec carries that tiling (what the generated module's SHAPE and docstring say);
     what fits the GPU's shared memory and registers is the deviceless compile's to check
     (svgen.gpu_aot), not the analysis's."""
+    if spec.runtime.kv_cache:
+        raise _kv_cache_error(
+            spec, "the GPU module has no chunked calls yet; compile this spec for a TPU target"
+        )
     heads = spec.head_patterns()
     classified = dataclasses.replace(
         spec, tiling=gpu_classification_tiling(spec, len(heads.candidates))
@@ -359,6 +374,27 @@ def _check_runtime_tables(spec: Spec, patterns, slots: int, smem_budget: int) ->
             file=spec.source,
             key="runtime",
         )
+
+
+def _check_chunk_tables(spec: Spec, chunked, slots: int, smem_budget: int) -> None:
+    """The chunked calls' tables (every chunk position of every pattern, one table) in SMEM."""
+    need = chunks.chunk_tables(chunked, slots, spec.tiling.compute_blocks).scalar_prefetch_bytes(
+        spec.attention.heads
+    )
+    if need > smem_budget:
+        raise _kv_cache_error(
+            spec,
+            f"the chunked calls' tables need {need:,} bytes of SMEM, over {smem_budget:,}: "
+            "use larger tiles or longer chunks",
+        )
+
+
+def _kv_cache_error(spec: Spec, message: str) -> SpecError:
+    """An error about `runtime.kv_cache`, at its key."""
+    where = spec.runtime.where
+    if where is None:
+        return SpecError(message, file=spec.source, key="runtime.kv_cache")
+    return SpecError(message, file=where.file, line=where.line, column=where.column, key=where.key)
 
 
 def query_coordinate_bound(mask: ir.Node) -> int:

@@ -57,10 +57,12 @@ class TileGrid:
     seq_len: int
     block_q: int
     block_kv: int
+    # Rows when they are not the keys' seq_len: a KV-cache chunk's (svgen.analysis.chunks).
+    q_len: int | None = None
 
     @property
     def num_q_blocks(self) -> int:
-        return -(-self.seq_len // self.block_q)
+        return -(-(self.q_len or self.seq_len) // self.block_q)
 
     @property
     def num_kv_blocks(self) -> int:

@@ -110,6 +110,9 @@ class Plan:
     target: Target | GpuTarget  # the chip the kernel is compiled for
     vmem: VmemNeed | None  # TPU: what the kernel keeps in VMEM there (None on GPU)
     gpu: GpuTiling | None = None  # GPU plans: the GPU kernel's tiles, warps and stages
+    # runtime.kv_cache: per pattern, its chunked calls' runs by chunk position
+    # (svgen.analysis.chunks.chunk_runs); empty without chunked calls
+    chunk_runs: tuple[np.ndarray, ...] = ()
 
     @property
     def backend(self) -> str:

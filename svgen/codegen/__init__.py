@@ -59,6 +59,10 @@ def tables_filename(name: str) -> str:
     return f"{name}_tables.npy"
 
 
+def chunks_filename(name: str) -> str:
+    return f"{name}_chunks.npy"
+
+
 def _grid_steps_words(plan: Plan) -> str:
     if not plan.tables.flat:
         return f"{_int(plan.grid_steps)} grid steps per head"
@@ -94,6 +98,9 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
             entry.update(tables_file=filename, tables_sha256=hashlib.sha256(data).hexdigest())
         else:
             entry["inline_runs"] = _format_runs(runs)
+        entry.update(
+            _chunk_entry(plan, len(patterns), name if single else f"{name}_{pattern.name}", files)
+        )
         patterns.append(entry)
     body = (
         _environment()
@@ -103,6 +110,27 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
     header = _header(spec_path, options, plan.spec.digest, body)
     files[f"{name}.py"] = (header + body).encode()
     return dict(sorted(files.items()))
+
+
+def _chunk_entry(plan: Plan, index: int, stem: str, files: dict[str, bytes]) -> dict:
+    """A pattern's chunk runs (runtime.kv_cache): inline, or in a .npy beside the module."""
+    entry = {"chunk_runs_name": None, "chunk_inline_runs": None, "chunk_tables_file": None}
+    if not plan.chunk_runs:
+        return entry
+    runs = plan.chunk_runs[index]
+    prefix = "" if len(plan.patterns) == 1 else f"{plan.patterns[index].name.upper()}_"
+    entry["chunk_runs_name"] = f"{prefix}CHUNK_RUNS"
+    entry["num_chunk_runs"] = _int(len(runs))
+    if len(runs) > MAX_INLINE_RUNS:
+        data = _npy_bytes(runs.astype(np.int32))
+        filename = chunks_filename(stem)
+        files[filename] = data
+        entry.update(
+            chunk_tables_file=filename, chunk_tables_sha256=hashlib.sha256(data).hexdigest()
+        )
+    else:
+        entry["chunk_inline_runs"] = _format_chunk_runs(runs)
+    return entry
 
 
 def parse_header(text: str) -> Header | None:
@@ -153,6 +181,19 @@ def _format_runs(runs: np.ndarray) -> list[str]:
     # can read each block's kind; 0 when the tile is not BOUNDARY or has one compute block.
     cells = [f"({q}, {kv}, {n}, {k}, {_blocks_literal(w)})," for q, kv, n, k, w in runs.tolist()]
     return [" ".join(cells[i : i + _RUNS_PER_LINE]) for i in range(0, len(cells), _RUNS_PER_LINE)]
+
+
+def _format_chunk_runs(runs: np.ndarray) -> list[str]:
+    """Chunk runs, a line per chunk position: (position, q_block, kv_start, length, kind,
+    blocks), the blocks word as in _format_runs."""
+    lines = []
+    for position in np.unique(runs[:, 0]).tolist():
+        rows = runs[runs[:, 0] == position].tolist()
+        cells = [f"({c}, {q}, {kv}, {n}, {k}, {_blocks_literal(w)})," for c, q, kv, n, k, w in rows]
+        lines += [
+            " ".join(cells[i : i + _RUNS_PER_LINE]) for i in range(0, len(cells), _RUNS_PER_LINE)
+        ]
+    return lines
 
 
 def _blocks_literal(word: int) -> str:
@@ -271,6 +312,8 @@ def _runtime_imports(plan: Plan, patterns: list[dict]) -> str:
         names.add("gpu")
     if plan.spec.runtime.any:
         names.add("segments")
+    if plan.chunk_runs:
+        names.add("chunks")
     return ", ".join(sorted(names))
 
 
@@ -312,6 +355,7 @@ def _constants(plan: Plan) -> list[tuple[str, str]]:
             ("VMEM_LIMIT_BYTES", str(plan.vmem.limit())),
             ("TENSOR_CORES", str(plan.target.cores_per_chip)),
         ]
+        + ([("CHUNK_FRAMES", str(spec.runtime.chunk_frames))] if plan.chunk_runs else [])
     )
 
 
@@ -395,7 +439,8 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
             depth=0,
         ),
         "kinds": [(k.name, int(k)) for k in TileKind],
-        "any_tables_file": any(p["tables_file"] for p in pattern_files),
+        "any_tables_file": any(p["tables_file"] or p["chunk_tables_file"] for p in pattern_files),
+        "kv_cache": bool(plan.chunk_runs),
         "runtime_imports": _runtime_imports(plan, patterns),
         "runtime_inputs": _runtime_inputs(spec.runtime),
         "runtime_words": _runtime_words(spec.runtime),
@@ -409,6 +454,11 @@ def _runtime_words(runtime) -> list[str]:
         words.append("segment_ids: int32 [seq_len] or [batch, seq_len], only pairs of one id")
     if runtime.text_lengths:
         words.append("text_lengths: int32 [] or [batch], the real text tokens (the rest: padding)")
+    if runtime.kv_cache:
+        words.append(
+            f"q_frame_offset: int32 [], a chunk of {runtime.chunk_frames} frames' queries against "
+            "the KV cache of the whole video"
+        )
     return words
 
 

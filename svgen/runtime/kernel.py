@@ -108,7 +108,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from svgen.runtime import permute, segments
+from svgen.runtime import chunks, permute, segments
 from svgen.runtime.coords import QueryCoords, TokenCoords
 from svgen.runtime.interpret import settled
 from svgen.runtime.layout import TokenLayout
@@ -270,7 +270,7 @@ class _StepView:
     @property
     def blocks(self):
         """The tile's `blocks` word (2 bits per compute block), sign extension masked off."""
-        word = self.refs[-1][self.piece]
+        word = self.refs[self._entries_at + 1 + self.has_lengths][self.piece]
         bits = 8 * word.dtype.itemsize
         word = word.astype(jnp.int32)
         return word if bits == 32 else word & ((1 << bits) - 1)
@@ -371,10 +371,18 @@ class _QueryBlockCoords:
 
 
 def _decode_query_coords(
-    coords_ref, names: tuple[str, ...], layout: TokenLayout, q_block, shape: "KernelShape"
+    coords_ref,
+    names: tuple[str, ...],
+    layout: TokenLayout,
+    q_block,
+    shape: "KernelShape",
+    q_first=None,
 ):
-    """Decode a q tile's query coordinates (row form) into coords_ref [n, block_q, 128]."""
+    """Decode a q tile's query coordinates (row form) into coords_ref [n, block_q, 128].
+    q_first: a chunked call's first query token in the video (svgen.runtime.chunks)."""
     pos = q_block * shape.block_q + lax.broadcasted_iota(jnp.int32, (1, shape.block_q), 1)
+    if q_first is not None:
+        pos = pos + q_first
     q = QueryCoords(pos, layout)
     for index, name in enumerate(names):
         value = getattr(q, name).astype(jnp.int32)  # [block_q, 1]
@@ -428,11 +436,13 @@ def _attention_kernel(
     q_scale: float,
     with_lse: bool = False,
     segments: bool = False,
+    chunked: bool = False,
 ):
     """segments: run-time tables; the inputs then end with the query and key ids, read by
     SEGMENT_BOUNDARY blocks only (each transposes its [1, cq] query ids: 473 bundles per
     1024 x 1024 block, against 899 per q tile for a lane-replicated copy made in init, which
-    every q tile would pay; v6e, svgen cost)."""
+    every q tile would pay; v6e, svgen cost). chunked: a KV-cache chunk's call (per-row
+    tables too; the last scalar operand holds the chunk's first token in the video)."""
     num_inputs = 5 if segments else 3
     (
         # prefetched scalars (SMEM): head_pattern, first_piece, num_pieces, entries, ...
@@ -458,8 +468,9 @@ def _attention_kernel(
     q_scaled = rest.pop(0)
     coords_ref = rest.pop(0) if rest else None
     view, kind, q_block, kv_block, active, is_first, is_last = grid_step(
-        table_refs, heads, single, has_lengths, has_blocks, flat, per_row=segments
+        table_refs, heads, single, has_lengths, has_blocks, flat, per_row=segments or chunked
     )
+    q_first = table_refs[-1][0] if chunked else None
     blocks = [
         _Block(qi, ki, shape)
         for qi in range(shape.q_blocks_per_tile)
@@ -479,7 +490,7 @@ def _attention_kernel(
             if not p.query_coords:
                 continue
             decode = functools.partial(
-                _decode_query_coords, coords_ref, p.query_coords, p.layout, q_block, shape
+                _decode_query_coords, coords_ref, p.query_coords, p.layout, q_block, shape, q_first
             )
             if len(patterns) == 1:
                 decode()
@@ -761,6 +772,7 @@ def _flat_attention(
     with_lse: bool = False,
     cubes: CubeDma | None = None,
     call=None,
+    chunk=None,
 ):
     """q, k, v: [batch*heads, seq_len, head_dim], each head in its pattern's order, or with
     `cubes` [batch*heads, frames, height, width, head_dim] in the user's order. Not padded
@@ -769,10 +781,17 @@ def _flat_attention(
     with_lse: also return each row's log-sum-exp of its base-2 scores, f32 [rows, 1,
     padded_seq_len] (what the backward pass needs).
     call: run-time segments, (CallTables, query ids, key ids [batch*heads, 1, seq]): the
-    call's tables replace `tables` (which still say slots and the walk), per-head walk."""
+    call's tables replace `tables` (which still say slots and the walk), per-head walk.
+    chunk: a KV-cache chunk's call (svgen.runtime.chunks), (CallTables, first query token
+    int32 [1]): q holds the chunk's rows only, k and v the whole sequence's."""
     heads = int(head_pattern.shape[0])
-    flat = tables.flat and call is None
-    if call is None:
+    per_row = call is not None or chunk is not None
+    flat = tables.flat and not per_row
+    if chunk is not None:
+        chunk_tables, q_first = chunk
+        operands = chunk_tables.scalar_operands(head_pattern) + (q_first,)
+        steps, single, id_inputs = chunk_tables.steps, None, ()
+    elif call is None:
         head_operands, steps = _head_operands(tables, head_pattern, static_pattern)
         operands = head_operands + tuple(jnp.asarray(t) for t in tables.piece_operands())
         single = tables.max_pieces if len(patterns) == 1 else None
@@ -796,6 +815,7 @@ def _flat_attention(
         q_scale=q_scale,
         with_lse=with_lse,
         segments=call is not None,
+        chunked=chunk is not None,
     )
 
     def view(outer, step, table_refs):
@@ -808,7 +828,7 @@ def _flat_attention(
             has_lengths,
             has_blocks,
             flat,
-            per_row=call is not None,
+            per_row=per_row,
         )
 
     def block_index(row, tile):
@@ -904,9 +924,10 @@ def make_attention(
     default_head_pattern: Sequence[int] | None,
     dtype: str | None = None,
     runtime: segments.RuntimeInputs = segments.RuntimeInputs(),
+    kv_cache: chunks.KvCache | None = None,
 ):
     """The public `attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None,
-    token_order="user"[, segment_ids=None][, text_lengths=None])`.
+    token_order="user"[, segment_ids=None][, text_lengths=None][, q_frame_offset=None])`.
 
     q, k, v are [heads, seq, head_dim] or [batch, heads, seq, head_dim] in the user's token
     order; the output has the shape and dtype of q. `head_pattern` (int [heads], may be traced)
@@ -922,6 +943,8 @@ def make_attention(
 
     runtime: the spec's run-time inputs (svgen.runtime.segments); a call that gives none of
     them runs the static tables, exactly as a module without them.
+    kv_cache: the spec's KV-cache chunks (svgen.runtime.chunks): a call with q_frame_offset
+    attends one chunk of queries against the whole sequence's keys and values.
     """
     tables = PieceTables.from_runs(
         [p.runs for p in patterns],
@@ -1065,6 +1088,61 @@ def make_attention(
             call_tables(False).check_smem(batch or 1, shape.heads)
         return ids
 
+    @functools.cache
+    def chunk_tables() -> PieceTables:
+        """Every chunk position's tables, built on the first chunked call."""
+        return kv_cache.tables(slots, shape.compute_blocks)
+
+    def chunk_core(q, k, v, head_pattern, position, interpret, q_scale):
+        """A chunked call in kernel order; its VJP only says that there is none yet."""
+
+        def run(q, k, v, hp, position):
+            batch = q.shape[0] // int(hp.shape[0])
+            call = kv_cache.call_tables(chunk_tables(), position, hp, batch)
+            q_first = (position * kv_cache.rows).astype(jnp.int32).reshape(1)
+            return _flat_attention(
+                q,
+                k,
+                v,
+                hp,
+                None,
+                tables,
+                codes,
+                shape=shape,
+                interpret=interpret,
+                q_scale=q_scale,
+                chunk=(call, q_first),
+            )
+
+        def no_backward(residuals, do):
+            raise NotImplementedError(
+                "gradients of chunked calls (q_frame_offset) are not built yet: differentiate "
+                "the full-sequence call (q, k, v of the whole video, no q_frame_offset), "
+                "whose mask is the same"
+            )
+
+        core = jax.custom_vjp(run)
+        core.defvjp(lambda *args: (run(*args), None), no_backward)
+        return core(q, k, v, head_pattern, position)
+
+    def chunked(q, k, v, q_frame_offset, head_pattern, interpret, sm_scale, token_order):
+        if kv_cache is None:
+            raise TypeError(
+                "q_frame_offset: this module was compiled without `runtime: {kv_cache: "
+                "{chunk_frames: C}}` in its spec; add it and run svgen compile again"
+            )
+        _check_dtypes(q, k, v, dtype)
+        chunks.check_chunk_operands(q, k, v, kv_cache, shape.seq_len, shape.head_dim)
+        check_token_order(token_order)  # frame-major only: the user's order is the kernel's
+        sm_scale = checked_sm_scale(sm_scale, shape.head_dim)
+        position, valid = chunks.chunk_position(q_frame_offset, kv_cache)
+        requested = head_pattern
+        static_pattern, head_pattern, _ = resolved(head_pattern, q.shape[-3])
+        flat = [x.reshape((-1,) + x.shape[-2:]) for x in (q, k, v)]
+        out = chunk_core(*flat, head_pattern, position, interpret, float(sm_scale) * LOG2_E)
+        out = out.reshape(q.shape)
+        return chunks.poison_invalid(poison_unknown_patterns(out, requested, len(patterns)), valid)
+
     def attention(
         q,
         k,
@@ -1076,7 +1154,10 @@ def make_attention(
         token_order="user",
         segment_ids=None,
         text_lengths=None,
+        q_frame_offset=None,
     ):
+        if q_frame_offset is not None:
+            return chunked(q, k, v, q_frame_offset, head_pattern, interpret, sm_scale, token_order)
         _check_operands(q, k, v, shape, dtype)
         check_token_order(token_order)
         sm_scale = checked_sm_scale(sm_scale, shape.head_dim)
@@ -1145,12 +1226,14 @@ def make_attention(
         backend="TPU",
         runtime=runtime,
         text_tokens=layouts[0].text_tokens,
+        kv_cache=kv_cache,
     )
-    segments.declared_signature(attention, runtime)
+    segments.declared_signature(attention, runtime, kv_cache is not None)
     attention.to_kernel_order = to_kernel_order
     attention.from_kernel_order = from_kernel_order
     attention.tables = tables
     attention.runtime = runtime
+    attention.kv_cache = kv_cache
     attention.cube_dma = cubes
     attention.permute_kernel = permute_kernel
     return attention
@@ -1171,6 +1254,7 @@ def attention_doc(
     any_dtype: str = "any floating dtype",
     runtime: segments.RuntimeInputs = segments.RuntimeInputs(),
     text_tokens: int = 0,
+    kv_cache: "chunks.KvCache | None" = None,
 ) -> str:
     """The docstring of a generated module's `attention` (what `help(module.attention)`
     shows), with this kernel's sizes, dtype and patterns written in. `any_dtype`: what q, k,
@@ -1195,6 +1279,8 @@ def attention_doc(
         )
         grads = "Forward only: no gradient yet on GPU."
     extra = "".join(f", {name}=None" for name in runtime.arguments())
+    if kv_cache is not None:
+        extra += ", q_frame_offset=None"
     runtime_lines = ""
     if runtime.segments:
         runtime_lines += f"""segment_ids: int32 [{n}] or [batch, {n}], in the user's token order (may be traced):
@@ -1209,6 +1295,16 @@ def attention_doc(
     if runtime.any:
         runtime_lines += """    Each call refines the tables on the device (no host round trip, one compile for all
     run-time values); jax.vmap gives each batch element its own.
+"""
+    if kv_cache is not None:
+        c, rows = kv_cache.chunk_frames, kv_cache.rows
+        runtime_lines += f"""q_frame_offset: int32 [] (may be traced), a multiple of {c} in 0 .. {kv_cache.frames - c}: a chunked call
+    (KV cache). q is then [heads, {rows}, {d}] or [batch, heads, {rows}, {d}], the queries of
+    frames q_frame_offset .. + {c - 1}; k and v the cache of the whole video, [.., heads, {n}, {d}],
+    frame t at tokens t * {kv_cache.frame_tokens} ..; frames after the chunk are never attended
+    (they must only be finite). The mask is the full sequence's, in absolute frames: chunk by
+    chunk, o equals the full-sequence call's rows. A traced offset that is no chunk start
+    gives NaN outputs; a concrete one raises. Forward only (no gradient yet).
 """
     return f"""attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None, token_order="user"{extra})
 
@@ -1388,6 +1484,14 @@ def _check_operands(
 ) -> None:
     """q, k, v as the kernel takes them. `rebuild`: dtype name -> how to build a kernel for
     it other than from a spec (the GPU's float16), for the advice of a dtype mismatch."""
+    _check_dtypes(q, k, v, dtype, rebuild)
+    if q.ndim not in (3, 4) or q.shape[-2:] != (shape.seq_len, shape.head_dim):
+        raise ValueError(_shape_message("q", q.shape, shape))
+    if q.shape != k.shape or q.shape != v.shape:
+        raise ValueError(f"q, k, v shapes differ: {q.shape}, {k.shape}, {v.shape}")
+
+
+def _check_dtypes(q, k, v, dtype: str | None = None, rebuild: dict | None = None) -> None:
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not (hasattr(x, "shape") and hasattr(x, "dtype")):
             raise TypeError(f"{name} must be an array (jax or numpy), got {type(x).__name__}")
@@ -1400,10 +1504,6 @@ def _check_operands(
             f"this kernel was compiled for {dtype} (the spec's attention.dtype); got q, k, v "
             f"of dtype {q.dtype}: {_dtype_advice(jnp.dtype(q.dtype).name, dtype, rebuild)}"
         )
-    if q.ndim not in (3, 4) or q.shape[-2:] != (shape.seq_len, shape.head_dim):
-        raise ValueError(_shape_message("q", q.shape, shape))
-    if q.shape != k.shape or q.shape != v.shape:
-        raise ValueError(f"q, k, v shapes differ: {q.shape}, {k.shape}, {v.shape}")
 
 
 def _dtype_advice(got: str, compiled: str, rebuild: dict | None) -> str:

@@ -148,10 +148,12 @@ def call_ids(
     return CallIds(*(layout_order_ids(x, layouts) for x in ids))
 
 
-def declared_signature(attention, inputs: RuntimeInputs) -> None:
-    """Let help(attention) show only the run-time inputs its module declares."""
+def declared_signature(attention, inputs: RuntimeInputs, kv_cache: bool = False) -> None:
+    """Let help(attention) show only the run-time inputs its module declares (kv_cache: the
+    chunked calls' q_frame_offset, svgen.runtime.chunks)."""
     signature = inspect.signature(attention)
-    undeclared = {"segment_ids", "text_lengths"} - set(inputs.arguments())
+    declared = set(inputs.arguments()) | ({"q_frame_offset"} if kv_cache else set())
+    undeclared = {"segment_ids", "text_lengths", "q_frame_offset"} - declared
     attention.__signature__ = signature.replace(
         parameters=[p for p in signature.parameters.values() if p.name not in undeclared]
     )

@@ -1,0 +1,142 @@
+"""KV-cache chunks at call time: a module compiled with `runtime: {kv_cache: {chunk_frames:
+C}}` also takes `attention(q_chunk, k_cache, v_cache, q_frame_offset=f)`.
+
+  q_chunk   [.., heads, C * height * width, d]: the queries of frames f .. f + C - 1;
+  k_cache, v_cache [.., heads, seq_len, d]: the keys and values of the whole video, frame
+            by frame (a contiguous cache: frame t at rows t * height * width ..). Only frames
+            before f + C are read where the mask keeps them; the later ones are never
+            attended (they must only be finite: a zero-initialized cache is).
+  q_frame_offset  int32 [] (may be traced): f, a multiple of C in 0 .. frames - C.
+
+The mask is evaluated in the video's absolute coordinates (the query of chunk row r is token
+f * height * width + r), with block-causality over the chunks added by the compiler, so chunk
+by chunk the rows come out exactly as the full-sequence call computes them.
+
+Tables: the compiler classified every chunk position's own tiles (svgen.analysis.chunks);
+they sit in one SMEM table, position-major (table pattern = position * patterns + pattern).
+A call looks up its rows' first piece and piece count there and walks them per head (the
+run-time tables' walk of svgen.runtime.segments: a grid as long as the call's longest row),
+so a chunk takes exactly its own grid steps and its own q and o bytes; the chunk's first
+token is the one extra scalar it reads (SMEM), added to the decoded query positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from svgen.runtime.segments import CallTables
+from svgen.runtime.tables import PieceTables, as_runs
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class KvCache:
+    """What a module's `runtime.kv_cache` compiled: the chunk's frames, the tokens of one
+    frame and of the video, and per pattern its chunk runs (position, q_block, kv_start,
+    length, kind, blocks)."""
+
+    chunk_frames: int
+    frame_tokens: int
+    frames: int
+    runs: tuple  # per pattern: int [n, 6]
+
+    @property
+    def positions(self) -> int:
+        return self.frames // self.chunk_frames
+
+    @property
+    def rows(self) -> int:
+        """Tokens of one chunk (the q and o rows of a chunked call)."""
+        return self.chunk_frames * self.frame_tokens
+
+    def runs_at(self, position: int, pattern: int) -> np.ndarray:
+        runs = np.asarray(self.runs[pattern])
+        return as_runs(runs[runs[:, 0] == position, 1:])
+
+    def tables(self, slots: int, compute_blocks: int) -> PieceTables:
+        return _piece_tables(self, slots, compute_blocks)
+
+    def call_tables(self, tables: PieceTables, position, head_pattern, batch: int) -> CallTables:
+        """The call's per-row tables: every row of every batch element walks its head's
+        pattern's pieces at `position` (int32 [], traced or not)."""
+        patterns = len(self.runs)
+        index = position * patterns + head_pattern  # [heads]
+        first = jnp.asarray(tables.first_piece)[index].astype(jnp.int32)
+        count = jnp.asarray(tables.num_pieces)[index].astype(jnp.int32)
+        return CallTables(
+            jnp.tile(first, batch),
+            jnp.tile(count, batch),
+            jnp.asarray(tables.entries),
+            None if tables.lengths is None else jnp.asarray(tables.lengths),
+            None if tables.blocks is None else jnp.asarray(tables.blocks),
+            jnp.max(count),
+        )
+
+
+@functools.lru_cache(maxsize=8)
+def _piece_tables(cache: KvCache, slots: int, compute_blocks: int) -> PieceTables:
+    runs = [cache.runs_at(c, p) for c in range(cache.positions) for p in range(len(cache.runs))]
+    return PieceTables.from_runs(runs, slots, compute_blocks, False)
+
+
+def check_chunk_operands(q, k, v, cache: KvCache, seq_len: int, head_dim: int) -> None:
+    """Shapes of a chunked call (dtypes are checked as for any call)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not hasattr(x, "shape"):
+            raise TypeError(f"{name} must be an array (jax or numpy), got {type(x).__name__}")
+    if q.ndim not in (3, 4) or tuple(q.shape[-2:]) != (cache.rows, head_dim):
+        raise ValueError(
+            f"q must be [heads, {cache.rows}, {head_dim}] or [batch, heads, {cache.rows}, "
+            f"{head_dim}] with q_frame_offset: one chunk of {cache.chunk_frames} frames x "
+            f"{cache.frame_tokens} tokens, got [{', '.join(map(str, q.shape))}]"
+        )
+    want = tuple(q.shape[:-2]) + (seq_len, head_dim)
+    for name, x in (("k", k), ("v", v)):
+        if tuple(x.shape) != want:
+            raise ValueError(
+                f"{name} must be the cache of the whole video, [{', '.join(map(str, want))}] "
+                f"(q's leading dimensions, {seq_len} tokens), got "
+                f"[{', '.join(map(str, x.shape))}]"
+            )
+
+
+def chunk_position(q_frame_offset, cache: KvCache):
+    """(position int32 [], valid): the chunk's position among the video's chunks; valid is
+    None for a concrete offset (checked here: ValueError) and a traced bool otherwise (the
+    position is then clamped into range, and the caller poisons the output where the offset
+    was not a chunk start)."""
+    dtype = getattr(q_frame_offset, "dtype", None)
+    if isinstance(q_frame_offset, (bool, np.bool_)) or (
+        dtype is not None and not jnp.issubdtype(dtype, jnp.integer)
+    ):
+        raise TypeError(
+            f"q_frame_offset must be an integer, got {dtype or type(q_frame_offset).__name__}"
+        )
+    if dtype is None and not isinstance(q_frame_offset, (int, np.integer)):
+        raise TypeError(f"q_frame_offset must be an integer, got {type(q_frame_offset).__name__}")
+    if getattr(q_frame_offset, "shape", ()) != ():
+        raise ValueError(f"q_frame_offset must be a scalar, got shape {q_frame_offset.shape}")
+    last = cache.frames - cache.chunk_frames
+    if not isinstance(q_frame_offset, jax.core.Tracer):
+        value = int(q_frame_offset)
+        if value < 0 or value > last or value % cache.chunk_frames:
+            raise ValueError(
+                f"q_frame_offset must be a multiple of {cache.chunk_frames} (the spec's "
+                f"chunk_frames) in 0 .. {last}, got {value}"
+            )
+        return jnp.int32(value // cache.chunk_frames), None
+    offset = jnp.asarray(q_frame_offset).astype(jnp.int32)
+    # lax.div of a non-negative value: what lowers for TPU from any host (not jnp's //).
+    position = lax.div(jnp.clip(offset, 0, last), jnp.int32(cache.chunk_frames))
+    return position, offset == position * cache.chunk_frames
+
+
+def poison_invalid(out, valid):
+    """NaN outputs where a traced offset was no chunk start (never a silently wrong chunk)."""
+    if valid is None:
+        return out
+    return jnp.where(valid, out, jnp.asarray(jnp.nan, out.dtype))
