@@ -248,6 +248,7 @@ class CostReport:
     smem_bytes: int
     heads: int
     training: "TrainingReport | None" = None
+    chunks: "ChunkReport | None" = None  # runtime.kv_cache: the chunked calls
 
     @property
     def ms(self) -> float:
@@ -273,6 +274,40 @@ class CostReport:
             **(
                 {} if self.training is None else {"training": self.training.to_json(self.clock_ghz)}
             ),
+            **({} if self.chunks is None else {"chunks": self.chunks.to_json(self.clock_ghz)}),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkReport:
+    """The chunked calls of a `runtime.kv_cache` module (svgen.runtime.chunks): the chunk
+    kernel's paths (it reads per-row tables and the chunk's first token), and per chunk
+    position one call's steps and cycles over all heads."""
+
+    chunk_frames: int
+    paths: PathCosts
+    steps: tuple[dict, ...]
+    cycles: tuple[int, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(self.cycles)
+
+    def to_json(self, clock_ghz: float) -> dict:
+        return {
+            "chunk_frames": self.chunk_frames,
+            "paths": self.paths.to_json(),
+            "positions": [
+                {
+                    "first_frame": i * self.chunk_frames,
+                    "steps": steps,
+                    "cycles": cycles,
+                    "ms": cycles / (clock_ghz * 1e6),
+                }
+                for i, (steps, cycles) in enumerate(zip(self.steps, self.cycles))
+            ],
+            "total_cycles": self.total,
+            "total_ms": self.total / (clock_ghz * 1e6),
         }
 
 
@@ -310,10 +345,16 @@ class TrainingReport:
 
 
 def model_cycles(
-    paths: PathCosts, tables, head_pattern, padding_tile: int | None = None
+    paths: PathCosts,
+    tables,
+    head_pattern,
+    padding_tile: int | None = None,
+    grid_pieces: int | None = None,
 ) -> tuple[int, dict, dict]:
     """Cycles of one call over all heads, walking each head's tables as the kernel does;
-    `padding_tile`: the kv tile holding padding keys (KernelShape.padding_kv_tile)."""
+    `padding_tile`: the kv tile holding padding keys (KernelShape.padding_kv_tile);
+    `grid_pieces`: the per-head walk's grid length when it is not the tables' longest
+    pattern (a chunked call's: its heads' longest)."""
     from svgen.runtime.tables import KIND_MASK, KV_BLOCK_MASK, KV_BLOCK_SHIFT, Q_BLOCK_SHIFT
 
     steps = {"full": 0, "mixed": 0, "empty": 0, "skipped": 0}
@@ -360,7 +401,8 @@ def model_cycles(
             ) + on_padding * paths.tile_cost(pattern, kind, word, True)
         work = int(lengths.sum())
         # The flat walk gives a head its own pattern's pieces; the per-head one the longest's.
-        skipped = (count if tables.flat else tables.max_pieces) * tables.slots - work
+        longest = tables.max_pieces if grid_pieces is None else grid_pieces
+        skipped = (count if tables.flat else longest) * tables.slots - work
         steps["skipped"] += skipped
         by_path["skipped"] += skipped * paths.bookkeeping
         by_path["init_finalize"] += q_tiles * (paths.init[pattern] + paths.finalize)
@@ -457,6 +499,76 @@ def measure_paths(module, target: str, *, use_cache: bool = True, progress=None)
         )
 
     return _cached(key, use_cache, measure, PathCosts.from_json)
+
+
+def measure_chunk_paths(module, target: str, *, use_cache: bool = True, progress=None) -> PathCosts:
+    """The per-path costs of the module's chunked call (svgen.runtime.chunks): the same
+    kernel body walking per-row tables, with the chunk's first token added to the query
+    positions; compiled once with a traced q_frame_offset, cached like `measure_paths`."""
+    import inspect
+
+    tables = module.attention.tables
+    masks = "\n".join(inspect.getsource(p.boundary_mask) for p in module._PATTERNS)
+    key = _cache_key(
+        target,
+        module.SHAPE,
+        masks,
+        tables.slots,
+        tuple(str(t.dtype) for t in tables.piece_operands()),
+        module.DTYPE,
+        kind="chunk",
+        runtime=("q_frame_offset", str(module.attention.kv_cache.rows)),
+    )
+
+    def measure() -> PathCosts:
+        if progress:
+            progress(f"compiling {module.__name__}'s chunked call for {target} (libtpu)")
+        schedule = _compile_chunk(module, target)
+        return read_paths(schedule, len(module._PATTERNS), module.SHAPE.compute_blocks)
+
+    return _cached(key, use_cache, measure, PathCosts.from_json)
+
+
+def _compile_chunk(module, target: str):
+    import jax
+    import jax.numpy as jnp
+
+    from svgen import tpu_schedule
+
+    q, k, v, head_pattern = _aot_args(module, target)
+    rows = module.attention.kv_cache.rows
+    chunk = jax.ShapeDtypeStruct(
+        (module.HEADS, rows, module.HEAD_DIM), q.dtype, sharding=q.sharding
+    )
+    offset = jax.ShapeDtypeStruct((), jnp.int32, sharding=q.sharding)
+
+    def run(q, k, v, hp, offset):
+        return module.attention(q, k, v, head_pattern=hp, q_frame_offset=offset)
+
+    return tpu_schedule.compile_and_dump(
+        run, chunk, k, v, head_pattern, offset, kernel_name=KERNEL_NAME, target=target
+    )
+
+
+def model_chunks(paths: PathCosts, plan, head_pattern) -> "ChunkReport":
+    """Per chunk position, one chunked call over all heads: the position's tables (every
+    pattern's), walked as model_cycles walks the full call's. The grid is as long as the
+    longest head's pieces at that position, as the kernel's is."""
+    from svgen.analysis.chunks import runs_of_position
+    from svgen.runtime.tables import PieceTables
+
+    cf = plan.spec.runtime.chunk_frames
+    steps, cycles = [], []
+    for position in range(plan.layout.frames // cf):
+        runs = [runs_of_position(r, position) for r in plan.chunk_runs]
+        tables = PieceTables.from_runs(runs, plan.tables.slots, plan.spec.tiling.compute_blocks)
+        longest = max(int(tables.num_pieces[p]) for p in head_pattern)
+        total, position_steps, _ = model_cycles(
+            paths, tables, head_pattern, padding_tile(plan), grid_pieces=longest
+        )
+        steps.append(position_steps)
+        cycles.append(total)
+    return ChunkReport(cf, paths, tuple(steps), tuple(cycles))
 
 
 def _cached(key: str, use_cache: bool, measure, from_json):
@@ -747,6 +859,12 @@ def cost_plan(
                         module, plan.target.name, use_cache=use_cache, progress=progress
                     )
                 trained = _model_training(training_paths, plan, module)
+            chunk_paths = None
+            if plan.chunk_runs:
+                with _vmem_refusal(plan):
+                    chunk_paths = measure_chunk_paths(
+                        module, plan.target.name, use_cache=use_cache, progress=progress
+                    )
         finally:
             sys.modules.pop(name, None)
     head_pattern = model_head_pattern(plan)
@@ -763,6 +881,7 @@ def cost_plan(
         plan.table_bytes,
         len(head_pattern),
         trained,
+        None if chunk_paths is None else model_chunks(chunk_paths, plan, head_pattern),
     )
 
 
@@ -841,6 +960,31 @@ def format_report(report: CostReport, plan) -> list[str]:
         )
     if report.training is not None:
         lines += _training_lines(report.training, plan, report.clock_ghz, per_tile, per_block)
+    if report.chunks is not None:
+        lines += _chunk_lines(report, plan, per_tile, per_block)
+    return lines
+
+
+def _chunk_lines(report: CostReport, plan, per_tile: float, per_block: float) -> list[str]:
+    """The chunked calls: their kernel's paths, then one line per chunk position."""
+    chunks = report.chunks
+    ms = lambda cycles: cycles / (report.clock_ghz * 1e6)  # noqa: E731
+    cf = chunks.chunk_frames
+    lines = [
+        f"  KV-cache chunks of {cf} frame(s) (attention(..., q_frame_offset=f)): the chunked "
+        "call's bundles per grid step:",
+        *("  " + line for line in _path_lines(chunks.paths, plan, per_tile, per_block)),
+    ]
+    for i, (steps, cycles) in enumerate(zip(chunks.steps, chunks.cycles)):
+        lines.append(
+            f"    frames {i * cf}-{i * cf + cf - 1}: {steps['full']:,} FULL, {steps['mixed']:,} "
+            f"BOUNDARY, {steps['empty']:,} zero-fill, {steps['skipped']:,} skipped steps; "
+            f"{cycles:,} cycles = {ms(cycles):.3f} ms"
+        )
+    lines.append(
+        f"    all {len(chunks.cycles)} chunks: {ms(chunks.total):.2f} ms "
+        f"({chunks.total / report.cycles:.2f}x one full-sequence call, {report.ms:.2f} ms)"
+    )
     return lines
 
 

@@ -62,19 +62,34 @@ class KvCache:
 
     def call_tables(self, tables: PieceTables, position, head_pattern, batch: int) -> CallTables:
         """The call's per-row tables: every row of every batch element walks its head's
-        pattern's pieces at `position` (int32 [], traced or not)."""
+        pattern's pieces at `position` (int32 [], traced or not). With one pattern, the
+        position's pieces alone, from piece 0 (a slice of the table at the longest
+        position's length): the kernel then walks a grid exactly as long as they are and
+        reads no per-row table (kernel.EXACT_GRID)."""
         patterns = len(self.runs)
         index = position * patterns + head_pattern  # [heads]
         first = jnp.asarray(tables.first_piece)[index].astype(jnp.int32)
         count = jnp.asarray(tables.num_pieces)[index].astype(jnp.int32)
-        return CallTables(
-            jnp.tile(first, batch),
-            jnp.tile(count, batch),
-            jnp.asarray(tables.entries),
-            None if tables.lengths is None else jnp.asarray(tables.lengths),
-            None if tables.blocks is None else jnp.asarray(tables.blocks),
-            jnp.max(count),
-        )
+        pieces = [t for t in (tables.entries, tables.lengths, tables.blocks)]
+        if patterns == 1:
+            longest = int(tables.max_pieces)
+            start = first[0]
+            pieces = [
+                None
+                if t is None
+                else lax.dynamic_slice(jnp.asarray(_padded(t, longest)), (start,), (longest,))
+                for t in pieces
+            ]
+            first = jnp.zeros_like(first)
+        else:
+            pieces = [None if t is None else jnp.asarray(t) for t in pieces]
+        return CallTables(jnp.tile(first, batch), jnp.tile(count, batch), *pieces, jnp.max(count))
+
+
+def _padded(table: np.ndarray, extra: int) -> np.ndarray:
+    """The table with `extra` copies of its last piece after it: a slice from any piece start
+    stays inside (lax.dynamic_slice would move a start that runs past the end)."""
+    return np.concatenate([table, np.repeat(table[-1:], extra)])
 
 
 @functools.lru_cache(maxsize=8)
@@ -107,8 +122,8 @@ def check_chunk_operands(q, k, v, cache: KvCache, seq_len: int, head_dim: int) -
 def chunk_position(q_frame_offset, cache: KvCache):
     """(position int32 [], valid): the chunk's position among the video's chunks; valid is
     None for a concrete offset (checked here: ValueError) and a traced bool otherwise (the
-    position is then clamped into range, and the caller poisons the output where the offset
-    was not a chunk start)."""
+    position is then clamped into range, and the kernel writes NaN rows where the offset was
+    not a chunk start)."""
     dtype = getattr(q_frame_offset, "dtype", None)
     if isinstance(q_frame_offset, (bool, np.bool_)) or (
         dtype is not None and not jnp.issubdtype(dtype, jnp.integer)
@@ -133,10 +148,3 @@ def chunk_position(q_frame_offset, cache: KvCache):
     # lax.div of a non-negative value: what lowers for TPU from any host (not jnp's //).
     position = lax.div(jnp.clip(offset, 0, last), jnp.int32(cache.chunk_frames))
     return position, offset == position * cache.chunk_frames
-
-
-def poison_invalid(out, valid):
-    """NaN outputs where a traced offset was no chunk start (never a silently wrong chunk)."""
-    if valid is None:
-        return out
-    return jnp.where(valid, out, jnp.asarray(jnp.nan, out.dtype))

@@ -164,6 +164,10 @@ class Pattern:
     query_coords: tuple[str, ...] = ()  # the attributes of q that boundary_mask reads
 
 
+# _StepView.single_pattern_pieces of a grid exactly as long as every row's pieces.
+EXACT_GRID = -1
+
+
 def _q_block(entry):
     return lax.shift_right_logical(entry, Q_BLOCK_SHIFT)
 
@@ -185,7 +189,10 @@ class _StepView:
     heads: int
     outer: object  # grid index 0: batch*heads (per head) or batch (flat)
     step: object  # grid index 1: the head's local piece (per head) or the global step (flat)
-    single_pattern_pieces: int | None  # static piece count when there is one pattern
+    # The piece count when there is one pattern: static, or EXACT_GRID (every row walks the
+    # same pieces, from the first, and the grid is exactly as long: a one-pattern chunked
+    # call), where no SMEM read is needed for it.
+    single_pattern_pieces: int | None
     has_lengths: bool
     has_blocks: bool
     flat: bool
@@ -213,6 +220,8 @@ class _StepView:
 
     @property
     def count(self):
+        if self.single_pattern_pieces == EXACT_GRID:
+            return pl.num_programs(1)
         if self.single_pattern_pieces is not None:
             return self.single_pattern_pieces
         return self.refs[2][self.outer if self.per_row else self.head]
@@ -228,12 +237,18 @@ class _StepView:
         """Index into `entries` of this step's piece (per head: clamped to the head's last)."""
         if self.flat:  # one load: the wrapper resolved (head, local piece) per step
             return self.refs[5][self.step].astype(jnp.int32)
+        if self.single_pattern_pieces == EXACT_GRID:
+            return self.step
         return self.first_piece + jnp.minimum(self.step, self.count - 1)
 
     @property
     def in_range(self):
         """The step is one of the head's pieces (per head: past them it only repeats)."""
-        return True if self.flat else self.step < self.count
+        return (
+            True
+            if self.flat or self.single_pattern_pieces == EXACT_GRID
+            else self.step < self.count
+        )
 
     @property
     def is_first_piece(self):
@@ -470,6 +485,8 @@ def _attention_kernel(
     view, kind, q_block, kv_block, active, is_first, is_last = grid_step(
         table_refs, heads, single, has_lengths, has_blocks, flat, per_row=segments or chunked
     )
+    # A chunked call's last scalar operand: [its first query token, then per row whether its
+    # output is defined] (svgen.runtime.chunks).
     q_first = table_refs[-1][0] if chunked else None
     blocks = [
         _Block(qi, ki, shape)
@@ -611,6 +628,12 @@ def _attention_kernel(
             else l_scratch[...]
         )
         inv = jnp.where(seen, 1.0 / jnp.where(seen, l, 1.0), 0.0)
+        if chunked:
+            # NaN rows where a traced offset was no chunk start or a traced head_pattern no
+            # pattern, written here, once per q tile: any elementwise pass over the chunk's
+            # o after the kernel costs ~45 bundles in every grid step of it (v6e, svgen
+            # cost: 327 against 282 per skipped step).
+            inv = jnp.where(table_refs[-1][1 + view.row] != 0, inv, jnp.nan)
         o_ref[...] = (acc_scratch[:, : shape.head_dim] * _lanes(inv, shape.head_dim)).astype(
             o_ref.dtype
         )
@@ -790,7 +813,8 @@ def _flat_attention(
     if chunk is not None:
         chunk_tables, q_first = chunk
         operands = chunk_tables.scalar_operands(head_pattern) + (q_first,)
-        steps, single, id_inputs = chunk_tables.steps, None, ()
+        single = EXACT_GRID if len(patterns) == 1 else None
+        steps, id_inputs = chunk_tables.steps, ()
     elif call is None:
         head_operands, steps = _head_operands(tables, head_pattern, static_pattern)
         operands = head_operands + tuple(jnp.asarray(t) for t in tables.piece_operands())
@@ -1093,13 +1117,14 @@ def make_attention(
         """Every chunk position's tables, built on the first chunked call."""
         return kv_cache.tables(slots, shape.compute_blocks)
 
-    def chunk_core(q, k, v, head_pattern, position, interpret, q_scale):
+    def chunk_core(q, k, v, head_pattern, position, defined, interpret, q_scale):
         """A chunked call in kernel order; its VJP only says that there is none yet."""
 
-        def run(q, k, v, hp, position):
+        def run(q, k, v, hp, position, defined):
             batch = q.shape[0] // int(hp.shape[0])
             call = kv_cache.call_tables(chunk_tables(), position, hp, batch)
-            q_first = (position * kv_cache.rows).astype(jnp.int32).reshape(1)
+            rows_defined = jnp.tile(defined, batch).astype(jnp.int32)
+            q_first = jnp.concatenate([(position * kv_cache.rows).reshape(1), rows_defined])
             return _flat_attention(
                 q,
                 k,
@@ -1123,7 +1148,7 @@ def make_attention(
 
         core = jax.custom_vjp(run)
         core.defvjp(lambda *args: (run(*args), None), no_backward)
-        return core(q, k, v, head_pattern, position)
+        return core(q, k, v, head_pattern, position, defined)
 
     def chunked(q, k, v, q_frame_offset, head_pattern, interpret, sm_scale, token_order):
         if kv_cache is None:
@@ -1139,9 +1164,17 @@ def make_attention(
         requested = head_pattern
         static_pattern, head_pattern, _ = resolved(head_pattern, q.shape[-3])
         flat = [x.reshape((-1,) + x.shape[-2:]) for x in (q, k, v)]
-        out = chunk_core(*flat, head_pattern, position, interpret, float(sm_scale) * LOG2_E)
-        out = out.reshape(q.shape)
-        return chunks.poison_invalid(poison_unknown_patterns(out, requested, len(patterns)), valid)
+        # Per head, whether its output is defined: a traced offset that is no chunk start,
+        # or a traced pattern index that is none, gives NaN (never another chunk's rows).
+        defined = jnp.ones(head_pattern.shape, bool)
+        if isinstance(requested, jax.core.Tracer):
+            defined = (requested >= 0) & (requested < len(patterns))
+        if valid is not None:
+            defined = defined & valid
+        out = chunk_core(
+            *flat, head_pattern, position, defined, interpret, float(sm_scale) * LOG2_E
+        )
+        return out.reshape(q.shape)
 
     def attention(
         q,
