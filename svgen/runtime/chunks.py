@@ -60,30 +60,33 @@ class KvCache:
     def tables(self, slots: int, compute_blocks: int) -> PieceTables:
         return _piece_tables(self, slots, compute_blocks)
 
-    def call_tables(self, tables: PieceTables, position, head_pattern, batch: int) -> CallTables:
-        """The call's per-row tables: every row of every batch element walks its head's
-        pattern's pieces at `position` (int32 [], traced or not). With one pattern, the
-        position's pieces alone, from piece 0 (a slice of the table at the longest
-        position's length): the kernel then walks a grid exactly as long as they are and
-        reads no per-row table (kernel.EXACT_GRID)."""
+    def call_tables(
+        self, tables: PieceTables, position, head_pattern, batch: int
+    ) -> tuple[CallTables, bool]:
+        """(the call's per-row tables, exact): every row (batch element, head) walks its
+        head's pattern's pieces at its position (int32 [] for all rows, or [batch * heads]).
+        With one pattern and one position for all, the position's pieces alone, from piece
+        0 (a slice of the table at the longest position's length): the kernel then walks a
+        grid exactly as long as they are and reads no per-row table (exact:
+        kernel.EXACT_GRID)."""
         patterns = len(self.runs)
-        index = position * patterns + head_pattern  # [heads]
+        index = position * patterns + jnp.tile(head_pattern, batch)  # [batch * heads]
         first = jnp.asarray(tables.first_piece)[index].astype(jnp.int32)
         count = jnp.asarray(tables.num_pieces)[index].astype(jnp.int32)
-        pieces = [t for t in (tables.entries, tables.lengths, tables.blocks)]
-        if patterns == 1:
+        exact = patterns == 1 and jnp.ndim(position) == 0
+        pieces = [tables.entries, tables.lengths, tables.blocks]
+        if exact:
             longest = int(tables.max_pieces)
-            start = first[0]
             pieces = [
                 None
                 if t is None
-                else lax.dynamic_slice(jnp.asarray(_padded(t, longest)), (start,), (longest,))
+                else lax.dynamic_slice(jnp.asarray(_padded(t, longest)), (first[0],), (longest,))
                 for t in pieces
             ]
             first = jnp.zeros_like(first)
         else:
             pieces = [None if t is None else jnp.asarray(t) for t in pieces]
-        return CallTables(jnp.tile(first, batch), jnp.tile(count, batch), *pieces, jnp.max(count))
+        return CallTables(first, count, *pieces, jnp.max(count)), exact
 
 
 def _padded(table: np.ndarray, extra: int) -> np.ndarray:

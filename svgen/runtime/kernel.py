@@ -451,13 +451,14 @@ def _attention_kernel(
     q_scale: float,
     with_lse: bool = False,
     segments: bool = False,
-    chunked: bool = False,
+    chunked: int = 0,
 ):
     """segments: run-time tables; the inputs then end with the query and key ids, read by
     SEGMENT_BOUNDARY blocks only (each transposes its [1, cq] query ids: 473 bundles per
     1024 x 1024 block, against 899 per q tile for a lane-replicated copy made in init, which
-    every q tile would pay; v6e, svgen cost). chunked: a KV-cache chunk's call (per-row
-    tables too; the last scalar operand holds the chunk's first token in the video)."""
+    every q tile would pay; v6e, svgen cost). chunked: a KV-cache chunk's call over that
+    many rows (batch * heads): per-row tables too; the last scalar operand holds per row the
+    chunk's first token in the video, then per row whether its output is defined."""
     num_inputs = 5 if segments else 3
     (
         # prefetched scalars (SMEM): head_pattern, first_piece, num_pieces, entries, ...
@@ -485,9 +486,8 @@ def _attention_kernel(
     view, kind, q_block, kv_block, active, is_first, is_last = grid_step(
         table_refs, heads, single, has_lengths, has_blocks, flat, per_row=segments or chunked
     )
-    # A chunked call's last scalar operand: [its first query token, then per row whether its
-    # output is defined] (svgen.runtime.chunks).
-    q_first = table_refs[-1][0] if chunked else None
+    # A chunked call's last scalar operand (svgen.runtime.chunks).
+    q_first = table_refs[-1][view.row] if chunked else None
     blocks = [
         _Block(qi, ki, shape)
         for qi in range(shape.q_blocks_per_tile)
@@ -633,7 +633,7 @@ def _attention_kernel(
             # pattern, written here, once per q tile: any elementwise pass over the chunk's
             # o after the kernel costs ~45 bundles in every grid step of it (v6e, svgen
             # cost: 327 against 282 per skipped step).
-            inv = jnp.where(table_refs[-1][1 + view.row] != 0, inv, jnp.nan)
+            inv = jnp.where(table_refs[-1][chunked + view.row] != 0, inv, jnp.nan)
         o_ref[...] = (acc_scratch[:, : shape.head_dim] * _lanes(inv, shape.head_dim)).astype(
             o_ref.dtype
         )
@@ -811,9 +811,9 @@ def _flat_attention(
     per_row = call is not None or chunk is not None
     flat = tables.flat and not per_row
     if chunk is not None:
-        chunk_tables, q_first = chunk
+        chunk_tables, q_first, exact = chunk
         operands = chunk_tables.scalar_operands(head_pattern) + (q_first,)
-        single = EXACT_GRID if len(patterns) == 1 else None
+        single = EXACT_GRID if exact else None
         steps, id_inputs = chunk_tables.steps, ()
     elif call is None:
         head_operands, steps = _head_operands(tables, head_pattern, static_pattern)
@@ -839,7 +839,7 @@ def _flat_attention(
         q_scale=q_scale,
         with_lse=with_lse,
         segments=call is not None,
-        chunked=chunk is not None,
+        chunked=q.shape[0] if chunk is not None else 0,
     )
 
     def view(outer, step, table_refs):
@@ -1118,13 +1118,17 @@ def make_attention(
         return kv_cache.tables(slots, shape.compute_blocks)
 
     def chunk_core(q, k, v, head_pattern, position, defined, interpret, q_scale):
-        """A chunked call in kernel order; its VJP only says that there is none yet."""
+        """A chunked call in kernel order: q [rows, chunk tokens, d] (rows = batch * heads),
+        position int32 [] (the chunk of every row) or [rows], defined bool [rows]. jax.vmap
+        folds its axis into the rows (each element may have its own position); the VJP only
+        says that there is none yet."""
+        heads = int(head_pattern.shape[0])
 
-        def run(q, k, v, hp, position, defined):
-            batch = q.shape[0] // int(hp.shape[0])
-            call = kv_cache.call_tables(chunk_tables(), position, hp, batch)
-            rows_defined = jnp.tile(defined, batch).astype(jnp.int32)
-            q_first = jnp.concatenate([(position * kv_cache.rows).reshape(1), rows_defined])
+        def kernel_call(q, k, v, hp, position, defined):
+            rows = q.shape[0]
+            call, exact = kv_cache.call_tables(chunk_tables(), position, hp, rows // heads)
+            first = jnp.broadcast_to(position * kv_cache.rows, (rows,)).astype(jnp.int32)
+            q_first = jnp.concatenate([first, defined.astype(jnp.int32)])
             return _flat_attention(
                 q,
                 k,
@@ -1136,8 +1140,37 @@ def make_attention(
                 shape=shape,
                 interpret=interpret,
                 q_scale=q_scale,
-                chunk=(call, q_first),
+                chunk=(call, q_first, exact),
             )
+
+        @jax.custom_batching.custom_vmap
+        def batchable(q, k, v, hp, position, defined):
+            return kernel_call(q, k, v, hp, position, defined)
+
+        @batchable.def_vmap
+        def mapped(axis_size, in_batched, q, k, v, hp, position, defined):
+            if in_batched[3]:
+                raise NotImplementedError(
+                    "head_pattern mapped by jax.vmap in a chunked call: give every batch "
+                    "element the same head_pattern"
+                )
+
+            def leading(x, batched):
+                return x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
+
+            q, k, v = (
+                leading(x, b).reshape((-1,) + x.shape[-2:]) for x, b in zip((q, k, v), in_batched)
+            )
+            rows = q.shape[0] // axis_size
+            if in_batched[4]:  # per element (and, under nested maps, per row already)
+                position = (
+                    position.reshape(-1) if position.ndim == 2 else jnp.repeat(position, rows)
+                )
+            elif position.ndim == 1:
+                position = jnp.tile(position, axis_size)
+            defined = leading(defined, in_batched[5]).reshape(-1)
+            out = batchable(q, k, v, hp, position, defined)
+            return out.reshape((axis_size, rows) + out.shape[1:]), True
 
         def no_backward(residuals, do):
             raise NotImplementedError(
@@ -1146,8 +1179,8 @@ def make_attention(
                 "whose mask is the same"
             )
 
-        core = jax.custom_vjp(run)
-        core.defvjp(lambda *args: (run(*args), None), no_backward)
+        core = jax.custom_vjp(batchable)
+        core.defvjp(lambda *args: (batchable(*args), None), no_backward)
         return core(q, k, v, head_pattern, position, defined)
 
     def chunked(q, k, v, q_frame_offset, head_pattern, interpret, sm_scale, token_order):
@@ -1171,6 +1204,7 @@ def make_attention(
             defined = (requested >= 0) & (requested < len(patterns))
         if valid is not None:
             defined = defined & valid
+        defined = jnp.tile(defined, flat[0].shape[0] // head_pattern.shape[0])
         out = chunk_core(
             *flat, head_pattern, position, defined, interpret, float(sm_scale) * LOG2_E
         )
