@@ -49,6 +49,13 @@ def _kernel_lines(s: dict) -> list[str]:
     ]
     if "assign" in s:
         lines.append(f"heads: {_assignment(s.pop('assign'))}")
+    if "kv_cache" in s:
+        chunks = s.pop("kv_cache")
+        steps = ", ".join(_count(n) for n in chunks["chunk_steps"])
+        lines.append(
+            f"KV-cache chunks of {_plural(chunks['chunk_frames'], 'frame')}: grid steps per head "
+            f"of each chunk position's call: {steps}"
+        )
     return lines + _generic_lines(s)
 
 

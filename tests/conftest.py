@@ -438,6 +438,9 @@ def scaled_spec_text(path, text_tokens=None, heads=2, tiling=None, dtype="float3
     full = spec["geometry"]
     full_video = full["frames"] * full["height"] * full["width"]
     small = dict(full, **SMALL_GEOMETRY)
+    chunk = (spec.get("runtime") or {}).get("kv_cache", {}).get("chunk_frames")
+    if chunk:  # whole chunks of frames
+        small["frames"] = chunk * -(-small["frames"] // chunk)
     small_video = small["frames"] * small["height"] * small["width"]
     if full.get("text_tokens"):
         small["text_tokens"] = 40 if text_tokens is None else text_tokens

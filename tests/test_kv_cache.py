@@ -88,7 +88,11 @@ def rectangular_kinds(keep: np.ndarray, cq: int, ckv: int) -> np.ndarray:
         for j in range(nk):
             block = keep[i * cq : (i + 1) * cq, j * ckv : (j + 1) * ckv]
             kinds[i, j] = (
-                TileKind.FULL if block.all() else TileKind.BOUNDARY if block.any() else TileKind.EMPTY
+                TileKind.FULL
+                if block.all()
+                else TileKind.BOUNDARY
+                if block.any()
+                else TileKind.EMPTY
             )
     return kinds
 
@@ -103,12 +107,16 @@ def check_chunk_tables(mask, layout: TokenLayout, tiling: Tiling, chunk_frames: 
     rq, rk = tiling.block_q // tiling.cq, tiling.block_kv // tiling.ckv
     q_tiles, kv_tiles = -(-rows // tiling.block_q), -(-seq // tiling.block_kv)
     for position in range(layout.frames // chunk_frames):
-        want = rectangular_kinds(keep[position * rows : (position + 1) * rows], tiling.cq, tiling.ckv)
+        want = rectangular_kinds(
+            keep[position * rows : (position + 1) * rows], tiling.cq, tiling.ckv
+        )
         if seq % tiling.ckv:
             last = want[:, -1]
             last[last == TileKind.FULL] = TileKind.BOUNDARY
         got = compute_block_kinds(runs_of_position(runs, position), q_tiles, kv_tiles, rq, rk)
-        np.testing.assert_array_equal(got[: want.shape[0], : want.shape[1]], want, err_msg=f"chunk {position}")
+        np.testing.assert_array_equal(
+            got[: want.shape[0], : want.shape[1]], want, err_msg=f"chunk {position}"
+        )
         steps = runs_of_position(runs, position)
         assert set(steps[:, 0].tolist()) == set(range(q_tiles))  # every q tile has a step
 
@@ -127,7 +135,9 @@ def test_chunk_tables_against_brute_force(seed):
 
 
 def inputs(rng, lead, seq, d, dtype):
-    return tuple(jnp.asarray(rng.standard_normal(lead + (seq, d)), jnp.dtype(dtype)) for _ in range(3))
+    return tuple(
+        jnp.asarray(rng.standard_normal(lead + (seq, d)), jnp.dtype(dtype)) for _ in range(3)
+    )
 
 
 @pytest.mark.parametrize("dtype, tiling", [("float32", TWO_LEVEL), ("bfloat16", ONE_LEVEL)])
@@ -161,7 +171,11 @@ def test_chunks_equal_the_full_sequence_call(tmp_path):
         k_cache = k.at[:, end:].set(1e4)
         v_cache = v.at[:, end:].set(1e4)
         out = module.attention(
-            q[:, position * rows : end], k_cache, v_cache, q_frame_offset=2 * position, interpret=POISONED
+            q[:, position * rows : end],
+            k_cache,
+            v_cache,
+            q_frame_offset=2 * position,
+            interpret=POISONED,
         )
         np.testing.assert_allclose(np.asarray(out), full[:, position * rows : end], atol=2e-6)
 
@@ -173,11 +187,15 @@ def test_two_patterns_with_a_traced_head_pattern(tmp_path):
     q, k, v = inputs(rng, (3,), seq, 64, "float32")
     hp = jnp.asarray([1, 0, 1], jnp.int32)
     call = jax.jit(
-        lambda q, k, v, hp, f: module.attention(q, k, v, head_pattern=hp, q_frame_offset=f, interpret=POISONED)
+        lambda q, k, v, hp, f: module.attention(
+            q, k, v, head_pattern=hp, q_frame_offset=f, interpret=POISONED
+        )
     )
     keeps = [dense_keep(p.mask, p.layout) for p in plan.patterns]
     for position in range(2):
-        out = np.asarray(call(q[:, position * rows : (position + 1) * rows], k, v, hp, jnp.int32(3 * position)))
+        out = np.asarray(
+            call(q[:, position * rows : (position + 1) * rows], k, v, hp, jnp.int32(3 * position))
+        )
         for head, pattern in enumerate([1, 0, 1]):
             want = masked_attention_reference(q[head], k[head], v[head], keeps[pattern])
             np.testing.assert_allclose(
@@ -193,7 +211,9 @@ def test_one_compile_for_every_offset_and_nan_for_no_chunk_start(tmp_path):
     rng = np.random.default_rng(4)
     rows = module.attention.kv_cache.rows
     q, k, v = inputs(rng, (2,), plan.layout.seq_len, 64, "float32")
-    call = jax.jit(lambda q, k, v, f: module.attention(q, k, v, q_frame_offset=f, interpret=POISONED))
+    call = jax.jit(
+        lambda q, k, v, f: module.attention(q, k, v, q_frame_offset=f, interpret=POISONED)
+    )
     for offset in (0, 2, 4):
         out = call(q[:, offset // 2 * rows : (offset // 2 + 1) * rows], k, v, jnp.int32(offset))
         assert np.isfinite(np.asarray(out)).all()
@@ -218,12 +238,16 @@ def test_vmap_over_a_batch(tmp_path):
 
     # Each element its own chunk position (and one offset that is no chunk start).
     offsets = jnp.asarray([4, 0, 3], jnp.int32)
-    chunks = jnp.stack([q[i, :, o // 2 * rows : (o // 2 + 1) * rows] for i, o in enumerate([4, 0, 0])])
+    chunks = jnp.stack(
+        [q[i, :, o // 2 * rows : (o // 2 + 1) * rows] for i, o in enumerate([4, 0, 0])]
+    )
     own = jax.jit(
         jax.vmap(lambda q, k, v, f: module.attention(q, k, v, q_frame_offset=f, interpret=POISONED))
     )(chunks, k, v, offsets)
     for i, position in enumerate([2, 0]):
-        want = module.attention(chunks[i], k[i], v[i], q_frame_offset=2 * position, interpret=POISONED)
+        want = module.attention(
+            chunks[i], k[i], v[i], q_frame_offset=2 * position, interpret=POISONED
+        )
         np.testing.assert_allclose(np.asarray(own[i]), np.asarray(want), atol=1e-6)
     assert np.isnan(np.asarray(own[2])).all()
 
@@ -232,7 +256,9 @@ def test_bad_chunked_calls_are_refused(tmp_path):
     plan, module = compile_spec_text(SPEC % dict(dtype="float32", tiling=ONE_LEVEL), tmp_path)
     seq, rows = plan.layout.seq_len, module.attention.kv_cache.rows
     chunk, cache = jnp.zeros((2, rows, 64)), jnp.zeros((2, seq, 64))
-    with pytest.raises(ValueError, match=r"q must be \[heads, 320, 64\] or \[batch, heads, 320, 64\]"):
+    with pytest.raises(
+        ValueError, match=r"q must be \[heads, 320, 64\] or \[batch, heads, 320, 64\]"
+    ):
         module.attention(cache, cache, cache, q_frame_offset=0)
     with pytest.raises(ValueError, match=r"k must be the cache of the whole video, \[2, 960, 64\]"):
         module.attention(chunk, chunk, cache, q_frame_offset=0)
@@ -250,10 +276,14 @@ def test_bad_chunked_calls_are_refused(tmp_path):
         module.attention(chunk, cache.astype(jnp.bfloat16), cache, q_frame_offset=0)
     with pytest.raises(NotImplementedError, match="gradients of chunked calls"):
         jax.grad(
-            lambda q: jnp.sum(module.attention(q, cache, cache, q_frame_offset=0, interpret=POISONED))
+            lambda q: jnp.sum(
+                module.attention(q, cache, cache, q_frame_offset=0, interpret=POISONED)
+            )
         )(chunk)
     static_plan, static = compile_spec_text(
-        (SPEC % dict(dtype="float32", tiling=ONE_LEVEL)).replace("runtime: {kv_cache: {chunk_frames: 2}}", ""),
+        (SPEC % dict(dtype="float32", tiling=ONE_LEVEL)).replace(
+            "runtime: {kv_cache: {chunk_frames: 2}}", ""
+        ),
         tmp_path / "static",
     )
     with pytest.raises(TypeError, match=r"compiled without `runtime: {kv_cache"):
@@ -285,8 +315,14 @@ runtime: %(runtime)s
 @pytest.mark.parametrize(
     "changes, message",
     [
-        (dict(runtime="{kv_cache: {chunk_frames: 4}}"), "runtime.kv_cache.chunk_frames: must divide geometry.frames (6)"),
-        (dict(runtime="{kv_cache: {chunk_frames: 0}}"), "runtime.kv_cache.chunk_frames: must be a positive integer"),
+        (
+            dict(runtime="{kv_cache: {chunk_frames: 4}}"),
+            "runtime.kv_cache.chunk_frames: must divide geometry.frames (6)",
+        ),
+        (
+            dict(runtime="{kv_cache: {chunk_frames: 0}}"),
+            "runtime.kv_cache.chunk_frames: must be a positive integer",
+        ),
         (dict(runtime="{kv_cache: {chunk_frames: 7}}"), "must be at most 6 (geometry.frames)"),
         (dict(runtime="{kv_cache: {}}"), "runtime.kv_cache: missing required key 'chunk_frames'"),
         (dict(runtime="{kv_cache: {chunk_frames: 2, rolling: 3}}"), "unknown key 'rolling'"),
@@ -323,21 +359,17 @@ def test_bad_kv_cache_sections_are_refused(changes, message):
     assert str(err.value).startswith("bad.yaml:")
 
 
-def test_kv_cache_for_a_gpu_target_is_refused():
-    from svgen.analysis import analyze
-
-    spec = parse_spec(
-        BASE
-        % dict(
-            geometry="{frames: 6, height: 4, width: 4}",
-            layout="frame_major",
-            tiling="{block_q: 128, block_kv: 128}",
-            runtime="{kv_cache: {chunk_frames: 2}}",
-        ),
-        source="gpu.yaml",
-    )
-    with pytest.raises(SpecError, match=r"gpu\.yaml:9:\d+: runtime\.kv_cache: the GPU module has no chunked calls"):
-        analyze(spec, target_name="h100")
+def test_the_gpu_module_runs_the_full_sequence_and_refuses_chunks(tmp_path):
+    text = SPEC % dict(dtype="float32", tiling=ONE_LEVEL)
+    plan, module = compile_spec_text(text, tmp_path, target_name="h100")
+    assert not plan.chunk_runs
+    rng = np.random.default_rng(8)
+    q, k, v = inputs(rng, (2,), plan.layout.seq_len, 64, "float32")
+    out = module.attention(q, k, v, interpret=True)
+    want = masked_attention_reference(q, k, v, dense_keep(plan.patterns[0].mask, plan.layout))
+    assert np.max(np.abs(np.asarray(out) - want)) <= TOLERANCE["float32"]
+    with pytest.raises(NotImplementedError, match="the GPU module has no chunked calls"):
+        module.attention(q[:, :320], k, v, q_frame_offset=0, interpret=True)
 
 
 def test_kv_cache_changes_the_digest_and_the_mask():

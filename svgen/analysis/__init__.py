@@ -144,11 +144,7 @@ def analyze_gpu(
     plan's spec carries that tiling (what the generated module's SHAPE and docstring say);
     what fits the GPU's shared memory and registers is the deviceless compile's to check
     (svgen.gpu_aot), not the analysis's."""
-    if spec.runtime.kv_cache:
-        raise _kv_cache_error(
-            spec, "the GPU module has no chunked calls yet; compile this spec for a TPU target"
-        )
-    heads = spec.head_patterns()
+    heads = spec.head_patterns()  # runtime.kv_cache: the full-sequence call only (no chunks)
     classified = dataclasses.replace(
         spec, tiling=gpu_classification_tiling(spec, len(heads.candidates))
     )

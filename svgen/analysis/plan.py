@@ -178,6 +178,19 @@ class Plan:
         pieces = self.tables.num_pieces[index] if self.tables.flat else self.tables.max_pieces
         return int(pieces) * self.tables.slots
 
+    def chunk_steps(self) -> list[int]:
+        """runtime.kv_cache: per chunk position, the grid steps per head of one chunked call
+        (its longest pattern's pieces: the chunked walk's grid)."""
+        steps = []
+        positions = self.layout.frames // self.spec.runtime.chunk_frames
+        for position in range(positions):
+            runs = [r[r[:, 0] == position] for r in self.chunk_runs]
+            steps.append(
+                max(int(np.ceil(r[:, 3] / self.tables.slots).sum()) for r in runs)
+                * self.tables.slots
+            )
+        return steps
+
     def summary(self) -> dict:
         """The `svgen inspect --json` object (v1 keys unchanged for single-pattern specs)."""
         out = {
@@ -222,6 +235,11 @@ class Plan:
         runtime = self.spec.runtime
         if runtime.any:  # only when declared: the keys of other specs stay what they were
             out["runtime"] = [n for n in ("segments", "text_lengths") if getattr(runtime, n)]
+        if self.chunk_runs:
+            out["kv_cache"] = {
+                "chunk_frames": runtime.chunk_frames,
+                "chunk_steps": self.chunk_steps(),
+            }
         if len(self.patterns) == 1:
             out.update(
                 {k: v for k, v in self.only.summary().items() if k not in out and k != "layout"}

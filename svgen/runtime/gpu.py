@@ -395,7 +395,13 @@ def make_gpu_attention(
         token_order="user",
         segment_ids=None,
         text_lengths=None,
+        q_frame_offset=None,
     ):
+        if q_frame_offset is not None:
+            raise NotImplementedError(
+                "q_frame_offset: the GPU module has no chunked calls (runtime.kv_cache) yet; "
+                "run the chunks with the TPU module, or call with the whole sequence"
+            )
         _check_operands(q, k, v, shape, dtype, rebuild=_REBUILD)
         check_token_order(token_order)
         if jnp.dtype(q.dtype).name not in DTYPES:
