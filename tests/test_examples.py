@@ -1,5 +1,6 @@
 """examples/video_dit_layer.py runs, picks the planted head kinds and stays close to dense;
-examples/packed_batch.py matches each packed video run alone."""
+examples/packed_batch.py matches each packed video run alone; examples/autoregressive_video.py
+generates chunk by chunk with a KV cache what the full sequence computes at once."""
 
 import importlib.util
 
@@ -27,3 +28,15 @@ def test_packed_batch_example():
     for row in result["rows"]:  # steps: exactly the union of the per-video visited tiles
         assert row["steps"] == row["union"] <= row["static_steps"], row
     assert any(row["steps"] < row["static_steps"] for row in result["rows"])
+
+
+def test_autoregressive_video_example():
+    example = load_example("autoregressive_video")
+    result = example.run(seed=2, verbose=False)
+    assert result["worst_attention_error"] <= example.TOLERANCE
+    assert result["recompute_difference"] <= 1e-4
+    # Each chunk walks only its own tiles: fewer steps than the full sequence, a quarter of
+    # its q bytes; later chunks (more cache in the window) more than the first.
+    steps = result["chunk_steps"]
+    assert max(steps) < result["full_steps"] and steps[0] < steps[-1]
+    assert result["chunk_q_bytes"] * 4 == result["full_q_bytes"]
