@@ -375,3 +375,30 @@ def test_run_time_segments_compile_for_v6e(spec_name, tmp_path):
         grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
         text = grad.lower(arg, arg, arg, hp, ids, lengths).compile().as_text()
         assert "svgen_attention_dkv" in text
+
+
+def test_chunked_calls_compile_for_v6e():
+    """The shipped KV-cache module's chunked call at full size (Self-Forcing's geometry):
+    batched with a traced offset and head_pattern, and under jax.vmap with an offset per
+    element, pass Mosaic and libtpu."""
+    module = import_file(REPO / "generated" / "self_forcing_chunks.py")
+    sharding = jax.sharding.SingleDeviceSharding(v6e_device())
+    rows, dtype = module.attention.kv_cache.rows, jnp.dtype(module.DTYPE)
+
+    def struct(shape, dtype=dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    lead = (2, module.HEADS)
+    chunk, cache = (
+        struct(lead + (rows, module.HEAD_DIM)),
+        struct(lead + (module.SEQ_LEN, module.HEAD_DIM)),
+    )
+    hp, offset = struct((module.HEADS,), jnp.int32), struct((), jnp.int32)
+
+    def call(q, k, v, hp, f):
+        return module.attention(q, k, v, head_pattern=hp, q_frame_offset=f)
+
+    text = jax.jit(call).lower(chunk, cache, cache, hp, offset).compile().as_text()
+    assert "tpu_custom_call" in text
+    mapped = jax.vmap(call, in_axes=(0, 0, 0, None, 0))
+    jax.jit(mapped).lower(chunk, cache, cache, hp, struct((2,), jnp.int32)).compile()

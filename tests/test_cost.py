@@ -148,3 +148,47 @@ def test_padding_tile_counts_only_the_steps_that_visit_it(padding_tile, padded_s
     _, steps, by_path = model_cycles(paths, tables, [0], padding_tile=padding_tile)
     assert steps["mixed"] == 3
     assert by_path["mixed"] == 3 * (20 + 50) + padded_steps * (60 - 50)
+
+
+def test_cost_of_every_chunk_position(tmp_path):
+    """runtime.kv_cache: the chunked call's paths and, per chunk position, its steps (those
+    `inspect` counts: the chunk's own tiles) and cycles, which add up as the full call's."""
+    text = (
+        SMALL.replace("name: small_cost", "name: small_chunks").replace("frames: 7,", "frames: 8,")
+        + "runtime: {kv_cache: {chunk_frames: 2}}\n"
+    )
+    (tmp_path / "chunks.yaml").write_text(text)
+    env = {**__import__("os").environ, "SVGEN_CACHE_DIR": str(tmp_path / "cache")}
+    run = [sys.executable, "-m", "svgen.cli"]
+    result = subprocess.run(
+        run + ["cost", "chunks.yaml", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    chunks = report["chunks"]
+    inspected = json.loads(
+        subprocess.run(
+            run + ["inspect", "chunks.yaml", "--json"], cwd=tmp_path, capture_output=True, text=True
+        ).stdout
+    )["kv_cache"]
+    assert chunks["chunk_frames"] == inspected["chunk_frames"] == 2
+    positions = chunks["positions"]
+    assert [p["first_frame"] for p in positions] == [0, 2, 4, 6]
+    paths = chunks["paths"]
+    for position, steps in zip(positions, inspected["chunk_steps"]):
+        walked = position["steps"]
+        # Every step of a one-pattern chunk walks a piece of its own: none is skipped.
+        assert walked["skipped"] == 0
+        assert walked["full"] + walked["mixed"] + walked["empty"] == 2 * steps  # 2 heads
+        assert position["cycles"] > walked["full"] * paths["full"]
+    assert chunks["total_cycles"] == sum(p["cycles"] for p in positions)
+    # The first chunk sees the fewest keys (block-causal): it is the cheapest.
+    assert positions[0]["cycles"] == min(p["cycles"] for p in positions)
+    text_report = subprocess.run(
+        run + ["cost", "chunks.yaml"], cwd=tmp_path, capture_output=True, text=True, env=env
+    ).stdout
+    assert "KV-cache chunks of 2 frame(s)" in text_report and "frames 6-7:" in text_report
