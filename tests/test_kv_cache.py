@@ -359,17 +359,39 @@ def test_bad_kv_cache_sections_are_refused(changes, message):
     assert str(err.value).startswith("bad.yaml:")
 
 
-def test_the_gpu_module_runs_the_full_sequence_and_refuses_chunks(tmp_path):
-    text = SPEC % dict(dtype="float32", tiling=ONE_LEVEL)
-    plan, module = compile_spec_text(text, tmp_path, target_name="h100")
-    assert not plan.chunk_runs
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_gpu_module_runs_every_chunk_position(dtype, tmp_path):
+    """The GPU module (Pallas Triton, interpret mode) of a kv_cache spec: the full sequence
+    and every chunk position against float64, a traced offset (one compile; NaN for no chunk
+    start), and vmap with an offset per element."""
+    plan, module = compile_spec_text(
+        SPEC % dict(dtype=dtype, tiling=ONE_LEVEL), tmp_path, target_name="h100"
+    )
+    assert plan.chunk_runs
     rng = np.random.default_rng(8)
-    q, k, v = inputs(rng, (2,), plan.layout.seq_len, 64, "float32")
+    seq, rows = plan.layout.seq_len, module.attention.kv_cache.rows
+    q, k, v = inputs(rng, (2,), seq, 64, dtype)
+    full = masked_attention_reference(q, k, v, dense_keep(plan.patterns[0].mask, plan.layout))
     out = module.attention(q, k, v, interpret=True)
-    want = masked_attention_reference(q, k, v, dense_keep(plan.patterns[0].mask, plan.layout))
-    assert np.max(np.abs(np.asarray(out) - want)) <= TOLERANCE["float32"]
-    with pytest.raises(NotImplementedError, match="the GPU module has no chunked calls"):
-        module.attention(q[:, :320], k, v, q_frame_offset=0, interpret=True)
+    assert np.max(np.abs(np.asarray(out, np.float64) - full)) <= TOLERANCE[dtype]
+    call = jax.jit(lambda q, k, v, f: module.attention(q, k, v, q_frame_offset=f, interpret=True))
+    for position in range(3):
+        span = slice(position * rows, (position + 1) * rows)
+        out = call(q[:, span], k, v, jnp.int32(2 * position))
+        assert np.max(np.abs(np.asarray(out, np.float64) - full[:, span])) <= TOLERANCE[dtype]
+    assert np.isnan(np.asarray(call(q[:, :rows], k, v, jnp.int32(1)), np.float32)).all()
+    assert call._cache_size() == 1
+    mapped = jax.jit(jax.vmap(call))(
+        jnp.stack([q[:, rows : 2 * rows]] * 2),
+        jnp.stack([k, k]),
+        jnp.stack([v, v]),
+        jnp.asarray([2, 3], jnp.int32),
+    )
+    assert (
+        np.max(np.abs(np.asarray(mapped[0], np.float64) - full[:, rows : 2 * rows]))
+        <= TOLERANCE[dtype]
+    )
+    assert np.isnan(np.asarray(mapped[1], np.float32)).all()
 
 
 def test_kv_cache_changes_the_digest_and_the_mask():
@@ -385,3 +407,37 @@ def test_kv_cache_changes_the_digest_and_the_mask():
     assert parse_spec(text.replace("chunk_frames: 2", "chunk_frames: 3")).digest != chunked.digest
     assert "block-causal over chunks of 2" in ir.lower(chunked).describe()
     assert "block-causal" not in ir.lower(static).describe()
+
+
+def test_the_gpu_chunked_call_lowers_to_valid_triton_ir(tmp_path):
+    """Lowered for CUDA (no device needed), bf16, a traced offset: one Triton kernel, its
+    module verified."""
+    from jax._src.pallas.triton import lowering as triton_lowering
+
+    plan, module = compile_spec_text(
+        SPEC % dict(dtype="bfloat16", tiling=ONE_LEVEL), tmp_path, target_name="h100"
+    )
+    rows = module.attention.kv_cache.rows
+    modules = []
+    original = triton_lowering.lower_jaxpr_to_triton_module
+
+    def verify(*args, **kwargs):
+        result = original(*args, **kwargs)
+        result.module.operation.verify()
+        modules.append(str(result.module))
+        return result
+
+    triton_lowering.lower_jaxpr_to_triton_module = verify
+    try:
+        chunk = jax.ShapeDtypeStruct((2, rows, 64), jnp.bfloat16)
+        cache = jax.ShapeDtypeStruct((2, plan.layout.seq_len, 64), jnp.bfloat16)
+        text = (
+            jax.jit(lambda q, k, v, f: module.attention(q, k, v, q_frame_offset=f))
+            .trace(chunk, cache, cache, jax.ShapeDtypeStruct((), jnp.int32))
+            .lower(lowering_platforms=("cuda",))
+            .as_text()
+        )
+    finally:
+        triton_lowering.lower_jaxpr_to_triton_module = original
+    assert text.count("__gpu$xla.gpu.triton") == 1 and len(modules) == 1
+    assert "scf.for" in modules[0]

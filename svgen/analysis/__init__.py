@@ -144,12 +144,18 @@ def analyze_gpu(
     plan's spec carries that tiling (what the generated module's SHAPE and docstring say);
     what fits the GPU's shared memory and registers is the deviceless compile's to check
     (svgen.gpu_aot), not the analysis's."""
-    heads = spec.head_patterns()  # runtime.kv_cache: the full-sequence call only (no chunks)
+    heads = spec.head_patterns()
     classified = dataclasses.replace(
         spec, tiling=gpu_classification_tiling(spec, len(heads.candidates))
     )
     masks = [ir.lower(spec, spec.pattern_mask(c.pattern)) for c in heads.candidates]
     patterns, _ = _pattern_plans(classified, masks, progress, gpu_runs=True)
+    chunked = ()
+    if spec.runtime.kv_cache:  # at the classification tiles, each GPU tile its own kind
+        cf = spec.runtime.chunk_frames
+        chunked = tuple(
+            chunks.chunk_runs(p.mask, p.layout, classified.tiling, cf) for p in patterns
+        )
     names = [c.pattern for c in heads.candidates]
     assign = None if heads.assign is None else tuple(names.index(n) for n in heads.assign)
     gpu = spec.gpu_tiling
@@ -167,6 +173,7 @@ def analyze_gpu(
         target=chip,
         vmem=None,
         gpu=gpu,
+        chunk_runs=chunked,
     )
 
 

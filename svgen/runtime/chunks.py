@@ -151,3 +151,38 @@ def chunk_position(q_frame_offset, cache: KvCache):
     # lax.div of a non-negative value: what lowers for TPU from any host (not jnp's //).
     position = lax.div(jnp.clip(offset, 0, last), jnp.int32(cache.chunk_frames))
     return position, offset == position * cache.chunk_frames
+
+
+def rows_folded(kernel_call):
+    """`kernel_call(q, k, v, head_pattern, position, defined)` (q [rows, chunk, d], position
+    int32 [] or [rows], defined bool [rows]) under jax.vmap: the mapped axis folds into the
+    rows, so a batch of calls is one kernel call and each element keeps its own position."""
+
+    @jax.custom_batching.custom_vmap
+    def folded(q, k, v, hp, position, defined):
+        return kernel_call(q, k, v, hp, position, defined)
+
+    @folded.def_vmap
+    def mapped(axis_size, in_batched, q, k, v, hp, position, defined):
+        if in_batched[3]:
+            raise NotImplementedError(
+                "head_pattern mapped by jax.vmap in a chunked call: give every batch element "
+                "the same head_pattern"
+            )
+
+        def leading(x, batched):
+            return x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
+
+        q, k, v = (
+            leading(x, b).reshape((-1,) + x.shape[-2:]) for x, b in zip((q, k, v), in_batched)
+        )
+        rows = q.shape[0] // axis_size
+        if in_batched[4]:  # per element (and, under nested maps, per row already)
+            position = position.reshape(-1) if position.ndim == 2 else jnp.repeat(position, rows)
+        elif position.ndim == 1:
+            position = jnp.tile(position, axis_size)
+        defined = leading(defined, in_batched[5]).reshape(-1)
+        out = folded(q, k, v, hp, position, defined)
+        return out.reshape((axis_size, rows) + out.shape[1:]), True
+
+    return folded

@@ -90,6 +90,7 @@ from svgen.runtime.kernel import (
     LOG2_E,
     MASK_VALUE,
     Pattern,
+    _check_dtypes,
     _check_operands,
     poison_unknown_patterns,
     resolve_head_pattern,
@@ -99,7 +100,7 @@ from svgen.runtime.kernel import (
     check_token_order,
     checked_sm_scale,
 )
-from svgen.runtime import segments
+from svgen.runtime import chunks, segments
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
 from svgen.runtime.segments import KEY_PADDING_ID, QUERY_PADDING_ID
@@ -168,18 +169,28 @@ def _attention_kernel(
     num_q_tiles: int,
     q_scale: float,
     segments: bool = False,
+    chunk_rows: int = 0,
+    q_len: int | None = None,
 ):
     """segments: run-time segment ids follow v (query and key ids of the program's row,
     svgen.runtime.segments); the static tables stay, and a tile whose queries and keys are
-    not all of one segment runs its branch with the ids compared too."""
+    not all of one segment runs its branch with the ids compared too. chunk_rows: a KV-cache
+    chunk's call over that many rows (svgen.runtime.chunks): q and o hold q_len rows, and
+    an int32 [2 * rows] input follows v: per row its chunk position's first table pattern,
+    then its first query token in the video."""
     *id_refs, o_ref = refs
+    chunk_ref = id_refs.pop(0) if chunk_rows else None
+    q_len = q_len or seq_len
     q_tile, row = pl.program_id(0), pl.program_id(1)
     pattern = hp_ref[lax.rem(row, heads)] if len(patterns) > 1 else 0
-    csr_row = pattern * num_q_tiles + q_tile
+    table_pattern = pattern if chunk_ref is None else chunk_ref[row] + pattern
+    csr_row = table_pattern * num_q_tiles + q_tile
     begin, end = offsets_ref[csr_row], offsets_ref[csr_row + 1]
 
     q_pos = q_tile * block_q + lax.broadcasted_iota(jnp.int32, (block_q,), 0)
-    q_in = q_pos < seq_len
+    q_in = q_pos < q_len
+    # The video position of each query (a chunk's rows start at its first token).
+    q_video = q_pos if chunk_ref is None else q_pos + chunk_ref[chunk_rows + row]
     q = plgpu.load(q_ref.at[pl.ds(q_tile * block_q, block_q), :], mask=q_in[:, None], other=0.0)
     q = (q.astype(jnp.float32) * q_scale).astype(q_ref.dtype)
     precision = lax.Precision.HIGHEST if q_ref.dtype == jnp.float32 else None
@@ -193,7 +204,7 @@ def _attention_kernel(
     # Query coordinates each pattern's mask reads, decoded once per q tile.
     columns = []
     for p in patterns:
-        coords = TokenCoords(q_pos[:, None], p.layout)
+        coords = TokenCoords(q_video[:, None], p.layout)
         columns.append(_QueryColumns({name: getattr(coords, name) for name in p.query_coords}))
 
     def masked(p: _PatternCode, q_coords: _QueryColumns, k_pos, k_in, scores):
@@ -294,10 +305,13 @@ def _gpu_call(
     num_warps: int | None,
     num_stages: int | None,
     ids=None,
+    chunk=None,
 ):
     """q, k, v: [batch*heads, seq_len, head_dim] in each head's kernel order; ids: run-time
-    segments, (query ids, key ids) [batch*heads, seq_len] in the same order."""
-    rows, _, d = q.shape
+    segments, (query ids, key ids) [batch*heads, seq_len] in the same order; chunk: a
+    KV-cache chunk's call (q holds the chunk's rows, `tables` are the chunk positions'):
+    int32 [2 * rows], per row its position's first table pattern, then its first token."""
+    rows, q_len, d = q.shape
     heads = int(head_pattern.shape[0])
     kernel = functools.partial(
         _attention_kernel,
@@ -309,6 +323,8 @@ def _gpu_call(
         num_q_tiles=tables.num_q_tiles,
         q_scale=q_scale,
         segments=ids is not None,
+        chunk_rows=0 if chunk is None else rows,
+        q_len=q_len,
     )
     offsets = jnp.asarray(tables.row_offsets)
     entries = jnp.asarray(tables.entries)
@@ -317,19 +333,25 @@ def _gpu_call(
         return pl.BlockSpec(x.shape, lambda i, r: (0,))
 
     head_rows = pl.BlockSpec((None, seq_len, d), lambda i, r: (r, 0, 0))
+    q_rows = pl.BlockSpec((None, q_len, d), lambda i, r: (r, 0, 0))
     id_rows = [pl.BlockSpec((None, seq_len), lambda i, r: (r, 0))] * (0 if ids is None else 2)
+    extra = () if chunk is None else (chunk,)
+    if chunk is not None:
+        id_rows = [whole(chunk)]
     if num_warps is None:
         num_warps = 4 if d <= 64 else 8
     return pl.pallas_call(
         kernel,
         grid=(tables.num_q_tiles, rows),
-        in_specs=[whole(head_pattern), whole(offsets), whole(entries)] + [head_rows] * 3 + id_rows,
-        out_specs=head_rows,
+        in_specs=[whole(head_pattern), whole(offsets), whole(entries), q_rows]
+        + [head_rows] * 2
+        + id_rows,
+        out_specs=q_rows,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="svgen_gpu_attention",
-    )(head_pattern, offsets, entries, q, k, v, *(ids or ()))
+    )(head_pattern, offsets, entries, q, k, v, *(ids or ()), *extra)
 
 
 def make_gpu_attention(
@@ -343,6 +365,7 @@ def make_gpu_attention(
     num_warps: int | None = None,
     num_stages: int | None = 2,
     runtime: segments.RuntimeInputs = segments.RuntimeInputs(),
+    kv_cache: chunks.KvCache | None = None,
 ):
     """`attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None,
     token_order="user")` on GPU, with `attention.to_kernel_order` / `from_kernel_order` (as
@@ -357,6 +380,9 @@ def make_gpu_attention(
     `interpret=True` runs the kernel in Pallas's interpreter (CPU, no CUDA). runtime: the
     spec's run-time inputs (segment_ids, text_lengths, as on TPU; the GPU kernel keeps its
     static tables and compares the ids in the tiles that are not inside one segment).
+    kv_cache: the spec's KV-cache chunks (svgen.runtime.chunks): with q_frame_offset, q holds
+    one chunk's rows against the whole sequence's k and v, as on TPU (CSR tables of every
+    chunk position, at this module's tiles).
     """
     for name, size in (("block_q", block_q), ("block_kv", block_kv), ("head_dim", shape.head_dim)):
         if not _is_power_of_two(size) or size < 16:
@@ -384,6 +410,60 @@ def make_gpu_attention(
             return None
         return tuple(segments.head_rows(x, head_layout)[:, 0] for x in ids)
 
+    @functools.cache
+    def chunk_tables() -> GpuTables:
+        """Every chunk position's CSR tables (position-major), built on the first chunked call."""
+        runs = [
+            kv_cache.runs_at(c, p) for c in range(kv_cache.positions) for p in range(len(patterns))
+        ]
+        return GpuTables.from_runs(runs, shape, block_q, block_kv, q_len=kv_cache.rows)
+
+    def chunked(q, k, v, q_frame_offset, head_pattern, interpret, sm_scale, token_order):
+        if kv_cache is None:
+            raise TypeError(
+                "q_frame_offset: this module was compiled without `runtime: {kv_cache: "
+                "{chunk_frames: C}}` in its spec; add it and run svgen compile again"
+            )
+        _check_dtypes(q, k, v, dtype, rebuild=_REBUILD)
+        if jnp.dtype(q.dtype).name not in DTYPES:
+            raise TypeError(f"GPU kernels run {', '.join(DTYPES)}; got q, k, v of {q.dtype}")
+        chunks.check_chunk_operands(q, k, v, kv_cache, shape.seq_len, shape.head_dim)
+        check_token_order(token_order)  # frame-major only: the user's order is the kernel's
+        sm_scale = checked_sm_scale(sm_scale, shape.head_dim)
+        position, valid = chunks.chunk_position(q_frame_offset, kv_cache)
+        requested = head_pattern
+        head_pattern, _ = head_layout_of(head_pattern, q.shape[-3])
+        flat = [x.reshape((-1,) + x.shape[-2:]) for x in (q, k, v)]
+        defined = jnp.ones(head_pattern.shape, bool)
+        if isinstance(requested, jax.core.Tracer):
+            defined = (requested >= 0) & (requested < len(patterns))
+        if valid is not None:
+            defined = defined & valid
+        defined = jnp.tile(defined, flat[0].shape[0] // head_pattern.shape[0])
+
+        def kernel_call(q, k, v, hp, position, defined):
+            rows = q.shape[0]
+            base = jnp.broadcast_to(position * len(patterns), (rows,))
+            first = jnp.broadcast_to(position * kv_cache.rows, (rows,))
+            out = _gpu_call(
+                q,
+                k,
+                v,
+                hp,
+                chunk_tables(),
+                codes,
+                seq_len=shape.seq_len,
+                q_scale=float(sm_scale) * LOG2_E,
+                interpret=interpret,
+                num_warps=num_warps,
+                num_stages=num_stages,
+                chunk=jnp.concatenate([base, first]).astype(jnp.int32),
+            )
+            return jnp.where(defined[:, None, None], out, jnp.asarray(jnp.nan, out.dtype))
+
+        out = chunks.rows_folded(kernel_call)(*flat, head_pattern, position, defined)
+        return out.reshape(q.shape)
+
     def attention(
         q,
         k,
@@ -398,10 +478,7 @@ def make_gpu_attention(
         q_frame_offset=None,
     ):
         if q_frame_offset is not None:
-            raise NotImplementedError(
-                "q_frame_offset: the GPU module has no chunked calls (runtime.kv_cache) yet; "
-                "run the chunks with the TPU module, or call with the whole sequence"
-            )
+            return chunked(q, k, v, q_frame_offset, head_pattern, interpret, sm_scale, token_order)
         _check_operands(q, k, v, shape, dtype, rebuild=_REBUILD)
         check_token_order(token_order)
         if jnp.dtype(q.dtype).name not in DTYPES:
@@ -459,9 +536,11 @@ def make_gpu_attention(
         any_dtype=" or ".join(DTYPES),
         runtime=runtime,
         text_tokens=layouts[0].text_tokens,
+        kv_cache=kv_cache,
     )
-    segments.declared_signature(attention, runtime)
+    segments.declared_signature(attention, runtime, kv_cache is not None)
     attention.runtime = runtime
+    attention.kv_cache = kv_cache
     attention.to_kernel_order = to_kernel_order
     attention.from_kernel_order = from_kernel_order
     attention.tables = tables
@@ -475,6 +554,9 @@ def gpu_attention_of(module, **options):
     runtime = getattr(module.attention, "runtime", None)
     if runtime is not None:
         options.setdefault("runtime", runtime)
+    kv_cache = getattr(module.attention, "kv_cache", None)
+    if kv_cache is not None:
+        options.setdefault("kv_cache", kv_cache)
     return make_gpu_attention(
         module._PATTERNS,
         module.SHAPE,

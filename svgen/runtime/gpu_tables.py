@@ -23,20 +23,24 @@ from svgen.runtime.kinds import TileKind
 from svgen.runtime.tables import KIND_MASK, KV_BLOCK_SHIFT, KernelShape, compute_block_kinds
 
 
-def gpu_tile_kinds(runs, shape: KernelShape, block_q: int, block_kv: int) -> np.ndarray:
-    """int8 [ceil(seq_len / block_q), ceil(seq_len / block_kv)]: each GPU tile's kind, that of
-    the compute block it lies in (block_q must divide compute_q, block_kv compute_kv)."""
+def gpu_tile_kinds(
+    runs, shape: KernelShape, block_q: int, block_kv: int, q_len: int | None = None
+) -> np.ndarray:
+    """int8 [ceil(q_len / block_q), ceil(seq_len / block_kv)]: each GPU tile's kind, that of
+    the compute block it lies in (block_q must divide compute_q, block_kv compute_kv); q_len:
+    the rows when they are not seq_len (a KV-cache chunk's, svgen.runtime.chunks)."""
+    q_len = q_len or shape.seq_len
     if shape.cq % block_q or shape.ckv % block_kv:
         raise ValueError(
             f"GPU tiles must divide the compute blocks ({shape.cq} x {shape.ckv}); "
             f"got {block_q} x {block_kv}"
         )
-    num_q = -(-shape.seq_len // shape.block_q)
+    num_q = -(-q_len // shape.block_q)
     num_kv = -(-shape.seq_len // shape.block_kv)
     blocks = compute_block_kinds(
         runs, num_q, num_kv, shape.q_blocks_per_tile, shape.kv_blocks_per_tile
     )
-    gq, gk = -(-shape.seq_len // block_q), -(-shape.seq_len // block_kv)
+    gq, gk = -(-q_len // block_q), -(-shape.seq_len // block_kv)
     rows = np.arange(gq) * block_q // shape.cq
     cols = np.arange(gk) * block_kv // shape.ckv
     return blocks[np.ix_(rows, cols)]
@@ -55,12 +59,17 @@ class GpuTables:
 
     @classmethod
     def from_runs(
-        cls, runs_per_pattern: Sequence, shape: KernelShape, block_q: int, block_kv: int
+        cls,
+        runs_per_pattern: Sequence,
+        shape: KernelShape,
+        block_q: int,
+        block_kv: int,
+        q_len: int | None = None,
     ) -> "GpuTables":
         counts, entries = [], []
         gq = gk = 0
         for runs in runs_per_pattern:
-            kinds = gpu_tile_kinds(runs, shape, block_q, block_kv)
+            kinds = gpu_tile_kinds(runs, shape, block_q, block_kv, q_len)
             gq, gk = kinds.shape
             q_tile, kv_tile = np.nonzero(kinds != TileKind.EMPTY)  # row-major: by q tile
             counts.append(np.bincount(q_tile, minlength=gq))

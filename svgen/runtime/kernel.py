@@ -1143,34 +1143,7 @@ def make_attention(
                 chunk=(call, q_first, exact),
             )
 
-        @jax.custom_batching.custom_vmap
-        def batchable(q, k, v, hp, position, defined):
-            return kernel_call(q, k, v, hp, position, defined)
-
-        @batchable.def_vmap
-        def mapped(axis_size, in_batched, q, k, v, hp, position, defined):
-            if in_batched[3]:
-                raise NotImplementedError(
-                    "head_pattern mapped by jax.vmap in a chunked call: give every batch "
-                    "element the same head_pattern"
-                )
-
-            def leading(x, batched):
-                return x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
-
-            q, k, v = (
-                leading(x, b).reshape((-1,) + x.shape[-2:]) for x, b in zip((q, k, v), in_batched)
-            )
-            rows = q.shape[0] // axis_size
-            if in_batched[4]:  # per element (and, under nested maps, per row already)
-                position = (
-                    position.reshape(-1) if position.ndim == 2 else jnp.repeat(position, rows)
-                )
-            elif position.ndim == 1:
-                position = jnp.tile(position, axis_size)
-            defined = leading(defined, in_batched[5]).reshape(-1)
-            out = batchable(q, k, v, hp, position, defined)
-            return out.reshape((axis_size, rows) + out.shape[1:]), True
+        batchable = chunks.rows_folded(kernel_call)
 
         def no_backward(residuals, do):
             raise NotImplementedError(
