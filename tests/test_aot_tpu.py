@@ -379,8 +379,8 @@ def test_run_time_segments_compile_for_v6e(spec_name, tmp_path):
 
 def test_chunked_calls_compile_for_v6e():
     """The shipped KV-cache module's chunked call at full size (Self-Forcing's geometry):
-    batched with a traced offset and head_pattern, and under jax.vmap with an offset per
-    element, pass Mosaic and libtpu."""
+    batched with a traced offset and head_pattern, under jax.vmap with an offset per
+    element, and its gradient (the fused dk/dv walk), pass Mosaic and libtpu."""
     module = import_file(REPO / "generated" / "self_forcing_chunks.py")
     sharding = jax.sharding.SingleDeviceSharding(v6e_device())
     rows, dtype = module.attention.kv_cache.rows, jnp.dtype(module.DTYPE)
@@ -402,3 +402,10 @@ def test_chunked_calls_compile_for_v6e():
     assert "tpu_custom_call" in text
     mapped = jax.vmap(call, in_axes=(0, 0, 0, None, 0))
     jax.jit(mapped).lower(chunk, cache, cache, hp, struct((2,), jnp.int32)).compile()
+
+    def loss(q, k, v, hp, f):
+        return jnp.sum(call(q, k, v, hp, f).astype(jnp.float32))
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    text = grad.lower(chunk, cache, cache, hp, offset).compile().as_text()
+    assert "svgen_attention_dkv" in text

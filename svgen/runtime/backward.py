@@ -78,16 +78,23 @@ def _walk(
     out_blocks=None,
     aliases=None,
     call=None,
+    chunk=None,
 ):
     """One pallas_call over `tables` (forward or transposed) for every head: the grid and
     index maps of the forward kernel; `in_blocks` / `outputs` say per operand whether it is
     indexed by the step's row tile ("row"), column tile ("col") or is a lane-major
     [rows, 1, padded] row vector indexed by the row ("row_vec") or column ("col_vec") tile.
     call: run-time segments' CallTables (svgen.runtime.segments), which replace `tables`'
-    pieces (`tables` still says slots, lengths and blocks); per-head walk."""
+    pieces (`tables` still says slots, lengths and blocks); per-head walk. chunk: a KV-cache
+    chunk's (CallTables, first query token and defined flag per row, exact walk), as the
+    forward kernel takes it (svgen.runtime.chunks)."""
     heads = int(head_pattern.shape[0])
-    flat = tables.flat and call is None
-    if call is None:
+    flat = tables.flat and call is None and chunk is None
+    if chunk is not None:
+        chunk_call, q_first, exact = chunk
+        operands = chunk_call.scalar_operands(head_pattern) + (q_first,)
+        steps, single = chunk_call.steps, fwd.EXACT_GRID if exact else None
+    elif call is None:
         head_operands, steps = fwd._head_operands(tables, head_pattern, static_pattern)
         operands = head_operands + tuple(jnp.asarray(t) for t in tables.piece_operands())
         single = tables.max_pieces if tables.num_pieces.size == 1 else None
@@ -95,7 +102,7 @@ def _walk(
         operands = call.scalar_operands(head_pattern)
         steps, single = call.steps, None
     has_lengths, has_blocks = tables.lengths is not None, tables.blocks is not None
-    per_row = call is not None
+    per_row = call is not None or chunk is not None
 
     def view(outer, step, refs):
         return fwd._StepView(
@@ -127,6 +134,7 @@ def _walk(
         has_blocks=has_blocks,
         flat=flat,
         per_row=per_row,
+        **({} if chunk is None else {"chunked": True}),
     )
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=len(operands),
@@ -259,6 +267,7 @@ def _dkv_kernel(
     sm_scale,
     fused_dq=False,
     per_row=False,
+    chunked=False,
 ):
     """shape is transposed: rows (block_q, cq) are keys, columns queries.
 
@@ -268,9 +277,11 @@ def _dkv_kernel(
     TensorCore; other cores walk other rows) never race. One pass of the scores instead of
     two: 5 matmuls per block against the separate kernels' 3 + 4.
 
-    per_row: run-time segments; the key and query ids follow the six inputs."""
+    per_row: run-time segments; the key and query ids follow the six inputs. chunked: a
+    KV-cache chunk's walk (per-row tables; the last table holds each row's first query token
+    in the video, svgen.runtime.chunks)."""
     k_ref, v_ref, q_ref, do_ref, lse_ref, d_ref = refs[num_tables : num_tables + 6]
-    id_refs = refs[num_tables + 6 : num_tables + 8] if per_row else ()
+    id_refs = refs[num_tables + 6 : num_tables + 8] if per_row and not chunked else ()
     outs = refs[num_tables + num_inputs :]
     dk_ref, dv_ref = outs[:2]
     if fused_dq:
@@ -280,6 +291,7 @@ def _dkv_kernel(
     view, kind, kv_tile, q_tile, active, is_first, is_last = fwd.grid_step(
         refs[:num_tables], heads, single, has_lengths, has_blocks, flat, per_row
     )
+    q_first = refs[num_tables - 1][view.row] if chunked else None
     blocks = [
         fwd._Block(ki, qi, shape)
         for ki in range(shape.q_blocks_per_tile)
@@ -297,7 +309,7 @@ def _dkv_kernel(
         lse, dd = lse_ref[:, block.cols], d_ref[:, block.cols]  # [1, cq]: lane-major rows
         p_t = jnp.exp2(_dot(k, q, 1, 1) - lse)
         if pattern is not None:
-            keep_t = _keep_t(pattern, kv_tile, q_tile, block, shape)
+            keep_t = _keep_t(pattern, kv_tile, q_tile, block, shape, q_first)
             if segmented:  # across run-time segments: only pairs of one (keys are rows here)
                 kv_ids, q_ids = id_refs[0][:, block.rows], id_refs[1][:, block.cols]
                 keep_t = keep_t & (jnp.transpose(kv_ids) == q_ids)
@@ -320,7 +332,7 @@ def _dkv_kernel(
             read.start()
             dq_step[...] = jnp.zeros(dq_step.shape, jnp.float32)
 
-    _run_blocks(view, kind, active, blocks, shape, patterns, update, segments=per_row)
+    _run_blocks(view, kind, active, blocks, shape, patterns, update, segments=bool(id_refs))
 
     if fused_dq:
 
@@ -349,11 +361,13 @@ def _keep(pattern, q_tile, kv_tile, block, shape):
     return jnp.broadcast_to(pattern.boundary_mask(q, k), (shape.cq, shape.ckv))
 
 
-def _keep_t(pattern, kv_tile, q_tile, block, shape):
+def _keep_t(pattern, kv_tile, q_tile, block, shape, q_first=None):
     """keep^T [ckv, cq] of a dkv block: the same mask with keys as columns, queries as rows
-    (shape is transposed: block.qi indexes keys)."""
+    (shape is transposed: block.qi indexes keys). q_first: a chunked call's first query
+    token in the video."""
     k = QueryCoords(_positions(kv_tile, shape.block_q, block.qi, shape.cq), pattern.layout)
-    q = TokenCoords(_positions(q_tile, shape.block_kv, block.ki, shape.ckv), pattern.layout)
+    q_pos = _positions(q_tile, shape.block_kv, block.ki, shape.ckv)
+    q = TokenCoords(q_pos if q_first is None else q_pos + q_first, pattern.layout)
     return jnp.broadcast_to(pattern.boundary_mask(q, k), (shape.cq, shape.ckv))
 
 
@@ -376,19 +390,25 @@ def backward(
     interpret,
     fused_dq: bool | None = None,
     calls=None,
+    chunk=None,
 ):
     """dq, dk, dv [rows, seq_len, d] (kernel order) of the forward call that gave o, lse;
     fused_dq: dq inside the dk/dv walk (one kernel) instead of its own kernel (None:
     FUSED_DQ). calls: run-time segments, (forward CallTables, dk/dv CallTables, query ids,
-    key ids [rows, 1, seq_len]) (svgen.runtime.segments)."""
+    key ids [rows, 1, seq_len]) (svgen.runtime.segments). chunk: a KV-cache chunk's call,
+    (its dk/dv walk's chunk operands as _walk takes them): q, o, do hold the chunk's rows,
+    k and v the whole sequence's; dq, dk, dv come back so (always the fused walk)."""
     if fused_dq is None:
         fused_dq = FUSED_DQ
+    fused_dq = fused_dq or chunk is not None
     pad = shape.padded_seq_len - shape.seq_len
-    rows_pad = ((0, 0), (0, pad), (0, 0))
-    zero = functools.partial(jnp.pad, pad_width=rows_pad)
+    q_len = q_scaled.shape[1]
+    q_pad = lse.shape[-1] - q_len  # whole q tiles
+    zero = functools.partial(jnp.pad, pad_width=((0, 0), (0, pad), (0, 0)))
+    zero_q = functools.partial(jnp.pad, pad_width=((0, 0), (0, q_pad), (0, 0)))
     delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)  # D = rowsum
-    delta = jnp.pad(delta, ((0, 0), (0, pad)))[:, None, :]
-    qp, kp, vp, dop = zero(q_scaled), zero(k), zero(v), zero(do)
+    delta = jnp.pad(delta, ((0, 0), (0, q_pad)))[:, None, :]
+    qp, kp, vp, dop = zero_q(q_scaled), zero(k), zero(v), zero_q(do)
     d = shape.head_dim
     common = dict(head_pattern=head_pattern, static_pattern=static_pattern, interpret=interpret)
     fwd_call = dkv_call = None
@@ -411,11 +431,12 @@ def backward(
         common,
         call=dkv_call,
         ids=ids,
+        chunk=chunk,
     )
     cut = slice(0, shape.seq_len)
     if fused_dq:
         dk, dv, dq = walk_dkv(fused_dq=True)
-        return (dq[:, cut] * sm_scale).astype(qp.dtype), dk[:, cut], dv[:, cut]
+        return (dq[:, :q_len] * sm_scale).astype(qp.dtype), dk[:, cut], dv[:, cut]
     dq = _walk(
         functools.partial(_dq_kernel, patterns=patterns, sm_scale=sm_scale),
         tables=forward_tables,
@@ -453,6 +474,7 @@ def _dkv_walk(
     fused_dq,
     call=None,
     ids=(),
+    chunk=None,
 ):
     """The walk of the transposed tables: (dk, dv), and with fused_dq also dq (f32, unscaled,
     accumulated in an HBM buffer aliased from zeros). call, ids: run-time segments (the
@@ -481,6 +503,7 @@ def _dkv_walk(
         functools.partial(_dkv_kernel, patterns=patterns, sm_scale=sm_scale, fused_dq=fused_dq),
         tables=dkv_tables,
         call=call,
+        chunk=chunk,
         shape=t_shape,
         inputs=inputs,
         in_blocks=in_blocks,

@@ -30,7 +30,14 @@ import numpy as np
 from jax import lax
 
 from svgen.runtime.segments import CallTables
-from svgen.runtime.tables import PieceTables, as_runs
+from svgen.runtime.tables import (
+    SMEM_BUDGET,
+    KernelShape,
+    PieceTables,
+    as_runs,
+    compute_block_kinds,
+    runs_of_blocks,
+)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -59,6 +66,12 @@ class KvCache:
 
     def tables(self, slots: int, compute_blocks: int) -> PieceTables:
         return _piece_tables(self, slots, compute_blocks)
+
+    def transposed_tables(self, shape: KernelShape) -> PieceTables:
+        """The dk/dv walk's tables of every chunk position (position-major, as `tables`):
+        per kv tile, the chunk's q tiles that visit it (one zero-fill step for a kv tile that
+        none does), at the smallest piece size that fits SMEM."""
+        return _transposed_tables(self, shape)
 
     def call_tables(
         self, tables: PieceTables, position, head_pattern, batch: int
@@ -93,6 +106,24 @@ def _padded(table: np.ndarray, extra: int) -> np.ndarray:
     """The table with `extra` copies of its last piece after it: a slice from any piece start
     stays inside (lax.dynamic_slice would move a start that runs past the end)."""
     return np.concatenate([table, np.repeat(table[-1:], extra)])
+
+
+@functools.lru_cache(maxsize=8)
+def _transposed_tables(cache: KvCache, shape: KernelShape) -> PieceTables:
+    num_q = -(-cache.rows // shape.block_q)
+    num_kv = -(-shape.seq_len // shape.block_kv)
+    rq, rk = shape.q_blocks_per_tile, shape.kv_blocks_per_tile
+    runs = []
+    for c in range(cache.positions):
+        for p in range(len(cache.runs)):
+            blocks = compute_block_kinds(cache.runs_at(c, p), num_q, num_kv, rq, rk)
+            runs.append(runs_of_blocks(blocks.T, num_kv, num_q, rk, rq))
+    slots = 1
+    while True:
+        tables = PieceTables.from_runs(runs, slots, shape.compute_blocks, False)
+        if tables.scalar_prefetch_bytes(shape.heads) <= SMEM_BUDGET or slots >= 256:
+            return tables
+        slots *= 2
 
 
 @functools.lru_cache(maxsize=8)

@@ -906,7 +906,7 @@ def _flat_attention(
         scratch_shapes=scratch,
     )
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)] + (
-        [jax.ShapeDtypeStruct((q.shape[0], 1, shape.padded_seq_len), jnp.float32)]
+        [jax.ShapeDtypeStruct((q.shape[0], 1, _lse_length(q, shape)), jnp.float32)]
         if with_lse
         else []
     )
@@ -923,6 +923,13 @@ def _flat_attention(
     )(*operands, q, k, v, *id_inputs)
     outputs = [settled(x, interpret) for x in outputs]
     return tuple(outputs) if with_lse else outputs[0]
+
+
+def _lse_length(q, shape: KernelShape) -> int:
+    """The lse rows: whole q tiles of q's rows (a chunked call's are fewer than seq_len)."""
+    if q.shape[1] == shape.seq_len:
+        return shape.padded_seq_len
+    return -(-q.shape[1] // shape.block_q) * shape.block_q
 
 
 def _per_head_layout(x, layouts: list[TokenLayout], head_layout, to_kernel: bool):
@@ -1117,18 +1124,20 @@ def make_attention(
         """Every chunk position's tables, built on the first chunked call."""
         return kv_cache.tables(slots, shape.compute_blocks)
 
-    def chunk_core(q, k, v, head_pattern, position, defined, interpret, q_scale):
+    def chunk_core(q, k, v, head_pattern, position, defined, interpret, q_scale, sm_scale):
         """A chunked call in kernel order: q [rows, chunk tokens, d] (rows = batch * heads),
         position int32 [] (the chunk of every row) or [rows], defined bool [rows]. jax.vmap
-        folds its axis into the rows (each element may have its own position); the VJP only
-        says that there is none yet."""
+        folds its axis into the rows (each element may have its own position); the VJP runs
+        the fused dk/dv walk over the chunk positions' transposed tables."""
         heads = int(head_pattern.shape[0])
 
-        def kernel_call(q, k, v, hp, position, defined):
-            rows = q.shape[0]
-            call, exact = kv_cache.call_tables(chunk_tables(), position, hp, rows // heads)
+        def chunk_operands(table, position, hp, defined, rows):
+            call, exact = kv_cache.call_tables(table, position, hp, rows // heads)
             first = jnp.broadcast_to(position * kv_cache.rows, (rows,)).astype(jnp.int32)
-            q_first = jnp.concatenate([first, defined.astype(jnp.int32)])
+            return call, jnp.concatenate([first, defined.astype(jnp.int32)]), exact
+
+        def forward(q, k, v, hp, position, defined, with_lse=False):
+            chunk = chunk_operands(chunk_tables(), position, hp, defined, q.shape[0])
             return _flat_attention(
                 q,
                 k,
@@ -1140,20 +1149,43 @@ def make_attention(
                 shape=shape,
                 interpret=interpret,
                 q_scale=q_scale,
-                chunk=(call, q_first, exact),
+                with_lse=with_lse,
+                chunk=chunk,
             )
 
-        batchable = chunks.rows_folded(kernel_call)
+        batchable = chunks.rows_folded(forward)
 
-        def no_backward(residuals, do):
-            raise NotImplementedError(
-                "gradients of chunked calls (q_frame_offset) are not built yet: differentiate "
-                "the full-sequence call (q, k, v of the whole video, no q_frame_offset), "
-                "whose mask is the same"
+        def forward_rule(q, k, v, hp, position, defined):
+            o, lse = forward(q, k, v, hp, position, defined, with_lse=True)
+            return o, (q, k, v, hp, position, defined, o, lse)
+
+        def backward_rule(residuals, do):
+            from svgen.runtime import backward
+
+            q, k, v, hp, position, defined, o, lse = residuals
+            q_scaled = (q.astype(jnp.float32) * q_scale).astype(q.dtype)
+            dkv = kv_cache.transposed_tables(shape)
+            dq, dk, dv = backward.backward(
+                q_scaled,
+                k,
+                v,
+                o,
+                lse,
+                do,
+                hp,
+                None,
+                forward_tables=tables,
+                dkv_tables=dkv,
+                patterns=codes,
+                shape=shape,
+                sm_scale=sm_scale,
+                interpret=interpret,
+                chunk=chunk_operands(dkv, position, hp, defined, q.shape[0]),
             )
+            return dq, dk, dv, _no_cotangent(hp), _no_cotangent(position), _no_cotangent(defined)
 
         core = jax.custom_vjp(batchable)
-        core.defvjp(lambda *args: (batchable(*args), None), no_backward)
+        core.defvjp(forward_rule, backward_rule)
         return core(q, k, v, head_pattern, position, defined)
 
     def chunked(q, k, v, q_frame_offset, head_pattern, interpret, sm_scale, token_order):
@@ -1179,7 +1211,13 @@ def make_attention(
             defined = defined & valid
         defined = jnp.tile(defined, flat[0].shape[0] // head_pattern.shape[0])
         out = chunk_core(
-            *flat, head_pattern, position, defined, interpret, float(sm_scale) * LOG2_E
+            *flat,
+            head_pattern,
+            position,
+            defined,
+            interpret,
+            float(sm_scale) * LOG2_E,
+            float(sm_scale),
         )
         return out.reshape(q.shape)
 
@@ -1338,13 +1376,18 @@ def attention_doc(
 """
     if kv_cache is not None:
         c, rows = kv_cache.chunk_frames, kv_cache.rows
+        chunk_grads = (
+            "jax.grad gives dq of the chunk and\n    dk, dv of the whole cache."
+            if backend == "TPU"
+            else "Forward only."
+        )
         runtime_lines += f"""q_frame_offset: int32 [] (may be traced), a multiple of {c} in 0 .. {kv_cache.frames - c}: a chunked call
     (KV cache). q is then [heads, {rows}, {d}] or [batch, heads, {rows}, {d}], the queries of
     frames q_frame_offset .. + {c - 1}; k and v the cache of the whole video, [.., heads, {n}, {d}],
     frame t at tokens t * {kv_cache.frame_tokens} ..; frames after the chunk are never attended
     (they must only be finite). The mask is the full sequence's, in absolute frames: chunk by
     chunk, o equals the full-sequence call's rows. A traced offset that is no chunk start
-    gives NaN outputs; a concrete one raises. Forward only (no gradient yet).
+    gives NaN outputs; a concrete one raises. {chunk_grads}
 """
     return f"""attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None, token_order="user"{extra})
 
