@@ -14,10 +14,14 @@ by chunk the rows come out exactly as the full-sequence call computes them.
 
 Tables: the compiler classified every chunk position's own tiles (svgen.analysis.chunks);
 they sit in one SMEM table, position-major (table pattern = position * patterns + pattern).
-A call looks up its rows' first piece and piece count there and walks them per head (the
-run-time tables' walk of svgen.runtime.segments: a grid as long as the call's longest row),
-so a chunk takes exactly its own grid steps and its own q and o bytes; the chunk's first
-token is the one extra scalar it reads (SMEM), added to the decoded query positions.
+With one pattern and one position for the call, the kernel gets that position's slice of
+the table and a grid exactly as long (kernel.EXACT_GRID: no per-row table read); otherwise
+it walks per-row first-piece and count tables (the run-time tables' walk of
+svgen.runtime.segments, a grid as long as the longest row). Either way a chunk takes its
+own grid steps and its own q and o bytes; per row, the chunk's first token (read once per q
+tile) shifts the decoded query positions. jax.vmap folds into the rows (`rows_folded`), so
+each batch element may have its own position. The gradient walks the transposed tables of
+every position the same way (svgen.runtime.backward, the fused dk/dv walk).
 """
 
 from __future__ import annotations
