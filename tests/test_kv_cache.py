@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import inspect
 import re
+import subprocess
+import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +19,7 @@ import pytest
 
 from conftest import (
     POISONED,
+    REPO,
     TOLERANCE,
     compile_spec_text,
     dense_keep,
@@ -435,3 +439,48 @@ def test_the_gpu_chunked_call_lowers_to_valid_triton_ir(tmp_path):
         triton_lowering.lower_jaxpr_to_triton_module = original
     assert text.count("__gpu$xla.gpu.triton") == 1 and len(modules) == 1
     assert "scf.for" in modules[0]
+
+
+SHARDED = textwrap.dedent("""
+    import os, sys, tempfile, pathlib
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, PartitionSpec as P
+    sys.path.insert(0, {tests!r})
+    from conftest import compile_spec_text
+    from test_kv_cache import TWO_PATTERNS
+
+    text = TWO_PATTERNS.replace("heads: 3,", "heads: 4,")
+    plan, module = compile_spec_text(text, pathlib.Path(tempfile.mkdtemp()))
+    rng = np.random.default_rng(0)
+    seq, rows = plan.layout.seq_len, module.attention.kv_cache.rows
+    q = jnp.asarray(rng.standard_normal((4, rows, 64)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((4, seq, 64)), jnp.float32) for _ in range(2))
+    hp = jnp.asarray([0, 1, 1, 0], jnp.int32)
+    offset = jnp.int32(3)
+
+    def call(q, k, v, hp, f):
+        return module.attention(q, k, v, head_pattern=hp, q_frame_offset=f, interpret=True)
+
+    expected = np.asarray(call(q, k, v, hp, offset))
+    mesh = Mesh(np.array(jax.devices()), ("x",))
+    heads = P("x", None, None)
+    sharded = jax.jit(jax.shard_map(call, mesh=mesh,
+        in_specs=(heads, heads, heads, P("x"), P()), out_specs=heads, check_vma=False))
+    got = np.asarray(sharded(q, k, v, hp, offset))
+    assert np.max(np.abs(got - expected)) <= 1e-6, np.max(np.abs(got - expected))
+    grad = jax.jit(jax.grad(lambda k: jnp.sum(sharded(q, k, v, hp, offset))))(k)
+    want = jax.jit(jax.grad(lambda k: jnp.sum(call(q, k, v, hp, offset))))(k)
+    assert np.max(np.abs(np.asarray(grad) - np.asarray(want))) <= 1e-5
+    print("OK")
+""")
+
+
+def test_heads_sharded_with_shard_map():
+    """Chunked calls inside shard_map over heads (2 virtual CPU devices), forward and dk."""
+    script = SHARDED.format(tests=str(REPO / "tests"))
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=600
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-4000:]
+    assert "OK" in result.stdout
