@@ -188,6 +188,17 @@ def chunk_position(q_frame_offset, cache: KvCache):
     return position, offset == position * cache.chunk_frames
 
 
+def defined_rows(requested, valid, patterns: int, rows: int):
+    """bool [rows] (batch * heads): whether each row's output is defined. A traced offset
+    that is no chunk start (valid False) or a traced head_pattern value that is no pattern
+    gives NaN rows, never another chunk's or another pattern's; concrete ones raised."""
+    defined = jnp.ones((), bool) if valid is None else valid
+    if isinstance(requested, jax.core.Tracer):
+        per_head = (requested >= 0) & (requested < patterns)
+        return jnp.tile(per_head & defined, rows // requested.shape[0])
+    return jnp.broadcast_to(defined, (rows,))
+
+
 def rows_folded(kernel_call):
     """`kernel_call(q, k, v, head_pattern, position, defined)` (q [rows, chunk, d], position
     int32 [] or [rows], defined bool [rows]) under jax.vmap: the mapped axis folds into the

@@ -434,12 +434,7 @@ def make_gpu_attention(
         requested = head_pattern
         head_pattern, _ = head_layout_of(head_pattern, q.shape[-3])
         flat = [x.reshape((-1,) + x.shape[-2:]) for x in (q, k, v)]
-        defined = jnp.ones(head_pattern.shape, bool)
-        if isinstance(requested, jax.core.Tracer):
-            defined = (requested >= 0) & (requested < len(patterns))
-        if valid is not None:
-            defined = defined & valid
-        defined = jnp.tile(defined, flat[0].shape[0] // head_pattern.shape[0])
+        defined = chunks.defined_rows(requested, valid, len(patterns), flat[0].shape[0])
 
         def kernel_call(q, k, v, hp, position, defined):
             rows = q.shape[0]

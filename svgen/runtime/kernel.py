@@ -1202,14 +1202,7 @@ def make_attention(
         requested = head_pattern
         static_pattern, head_pattern, _ = resolved(head_pattern, q.shape[-3])
         flat = [x.reshape((-1,) + x.shape[-2:]) for x in (q, k, v)]
-        # Per head, whether its output is defined: a traced offset that is no chunk start,
-        # or a traced pattern index that is none, gives NaN (never another chunk's rows).
-        defined = jnp.ones(head_pattern.shape, bool)
-        if isinstance(requested, jax.core.Tracer):
-            defined = (requested >= 0) & (requested < len(patterns))
-        if valid is not None:
-            defined = defined & valid
-        defined = jnp.tile(defined, flat[0].shape[0] // head_pattern.shape[0])
+        defined = chunks.defined_rows(requested, valid, len(patterns), flat[0].shape[0])
         out = chunk_core(
             *flat,
             head_pattern,
