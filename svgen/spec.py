@@ -865,6 +865,27 @@ def _check_kv_cache_layouts(r: _Reader, node: Node, layout, heads) -> None:
             )
 
 
+def _check_chunk_grain(
+    r: _Reader, node: Node, geometry: TokenLayout, tiling: Tiling, chunk: int, patterns: int
+) -> None:
+    """The chunks' tables come from one classification of the sequence in row blocks of
+    gcd(compute_q, chunk tokens) (svgen.analysis.chunks): its grid must fit MAX_TILE_PAIRS,
+    as the full sequence's does, before any of it is allocated."""
+    rows = chunk * geometry.tokens_per_frame
+    grain = math.gcd(tiling.cq, rows)
+    need = -(-geometry.seq_len // grain) * -(-geometry.seq_len // tiling.ckv) * patterns
+    if need > MAX_TILE_PAIRS:
+        raise r.error(
+            node,
+            "runtime.kv_cache",
+            f"chunks of {rows:,} tokens start {grain} row(s) apart from the compute_q of "
+            f"{tiling.cq} (their gcd): classifying every chunk position takes "
+            f"{need:,} block pairs, more than {MAX_TILE_PAIRS:,} (MAX_TILE_PAIRS); choose "
+            "chunk_frames or compute_q so that chunk_frames x height x width shares a larger "
+            "power of two with compute_q",
+        )
+
+
 def _layout_words(order) -> str:
     if isinstance(order, Tiled):
         return f"tiled {order.frames}x{order.rows}x{order.cols}"
@@ -1560,6 +1581,10 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
         runtime = _read_runtime(r, top["runtime"][1], "runtime", geometry)
         if runtime.kv_cache:
             _check_kv_cache_layouts(r, top["runtime"][1], layout, heads)
+            _check_chunk_grain(
+                r, top["runtime"][1], geometry, tiling, runtime.chunk_frames,
+                len(heads.candidates) if heads is not None else 1,
+            )  # fmt: skip
             if tiling.aligned:
                 raise r.error(
                     top["runtime"][1],

@@ -342,6 +342,16 @@ runtime: %(runtime)s
             dict(tiling="{block_q: 128, block_kv: 128, align: balanced}"),
             "needs tiling.align: exact (got balanced)",
         ),
+        (
+            dict(
+                geometry="{frames: 60, height: 45, width: 79}",
+                tiling="{block_q: 1024, block_kv: 1024}",
+                runtime="{kv_cache: {chunk_frames: 3}}",
+            ),
+            "chunks of 10,665 tokens start 1 row(s) apart from the compute_q of 1024 (their "
+            "gcd): classifying every chunk position takes 44,579,700 block pairs, more than "
+            "16,777,216 (MAX_TILE_PAIRS)",
+        ),
     ],
 )
 def test_bad_kv_cache_sections_are_refused(changes, message):
@@ -484,3 +494,25 @@ def test_heads_sharded_with_shard_map():
     )
     assert result.returncode == 0, result.stdout + result.stderr[-4000:]
     assert "OK" in result.stdout
+
+
+def test_chunk_classification_over_the_work_limit_is_a_located_error(monkeypatch):
+    """The chunk positions' classification runs under the analysis's work budgets; going
+    over them ends in an error at runtime.kv_cache, not in minutes of work."""
+    from svgen import analysis
+    from svgen.limits import PRODUCT_WORK, WorkOverLimit
+
+    def over(*args, **kwargs):
+        raise WorkOverLimit(PRODUCT_WORK, 1 << 40)
+
+    monkeypatch.setattr(analysis.chunks, "chunk_runs", over)
+    text = BASE % dict(
+        geometry="{frames: 6, height: 4, width: 4}",
+        layout="frame_major",
+        tiling="{block_q: 128, block_kv: 128}",
+        runtime="{kv_cache: {chunk_frames: 2}}",
+    )
+    with pytest.raises(
+        SpecError, match=r"w\.yaml:9:\d+: runtime\.kv_cache: classifying every chunk"
+    ):
+        analysis.analyze(parse_spec(text, source="w.yaml"))

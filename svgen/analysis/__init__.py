@@ -122,8 +122,7 @@ def analyze(
         _check_runtime_tables(spec, patterns, tables.slots, smem_budget)
     chunked = ()
     if spec.runtime.kv_cache:
-        cf = spec.runtime.chunk_frames
-        chunked = tuple(chunks.chunk_runs(p.mask, p.layout, spec.tiling, cf) for p in patterns)
+        chunked = _chunk_runs(spec, patterns, spec.tiling)
         _check_chunk_tables(spec, chunked, tables.slots, smem_budget)
     return Plan(
         spec=spec,
@@ -152,10 +151,7 @@ def analyze_gpu(
     patterns, _ = _pattern_plans(classified, masks, progress, gpu_runs=True)
     chunked = ()
     if spec.runtime.kv_cache:  # at the classification tiles, each GPU tile its own kind
-        cf = spec.runtime.chunk_frames
-        chunked = tuple(
-            chunks.chunk_runs(p.mask, p.layout, classified.tiling, cf) for p in patterns
-        )
+        chunked = _chunk_runs(spec, patterns, classified.tiling)
     names = [c.pattern for c in heads.candidates]
     assign = None if heads.assign is None else tuple(names.index(n) for n in heads.assign)
     gpu = spec.gpu_tiling
@@ -377,6 +373,24 @@ def _check_runtime_tables(spec: Spec, patterns, slots: int, smem_budget: int) ->
             file=spec.source,
             key="runtime",
         )
+
+
+def _chunk_runs(spec: Spec, patterns, tiling: Tiling) -> tuple:
+    """Every pattern's chunk runs (svgen.analysis.chunks), under the analysis's work budgets:
+    their classification is the full sequence's at a finer row grain."""
+    cf = spec.runtime.chunk_frames
+    with (
+        ROW_SET_WORK.budget(int(ROW_SET_BACKSTOP * MAX_ROW_SET_WORK)),
+        PRODUCT_WORK.budget(MAX_PRODUCT_WORK),
+    ):
+        try:
+            return tuple(chunks.chunk_runs(p.mask, p.layout, tiling, cf) for p in patterns)
+        except WorkOverLimit as over:
+            raise _kv_cache_error(
+                spec,
+                f"classifying every chunk position went over the analysis's work limit "
+                f"({over}); use longer chunks or larger compute blocks",
+            ) from None
 
 
 def _check_chunk_tables(spec: Spec, chunked, slots: int, smem_budget: int) -> None:
