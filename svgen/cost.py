@@ -826,10 +826,17 @@ def _vmem_message(plan, error: str) -> str:
 
 
 def cost_plan(
-    plan, spec_path: str, *, use_cache: bool = True, progress=None, training: bool = False
+    plan,
+    spec_path: str,
+    *,
+    use_cache: bool = True,
+    progress=None,
+    training: bool = False,
+    chunks: bool = True,
 ) -> CostReport:
     """Render the plan's module, compile its kernel for the plan's target, model one call;
-    `training`: also the forward + backward kernels of a jax.grad call (one more compile)."""
+    `training`: also the forward + backward kernels of a jax.grad call (one more compile);
+    `chunks`: also a runtime.kv_cache module's chunked call (one more compile)."""
     import importlib.util
     import sys
     import tempfile
@@ -860,7 +867,7 @@ def cost_plan(
                     )
                 trained = _model_training(training_paths, plan, module)
             chunk_paths = None
-            if plan.chunk_runs:
+            if plan.chunk_runs and chunks:
                 with _vmem_refusal(plan):
                     chunk_paths = measure_chunk_paths(
                         module, plan.target.name, use_cache=use_cache, progress=progress

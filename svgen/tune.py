@@ -487,7 +487,9 @@ def _compile_measure(spec_path: str) -> Measure:
     def measure(plan: Plan):
         from svgen import cost
 
-        return cost.cost_plan(plan, spec_path).paths
+        # The full-sequence kernel's paths rank tilings (a kv_cache spec's chunked call has the
+        # same body per step; compiling it too would double every costed candidate's compile).
+        return cost.cost_plan(plan, spec_path, chunks=False).paths
 
     return measure
 
