@@ -368,6 +368,13 @@ def _compile(args) -> int:
                 if p.budget is not None:
                     label = "" if len(plan.patterns) == 1 else f"{p.name}: "
                     print(f"  {label}aligned {p.budget.words()}", file=sys.stderr)
+            if plan.chunk_runs and plan.gpu is None:
+                steps = ", ".join(str(n) for n in plan.chunk_steps())
+                print(
+                    f"  KV-cache chunks of {plan.spec.runtime.chunk_frames} frame(s): grid "
+                    f"steps per head by chunk position {steps}",
+                    file=sys.stderr,
+                )
     if errors:
         for message in errors:
             print(f"svgen: error: {message}", file=sys.stderr)

@@ -516,3 +516,16 @@ def test_chunk_classification_over_the_work_limit_is_a_located_error(monkeypatch
         SpecError, match=r"w\.yaml:9:\d+: runtime\.kv_cache: classifying every chunk"
     ):
         analysis.analyze(parse_spec(text, source="w.yaml"))
+
+
+def test_compile_summary_names_the_chunk_steps(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "svgen.cli", "compile", "--out", str(tmp_path / "out"),
+         str(REPO / "specs" / "self_forcing_chunks.yaml")],
+        capture_output=True, text=True, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert (
+        "KV-cache chunks of 3 frame(s): grid steps per head by chunk position "
+        "15, 25, 35, 50, 51, 51, 49"
+    ) in result.stderr
