@@ -906,7 +906,7 @@ def _flat_attention(
         scratch_shapes=scratch,
     )
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)] + (
-        [jax.ShapeDtypeStruct((q.shape[0], 1, _lse_length(q, shape)), jnp.float32)]
+        [jax.ShapeDtypeStruct((q.shape[0], 1, _lse_length(q, shape, chunk)), jnp.float32)]
         if with_lse
         else []
     )
@@ -925,9 +925,10 @@ def _flat_attention(
     return tuple(outputs) if with_lse else outputs[0]
 
 
-def _lse_length(q, shape: KernelShape) -> int:
-    """The lse rows: whole q tiles of q's rows (a chunked call's are fewer than seq_len)."""
-    if q.shape[1] == shape.seq_len:
+def _lse_length(q, shape: KernelShape, chunk) -> int:
+    """The lse rows: the padded sequence, or whole q tiles of a chunked call's rows (q is
+    [rows, chunk tokens, d] then; with cube DMA it is 5-D, never chunked)."""
+    if chunk is None:
         return shape.padded_seq_len
     return -(-q.shape[1] // shape.block_q) * shape.block_q
 
