@@ -34,14 +34,7 @@ import numpy as np
 from jax import lax
 
 from svgen.runtime.segments import CallTables
-from svgen.runtime.tables import (
-    SMEM_BUDGET,
-    KernelShape,
-    PieceTables,
-    as_runs,
-    compute_block_kinds,
-    runs_of_blocks,
-)
+from svgen.runtime.tables import KernelShape, PieceTables, as_runs, transposed_tables
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -114,20 +107,8 @@ def _padded(table: np.ndarray, extra: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=8)
 def _transposed_tables(cache: KvCache, shape: KernelShape) -> PieceTables:
-    num_q = -(-cache.rows // shape.block_q)
-    num_kv = -(-shape.seq_len // shape.block_kv)
-    rq, rk = shape.q_blocks_per_tile, shape.kv_blocks_per_tile
-    runs = []
-    for c in range(cache.positions):
-        for p in range(len(cache.runs)):
-            blocks = compute_block_kinds(cache.runs_at(c, p), num_q, num_kv, rq, rk)
-            runs.append(runs_of_blocks(blocks.T, num_kv, num_q, rk, rq))
-    slots = 1
-    while True:
-        tables = PieceTables.from_runs(runs, slots, shape.compute_blocks, False)
-        if tables.scalar_prefetch_bytes(shape.heads) <= SMEM_BUDGET or slots >= 256:
-            return tables
-        slots *= 2
+    runs = [cache.runs_at(c, p) for c in range(cache.positions) for p in range(len(cache.runs))]
+    return transposed_tables(runs, shape, shape.heads, q_len=cache.rows)
 
 
 @functools.lru_cache(maxsize=8)

@@ -262,10 +262,11 @@ def runs_of_blocks(blocks: np.ndarray, rows: int, cols: int, rq: int, rk: int) -
     return np.asarray(out, np.int64).reshape(-1, RUN_COLUMNS)
 
 
-def transposed_runs(runs, shape: KernelShape) -> np.ndarray:
+def transposed_runs(runs, shape: KernelShape, q_len: int | None = None) -> np.ndarray:
     """The runs of the same visited compute blocks seen from the keys: per kv tile, the q
-    tiles (and per tile, which of its [ckv x cq] blocks are FULL / BOUNDARY)."""
-    num_q = -(-shape.seq_len // shape.block_q)
+    tiles (and per tile, which of its [ckv x cq] blocks are FULL / BOUNDARY). q_len: the
+    rows when they are not seq_len (a KV-cache chunk's, svgen.runtime.chunks)."""
+    num_q = -(-(q_len or shape.seq_len) // shape.block_q)
     num_kv = -(-shape.seq_len // shape.block_kv)
     rq, rk = shape.q_blocks_per_tile, shape.kv_blocks_per_tile
     blocks = compute_block_kinds(runs, num_q, num_kv, rq, rk)
@@ -284,12 +285,17 @@ def transposed_shape(shape: KernelShape) -> KernelShape:
 
 
 def transposed_tables(
-    runs_per_pattern: Sequence, shape: KernelShape, heads: int, smem_budget: int = SMEM_BUDGET
+    runs_per_pattern: Sequence,
+    shape: KernelShape,
+    heads: int,
+    smem_budget: int = SMEM_BUDGET,
+    q_len: int | None = None,
 ) -> PieceTables:
     """The dkv kernel's SMEM tables: the smallest piece size that fits the budget (the same
-    rule as the forward's); ValueError when none does."""
-    runs = [transposed_runs(r, shape) for r in runs_per_pattern]
-    flat = walks_flat(len(runs), shape.tensor_cores)
+    rule as the forward's); ValueError when none does. q_len: as for transposed_runs (the
+    per-head walk then, as every chunked call's)."""
+    runs = [transposed_runs(r, shape, q_len) for r in runs_per_pattern]
+    flat = q_len is None and walks_flat(len(runs), shape.tensor_cores)
     slots = 1
     while True:
         tables = PieceTables.from_runs(runs, slots, shape.compute_blocks, flat)
