@@ -204,6 +204,21 @@ class Runtime:
 
 
 @dataclass(frozen=True)
+class Select:
+    """The `select` section: blocks chosen per call from the activations
+    (svgen.runtime.select). `candidate` bounds what can be chosen (the compute blocks it
+    touches); `rule` is top_k (default: k blocks per compute block row) or top_p (default:
+    the mass p), each clamped to [min_blocks, max_blocks] per row."""
+
+    candidate: MaskTerm
+    rule: str
+    default: float
+    min_blocks: int
+    max_blocks: int
+    where: Location | None = field(default=None, compare=False, hash=False)
+
+
+@dataclass(frozen=True)
 class GpuTiling:
     """How `svgen compile --target h100|h200` tiles the GPU kernel (svgen.runtime.gpu): a
     Triton program's q and kv tiles (they live in registers, so they are small), its warps
@@ -280,6 +295,7 @@ class Spec:
     digest: str  # sha256 hex of canonical_json(spec)
     gpu: GpuTiling | None = None  # the `gpu` section; None: not given (GpuTiling's defaults)
     runtime: Runtime = Runtime()  # the `runtime` section (all False: not given)
+    select: Select | None = None  # the `select` section; None: a static mask
 
     @property
     def gpu_tiling(self) -> GpuTiling:
@@ -390,6 +406,20 @@ def _with_runtime(obj: dict, runtime: Runtime) -> dict:
     return obj
 
 
+def _with_select(obj: dict, select: Select | None) -> dict:
+    # Only when given, so the digests of specs without it stay what they were.
+    if select is not None:
+        obj["select"] = {
+            "candidate": _term_json(select.candidate),
+            select.rule: {
+                "default": select.default,
+                "min": select.min_blocks,
+                "max": select.max_blocks,
+            },
+        }
+    return obj
+
+
 def _dumps(obj: dict) -> str:
     return json.dumps(
         obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
@@ -408,7 +438,7 @@ def canonical_json(spec: Spec) -> str:
         spec.heads,
         spec.tiling,
     )
-    return _dumps(_with_runtime(_with_gpu(obj, spec.gpu), spec.runtime))
+    return _dumps(_with_select(_with_runtime(_with_gpu(obj, spec.gpu), spec.runtime), spec.select))
 
 
 # ----------------------------------------------------------------------------- node helpers
@@ -614,7 +644,13 @@ TOP_KEYS = (
     "tiling",
     "gpu",
     "runtime",
+    "select",
 )
+SELECT_KEYS = ("candidate", "top_k", "top_p")
+TOP_K_KEYS = ("k", "min", "max")
+TOP_P_KEYS = ("p", "min", "max")
+#: The most blocks a select policy may keep per compute block row (the packed tables' side).
+MAX_SELECT_BLOCKS = 32768
 RUNTIME_KEYS = ("segments", "text_lengths", "kv_cache")
 KV_CACHE_KEYS = ("chunk_frames",)
 GEOMETRY_KEYS = ("frames", "height", "width", "text_tokens", "text_position")
@@ -821,6 +857,52 @@ def _read_runtime(r: _Reader, node: Node, path: str, geometry: TokenLayout) -> R
             "text lengths",
         )
     return runtime
+
+
+def _read_select(r: _Reader, node: Node, path: str, masks: "_MaskReader") -> Select:
+    """select: {candidate: <mask>, top_k: {k, min, max} | top_p: {p, min, max}}."""
+    e = r.mapping(node, path, SELECT_KEYS)
+    r.require(node, path, e, ("candidate",))
+    rules = [key for key in ("top_k", "top_p") if key in e]
+    if len(rules) != 1:
+        at = e[rules[1]][0] if rules else node
+        raise r.error(at, path, "give exactly one of top_k and top_p")
+    rule = rules[0]
+    candidate = masks.read_mask(e["candidate"][1], _join(path, "candidate"))
+    rpath = _join(path, rule)
+    amount_key = "k" if rule == "top_k" else "p"
+    rnode = e[rule][1]
+    v = r.mapping(rnode, rpath, TOP_K_KEYS if rule == "top_k" else TOP_P_KEYS)
+    r.require(rnode, rpath, v, (amount_key, "max"))
+    limit = f"MAX_SELECT_BLOCKS, {MAX_SELECT_BLOCKS}"
+    most = r.integer(v["max"][1], _join(rpath, "max"), 1, MAX_SELECT_BLOCKS, limit)
+    least = 0
+    if "min" in v:
+        least = r.integer(v["min"][1], _join(rpath, "min"), 0, most, f"{rpath}.max")
+    anode, apath = v[amount_key][1], _join(rpath, amount_key)
+    if rule == "top_k":
+        default = float(r.integer(anode, apath, 0, most, f"{rpath}.max"))
+    else:
+        value = r.scalar(anode, apath) if isinstance(anode, ScalarNode) else _MISSING
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok or not 0.0 <= float(value) <= 1.0:
+            raise r.error(anode, apath, f"must be a number in 0 .. 1, got {r.describe(anode)}")
+        default = float(value)
+    return Select(candidate, rule, default, least, most, r.location(node, path))
+
+
+def _check_select(r: _Reader, node: Node, heads, runtime: Runtime) -> None:
+    """What a select policy does not combine with yet."""
+    if heads is not None:
+        raise r.error(
+            node, "select", "needs one pattern for every head (mask:), not heads: yet"
+        )
+    if runtime.any or runtime.kv_cache:
+        raise r.error(
+            node,
+            "select",
+            "cannot be combined with runtime: (segments, text_lengths, kv_cache) yet",
+        )
 
 
 def _read_kv_cache(r: _Reader, node: Node, path: str, geometry: TokenLayout) -> dict:
@@ -1593,9 +1675,15 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
                     "not the full sequence's, so they would round other blocks",
                 )
 
+    select = None
+    if "select" in top:
+        select = _read_select(r, top["select"][1], "select", masks)
+        masks.check_expanded(select.candidate, patterns)
+        _check_select(r, top["select"][0], heads, runtime)
+
     pats = tuple(patterns)
     canonical = _canonical_obj(name, geometry, attention, layout, mask, pats, heads, tiling)
-    canonical = _with_runtime(_with_gpu(canonical, gpu), runtime)
+    canonical = _with_select(_with_runtime(_with_gpu(canonical, gpu), runtime), select)
     digest = hashlib.sha256(_dumps(canonical).encode("utf-8")).hexdigest()
     return Spec(
         name=name,
@@ -1610,6 +1698,7 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
         digest=digest,
         gpu=gpu,
         runtime=runtime,
+        select=select,
     )
 
 

@@ -54,6 +54,7 @@ from svgen.runtime.tables import (
     KernelShape,
     PieceTables,
     runtime_table_bytes,
+    selection_superset_runs,
     static_steps,
     walks_flat,
 )
@@ -124,6 +125,10 @@ def analyze(
     if spec.runtime.kv_cache:
         chunked = _chunk_runs(spec, patterns, spec.tiling)
         _check_chunk_tables(spec, chunked, tables.slots, smem_budget)
+    candidate_runs = None
+    if spec.select is not None:
+        candidate_runs = _candidate_runs(spec, patterns[0], progress)
+        _check_select_tables(spec, patterns[0], candidate_runs, tables.slots, smem_budget)
     return Plan(
         spec=spec,
         patterns=tuple(patterns),
@@ -132,6 +137,7 @@ def analyze(
         target=chip,
         vmem=vmem,
         chunk_runs=chunked,
+        candidate_runs=candidate_runs,
     )
 
 
@@ -143,6 +149,14 @@ def analyze_gpu(
     plan's spec carries that tiling (what the generated module's SHAPE and docstring say);
     what fits the GPU's shared memory and registers is the deviceless compile's to check
     (svgen.gpu_aot), not the analysis's."""
+    if spec.select is not None:
+        raise SpecError(
+            "the GPU module does not run select policies yet: compile for the TPU",
+            file=spec.source,
+            key="select",
+            line=spec.select.where.line if spec.select.where else None,
+            column=spec.select.where.column if spec.select.where else None,
+        )
     heads = spec.head_patterns()
     classified = dataclasses.replace(
         spec, tiling=gpu_classification_tiling(spec, len(heads.candidates))
@@ -403,6 +417,51 @@ def _check_chunk_tables(spec: Spec, chunked, slots: int, smem_budget: int) -> No
             spec,
             f"the chunked calls' tables need {need:,} bytes of SMEM, over {smem_budget:,}: "
             "use larger tiles or longer chunks",
+        )
+
+
+def _candidate_runs(spec: Spec, always: PatternPlan, progress) -> np.ndarray:
+    """select.candidate classified at the spec's tiles, in the always-kept pattern's layout:
+    its runs (the compute blocks it touches are the ones a call may choose)."""
+    name = "select.candidate"
+    mask = ir.lower(spec, spec.select.candidate)
+    with (
+        ROW_SET_WORK.budget(int(ROW_SET_BACKSTOP * MAX_ROW_SET_WORK)),
+        PRODUCT_WORK.budget(MAX_PRODUCT_WORK),
+    ):
+        try:
+            plan, _ = _pattern_plan(spec, name, mask, always.layout, progress, False)
+        except WorkOverLimit as over:
+            raise _work_error(spec, over, name, mask, always.layout) from None
+    return plan.table.runs
+
+
+def _check_select_tables(
+    spec: Spec, always: PatternPlan, candidate_runs, slots: int, smem_budget: int
+) -> None:
+    """A selection's tables hold every head's pieces at the static maximum (always-kept
+    plus every selectable block), for the forward walk and the dk/dv walk (the same tiles
+    plus at most one zero-fill step per kv tile); one batch element's must fit SMEM."""
+    shape = KernelShape(
+        always.grid.seq_len, always.grid.padded_seq_len, spec.tiling.block_q,
+        spec.tiling.block_kv, spec.attention.head_dim, spec.attention.heads,
+        compute_q=spec.tiling.compute_q, compute_kv=spec.tiling.compute_kv,
+    )  # fmt: skip
+    runs = selection_superset_runs(always.table.runs, candidate_runs, shape)
+    visited = int(sum(r[2] for r in runs if r[3] != TileKind.EMPTY))
+    pieces = max(static_steps(runs), visited + always.grid.num_kv_blocks)
+    heads = spec.attention.heads
+    need = runtime_table_bytes([pieces], slots, spec.tiling.compute_blocks, 1, heads)
+    if need > smem_budget:
+        where = spec.select.where
+        raise SpecError(
+            f"the selection tables need {need:,} bytes of SMEM for one batch element "
+            f"({heads} heads x {pieces:,} steps at most), over {smem_budget:,}: narrow "
+            "select.candidate or use larger tiles",
+            file=spec.source,
+            key="select.candidate",
+            line=where.line if where else None,
+            column=where.column if where else None,
         )
 
 

@@ -113,6 +113,9 @@ class Plan:
     # runtime.kv_cache: per pattern, its chunked calls' runs by chunk position
     # (svgen.analysis.chunks.chunk_runs); empty without chunked calls
     chunk_runs: tuple[np.ndarray, ...] = ()
+    # select: the candidate region's runs at the spec's tiles (svgen.runtime.select); None
+    # without a select policy
+    candidate_runs: np.ndarray | None = None
 
     @property
     def backend(self) -> str:

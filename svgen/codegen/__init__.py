@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import jinja2
 import numpy as np
 
+from svgen import ir
 from svgen.analysis import Plan
 from svgen.codegen import pyformat
 from svgen.codegen.predicate import aligned_mask, emit_mask
@@ -63,6 +64,10 @@ def chunks_filename(name: str) -> str:
     return f"{name}_chunks.npy"
 
 
+def candidate_filename(name: str) -> str:
+    return f"{name}_candidate.npy"
+
+
 def _grid_steps_words(plan: Plan) -> str:
     if not plan.tables.flat:
         return f"{_int(plan.grid_steps)} grid steps per head"
@@ -102,11 +107,10 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
             _chunk_entry(plan, len(patterns), name if single else f"{name}_{pattern.name}", files)
         )
         patterns.append(entry)
-    body = (
-        _environment()
-        .get_template("pallas_tpu/module.py.j2")
-        .render(_context(plan, spec_path, patterns))
-    )
+    context = _context(plan, spec_path, patterns)
+    context["select"] = _select_entry(plan, name, files)
+    context["any_tables_file"] |= bool(context["select"] and context["select"]["file"])
+    body = _environment().get_template("pallas_tpu/module.py.j2").render(context)
     header = _header(spec_path, options, plan.spec.digest, body)
     files[f"{name}.py"] = (header + body).encode()
     return dict(sorted(files.items()))
@@ -131,6 +135,48 @@ def _chunk_entry(plan: Plan, index: int, stem: str, files: dict[str, bytes]) -> 
     else:
         entry["chunk_inline_runs"] = _format_chunk_runs(runs)
     return entry
+
+
+def _select_entry(plan: Plan, stem: str, files: dict[str, bytes]) -> dict | None:
+    """The spec's select policy and its candidate region's runs (inline, or in a .npy)."""
+    select = plan.spec.select
+    if select is None:
+        return None
+    runs = plan.candidate_runs
+    entry = {
+        "policy": (
+            f"select.SelectPolicy({pyformat.string(select.rule)}, {select.default!r}, "
+            f"{select.min_blocks}, {select.max_blocks})"
+        ),
+        "words": _select_words(select),
+        "candidate_words": ir.lower(plan.spec, select.candidate).describe(),
+        "num_runs": _int(len(runs)),
+        "inline_runs": None,
+        "file": None,
+    }
+    if len(runs) > MAX_INLINE_RUNS:
+        data = _npy_bytes(runs.astype(np.int32))
+        entry["file"] = candidate_filename(stem)
+        entry["sha256"] = hashlib.sha256(data).hexdigest()
+        files[entry["file"]] = data
+    else:
+        entry["inline_runs"] = _format_runs(runs)
+    return entry
+
+
+def _select_words(select) -> str:
+    """The policy in a sentence (the module docstring's)."""
+    bounds = f"at least {select.min_blocks} and at most {select.max_blocks} blocks per row"
+    if select.rule == "top_k":
+        return (
+            "top_k: per compute block row, the k best candidate blocks "
+            f"(k = {int(select.default)} unless the call gives top_k=; {bounds})"
+        )
+    return (
+        "top_p: per compute block row, the fewest best candidate blocks whose softmax mass "
+        f"of pooled scores reaches p (p = {select.default} unless the call gives top_p=; "
+        f"{bounds})"
+    )
 
 
 def parse_header(text: str) -> Header | None:
@@ -314,6 +360,8 @@ def _runtime_imports(plan: Plan, patterns: list[dict]) -> str:
         names.add("segments")
     if plan.chunk_runs:
         names.add("chunks")
+    if plan.spec.select is not None:
+        names.add("select")
     return ", ".join(sorted(names))
 
 

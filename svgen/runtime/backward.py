@@ -268,6 +268,7 @@ def _dkv_kernel(
     fused_dq=False,
     per_row=False,
     chunked=False,
+    with_ids=False,
 ):
     """shape is transposed: rows (block_q, cq) are keys, columns queries.
 
@@ -277,11 +278,12 @@ def _dkv_kernel(
     TensorCore; other cores walk other rows) never race. One pass of the scores instead of
     two: 5 matmuls per block against the separate kernels' 3 + 4.
 
-    per_row: run-time segments; the key and query ids follow the six inputs. chunked: a
+    per_row: per-row tables (run-time segments, a selection, a chunk); with_ids: run-time
+    segments' key and query ids follow the six inputs. chunked: a
     KV-cache chunk's walk (per-row tables; the last table holds each row's first query token
     in the video, svgen.runtime.chunks)."""
     k_ref, v_ref, q_ref, do_ref, lse_ref, d_ref = refs[num_tables : num_tables + 6]
-    id_refs = refs[num_tables + 6 : num_tables + 8] if per_row and not chunked else ()
+    id_refs = refs[num_tables + 6 : num_tables + 8] if with_ids else ()
     outs = refs[num_tables + num_inputs :]
     dk_ref, dv_ref = outs[:2]
     if fused_dq:
@@ -500,7 +502,13 @@ def _dkv_walk(
             pltpu.SemaphoreType.DMA((2,)),
         ]
     return _walk(
-        functools.partial(_dkv_kernel, patterns=patterns, sm_scale=sm_scale, fused_dq=fused_dq),
+        functools.partial(
+            _dkv_kernel,
+            patterns=patterns,
+            sm_scale=sm_scale,
+            fused_dq=fused_dq,
+            with_ids=bool(ids),
+        ),
         tables=dkv_tables,
         call=call,
         chunk=chunk,

@@ -114,6 +114,7 @@ from svgen.runtime.interpret import settled
 from svgen.runtime.layout import TokenLayout
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.refine import SEGMENT_BOUNDARY
+from svgen.runtime.select import PADDED
 from svgen.runtime.vmem import kernel_vmem
 from svgen.runtime.tables import (  # noqa: F401  (the table format, re-exported)
     Q_BLOCK_SHIFT,
@@ -452,8 +453,11 @@ def _attention_kernel(
     with_lse: bool = False,
     segments: bool = False,
     chunked: int = 0,
+    selected: bool = False,
 ):
-    """segments: run-time tables; the inputs then end with the query and key ids, read by
+    """selected: a selection's per-row tables (svgen.runtime.select), whose PADDED blocks
+    (kind 3) run unmasked but for the keys past seq_len.
+    segments: run-time tables; the inputs then end with the query and key ids, read by
     SEGMENT_BOUNDARY blocks only (each transposes its [1, cq] query ids: 473 bundles per
     1024 x 1024 block, against 899 per q tile for a lane-replicated copy made in init, which
     every q tile would pay; v6e, svgen cost). chunked: a KV-cache chunk's call over that
@@ -484,7 +488,13 @@ def _attention_kernel(
     q_scaled = rest.pop(0)
     coords_ref = rest.pop(0) if rest else None
     view, kind, q_block, kv_block, active, is_first, is_last = grid_step(
-        table_refs, heads, single, has_lengths, has_blocks, flat, per_row=segments or chunked
+        table_refs,
+        heads,
+        single,
+        has_lengths,
+        has_blocks,
+        flat,
+        per_row=bool(segments or chunked or selected),
     )
     # A chunked call's last scalar operand (svgen.runtime.chunks).
     q_first = table_refs[-1][view.row] if chunked else None
@@ -611,12 +621,18 @@ def _attention_kernel(
                     pl.when(block_kind == SEGMENT_BOUNDARY)(
                         functools.partial(masked, block, pattern, True)
                     )
+                elif selected and block.ki == shape.padding_block_column:
+                    pl.when(block_kind == PADDED)(functools.partial(masked, block, _every_key(pattern)))
 
         if segments and not has_blocks:
             # One compute block per tile: the tile's kind says whether it spans segments.
             pl.when(active & (kind == SEGMENT_BOUNDARY) & is_pattern)(
                 functools.partial(masked, blocks[0], pattern, True)
             )
+
+    if selected and not has_blocks and shape.padding_kv_tile is not None:
+        # A selected tile of one compute block holding the end of the keys.
+        pl.when(active & (kind == PADDED))(functools.partial(masked, blocks[0], _every_key(patterns[0])))
 
     @pl.when(is_last)
     def finalize():
@@ -729,6 +745,16 @@ class _PatternCode:
     query_coords: tuple[str, ...]
 
 
+def _every_key(pattern: _PatternCode) -> _PatternCode:
+    """The mask of a selected block (svgen.runtime.select): every key, the kernel's padding
+    test dropping those past seq_len."""
+    return _PatternCode(_keep_every_key, pattern.layout, ())
+
+
+def _keep_every_key(q, k):
+    return k.pos >= 0
+
+
 def _vmem_limit(shape: KernelShape, dtype, query_coords: int, ids: bool = False) -> int | None:
     """The module's limit, never below what this call's buffers need (the compiler's bound
     on query coordinates covers them; this keeps a hand-built KernelShape safe too). ids:
@@ -796,6 +822,7 @@ def _flat_attention(
     cubes: CubeDma | None = None,
     call=None,
     chunk=None,
+    selection=None,
 ):
     """q, k, v: [batch*heads, seq_len, head_dim], each head in its pattern's order, or with
     `cubes` [batch*heads, frames, height, width, head_dim] in the user's order. Not padded
@@ -806,11 +833,15 @@ def _flat_attention(
     call: run-time segments, (CallTables, query ids, key ids [batch*heads, 1, seq]): the
     call's tables replace `tables` (which still say slots and the walk), per-head walk.
     chunk: a KV-cache chunk's call (svgen.runtime.chunks), (CallTables, first query token
-    int32 [1]): q holds the chunk's rows only, k and v the whole sequence's."""
+    int32 [1]): q holds the chunk's rows only, k and v the whole sequence's.
+    selection: a selection's per-row CallTables (svgen.runtime.select), per-head walk."""
     heads = int(head_pattern.shape[0])
-    per_row = call is not None or chunk is not None
+    per_row = call is not None or chunk is not None or selection is not None
     flat = tables.flat and not per_row
-    if chunk is not None:
+    if selection is not None:
+        operands = selection.scalar_operands(head_pattern)
+        steps, single, id_inputs = selection.steps, None, ()
+    elif chunk is not None:
         chunk_tables, q_first, exact = chunk
         operands = chunk_tables.scalar_operands(head_pattern) + (q_first,)
         single = EXACT_GRID if exact else None
@@ -840,6 +871,7 @@ def _flat_attention(
         with_lse=with_lse,
         segments=call is not None,
         chunked=q.shape[0] if chunk is not None else 0,
+        selected=selection is not None,
     )
 
     def view(outer, step, table_refs):
@@ -957,6 +989,7 @@ def make_attention(
     dtype: str | None = None,
     runtime: segments.RuntimeInputs = segments.RuntimeInputs(),
     kv_cache: chunks.KvCache | None = None,
+    select: "selection.Selection | None" = None,
 ):
     """The public `attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None,
     token_order="user"[, segment_ids=None][, text_lengths=None][, q_frame_offset=None])`.
@@ -977,6 +1010,8 @@ def make_attention(
     them runs the static tables, exactly as a module without them.
     kv_cache: the spec's KV-cache chunks (svgen.runtime.chunks): a call with q_frame_offset
     attends one chunk of queries against the whole sequence's keys and values.
+    select: the spec's selection policy (svgen.runtime.select): every call chooses blocks
+    of the candidate region from its q and k (top_k= / top_p= override the spec's amount).
     """
     tables = PieceTables.from_runs(
         [p.runs for p in patterns],
@@ -1013,7 +1048,7 @@ def make_attention(
         return transposed_tables([p.runs for p in patterns], shape, shape.heads)
 
     def differentiable(
-        q, k, v, head_pattern, static_pattern, interpret, q_scale, sm_scale, cubes, ids
+        q, k, v, head_pattern, static_pattern, interpret, q_scale, sm_scale, cubes, ids, chosen
     ):
         """The kernel in kernel order (cube DMA: the user's 4-D view), with its VJP: the
         backward kernels of svgen.runtime.backward (head_pattern is not differentiated).
@@ -1037,7 +1072,10 @@ def make_attention(
             tables_of = (call_tables(t).tables(ids, hp) for t in (False, True))
             return (*tables_of, *id_rows(hp, ids))
 
-        def run(q, k, v, hp, ids):
+        def selection_call(chosen):
+            return None if chosen is None else select.forward_walk.tables(chosen.blocks)
+
+        def run(q, k, v, hp, ids, chosen):
             return _flat_attention(
                 q,
                 k,
@@ -1051,9 +1089,10 @@ def make_attention(
                 q_scale=q_scale,
                 cubes=cubes,
                 call=forward_call(hp, ids),
+                selection=selection_call(chosen),
             )
 
-        def forward(q, k, v, hp, ids):
+        def forward(q, k, v, hp, ids, chosen):
             o, lse = _flat_attention(
                 q,
                 k,
@@ -1068,13 +1107,14 @@ def make_attention(
                 with_lse=True,
                 cubes=cubes,
                 call=forward_call(hp, ids),
+                selection=selection_call(chosen),
             )
-            return o, (q, k, v, hp, ids, o, lse)
+            return o, (q, k, v, hp, ids, chosen, o, lse)
 
         def backward_rule(residuals, do):
             from svgen.runtime import backward
 
-            q, k, v, hp, ids, o, lse = residuals
+            q, k, v, hp, ids, chosen, o, lse = residuals
             if cubes is not None:  # the backward kernels read tiles in cube order
                 q, k, v, o, do = (
                     _cube_order(x, layouts[0], to_kernel=True) for x in (q, k, v, o, do)
@@ -1095,16 +1135,23 @@ def make_attention(
                 shape=shape,
                 sm_scale=sm_scale,
                 interpret=interpret,
-                calls=backward_calls(hp, ids),
+                calls=backward_calls(hp, ids) if chosen is None else selection_calls(chosen),
             )
             if cubes is not None:
                 dq, dk, dv = (_cube_order(x, layouts[0], to_kernel=False) for x in (dq, dk, dv))
             no_ids = None if ids is None else jax.tree.map(_no_cotangent, ids)
-            return dq, dk, dv, _no_cotangent(hp), no_ids
+            not_chosen = None if chosen is None else jax.tree.map(_no_cotangent, chosen)
+            return dq, dk, dv, _no_cotangent(hp), no_ids, not_chosen
+
+        def selection_calls(chosen):
+            # The selection is a constant of the gradient: the backward walks visit the same
+            # blocks (the dq kernel's tables unused when dq is fused; XLA drops them).
+            walk = select.transposed_walk(dkv_tables().slots)
+            return select.dq_walk.tables(chosen.blocks), walk.tables(chosen.blocks)
 
         core = jax.custom_vjp(run)
         core.defvjp(forward, backward_rule)
-        return core(q, k, v, head_pattern, ids)
+        return core(q, k, v, head_pattern, ids, chosen)
 
     def resolved(head_pattern, heads: int):
         static_pattern, head_pattern = resolve_head_pattern(
@@ -1227,7 +1274,15 @@ def make_attention(
         segment_ids=None,
         text_lengths=None,
         q_frame_offset=None,
+        top_k=None,
+        top_p=None,
     ):
+        if select is None and (top_k is not None or top_p is not None):
+            raise TypeError(
+                f"{'top_k' if top_k is not None else 'top_p'}: this module was compiled "
+                "without a `select:` policy in its spec; add one and run svgen compile again"
+            )
+        amount = None if select is None else select.amount(top_k, top_p)
         if q_frame_offset is not None:
             return chunked(q, k, v, q_frame_offset, head_pattern, interpret, sm_scale, token_order)
         _check_operands(q, k, v, shape, dtype)
@@ -1254,9 +1309,10 @@ def make_attention(
                 x = mover(x, to_kernel=True)
             return x.reshape((-1,) + x.shape[-2:])
 
+        qk, kk = to_kernel(q), to_kernel(k)
         out = differentiable(
-            to_kernel(q),
-            to_kernel(k),
+            qk,
+            kk,
             to_kernel(v),
             head_pattern,
             static_pattern,
@@ -1265,10 +1321,21 @@ def make_attention(
             float(sm_scale),
             box_dma,
             ids,
+            chosen_blocks(qk, kk, box_dma, sm_scale, amount),
         )
         out = out.reshape(lead + (shape.seq_len, shape.head_dim))
         out = out if mover is None else mover(out, to_kernel=False)
         return poison_unknown_patterns(out, requested, len(patterns))
+
+    def chosen_blocks(q, k, box_dma, sm_scale, amount):
+        """The call's selection (svgen.runtime.select.Selected), or None without a policy:
+        scored from q, k in kernel order (cube DMA's 5-D user view moved into it)."""
+        if select is None:
+            return None
+        if box_dma is not None:
+            q, k = (_cube_order(x, layouts[0], to_kernel=True) for x in (q, k))
+        select.check_smem(q.shape[0])
+        return select.select(q, k, float(sm_scale), amount)
 
     def order_mover(x, head_pattern, interpret):
         """The mover of [..., heads, seq, d] arrays between the user's and the kernel order
@@ -1300,12 +1367,15 @@ def make_attention(
         text_tokens=layouts[0].text_tokens,
         kv_cache=kv_cache,
     )
-    segments.declared_signature(attention, runtime, kv_cache is not None)
+    segments.declared_signature(
+        attention, runtime, kv_cache is not None, None if select is None else select.policy.rule
+    )
     attention.to_kernel_order = to_kernel_order
     attention.from_kernel_order = from_kernel_order
     attention.tables = tables
     attention.runtime = runtime
     attention.kv_cache = kv_cache
+    attention.select = select
     attention.cube_dma = cubes
     attention.permute_kernel = permute_kernel
     return attention

@@ -148,12 +148,16 @@ def call_ids(
     return CallIds(*(layout_order_ids(x, layouts) for x in ids))
 
 
-def declared_signature(attention, inputs: RuntimeInputs, kv_cache: bool = False) -> None:
+def declared_signature(
+    attention, inputs: RuntimeInputs, kv_cache: bool = False, select_rule: str | None = None
+) -> None:
     """Let help(attention) show only the run-time inputs its module declares (kv_cache: the
-    chunked calls' q_frame_offset, svgen.runtime.chunks)."""
+    chunked calls' q_frame_offset, svgen.runtime.chunks; select_rule: the selection policy's
+    top_k or top_p, svgen.runtime.select)."""
     signature = inspect.signature(attention)
     declared = set(inputs.arguments()) | ({"q_frame_offset"} if kv_cache else set())
-    undeclared = {"segment_ids", "text_lengths", "q_frame_offset"} - declared
+    declared |= {select_rule} if select_rule else set()
+    undeclared = {"segment_ids", "text_lengths", "q_frame_offset", "top_k", "top_p"} - declared
     attention.__signature__ = signature.replace(
         parameters=[p for p in signature.parameters.values() if p.name not in undeclared]
     )

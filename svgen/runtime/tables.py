@@ -320,3 +320,28 @@ def load_runs(path: pathlib.Path, *, sha256: str) -> np.ndarray:
             f"{sha256}); regenerate with `svgen compile`"
         )
     return np.load(path, allow_pickle=False)
+
+
+def selectable_blocks(always: np.ndarray, candidate: np.ndarray, shape: KernelShape) -> np.ndarray:
+    """bool [R, C]: the compute blocks a selection policy may choose (svgen.runtime.select):
+    real blocks the candidate region touches (candidate: kinds [R, C]) that the always-kept
+    kinds (always [R, C]) do not already keep whole."""
+    real_rows = np.arange(candidate.shape[0]) * shape.cq < shape.seq_len
+    real_cols = np.arange(candidate.shape[1]) * shape.ckv < shape.seq_len
+    touched = (candidate != TileKind.EMPTY) & real_rows[:, None] & real_cols[None, :]
+    return touched & (always != TileKind.FULL)
+
+
+def selection_superset_runs(always_runs, candidate_runs, shape: KernelShape) -> np.ndarray:
+    """The runs of always-kept + every selectable block (FULL): what a selection's tables
+    hold at most (their static maximum: `static_steps` of these runs)."""
+    grid = (
+        -(-shape.seq_len // shape.block_q),
+        -(-shape.seq_len // shape.block_kv),
+        shape.q_blocks_per_tile,
+        shape.kv_blocks_per_tile,
+    )
+    always = compute_block_kinds(always_runs, *grid)
+    selectable = selectable_blocks(always, compute_block_kinds(candidate_runs, *grid), shape)
+    superset = np.where(selectable, TileKind.FULL, always).astype(np.int8)
+    return runs_of_blocks(superset, grid[0], grid[1], grid[2], grid[3])

@@ -1,0 +1,334 @@
+"""Blocks chosen from the activations: a spec's `select:` policy, run per call on device.
+
+A spec with a selection policy keeps two masks:
+  * the *always-kept* mask (the spec's `mask`): exact, classified at compile time into FULL
+    and BOUNDARY compute blocks like any other pattern's;
+  * the *candidate* region (`select.candidate`, a mask too): the compute blocks it touches
+    are the ones a call may choose. A chosen block is attended whole (every real key of the
+    block), as Video Sparse Attention's cubes are; the candidate bounds what can be chosen,
+    so the static maxima (steps, SMEM) are those of always-kept + every candidate block.
+
+keep(q, k) = always(q, k) or (selected(block(q), block(k)) and k < seq_len)
+
+Per call, in jnp under jit (no host round trip; k and p may be traced, one compile for all):
+  1. pooling: the mean of q and of k over each compute block's real tokens (blocks of
+     compute_q rows and compute_kv keys, in each head's kernel order), f32;
+  2. block scores: pooled q . pooled k * sm_scale, one small matmul per head;
+  3. per compute block row, among its *selectable* blocks (candidate blocks the always-kept
+     mask does not already keep whole): top_k keeps the k best; top_p keeps the fewest
+     best blocks whose softmax mass (over the row's selectable scores) reaches p; either
+     clamped to the policy's [min, max] and to the row's selectable blocks. Ranking is by
+     score, highest first; ties go to the lower kv block. A NaN or +inf score is always
+     selected (on top of the count, its mass left out of top_p): bad activations reach the
+     output as they would in dense attention, never silently dropped or masked away;
+  4. the selected blocks raise the static always-kept kinds (svgen.runtime.refine's words):
+     a selected block is FULL, or, where it holds the end of the keys, the kind 3 (PADDED,
+     the value SEGMENT_BOUNDARY has in segment tables), which the forward kernel runs
+     unmasked but for the keys past seq_len; refine() compacts each head's words into the
+     kernels' table format at the static maximum.
+Gradients treat the selection as a constant (no gradient flows through pooling, scores or
+top-k); the backward kernels walk the same selected blocks (the dk/dv walk through the
+transposed visits), where padded keys are zeros, so a selected block is FULL there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from svgen.runtime.kinds import TileKind
+from svgen.runtime.refine import SEGMENT_BOUNDARY, StaticVisits, refine
+from svgen.runtime.segments import CallTables
+from svgen.runtime.tables import (
+    BITS_PER_BLOCK,
+    SMEM_BUDGET,
+    KernelShape,
+    compute_block_kinds,
+    runs_of_blocks,
+    runtime_table_bytes,
+    selectable_blocks,
+    transposed_shape,
+)
+
+# A selected compute block holding the end of the keys (forward tables only): unmasked but
+# for its keys past seq_len. The one value of 2 bits that static tables never use.
+PADDED = SEGMENT_BOUNDARY
+
+TOP_K = "top_k"
+TOP_P = "top_p"
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectPolicy:
+    """What the spec's `select:` says: the rule, its default amount (k blocks, or mass p),
+    and the least and most blocks selected per compute block row."""
+
+    rule: str  # TOP_K or TOP_P
+    default: float
+    min_blocks: int
+    max_blocks: int
+
+    @property
+    def argument(self) -> str:
+        """The keyword of `attention` that overrides the default amount."""
+        return self.rule
+
+
+class Selected(NamedTuple):
+    """One call's selection (a pytree): bool [rows, row blocks, col blocks], rows = batch *
+    heads in the kernel's order, blocks of compute_q x compute_kv tokens."""
+
+    blocks: jax.Array
+
+
+def pooled_blocks(x, block: int, num_blocks: int):
+    """f32 [rows, num_blocks, d]: the mean of x [rows, seq, d] over each block of `block`
+    tokens; positions past seq count for nothing (a block of padding only is 0)."""
+    rows, seq, d = x.shape
+    padding = num_blocks * block - seq
+    sums = jnp.pad(x.astype(jnp.float32), ((0, 0), (0, padding), (0, 0)))
+    sums = sums.reshape(rows, num_blocks, block, d).sum(axis=2)
+    real = np.clip(seq - np.arange(num_blocks) * block, 0, block)
+    return sums / np.maximum(real, 1).astype(np.float32)[None, :, None]
+
+
+def block_scores(q, k, shape: KernelShape, num_row_blocks: int, num_col_blocks: int, sm_scale):
+    """f32 [rows, row blocks, col blocks]: pooled q . pooled k * sm_scale (kernel order)."""
+    pq = pooled_blocks(q, shape.cq, num_row_blocks)
+    pk = pooled_blocks(k, shape.ckv, num_col_blocks)
+    scores = jnp.einsum("rqd,rkd->rqk", pq, pk, precision=lax.Precision.HIGHEST)
+    return scores * jnp.float32(sm_scale)
+
+
+def select_blocks(scores, selectable: np.ndarray, policy: SelectPolicy, amount):
+    """bool [..., R, C]: the selected blocks of f32 scores [..., R, C] among the selectable
+    ones (bool [R, C], static), for `amount` (k or p; may be traced). See the docstring."""
+    selectable = jnp.asarray(selectable)
+    forced = selectable & (jnp.isnan(scores) | (scores == jnp.inf))
+    ranked = selectable & ~forced
+    # Highest first, ties to the lower column; non-candidates (NaN keys) sort last.
+    key = jnp.where(ranked, -scores, jnp.nan)
+    order = jnp.argsort(key, axis=-1, stable=True)
+    rank = jnp.argsort(order, axis=-1, stable=True)
+    available = jnp.sum(ranked, axis=-1, dtype=jnp.int32)
+    if policy.rule == TOP_K:
+        count = jnp.broadcast_to(jnp.asarray(amount, jnp.int32), available.shape)
+    else:
+        count = _top_p_count(jnp.take_along_axis(jnp.where(ranked, scores, -jnp.inf), order, -1),
+                             jnp.take_along_axis(ranked, order, -1), amount)
+    count = jnp.clip(count, policy.min_blocks, policy.max_blocks)
+    count = jnp.minimum(count, available)
+    return (ranked & (rank < count[..., None])) | forced
+
+
+def _top_p_count(sorted_scores, sorted_valid, p):
+    """Per row: the fewest best blocks whose softmax mass (over the valid ones) reaches p."""
+    top = jnp.max(jnp.where(sorted_valid, sorted_scores, -jnp.inf), axis=-1, keepdims=True)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    weight = jnp.where(sorted_valid, jnp.exp(sorted_scores - top), 0.0)
+    total = jnp.sum(weight, axis=-1, keepdims=True)
+    mass = weight / jnp.where(total > 0, total, 1.0)
+    before = jnp.cumsum(mass, axis=-1) - mass  # the mass of the better blocks
+    p = jnp.asarray(p, jnp.float32)
+    return jnp.sum(sorted_valid & (before < p), axis=-1, dtype=jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Walk:
+    """One walk's static side: the visits of always-kept + every candidate block, and per
+    visit its blocks' rows, columns, always-kept kinds and the kind a selection gives."""
+
+    visits: StaticVisits
+    rows: np.ndarray  # int32 [V, rq, 1]: each block's row among the walk's block rows
+    cols: np.ndarray  # int32 [V, 1, rk]
+    always: np.ndarray  # int32 [V, rq, rk]: the always-kept kind
+    chosen: np.ndarray  # int32 [V, rq, rk]: a selected block's kind (FULL or PADDED)
+    slots: int
+    transposed: bool  # rows are key blocks: the selection is read transposed
+
+    @classmethod
+    def build(
+        cls, always, selectable, shape: KernelShape, slots: int, padded_col, transposed=False
+    ) -> "_Walk":
+        """always: int8 [R, C] compute block kinds; selectable: bool [R, C] (both in the
+        walk's orientation); padded_col: the block column a selection makes PADDED (None:
+        none); transposed: the walk's rows are key blocks."""
+        rq, rk = shape.q_blocks_per_tile, shape.kv_blocks_per_tile
+        rows_t, cols_t = always.shape[0] // rq, always.shape[1] // rk
+        superset = np.where(selectable, TileKind.FULL, always).astype(np.int8)
+        visits = StaticVisits.from_runs(runs_of_blocks(superset, rows_t, cols_t, rq, rk), rq, rk)
+        rows = (visits.q_tile[:, None] * rq + np.arange(rq))[:, :, None]
+        cols = (visits.kv_tile[:, None] * rk + np.arange(rk))[:, None, :]
+        chosen = np.full((visits.num_visits, rq, rk), int(TileKind.FULL), np.int32)
+        if padded_col is not None:
+            chosen = np.where(cols == padded_col, PADDED, chosen).astype(np.int32)
+        return cls(
+            visits,
+            rows.astype(np.int32),
+            cols.astype(np.int32),
+            always[rows, cols].astype(np.int32),
+            chosen,
+            slots,
+            transposed,
+        )
+
+    @property
+    def max_pieces(self) -> int:
+        return self.visits.max_pieces
+
+    def words(self, selected):
+        """int32 [V]: each visit's word for one row's selection bool [R, C]."""
+        blocks = jnp.where(selected[self.rows, self.cols], self.chosen, self.always)
+        rq, rk = self.visits.q_blocks_per_tile, self.visits.kv_blocks_per_tile
+        shifts = BITS_PER_BLOCK * np.arange(rq * rk, dtype=np.int32).reshape(rq, rk)
+        return jnp.sum(blocks << shifts, axis=(1, 2), dtype=jnp.int32)
+
+    def tables(self, selected) -> CallTables:
+        """Per-row tables for selected bool [rows, R, C] (each row its own pieces)."""
+        if self.transposed:
+            selected = jnp.swapaxes(selected, 1, 2)
+        per_row = jax.vmap(lambda s: refine(self.visits, self.words(s), self.slots))(selected)
+        rows = selected.shape[0]
+        first = jnp.arange(rows, dtype=jnp.int32) * self.max_pieces
+        flat = [None if x is None else x.reshape(-1) for x in per_row[:3]]
+        counts = per_row.num_pieces.astype(jnp.int32)
+        return CallTables(first, counts, *flat, jnp.max(counts).astype(jnp.int32))
+
+    def smem_bytes(self, rows: int) -> int:
+        compute_blocks = self.visits.compute_blocks
+        return runtime_table_bytes([self.max_pieces], self.slots, compute_blocks, rows, 1)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Selection:
+    """A module's selection policy and the static side of its per-call tables, built from
+    the always-kept pattern's runs and the candidate region's runs (both in the module)."""
+
+    policy: SelectPolicy
+    shape: KernelShape
+    always_runs: np.ndarray
+    candidate_runs: np.ndarray
+    slots: int
+
+    @functools.cached_property
+    def _grid(self) -> tuple[int, int, int, int]:
+        s = self.shape
+        tiles_q = -(-s.seq_len // s.block_q)
+        tiles_kv = -(-s.seq_len // s.block_kv)
+        return tiles_q, tiles_kv, s.q_blocks_per_tile, s.kv_blocks_per_tile
+
+    @functools.cached_property
+    def always_blocks(self) -> np.ndarray:
+        """int8 [R, C]: the always-kept compute block kinds (the kernel's: a FULL block
+        holding the end of the keys is BOUNDARY)."""
+        return compute_block_kinds(self.always_runs, *self._grid)
+
+    @functools.cached_property
+    def selectable(self) -> np.ndarray:
+        """bool [R, C]: real blocks the candidate touches and always does not keep whole."""
+        candidate = compute_block_kinds(self.candidate_runs, *self._grid)
+        return selectable_blocks(self.always_blocks, candidate, self.shape)
+
+    @property
+    def padded_col(self) -> int | None:
+        """The compute block column holding the end of the keys, when it is not whole."""
+        s = self.shape
+        return None if s.seq_len % s.ckv == 0 else s.seq_len // s.ckv
+
+    @functools.cached_property
+    def forward_walk(self) -> _Walk:
+        return _Walk.build(
+            self.always_blocks, self.selectable, self.shape, self.slots, self.padded_col
+        )
+
+    def transposed_walk(self, slots: int) -> _Walk:
+        """The dk/dv walk: rows are key blocks (padded keys are zeros there: FULL)."""
+        return _Walk.build(
+            self.always_blocks.T,
+            self.selectable.T,
+            transposed_shape(self.shape),
+            slots,
+            None,
+            transposed=True,
+        )
+
+    @functools.cached_property
+    def dq_walk(self) -> _Walk:
+        """The separate dq kernel's walk: the forward's blocks, selected ones FULL."""
+        return _Walk.build(self.always_blocks, self.selectable, self.shape, self.slots, None)
+
+    @property
+    def max_pieces(self) -> int:
+        return self.forward_walk.max_pieces
+
+    def check_smem(self, rows: int) -> None:
+        need = self.forward_walk.smem_bytes(rows)
+        if need > SMEM_BUDGET:
+            raise ValueError(
+                f"the selection tables of {rows} rows (batch x heads) need {need:,} bytes of "
+                f"SMEM, over {SMEM_BUDGET:,}: call with fewer batch elements at a time, or "
+                "narrow select.candidate"
+            )
+
+    def select(self, q, k, sm_scale: float, amount) -> Selected:
+        """The call's selection from q, k [rows, seq, d] in kernel order (not differentiated)."""
+        rows_b, cols_b = self.selectable.shape
+        scores = block_scores(
+            lax.stop_gradient(q), lax.stop_gradient(k), self.shape, rows_b, cols_b, sm_scale
+        )
+        return Selected(select_blocks(scores, self.selectable, self.policy, amount))
+
+    def amount(self, top_k, top_p):
+        """The call's amount (k or p): its argument, or the spec's default; the other
+        argument is refused."""
+        given = {TOP_K: top_k, TOP_P: top_p}
+        other = TOP_P if self.policy.rule == TOP_K else TOP_K
+        if given[other] is not None:
+            raise TypeError(
+                f"{other}: this module's select policy is {self.policy.rule} (the spec's "
+                f"select.{self.policy.rule}); pass {self.policy.rule}= instead"
+            )
+        value = given[self.policy.rule]
+        if value is None:
+            value = self.policy.default
+        dtype = jnp.int32 if self.policy.rule == TOP_K else jnp.float32
+        if not isinstance(value, jax.core.Tracer):
+            array = np.asarray(value)
+            if array.shape != () or not np.isfinite(array).all():
+                raise ValueError(f"{self.policy.rule} must be a finite scalar, got {value!r}")
+            if self.policy.rule == TOP_K and (array != np.round(array) or array < 0):
+                raise ValueError(f"top_k must be a whole number >= 0, got {value!r}")
+            if self.policy.rule == TOP_P and not 0.0 <= float(array) <= 1.0:
+                raise ValueError(f"top_p must lie in 0 .. 1, got {value!r}")
+        elif jnp.shape(value) != ():
+            raise ValueError(f"{self.policy.rule} must be a scalar, got shape {jnp.shape(value)}")
+        return jnp.asarray(value, dtype)
+
+
+def reference_selection(scores: np.ndarray, selectable: np.ndarray, policy: SelectPolicy, amount):
+    """NumPy reference of select_blocks (the tests' oracle): the same rule, row by row."""
+    out = np.zeros(scores.shape, bool)
+    for index in np.ndindex(scores.shape[:-1]):
+        row, can = scores[index], selectable[index[-1]]
+        forced = can & (np.isnan(row) | (row == np.inf))
+        ranked = np.flatnonzero(can & ~forced)
+        order = ranked[np.argsort(-row[ranked], kind="stable")]
+        if policy.rule == TOP_K:
+            count = int(amount)
+        else:
+            s = row[order].astype(np.float64)
+            top = s.max() if s.size and np.isfinite(s.max()) else 0.0
+            w = np.exp(s - top) if s.size else s
+            mass = w / w.sum() if s.size and w.sum() > 0 else np.zeros_like(w)
+            before = np.cumsum(mass) - mass
+            count = int(np.sum(before < amount))
+        count = min(max(count, policy.min_blocks), policy.max_blocks, len(order))
+        out[index][order[:count]] = True
+        out[index][forced] = True
+    return out
