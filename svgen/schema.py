@@ -44,6 +44,7 @@ def spec_schema() -> dict:
         "tiling": _tiling(),
         "gpu": _gpu(),
         "runtime": _runtime(),
+        "select": _select(),
     }
     return {
         "$schema": DRAFT,
@@ -182,6 +183,55 @@ def _gpu() -> dict:
         "the GPU kernel's tiles, warps and pipeline stages (svgen compile --target h100|h200)",
         nullable=True,
     )
+
+
+def _select() -> dict:
+    def blocks(description: str, least: int) -> dict:
+        return {
+            "type": "integer",
+            "minimum": least,
+            "maximum": spec.MAX_SELECT_BLOCKS,
+            "description": description,
+        }
+
+    bounds = {
+        "min": blocks("the least blocks selected per compute block row (default 0)", 0),
+        "max": blocks("the most blocks selected per compute block row", 1),
+    }
+    top_k = _section(
+        spec.TOP_K_KEYS,
+        {"k": blocks("blocks per row unless the call gives top_k= (at most max)", 0), **bounds},
+        ("k", "max"),
+        "keep the k best-scoring candidate blocks per compute block row",
+    )
+    top_p = _section(
+        spec.TOP_P_KEYS,
+        {
+            "p": {
+                "type": "number",
+                "minimum": 0,
+                "maximum": 1,
+                "description": "the mass to reach unless the call gives top_p=",
+            },
+            **bounds,
+        },
+        ("p", "max"),
+        "keep the fewest best candidate blocks per row whose softmax mass of pooled scores "
+        "reaches p",
+    )
+    out = _section(
+        spec.SELECT_KEYS,
+        {
+            "candidate": _ref("mask", "the region blocks may be chosen from (blocks it touches)"),
+            "top_k": top_k,
+            "top_p": top_p,
+        },
+        ("candidate",),
+        "blocks chosen per call from mean-pooled q.k scores, attended whole, besides the "
+        "always-kept mask; one pattern for every head (mask:), TPU only for now",
+    )
+    out["oneOf"] = [{"required": ["top_k"]}, {"required": ["top_p"]}]
+    return out
 
 
 def _runtime() -> dict:

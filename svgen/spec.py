@@ -894,9 +894,7 @@ def _read_select(r: _Reader, node: Node, path: str, masks: "_MaskReader") -> Sel
 def _check_select(r: _Reader, node: Node, heads, runtime: Runtime) -> None:
     """What a select policy does not combine with yet."""
     if heads is not None:
-        raise r.error(
-            node, "select", "needs one pattern for every head (mask:), not heads: yet"
-        )
+        raise r.error(node, "select", "needs one pattern for every head (mask:), not heads: yet")
     if runtime.any or runtime.kv_cache:
         raise r.error(
             node,

@@ -14,6 +14,7 @@ import importlib.resources
 import io
 import re
 import shlex
+import textwrap
 from collections.abc import Sequence
 
 import jinja2
@@ -148,8 +149,14 @@ def _select_entry(plan: Plan, stem: str, files: dict[str, bytes]) -> dict | None
             f"select.SelectPolicy({pyformat.string(select.rule)}, {select.default!r}, "
             f"{select.min_blocks}, {select.max_blocks})"
         ),
-        "words": _select_words(select),
-        "candidate_words": ir.lower(plan.spec, select.candidate).describe(),
+        "doc_lines": textwrap.wrap(
+            "Blocks chosen per call from q and k (the spec's `select`): the mask above is "
+            f"always kept; besides it, {_select_words(select)}. Candidates: the compute blocks "
+            f"that {ir.lower(plan.spec, select.candidate).describe()} touches; a chosen block is "
+            "attended whole. Scores: mean-pooled q . mean-pooled k per compute block, scaled "
+            "by sm_scale. No gradient flows through the selection.",
+            width=92,
+        ),
         "num_runs": _int(len(runs)),
         "inline_runs": None,
         "file": None,

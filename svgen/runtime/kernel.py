@@ -114,6 +114,7 @@ from svgen.runtime.interpret import settled
 from svgen.runtime.layout import TokenLayout
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.refine import SEGMENT_BOUNDARY
+from svgen.runtime import select as select_policy
 from svgen.runtime.select import PADDED
 from svgen.runtime.vmem import kernel_vmem
 from svgen.runtime.tables import (  # noqa: F401  (the table format, re-exported)
@@ -622,7 +623,9 @@ def _attention_kernel(
                         functools.partial(masked, block, pattern, True)
                     )
                 elif selected and block.ki == shape.padding_block_column:
-                    pl.when(block_kind == PADDED)(functools.partial(masked, block, _every_key(pattern)))
+                    pl.when(block_kind == PADDED)(
+                        functools.partial(masked, block, _every_key(pattern))
+                    )
 
         if segments and not has_blocks:
             # One compute block per tile: the tile's kind says whether it spans segments.
@@ -632,7 +635,9 @@ def _attention_kernel(
 
     if selected and not has_blocks and shape.padding_kv_tile is not None:
         # A selected tile of one compute block holding the end of the keys.
-        pl.when(active & (kind == PADDED))(functools.partial(masked, blocks[0], _every_key(patterns[0])))
+        pl.when(active & (kind == PADDED))(
+            functools.partial(masked, blocks[0], _every_key(patterns[0]))
+        )
 
     @pl.when(is_last)
     def finalize():
@@ -989,7 +994,7 @@ def make_attention(
     dtype: str | None = None,
     runtime: segments.RuntimeInputs = segments.RuntimeInputs(),
     kv_cache: chunks.KvCache | None = None,
-    select: "selection.Selection | None" = None,
+    select: "select_policy.Selection | None" = None,
 ):
     """The public `attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None,
     token_order="user"[, segment_ids=None][, text_lengths=None][, q_frame_offset=None])`.
@@ -1366,6 +1371,7 @@ def make_attention(
         runtime=runtime,
         text_tokens=layouts[0].text_tokens,
         kv_cache=kv_cache,
+        select=select,
     )
     segments.declared_signature(
         attention, runtime, kv_cache is not None, None if select is None else select.policy.rule
@@ -1397,6 +1403,7 @@ def attention_doc(
     runtime: segments.RuntimeInputs = segments.RuntimeInputs(),
     text_tokens: int = 0,
     kv_cache: "chunks.KvCache | None" = None,
+    select: "select_policy.Selection | None" = None,
 ) -> str:
     """The docstring of a generated module's `attention` (what `help(module.attention)`
     shows), with this kernel's sizes, dtype and patterns written in. `any_dtype`: what q, k,
@@ -1437,6 +1444,21 @@ def attention_doc(
     if runtime.any:
         runtime_lines += """    Each call refines the tables on the device (no host round trip, one compile for all
     run-time values); jax.vmap gives each batch element its own.
+"""
+    if select is not None:
+        policy = select.policy
+        extra += f", {policy.rule}=None"
+        if policy.rule == "top_k":
+            amount = f"int [] (may be traced): kv blocks per compute block row (None: {int(policy.default)})"
+        else:
+            amount = (
+                f"float [] in 0 .. 1 (may be traced): the mass to reach (None: {policy.default})"
+            )
+        runtime_lines += f"""{policy.rule}: {amount}, clamped to
+    {policy.min_blocks} .. {policy.max_blocks}. Each call scores the candidate region's compute blocks
+    ({shape.cq} x {shape.ckv} tokens) by mean-pooled q . k and attends the chosen ones whole, on
+    top of the mask (svgen.runtime.select); a NaN or +inf score always selects its block. One
+    compile for every value; gradients hold the selection fixed.
 """
     if kv_cache is not None:
         c, rows = kv_cache.chunk_frames, kv_cache.rows

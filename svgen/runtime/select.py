@@ -17,7 +17,8 @@ Per call, in jnp under jit (no host round trip; k and p may be traced, one compi
   3. per compute block row, among its *selectable* blocks (candidate blocks the always-kept
      mask does not already keep whole): top_k keeps the k best; top_p keeps the fewest
      best blocks whose softmax mass (over the row's selectable scores) reaches p; either
-     clamped to the policy's [min, max] and to the row's selectable blocks. Ranking is by
+     clamped to the policy's [min, max] and to the row's selectable blocks (a -inf score
+     has no mass: only `min` can bring it in). Ranking is by
      score, highest first; ties go to the lower kv block. A NaN or +inf score is always
      selected (on top of the count, its mass left out of top_p): bad activations reach the
      output as they would in dense attention, never silently dropped or masked away;
@@ -120,8 +121,11 @@ def select_blocks(scores, selectable: np.ndarray, policy: SelectPolicy, amount):
     if policy.rule == TOP_K:
         count = jnp.broadcast_to(jnp.asarray(amount, jnp.int32), available.shape)
     else:
-        count = _top_p_count(jnp.take_along_axis(jnp.where(ranked, scores, -jnp.inf), order, -1),
-                             jnp.take_along_axis(ranked, order, -1), amount)
+        count = _top_p_count(
+            jnp.take_along_axis(jnp.where(ranked, scores, -jnp.inf), order, -1),
+            jnp.take_along_axis(ranked, order, -1),
+            amount,
+        )
     count = jnp.clip(count, policy.min_blocks, policy.max_blocks)
     count = jnp.minimum(count, available)
     return (ranked & (rank < count[..., None])) | forced
@@ -136,7 +140,9 @@ def _top_p_count(sorted_scores, sorted_valid, p):
     mass = weight / jnp.where(total > 0, total, 1.0)
     before = jnp.cumsum(mass, axis=-1) - mass  # the mass of the better blocks
     p = jnp.asarray(p, jnp.float32)
-    return jnp.sum(sorted_valid & (before < p), axis=-1, dtype=jnp.int32)
+    # A -inf score has no mass: it never helps reach p (only `min` can force it in).
+    counted = sorted_valid & (sorted_scores > -jnp.inf) & (before < p)
+    return jnp.sum(counted, axis=-1, dtype=jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -327,7 +333,7 @@ def reference_selection(scores: np.ndarray, selectable: np.ndarray, policy: Sele
             w = np.exp(s - top) if s.size else s
             mass = w / w.sum() if s.size and w.sum() > 0 else np.zeros_like(w)
             before = np.cumsum(mass) - mass
-            count = int(np.sum(before < amount))
+            count = int(np.sum((before < amount) & (s > -np.inf)))
         count = min(max(count, policy.min_blocks), policy.max_blocks, len(order))
         out[index][order[:count]] = True
         out[index][forced] = True

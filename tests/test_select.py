@@ -1,0 +1,364 @@
+"""Blocks chosen from the activations (`select:`, svgen.runtime.select): the on-device
+selection against a NumPy reference on the same pooled scores (ties, NaN, +-inf), the kernels
+(NaN-poisoned interpret mode) against float64 attention under the selected mask, gradients
+with the selection held fixed, one compile for every traced k and p, batches, a tiled head
+layout, the spec's refusals, and the v6e AOT compile."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from svgen.errors import SpecError
+from svgen.runtime import select as sel
+from svgen.spec import parse_spec
+
+from conftest import POISONED, dense_keep
+
+SPEC = """
+svgen: 1
+name: select_%(name)s
+geometry: {frames: 7, height: 10, width: 20}
+attention: {heads: 2, head_dim: 64, dtype: %(dtype)s}
+layout: %(layout)s
+mask:
+  any_of:
+    - first_frame: {frames: 1}
+    - spatial_window: {frames: 1}
+select:
+  candidate: {spatial_window: {frames: 3}}
+  %(rule)s
+tiling: {block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}
+"""
+
+TOP_K = "top_k: {k: 2, max: 4}"
+TOP_P = "top_p: {p: 0.5, min: 1, max: 5}"
+
+
+def spec_text(rule=TOP_K, layout="frame_major", dtype="float32", name="tiny") -> str:
+    return SPEC % dict(rule=rule, layout=layout, dtype=dtype, name=name)
+
+
+# -- the selection itself ------------------------------------------------------------------
+
+
+def _scores(rng, shape, specials: bool):
+    scores = np.round(rng.standard_normal(shape) * 2, 1).astype(np.float32)  # ties
+    if specials:
+        flat = scores.reshape(-1)
+        for value in (np.nan, np.inf, -np.inf):
+            flat[rng.choice(flat.size, size=max(1, flat.size // 40), replace=False)] = value
+    return scores
+
+
+@pytest.mark.parametrize("specials", [False, True], ids=["finite", "nan_inf"])
+@pytest.mark.parametrize("seed", range(4))
+def test_top_k_selection_equals_the_numpy_reference(seed, specials):
+    rng = np.random.default_rng(seed)
+    rows, cols = 9, 13
+    selectable = rng.random((rows, cols)) < 0.6
+    policy = sel.SelectPolicy(sel.TOP_K, 3, int(rng.integers(0, 3)), int(rng.integers(3, 9)))
+    scores = _scores(rng, (3, rows, cols), specials)
+    for k in (0, 1, 4, 20):
+        got = np.asarray(sel.select_blocks(jnp.asarray(scores), selectable, policy, k))
+        want = sel.reference_selection(scores, selectable, policy, k)
+        np.testing.assert_array_equal(got, want)
+        assert not np.any(got & ~selectable), "a block outside the candidates was chosen"
+        forced = selectable & (np.isnan(scores) | (scores == np.inf))
+        assert np.all(got[forced]), "a NaN or +inf score must select its block"
+
+
+@pytest.mark.parametrize("specials", [False, True], ids=["finite", "nan_inf"])
+@pytest.mark.parametrize("seed", range(4))
+def test_top_p_selection_equals_the_numpy_reference(seed, specials):
+    rng = np.random.default_rng(100 + seed)
+    rows, cols = 9, 13
+    selectable = rng.random((rows, cols)) < 0.6
+    policy = sel.SelectPolicy(sel.TOP_P, 0.5, 1, 6)
+    scores = _scores(rng, (3, rows, cols), specials)
+    for p in (0.0, 0.3, 0.62, 0.9, 1.0):
+        got = np.asarray(sel.select_blocks(jnp.asarray(scores), selectable, policy, p))
+        want = sel.reference_selection(scores, selectable, policy, p)
+        # f32 on device, f64 here: a row whose cumulative mass lies within 1e-5 of p may
+        # count one block differently; such rows are rare (asserted) and left out.
+        close = (
+            _rows_near_threshold(scores, selectable, p) if p > 0 else np.zeros(got.shape[:-1], bool)
+        )
+        assert close.mean() < 0.2
+        np.testing.assert_array_equal(got[~close], want[~close])
+
+
+def _rows_near_threshold(scores, selectable, p) -> np.ndarray:
+    near = np.zeros(scores.shape[:-1], bool)
+    for index in np.ndindex(scores.shape[:-1]):
+        row = scores[index].astype(np.float64)
+        valid = selectable[index[-1]] & np.isfinite(row)
+        s = np.sort(row[valid])[::-1]
+        if s.size == 0:
+            continue
+        w = np.exp(s - s.max())
+        before = np.cumsum(w / w.sum()) - w / w.sum()
+        near[index] = bool(np.any(np.abs(before - p) < 1e-5))
+    return near
+
+
+def test_scores_of_minus_infinity_still_rank_and_never_outrank_finite_ones():
+    selectable = np.ones((1, 5), bool)
+    scores = jnp.asarray([[[-np.inf, 1.0, -np.inf, 0.5, 2.0]]], jnp.float32)
+    policy = sel.SelectPolicy(sel.TOP_K, 2, 0, 5)
+    got = np.asarray(sel.select_blocks(scores, selectable, policy, 4))[0, 0]
+    assert got.tolist() == [True, True, False, True, True]  # -inf ties: the lower column
+
+
+# -- the kernels -----------------------------------------------------------------------------
+
+
+def _reference(plan, module, q, k, v, amount):
+    """float64 attention (user order) under the mask a call selects, and the selection,
+    both built here: pooled scores in each head's kernel order, reference_selection."""
+    pattern = plan.patterns[0]
+    layout, shape, select = pattern.layout, module.SHAPE, module.attention.select
+    lead = q.shape[:-2]
+    flat = [
+        np.asarray(jnp.asarray(x, jnp.float32), np.float64).reshape((-1,) + x.shape[-2:])
+        for x in (q, k, v)
+    ]
+    qk, kk, vk = (layout.to_kernel(x, np) for x in flat)
+    rows_b, cols_b = select.selectable.shape
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    scores = (
+        np.einsum("rqd,rkd->rqk", _pool(qk, shape.cq, rows_b), _pool(kk, shape.ckv, cols_b)) * scale
+    )
+    chosen = sel.reference_selection(
+        scores.astype(np.float32), select.selectable, select.policy, amount
+    )
+    always = dense_keep(pattern.mask, layout)
+    n = layout.seq_len
+    row_of, col_of = np.arange(n) // shape.cq, np.arange(n) // shape.ckv
+    out = np.empty_like(qk)
+    for r in range(qk.shape[0]):
+        keep = always | chosen[r][row_of][:, col_of]
+        s = np.where(keep, qk[r] @ kk[r].T * scale, -np.inf)
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        out[r] = (p / p.sum(axis=1, keepdims=True)) @ vk[r]
+    return layout.from_kernel(out, np).reshape(lead + q.shape[-2:]), chosen
+
+
+def _pool(x, block: int, num_blocks: int) -> np.ndarray:
+    out = np.zeros((x.shape[0], num_blocks, x.shape[-1]))
+    for b in range(num_blocks):
+        part = x[:, b * block : (b + 1) * block]
+        if part.shape[1]:
+            out[:, b] = part.mean(axis=1)
+    return out
+
+
+def _inputs(rng, lead, seq, d, dtype="float32"):
+    q, k, v = (rng.standard_normal(lead + (seq, d)).astype(np.float32) for _ in range(3))
+    # A per-head offset gives the pooled scores a spread worth ranking.
+    q += rng.standard_normal(lead[:-1] + (lead[-1], 1, d)).astype(np.float32)
+    return tuple(jnp.asarray(x, jnp.dtype(dtype)) for x in (q, k, v))
+
+
+@pytest.mark.parametrize(
+    "rule, amounts",
+    [(TOP_K, (0, 1, 3)), (TOP_P, (0.2, 0.7))],
+    ids=["top_k", "top_p"],
+)
+def test_kernel_matches_float64_under_the_selected_mask(compile_text, rule, amounts):
+    plan, module = compile_text(spec_text(rule))
+    q, k, v = _inputs(np.random.default_rng(1), (2,), module.SEQ_LEN, module.HEAD_DIM)
+    outputs = []
+    for amount in amounts:
+        kwargs = {module.attention.select.policy.rule: amount}
+        out = np.asarray(module.attention(q, k, v, interpret=POISONED, **kwargs))
+        want, chosen = _reference(plan, module, q, k, v, amount)
+        assert np.all(np.isfinite(out)), "unwritten (NaN) output rows"
+        np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)
+        outputs.append((out, chosen.sum()))
+    assert outputs[0][1] != outputs[-1][1], "the amounts chose the same number of blocks"
+    assert np.abs(outputs[0][0] - outputs[-1][0]).max() > 1e-2, "the selection changed nothing"
+
+
+def test_the_last_key_block_is_selected_whole_but_for_padding(compile_text):
+    """seq_len 1,400 leaves the last 128-key block 120 real keys: a selected one is PADDED
+    (kind 3) in the forward tables, and the poisoned keys past the end never leak."""
+    plan, module = compile_text(spec_text("top_k: {k: 4, max: 4}"))
+    select = module.attention.select
+    assert select.padded_col == module.SEQ_LEN // module.SHAPE.ckv
+    assert select.selectable[:, select.padded_col].any()
+    q, k, v = _inputs(np.random.default_rng(2), (2,), module.SEQ_LEN, module.HEAD_DIM)
+    k = k.at[:, -120:].multiply(4.0)  # make the last block's keys win the ranking
+    chosen = select.select(q, k, 1.0 / np.sqrt(module.HEAD_DIM), select.amount(4, None))
+    assert np.asarray(chosen.blocks)[:, :, select.padded_col].any()
+    out = np.asarray(module.attention(q, k, v, interpret=POISONED, top_k=4))
+    want, _ = _reference(plan, module, q, k, v, 4)
+    np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)
+
+
+def test_gradients_hold_the_selection_fixed(compile_text):
+    plan, module = compile_text(spec_text())
+    rng = np.random.default_rng(3)
+    q, k, v = _inputs(rng, (2,), module.SEQ_LEN, module.HEAD_DIM)
+    do = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
+    _, chosen = _reference(plan, module, q, k, v, 3)
+    grads = jax.grad(
+        lambda q, k, v: jnp.sum(module.attention(q, k, v, interpret=POISONED, top_k=3) * do),
+        argnums=(0, 1, 2),
+    )(q, k, v)
+    layout, shape = plan.patterns[0].layout, module.SHAPE
+    always = dense_keep(plan.patterns[0].mask, layout)
+    n = layout.seq_len
+    keep = [always | c[np.arange(n) // shape.cq][:, np.arange(n) // shape.ckv] for c in chosen]
+
+    def dense(q, k, v):  # frame_major: the kernel order is the user's
+        s = jnp.einsum("hqd,hkd->hqk", q, k) / np.sqrt(q.shape[-1])
+        s = jnp.where(jnp.asarray(np.stack(keep)), s, -jnp.inf)
+        return jnp.einsum("hqk,hkd->hqd", jax.nn.softmax(s, axis=-1), v)
+
+    with jax.enable_x64():
+        args = [jnp.asarray(np.asarray(x), jnp.float64) for x in (q, k, v)]
+        want = jax.grad(
+            lambda q, k, v: jnp.sum(dense(q, k, v) * jnp.asarray(np.asarray(do), jnp.float64)),
+            argnums=(0, 1, 2),
+        )(*args)
+    for got, ref in zip(grads, want):
+        got = np.asarray(got)
+        assert np.all(np.isfinite(got))
+        np.testing.assert_allclose(got, np.asarray(ref), atol=5e-5, rtol=0)
+
+
+def test_traced_amounts_share_one_compile_and_batches_select_per_element(compile_text):
+    plan, module = compile_text(spec_text(TOP_P))
+    q, k, v = _inputs(np.random.default_rng(4), (2, 2), module.SEQ_LEN, module.HEAD_DIM)
+    run = jax.jit(lambda q, k, v, p: module.attention(q, k, v, interpret=POISONED, top_p=p))
+    for p in (0.25, 0.8):
+        out = np.asarray(run(q, k, v, jnp.float32(p)))
+        want, chosen = _reference(plan, module, q, k, v, p)
+        np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)
+    assert run._cache_size() == 1
+    assert not np.array_equal(chosen[0], chosen[2]), "batch elements should select apart"
+
+
+def test_tiled_heads_select_in_their_kernel_order(compile_text):
+    plan, module = compile_text(
+        spec_text(layout="{tiled: {frames: 1, rows: 5, cols: 8}}", name="tiled")
+    )
+    assert not plan.patterns[0].layout.is_identity
+    q, k, v = _inputs(np.random.default_rng(5), (2,), module.SEQ_LEN, module.HEAD_DIM)
+    out = np.asarray(module.attention(q, k, v, interpret=POISONED, top_k=2))
+    want, _ = _reference(plan, module, q, k, v, 2)
+    np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)
+
+
+def test_bfloat16_inputs(compile_text):
+    plan, module = compile_text(spec_text(dtype="bfloat16", name="bf16"))
+    q, k, v = _inputs(np.random.default_rng(6), (2,), module.SEQ_LEN, module.HEAD_DIM, "bfloat16")
+    out = np.asarray(jnp.asarray(module.attention(q, k, v, interpret=POISONED), jnp.float32))
+    want, _ = _reference(plan, module, q, k, v, 2)
+    np.testing.assert_allclose(out, want, atol=3e-2, rtol=0)
+
+
+def test_always_kept_blocks_stay_whatever_the_scores(compile_text):
+    """Scores of -inf everywhere select nothing (k blocks at -inf still rank, so k = 0 here):
+    the call then equals the always-kept mask alone; and every always-kept kind survives in
+    the tables of any selection."""
+    plan, module = compile_text(spec_text())
+    select = module.attention.select
+    walk = select.forward_walk
+    rng = np.random.default_rng(7)
+    chosen = rng.random((3,) + select.selectable.shape) < 0.5
+    chosen &= select.selectable
+    words = np.asarray(jax.vmap(walk.words)(jnp.asarray(chosen)))
+    rq, rk = walk.visits.q_blocks_per_tile, walk.visits.kv_blocks_per_tile
+    shifts = 2 * np.arange(rq * rk).reshape(rq, rk)
+    blocks = (words.view(np.uint32)[:, :, None, None] >> shifts) & 3
+    kept = walk.always[None] != 0
+    assert np.all(blocks[np.broadcast_to(kept, blocks.shape)] != 0)
+    q, k, v = _inputs(rng, (2,), module.SEQ_LEN, module.HEAD_DIM)
+    out = np.asarray(module.attention(q, k, v, interpret=POISONED, top_k=0))
+    want, chosen = _reference(plan, module, q, k, v, 0)
+    assert not chosen.any()
+    np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)
+
+
+# -- the call's arguments and the spec -------------------------------------------------------
+
+
+def test_call_arguments_are_checked(compile_text):
+    _, module = compile_text(spec_text())
+    q = jnp.zeros((2, module.SEQ_LEN, module.HEAD_DIM), jnp.float32)
+    with pytest.raises(TypeError, match="select policy is top_k"):
+        module.attention(q, q, q, interpret=True, top_p=0.5)
+    with pytest.raises(ValueError, match="whole number"):
+        module.attention(q, q, q, interpret=True, top_k=1.5)
+    with pytest.raises(ValueError, match="scalar"):
+        module.attention(q, q, q, interpret=True, top_k=np.array([1, 2]))
+    signature = str(__import__("inspect").signature(module.attention))
+    assert "top_k" in signature and "top_p" not in signature
+
+
+def test_a_module_without_select_refuses_top_k(compile_text):
+    _, module = compile_text(
+        spec_text().split("select:")[0] + "tiling: {block_q: 256, block_kv: 256}\n"
+    )
+    q = jnp.zeros((2, module.SEQ_LEN, module.HEAD_DIM), jnp.float32)
+    with pytest.raises(TypeError, match="without a `select:` policy"):
+        module.attention(q, q, q, interpret=True, top_k=2)
+
+
+@pytest.mark.parametrize(
+    "rule, key, message",
+    [
+        ("top_k: {k: 2, max: 4}\n  top_p: {p: 0.5, max: 4}", "select", "exactly one of"),
+        ("top_k: {k: 5, max: 4}", "select.top_k.k", "at most 4"),
+        ("top_k: {k: 2}", "select.top_k", "max"),
+        ("top_p: {p: 1.5, max: 4}", "select.top_p.p", "in 0 .. 1"),
+        ("top_p: {p: 0.5, min: 5, max: 4}", "select.top_p.min", "at most 4"),
+        ("top_k: {k: 2, max: 40000}", "select.top_k.max", "MAX_SELECT_BLOCKS"),
+    ],
+)
+def test_bad_select_sections_are_refused_at_their_key(rule, key, message):
+    with pytest.raises(SpecError, match=message) as err:
+        parse_spec(spec_text(rule), source="s.yaml")
+    assert err.value.key == key and err.value.line is not None
+
+
+def test_select_refuses_heads_runtime_inputs_and_gpu_targets():
+    text = spec_text() + "runtime: {segments: true}\n"
+    with pytest.raises(SpecError, match="cannot be combined with runtime"):
+        parse_spec(text, source="s.yaml")
+    from svgen.analysis import analyze
+
+    with pytest.raises(SpecError, match="GPU module does not run select") as err:
+        analyze(parse_spec(spec_text(), source="s.yaml"), target_name="h100")
+    assert err.value.key == "select"
+
+
+def test_the_digest_changes_only_with_a_select_section():
+    with_select = parse_spec(spec_text(), source="s.yaml")
+    other_amount = parse_spec(spec_text("top_k: {k: 3, max: 4}"), source="s.yaml")
+    assert with_select.digest != other_amount.digest
+    assert with_select.select.candidate.op == "spatial_window"
+
+
+def test_selection_compiles_for_v6e(compile_text):
+    """A selection module's forward (traced k) and gradient pass Mosaic and libtpu."""
+    from jax.experimental import topologies
+
+    _, module = compile_text(spec_text(name="aot"))
+    device = topologies.get_topology_desc(platform="tpu", topology_name="v6e:2x2").devices[0]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    arg = jax.ShapeDtypeStruct((2, module.SEQ_LEN, module.HEAD_DIM), jnp.float32, sharding=sharding)
+    amount = jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding)
+
+    def call(q, k, v, top_k):
+        return module.attention(q, k, v, top_k=top_k)
+
+    text = jax.jit(call).lower(arg, arg, arg, amount).compile().as_text()
+    assert "tpu_custom_call" in text
+    grad = jax.grad(lambda q, k, v, n: jnp.sum(call(q, k, v, n)), argnums=(0, 1, 2))
+    text = jax.jit(grad).lower(arg, arg, arg, amount).compile().as_text()
+    assert "svgen_attention_dkv" in text
