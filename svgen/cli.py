@@ -368,6 +368,13 @@ def _compile(args) -> int:
                 if p.budget is not None:
                     label = "" if len(plan.patterns) == 1 else f"{p.name}: "
                     print(f"  {label}aligned {p.budget.words()}", file=sys.stderr)
+            if plan.spec.select is not None:
+                select = plan.spec.select
+                print(
+                    f"  select {select.rule} over select.candidate: at most "
+                    f"{plan.select_steps()} grid steps per head (the tables' static maximum)",
+                    file=sys.stderr,
+                )
             if plan.chunk_runs and plan.gpu is None:
                 steps = ", ".join(str(n) for n in plan.chunk_steps())
                 print(

@@ -64,6 +64,11 @@ class PathCosts:
     # Kernels reading run-time tables: [pattern][block] = extra bundles of a SEGMENT_BOUNDARY
     # block (pattern mask and segment test) as (plain, on the kv tile holding padding keys).
     segment_block: tuple[tuple[tuple[int, int], ...], ...] = ()
+    # Kernels reading a selection's tables (svgen.runtime.select): per compute block of a
+    # BOUNDARY tile (one entry: a tile of one block), the extra bundles of a PADDED block (a
+    # selected block holding the end of the keys: unmasked but for them) as (plain, on the kv
+    # tile holding padding keys); (0, 0) for blocks that cannot hold padding keys.
+    padded_block: tuple[tuple[int, int], ...] = ()
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -79,6 +84,7 @@ class PathCosts:
             obj["finalize"],
             obj["pipeline"],
             tuple(tuple(tuple(b) for b in p) for p in obj.get("segment_block", ())),
+            tuple(tuple(b) for b in obj.get("padded_block", ())),
         )
 
     def tile_cost(self, pattern: int, kind: int, word: int, padding: bool = False) -> int:
@@ -89,8 +95,8 @@ class PathCosts:
         if kind == TileKind.EMPTY:
             return self.bookkeeping
         blocks = self.block[pattern]
-        if kind == SEGMENT_BOUNDARY:  # a tile of one compute block, across segments
-            return self.mixed[pattern] + self.segment_block[pattern][0][1 if padding else 0]
+        if kind == SEGMENT_BOUNDARY:  # a tile of one compute block: across segments, or PADDED
+            return self.mixed[pattern] + self._kind3(pattern, 0, padding)
         if len(blocks) == 1 and word == 0:  # one compute block per tile: BOUNDARY
             return self.mixed[pattern] + blocks[0][2 if padding else 1]
         cost = self.mixed[pattern]
@@ -101,19 +107,39 @@ class PathCosts:
             elif block_kind == TileKind.BOUNDARY:
                 cost += padded if padding else boundary
             elif block_kind == SEGMENT_BOUNDARY:
-                cost += self.segment_block[pattern][index][1 if padding else 0]
+                cost += self._kind3(pattern, index, padding)
         return cost
 
+    def _kind3(self, pattern: int, index: int, padding: bool) -> int:
+        """A block of kind 3: SEGMENT_BOUNDARY in segment tables, PADDED in selections."""
+        costs = self.segment_block[pattern] if self.segment_block else self.padded_block
+        return costs[index][1 if padding else 0]
 
-def read_paths(schedule, patterns: int, compute_blocks: int, segmented: bool = False) -> PathCosts:
+
+def read_paths(
+    schedule,
+    patterns: int,
+    compute_blocks: int,
+    segmented: bool = False,
+    padded_column: int | None = None,
+    q_blocks_per_tile: int = 1,
+) -> PathCosts:
     """Map the kernel's branches onto its phases (order checked against their contents).
     segmented: the kernel reads run-time tables, so every BOUNDARY tile of one compute
     block has a SEGMENT_BOUNDARY twin (a phase of its own) and every compute block of a
-    BOUNDARY tile a third branch (svgen.runtime.kernel)."""
+    BOUNDARY tile a third branch (svgen.runtime.kernel). padded_column: the kernel reads a
+    selection's tables (svgen.runtime.select) and this block column of a tile can hold
+    padding keys: each of its blocks (q_blocks_per_tile of them) has a third branch, PADDED
+    (with one compute block per tile: a phase of its own after the mixed ones)."""
     loop_branches = schedule.branches_in_loop()
     stage = min(b.depth for b in loop_branches)
     twins = 2 if segmented and compute_blocks == 1 else 1
-    top = _kernel_phases([b for b in loop_branches if b.depth == stage + 1], patterns * twins)
+    padded_phase = padded_column is not None and compute_blocks == 1
+    top = _kernel_phases(
+        [b for b in loop_branches if b.depth == stage + 1], patterns * twins + padded_phase
+    )
+    if padded_phase:  # the PADDED tile phase follows the mixed ones
+        padded_tile = top.pop(-2)
     init, full, *mixed_phases, finalize = top
     mixed, segment_tiles = mixed_phases[::twins], mixed_phases[1::twins] if twins == 2 else []
     phases = {b.address for b in top}
@@ -151,6 +177,11 @@ def read_paths(schedule, patterns: int, compute_blocks: int, segmented: bool = F
         plain, padded = pair
         return (cost(skipped | {padded.address}) - base, cost(skipped | {plain.address}) - base)
 
+    padded_blocks: list[tuple[int, int]] = []
+    if padded_phase:
+        padded_blocks.append(variants(padded_tile, phases - {padded_tile.address}, bookkeeping))
+        phases = phases | {padded_tile.address}
+    kv_blocks = compute_blocks // q_blocks_per_tile
     per_pattern_segment = []
     for m in segment_tiles:
         per_pattern_segment.append((variants(m, phases - {m.address}, bookkeeping),))
@@ -163,17 +194,29 @@ def read_paths(schedule, patterns: int, compute_blocks: int, segmented: bool = F
             per_pattern_blocks.append(((0, plain, padded),))
             continue
         inner = inside(m)
-        if len(inner) != per_block * compute_blocks:
+        widths = [
+            per_block + (padded_column is not None and index % kv_blocks == padded_column)
+            for index in range(compute_blocks)
+        ]
+        if len(inner) != sum(widths):
             raise RuntimeError(
-                f"expected {per_block * compute_blocks} compute-block branches in a "
+                f"expected {sum(widths)} compute-block branches in a "
                 f"BOUNDARY tile, found {len(inner)}"
             )
         addresses = {b.address for b in inner}
         base = cost(others | addresses)
         mixed_base.append(base)
         blocks, segment_blocks = [], []
+        starts = np.cumsum([0] + widths)
         for index in range(compute_blocks):
-            f, b, *sg = inner[per_block * index : per_block * (index + 1)]
+            f, b, *sg = inner[starts[index] : starts[index + 1]]
+            if padded_column is not None:
+                pad = sg.pop() if sg else None
+                padded_blocks.append(
+                    (0, 0)
+                    if pad is None
+                    else variants(pad, others | (addresses - {pad.address}), base)
+                )
             blocks.append(
                 (
                     cost(others | (addresses - {f.address})) - base,
@@ -196,6 +239,7 @@ def read_paths(schedule, patterns: int, compute_blocks: int, segmented: bool = F
         only(finalize) - bookkeeping,
         pipeline,
         tuple(per_pattern_segment),
+        tuple(padded_blocks),
     )
 
 
@@ -249,6 +293,9 @@ class CostReport:
     heads: int
     training: "TrainingReport | None" = None
     chunks: "ChunkReport | None" = None  # runtime.kv_cache: the chunked calls
+    # select: the call's bounds, {"none": (cycles, steps), "all": (cycles, steps)}: nothing
+    # selected (the mask alone) and every selectable block selected (the tables' maximum)
+    select: dict | None = None
 
     @property
     def ms(self) -> float:
@@ -275,6 +322,16 @@ class CostReport:
                 {} if self.training is None else {"training": self.training.to_json(self.clock_ghz)}
             ),
             **({} if self.chunks is None else {"chunks": self.chunks.to_json(self.clock_ghz)}),
+            **(
+                {}
+                if self.select is None
+                else {
+                    "select": {
+                        bound: {"cycles": c, "ms": c / (self.clock_ghz * 1e6), "steps": st}
+                        for bound, (c, st) in self.select.items()
+                    }
+                }
+            ),
         }
 
 
@@ -484,18 +541,23 @@ def measure_paths(module, target: str, *, use_cache: bool = True, progress=None)
         tables.slots,
         tuple(str(t.dtype) for t in tables.piece_operands()),
         module.DTYPE,
-        runtime=module.attention.runtime.arguments(),
+        runtime=module.attention.runtime.arguments()
+        + (() if module.attention.select is None else ("select",)),
     )
 
     def measure() -> PathCosts:
         if progress:
             progress(f"compiling {module.__name__} for {target} (libtpu)")
         schedule = _compile(module, target)
+        shape, select = module.SHAPE, module.attention.select
+        padded = select is not None and shape.padding_kv_tile is not None
         return read_paths(
             schedule,
             len(module._PATTERNS),
-            module.SHAPE.compute_blocks,
+            shape.compute_blocks,
             segmented=module.attention.runtime.any,
+            padded_column=shape.padding_block_column if padded else None,
+            q_blocks_per_tile=shape.q_blocks_per_tile,
         )
 
     return _cached(key, use_cache, measure, PathCosts.from_json)
@@ -889,7 +951,54 @@ def cost_plan(
         len(head_pattern),
         trained,
         None if chunk_paths is None else model_chunks(chunk_paths, plan, head_pattern),
+        None if plan.spec.select is None else model_select(paths, plan),
     )
+
+
+def model_select(paths: PathCosts, plan) -> dict:
+    """A select spec's call at its two bounds: nothing selected (the mask's blocks, walked
+    per head as a selection's tables are) and every selectable block selected (a FULL
+    block, PADDED where it holds the end of the keys): {bound: (cycles, steps)}. What a
+    call costs in between depends on its activations (bench/select_cost.py)."""
+    from svgen.runtime.tables import (
+        PieceTables,
+        compute_block_kinds,
+        runs_of_blocks,
+        selectable_blocks,
+    )
+
+    shape = _kernel_shape(plan)
+    grid = (
+        plan.grid.num_q_blocks,
+        plan.grid.num_kv_blocks,
+        shape.q_blocks_per_tile,
+        shape.kv_blocks_per_tile,
+    )
+    always = compute_block_kinds(plan.only.table.runs, *grid)
+    selectable = selectable_blocks(always, compute_block_kinds(plan.candidate_runs, *grid), shape)
+    chosen = np.full(always.shape, int(TileKind.FULL), np.int8)
+    if shape.seq_len % shape.ckv:
+        chosen[:, shape.seq_len // shape.ckv] = SEGMENT_BOUNDARY  # PADDED
+    out = {}
+    for bound, blocks in (("none", always), ("all", np.where(selectable, chosen, always))):
+        runs = runs_of_blocks(blocks.astype(np.int8), *grid)
+        tables = PieceTables.from_runs([runs], plan.tables.slots, shape.compute_blocks, False)
+        cycles, steps, _ = model_cycles(
+            paths, tables, [0] * plan.spec.attention.heads, padding_tile(plan)
+        )
+        out[bound] = (cycles, steps)
+    return out
+
+
+def _kernel_shape(plan):
+    from svgen.runtime.tables import KernelShape
+
+    t = plan.spec.tiling
+    return KernelShape(
+        plan.grid.seq_len, plan.grid.padded_seq_len, t.block_q, t.block_kv,
+        plan.spec.attention.head_dim, plan.spec.attention.heads,
+        compute_q=t.cq, compute_kv=t.ckv,
+    )  # fmt: skip
 
 
 def _model_training(paths: TrainingPaths, plan, module) -> TrainingReport:
@@ -969,6 +1078,34 @@ def format_report(report: CostReport, plan) -> list[str]:
         lines += _training_lines(report.training, plan, report.clock_ghz, per_tile, per_block)
     if report.chunks is not None:
         lines += _chunk_lines(report, plan, per_tile, per_block)
+    if report.select is not None:
+        lines += _select_lines(report, plan)
+    return lines
+
+
+def _select_lines(report: CostReport, plan) -> list[str]:
+    """A select spec's bounds: the call between nothing and everything selected."""
+    ms = lambda cycles: cycles / (report.clock_ghz * 1e6)  # noqa: E731
+    (none, none_steps), (every, all_steps) = report.select["none"], report.select["all"]
+    lines = [
+        f"  select ({plan.spec.select.rule}): the modelled call above is the mask alone's "
+        "(static tables); a call walks its own selection's tables, between",
+        f"    nothing selected: {none:,} cycles = {ms(none):.2f} ms "
+        f"({none_steps['full'] + none_steps['mixed']:,} steps with work over all heads)",
+        f"    every candidate block selected: {every:,} cycles = {ms(every):.2f} ms "
+        f"({all_steps['full'] + all_steps['mixed']:,} steps with work)",
+    ]
+    if report.dense_cycles:
+        lines.append(
+            f"    dense / every-selected: {report.dense_cycles / every:.2f}x; dense / "
+            f"nothing-selected: {report.dense_cycles / none:.2f}x"
+        )
+    p = report.paths
+    if p.padded_block and any(any(b) for b in p.padded_block):
+        plain = _mean([b[0] for b in p.padded_block if any(b)])
+        lines.append(
+            f"    PADDED block (a selected block holding the end of the keys): {plain:,} bundles"
+        )
     return lines
 
 

@@ -104,6 +104,39 @@ def _rows_near_threshold(scores, selectable, p) -> np.ndarray:
     return near
 
 
+@pytest.mark.parametrize("rule", [sel.TOP_K, sel.TOP_P])
+def test_the_sorted_ranking_of_long_rows_equals_the_compared_one(rule, monkeypatch):
+    """Rows of more than MAX_COMPARED_COLUMNS blocks sort instead of comparing all pairs:
+    both give the reference's selection."""
+    rng = np.random.default_rng(11)
+    selectable = rng.random((6, 40)) < 0.7
+    policy = sel.SelectPolicy(rule, 0, 1, 12)
+    scores = _scores(rng, (2, 6, 40), specials=True)
+    amounts = (0, 3, 9) if rule == sel.TOP_K else (0.2, 0.6)
+    compared = [
+        np.asarray(sel.select_blocks(jnp.asarray(scores), selectable, policy, a)) for a in amounts
+    ]
+    monkeypatch.setattr(sel, "MAX_COMPARED_COLUMNS", 8)
+    for amount, want in zip(amounts, compared):
+        got = np.asarray(sel.select_blocks(jnp.asarray(scores), selectable, policy, amount))
+        close = _rows_near_threshold(scores, selectable, amount) if rule == sel.TOP_P else False
+        np.testing.assert_array_equal(got[~close], want[~close])
+        if rule == sel.TOP_K:
+            np.testing.assert_array_equal(
+                want, sel.reference_selection(scores, selectable, policy, amount)
+            )
+
+
+@pytest.mark.parametrize("seq", [384, 400, 130])
+def test_pooling_averages_the_real_tokens_of_each_block(seq):
+    x = np.random.default_rng(seq).standard_normal((2, seq, 8)).astype(np.float32)
+    got = np.asarray(sel.pooled_blocks(jnp.asarray(x), 128, 4))
+    for b in range(4):
+        part = x[:, b * 128 : (b + 1) * 128]
+        want = part.mean(axis=1) if part.shape[1] else np.zeros((2, 8))
+        np.testing.assert_allclose(got[:, b], want, atol=1e-6)
+
+
 def test_scores_of_minus_infinity_still_rank_and_never_outrank_finite_ones():
     selectable = np.ones((1, 5), bool)
     scores = jnp.asarray([[[-np.inf, 1.0, -np.inf, 0.5, 2.0]]], jnp.float32)

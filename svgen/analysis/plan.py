@@ -12,7 +12,12 @@ from svgen.analysis.classify import Classification, TileGrid
 from svgen.analysis.tables import BlockTable
 from svgen.runtime.gpu_tables import GpuTables
 from svgen.runtime.layout import TokenLayout
-from svgen.runtime.tables import PieceTables
+from svgen.runtime.tables import (
+    KernelShape,
+    PieceTables,
+    selection_superset_runs,
+    static_steps,
+)
 from svgen.runtime.kinds import TileKind
 from svgen.spec import GpuTiling, Spec
 from svgen.targets import GpuTarget, Target, VmemNeed
@@ -194,6 +199,17 @@ class Plan:
             )
         return steps
 
+    def select_steps(self) -> int:
+        """select: the most grid steps per head a call's selection can give (always-kept
+        plus every selectable block: the static maximum of its tables)."""
+        only = self.only
+        shape = KernelShape(
+            only.grid.seq_len, only.grid.padded_seq_len, only.grid.block_q, only.grid.block_kv,
+            self.spec.attention.head_dim, self.spec.attention.heads,
+            compute_q=only.compute_grid.block_q, compute_kv=only.compute_grid.block_kv,
+        )  # fmt: skip
+        return static_steps(selection_superset_runs(only.table.runs, self.candidate_runs, shape))
+
     def summary(self) -> dict:
         """The `svgen inspect --json` object (v1 keys unchanged for single-pattern specs)."""
         out = {
@@ -238,6 +254,15 @@ class Plan:
         runtime = self.spec.runtime
         if runtime.any:  # only when declared: the keys of other specs stay what they were
             out["runtime"] = [n for n in ("segments", "text_lengths") if getattr(runtime, n)]
+        if self.spec.select is not None:
+            select = self.spec.select
+            out["select"] = {
+                "rule": select.rule,
+                "default": select.default,
+                "min_blocks": select.min_blocks,
+                "max_blocks": select.max_blocks,
+                "max_grid_steps": self.select_steps(),
+            }
         if self.chunk_runs:
             out["kv_cache"] = {
                 "chunk_frames": runtime.chunk_frames,

@@ -90,11 +90,15 @@ class Selected(NamedTuple):
 
 def pooled_blocks(x, block: int, num_blocks: int):
     """f32 [rows, num_blocks, d]: the mean of x [rows, seq, d] over each block of `block`
-    tokens; positions past seq count for nothing (a block of padding only is 0)."""
+    tokens; positions past seq count for nothing (a block of padding only is 0). Whole
+    blocks reduce in place and the partial last one apart: no padded copy of x."""
     rows, seq, d = x.shape
-    padding = num_blocks * block - seq
-    sums = jnp.pad(x.astype(jnp.float32), ((0, 0), (0, padding), (0, 0)))
-    sums = sums.reshape(rows, num_blocks, block, d).sum(axis=2)
+    whole = min(seq // block, num_blocks)
+    parts = [x[:, : whole * block].reshape(rows, whole, block, d).sum(axis=2, dtype=jnp.float32)]
+    if whole < num_blocks:
+        tail = x[:, whole * block :].sum(axis=1, dtype=jnp.float32)[:, None]
+        parts += [tail, jnp.zeros((rows, num_blocks - whole - 1, d), jnp.float32)]
+    sums = jnp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
     real = np.clip(seq - np.arange(num_blocks) * block, 0, block)
     return sums / np.maximum(real, 1).astype(np.float32)[None, :, None]
 
@@ -107,42 +111,73 @@ def block_scores(q, k, shape: KernelShape, num_row_blocks: int, num_col_blocks: 
     return scores * jnp.float32(sm_scale)
 
 
+# Rows of at most this many block columns rank by comparing every pair (an [R, C, C] mask
+# and two small matmuls: no sort, which is the dearest op on a TPU; bench/select_cost.py);
+# longer rows sort.
+MAX_COMPARED_COLUMNS = 128
+
+
 def select_blocks(scores, selectable: np.ndarray, policy: SelectPolicy, amount):
     """bool [..., R, C]: the selected blocks of f32 scores [..., R, C] among the selectable
     ones (bool [R, C], static), for `amount` (k or p; may be traced). See the docstring."""
     selectable = jnp.asarray(selectable)
     forced = selectable & (jnp.isnan(scores) | (scores == jnp.inf))
     ranked = selectable & ~forced
-    # Highest first, ties to the lower column; non-candidates (NaN keys) sort last.
-    key = jnp.where(ranked, -scores, jnp.nan)
-    order = jnp.argsort(key, axis=-1, stable=True)
-    rank = jnp.argsort(order, axis=-1, stable=True)
+    mass = _row_mass(scores, ranked) if policy.rule == TOP_P else None
+    if scores.shape[-1] <= MAX_COMPARED_COLUMNS:
+        rank, before = _compared_ranks(scores, ranked, mass)
+    else:
+        rank, before = _sorted_ranks(scores, ranked, mass)
     available = jnp.sum(ranked, axis=-1, dtype=jnp.int32)
     if policy.rule == TOP_K:
         count = jnp.broadcast_to(jnp.asarray(amount, jnp.int32), available.shape)
     else:
-        count = _top_p_count(
-            jnp.take_along_axis(jnp.where(ranked, scores, -jnp.inf), order, -1),
-            jnp.take_along_axis(ranked, order, -1),
-            amount,
-        )
+        # The fewest best blocks reaching p: those whose better blocks' mass is below p. A
+        # -inf score has no mass: it never helps reach p (only `min` can bring it in).
+        p = jnp.asarray(amount, jnp.float32)
+        counted = ranked & (scores > -jnp.inf) & (before < p)
+        count = jnp.sum(counted, axis=-1, dtype=jnp.int32)
     count = jnp.clip(count, policy.min_blocks, policy.max_blocks)
     count = jnp.minimum(count, available)
     return (ranked & (rank < count[..., None])) | forced
 
 
-def _top_p_count(sorted_scores, sorted_valid, p):
-    """Per row: the fewest best blocks whose softmax mass (over the valid ones) reaches p."""
-    top = jnp.max(jnp.where(sorted_valid, sorted_scores, -jnp.inf), axis=-1, keepdims=True)
+def _row_mass(scores, ranked):
+    """Each ranked block's softmax mass over its row's ranked blocks (0 for the others)."""
+    top = jnp.max(jnp.where(ranked, scores, -jnp.inf), axis=-1, keepdims=True)
     top = jnp.where(jnp.isfinite(top), top, 0.0)
-    weight = jnp.where(sorted_valid, jnp.exp(sorted_scores - top), 0.0)
+    weight = jnp.where(ranked, jnp.exp(jnp.where(ranked, scores, -jnp.inf) - top), 0.0)
     total = jnp.sum(weight, axis=-1, keepdims=True)
-    mass = weight / jnp.where(total > 0, total, 1.0)
-    before = jnp.cumsum(mass, axis=-1) - mass  # the mass of the better blocks
-    p = jnp.asarray(p, jnp.float32)
-    # A -inf score has no mass: it never helps reach p (only `min` can force it in).
-    counted = sorted_valid & (sorted_scores > -jnp.inf) & (before < p)
-    return jnp.sum(counted, axis=-1, dtype=jnp.int32)
+    return weight / jnp.where(total > 0, total, 1.0)
+
+
+def _compared_ranks(scores, ranked, mass):
+    """(rank, mass of the better blocks) per block from all pairs: block j is better than
+    block i when both are ranked and j scores higher, or the same at a lower column."""
+    s_i, s_j = scores[..., :, None], scores[..., None, :]
+    columns = jnp.arange(scores.shape[-1])
+    lower = columns[None, :] < columns[:, None]  # [i, j]: j is the lower column
+    better = ranked[..., :, None] & ranked[..., None, :] & ((s_j > s_i) | ((s_j == s_i) & lower))
+    rank = jnp.sum(better, axis=-1, dtype=jnp.int32)
+    before = None
+    if mass is not None:
+        before = jnp.einsum(
+            "...ij,...j->...i", better.astype(jnp.float32), mass, precision=lax.Precision.HIGHEST
+        )
+    return rank, before
+
+
+def _sorted_ranks(scores, ranked, mass):
+    """(rank, mass of the better blocks) per block by sorting (rows too long to compare)."""
+    # Highest first, ties to the lower column; blocks not ranked (NaN keys) sort last.
+    order = jnp.argsort(jnp.where(ranked, -scores, jnp.nan), axis=-1, stable=True)
+    rank = jnp.argsort(order, axis=-1, stable=True)
+    before = None
+    if mass is not None:
+        sorted_mass = jnp.take_along_axis(mass, order, -1)
+        sorted_before = jnp.cumsum(sorted_mass, axis=-1) - sorted_mass
+        before = jnp.take_along_axis(sorted_before, rank, -1)
+    return rank, before
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
