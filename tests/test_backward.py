@@ -16,7 +16,7 @@ import pytest
 from conftest import (
     POISONED,
     REPO,
-    SPECS,
+    MASK_SPECS,
     TWO_LEVEL,
     check_grads,
     mask_spec_text,
@@ -30,7 +30,7 @@ from svgen.runtime.kinds import TileKind
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("spec_path", SPECS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("spec_path", MASK_SPECS, ids=lambda p: p.stem)
 def test_gradients_of_every_shipped_spec(spec_path, dtype, compile_text):
     """Two-level tiles (FULL, BOUNDARY and EMPTY compute blocks), sizes that do not divide
     the tiles, both layouts and text where the spec has them."""

@@ -26,7 +26,7 @@ from svgen.runtime.tables import compute_block_kinds
 
 from conftest import (
     REPO,
-    SPECS,
+    MASK_SPECS,
     TWO_LEVEL,
     brute_force_kinds,
     check_per_head,
@@ -61,7 +61,7 @@ def check_batched(plan, out, q, k, v, head_pattern, dtype):
 # -- numerics in interpret mode ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spec_path", SPECS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("spec_path", MASK_SPECS, ids=lambda p: p.stem)
 def test_shipped_spec_scaled_down(spec_path, compile_text):
     """Every shipped spec at 520 video tokens (+ text): not a multiple of the 64 x 64 GPU
     tiles, every pattern on some head, head_pattern traced."""
@@ -214,7 +214,7 @@ def with_gpu(text: str, **gpu_section) -> str:
     return yaml.safe_dump(spec, sort_keys=False)
 
 
-@pytest.mark.parametrize("spec_path", SPECS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("spec_path", MASK_SPECS, ids=lambda p: p.stem)
 def test_generated_module_of_every_shipped_spec(spec_path, compile_text):
     """What `svgen compile --target h100` writes, scaled down: classified at the GPU tiles
     (64 x 64 by default: every GPU tile its own exact kind), traced head_pattern, NaN-poisoned
@@ -378,7 +378,7 @@ def verified_triton_lowering(attention, q, head_pattern):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("spec_path", SPECS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("spec_path", MASK_SPECS, ids=lambda p: p.stem)
 def test_lowers_to_valid_triton_ir(spec_path, dtype, compile_text):
     plan, module = compile_text(scaled_spec_text(spec_path, dtype=dtype))
     attention = gpu.gpu_attention_of(module, block_q=128, block_kv=64)

@@ -14,7 +14,7 @@ from svgen.runtime.reference import masked_attention_reference
 
 from conftest import (
     POISONED,
-    SPECS,
+    MASK_SPECS,
     TOLERANCE,
     TWO_LEVEL,
     check_per_head,
@@ -49,7 +49,7 @@ def run_and_compare(plan, module, dtype, seed, batch=None):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("spec_path", SPECS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("spec_path", MASK_SPECS, ids=lambda p: p.stem)
 def test_shipped_spec_scaled_down(spec_path, dtype, compile_text):
     plan, module = compile_text(scaled_spec_text(spec_path, dtype=dtype))
     for pattern in plan.patterns:
@@ -61,7 +61,7 @@ def test_shipped_spec_scaled_down(spec_path, dtype, compile_text):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("spec_path", SPECS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("spec_path", MASK_SPECS, ids=lambda p: p.stem)
 def test_shipped_spec_two_level_tiles(spec_path, dtype, compile_text):
     """256 x 512 tiles of 128 x 128 compute blocks: BOUNDARY tiles run each compute block by
     its own kind (FULL unmasked, BOUNDARY masked, EMPTY skipped), padding blocks included."""

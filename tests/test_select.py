@@ -15,7 +15,7 @@ from svgen.errors import SpecError
 from svgen.runtime import select as sel
 from svgen.spec import parse_spec
 
-from conftest import POISONED, dense_keep
+from conftest import POISONED, SELECT_SPECS, TWO_LEVEL, dense_keep, scaled_spec_text
 
 SPEC = """
 svgen: 1
@@ -395,3 +395,49 @@ def test_selection_compiles_for_v6e(compile_text):
     grad = jax.grad(lambda q, k, v, n: jnp.sum(call(q, k, v, n)), argnums=(0, 1, 2))
     text = jax.jit(grad).lower(arg, arg, arg, amount).compile().as_text()
     assert "svgen_attention_dkv" in text
+
+
+@pytest.mark.parametrize("spec_path", SELECT_SPECS, ids=lambda p: p.stem)
+def test_shipped_select_specs_scaled_down(spec_path, compile_text):
+    """Each shipped select spec at the small geometry with two-level tiles: forward at its
+    default amount and gradients, against float64 under the call's own selection."""
+    plan, module = compile_text(scaled_spec_text(spec_path, tiling=TWO_LEVEL))
+    rng = np.random.default_rng(12)
+    q, k, v = _inputs(rng, (2,), module.SEQ_LEN, module.HEAD_DIM)
+    default = module.attention.select.policy.default
+    out = np.asarray(module.attention(q, k, v, interpret=POISONED))
+    want, chosen = _reference(plan, module, q, k, v, default)
+    assert chosen.any()
+    np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)
+    do = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
+    grads = jax.jit(
+        jax.grad(
+            lambda q, k, v: jnp.sum(module.attention(q, k, v, interpret=POISONED) * do),
+            argnums=(0, 1, 2),
+        )
+    )(q, k, v)
+    step = 1e-3  # central differences of the float64 reference along random directions
+    for index, got in enumerate(grads):
+        direction = rng.standard_normal(q.shape)
+        args = [np.asarray(x, np.float64) for x in (q, k, v)]
+        plus, minus = list(args), list(args)
+        plus[index] = args[index] + step * direction
+        minus[index] = args[index] - step * direction
+        loss = lambda a: float(np.sum(_fixed(plan, module, chosen, *a) * np.asarray(do)))  # noqa: E731
+        numeric = (loss(plus) - loss(minus)) / (2 * step)
+        analytic = float(np.sum(np.asarray(got, np.float64) * direction))
+        assert abs(numeric - analytic) <= 1e-3 * max(1.0, abs(numeric)), (index, numeric, analytic)
+
+
+def _fixed(plan, module, chosen, q, k, v):
+    """float64 attention (frame_major: user order) under a fixed selection `chosen`."""
+    pattern, shape = plan.patterns[0], module.SHAPE
+    always = dense_keep(pattern.mask, pattern.layout)
+    n = pattern.layout.seq_len
+    out = np.empty_like(q)
+    for r in range(q.shape[0]):
+        keep = always | chosen[r][np.arange(n) // shape.cq][:, np.arange(n) // shape.ckv]
+        s = np.where(keep, q[r] @ k[r].T / np.sqrt(q.shape[-1]), -np.inf)
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        out[r] = (p / p.sum(axis=1, keepdims=True)) @ v[r]
+    return out
