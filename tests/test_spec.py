@@ -204,7 +204,7 @@ def test_empty_spec():
         parse_spec("# nothing here\n", source="e.yaml")
     assert str(info.value) == (
         "e.yaml: the spec is empty; expected a mapping with keys svgen, name, geometry, "
-        "attention, layout, mask, heads, patterns, tiling, gpu, runtime"
+        "attention, layout, mask, heads, patterns, tiling, gpu, runtime, select"
     )
 
 
@@ -363,7 +363,7 @@ def test_base_is_valid():
 
 
 EXPECTED = {
-    "unknown_top_level_key": "specs/demo.yaml:6:1: kernel: unknown key 'kernel'; allowed keys: svgen, name, geometry, attention, layout, mask, heads, patterns, tiling, gpu, runtime",
+    "unknown_top_level_key": "specs/demo.yaml:6:1: kernel: unknown key 'kernel'; allowed keys: svgen, name, geometry, attention, layout, mask, heads, patterns, tiling, gpu, runtime, select",
     "unknown_primitive": "specs/demo.yaml:10:7: mask.any_of[2].sliding: unknown mask primitive 'sliding'; allowed: first_frame, spatial_window, temporal_stride, band, prefix, text, causal_frames, block_causal, cube_window, expr, any_of, all_of, not, ref",
     "unknown_param_key": "specs/demo.yaml:9:44: mask.any_of[1].spatial_window.colz: unknown key 'colz'; allowed keys: frames, rows, cols",
     "string_where_int": "specs/demo.yaml:3:20: geometry.frames: must be a positive integer, got a string ('four')",
