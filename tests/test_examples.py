@@ -1,6 +1,7 @@
 """examples/video_dit_layer.py runs, picks the planted head kinds and stays close to dense;
 examples/packed_batch.py matches each packed video run alone; examples/autoregressive_video.py
-generates chunk by chunk with a KV cache what the full sequence computes at once."""
+generates chunk by chunk with a KV cache what the full sequence computes at once;
+examples/selected_denoising.py follows its selection through a denoising schedule."""
 
 import importlib.util
 
@@ -40,3 +41,15 @@ def test_autoregressive_video_example():
     steps = result["chunk_steps"]
     assert max(steps) < result["full_steps"] and steps[0] < steps[-1]
     assert result["chunk_q_bytes"] * 4 == result["full_q_bytes"]
+
+
+def test_selected_denoising_example():
+    """One compiled select module through a denoising schedule: each step matches float64
+    under its own selection, p going down keeps fewer pairs, and p never recompiles."""
+    example = load_example("selected_denoising")
+    result = example.run(seed=4, verbose=False)
+    assert result["worst_error"] <= example.TOLERANCE
+    assert result["compiles"] == 1
+    densities = [row["density"] for row in result["rows"]]
+    assert densities == sorted(densities, reverse=True) and densities[-1] < densities[0]
+    assert all(min(row["steps_per_head"]) > 0 for row in result["rows"])
