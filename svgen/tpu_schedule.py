@@ -49,6 +49,7 @@ _OPCODE = re.compile(r"\s*(?:%[\w]+\s*=\s*)?([A-Za-z_][\w.]*)")
 _DEST = re.compile(r"\s*(%[\w]+)\s*=")
 _REGION_START = re.compile(r"Start(?:/End empty)? region (\d+)")
 _BRANCH = re.compile(r"sbr\.rel\s*(?:\((!?%\w+)\))?\s*target\s*=\s*\$region(\d+)")
+_BRANCH_TARGET = re.compile(r"sbr\.rel\b[^}]*?target\s*=\s*\$region(\d+)")
 _EXIT_TEST = re.compile(r"scmp\.ge\.s32\.totalorder\s+%\w+,\s*(\d+)\s*/\*\s*loop exit test")
 _Jump = tuple[int, int, str | None]  # an sbr.rel: address, target address, predicate
 
@@ -204,11 +205,19 @@ class NoGridLoop(ValueError):
 def parse_bundles(text: str) -> Schedule:
     """Parse a ``*-final_bundles.txt`` listing (see the module docstring for its shape)."""
     bundles, region_start = [], {}
+    exit_bundle = None
     for chunk in _bundle_chunks(text):
         bundle, trailing = _parse_bundle(chunk)
         for region in _REGION_START.findall(trailing):
             region_start.setdefault(int(region), bundle.address)
+        if "exit bundle" in trailing:
+            exit_bundle = bundle.address
         bundles.append(bundle)
+    if exit_bundle is not None:
+        # A branch past the whole program (a grid whose traced size is 0 skips its loop)
+        # targets a region libtpu never starts: it starts at the exit bundle.
+        for region in _BRANCH_TARGET.findall(text):
+            region_start.setdefault(int(region), exit_bundle)
     if [b.address for b in bundles] != list(range(len(bundles))):
         raise ValueError("bundle addresses are not 0, 1, 2, ... in order")
     jumps = list(_branches(bundles, region_start))

@@ -192,3 +192,36 @@ def test_cost_of_every_chunk_position(tmp_path):
         run + ["cost", "chunks.yaml"], cwd=tmp_path, capture_output=True, text=True, env=env
     ).stdout
     assert "KV-cache chunks of 2 frame(s)" in text_report and "frames 6-7:" in text_report
+
+
+def test_cost_of_a_select_spec_bounds_the_call(tmp_path):
+    """select: the selection kernel's paths, its PADDED block read from the schedule (the
+    last key block holds padding: 2,240 = 8.75 x 256), and the call's two bounds: nothing
+    selected (the mask's blocks) and every candidate block selected."""
+    text = SMALL.replace("name: small_cost", "name: small_select") + (
+        "select:\n  candidate: {spatial_window: {frames: 2}}\n  top_k: {k: 2, max: 4}\n"
+    )
+    (tmp_path / "select.yaml").write_text(text)
+    env = {**__import__("os").environ, "SVGEN_CACHE_DIR": str(tmp_path / "cache")}
+    result = subprocess.run(
+        [sys.executable, "-m", "svgen.cli", "cost", "select.yaml", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    paths, bounds = report["paths"], report["select"]
+    # 2 x 2 blocks per tile; keys 2,048 .. 2,239 of the last tile are its first block
+    # column: only blocks 0 and 2 can be PADDED. A PADDED block is a FULL one plus the
+    # padding keys' test, dearer on the kv tile that holds them.
+    padded = paths["padded_block"]
+    assert len(padded) == 4 and padded[1] == padded[3] == [0, 0]
+    full_block = paths["block"][0][0][0]
+    assert all(padding >= plain > full_block for plain, padding in (padded[0], padded[2]))
+    assert bounds["none"]["cycles"] == report["cycles"]  # the static tables: the mask alone
+    assert bounds["all"]["cycles"] > bounds["none"]["cycles"]
+    work = {b: s["steps"]["full"] + s["steps"]["mixed"] for b, s in bounds.items()}
+    assert work["all"] > work["none"]
+    assert report["dense_cycles"] > bounds["all"]["cycles"]
