@@ -441,3 +441,15 @@ def _fixed(plan, module, chosen, q, k, v):
         p = np.exp(s - s.max(axis=1, keepdims=True))
         out[r] = (p / p.sum(axis=1, keepdims=True)) @ v[r]
     return out
+
+
+def test_vmap_gives_each_element_its_own_amount(compile_text):
+    """jax.vmap over a batch with a k per element: each element equals its own call."""
+    _, module = compile_text(spec_text(name="vmap"))
+    q, k, v = _inputs(np.random.default_rng(13), (2, 2), module.SEQ_LEN, module.HEAD_DIM)
+    mapped = jax.jit(
+        jax.vmap(lambda q, k, v, n: module.attention(q, k, v, interpret=POISONED, top_k=n))
+    )(q, k, v, jnp.array([1, 3], jnp.int32))
+    for b, n in enumerate((1, 3)):
+        alone = module.attention(q[b], k[b], v[b], interpret=POISONED, top_k=n)
+        np.testing.assert_array_equal(np.asarray(mapped[b]), np.asarray(alone))
