@@ -21,7 +21,7 @@ from svgen.analysis import analyze
 from svgen.spec import load_spec
 from svgen.targets import GPU_TARGETS
 
-from conftest import MASK_SPECS, REPO
+from conftest import REPO, SPECS
 
 
 def compiled_module(spec_path: pathlib.Path, target: str, out: pathlib.Path) -> pathlib.Path:
@@ -42,7 +42,7 @@ def run_svgen(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
 def test_every_shipped_spec_compiles_for(target, tmp_path):
     """Full size, bf16, the spec's heads: the launch XLA plans (one program per 64-token q
     tile and head), Hopper's warpgroup MMA in the PTX, and what ptxas says of registers."""
-    for spec_path in MASK_SPECS:  # select specs are TPU only (refused: test_select.py)
+    for spec_path in SPECS:
         module = compiled_module(spec_path, target, tmp_path / spec_path.stem)
         facts = gpu_aot.compile_module(module, target)
         spec = load_spec(spec_path)

@@ -359,15 +359,53 @@ def test_bad_select_sections_are_refused_at_their_key(rule, key, message):
     assert err.value.key == key and err.value.line is not None
 
 
-def test_select_refuses_heads_runtime_inputs_and_gpu_targets():
+def test_select_refuses_heads_and_runtime_inputs():
     text = spec_text() + "runtime: {segments: true}\n"
     with pytest.raises(SpecError, match="cannot be combined with runtime"):
         parse_spec(text, source="s.yaml")
-    from svgen.analysis import analyze
+    heads = (
+        spec_text()
+        .replace(
+            "mask:\n  any_of:",
+            "heads: {candidates: [{pattern: a}], assign: [a, a]}\npatterns:\n  a:\n    any_of:",
+        )
+        .replace("\n    - first_frame", "\n      - first_frame")
+        .replace("\n    - spatial_window: {frames: 1}", "\n      - spatial_window: {frames: 1}")
+    )
+    with pytest.raises(SpecError, match="needs one pattern for every head"):
+        parse_spec(heads, source="s.yaml")
 
-    with pytest.raises(SpecError, match="GPU module does not run select") as err:
-        analyze(parse_spec(spec_text(), source="s.yaml"), target_name="h100")
-    assert err.value.key == "select"
+
+@pytest.mark.parametrize("rule, amount", [(TOP_K, 3), (TOP_P, 0.6)], ids=["top_k", "top_p"])
+def test_gpu_forward_matches_float64_under_the_selected_mask(compile_text, rule, amount):
+    """--target h100: the selection's grain is the GPU tile (64 x 64 here); the Triton
+    kernel (interpret mode) walks per-row CSR tables built on device."""
+    plan, module = compile_text(spec_text(rule, name="gpu"), target_name="h100")
+    assert module.attention.select.selectable.shape == (22, 22)  # 1,400 tokens / 64
+    q, k, v = _inputs(np.random.default_rng(14), (2, 2), module.SEQ_LEN, module.HEAD_DIM)
+    kwargs = {module.attention.select.policy.rule: amount}
+    out = np.asarray(
+        jax.jit(lambda q, k, v: module.attention(q, k, v, interpret=True, **kwargs))(q, k, v)
+    )
+    want, chosen = _reference(plan, module, q, k, v, amount)
+    assert chosen.any()
+    np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)
+
+
+def test_gpu_selection_lowers_for_cuda(compile_text):
+    """A TPU select module's GPU kernel (gpu_attention_of) lowers to one Triton call."""
+    from svgen.runtime import gpu
+
+    _, module = compile_text(spec_text(dtype="bfloat16", name="gpu_ir"))
+    attention = gpu.gpu_attention_of(module, block_q=64, block_kv=64)
+    q = jax.ShapeDtypeStruct((2, module.SEQ_LEN, module.HEAD_DIM), jnp.bfloat16)
+    text = (
+        jax.jit(lambda q, k, v, n: attention(q, k, v, top_k=n))
+        .trace(q, q, q, jax.ShapeDtypeStruct((), jnp.int32))
+        .lower(lowering_platforms=("cuda",))
+        .as_text()
+    )
+    assert text.count("__gpu$xla.gpu.triton") == 1
 
 
 def test_the_digest_changes_only_with_a_select_section():

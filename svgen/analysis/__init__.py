@@ -149,26 +149,34 @@ def analyze_gpu(
     plan's spec carries that tiling (what the generated module's SHAPE and docstring say);
     what fits the GPU's shared memory and registers is the deviceless compile's to check
     (svgen.gpu_aot), not the analysis's."""
-    if spec.select is not None:
+    heads = spec.head_patterns()
+    classified = dataclasses.replace(
+        spec, tiling=gpu_classification_tiling(spec, len(heads.candidates))
+    )
+    gpu = spec.gpu_tiling
+    if spec.select is not None and (classified.tiling.block_q, classified.tiling.block_kv) != (
+        gpu.block_q,
+        gpu.block_kv,
+    ):
         raise SpecError(
-            "the GPU module does not run select policies yet: compile for the TPU",
+            f"selects per GPU tile, but {gpu.block_q} x {gpu.block_kv} GPU tiles give more "
+            "tile pairs than the analysis allows (MAX_TILE_PAIRS): use larger gpu.block_q / "
+            "gpu.block_kv",
             file=spec.source,
             key="select",
             line=spec.select.where.line if spec.select.where else None,
             column=spec.select.where.column if spec.select.where else None,
         )
-    heads = spec.head_patterns()
-    classified = dataclasses.replace(
-        spec, tiling=gpu_classification_tiling(spec, len(heads.candidates))
-    )
     masks = [ir.lower(spec, spec.pattern_mask(c.pattern)) for c in heads.candidates]
     patterns, _ = _pattern_plans(classified, masks, progress, gpu_runs=True)
+    candidate_runs = None
+    if spec.select is not None:  # the grain: the GPU tiles themselves
+        candidate_runs = _candidate_runs(classified, patterns[0], progress)
     chunked = ()
     if spec.runtime.kv_cache:  # at the classification tiles, each GPU tile its own kind
         chunked = _chunk_runs(spec, patterns, classified.tiling)
     names = [c.pattern for c in heads.candidates]
     assign = None if heads.assign is None else tuple(names.index(n) for n in heads.assign)
-    gpu = spec.gpu_tiling
     grid = patterns[0].grid
     shape = KernelShape(
         grid.seq_len, grid.padded_seq_len, grid.block_q, grid.block_kv,
@@ -184,6 +192,7 @@ def analyze_gpu(
         vmem=None,
         gpu=gpu,
         chunk_runs=chunked,
+        candidate_runs=candidate_runs,
     )
 
 

@@ -101,6 +101,7 @@ from svgen.runtime.kernel import (
     checked_sm_scale,
 )
 from svgen.runtime import chunks, segments
+from svgen.runtime import select as select_policy  # noqa: F401  (annotations)
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
 from svgen.runtime.segments import KEY_PADDING_ID, QUERY_PADDING_ID
@@ -171,8 +172,11 @@ def _attention_kernel(
     segments: bool = False,
     chunk_rows: int = 0,
     q_len: int | None = None,
+    per_row: int = 0,
 ):
-    """segments: run-time segment ids follow v (query and key ids of the program's row,
+    """per_row: a selection's per-row CSR tables (svgen.runtime.select) over that many rows
+    (batch * heads): offsets holds each (row, q tile)'s first entry, then its end.
+    segments: run-time segment ids follow v (query and key ids of the program's row,
     svgen.runtime.segments); the static tables stay, and a tile whose queries and keys are
     not all of one segment runs its branch with the ids compared too. chunk_rows: a KV-cache
     chunk's call over that many rows (svgen.runtime.chunks): q and o hold q_len rows, and
@@ -184,8 +188,12 @@ def _attention_kernel(
     q_tile, row = pl.program_id(0), pl.program_id(1)
     pattern = hp_ref[lax.rem(row, heads)] if len(patterns) > 1 else 0
     table_pattern = pattern if chunk_ref is None else chunk_ref[row] + pattern
-    csr_row = table_pattern * num_q_tiles + q_tile
-    begin, end = offsets_ref[csr_row], offsets_ref[csr_row + 1]
+    if per_row:
+        csr_row = row * num_q_tiles + q_tile
+        begin, end = offsets_ref[csr_row], offsets_ref[per_row * num_q_tiles + csr_row]
+    else:
+        csr_row = table_pattern * num_q_tiles + q_tile
+        begin, end = offsets_ref[csr_row], offsets_ref[csr_row + 1]
 
     q_pos = q_tile * block_q + lax.broadcasted_iota(jnp.int32, (block_q,), 0)
     q_in = q_pos < q_len
@@ -306,8 +314,10 @@ def _gpu_call(
     num_stages: int | None,
     ids=None,
     chunk=None,
+    selection=None,
 ):
-    """q, k, v: [batch*heads, seq_len, head_dim] in each head's kernel order; ids: run-time
+    """selection: a selection's per-row CSR tables (offsets, entries), svgen.runtime.select.
+    q, k, v: [batch*heads, seq_len, head_dim] in each head's kernel order; ids: run-time
     segments, (query ids, key ids) [batch*heads, seq_len] in the same order; chunk: a
     KV-cache chunk's call (q holds the chunk's rows, `tables` are the chunk positions'):
     int32 [2 * rows], per row its position's first table pattern, then its first token."""
@@ -325,9 +335,12 @@ def _gpu_call(
         segments=ids is not None,
         chunk_rows=0 if chunk is None else rows,
         q_len=q_len,
+        per_row=0 if selection is None else rows,
     )
     offsets = jnp.asarray(tables.row_offsets)
     entries = jnp.asarray(tables.entries)
+    if selection is not None:
+        offsets, entries = selection
 
     def whole(x):  # a table, the same block for every program
         return pl.BlockSpec(x.shape, lambda i, r: (0,))
@@ -366,6 +379,7 @@ def make_gpu_attention(
     num_stages: int | None = 2,
     runtime: segments.RuntimeInputs = segments.RuntimeInputs(),
     kv_cache: chunks.KvCache | None = None,
+    select: "select_policy.Selection | None" = None,
 ):
     """`attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None,
     token_order="user")` on GPU, with `attention.to_kernel_order` / `from_kernel_order` (as
@@ -382,7 +396,9 @@ def make_gpu_attention(
     static tables and compares the ids in the tiles that are not inside one segment).
     kv_cache: the spec's KV-cache chunks (svgen.runtime.chunks): with q_frame_offset, q holds
     one chunk's rows against the whole sequence's k and v, as on TPU (CSR tables of every
-    chunk position, at this module's tiles).
+    chunk position, at this module's tiles). select: the spec's selection policy
+    (svgen.runtime.select): each call chooses blocks of SHAPE's compute grain (the GPU
+    tiles' classification tiles) from q and k, and the kernel walks per-row CSR tables.
     """
     for name, size in (("block_q", block_q), ("block_kv", block_kv), ("head_dim", shape.head_dim)):
         if not _is_power_of_two(size) or size < 16:
@@ -471,7 +487,15 @@ def make_gpu_attention(
         segment_ids=None,
         text_lengths=None,
         q_frame_offset=None,
+        top_k=None,
+        top_p=None,
     ):
+        if select is None and (top_k is not None or top_p is not None):
+            raise TypeError(
+                f"{'top_k' if top_k is not None else 'top_p'}: this module was compiled "
+                "without a `select:` policy in its spec; add one and run svgen compile again"
+            )
+        amount = None if select is None else select.amount(top_k, top_p)
         if q_frame_offset is not None:
             return chunked(q, k, v, q_frame_offset, head_pattern, interpret, sm_scale, token_order)
         _check_operands(q, k, v, shape, dtype, rebuild=_REBUILD)
@@ -490,9 +514,14 @@ def make_gpu_attention(
                 x = _per_head_layout(x, layouts, head_layout, to_kernel=True)
             return x.reshape((-1,) + x.shape[-2:])
 
+        qk, kk = to_kernel(q), to_kernel(k)
+        selection = None
+        if select is not None:
+            chosen = select.select(qk, kk, float(sm_scale), amount)
+            selection = select.gpu_tables(chosen.blocks, tables.block_q, tables.block_kv)
         out = _gpu_call(
-            to_kernel(q),
-            to_kernel(k),
+            qk,
+            kk,
             to_kernel(v),
             head_pattern,
             tables,
@@ -503,6 +532,7 @@ def make_gpu_attention(
             num_warps=num_warps,
             num_stages=num_stages,
             ids=ids,
+            selection=selection,
         )
         out = out.reshape(lead + (shape.seq_len, shape.head_dim))
         if not in_kernel_order:
@@ -532,8 +562,12 @@ def make_gpu_attention(
         runtime=runtime,
         text_tokens=layouts[0].text_tokens,
         kv_cache=kv_cache,
+        select=select,
     )
-    segments.declared_signature(attention, runtime, kv_cache is not None)
+    segments.declared_signature(
+        attention, runtime, kv_cache is not None, None if select is None else select.policy.rule
+    )
+    attention.select = select
     attention.runtime = runtime
     attention.kv_cache = kv_cache
     attention.to_kernel_order = to_kernel_order
@@ -552,6 +586,9 @@ def gpu_attention_of(module, **options):
     kv_cache = getattr(module.attention, "kv_cache", None)
     if kv_cache is not None:
         options.setdefault("kv_cache", kv_cache)
+    select = getattr(module.attention, "select", None)
+    if select is not None:
+        options.setdefault("select", select)
     return make_gpu_attention(
         module._PATTERNS,
         module.SHAPE,

@@ -48,6 +48,7 @@ from svgen.runtime.refine import SEGMENT_BOUNDARY, StaticVisits, refine
 from svgen.runtime.segments import CallTables
 from svgen.runtime.tables import (
     BITS_PER_BLOCK,
+    KV_BLOCK_SHIFT,
     SMEM_BUDGET,
     KernelShape,
     compute_block_kinds,
@@ -324,6 +325,54 @@ class Selection:
                 f"SMEM, over {SMEM_BUDGET:,}: call with fewer batch elements at a time, or "
                 "narrow select.candidate"
             )
+
+    @functools.lru_cache(maxsize=4)
+    def _gpu_visits(self, block_q: int, block_kv: int):
+        """The GPU kernel's static side: every GPU tile always-kept or selectable, by q tile
+        (row-major, as its CSR rows list them), with its always-kept kind and the compute
+        block it lies in (NumPy)."""
+        s = self.shape
+        if s.cq % block_q or s.ckv % block_kv:
+            raise ValueError(
+                f"GPU tiles ({block_q} x {block_kv}) must divide the selection's blocks "
+                f"({s.cq} x {s.ckv})"
+            )
+        gq, gk = -(-s.seq_len // block_q), -(-s.seq_len // block_kv)
+        rows = np.arange(gq) * block_q // s.cq
+        cols = np.arange(gk) * block_kv // s.ckv
+        always = self.always_blocks[np.ix_(rows, cols)]
+        selectable = self.selectable[np.ix_(rows, cols)]
+        q_tile, kv_tile = np.nonzero((always != TileKind.EMPTY) | selectable)
+        return (
+            q_tile.astype(np.int32),
+            kv_tile.astype(np.int32),
+            always[q_tile, kv_tile].astype(np.int32),
+            rows[q_tile].astype(np.int32),
+            cols[kv_tile].astype(np.int32),
+            gq,
+        )
+
+    def gpu_tables(self, selected, block_q: int, block_kv: int):
+        """(offsets, entries) of the GPU kernel's per-row CSR tables (svgen.runtime.gpu) for
+        selected bool [rows, R, C]: row r's q tile i lists its kept GPU tiles at entries
+        offsets[r * tiles + i] .. offsets[(rows + r) * tiles + i], kv_tile << 2 | kind, a
+        selected tile FULL (the kernel masks the padding keys of a FULL tile itself)."""
+        q_tile, kv_tile, always, block_row, block_col, gq = self._gpu_visits(block_q, block_kv)
+        rows, visits = selected.shape[0], len(q_tile)
+        chosen = selected[:, block_row, block_col]  # [rows, V]
+        kind = jnp.where(chosen, jnp.int32(TileKind.FULL), jnp.asarray(always))
+        keep = kind != TileKind.EMPTY
+        value = (jnp.asarray(kv_tile) << KV_BLOCK_SHIFT) | kind
+        row_base = jnp.arange(rows, dtype=jnp.int32)[:, None] * visits
+        position = jnp.cumsum(keep, axis=1, dtype=jnp.int32) - 1 + row_base
+        at = jnp.where(keep, position, rows * visits)  # past the end: dropped
+        entries = jnp.zeros(max(rows * visits, 1), jnp.int32)
+        entries = entries.at[at.reshape(-1)].set(value.reshape(-1), mode="drop")
+        # Per (row, q tile): kept visits before it (its first entry) and through it (its end).
+        counts = jnp.zeros((rows, gq), jnp.int32).at[:, q_tile].add(keep.astype(jnp.int32))
+        ends = jnp.cumsum(counts, axis=1, dtype=jnp.int32) + row_base
+        begins = ends - counts
+        return jnp.concatenate([begins.reshape(-1), ends.reshape(-1)]), entries
 
     def select(self, q, k, sm_scale: float, amount) -> Selected:
         """The call's selection from q, k [rows, seq, d] in kernel order (not differentiated)."""
