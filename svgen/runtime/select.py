@@ -18,8 +18,9 @@ Per call, in jnp under jit (no host round trip; k and p may be traced, one compi
      mask does not already keep whole): top_k keeps the k best; top_p keeps the fewest
      best blocks whose softmax mass (over the row's selectable scores) reaches p; either
      clamped to the policy's [min, max] and to the row's selectable blocks (a -inf score
-     has no mass: only `min` can bring it in). Ranking is by
-     score, highest first; ties go to the lower kv block. A NaN or +inf score is always
+     has no mass: only `min` can bring it in). Ranking is by score, highest first; ties
+     go to the lower kv block (rows of up to MAX_COMPARED_COLUMNS blocks compare every
+     pair, longer ones sort: the same order). A NaN or +inf score is always
      selected (on top of the count, its mass left out of top_p): bad activations reach the
      output as they would in dense attention, never silently dropped or masked away;
   4. the selected blocks raise the static always-kept kinds (svgen.runtime.refine's words):
@@ -27,6 +28,9 @@ Per call, in jnp under jit (no host round trip; k and p may be traced, one compi
      the value SEGMENT_BOUNDARY has in segment tables), which the forward kernel runs
      unmasked but for the keys past seq_len; refine() compacts each head's words into the
      kernels' table format at the static maximum.
+On GPU (svgen.runtime.gpu) the grain is the module's GPU tile and `gpu_tables` builds the
+Triton kernel's per-row CSR tables the same way (a selected tile FULL: that kernel masks the
+padding keys of a FULL tile itself).
 Gradients treat the selection as a constant (no gradient flows through pooling, scores or
 top-k); the backward kernels walk the same selected blocks (the dk/dv walk through the
 transposed visits), where padded keys are zeros, so a selected block is FULL there.
