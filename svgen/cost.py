@@ -965,15 +965,12 @@ def model_select(paths: PathCosts, plan) -> dict:
         compute_block_kinds,
         runs_of_blocks,
         selectable_blocks,
+        tile_grid,
     )
+    from svgen.analysis.plan import pattern_shape
 
-    shape = _kernel_shape(plan)
-    grid = (
-        plan.grid.num_q_blocks,
-        plan.grid.num_kv_blocks,
-        shape.q_blocks_per_tile,
-        shape.kv_blocks_per_tile,
-    )
+    shape = pattern_shape(plan.spec, plan.only)
+    grid = tile_grid(shape)
     always = compute_block_kinds(plan.only.table.runs, *grid)
     selectable = selectable_blocks(always, compute_block_kinds(plan.candidate_runs, *grid), shape)
     chosen = np.full(always.shape, int(TileKind.FULL), np.int8)
@@ -988,17 +985,6 @@ def model_select(paths: PathCosts, plan) -> dict:
         )
         out[bound] = (cycles, steps)
     return out
-
-
-def _kernel_shape(plan):
-    from svgen.runtime.tables import KernelShape
-
-    t = plan.spec.tiling
-    return KernelShape(
-        plan.grid.seq_len, plan.grid.padded_seq_len, t.block_q, t.block_kv,
-        plan.spec.attention.head_dim, plan.spec.attention.heads,
-        compute_q=t.cq, compute_kv=t.ckv,
-    )  # fmt: skip
 
 
 def _model_training(paths: TrainingPaths, plan, module) -> TrainingReport:

@@ -26,7 +26,7 @@ from svgen import ir
 from svgen.analysis import chunks, product, rowsets
 from svgen.analysis.align import PairBudget, align_classification
 from svgen.analysis.classify import Classification, TileGrid, classify_tiles, is_frame_invariant
-from svgen.analysis.plan import PatternPlan, Plan
+from svgen.analysis.plan import PatternPlan, Plan, pattern_shape
 from svgen.analysis.tables import (
     DEFAULT_SMEM_BUDGET,
     MAX_SLOTS,
@@ -158,14 +158,12 @@ def analyze_gpu(
         gpu.block_q,
         gpu.block_kv,
     ):
-        raise SpecError(
+        raise _select_error(
+            spec,
+            "select",
             f"selects per GPU tile, but {gpu.block_q} x {gpu.block_kv} GPU tiles give more "
             "tile pairs than the analysis allows (MAX_TILE_PAIRS): use larger gpu.block_q / "
             "gpu.block_kv",
-            file=spec.source,
-            key="select",
-            line=spec.select.where.line if spec.select.where else None,
-            column=spec.select.where.column if spec.select.where else None,
         )
     masks = [ir.lower(spec, spec.pattern_mask(c.pattern)) for c in heads.candidates]
     patterns, _ = _pattern_plans(classified, masks, progress, gpu_runs=True)
@@ -451,27 +449,31 @@ def _check_select_tables(
     """A selection's tables hold every head's pieces at the static maximum (always-kept
     plus every selectable block), for the forward walk and the dk/dv walk (the same tiles
     plus at most one zero-fill step per kv tile); one batch element's must fit SMEM."""
-    shape = KernelShape(
-        always.grid.seq_len, always.grid.padded_seq_len, spec.tiling.block_q,
-        spec.tiling.block_kv, spec.attention.head_dim, spec.attention.heads,
-        compute_q=spec.tiling.compute_q, compute_kv=spec.tiling.compute_kv,
-    )  # fmt: skip
-    runs = selection_superset_runs(always.table.runs, candidate_runs, shape)
+    runs = selection_superset_runs(always.table.runs, candidate_runs, pattern_shape(spec, always))
     visited = int(sum(r[2] for r in runs if r[3] != TileKind.EMPTY))
     pieces = max(static_steps(runs), visited + always.grid.num_kv_blocks)
     heads = spec.attention.heads
     need = runtime_table_bytes([pieces], slots, spec.tiling.compute_blocks, 1, heads)
     if need > smem_budget:
-        where = spec.select.where
-        raise SpecError(
+        raise _select_error(
+            spec,
+            "select.candidate",
             f"the selection tables need {need:,} bytes of SMEM for one batch element "
             f"({heads} heads x {pieces:,} steps at most), over {smem_budget:,}: narrow "
             "select.candidate or use larger tiles",
-            file=spec.source,
-            key="select.candidate",
-            line=where.line if where else None,
-            column=where.column if where else None,
         )
+
+
+def _select_error(spec: Spec, key: str, message: str) -> SpecError:
+    """An error about the `select` section, at its line."""
+    where = spec.select.where
+    return SpecError(
+        message,
+        file=spec.source,
+        key=key,
+        line=where.line if where else None,
+        column=where.column if where else None,
+    )
 
 
 def _kv_cache_error(spec: Spec, message: str) -> SpecError:

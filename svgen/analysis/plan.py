@@ -106,6 +106,16 @@ class PatternPlan:
         }
 
 
+def pattern_shape(spec: Spec, pattern: PatternPlan) -> KernelShape:
+    """The kernel shape of a pattern's tiles and compute blocks (the tables' side of it)."""
+    grid, compute = pattern.grid, pattern.compute_grid
+    return KernelShape(
+        grid.seq_len, grid.padded_seq_len, grid.block_q, grid.block_kv,
+        spec.attention.head_dim, spec.attention.heads,
+        compute_q=compute.block_q, compute_kv=compute.block_kv,
+    )  # fmt: skip
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     spec: Spec
@@ -202,13 +212,9 @@ class Plan:
     def select_steps(self) -> int:
         """select: the most grid steps per head a call's selection can give (always-kept
         plus every selectable block: the static maximum of its tables)."""
-        only = self.only
-        shape = KernelShape(
-            only.grid.seq_len, only.grid.padded_seq_len, only.grid.block_q, only.grid.block_kv,
-            self.spec.attention.head_dim, self.spec.attention.heads,
-            compute_q=only.compute_grid.block_q, compute_kv=only.compute_grid.block_kv,
-        )  # fmt: skip
-        return static_steps(selection_superset_runs(only.table.runs, self.candidate_runs, shape))
+        shape = pattern_shape(self.spec, self.only)
+        runs = selection_superset_runs(self.only.table.runs, self.candidate_runs, shape)
+        return static_steps(runs)
 
     def summary(self) -> dict:
         """The `svgen inspect --json` object (v1 keys unchanged for single-pattern specs)."""

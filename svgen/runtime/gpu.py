@@ -101,7 +101,7 @@ from svgen.runtime.kernel import (
     checked_sm_scale,
 )
 from svgen.runtime import chunks, segments
-from svgen.runtime import select as select_policy  # noqa: F401  (annotations)
+from svgen.runtime import select as select_policy
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
 from svgen.runtime.segments import KEY_PADDING_ID, QUERY_PADDING_ID
@@ -490,12 +490,7 @@ def make_gpu_attention(
         top_k=None,
         top_p=None,
     ):
-        if select is None and (top_k is not None or top_p is not None):
-            raise TypeError(
-                f"{'top_k' if top_k is not None else 'top_p'}: this module was compiled "
-                "without a `select:` policy in its spec; add one and run svgen compile again"
-            )
-        amount = None if select is None else select.amount(top_k, top_p)
+        amount = select_policy.call_amount(select, top_k, top_p)
         if q_frame_offset is not None:
             return chunked(q, k, v, q_frame_offset, head_pattern, interpret, sm_scale, token_order)
         _check_operands(q, k, v, shape, dtype, rebuild=_REBUILD)

@@ -59,6 +59,7 @@ from svgen.runtime.tables import (
     runs_of_blocks,
     runtime_table_bytes,
     selectable_blocks,
+    tile_grid,
     transposed_shape,
 )
 
@@ -271,22 +272,15 @@ class Selection:
     slots: int
 
     @functools.cached_property
-    def _grid(self) -> tuple[int, int, int, int]:
-        s = self.shape
-        tiles_q = -(-s.seq_len // s.block_q)
-        tiles_kv = -(-s.seq_len // s.block_kv)
-        return tiles_q, tiles_kv, s.q_blocks_per_tile, s.kv_blocks_per_tile
-
-    @functools.cached_property
     def always_blocks(self) -> np.ndarray:
         """int8 [R, C]: the always-kept compute block kinds (the kernel's: a FULL block
         holding the end of the keys is BOUNDARY)."""
-        return compute_block_kinds(self.always_runs, *self._grid)
+        return compute_block_kinds(self.always_runs, *tile_grid(self.shape))
 
     @functools.cached_property
     def selectable(self) -> np.ndarray:
         """bool [R, C]: real blocks the candidate touches and always does not keep whole."""
-        candidate = compute_block_kinds(self.candidate_runs, *self._grid)
+        candidate = compute_block_kinds(self.candidate_runs, *tile_grid(self.shape))
         return selectable_blocks(self.always_blocks, candidate, self.shape)
 
     @property
@@ -411,6 +405,19 @@ class Selection:
         elif jnp.shape(value) != ():
             raise ValueError(f"{self.policy.rule} must be a scalar, got shape {jnp.shape(value)}")
         return jnp.asarray(value, dtype)
+
+
+def call_amount(select: "Selection | None", top_k, top_p):
+    """A call's amount (k or p) for a module's policy, or None without one (then top_k and
+    top_p are refused with what to do)."""
+    if select is None:
+        if top_k is not None or top_p is not None:
+            raise TypeError(
+                f"{'top_k' if top_k is not None else 'top_p'}: this module was compiled "
+                "without a `select:` policy in its spec; add one and run svgen compile again"
+            )
+        return None
+    return select.amount(top_k, top_p)
 
 
 def reference_selection(scores: np.ndarray, selectable: np.ndarray, policy: SelectPolicy, amount):

@@ -332,15 +332,21 @@ def selectable_blocks(always: np.ndarray, candidate: np.ndarray, shape: KernelSh
     return touched & (always != TileKind.FULL)
 
 
-def selection_superset_runs(always_runs, candidate_runs, shape: KernelShape) -> np.ndarray:
-    """The runs of always-kept + every selectable block (FULL): what a selection's tables
-    hold at most (their static maximum: `static_steps` of these runs)."""
-    grid = (
+def tile_grid(shape: KernelShape) -> tuple[int, int, int, int]:
+    """(q tiles, kv tiles, compute blocks per tile down, across): what compute_block_kinds
+    and runs_of_blocks take after the runs or blocks."""
+    return (
         -(-shape.seq_len // shape.block_q),
         -(-shape.seq_len // shape.block_kv),
         shape.q_blocks_per_tile,
         shape.kv_blocks_per_tile,
     )
+
+
+def selection_superset_runs(always_runs, candidate_runs, shape: KernelShape) -> np.ndarray:
+    """The runs of always-kept + every selectable block (FULL): what a selection's tables
+    hold at most (their static maximum: `static_steps` of these runs)."""
+    grid = tile_grid(shape)
     always = compute_block_kinds(always_runs, *grid)
     selectable = selectable_blocks(always, compute_block_kinds(candidate_runs, *grid), shape)
     superset = np.where(selectable, TileKind.FULL, always).astype(np.int8)
