@@ -640,7 +640,9 @@ def _cached(key: str, use_cache: bool, measure, from_json):
         return from_json(json.loads(path.read_text()))
     costs = measure()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    # One temporary per process: two processes measuring the same key (parallel test workers,
+    # two shells) must not replace each other's half-written file.
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(costs.to_json()))
     tmp.replace(path)
     return costs
