@@ -296,6 +296,7 @@ class CostReport:
     # select: the call's bounds, {"none": (cycles, steps), "all": (cycles, steps)}: nothing
     # selected (the mask alone) and every selectable block selected (the tables' maximum)
     select: dict | None = None
+    utilisation: "Utilisation | None" = None  # None: a select spec (its work depends on a call)
 
     @property
     def ms(self) -> float:
@@ -324,6 +325,11 @@ class CostReport:
             **({} if self.chunks is None else {"chunks": self.chunks.to_json(self.clock_ghz)}),
             **(
                 {}
+                if self.utilisation is None
+                else {"utilisation": self.utilisation.to_json(self, self.clock_ghz)}
+            ),
+            **(
+                {}
                 if self.select is None
                 else {
                     "select": {
@@ -333,6 +339,57 @@ class CostReport:
                 }
             ),
         }
+
+
+@dataclasses.dataclass(frozen=True)
+class Utilisation:
+    """Useful work of one call over all heads against the chip's bf16 peak: 4 x head_dim
+    FLOPs per pair the kernel's mask keeps (QK^T and PV, 2 x head_dim each; padding, masked
+    entries of visited blocks and the softmax are not useful work), at the modelled time.
+
+    The peak is the published one. On v6e the MXU issue rate in libtpu's schedule is 512
+    bundles per 512 x 512 block at head_dim 128 (262,144 FLOP per bundle), which at the
+    assumed 1.75 GHz is 458.8 TFLOP/s, half the published 918: a modelled kernel cannot show
+    more than 50% there, and the clock the model assumes is likely low by up to 2x (cycle
+    ratios, which every speedup is, do not depend on it)."""
+
+    flops: int  # of the mask's kept pairs (a lower bound when `exact` is False)
+    exact: bool  # every head's pattern has an exact pair count
+    dense_flops: int  # every pair of every head: the work of the dense kernel
+    peak_flops_per_s: float  # Target.bf16_flops_per_core_s
+
+    def to_json(self, report: "CostReport", clock_ghz: float) -> dict:
+        rate = _flops_per_s(self.flops, report.cycles, clock_ghz)
+        out = {
+            "useful_flops": self.flops,
+            "useful_flops_exact": self.exact,
+            "useful_flops_per_s": rate,
+            "peak_flops_per_s": self.peak_flops_per_s,
+            "of_peak": rate / self.peak_flops_per_s,
+        }
+        if report.dense_cycles:
+            dense = _flops_per_s(self.dense_flops, report.dense_cycles, clock_ghz)
+            out["dense_of_peak"] = dense / self.peak_flops_per_s
+        return out
+
+
+def _flops_per_s(flops: int, cycles: int, clock_ghz: float) -> float:
+    return flops * clock_ghz * 1e9 / cycles
+
+
+def utilisation(plan) -> Utilisation | None:
+    """Useful FLOPs of a call under the plan's head assignment (`model_head_pattern`)."""
+    if plan.spec.select is not None:
+        return None
+    heads = model_head_pattern(plan)
+    counts = [plan.patterns[p].classification for p in heads]
+    per_pair = 4 * plan.spec.attention.head_dim
+    return Utilisation(
+        flops=per_pair * sum(c.kept_pairs for c in counts),
+        exact=all(c.density_is_exact for c in counts),
+        dense_flops=per_pair * len(heads) * plan.patterns[0].total_pairs,
+        peak_flops_per_s=plan.target.bf16_flops_per_core_s,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -954,6 +1011,7 @@ def cost_plan(
         trained,
         None if chunk_paths is None else model_chunks(chunk_paths, plan, head_pattern),
         None if plan.spec.select is None else model_select(paths, plan),
+        utilisation(plan),
     )
 
 
@@ -1062,6 +1120,8 @@ def format_report(report: CostReport, plan) -> list[str]:
             f"{report.dense_cycles / (report.clock_ghz * 1e6):.2f} ms "
             f"({report.dense_cycles / report.cycles:.2f}x this kernel's time)"
         )
+    if report.utilisation is not None:
+        lines.append(_utilisation_line(report))
     if report.training is not None:
         lines += _training_lines(report.training, plan, report.clock_ghz, per_tile, per_block)
     if report.chunks is not None:
@@ -1069,6 +1129,20 @@ def format_report(report: CostReport, plan) -> list[str]:
     if report.select is not None:
         lines += _select_lines(report, plan)
     return lines
+
+
+def _utilisation_line(report: CostReport) -> str:
+    u = report.utilisation.to_json(report, report.clock_ghz)
+    at_least = "" if report.utilisation.exact else "at least "
+    line = (
+        f"  useful work (4 x head_dim per kept pair): {at_least}{u['useful_flops'] / 1e12:.2f} "
+        f"TFLOP at {at_least}{u['useful_flops_per_s'] / 1e12:.1f} TFLOP/s = "
+        f"{u['of_peak']:.1%} of {report.target}'s published bf16 peak "
+        f"({u['peak_flops_per_s'] / 1e12:.1f} TFLOP/s per TensorCore)"
+    )
+    if "dense_of_peak" in u:
+        line += f"; the dense kernel {u['dense_of_peak']:.1%}"
+    return line
 
 
 def _select_lines(report: CostReport, plan) -> list[str]:

@@ -23,14 +23,17 @@ class Target:
     cores_per_chip: int  # TensorCores a chip runs one kernel's "parallel" grid axis on
     clock_ghz: float  # assumed by the static cost model (not published; see `svgen cost`)
     hbm_bytes_per_s: float  # published HBM bandwidth per chip (the model's memory-bound terms)
+    # published dense bf16 peak of one TensorCore (the chip's over its cores): the static
+    # model runs a kernel's grid on one core, so `svgen cost` puts its useful FLOP/s against it
+    bf16_flops_per_core_s: float
 
 
 # Clocks: the MXU issue rate in libtpu's schedule (one 256x256 bf16 pass per 8 cycles per
 # MXU) against the published bf16 peak; v5e: 4 MXUs of 128x128 against 197 TFLOP/s.
 TARGETS = {
-    "v5e": Target("v5e", "v5e:2x2", 1 * MIB, 128 * MIB, 1, 1.5, 819e9),
-    "v6e": Target("v6e", "v6e:2x2", 1 * MIB, 128 * MIB, 1, 1.75, 1640e9),
-    "v7x": Target("v7x", "tpu7x:2x2x1", 1 * MIB, 64 * MIB, 2, 2.2, 7370e9),
+    "v5e": Target("v5e", "v5e:2x2", 1 * MIB, 128 * MIB, 1, 1.5, 819e9, 197e12),
+    "v6e": Target("v6e", "v6e:2x2", 1 * MIB, 128 * MIB, 1, 1.75, 1640e9, 918e12),
+    "v7x": Target("v7x", "tpu7x:2x2x1", 1 * MIB, 64 * MIB, 2, 2.2, 7370e9, 2307e12 / 2),
 }
 DEFAULT_TARGET = "v6e"
 

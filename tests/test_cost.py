@@ -66,6 +66,14 @@ def test_cost_json_on_a_small_spec(tmp_path):
     assert by_path["full"] == report["steps"]["full"] * paths["full"]
     assert report["ms"] == report["cycles"] / (report["clock_ghz"] * 1e6)
     assert report["dense_cycles"] > report["cycles"]  # the mask skips work
+    # Useful work: 4 x head_dim FLOPs per kept pair. Frame 0's 320 rows keep their frame;
+    # the other 6 frames' rows keep their frame and frame 0: 320^2 + 6 x 320 x 640 per head.
+    use = report["utilisation"]
+    assert use["useful_flops"] == 4 * 128 * 2 * (320 * 320 + 6 * 320 * 640)
+    assert use["useful_flops_exact"] and use["peak_flops_per_s"] == 918e12
+    rate = use["useful_flops"] * report["clock_ghz"] * 1e9 / report["cycles"]
+    assert use["useful_flops_per_s"] == pytest.approx(rate, rel=1e-12)
+    assert 0 < use["of_peak"] < use["dense_of_peak"] < 1  # the dense kernel has no masks
     # A second run reads the cached per-path costs: no compile, the same numbers.
     again = subprocess.run(
         [sys.executable, "-m", "svgen.cli", "cost", "small.yaml", "--json"],
