@@ -323,11 +323,7 @@ class CostReport:
                 {} if self.training is None else {"training": self.training.to_json(self.clock_ghz)}
             ),
             **({} if self.chunks is None else {"chunks": self.chunks.to_json(self.clock_ghz)}),
-            **(
-                {}
-                if self.utilisation is None
-                else {"utilisation": self.utilisation.to_json(self, self.clock_ghz)}
-            ),
+            **({} if self.utilisation is None else {"utilisation": self.utilisation.to_json(self)}),
             **(
                 {}
                 if self.select is None
@@ -358,8 +354,8 @@ class Utilisation:
     dense_flops: int  # every pair of every head: the work of the dense kernel
     peak_flops_per_s: float  # Target.bf16_flops_per_core_s
 
-    def to_json(self, report: "CostReport", clock_ghz: float) -> dict:
-        rate = _flops_per_s(self.flops, report.cycles, clock_ghz)
+    def to_json(self, report: "CostReport") -> dict:
+        rate = _flops_per_s(self.flops, report.cycles, report.clock_ghz)
         out = {
             "useful_flops": self.flops,
             "useful_flops_exact": self.exact,
@@ -368,7 +364,7 @@ class Utilisation:
             "of_peak": rate / self.peak_flops_per_s,
         }
         if report.dense_cycles:
-            dense = _flops_per_s(self.dense_flops, report.dense_cycles, clock_ghz)
+            dense = _flops_per_s(self.dense_flops, report.dense_cycles, report.clock_ghz)
             out["dense_of_peak"] = dense / self.peak_flops_per_s
         return out
 
@@ -1132,7 +1128,7 @@ def format_report(report: CostReport, plan) -> list[str]:
 
 
 def _utilisation_line(report: CostReport) -> str:
-    u = report.utilisation.to_json(report, report.clock_ghz)
+    u = report.utilisation.to_json(report)
     at_least = "" if report.utilisation.exact else "at least "
     line = (
         f"  useful work (4 x head_dim per kept pair): {at_least}{u['useful_flops'] / 1e12:.2f} "

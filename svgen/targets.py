@@ -28,8 +28,9 @@ class Target:
     bf16_flops_per_core_s: float
 
 
-# Clocks: the MXU issue rate in libtpu's schedule (one 256x256 bf16 pass per 8 cycles per
-# MXU) against the published bf16 peak; v5e: 4 MXUs of 128x128 against 197 TFLOP/s.
+# Clocks: assumed, not published (v5e: 4 MXUs of 128x128 at 1.5 GHz give its 197 TFLOP/s).
+# On v6e the schedule's MXU rate at 1.75 GHz is half the published 918 TFLOP/s (see
+# cost.Utilisation): the clock may be low by up to 2x; cycle ratios do not depend on it.
 TARGETS = {
     "v5e": Target("v5e", "v5e:2x2", 1 * MIB, 128 * MIB, 1, 1.5, 819e9, 197e12),
     "v6e": Target("v6e", "v6e:2x2", 1 * MIB, 128 * MIB, 1, 1.75, 1640e9, 918e12),
