@@ -69,9 +69,15 @@ class PathCosts:
     # selected block holding the end of the keys: unmasked but for them) as (plain, on the kv
     # tile holding padding keys); (0, 0) for blocks that cannot hold padding keys.
     padded_block: tuple[tuple[int, int], ...] = ()
+    # Kernels with `attention.softmax: bounded`: these paths are the bounded ones (what a q
+    # tile within the bound runs) and `fallback` the online twins (a q tile past it).
+    fallback: "PathCosts | None" = None
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        obj = dataclasses.asdict(self)
+        if self.fallback is None:  # the form of kernels without the twin, as it always was
+            del obj["fallback"]
+        return obj
 
     @classmethod
     def from_json(cls, obj: dict) -> "PathCosts":
@@ -85,6 +91,7 @@ class PathCosts:
             obj["pipeline"],
             tuple(tuple(tuple(b) for b in p) for p in obj.get("segment_block", ())),
             tuple(tuple(b) for b in obj.get("padded_block", ())),
+            None if obj.get("fallback") is None else cls.from_json(obj["fallback"]),
         )
 
     def tile_cost(self, pattern: int, kind: int, word: int, padding: bool = False) -> int:
@@ -123,6 +130,7 @@ def read_paths(
     segmented: bool = False,
     padded_column: int | None = None,
     q_blocks_per_tile: int = 1,
+    bounded: bool = False,
 ) -> PathCosts:
     """Map the kernel's branches onto its phases (order checked against their contents).
     segmented: the kernel reads run-time tables, so every BOUNDARY tile of one compute
@@ -130,20 +138,59 @@ def read_paths(
     BOUNDARY tile a third branch (svgen.runtime.kernel). padded_column: the kernel reads a
     selection's tables (svgen.runtime.select) and this block column of a tile can hold
     padding keys: each of its blocks (q_blocks_per_tile of them) has a third branch, PADDED
-    (with one compute block per tile: a phase of its own after the mixed ones)."""
+    (with one compute block per tile: a phase of its own after the mixed ones).
+    bounded: the kernel has every FULL / BOUNDARY phase twice (`attention.softmax: bounded`),
+    the bounded ones first: the paths of those, with the online twins' as `fallback`."""
     loop_branches = schedule.branches_in_loop()
     stage = min(b.depth for b in loop_branches)
     twins = 2 if segmented and compute_blocks == 1 else 1
     padded_phase = padded_column is not None and compute_blocks == 1
+    body_phases = 1 + patterns * twins + padded_phase
     top = _kernel_phases(
-        [b for b in loop_branches if b.depth == stage + 1], patterns * twins + padded_phase
+        [b for b in loop_branches if b.depth == stage + 1], (body_phases - 1) * (1 + bounded)
+        + bounded
     )
+    if not bounded:
+        return _read_phases(
+            schedule, loop_branches, stage, top, patterns, compute_blocks, segmented,
+            padded_column, q_blocks_per_tile, set(),
+        )  # fmt: skip
+    init, *bodies, finalize = top
+    halves = bodies[:body_phases], bodies[body_phases:]
+    read = [
+        _read_phases(
+            schedule, loop_branches, stage, [init, *mine, finalize], patterns, compute_blocks,
+            segmented, padded_column, q_blocks_per_tile, {b.address for b in other},
+        )  # fmt: skip
+        for mine, other in (halves, halves[::-1])
+    ]
+    return dataclasses.replace(read[0], fallback=read[1])
+
+
+def _read_phases(
+    schedule,
+    loop_branches,
+    stage: int,
+    top: list,
+    patterns: int,
+    compute_blocks: int,
+    segmented: bool,
+    padded_column: int | None,
+    q_blocks_per_tile: int,
+    never: set[int],
+) -> PathCosts:
+    """`read_paths` over one set of phases: init, full, mixed..., finalize; the branches at
+    `never` (a bounded kernel's other twins) are skipped on every path."""
+    twins = 2 if segmented and compute_blocks == 1 else 1
+    padded_phase = padded_column is not None and compute_blocks == 1
     if padded_phase:  # the PADDED tile phase follows the mixed ones
         padded_tile = top.pop(-2)
     init, full, *mixed_phases, finalize = top
     mixed, segment_tiles = mixed_phases[::twins], mixed_phases[1::twins] if twins == 2 else []
     phases = {b.address for b in top}
-    cost = schedule.path_cost
+
+    def cost(skipped):
+        return schedule.path_cost(skipped | never)
 
     def only(*run):  # a step where the given phases run and every other phase is skipped
         return cost(phases - {b.address for b in run})
@@ -297,6 +344,9 @@ class CostReport:
     # selected (the mask alone) and every selectable block selected (the tables' maximum)
     select: dict | None = None
     utilisation: "Utilisation | None" = None  # None: a select spec (its work depends on a call)
+    # attention.softmax: bounded: (cycles, dense cycles) if every q tile fell back to the
+    # online softmax (the paths' `fallback`); `cycles` is every q tile within the bound.
+    fallback: tuple[int, int] | None = None
 
     @property
     def ms(self) -> float:
@@ -323,6 +373,17 @@ class CostReport:
                 {} if self.training is None else {"training": self.training.to_json(self.clock_ghz)}
             ),
             **({} if self.chunks is None else {"chunks": self.chunks.to_json(self.clock_ghz)}),
+            **(
+                {}
+                if self.fallback is None
+                else {
+                    "fallback": {
+                        "cycles": self.fallback[0],
+                        "ms": self.fallback[0] / (self.clock_ghz * 1e6),
+                        "dense_cycles": self.fallback[1],
+                    }
+                }
+            ),
             **({} if self.utilisation is None else {"utilisation": self.utilisation.to_json(self)}),
             **(
                 {}
@@ -611,6 +672,7 @@ def measure_paths(module, target: str, *, use_cache: bool = True, progress=None)
             segmented=module.attention.runtime.any,
             padded_column=shape.padding_block_column if padded else None,
             q_blocks_per_tile=shape.q_blocks_per_tile,
+            bounded=shape.bounded_softmax,
         )
 
     return _cached(key, use_cache, measure, PathCosts.from_json)
@@ -639,7 +701,12 @@ def measure_chunk_paths(module, target: str, *, use_cache: bool = True, progress
         if progress:
             progress(f"compiling {module.__name__}'s chunked call for {target} (libtpu)")
         schedule = _compile_chunk(module, target)
-        return read_paths(schedule, len(module._PATTERNS), module.SHAPE.compute_blocks)
+        return read_paths(
+            schedule,
+            len(module._PATTERNS),
+            module.SHAPE.compute_blocks,
+            bounded=module.SHAPE.bounded_softmax,
+        )
 
     return _cached(key, use_cache, measure, PathCosts.from_json)
 
@@ -770,7 +837,11 @@ def measure_training_paths(
         names = [KERNEL_NAME, f"{KERNEL_NAME}_dkv"] + ([] if fused else [f"{KERNEL_NAME}_dq"])
         schedules = _compile_training(module, target, names, fused)
         patterns, blocks = len(module._PATTERNS), module.SHAPE.compute_blocks
-        read = {name: read_paths(schedules[name], patterns, blocks) for name in names}
+        bounded = module.SHAPE.bounded_softmax  # the forward kernel's twins (not the backward's)
+        read = {
+            name: read_paths(schedules[name], patterns, blocks, bounded=bounded and name == KERNEL_NAME)
+            for name in names
+        }
         return TrainingPaths(
             read[KERNEL_NAME], read.get(f"{KERNEL_NAME}_dq"), read[f"{KERNEL_NAME}_dkv"]
         )
@@ -1008,7 +1079,16 @@ def cost_plan(
         None if chunk_paths is None else model_chunks(chunk_paths, plan, head_pattern),
         None if plan.spec.select is None else model_select(paths, plan),
         utilisation(plan),
+        _fallback_cycles(paths, plan, head_pattern),
     )
+
+
+def _fallback_cycles(paths: PathCosts, plan, head_pattern) -> tuple[int, int] | None:
+    """A bounded kernel's call and dense call if every q tile ran its online twin."""
+    if paths.fallback is None:
+        return None
+    cycles = model_cycles(paths.fallback, plan.tables, head_pattern, padding_tile(plan))[0]
+    return cycles, dense_cycles(paths.fallback, plan)
 
 
 def model_select(paths: PathCosts, plan) -> dict:
@@ -1116,6 +1196,8 @@ def format_report(report: CostReport, plan) -> list[str]:
             f"{report.dense_cycles / (report.clock_ghz * 1e6):.2f} ms "
             f"({report.dense_cycles / report.cycles:.2f}x this kernel's time)"
         )
+    if report.fallback is not None:
+        lines += _fallback_lines(report, plan, per_tile, per_block)
     if report.utilisation is not None:
         lines.append(_utilisation_line(report))
     if report.training is not None:
@@ -1125,6 +1207,24 @@ def format_report(report: CostReport, plan) -> list[str]:
     if report.select is not None:
         lines += _select_lines(report, plan)
     return lines
+
+
+def _fallback_lines(report: CostReport, plan, per_tile: float, per_block: float) -> list[str]:
+    """attention.softmax: bounded: the figures above are q tiles within the bound; these
+    are the online twins, what a q tile past it runs."""
+    f = report.paths.fallback
+    cycles, dense = report.fallback
+    ms = cycles / (report.clock_ghz * 1e6)
+    boundary = _mean([b[1] for p in f.block for b in p])
+    return [
+        "  softmax: bounded (the figures above: every q tile within the bound); each q tile "
+        "past it runs online:",
+        f"    online FULL tile {f.full} ({(f.full - f.bookkeeping) / per_tile:.0f} body), "
+        f"BOUNDARY block {boundary} ({boundary / per_block:.0f}); init {f.init[0]}",
+        f"    every q tile online: {cycles:,} cycles = {ms:.2f} ms per call "
+        f"({cycles / report.cycles:.3f}x); dense {dense:,} cycles "
+        f"({dense / report.dense_cycles:.3f}x the bounded dense kernel)",
+    ]
 
 
 def _utilisation_line(report: CostReport) -> str:

@@ -135,8 +135,14 @@ def _attention() -> dict:
         "heads": {"type": "integer", "minimum": 1, "maximum": MAX_HEADS},
         "head_dim": {"enum": list(spec.HEAD_DIMS)},
         "dtype": {"enum": list(spec.DTYPES)},
+        "softmax": {
+            "enum": list(spec.SOFTMAX_MODES),
+            "default": spec.SOFTMAX_MODES[0],
+            "description": "bounded: q tiles whose score bound |q| max|k| is small enough run "
+            "without a running row max (faster, same results); the others run online",
+        },
     }
-    return _section(spec.ATTENTION_KEYS, keys, spec.ATTENTION_KEYS, "heads and their size")
+    return _section(spec.ATTENTION_KEYS, keys, spec.ATTENTION_REQUIRED, "heads and their size")
 
 
 def _tiling() -> dict:

@@ -73,6 +73,9 @@ NAME_RE = re.compile(r"[a-z][a-z0-9_]*\Z")
 SPEC_VERSION = 1
 LAYOUTS = (FRAME_MAJOR, TEMPORAL_MAJOR)  # the `layout:` names; tiled is {tiled: {...}}
 DTYPES = ("bfloat16", "float32")
+#: attention.softmax: the online softmax (a running row max), or a bound of each row's scores
+#: from the norms of q and k where it is small enough, online elsewhere (svgen.runtime.kernel).
+SOFTMAX_MODES = ("online", "bounded")
 HEAD_DIMS = (64, 128, 256)
 #: How `tiling.align` rounds the mask to whole compute blocks (svgen.analysis.align says how
 #: each mode decides); "exact" keeps the mask as written.
@@ -151,6 +154,7 @@ class Attention:
     heads: int
     head_dim: int
     dtype: str  # "bfloat16" | "float32"
+    softmax: str = "online"  # one of SOFTMAX_MODES
 
 
 @dataclass(frozen=True)
@@ -362,6 +366,8 @@ def _canonical_obj(name, geometry, attention, layout, mask, patterns, heads, til
     if heads is not None:
         del obj["mask"]
         obj["heads"] = _heads_json(heads)
+    if attention.softmax != SOFTMAX_MODES[0]:  # declared only: older digests stay valid
+        obj["attention"]["softmax"] = attention.softmax
     return obj
 
 
@@ -656,7 +662,8 @@ KV_CACHE_KEYS = ("chunk_frames",)
 GEOMETRY_KEYS = ("frames", "height", "width", "text_tokens", "text_position")
 #: The least value of each size in ``geometry`` (their most: MAX_SEQ_LEN, and so their total).
 GEOMETRY_MINIMUMS = {"frames": 1, "height": 1, "width": 1, "text_tokens": 0}
-ATTENTION_KEYS = ("heads", "head_dim", "dtype")
+ATTENTION_KEYS = ("heads", "head_dim", "dtype", "softmax")
+ATTENTION_REQUIRED = ("heads", "head_dim", "dtype")
 TILING_KEYS = ("block_q", "block_kv", "compute_q", "compute_kv", "align")
 MAX_COMPUTE_BLOCKS = 16  # per tile: their kinds fit one int32 of SMEM (2 bits each)
 HEADS_KEYS = ("candidates", "assign")
@@ -739,11 +746,14 @@ _ATTENTION_NOTE = (
 
 def _read_attention(r: _Reader, node: Node, path: str) -> Attention:
     e = r.mapping(node, path, ATTENTION_KEYS, allowed_note=_ATTENTION_NOTE)
-    r.require(node, path, e, ATTENTION_KEYS)
+    r.require(node, path, e, ATTENTION_REQUIRED)
     heads = r.integer(e["heads"][1], _join(path, "heads"), 1, MAX_HEADS, "MAX_HEADS")
     head_dim = r.choice(e["head_dim"][1], _join(path, "head_dim"), HEAD_DIMS)
     dtype = r.choice(e["dtype"][1], _join(path, "dtype"), DTYPES)
-    return Attention(heads, head_dim, dtype)
+    softmax = SOFTMAX_MODES[0]
+    if "softmax" in e:
+        softmax = r.choice(e["softmax"][1], _join(path, "softmax"), SOFTMAX_MODES)
+    return Attention(heads, head_dim, dtype, softmax)
 
 
 def _read_block(r: _Reader, node: Node, path: str, key: str) -> int:

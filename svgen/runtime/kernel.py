@@ -406,10 +406,55 @@ def _decode_query_coords(
         coords_ref[index] = jnp.broadcast_to(value, (shape.block_q, LANES))
 
 
-def _softmax_step(state, q, k, v, keep, shape: KernelShape):
-    """One online-softmax update of (m, acc[, l]) with a compute block's keys.
+def _both(condition, in_mode):
+    """condition & in_mode, with no extra op where in_mode is True (a kernel without the
+    bounded twin traces exactly the ops it always had)."""
+    return condition if in_mode is True else condition & in_mode
+
+
+# Bounded max (attention.softmax: bounded): a q tile runs without a running max when every
+# real row's bound R = |q_row| * max_k |k| (in the kernel's base-2 score units) is at most
+# this. Then a row's best score s* >= -R (Cauchy-Schwarz), so its largest probability
+# exp2(s* - R) >= 2^-80: a normal f32 and bf16 number with 2^46 of range left below it for
+# the products with v and the terms 2^-24 under it, so the row keeps the precision of the
+# online softmax and never sums to 0 (which would read as a row with no key). Scores never
+# exceed R by more than rounding, so nothing overflows. Past it the tile runs online.
+BOUND_LIMIT = 40.0
+
+
+def key_bound(k):
+    """f32 [rows, 1, 128]: per row (batch x head) of k [rows, seq, d] (or the cube DMA's
+    [rows, frames, height, width, d]) the largest key norm, lane-replicated: what a bounded
+    kernel reads per row. One XLA reduction over k, which reads it once."""
+    k32 = k.astype(jnp.float32)
+    norms = jnp.sqrt(jnp.sum(k32 * k32, axis=-1))
+    largest = jnp.max(norms.reshape(norms.shape[0], -1), axis=1)
+    return jnp.broadcast_to(largest[:, None, None], (k.shape[0], 1, LANES))
+
+
+def _row_bounds(q_scaled, key_bound_ref, mode_ref, q_block, q_rows: int, shape: KernelShape):
+    """A bounded kernel's init: each row's bound R = |q_row| * max |k| (lane-replicated
+    [block_q, 128]) and the tile's mode (mode_ref[0] = 1 when every real row's R is at most
+    BOUND_LIMIT); returns the rows' initial m: R in a bounded tile, MASK_VALUE (the online
+    softmax's start) otherwise. Rows past q_rows (garbage past the array) count as 0."""
+    q = q_scaled[...].astype(jnp.float32)
+    norms = jnp.sqrt(jnp.sum(q * q, axis=1, keepdims=True))  # [block_q, 1]
+    bound = norms * key_bound_ref[...]  # [block_q, 128]
+    if q_rows:
+        row = q_block * shape.block_q + lax.broadcasted_iota(jnp.int32, bound.shape, 0)
+        bound = jnp.where(row < q_rows, bound, 0.0)
+    # NaN or inf in q or k: not within the limit, so online (which shows them as it must).
+    within = jnp.max(bound) <= BOUND_LIMIT
+    mode_ref[0] = within.astype(jnp.int32)
+    return jnp.where(within, bound, MASK_VALUE)
+
+
+def _softmax_step(state, q, k, v, keep, shape: KernelShape, bounded: bool = False):
+    """One softmax update of (m, acc[, l]) with a compute block's keys.
 
     q is pre-scaled into base 2; keep is None (FULL: no mask) or a bool [cq, ckv].
+    bounded: m is the row's score bound, fixed for the q tile (see `BOUND_LIMIT`): no row
+    max, no rescale of acc and l, and the next QK^T need not wait for this block's max.
     """
     m_prev, acc_prev, l_prev = state
     precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
@@ -418,15 +463,18 @@ def _softmax_step(state, q, k, v, keep, shape: KernelShape):
     )
     if keep is not None:
         scores = jnp.where(keep, scores, MASK_VALUE)
-    m_next = jnp.maximum(m_prev, jnp.max(scores, axis=1, keepdims=True))
+    m_next = m_prev if bounded else jnp.maximum(m_prev, jnp.max(scores, axis=1, keepdims=True))
     # A row with no allowed key so far has m_next == MASK_VALUE and exp2(0) = 1 on its
     # masked entries; the first allowed key rescales that away (alpha = 0), and a row
     # that never gets one is zeroed in finalize. So no select on the probabilities.
+    # (Bounded: m is a finite bound, so masked entries give exp2(MASK_VALUE - m) = 0.)
     probs = jnp.exp2(scores - _lanes(m_next, shape.ckv))
-    alpha = jnp.exp2(m_prev - m_next)
+    alpha = None if bounded else jnp.exp2(m_prev - m_next)
     if shape.row_sum_on_mxu:
         v = jnp.concatenate([v, jnp.ones((v.shape[0], LANES), v.dtype)], axis=1)
         l_next = None
+    elif bounded:
+        l_next = l_prev + jnp.sum(probs, axis=1, keepdims=True)
     else:
         l_next = alpha * l_prev + jnp.sum(probs, axis=1, keepdims=True)
     pv = lax.dot_general(
@@ -436,6 +484,8 @@ def _softmax_step(state, q, k, v, keep, shape: KernelShape):
         preferred_element_type=jnp.float32,
         precision=precision,
     )
+    if bounded:
+        return m_next, acc_prev + pv, l_next
     acc_next = _lanes(alpha, shape.acc_width) * acc_prev + pv
     return m_next, acc_next, l_next
 
@@ -455,6 +505,8 @@ def _attention_kernel(
     segments: bool = False,
     chunked: int = 0,
     selected: bool = False,
+    q_rows: int = 0,
+    with_modes: bool = False,
 ):
     """selected: a selection's per-row tables (svgen.runtime.select), whose PADDED blocks
     (kind 3) run unmasked but for the keys past seq_len.
@@ -463,12 +515,20 @@ def _attention_kernel(
     1024 x 1024 block, against 899 per q tile for a lane-replicated copy made in init, which
     every q tile would pay; v6e, svgen cost). chunked: a KV-cache chunk's call over that
     many rows (batch * heads): per-row tables too; the last scalar operand holds per row the
-    chunk's first token in the video, then per row whether its output is defined."""
-    num_inputs = 5 if segments else 3
+    chunk's first token in the video, then per row whether its output is defined.
+    q_rows: the rows of q (shape.bounded_softmax: rows past them are left out of the bound).
+    with_modes: a last output, per row and q tile the tile's softmax mode (1: bounded), for
+    `attention.softmax_modes` (a diagnostic; the kernels a model runs have no such output).
+    shape.bounded_softmax: an input after v holds each row's key-norm bound (`key_bound`),
+    and every FULL / BOUNDARY path has a bounded twin, chosen per q tile (see `BOUND_LIMIT`).
+    """
+    bounded_kernel = shape.bounded_softmax
+    num_inputs = 3 + bounded_kernel + 2 * segments
     (
         # prefetched scalars (SMEM): head_pattern, first_piece, num_pieces, entries, ...
         table_refs,
-        # inputs (VMEM blocks): q, k, v[, query ids [1, block_q], key ids [1, block_kv]]
+        # inputs (VMEM blocks): q, k, v[, key bound [1, 128]][, query ids [1, block_q], key
+        # ids [1, block_kv]]
         (q_ref, k_ref, v_ref, *id_refs),
         # outputs: o[, lse (base 2, for the backward pass)]
         outputs,
@@ -478,15 +538,18 @@ def _attention_kernel(
     ) = (
         refs[:num_tables],
         refs[num_tables : num_tables + num_inputs],
-        refs[num_tables + num_inputs : num_tables + num_inputs + 1 + with_lse],
-        refs[num_tables + num_inputs + 1 + with_lse :],
+        refs[num_tables + num_inputs : num_tables + num_inputs + 1 + with_lse + with_modes],
+        refs[num_tables + num_inputs + 1 + with_lse + with_modes :],
     )
     o_ref = outputs[0]
+    key_bound_ref = id_refs.pop(0) if bounded_kernel else None
     if len(q_ref.shape) == 4:  # cube DMA: each [a, b, c, d] box read as [cube tokens, d]
         q_ref, k_ref, v_ref, o_ref = (_BoxRows(ref) for ref in (q_ref, k_ref, v_ref, o_ref))
     m_scratch, acc_scratch, *rest = scratch
     l_scratch = None if shape.row_sum_on_mxu else rest.pop(0)
     q_scaled = rest.pop(0)
+    # bounded kernels: the q tile's mode (1: bounded max), an SMEM scalar set in init.
+    mode_ref = rest.pop() if bounded_kernel else None
     coords_ref = rest.pop(0) if rest else None
     view, kind, q_block, kv_block, active, is_first, is_last = grid_step(
         table_refs,
@@ -510,7 +573,10 @@ def _attention_kernel(
         # q scaled once per q tile by sm_scale * log2(e): scores come out in base 2 (exp2,
         # no per-score multiply), and the wrapper makes no pass over q for it.
         q_scaled[...] = (q_ref[...].astype(jnp.float32) * q_scale).astype(q_scaled.dtype)
-        m_scratch[...] = jnp.full(m_scratch.shape, MASK_VALUE, jnp.float32)
+        if bounded_kernel:
+            m_scratch[...] = _row_bounds(q_scaled, key_bound_ref, mode_ref, q_block, q_rows, shape)
+        else:
+            m_scratch[...] = jnp.full(m_scratch.shape, MASK_VALUE, jnp.float32)
         acc_scratch[...] = jnp.zeros(acc_scratch.shape, jnp.float32)
         if l_scratch is not None:
             l_scratch[...] = jnp.zeros(l_scratch.shape, jnp.float32)
@@ -532,8 +598,10 @@ def _attention_kernel(
             None if l_scratch is None else l_scratch[rows, :],
         )
 
-    def store(rows, state):
-        m_scratch[rows, :], acc_scratch[rows, :] = state[0], state[1]
+    def store(rows, state, bounded: bool = False):
+        if not bounded:  # a bounded tile's m is its fixed bound
+            m_scratch[rows, :] = state[0]
+        acc_scratch[rows, :] = state[1]
         if l_scratch is not None:
             l_scratch[rows, :] = state[2]
 
@@ -559,6 +627,7 @@ def _attention_kernel(
         pattern: "_PatternCode | None",
         padding: bool = False,
         segmented: bool = False,
+        bounded: bool = False,
     ):
         keep = None if pattern is None else keep_of(block, pattern, padding, segmented)
         v = v_ref[block.cols, :]
@@ -571,9 +640,13 @@ def _attention_kernel(
                 + lax.broadcasted_iota(jnp.int32, (shape.ckv, 1), 0)
             )
             v = jnp.where(row < shape.seq_len, v, jnp.zeros_like(v))
-        return _softmax_step(state, q_scaled[block.rows, :], k_ref[block.cols, :], v, keep, shape)
+        return _softmax_step(
+            state, q_scaled[block.rows, :], k_ref[block.cols, :], v, keep, shape, bounded
+        )
 
-    def masked(block: _Block, pattern: "_PatternCode", segmented: bool = False):
+    def masked(
+        block: _Block, pattern: "_PatternCode", segmented: bool = False, bounded: bool = False
+    ):
         """A BOUNDARY block. Only one block column of one kv tile holds padding keys (and
         never a FULL block: the tables make it BOUNDARY); the test costs a full-block VALU
         op and a vreg store per vreg (1,846 bundles against 1,520 without, temporal-major
@@ -581,8 +654,8 @@ def _attention_kernel(
         run-time tables (it also tests the segment ids)."""
 
         def run(padding: bool):
-            state = update(block, load(block.rows), pattern, padding, segmented)
-            store(block.rows, state)
+            state = update(block, load(block.rows), pattern, padding, segmented, bounded)
+            store(block.rows, state, bounded)
 
         if shape.padding_kv_tile is None or block.ki != shape.padding_block_column:
             run(False)
@@ -590,54 +663,69 @@ def _attention_kernel(
         pl.when(kv_block != shape.padding_kv_tile)(functools.partial(run, False))
         pl.when(kv_block == shape.padding_kv_tile)(functools.partial(run, True))
 
-    @pl.when(active & (kind == TileKind.FULL))
-    def full():
-        # Straight-line code over all compute blocks: the state stays in values, so the
-        # scheduler overlaps one block's softmax with the next block's QK^T.
-        for qi in range(shape.q_blocks_per_tile):
-            row_blocks = [b for b in blocks if b.qi == qi]
-            state = load(row_blocks[0].rows)
-            for block in row_blocks:
-                state = update(block, state, None)
-            store(row_blocks[0].rows, state)
+    def body_paths(bounded: bool, in_mode):
+        """The FULL and BOUNDARY paths of a step, for q tiles of one softmax mode (in_mode:
+        True, or the bounded kernel's traced mode test)."""
 
-    for index, pattern in enumerate(patterns):
-        is_pattern = True if len(patterns) == 1 else view.pattern == index
+        @pl.when(_both(active & (kind == TileKind.FULL), in_mode))
+        def full():
+            # Straight-line code over all compute blocks: the state stays in values, so the
+            # scheduler overlaps one block's softmax with the next block's QK^T.
+            for qi in range(shape.q_blocks_per_tile):
+                row_blocks = [b for b in blocks if b.qi == qi]
+                state = load(row_blocks[0].rows)
+                for block in row_blocks:
+                    state = update(block, state, None, bounded=bounded)
+                store(row_blocks[0].rows, state, bounded)
 
-        @pl.when(active & (kind == TileKind.BOUNDARY) & is_pattern)
-        def mixed():
-            if not has_blocks:  # one compute block per tile: it is BOUNDARY
-                masked(blocks[0], pattern)
-                return
-            word = view.blocks
-            for block in blocks:
-                block_kind = lax.shift_right_logical(word, block.bit) & KIND_MASK
+        for index, pattern in enumerate(patterns):
+            is_pattern = True if len(patterns) == 1 else view.pattern == index
 
-                @pl.when(block_kind == TileKind.FULL)
-                def _(block=block):
-                    store(block.rows, update(block, load(block.rows), None))
+            @pl.when(_both(active & (kind == TileKind.BOUNDARY) & is_pattern, in_mode))
+            def mixed():
+                if not has_blocks:  # one compute block per tile: it is BOUNDARY
+                    masked(blocks[0], pattern, bounded=bounded)
+                    return
+                word = view.blocks
+                for block in blocks:
+                    block_kind = lax.shift_right_logical(word, block.bit) & KIND_MASK
 
-                pl.when(block_kind == TileKind.BOUNDARY)(functools.partial(masked, block, pattern))
-                if segments:  # only run-time tables have such blocks
-                    pl.when(block_kind == SEGMENT_BOUNDARY)(
-                        functools.partial(masked, block, pattern, True)
+                    @pl.when(block_kind == TileKind.FULL)
+                    def _(block=block):
+                        state = update(block, load(block.rows), None, bounded=bounded)
+                        store(block.rows, state, bounded)
+
+                    pl.when(block_kind == TileKind.BOUNDARY)(
+                        functools.partial(masked, block, pattern, bounded=bounded)
                     )
-                elif selected and block.ki == shape.padding_block_column:
-                    pl.when(block_kind == PADDED)(
-                        functools.partial(masked, block, _every_key(pattern))
-                    )
+                    if segments:  # only run-time tables have such blocks
+                        pl.when(block_kind == SEGMENT_BOUNDARY)(
+                            functools.partial(masked, block, pattern, True, bounded)
+                        )
+                    elif selected and block.ki == shape.padding_block_column:
+                        pl.when(block_kind == PADDED)(
+                            functools.partial(masked, block, _every_key(pattern), bounded=bounded)
+                        )
 
-        if segments and not has_blocks:
-            # One compute block per tile: the tile's kind says whether it spans segments.
-            pl.when(active & (kind == SEGMENT_BOUNDARY) & is_pattern)(
-                functools.partial(masked, blocks[0], pattern, True)
+            if segments and not has_blocks:
+                # One compute block per tile: the tile's kind says whether it spans segments.
+                pl.when(_both(active & (kind == SEGMENT_BOUNDARY) & is_pattern, in_mode))(
+                    functools.partial(masked, blocks[0], pattern, True, bounded)
+                )
+
+        if selected and not has_blocks and shape.padding_kv_tile is not None:
+            # A selected tile of one compute block holding the end of the keys.
+            pl.when(_both(active & (kind == PADDED), in_mode))(
+                functools.partial(masked, blocks[0], _every_key(patterns[0]), bounded=bounded)
             )
 
-    if selected and not has_blocks and shape.padding_kv_tile is not None:
-        # A selected tile of one compute block holding the end of the keys.
-        pl.when(active & (kind == PADDED))(
-            functools.partial(masked, blocks[0], _every_key(patterns[0]))
-        )
+    if bounded_kernel:
+        # Every path twice: the bounded one first, then the online fallback (the phase order
+        # svgen.cost reads). The mode is one SMEM load per step.
+        body_paths(True, mode_ref[0] != 0)
+        body_paths(False, mode_ref[0] == 0)
+    else:
+        body_paths(False, True)
 
     @pl.when(is_last)
     def finalize():
@@ -648,6 +736,10 @@ def _attention_kernel(
             if l_scratch is None
             else l_scratch[...]
         )
+        if bounded_kernel:
+            # A bounded tile's m is its bound, never MASK_VALUE: a row with no allowed key
+            # has l == 0 there (every exp2 underflowed to 0), and only there (BOUND_LIMIT).
+            seen = seen & (l > 0.0)
         inv = jnp.where(seen, 1.0 / jnp.where(seen, l, 1.0), 0.0)
         if chunked:
             # NaN rows where a traced offset was no chunk start or a traced head_pattern no
@@ -661,6 +753,8 @@ def _attention_kernel(
         if with_lse:  # lane-major [1, block_q]: what the backward kernels broadcast
             lse = jnp.where(seen, m_scratch[...] + jnp.log2(jnp.where(seen, l, 1.0)), EMPTY_ROW_LSE)
             outputs[1][...] = jnp.transpose(lse[:, :1])
+        if with_modes:
+            outputs[-1][...] = jnp.full(outputs[-1].shape, mode_ref[0], jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -828,6 +922,7 @@ def _flat_attention(
     call=None,
     chunk=None,
     selection=None,
+    with_modes: bool = False,
 ):
     """q, k, v: [batch*heads, seq_len, head_dim], each head in its pattern's order, or with
     `cubes` [batch*heads, frames, height, width, head_dim] in the user's order. Not padded
@@ -839,7 +934,11 @@ def _flat_attention(
     call's tables replace `tables` (which still say slots and the walk), per-head walk.
     chunk: a KV-cache chunk's call (svgen.runtime.chunks), (CallTables, first query token
     int32 [1]): q holds the chunk's rows only, k and v the whole sequence's.
-    selection: a selection's per-row CallTables (svgen.runtime.select), per-head walk."""
+    selection: a selection's per-row CallTables (svgen.runtime.select), per-head walk.
+    with_modes (shape.bounded_softmax): also return int32 [rows, 1, q tiles * 128], each q
+    tile's softmax mode (1: it ran with the bound) in its 128 lanes."""
+    if with_modes and not shape.bounded_softmax:
+        raise ValueError("softmax modes: the kernel was compiled without attention.softmax: bounded")
     heads = int(head_pattern.shape[0])
     per_row = call is not None or chunk is not None or selection is not None
     flat = tables.flat and not per_row
@@ -877,6 +976,8 @@ def _flat_attention(
         segments=call is not None,
         chunked=q.shape[0] if chunk is not None else 0,
         selected=selection is not None,
+        q_rows=q.shape[1] if q.ndim == 3 else 0,
+        with_modes=with_modes,
     )
 
     def view(outer, step, table_refs):
@@ -903,7 +1004,14 @@ def _flat_attention(
         at = view(outer, step, table_refs)
         return block_index(at.row, at.kv_block(slot))
 
+    def row_index_map(outer, step, slot, *table_refs):
+        return view(outer, step, table_refs).row, 0, 0
+
     def lse_index_map(outer, step, slot, *table_refs):
+        at = view(outer, step, table_refs)
+        return at.row, 0, at.q_block
+
+    def mode_index_map(outer, step, slot, *table_refs):
         at = view(outer, step, table_refs)
         return at.row, 0, at.q_block
 
@@ -923,6 +1031,11 @@ def _flat_attention(
     scratch.append(pltpu.VMEM((shape.block_q, d), q.dtype))
     if query_coords:
         scratch.append(pltpu.VMEM((query_coords, shape.block_q, LANES), jnp.int32))
+    bound_inputs, bound_specs = (), []
+    if shape.bounded_softmax:
+        scratch.append(pltpu.SMEM((1,), jnp.int32))  # the q tile's mode (last: see the kernel)
+        bound_inputs = (key_bound(k),)
+        bound_specs = [pl.BlockSpec((None, 1, LANES), row_index_map)]
     id_specs = []
     if call is not None:
         id_specs = [
@@ -937,9 +1050,11 @@ def _flat_attention(
             pl.BlockSpec(kv_block, kv_index_map),
             pl.BlockSpec(kv_block, kv_index_map),
         ]
+        + bound_specs
         + id_specs,
         out_specs=[pl.BlockSpec(q_block, q_index_map)]
-        + ([pl.BlockSpec((None, 1, shape.block_q), lse_index_map)] if with_lse else []),
+        + ([pl.BlockSpec((None, 1, shape.block_q), lse_index_map)] if with_lse else [])
+        + ([pl.BlockSpec((None, 1, LANES), mode_index_map)] if with_modes else []),
         scratch_shapes=scratch,
     )
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)] + (
@@ -947,6 +1062,9 @@ def _flat_attention(
         if with_lse
         else []
     )
+    if with_modes:
+        q_tiles = -(-q.shape[1] // shape.block_q)
+        out_shape.append(jax.ShapeDtypeStruct((q.shape[0], 1, q_tiles * LANES), jnp.int32))
     outputs = pl.pallas_call(
         kernel,
         grid_spec=grid_spec,
@@ -957,9 +1075,9 @@ def _flat_attention(
         ),
         interpret=interpret,
         name="svgen_attention",  # the kernel's name in profiles and libtpu dumps
-    )(*operands, q, k, v, *id_inputs)
+    )(*operands, q, k, v, *bound_inputs, *id_inputs)
     outputs = [settled(x, interpret) for x in outputs]
-    return tuple(outputs) if with_lse else outputs[0]
+    return tuple(outputs) if with_lse or with_modes else outputs[0]
 
 
 def _lse_length(q, shape: KernelShape, chunk) -> int:
@@ -1327,6 +1445,35 @@ def make_attention(
         out = out if mover is None else mover(out, to_kernel=False)
         return poison_unknown_patterns(out, requested, len(patterns))
 
+    def softmax_modes(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None):
+        """int32 [..., heads, q tiles]: for a call attention(q, k, v, head_pattern=...,
+        sm_scale=...) (no run-time inputs), 1 where the q tile ran with the bounded max, 0
+        where it fell back to the online softmax (spec `attention.softmax: bounded`; q tiles
+        in each head's kernel order). A diagnostic: it runs the kernel once more."""
+        _check_operands(q, k, v, shape, dtype)
+        sm_scale = checked_sm_scale(sm_scale, shape.head_dim)
+        static_pattern, head_pattern, head_layout = resolved(head_pattern, q.shape[-3])
+        mover = _layout_mover(
+            layouts, layout_of_pattern, static_pattern, head_layout, interpret, permute_kernel
+        )
+
+        def to_kernel(x):
+            x = x if mover is None else mover(x, to_kernel=True)
+            return x.reshape((-1,) + x.shape[-2:])
+
+        _, modes = _flat_attention(
+            *(to_kernel(x) for x in (q, k, v)),
+            head_pattern,
+            static_pattern,
+            tables,
+            codes,
+            shape=shape,
+            interpret=interpret,
+            q_scale=float(sm_scale) * LOG2_E,
+            with_modes=True,
+        )
+        return modes[:, 0, ::LANES].reshape(q.shape[:-2] + (-1,))
+
     def chosen_blocks(q, k, box_dma, sm_scale, amount):
         """The call's selection (svgen.runtime.select.Selected), or None without a policy:
         scored from q, k in kernel order (cube DMA's 5-D user view moved into it)."""
@@ -1372,6 +1519,8 @@ def make_attention(
         attention, runtime, kv_cache is not None, None if select is None else select.policy.rule
     )
     attention.to_kernel_order = to_kernel_order
+    if shape.bounded_softmax:
+        attention.softmax_modes = softmax_modes
     attention.from_kernel_order = from_kernel_order
     attention.tables = tables
     attention.runtime = runtime

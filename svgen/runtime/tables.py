@@ -170,6 +170,9 @@ class KernelShape:
     compute_kv: int | None = None
     vmem_limit_bytes: int | None = None  # None: the compiler's default scoped limit
     tensor_cores: int = 1  # of the target chip: 2 keeps the per-head walk (see above)
+    # The spec's `attention.softmax: bounded`: each q tile whose score bound is small enough
+    # runs without a running max (svgen.runtime.kernel, "bounded max"); the others online.
+    bounded_softmax: bool = False
 
     @property
     def cq(self) -> int:
