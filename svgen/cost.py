@@ -75,8 +75,9 @@ class PathCosts:
 
     def to_json(self) -> dict:
         obj = dataclasses.asdict(self)
-        if self.fallback is None:  # the form of kernels without the twin, as it always was
-            del obj["fallback"]
+        del obj["fallback"]  # kernels without the twin keep the form they always had
+        if self.fallback is not None:
+            obj["fallback"] = self.fallback.to_json()
         return obj
 
     @classmethod

@@ -409,3 +409,35 @@ def test_chunked_calls_compile_for_v6e():
     grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
     text = grad.lower(chunk, cache, cache, hp, offset).compile().as_text()
     assert "svgen_attention_dkv" in text
+
+
+def test_bounded_softmax_compiles_for_v6e(tmp_path):
+    """attention.softmax: bounded on the blog spec at full size: the tile's mode (a vector
+    max stored to SMEM in init), the key-bound input and both twins of every path lower."""
+    from conftest import compile_spec_text
+
+    text = (REPO / "specs" / "wan21_720p_band.yaml").read_text()
+    text = text.replace("dtype: bfloat16}", "dtype: bfloat16, softmax: bounded}")
+    _, module = compile_spec_text(text, tmp_path)
+    assert module.SHAPE.bounded_softmax
+    assert "tpu_custom_call" in compile_for_v6e(module).as_text()
+
+
+def test_bounded_softmax_gradient_compiles_for_v6e(tmp_path):
+    from conftest import compile_spec_text
+
+    text = (REPO / "specs" / "wan21_720p_band.yaml").read_text()
+    text = text.replace("dtype: bfloat16}", "dtype: bfloat16, softmax: bounded}")
+    text = text.replace("{frames: 21, height: 45, width: 80}", "{frames: 5, height: 16, width: 32}")
+    text = text.replace("prefix: {tokens: 3600}", "prefix: {tokens: 512}")
+    _, module = compile_spec_text(text, tmp_path)
+    sharding = jax.sharding.SingleDeviceSharding(v6e_device())
+    arg = jax.ShapeDtypeStruct(
+        (module.HEADS, module.SEQ_LEN, module.HEAD_DIM), jnp.bfloat16, sharding=sharding
+    )
+
+    def loss(q, k, v):
+        return jnp.sum(module.attention(q, k, v).astype(jnp.float32))
+
+    compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(arg, arg, arg).compile()
+    assert compiled.as_text().count("tpu_custom_call") >= 2

@@ -233,3 +233,38 @@ def test_cost_of_a_select_spec_bounds_the_call(tmp_path):
     work = {b: s["steps"]["full"] + s["steps"]["mixed"] for b, s in bounds.items()}
     assert work["all"] > work["none"]
     assert report["dense_cycles"] > bounds["all"]["cycles"]
+
+
+@pytest.mark.parametrize("runtime", ["", "runtime: {segments: true}\n"])
+def test_cost_of_a_bounded_softmax_kernel(tmp_path, runtime):
+    """attention.softmax: bounded: every FULL / BOUNDARY phase has an online twin; the paths
+    are the bounded ones, `fallback` the online ones, and the bounded FULL tile is the
+    cheaper (no running max, no rescale). With run-time tables the twins carry their
+    SEGMENT_BOUNDARY branches too."""
+    spec = SMALL.replace("dtype: bfloat16}", "dtype: bfloat16, softmax: bounded}") + runtime
+    (tmp_path / "small.yaml").write_text(spec)
+    result = subprocess.run(
+        [sys.executable, "-m", "svgen.cli", "cost", "small.yaml", "--json", "--no-cache"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    bounded, online = report["paths"], report["paths"]["fallback"]
+    assert "fallback" not in online
+    assert bounded["bookkeeping"] < bounded["full"] < online["full"]
+    for b, o in zip(bounded["block"][0], online["block"][0]):
+        assert 0 < b[0] < o[0] and 0 < b[1] < o[1]  # FULL and BOUNDARY blocks both cheaper
+    if runtime:
+        assert len(bounded["segment_block"][0]) == len(online["segment_block"][0]) == 4
+    fallback = report["fallback"]
+    assert report["cycles"] < fallback["cycles"] and fallback["dense_cycles"] > 0
+    PathCosts.from_json(report["paths"])  # the nested twin reads back
+    text = subprocess.run(
+        [sys.executable, "-m", "svgen.cli", "cost", "small.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "softmax: bounded" in text and "every q tile online" in text
