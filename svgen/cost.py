@@ -148,8 +148,8 @@ def read_paths(
     padded_phase = padded_column is not None and compute_blocks == 1
     body_phases = 1 + patterns * twins + padded_phase
     top = _kernel_phases(
-        [b for b in loop_branches if b.depth == stage + 1], (body_phases - 1) * (1 + bounded)
-        + bounded
+        [b for b in loop_branches if b.depth == stage + 1],
+        (body_phases - 1) * (1 + bounded) + bounded,
     )
     if not bounded:
         return _read_phases(
@@ -160,8 +160,16 @@ def read_paths(
     halves = bodies[:body_phases], bodies[body_phases:]
     read = [
         _read_phases(
-            schedule, loop_branches, stage, [init, *mine, finalize], patterns, compute_blocks,
-            segmented, padded_column, q_blocks_per_tile, {b.address for b in other},
+            schedule,
+            loop_branches,
+            stage,
+            [init, *mine, finalize],
+            patterns,
+            compute_blocks,
+            segmented,
+            padded_column,
+            q_blocks_per_tile,
+            {b.address for b in other},
         )  # fmt: skip
         for mine, other in (halves, halves[::-1])
     ]
@@ -840,7 +848,9 @@ def measure_training_paths(
         patterns, blocks = len(module._PATTERNS), module.SHAPE.compute_blocks
         bounded = module.SHAPE.bounded_softmax  # the forward kernel's twins (not the backward's)
         read = {
-            name: read_paths(schedules[name], patterns, blocks, bounded=bounded and name == KERNEL_NAME)
+            name: read_paths(
+                schedules[name], patterns, blocks, bounded=bounded and name == KERNEL_NAME
+            )
             for name in names
         }
         return TrainingPaths(

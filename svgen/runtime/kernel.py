@@ -938,7 +938,9 @@ def _flat_attention(
     with_modes (shape.bounded_softmax): also return int32 [rows, 1, q tiles * 128], each q
     tile's softmax mode (1: it ran with the bound) in its 128 lanes."""
     if with_modes and not shape.bounded_softmax:
-        raise ValueError("softmax modes: the kernel was compiled without attention.softmax: bounded")
+        raise ValueError(
+            "softmax modes: the kernel was compiled without attention.softmax: bounded"
+        )
     heads = int(head_pattern.shape[0])
     per_row = call is not None or chunk is not None or selection is not None
     flat = tables.flat and not per_row
