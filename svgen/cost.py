@@ -146,34 +146,29 @@ def read_paths(
     stage = min(b.depth for b in loop_branches)
     twins = 2 if segmented and compute_blocks == 1 else 1
     padded_phase = padded_column is not None and compute_blocks == 1
+    # full, the mixed phases (and their twins), the PADDED tile phase: once, or per twin
     body_phases = 1 + patterns * twins + padded_phase
-    top = _kernel_phases(
-        [b for b in loop_branches if b.depth == stage + 1],
-        (body_phases - 1) * (1 + bounded) + bounded,
+    sets = 1 + bounded
+    init, *bodies, finalize = _kernel_phases(
+        [b for b in loop_branches if b.depth == stage + 1], body_phases * sets - 1
     )
-    if not bounded:
-        return _read_phases(
-            schedule, loop_branches, stage, top, patterns, compute_blocks, segmented,
-            padded_column, q_blocks_per_tile, set(),
-        )  # fmt: skip
-    init, *bodies, finalize = top
-    halves = bodies[:body_phases], bodies[body_phases:]
+    halves = [bodies[i * body_phases : (i + 1) * body_phases] for i in range(sets)]
     read = [
         _read_phases(
             schedule,
             loop_branches,
             stage,
-            [init, *mine, finalize],
+            [init, *half, finalize],
             patterns,
             compute_blocks,
             segmented,
             padded_column,
             q_blocks_per_tile,
-            {b.address for b in other},
+            {b.address for other in halves if other is not half for b in other},
         )  # fmt: skip
-        for mine, other in (halves, halves[::-1])
+        for half in halves
     ]
-    return dataclasses.replace(read[0], fallback=read[1])
+    return dataclasses.replace(read[0], fallback=read[1]) if bounded else read[0]
 
 
 def _read_phases(

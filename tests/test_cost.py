@@ -5,6 +5,7 @@ tests in this process start it without them.
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -27,16 +28,21 @@ tiling: {block_q: 256, block_kv: 512, compute_q: 128, compute_kv: 256}
 """
 
 
-def test_cost_json_on_a_small_spec(tmp_path):
-    (tmp_path / "small.yaml").write_text(SMALL)
-    env_cache = {"SVGEN_CACHE_DIR": str(tmp_path / "cache")}
-    result = subprocess.run(
-        [sys.executable, "-m", "svgen.cli", "cost", "small.yaml", "--json"],
+def svgen(tmp_path, *args) -> subprocess.CompletedProcess:
+    """`svgen ARGS` in tmp_path, in a process of its own, with a cost cache of its own there
+    (a second call with the same spec reads what the first compiled)."""
+    return subprocess.run(
+        [sys.executable, "-m", "svgen.cli", *args],
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        env={**__import__("os").environ, **env_cache},
+        env={**os.environ, "SVGEN_CACHE_DIR": str(tmp_path / "cache")},
     )
+
+
+def test_cost_json_on_a_small_spec(tmp_path):
+    (tmp_path / "small.yaml").write_text(SMALL)
+    result = svgen(tmp_path, "cost", "small.yaml", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     for key in (
@@ -75,13 +81,7 @@ def test_cost_json_on_a_small_spec(tmp_path):
     assert use["useful_flops_per_s"] == pytest.approx(rate, rel=1e-12)
     assert 0 < use["of_peak"] < use["dense_of_peak"] < 1  # the dense kernel has no masks
     # A second run reads the cached per-path costs: no compile, the same numbers.
-    again = subprocess.run(
-        [sys.executable, "-m", "svgen.cli", "cost", "small.yaml", "--json"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={**__import__("os").environ, **env_cache},
-    )
+    again = svgen(tmp_path, "cost", "small.yaml", "--json")
     assert json.loads(again.stdout)["cycles"] == report["cycles"]
 
 
@@ -89,13 +89,7 @@ def test_cost_backward_on_a_small_spec(tmp_path):
     """`svgen cost --backward`: the kernels of a jax.grad call, each modelled over its own
     tables; the dq read-modify-write traffic of the fused walk is charged; totals add up."""
     (tmp_path / "small.yaml").write_text(SMALL)
-    result = subprocess.run(
-        [sys.executable, "-m", "svgen.cli", "cost", "small.yaml", "--json", "--backward"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={**__import__("os").environ, "SVGEN_CACHE_DIR": str(tmp_path / "cache")},
-    )
+    result = svgen(tmp_path, "cost", "small.yaml", "--json", "--backward")
     assert result.returncode == 0, result.stderr
     training = json.loads(result.stdout)["training"]
     cycles = training["cycles"]
@@ -243,12 +237,7 @@ def test_cost_of_a_bounded_softmax_kernel(tmp_path, runtime):
     SEGMENT_BOUNDARY branches too."""
     spec = SMALL.replace("dtype: bfloat16}", "dtype: bfloat16, softmax: bounded}") + runtime
     (tmp_path / "small.yaml").write_text(spec)
-    result = subprocess.run(
-        [sys.executable, "-m", "svgen.cli", "cost", "small.yaml", "--json", "--no-cache"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-    )
+    result = svgen(tmp_path, "cost", "small.yaml", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     bounded, online = report["paths"], report["paths"]["fallback"]
@@ -261,10 +250,5 @@ def test_cost_of_a_bounded_softmax_kernel(tmp_path, runtime):
     fallback = report["fallback"]
     assert report["cycles"] < fallback["cycles"] and fallback["dense_cycles"] > 0
     PathCosts.from_json(report["paths"])  # the nested twin reads back
-    text = subprocess.run(
-        [sys.executable, "-m", "svgen.cli", "cost", "small.yaml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-    ).stdout
+    text = svgen(tmp_path, "cost", "small.yaml").stdout  # the schedule from the cache
     assert "softmax: bounded" in text and "every q tile online" in text

@@ -113,7 +113,6 @@ def pattern_shape(spec: Spec, pattern: PatternPlan) -> KernelShape:
         grid.seq_len, grid.padded_seq_len, grid.block_q, grid.block_kv,
         spec.attention.head_dim, spec.attention.heads,
         compute_q=compute.block_q, compute_kv=compute.block_kv,
-        bounded_softmax=spec.attention.softmax == "bounded",
     )  # fmt: skip
 
 

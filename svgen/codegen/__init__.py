@@ -418,11 +418,17 @@ def _constants(plan: Plan) -> list[tuple[str, str]]:
 def _kernel_lines(plan: Plan) -> list[str]:
     """The docstring's Kernel line(s): the TPU grid and SMEM tables, or the GPU launch."""
     if plan.gpu is None:
-        return [
+        lines = [
             f"Kernel: {_grid_steps_words(plan)}, pieces of up to "
             f"{plan.tables.slots} kv tile(s); tables {_int(plan.table_bytes)} bytes of SMEM "
             f"(scalar prefetch)"
         ]
+        if plan.spec.attention.softmax == "bounded":
+            lines.append(
+                "Softmax: bounded max per q tile where every row's |q| * max |k| is within "
+                "kernel.BOUND_LIMIT, else online (attention.softmax_modes tells which)"
+            )
+        return lines
     gpu, tables, grid = plan.gpu, plan.tables, plan.grid
     lines = [
         f"Kernel: GPU (Pallas Triton) for {plan.target.description}: one program per q tile "
