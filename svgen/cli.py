@@ -378,8 +378,8 @@ def _compile(args) -> int:
             if plan.chunk_runs and plan.gpu is None:
                 steps = ", ".join(str(n) for n in plan.chunk_steps())
                 print(
-                    f"  KV-cache chunks of {plan.spec.runtime.chunk_frames} frame(s): grid "
-                    f"steps per head by chunk position {steps}",
+                    f"  KV-cache chunks of {plan.spec.runtime.chunk_frames} frame(s) against "
+                    f"{plan.cache_words()}: grid steps per head by chunk position {steps}",
                     file=sys.stderr,
                 )
     if errors:

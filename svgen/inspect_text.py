@@ -56,6 +56,11 @@ def _kernel_lines(s: dict) -> list[str]:
             f"KV-cache chunks of {_plural(chunks['chunk_frames'], 'frame')}: grid steps per head "
             f"of each chunk position's call: {steps}"
         )
+        if "window_frames" in chunks:
+            lines.append(
+                f"  rolling cache: {_plural(chunks['sink_frames'], 'sink frame')} and a ring "
+                f"of {_plural(chunks['window_frames'], 'frame')}"
+            )
     return lines + _generic_lines(s)
 
 

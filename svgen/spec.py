@@ -191,11 +191,14 @@ class Runtime:
     compiled mask (svgen.runtime.segments): per-token segment ids, per-prompt text lengths;
     and `kv_cache: {chunk_frames: C}`: calls that attend a chunk of C frames (its first
     frame given at call time) against a cache of the video's keys and values
-    (svgen.runtime.chunks). chunk_frames 0: no chunked calls."""
+    (svgen.runtime.chunks). chunk_frames 0: no chunked calls. window_frames W > 0: the
+    cache is rolling, sink_frames S and a ring of W frames (else the whole video)."""
 
     segments: bool = False
     text_lengths: bool = False
     chunk_frames: int = 0
+    sink_frames: int = 0
+    window_frames: int = 0
     where: Location | None = field(default=None, compare=False, hash=False)  # kv_cache's key
 
     @property
@@ -205,6 +208,10 @@ class Runtime:
     @property
     def kv_cache(self) -> bool:
         return self.chunk_frames > 0
+
+    @property
+    def rolling(self) -> bool:
+        return self.window_frames > 0
 
 
 @dataclass(frozen=True)
@@ -408,7 +415,10 @@ def _with_runtime(obj: dict, runtime: Runtime) -> dict:
     if runtime.any:
         obj["runtime"] = {"segments": runtime.segments, "text_lengths": runtime.text_lengths}
     if runtime.kv_cache:
-        obj.setdefault("runtime", {})["kv_cache"] = {"chunk_frames": runtime.chunk_frames}
+        cache = {"chunk_frames": runtime.chunk_frames}
+        if runtime.rolling:
+            cache.update(sink_frames=runtime.sink_frames, window_frames=runtime.window_frames)
+        obj.setdefault("runtime", {})["kv_cache"] = cache
     return obj
 
 
@@ -658,7 +668,7 @@ TOP_P_KEYS = ("p", "min", "max")
 #: The most blocks a select policy may keep per compute block row (the packed tables' side).
 MAX_SELECT_BLOCKS = 32768
 RUNTIME_KEYS = ("segments", "text_lengths", "kv_cache")
-KV_CACHE_KEYS = ("chunk_frames",)
+KV_CACHE_KEYS = ("chunk_frames", "sink_frames", "window_frames")
 GEOMETRY_KEYS = ("frames", "height", "width", "text_tokens", "text_position")
 #: The least value of each size in ``geometry`` (their most: MAX_SEQ_LEN, and so their total).
 GEOMETRY_MINIMUMS = {"frames": 1, "height": 1, "width": 1, "text_tokens": 0}
@@ -914,10 +924,12 @@ def _check_select(r: _Reader, node: Node, heads, runtime: Runtime) -> None:
 
 
 def _read_kv_cache(r: _Reader, node: Node, path: str, geometry: TokenLayout) -> dict:
-    """kv_cache: {chunk_frames: C}: C divides the geometry's frames (the longest video, in
-    chunks of C frames), and the tokens are video only (text belongs to cross-attention)."""
+    """kv_cache: {chunk_frames: C, window_frames: W, sink_frames: S}: C divides the
+    geometry's frames (the longest video, in chunks of C frames), and the tokens are video
+    only (text belongs to cross-attention). W (optional): a rolling cache of S sink frames
+    (default 0) and a ring of W >= C frames, S + W at most the video's frames."""
     e = r.mapping(node, path, KV_CACHE_KEYS, what="a mapping {chunk_frames: C}")
-    r.require(node, path, e, KV_CACHE_KEYS)
+    r.require(node, path, e, ("chunk_frames",))
     cpath = _join(path, "chunk_frames")
     chunk = r.integer(e["chunk_frames"][1], cpath, 1, geometry.frames, "geometry.frames")
     if geometry.frames % chunk:
@@ -935,7 +947,34 @@ def _read_kv_cache(r: _Reader, node: Node, path: str, geometry: TokenLayout) -> 
             f"{geometry.text_tokens}): the chunks and the cache are frames; attend text "
             "in a cross-attention of its own",
         )
-    return {"chunk_frames": chunk, "where": r.location(node, path)}
+    out = {"chunk_frames": chunk, "where": r.location(node, path)}
+    if "sink_frames" in e and "window_frames" not in e:
+        raise r.error(
+            e["sink_frames"][1],
+            _join(path, "sink_frames"),
+            "needs window_frames: sink frames belong to a rolling cache (sink_frames plus a "
+            "ring of window_frames)",
+        )
+    if "window_frames" in e:
+        spath = _join(path, "sink_frames")
+        sink = 0
+        if "sink_frames" in e:
+            sink = r.integer(
+                e["sink_frames"][1], spath, 0, geometry.frames - chunk, "frames - chunk_frames"
+            )
+        wpath = _join(path, "window_frames")
+        window = r.integer(
+            e["window_frames"][1], wpath, 1, geometry.frames - sink, "frames - sink_frames"
+        )
+        if window < chunk:
+            raise r.error(
+                e["window_frames"][1],
+                wpath,
+                f"must be at least chunk_frames ({chunk}): the ring holds the chunk being "
+                f"generated, got {window}",
+            )
+        out.update(sink_frames=sink, window_frames=window)
+    return out
 
 
 def _check_kv_cache_layouts(r: _Reader, node: Node, layout, heads) -> None:
@@ -956,12 +995,27 @@ def _check_kv_cache_layouts(r: _Reader, node: Node, layout, heads) -> None:
 
 
 def _check_chunk_grain(
-    r: _Reader, node: Node, geometry: TokenLayout, tiling: Tiling, chunk: int, patterns: int
+    r: _Reader, node: Node, geometry: TokenLayout, tiling: Tiling, runtime: Runtime, patterns: int
 ) -> None:
     """The chunks' tables come from one classification of the sequence in row blocks of
     gcd(compute_q, chunk tokens) (svgen.analysis.chunks): its grid must fit MAX_TILE_PAIRS,
-    as the full sequence's does, before any of it is allocated."""
-    rows = chunk * geometry.tokens_per_frame
+    as the full sequence's does, before any of it is allocated. A rolling cache's come from
+    every row against the cache's key pieces (its compute kv blocks, cut at the ring's two
+    edges): rows x pieces must fit it too."""
+    rows = runtime.chunk_frames * geometry.tokens_per_frame
+    if runtime.rolling:
+        cache = (runtime.sink_frames + runtime.window_frames) * geometry.tokens_per_frame
+        need = geometry.seq_len * (-(-cache // tiling.ckv) + 2) * patterns
+        if need > MAX_TILE_PAIRS:
+            raise r.error(
+                node,
+                "runtime.kv_cache",
+                f"classifying every chunk position of the rolling cache ({cache:,} keys in "
+                f"compute blocks of {tiling.ckv}) takes {need:,} row-block pairs, more than "
+                f"{MAX_TILE_PAIRS:,} (MAX_TILE_PAIRS); use a larger compute_kv or a smaller "
+                "window_frames",
+            )
+        return
     grain = math.gcd(tiling.cq, rows)
     need = -(-geometry.seq_len // grain) * -(-geometry.seq_len // tiling.ckv) * patterns
     if need > MAX_TILE_PAIRS:
@@ -1672,7 +1726,7 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
         if runtime.kv_cache:
             _check_kv_cache_layouts(r, top["runtime"][1], layout, heads)
             _check_chunk_grain(
-                r, top["runtime"][1], geometry, tiling, runtime.chunk_frames,
+                r, top["runtime"][1], geometry, tiling, runtime,
                 len(heads.candidates) if heads is not None else 1,
             )  # fmt: skip
             if tiling.aligned:

@@ -526,6 +526,6 @@ def test_compile_summary_names_the_chunk_steps(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert (
-        "KV-cache chunks of 3 frame(s): grid steps per head by chunk position "
-        "15, 25, 35, 50, 51, 51, 49"
+        "KV-cache chunks of 3 frame(s) against a contiguous cache of the whole video: grid "
+        "steps per head by chunk position 15, 25, 35, 50, 51, 51, 49"
     ) in result.stderr

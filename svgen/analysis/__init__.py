@@ -171,6 +171,12 @@ def analyze_gpu(
     if spec.select is not None:  # the grain: the GPU tiles themselves
         candidate_runs = _candidate_runs(classified, patterns[0], progress)
     chunked = ()
+    if spec.runtime.rolling:
+        raise _kv_cache_error(
+            spec,
+            "a rolling cache (window_frames) runs on TPU only for now: compile without "
+            "--target for TPU, or use a contiguous cache (no window_frames) on GPU",
+        )
     if spec.runtime.kv_cache:  # at the classification tiles, each GPU tile its own kind
         chunked = _chunk_runs(spec, patterns, classified.tiling)
     names = [c.pattern for c in heads.candidates]
@@ -399,12 +405,18 @@ def _check_runtime_tables(spec: Spec, patterns, slots: int, smem_budget: int) ->
 def _chunk_runs(spec: Spec, patterns, tiling: Tiling) -> tuple:
     """Every pattern's chunk runs (svgen.analysis.chunks), under the analysis's work budgets:
     their classification is the full sequence's at a finer row grain."""
-    cf = spec.runtime.chunk_frames
+    runtime = spec.runtime
+    cf = runtime.chunk_frames
+    ring = chunks.RingCache(cf, runtime.sink_frames, runtime.window_frames)
     with (
         ROW_SET_WORK.budget(int(ROW_SET_BACKSTOP * MAX_ROW_SET_WORK)),
         PRODUCT_WORK.budget(MAX_PRODUCT_WORK),
     ):
         try:
+            if runtime.rolling:
+                for p in patterns:
+                    _check_ring_holds(p, tiling, ring, spec, len(patterns) > 1)
+                return tuple(chunks.ring_runs(p.mask, p.layout, tiling, ring) for p in patterns)
             return tuple(chunks.chunk_runs(p.mask, p.layout, tiling, cf) for p in patterns)
         except WorkOverLimit as over:
             raise _kv_cache_error(
@@ -412,6 +424,22 @@ def _chunk_runs(spec: Spec, patterns, tiling: Tiling) -> tuple:
                 f"classifying every chunk position went over the analysis's work limit "
                 f"({over}); use longer chunks or larger compute blocks",
             ) from None
+
+
+def _check_ring_holds(pattern, tiling: Tiling, ring, spec: Spec, named: bool) -> None:
+    """A rolling cache must hold every frame a chunk's mask keeps."""
+    evicted = chunks.ring_evictions(pattern.mask, pattern.layout, tiling, ring)
+    if evicted is None:
+        return
+    position, frame, need = evicted
+    first = position * ring.chunk_frames
+    raise _kv_cache_error(
+        spec,
+        f"{f'pattern {pattern.name!r}: ' if named else ''}the chunk at frame {first} keeps frame {frame}, which a ring of "
+        f"{ring.window_frames} frames (after {ring.sink_frames} sink frames) has evicted: "
+        f"window_frames must be at least {need} for this mask, or the mask must not reach "
+        "that far back",
+    )
 
 
 def _check_chunk_tables(spec: Spec, chunked, slots: int, smem_budget: int) -> None:

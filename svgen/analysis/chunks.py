@@ -18,19 +18,36 @@ video's keys in the same layout.
 The mask is the spec's with block-causality over the chunks added (svgen.ir.lower), so a
 chunk never reaches keys the cache does not hold yet, and the full-sequence module computes
 exactly what the chunks do, one after another.
+
+A rolling cache (`kv_cache: {window_frames: W, sink_frames: S}`) holds S sink frames and a
+ring of W frame slots (svgen.runtime.chunks.ring_shifts): its kv tiles are the cache's,
+and a physical kv block holds at most three runs of video keys (sink, the ring up to its
+wrap, the rest), each a constant shift of its slots. Those are classified per chunk
+position directly from the rows' key sets (`ring_kinds`): a block is FULL when every real
+row of a q block keeps every real key of every run, EMPTY when none keeps any. A mask that
+keeps a frame the ring has evicted is refused (`ring_evictions`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
 from svgen import ir
-from svgen.analysis.classify import TileGrid, classify_tiles
+from svgen.analysis.classify import (
+    MAX_UNDECIDED_PAIRS,
+    PAIRS_PER_BATCH,
+    TileGrid,
+    classify_tiles,
+)
+from svgen.analysis.intervals import IntervalSet, ragged_arange
+from svgen.analysis.rowsets import Bounds, RowChunk, row_bounds
 from svgen.analysis.tables import build_runs, kernel_tiles
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
+from svgen.runtime.chunks import ring_shifts
 from svgen.runtime.tables import PieceTables
 from svgen.spec import Tiling
 
@@ -101,3 +118,151 @@ def chunk_tables(chunked_runs, slots: int, compute_blocks: int) -> PieceTables:
     return PieceTables.from_runs(
         position_runs(chunked_runs, positions), slots, compute_blocks, False
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class RingCache:
+    """A rolling cache's geometry, as the analysis needs it (svgen.runtime.chunks.KvCache
+    holds the same numbers for the kernel)."""
+
+    chunk_frames: int
+    sink_frames: int
+    window_frames: int
+
+    def cache_tokens(self, layout: TokenLayout) -> int:
+        return (self.sink_frames + self.window_frames) * layout.tokens_per_frame
+
+    def key_runs(self, layout: TokenLayout, position: int) -> list[tuple[int, int, int]]:
+        """(first, end, shift): the cache's physical key runs at a chunk position, each
+        holding video keys first + shift .. end + shift."""
+        wrap, before, after = ring_shifts(
+            position,
+            self.chunk_frames,
+            self.sink_frames,
+            self.window_frames,
+            layout.tokens_per_frame,
+        )
+        sink = self.sink_frames * layout.tokens_per_frame
+        end = self.cache_tokens(layout)
+        runs = [(0, sink, 0), (sink, int(wrap), int(before)), (int(wrap), end, int(after))]
+        return [r for r in runs if r[1] > r[0]]
+
+
+def ring_runs(mask: ir.Node, layout: TokenLayout, tiling: Tiling, ring: RingCache) -> np.ndarray:
+    """`chunk_runs` for a rolling cache: every chunk position's runs on the chunk's q tiles
+    against the cache's kv tiles."""
+    rows = chunk_tokens(layout, ring.chunk_frames)
+    cache = ring.cache_tokens(layout)
+    tiles = TileGrid(cache, tiling.block_q, tiling.block_kv, q_len=rows)
+    compute = TileGrid(cache, tiling.cq, tiling.ckv, q_len=rows)
+    out = []
+    for position in range(layout.frames // ring.chunk_frames):
+        kinds = ring_kinds(mask, layout, tiling, ring, position)
+        runs = build_runs(*kernel_tiles(kinds, tiles, compute), tiles)
+        out.append(np.concatenate([np.full((len(runs), 1), position, np.int64), runs], axis=1))
+    return np.concatenate(out)
+
+
+def _chunk_rows(mask, layout: TokenLayout, tiling: Tiling, ring: RingCache, position: int):
+    """(the chunk's rows, their key sets): exact for built-ins, and for user predicates too
+    where the pairs their proofs leave open fit MAX_UNDECIDED_PAIRS (evaluated with the
+    oracle, as classify_tiles does); else bounds."""
+    rows = chunk_tokens(layout, ring.chunk_frames)
+    chunk = RowChunk(layout, tiling.cq, tiling.ckv, position * rows, rows)
+    bounds = row_bounds(mask, chunk)
+    if bounds.is_exact:
+        return chunk, bounds
+    undecided = bounds.hi.intersection(bounds.lo.complement_within(chunk.universe))
+    if undecided.total_length() > MAX_UNDECIDED_PAIRS:
+        return chunk, bounds
+    return chunk, Bounds.exact(bounds.lo.union(_allowed(mask, chunk, undecided)))
+
+
+def _allowed(mask: ir.Node, chunk: RowChunk, pairs: IntervalSet) -> IntervalSet:
+    """The pairs of `pairs` the mask keeps (the oracle, in batches)."""
+    starts, ends = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    lengths = pairs.ends - pairs.starts
+    cuts = np.searchsorted(np.cumsum(lengths), np.arange(0, lengths.sum(), PAIRS_PER_BATCH))
+    edges = sorted(set(cuts.tolist()) | {0, len(pairs)})
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        line = np.repeat(pairs.starts[lo:hi], lengths[lo:hi]) + ragged_arange(lengths[lo:hi])
+        row = line // chunk.stride
+        keys = chunk.layout.coordinates(line - row * chunk.stride)
+        kept = line[mask.evaluate(chunk.layout.coordinates(chunk.first_row + row), keys)]
+        starts.append(kept)
+        ends.append(kept + 1)
+    return IntervalSet.normalized(np.concatenate(starts), np.concatenate(ends))
+
+
+def ring_kinds(
+    mask: ir.Node, layout: TokenLayout, tiling: Tiling, ring: RingCache, position: int
+) -> np.ndarray:
+    """int8 [chunk's compute q blocks, cache's compute kv blocks]: each block's kind at a
+    chunk position, from the rows' key sets (bounds for user predicates: FULL needs the
+    certain keys, EMPTY the possible ones)."""
+    chunk, bounds = _chunk_rows(mask, layout, tiling, ring, position)
+    first, end, shift, block = _block_pieces(ring.key_runs(layout, position), tiling.ckv)
+    base = np.arange(chunk.num_rows, dtype=np.int64)[:, None] * chunk.stride
+    lo = (first + shift)[None, :] + base
+    hi = (end + shift)[None, :] + base
+    starts = np.flatnonzero(np.r_[True, block[1:] != block[:-1]])
+
+    def kept(s: IntervalSet) -> np.ndarray:  # [rows, kv blocks]
+        return np.add.reduceat(_coverage(s, hi) - _coverage(s, lo), starts, axis=1)
+
+    keys = np.add.reduceat(end - first, starts)
+    full_rows = kept(bounds.lo) == keys[None, :]
+    touched_rows = kept(bounds.hi) > 0
+    q_blocks = -(-chunk.num_rows // tiling.cq)
+    pad = q_blocks * tiling.cq - chunk.num_rows  # rows past the chunk's end: no say
+    full_rows = np.concatenate([full_rows, np.ones((pad, keys.size), bool)])
+    touched_rows = np.concatenate([touched_rows, np.zeros((pad, keys.size), bool)])
+    full = full_rows.reshape(q_blocks, tiling.cq, -1).all(axis=1)
+    empty = ~touched_rows.reshape(q_blocks, tiling.cq, -1).any(axis=1)
+    kinds = np.where(full, TileKind.FULL, np.where(empty, TileKind.EMPTY, TileKind.BOUNDARY))
+    return kinds.astype(np.int8)
+
+
+def _block_pieces(key_runs, block: int):
+    """The key runs cut at every compute kv block's edge: (first, end, shift, block index)
+    per piece, in order."""
+    pieces = []
+    for first, end, shift in key_runs:
+        edges = np.unique(np.r_[first, np.arange(-(-first // block) * block, end, block), end])
+        pieces += [(a, b, shift) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+    first, end, shift = (np.array(c, np.int64) for c in zip(*pieces))
+    return first, end, shift, first // block
+
+
+def _coverage(s: IntervalSet, points: np.ndarray) -> np.ndarray:
+    """How many positions of s lie below each point (same shape as points)."""
+    if len(s) == 0:
+        return np.zeros(points.shape, np.int64)
+    below = np.concatenate([[0], np.cumsum(s.ends - s.starts)])
+    i = np.searchsorted(s.ends, points, side="right")  # intervals wholly below
+    inside = np.where(i < len(s), points - s.starts[np.minimum(i, len(s) - 1)], 0)
+    return below[i] + np.maximum(inside, 0)
+
+
+def ring_evictions(mask: ir.Node, layout: TokenLayout, tiling: Tiling, ring: RingCache):
+    """None when no chunk's mask reaches a frame its rolling cache has evicted; else
+    (position, frame, window): the first chunk position whose rows may keep an evicted
+    frame, the oldest such frame, and the ring size every position would need."""
+    need, first = 0, None
+    for position in range(layout.frames // ring.chunk_frames):
+        chunk, bounds = _chunk_rows(mask, layout, tiling, ring, position)
+        newest = (position + 1) * ring.chunk_frames - 1
+        oldest_kept = newest - ring.window_frames + 1  # the ring's oldest frame
+        if oldest_kept <= ring.sink_frames:
+            continue
+        t = layout.tokens_per_frame
+        base = np.arange(chunk.num_rows, dtype=np.int64) * chunk.stride
+        evicted = IntervalSet(base + ring.sink_frames * t, base + oldest_kept * t)
+        reach = bounds.hi.intersection(evicted)
+        if len(reach) == 0:
+            continue
+        frame = int(((reach.starts - reach.starts // chunk.stride * chunk.stride) // t).min())
+        need = max(need, newest - frame + 1)
+        if first is None:
+            first = (position, frame)
+    return None if first is None else (*first, need)

@@ -196,6 +196,17 @@ class Plan:
         pieces = self.tables.num_pieces[index] if self.tables.flat else self.tables.max_pieces
         return int(pieces) * self.tables.slots
 
+    def cache_words(self) -> str:
+        """How the chunked calls' cache is kept, in words (inspect, the compile summary)."""
+        runtime = self.spec.runtime
+        if not runtime.rolling:
+            return "a contiguous cache of the whole video"
+        return (
+            f"a rolling cache of {runtime.sink_frames} sink + {runtime.window_frames} ring "
+            f"frames ({(runtime.sink_frames + runtime.window_frames) * self.layout.tokens_per_frame:,} "
+            "keys)"
+        )
+
     def chunk_steps(self) -> list[int]:
         """runtime.kv_cache: per chunk position, the grid steps per head of one chunked call
         (its longest pattern's pieces: the chunked walk's grid)."""
@@ -274,6 +285,10 @@ class Plan:
                 "chunk_frames": runtime.chunk_frames,
                 "chunk_steps": self.chunk_steps(),
             }
+            if runtime.rolling:
+                out["kv_cache"].update(
+                    sink_frames=runtime.sink_frames, window_frames=runtime.window_frames
+                )
         if len(self.patterns) == 1:
             out.update(
                 {k: v for k, v in self.only.summary().items() if k not in out and k != "layout"}

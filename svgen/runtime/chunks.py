@@ -40,17 +40,48 @@ from svgen.runtime.tables import KernelShape, PieceTables, as_runs, transposed_t
 @dataclasses.dataclass(frozen=True, eq=False)
 class KvCache:
     """What a module's `runtime.kv_cache` compiled: the chunk's frames, the tokens of one
-    frame and of the video, and per pattern its chunk runs (position, q_block, kv_start,
-    length, kind, blocks)."""
+    frame and of the video, per pattern its chunk runs (position, q_block, kv_start, length,
+    kind, blocks), and for a rolling cache its sink and ring frames (window_frames 0: a
+    contiguous cache of the whole video)."""
 
     chunk_frames: int
     frame_tokens: int
     frames: int
     runs: tuple  # per pattern: int [n, 6]
+    sink_frames: int = 0
+    window_frames: int = 0
 
     @property
     def positions(self) -> int:
         return self.frames // self.chunk_frames
+
+    @property
+    def rolling(self) -> bool:
+        return self.window_frames > 0
+
+    @property
+    def cache_frames(self) -> int:
+        """Frames the cache holds: the whole video, or the sink and the ring."""
+        return self.sink_frames + self.window_frames if self.rolling else self.frames
+
+    @property
+    def cache_tokens(self) -> int:
+        return self.cache_frames * self.frame_tokens
+
+    def ring_shifts(self, position, xp=np):
+        """A rolling cache at a chunk position (int or traced int32): (wrap, before, after)
+        in tokens. Physical cache token p holds video token p for p < sink (the sink
+        frames), p + before for sink <= p < wrap, and p + after from wrap on (the ring's
+        slots from the oldest frame it holds to the end, then the newest frames, which
+        wrapped around to its start). See `ring_frames`."""
+        return ring_shifts(
+            position,
+            self.chunk_frames,
+            self.sink_frames,
+            self.window_frames,
+            self.frame_tokens,
+            xp,
+        )
 
     @property
     def rows(self) -> int:
@@ -97,6 +128,38 @@ class KvCache:
         else:
             pieces = [None if t is None else jnp.asarray(t) for t in pieces]
         return CallTables(first, count, *pieces, jnp.max(count)), exact
+
+
+def ring_shifts(position, chunk: int, sink: int, window: int, frame_tokens: int, xp=np):
+    """(wrap, before, after) of a rolling cache at a chunk position, in tokens (KvCache).
+
+    The convention (README, "Rolling cache"): frame a < sink lives in slot a; frame a >=
+    sink in ring slot sink + (a - sink) mod window, written there when it is generated, so
+    after the chunk at frame f = position * chunk is written, ring slot sink + j holds the
+    latest frame sink + j + window * m that is at most f + chunk - 1. With L = f + chunk - 1
+    - sink (the newest frame's ring index, clamped at 0 while the chunk is still in the
+    sink), m is K = L // window for j <= L mod window and K - 1 after: slots [sink, wrap)
+    shift by window * K frames, slots [wrap, sink + window) by window * (K - 1). While the
+    ring has not filled up (K = 0), the slots past the newest frame hold no frame yet: they
+    read as frames after the chunk, which block-causality never attends (the shift is 0, not
+    negative)."""
+    newest = xp.maximum(position * chunk + chunk - 1 - sink, 0)
+    laps = newest // window if xp is np else lax.div(newest, window)
+    slot = newest % window if xp is np else lax.rem(newest, window)
+    wrap = (sink + slot + 1) * frame_tokens
+    before = window * laps * frame_tokens
+    after = window * xp.maximum(laps - 1, 0) * frame_tokens
+    return wrap, before, after
+
+
+def ring_frames(cache: "KvCache", position: int) -> np.ndarray:
+    """The video frame each cache slot holds at a chunk position (int [cache_frames]); what
+    `ring_shifts` says, frame by frame (the tests' and the examples' statement of the
+    convention)."""
+    wrap, before, after = (int(x) // cache.frame_tokens for x in cache.ring_shifts(position))
+    slots = np.arange(cache.cache_frames)
+    shift = np.where(slots < cache.sink_frames, 0, np.where(slots < wrap, before, after))
+    return slots + shift
 
 
 def _padded(table: np.ndarray, extra: int) -> np.ndarray:
