@@ -960,11 +960,15 @@ def _read_kv_cache(r: _Reader, node: Node, path: str, geometry: TokenLayout) -> 
         sink = 0
         if "sink_frames" in e:
             sink = r.integer(
-                e["sink_frames"][1], spath, 0, geometry.frames - chunk, "frames - chunk_frames"
+                e["sink_frames"][1],
+                spath,
+                0,
+                geometry.frames - chunk,
+                "geometry.frames - chunk_frames",
             )
         wpath = _join(path, "window_frames")
         window = r.integer(
-            e["window_frames"][1], wpath, 1, geometry.frames - sink, "frames - sink_frames"
+            e["window_frames"][1], wpath, 1, geometry.frames - sink, "geometry.frames - sink_frames"
         )
         if window < chunk:
             raise r.error(

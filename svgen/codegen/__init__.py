@@ -411,8 +411,22 @@ def _constants(plan: Plan) -> list[tuple[str, str]]:
             ("VMEM_LIMIT_BYTES", str(plan.vmem.limit())),
             ("TENSOR_CORES", str(plan.target.cores_per_chip)),
         ]
-        + ([("CHUNK_FRAMES", str(spec.runtime.chunk_frames))] if plan.chunk_runs else [])
+        + _chunk_constants(plan)
     )
+
+
+def _chunk_constants(plan: Plan) -> list[tuple[str, str]]:
+    """CHUNK_FRAMES, and a rolling cache's SINK_FRAMES and WINDOW_FRAMES."""
+    runtime = plan.spec.runtime
+    if not plan.chunk_runs:
+        return []
+    out = [("CHUNK_FRAMES", str(runtime.chunk_frames))]
+    if runtime.rolling:
+        out += [
+            ("SINK_FRAMES", str(runtime.sink_frames)),
+            ("WINDOW_FRAMES", str(runtime.window_frames)),
+        ]
+    return out
 
 
 def _kernel_lines(plan: Plan) -> list[str]:
@@ -504,6 +518,7 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
         "kinds": [(k.name, int(k)) for k in TileKind],
         "any_tables_file": any(p["tables_file"] or p["chunk_tables_file"] for p in pattern_files),
         "kv_cache": bool(plan.chunk_runs),
+        "rolling": spec.runtime.rolling,
         "runtime_imports": _runtime_imports(plan, patterns),
         "runtime_inputs": _runtime_inputs(spec.runtime),
         "runtime_words": _runtime_words(spec.runtime),
@@ -517,7 +532,14 @@ def _runtime_words(runtime) -> list[str]:
         words.append("segment_ids: int32 [seq_len] or [batch, seq_len], only pairs of one id")
     if runtime.text_lengths:
         words.append("text_lengths: int32 [] or [batch], the real text tokens (the rest: padding)")
-    if runtime.kv_cache:
+    if runtime.rolling:
+        words.append(
+            f"q_frame_offset: int32 [], a chunk of {runtime.chunk_frames} frames' queries against "
+            f"a rolling KV cache of {runtime.sink_frames} sink frames and a ring of "
+            f"{runtime.window_frames} (frame a >= {runtime.sink_frames} in slot "
+            f"{runtime.sink_frames} + (a - {runtime.sink_frames}) mod {runtime.window_frames})"
+        )
+    elif runtime.kv_cache:
         words.append(
             f"q_frame_offset: int32 [], a chunk of {runtime.chunk_frames} frames' queries against "
             "the KV cache of the whole video"

@@ -191,14 +191,18 @@ def check_chunk_operands(q, k, v, cache: KvCache, seq_len: int, head_dim: int) -
             f"{head_dim}] with q_frame_offset: one chunk of {cache.chunk_frames} frames x "
             f"{cache.frame_tokens} tokens, got [{', '.join(map(str, q.shape))}]"
         )
-    want = tuple(q.shape[:-2]) + (seq_len, head_dim)
+    keys = cache.cache_tokens if cache.rolling else seq_len
+    want = tuple(q.shape[:-2]) + (keys, head_dim)
+    what = (
+        f"the rolling cache, [{', '.join(map(str, want))}] (q's leading dimensions, "
+        f"{cache.sink_frames} sink + {cache.window_frames} ring frames = {keys} tokens)"
+        if cache.rolling
+        else f"the cache of the whole video, [{', '.join(map(str, want))}] (q's leading "
+        f"dimensions, {keys} tokens)"
+    )
     for name, x in (("k", k), ("v", v)):
         if tuple(x.shape) != want:
-            raise ValueError(
-                f"{name} must be the cache of the whole video, [{', '.join(map(str, want))}] "
-                f"(q's leading dimensions, {seq_len} tokens), got "
-                f"[{', '.join(map(str, x.shape))}]"
-            )
+            raise ValueError(f"{name} must be {what}, got [{', '.join(map(str, x.shape))}]")
 
 
 def chunk_position(q_frame_offset, cache: KvCache):

@@ -406,6 +406,17 @@ def _decode_query_coords(
         coords_ref[index] = jnp.broadcast_to(value, (shape.block_q, LANES))
 
 
+def _ring_keys(k_pos, sink: int, scalars, rows: int, row):
+    """Video key positions of a rolling cache's slots k_pos (int32 [1, ckv]): the sink as it
+    is, the ring shifted by `before` up to its wrap and by `after` from there. The three
+    per-row SMEM scalars follow the chunk's first tokens and defined flags (2 * rows)."""
+    wrap = scalars[2 * rows + row]
+    before = scalars[3 * rows + row]
+    after = scalars[4 * rows + row]
+    shift = jnp.where(k_pos < wrap, before, after)
+    return k_pos + jnp.where(k_pos < sink, 0, shift)
+
+
 def _both(condition, in_mode):
     """condition & in_mode, with no extra op where in_mode is True (a kernel without the
     bounded twin traces exactly the ops it always had)."""
@@ -507,6 +518,7 @@ def _attention_kernel(
     selected: bool = False,
     q_rows: int = 0,
     with_modes: bool = False,
+    ring_sink: int | None = None,
 ):
     """selected: a selection's per-row tables (svgen.runtime.select), whose PADDED blocks
     (kind 3) run unmasked but for the keys past seq_len.
@@ -516,6 +528,9 @@ def _attention_kernel(
     every q tile would pay; v6e, svgen cost). chunked: a KV-cache chunk's call over that
     many rows (batch * heads): per-row tables too; the last scalar operand holds per row the
     chunk's first token in the video, then per row whether its output is defined.
+    ring_sink: a chunk's call against a rolling cache whose sink ends at this token: the
+    last scalar operand then also holds per row the ring's wrap and its two key shifts
+    (svgen.runtime.chunks.ring_shifts), and shape.seq_len is the cache's length.
     q_rows: the rows of q (shape.bounded_softmax: rows past them are left out of the bound).
     with_modes: a last output, per row and q tile the tile's softmax mode (1: bounded), for
     `attention.softmax_modes` (a diagnostic; the kernels a model runs have no such output).
@@ -611,9 +626,13 @@ def _attention_kernel(
             + block.ki * shape.ckv
             + lax.broadcasted_iota(jnp.int32, (1, shape.ckv), 1)
         )
+        k_video = k_pos
+        if ring_sink is not None:  # a rolling cache's slot -> the video token it holds
+            k_video = _ring_keys(k_pos, ring_sink, table_refs[-1], chunked, view.row)
         q = _QueryBlockCoords(coords_ref, pattern.query_coords, block)
         keep = jnp.broadcast_to(
-            pattern.boundary_mask(q, TokenCoords(k_pos, pattern.layout)), (shape.cq, shape.ckv)
+            pattern.boundary_mask(q, TokenCoords(k_video, pattern.layout)),
+            (shape.cq, shape.ckv),
         )
         if segmented:  # the block spans run-time segments: only pairs of one segment
             q_ids = jnp.transpose(id_refs[0][:, block.rows])  # [cq, 1]
@@ -923,6 +942,7 @@ def _flat_attention(
     chunk=None,
     selection=None,
     with_modes: bool = False,
+    ring_sink: int | None = None,
 ):
     """q, k, v: [batch*heads, seq_len, head_dim], each head in its pattern's order, or with
     `cubes` [batch*heads, frames, height, width, head_dim] in the user's order. Not padded
@@ -932,8 +952,9 @@ def _flat_attention(
     padded_seq_len] (what the backward pass needs).
     call: run-time segments, (CallTables, query ids, key ids [batch*heads, 1, seq]): the
     call's tables replace `tables` (which still say slots and the walk), per-head walk.
-    chunk: a KV-cache chunk's call (svgen.runtime.chunks), (CallTables, first query token
-    int32 [1]): q holds the chunk's rows only, k and v the whole sequence's.
+    chunk: a KV-cache chunk's call (svgen.runtime.chunks), (CallTables, per-row scalars,
+    exact): q holds the chunk's rows only, k and v the whole sequence's, or with ring_sink
+    a rolling cache's (shape.seq_len its length; see _attention_kernel).
     selection: a selection's per-row CallTables (svgen.runtime.select), per-head walk.
     with_modes (shape.bounded_softmax): also return int32 [rows, 1, q tiles * 128], each q
     tile's softmax mode (1: it ran with the bound) in its 128 lanes."""
@@ -980,6 +1001,7 @@ def _flat_attention(
         selected=selection is not None,
         q_rows=q.shape[1] if q.ndim == 3 else 0,
         with_modes=with_modes,
+        ring_sink=ring_sink,
     )
 
     def view(outer, step, table_refs):
@@ -1292,6 +1314,13 @@ def make_attention(
             call_tables(False).check_smem(batch or 1, shape.heads)
         return ids
 
+    # A rolling cache's call: the kv side is the cache (its length in the shape, so the
+    # padding keys are its own), and BOUNDARY blocks map its slots to video keys.
+    chunk_shape, ring_sink = shape, None
+    if kv_cache is not None and kv_cache.rolling:
+        chunk_shape = dataclasses.replace(shape, seq_len=kv_cache.cache_tokens)
+        ring_sink = kv_cache.sink_frames * kv_cache.frame_tokens
+
     @functools.cache
     def chunk_tables() -> PieceTables:
         """Every chunk position's tables, built on the first chunked call."""
@@ -1306,8 +1335,11 @@ def make_attention(
 
         def chunk_operands(table, position, hp, defined, rows):
             call, exact = kv_cache.call_tables(table, position, hp, rows // heads)
-            first = jnp.broadcast_to(position * kv_cache.rows, (rows,)).astype(jnp.int32)
-            return call, jnp.concatenate([first, defined.astype(jnp.int32)]), exact
+            scalars = [position * kv_cache.rows, defined.astype(jnp.int32)]
+            if kv_cache.rolling:
+                scalars += kv_cache.ring_shifts(position, jnp)
+            per_row = [jnp.broadcast_to(x, (rows,)).astype(jnp.int32) for x in scalars]
+            return call, jnp.concatenate(per_row), exact
 
         def forward(q, k, v, hp, position, defined, with_lse=False):
             chunk = chunk_operands(chunk_tables(), position, hp, defined, q.shape[0])
@@ -1319,11 +1351,12 @@ def make_attention(
                 None,
                 tables,
                 codes,
-                shape=shape,
+                shape=chunk_shape,
                 interpret=interpret,
                 q_scale=q_scale,
                 with_lse=with_lse,
                 chunk=chunk,
+                ring_sink=ring_sink,
             )
 
         batchable = chunks.rows_folded(forward)
@@ -1335,6 +1368,11 @@ def make_attention(
         def backward_rule(residuals, do):
             from svgen.runtime import backward
 
+            if kv_cache.rolling:
+                raise NotImplementedError(
+                    "jax.grad through a chunked call against a rolling KV cache: not supported "
+                    "yet; train with a contiguous cache (kv_cache without window_frames)"
+                )
             q, k, v, hp, position, defined, o, lse = residuals
             q_scaled = (q.astype(jnp.float32) * q_scale).astype(q.dtype)
             dkv = kv_cache.transposed_tables(shape)
@@ -1606,7 +1644,24 @@ def attention_doc(
     top of the mask (svgen.runtime.select); a NaN or +inf score always selects its block. One
     compile for every value; gradients hold the selection fixed.
 """
-    if kv_cache is not None:
+    if kv_cache is not None and kv_cache.rolling:
+        c, rows, s, w = (
+            kv_cache.chunk_frames,
+            kv_cache.rows,
+            kv_cache.sink_frames,
+            kv_cache.window_frames,
+        )
+        runtime_lines += f"""q_frame_offset: int32 [] (may be traced), a multiple of {c} in 0 .. {kv_cache.frames - c}: a chunked call
+    (rolling KV cache). q is then [heads, {rows}, {d}] or [batch, heads, {rows}, {d}], the queries of
+    frames q_frame_offset .. + {c - 1}; k and v the cache, [.., heads, {kv_cache.cache_tokens}, {d}]: {s} sink
+    frames (frame a < {s} in slot a) and a ring of {w} (frame a >= {s} in slot {s} + (a - {s}) mod {w}),
+    slot t at tokens t * {kv_cache.frame_tokens} ..; write the chunk's own frames before the call.
+    Slots not written yet are never attended (they must only be finite). The mask is the full
+    sequence's, in absolute frames: chunk by chunk, o equals the full-sequence call's rows
+    (the compiler checked that the ring holds every frame it keeps). A traced offset that is
+    no chunk start gives NaN outputs; a concrete one raises. Forward only (no jax.grad yet).
+"""
+    elif kv_cache is not None:
         c, rows = kv_cache.chunk_frames, kv_cache.rows
         chunk_grads = (
             "jax.grad gives dq of the chunk and\n    dk, dv of the whole cache."
