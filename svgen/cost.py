@@ -698,7 +698,7 @@ def measure_chunk_paths(module, target: str, *, use_cache: bool = True, progress
         tuple(str(t.dtype) for t in tables.piece_operands()),
         module.DTYPE,
         kind="chunk",
-        runtime=("q_frame_offset", str(module.attention.kv_cache.rows)),
+        runtime=_chunk_call_key(module.attention.kv_cache),
     )
 
     def measure() -> PathCosts:
@@ -715,6 +715,15 @@ def measure_chunk_paths(module, target: str, *, use_cache: bool = True, progress
     return _cached(key, use_cache, measure, PathCosts.from_json)
 
 
+def _chunk_call_key(kv_cache) -> tuple[str, ...]:
+    """What of the chunked call the compiled kernel depends on besides the shape: the
+    chunk's rows, and a rolling cache's ring (its key mapping and cache length)."""
+    key = ("q_frame_offset", str(kv_cache.rows))
+    if kv_cache.rolling:
+        key += (f"ring {kv_cache.sink_frames}+{kv_cache.window_frames}",)
+    return key
+
+
 def _compile_chunk(module, target: str):
     import jax
     import jax.numpy as jnp
@@ -722,10 +731,14 @@ def _compile_chunk(module, target: str):
     from svgen import tpu_schedule
 
     q, k, v, head_pattern = _aot_args(module, target)
-    rows = module.attention.kv_cache.rows
+    kv_cache = module.attention.kv_cache
     chunk = jax.ShapeDtypeStruct(
-        (module.HEADS, rows, module.HEAD_DIM), q.dtype, sharding=q.sharding
+        (module.HEADS, kv_cache.rows, module.HEAD_DIM), q.dtype, sharding=q.sharding
     )
+    if kv_cache.rolling:  # k and v are the rolling cache
+        k = v = jax.ShapeDtypeStruct(
+            (module.HEADS, kv_cache.cache_tokens, module.HEAD_DIM), q.dtype, sharding=q.sharding
+        )
     offset = jax.ShapeDtypeStruct((), jnp.int32, sharding=q.sharding)
 
     def run(q, k, v, hp, offset):
@@ -743,14 +756,18 @@ def model_chunks(paths: PathCosts, plan, head_pattern) -> "ChunkReport":
     from svgen.analysis.chunks import runs_of_position
     from svgen.runtime.tables import PieceTables
 
-    cf = plan.spec.runtime.chunk_frames
+    runtime = plan.spec.runtime
+    cf = runtime.chunk_frames
+    cache_keys = None  # the whole video's, or a rolling cache's:
+    if runtime.rolling:
+        cache_keys = (runtime.sink_frames + runtime.window_frames) * plan.layout.tokens_per_frame
     steps, cycles = [], []
     for position in range(plan.layout.frames // cf):
         runs = [runs_of_position(r, position) for r in plan.chunk_runs]
         tables = PieceTables.from_runs(runs, plan.tables.slots, plan.spec.tiling.compute_blocks)
         longest = max(int(tables.num_pieces[p]) for p in head_pattern)
         total, position_steps, _ = model_cycles(
-            paths, tables, head_pattern, padding_tile(plan), grid_pieces=longest
+            paths, tables, head_pattern, padding_tile(plan, cache_keys), grid_pieces=longest
         )
         steps.append(position_steps)
         cycles.append(total)
@@ -954,9 +971,10 @@ def _dense_runs(plan):
     return build_runs(*kernel_tiles(full, plan.grid, compute), plan.grid)
 
 
-def padding_tile(plan) -> int | None:
-    """The kv tile holding padding keys, as the kernel computes it (KernelShape)."""
-    seq_len, t = plan.grid.seq_len, plan.spec.tiling
+def padding_tile(plan, keys: int | None = None) -> int | None:
+    """The kv tile holding padding keys, as the kernel computes it (KernelShape); keys: the
+    kv side's length when it is not the sequence's (a rolling cache's)."""
+    seq_len, t = keys or plan.grid.seq_len, plan.spec.tiling
     return None if seq_len % t.ckv == 0 else (seq_len - 1) // t.block_kv
 
 
@@ -1279,8 +1297,8 @@ def _chunk_lines(report: CostReport, plan, per_tile: float, per_block: float) ->
     ms = lambda cycles: cycles / (report.clock_ghz * 1e6)  # noqa: E731
     cf = chunks.chunk_frames
     lines = [
-        f"  KV-cache chunks of {cf} frame(s) (attention(..., q_frame_offset=f)): the chunked "
-        "call's bundles per grid step:",
+        f"  KV-cache chunks of {cf} frame(s) against {plan.cache_words()} (attention(..., "
+        "q_frame_offset=f)): the chunked call's bundles per grid step:",
         *("  " + line for line in _path_lines(chunks.paths, plan, per_tile, per_block)),
     ]
     for i, (steps, cycles) in enumerate(zip(chunks.steps, chunks.cycles)):

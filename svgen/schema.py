@@ -264,9 +264,24 @@ def _runtime() -> dict:
                     "attention(q_chunk, k_cache, v_cache, q_frame_offset=...) attends a chunk "
                     "against a cache of the whole video, the mask in absolute frames and "
                     "block-causal over the chunks",
-                }
+                },
+                "window_frames": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "a rolling cache: a ring of this many frames (at least "
+                    "chunk_frames) after the sink frames; frame a >= sink_frames lives in "
+                    "slot sink_frames + (a - sink_frames) mod window_frames; a mask keeping a "
+                    "frame the ring has evicted is refused. TPU only, forward only",
+                },
+                "sink_frames": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "default": 0,
+                    "description": "a rolling cache's first frames, always held (frame a in "
+                    "slot a); only with window_frames",
+                },
             },
-            spec.KV_CACHE_KEYS,
+            ("chunk_frames",),
             "calls that attend a chunk of frames against a KV cache (autoregressive video); "
             "video-only geometry, frame_major layouts",
         ),

@@ -41,6 +41,8 @@ def test_autoregressive_video_example():
     steps = result["chunk_steps"]
     assert max(steps) < result["full_steps"] and steps[0] < steps[-1]
     assert result["chunk_q_bytes"] * 4 == result["full_q_bytes"]
+    # The rolling cache: 2 sink frames and a ring of 4, of the video's 8.
+    assert result["cache_keys"] * 8 == result["video_keys"] * 6
 
 
 def test_selected_denoising_example():
