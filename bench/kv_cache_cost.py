@@ -1,6 +1,7 @@
 """What a chunk costs: autoregressive generation with a KV cache, Self-Forcing's geometry.
 
     .venv/bin/python bench/kv_cache_cost.py [--spec specs/self_forcing_chunks.yaml] [--no-cache]
+    .venv/bin/python bench/kv_cache_cost.py --spec specs/self_forcing_rolling.yaml
 
 The shipped spec (21 x 30 x 52 latent, 32,760 tokens, 12 heads, d 128, bf16, chunks of 3
 frames, sink + window) through `svgen cost`'s static v6e model (libtpu's schedule of the
@@ -16,7 +17,8 @@ kernels, AOT-compiled on this host once and cached). Per chunk position, one chu
 
 Then the whole video chunk by chunk against one full-sequence call (what recomputing every
 frame at once costs), and the per-step bookkeeping of the chunked kernel next to the static
-one-pattern kernel's.
+one-pattern kernel's, and the k + v bytes the cache holds (a rolling cache's sink and
+ring against the whole video's).
 """
 
 from __future__ import annotations
@@ -96,6 +98,17 @@ def main() -> None:
         f"FULL tile {chunks.paths.full} vs {report.paths.full}"
     )
     print(f"workaround steps in all: {sum(workaround_steps(plan, c) for c in range(len(steps)))}")
+    runtime = spec.runtime
+    cache_frames = runtime.sink_frames + runtime.window_frames if runtime.rolling else None
+    video_kv = 2 * heads * plan.layout.seq_len * d * itemsize
+    if cache_frames:
+        cache_kv = 2 * heads * cache_frames * plan.layout.tokens_per_frame * d * itemsize
+        print(
+            f"k + v cache: {plan.cache_words()}, {cache_kv / 1e6:.2f} MB against "
+            f"{video_kv / 1e6:.2f} MB for the whole video ({cache_kv / video_kv:.2f}x)"
+        )
+    else:
+        print(f"k + v cache: {plan.cache_words()}, {video_kv / 1e6:.2f} MB")
     np.testing.assert_equal(len(steps), len(chunks.steps))
 
 

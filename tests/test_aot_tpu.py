@@ -411,6 +411,32 @@ def test_chunked_calls_compile_for_v6e():
     assert "svgen_attention_dkv" in text
 
 
+def test_rolling_cache_calls_compile_for_v6e():
+    """The shipped rolling-cache module at full size: the chunked call against the ring
+    (the slot-to-frame map's SMEM scalars read in BOUNDARY blocks), with a traced offset
+    and under jax.vmap with an offset per element, passes Mosaic and libtpu."""
+    module = import_file(REPO / "generated" / "self_forcing_rolling.py")
+    sharding = jax.sharding.SingleDeviceSharding(v6e_device())
+    cache = module.attention.kv_cache
+    dtype = jnp.dtype(module.DTYPE)
+
+    def struct(shape, dtype=dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    lead = (2, module.HEADS)
+    chunk = struct(lead + (cache.rows, module.HEAD_DIM))
+    ring = struct(lead + (cache.cache_tokens, module.HEAD_DIM))
+
+    def call(q, k, v, f):
+        return module.attention(q, k, v, q_frame_offset=f)
+
+    text = jax.jit(call).lower(chunk, ring, ring, struct((), jnp.int32)).compile().as_text()
+    assert "tpu_custom_call" in text
+    mapped = jax.vmap(call, in_axes=(0, 0, 0, 0))
+    text = jax.jit(mapped).lower(chunk, ring, ring, struct((2,), jnp.int32)).compile().as_text()
+    assert "tpu_custom_call" in text
+
+
 def test_bounded_softmax_compiles_for_v6e(tmp_path):
     """attention.softmax: bounded on the blog spec at full size: the tile's mode (a vector
     max stored to SMEM in init), the key-bound input and both twins of every path lower."""
