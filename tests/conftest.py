@@ -482,7 +482,7 @@ def reference_grads(plan, q, k, v, head_pattern, do, sm_scale=None, keeps=None):
     )
     scale = 1 / np.sqrt(q64.shape[-1]) if sm_scale is None else sm_scale
     keeps = keeps or [user_order_keep(p) for p in plan.patterns]
-    grads = [np.zeros_like(q64) for _ in range(3)]
+    grads = [np.zeros_like(q64), np.zeros_like(k64), np.zeros_like(v64)]  # q may be a chunk
     for index in np.ndindex(q64.shape[:-2]):
         keep = keeps[int(head_pattern[index[-1]])]
         s = np.where(keep, q64[index] @ k64[index].T * scale, -np.inf)

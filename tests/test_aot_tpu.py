@@ -413,8 +413,9 @@ def test_chunked_calls_compile_for_v6e():
 
 def test_rolling_cache_calls_compile_for_v6e():
     """The shipped rolling-cache module at full size: the chunked call against the ring
-    (the slot-to-frame map's SMEM scalars read in BOUNDARY blocks), with a traced offset
-    and under jax.vmap with an offset per element, passes Mosaic and libtpu."""
+    (the slot-to-frame map's SMEM scalars read in BOUNDARY blocks), with a traced offset,
+    under jax.vmap with an offset per element, and its gradient (the fused dk/dv walk),
+    passes Mosaic and libtpu."""
     module = import_file(REPO / "generated" / "self_forcing_rolling.py")
     sharding = jax.sharding.SingleDeviceSharding(v6e_device())
     cache = module.attention.kv_cache
@@ -435,6 +436,13 @@ def test_rolling_cache_calls_compile_for_v6e():
     mapped = jax.vmap(call, in_axes=(0, 0, 0, 0))
     text = jax.jit(mapped).lower(chunk, ring, ring, struct((2,), jnp.int32)).compile().as_text()
     assert "tpu_custom_call" in text
+
+    def loss(q, k, v, f):
+        return jnp.sum(call(q, k, v, f).astype(jnp.float32))
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    text = grad.lower(chunk, ring, ring, struct((), jnp.int32)).compile().as_text()
+    assert "svgen_attention_dkv" in text
 
 
 def test_bounded_softmax_compiles_for_v6e(tmp_path):

@@ -269,6 +269,7 @@ def _dkv_kernel(
     per_row=False,
     chunked=False,
     with_ids=False,
+    ring=None,
 ):
     """shape is transposed: rows (block_q, cq) are keys, columns queries.
 
@@ -281,7 +282,9 @@ def _dkv_kernel(
     per_row: per-row tables (run-time segments, a selection, a chunk); with_ids: run-time
     segments' key and query ids follow the six inputs. chunked: a
     KV-cache chunk's walk (per-row tables; the last table holds each row's first query token
-    in the video, svgen.runtime.chunks)."""
+    in the video, svgen.runtime.chunks). ring: (sink end, rows) of a chunk's walk against a
+    rolling cache: the last table then also holds the ring's wrap and key shifts per row,
+    which map the cache's slots to video keys in masked blocks (fwd._ring_keys)."""
     k_ref, v_ref, q_ref, do_ref, lse_ref, d_ref = refs[num_tables : num_tables + 6]
     id_refs = refs[num_tables + 6 : num_tables + 8] if with_ids else ()
     outs = refs[num_tables + num_inputs :]
@@ -294,6 +297,11 @@ def _dkv_kernel(
         refs[:num_tables], heads, single, has_lengths, has_blocks, flat, per_row
     )
     q_first = refs[num_tables - 1][view.row] if chunked else None
+    key_map = None
+    if ring is not None:
+        sink, rows = ring
+        key_map = functools.partial(fwd._ring_keys, sink=sink, scalars=refs[num_tables - 1])
+        key_map = functools.partial(key_map, rows=rows, row=view.row)
     blocks = [
         fwd._Block(ki, qi, shape)
         for ki in range(shape.q_blocks_per_tile)
@@ -311,7 +319,7 @@ def _dkv_kernel(
         lse, dd = lse_ref[:, block.cols], d_ref[:, block.cols]  # [1, cq]: lane-major rows
         p_t = jnp.exp2(_dot(k, q, 1, 1) - lse)
         if pattern is not None:
-            keep_t = _keep_t(pattern, kv_tile, q_tile, block, shape, q_first)
+            keep_t = _keep_t(pattern, kv_tile, q_tile, block, shape, q_first, key_map)
             if segmented:  # across run-time segments: only pairs of one (keys are rows here)
                 kv_ids, q_ids = id_refs[0][:, block.rows], id_refs[1][:, block.cols]
                 keep_t = keep_t & (jnp.transpose(kv_ids) == q_ids)
@@ -363,11 +371,12 @@ def _keep(pattern, q_tile, kv_tile, block, shape):
     return jnp.broadcast_to(pattern.boundary_mask(q, k), (shape.cq, shape.ckv))
 
 
-def _keep_t(pattern, kv_tile, q_tile, block, shape, q_first=None):
+def _keep_t(pattern, kv_tile, q_tile, block, shape, q_first=None, key_map=None):
     """keep^T [ckv, cq] of a dkv block: the same mask with keys as columns, queries as rows
     (shape is transposed: block.qi indexes keys). q_first: a chunked call's first query
-    token in the video."""
-    k = QueryCoords(_positions(kv_tile, shape.block_q, block.qi, shape.cq), pattern.layout)
+    token in the video; key_map: a rolling cache's slot -> video key map."""
+    k_pos = _positions(kv_tile, shape.block_q, block.qi, shape.cq)
+    k = QueryCoords(k_pos if key_map is None else key_map(k_pos), pattern.layout)
     q_pos = _positions(q_tile, shape.block_kv, block.ki, shape.ckv)
     q = TokenCoords(q_pos if q_first is None else q_pos + q_first, pattern.layout)
     return jnp.broadcast_to(pattern.boundary_mask(q, k), (shape.cq, shape.ckv))
@@ -393,13 +402,15 @@ def backward(
     fused_dq: bool | None = None,
     calls=None,
     chunk=None,
+    ring_sink: int | None = None,
 ):
     """dq, dk, dv [rows, seq_len, d] (kernel order) of the forward call that gave o, lse;
     fused_dq: dq inside the dk/dv walk (one kernel) instead of its own kernel (None:
     FUSED_DQ). calls: run-time segments, (forward CallTables, dk/dv CallTables, query ids,
     key ids [rows, 1, seq_len]) (svgen.runtime.segments). chunk: a KV-cache chunk's call,
     (its dk/dv walk's chunk operands as _walk takes them): q, o, do hold the chunk's rows,
-    k and v the whole sequence's; dq, dk, dv come back so (always the fused walk)."""
+    k and v the whole sequence's; dq, dk, dv come back so (always the fused walk). ring_sink:
+    the chunk's cache is rolling (shape.seq_len is the cache's; see _dkv_kernel)."""
     if fused_dq is None:
         fused_dq = FUSED_DQ
     fused_dq = fused_dq or chunk is not None
@@ -434,6 +445,7 @@ def backward(
         call=dkv_call,
         ids=ids,
         chunk=chunk,
+        ring_sink=ring_sink,
     )
     cut = slice(0, shape.seq_len)
     if fused_dq:
@@ -477,10 +489,11 @@ def _dkv_walk(
     call=None,
     ids=(),
     chunk=None,
+    ring_sink=None,
 ):
     """The walk of the transposed tables: (dk, dv), and with fused_dq also dq (f32, unscaled,
     accumulated in an HBM buffer aliased from zeros). call, ids: run-time segments (the
-    call's transposed tables; query and key ids)."""
+    call's transposed tables; query and key ids). ring_sink: a rolling cache's chunk."""
     d = shape.head_dim
     t_shape = transposed_shape(shape)
     inputs, in_blocks = (
@@ -508,6 +521,7 @@ def _dkv_walk(
             sm_scale=sm_scale,
             fused_dq=fused_dq,
             with_ids=bool(ids),
+            ring=None if ring_sink is None else (ring_sink, kp.shape[0]),
         ),
         tables=dkv_tables,
         call=call,

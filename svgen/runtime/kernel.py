@@ -1318,7 +1318,12 @@ def make_attention(
     # padding keys are its own), and BOUNDARY blocks map its slots to video keys.
     chunk_shape, ring_sink = shape, None
     if kv_cache is not None and kv_cache.rolling:
-        chunk_shape = dataclasses.replace(shape, seq_len=kv_cache.cache_tokens)
+        tile = max(shape.block_q, shape.block_kv)  # both powers of two: a multiple of each
+        chunk_shape = dataclasses.replace(
+            shape,
+            seq_len=kv_cache.cache_tokens,
+            padded_seq_len=-(-kv_cache.cache_tokens // tile) * tile,
+        )
         ring_sink = kv_cache.sink_frames * kv_cache.frame_tokens
 
     @functools.cache
@@ -1368,14 +1373,9 @@ def make_attention(
         def backward_rule(residuals, do):
             from svgen.runtime import backward
 
-            if kv_cache.rolling:
-                raise NotImplementedError(
-                    "jax.grad through a chunked call against a rolling KV cache: not supported "
-                    "yet; train with a contiguous cache (kv_cache without window_frames)"
-                )
             q, k, v, hp, position, defined, o, lse = residuals
             q_scaled = (q.astype(jnp.float32) * q_scale).astype(q.dtype)
-            dkv = kv_cache.transposed_tables(shape)
+            dkv = kv_cache.transposed_tables(chunk_shape)
             dq, dk, dv = backward.backward(
                 q_scaled,
                 k,
@@ -1388,10 +1388,11 @@ def make_attention(
                 forward_tables=tables,
                 dkv_tables=dkv,
                 patterns=codes,
-                shape=shape,
+                shape=chunk_shape,
                 sm_scale=sm_scale,
                 interpret=interpret,
                 chunk=chunk_operands(dkv, position, hp, defined, q.shape[0]),
+                ring_sink=ring_sink,
             )
             return dq, dk, dv, _no_cotangent(hp), _no_cotangent(position), _no_cotangent(defined)
 
@@ -1659,7 +1660,8 @@ def attention_doc(
     Slots not written yet are never attended (they must only be finite). The mask is the full
     sequence's, in absolute frames: chunk by chunk, o equals the full-sequence call's rows
     (the compiler checked that the ring holds every frame it keeps). A traced offset that is
-    no chunk start gives NaN outputs; a concrete one raises. Forward only (no jax.grad yet).
+    no chunk start gives NaN outputs; a concrete one raises. jax.grad gives dq of the chunk
+    and dk, dv of the ring.
 """
     elif kv_cache is not None:
         c, rows = kv_cache.chunk_frames, kv_cache.rows
