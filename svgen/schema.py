@@ -271,7 +271,7 @@ def _runtime() -> dict:
                     "description": "a rolling cache: a ring of this many frames (at least "
                     "chunk_frames) after the sink frames; frame a >= sink_frames lives in "
                     "slot sink_frames + (a - sink_frames) mod window_frames; a mask keeping a "
-                    "frame the ring has evicted is refused. TPU only",
+                    "frame the ring has evicted is refused",
                 },
                 "sink_frames": {
                     "type": "integer",

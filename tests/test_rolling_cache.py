@@ -320,10 +320,75 @@ def test_bad_rolling_caches_are_refused(cache, message):
     assert "ring.yaml:" in str(err.value)
 
 
-def test_a_rolling_cache_is_tpu_only_for_now():
-    spec = parse_spec(SPEC % dict(dtype="float32", tiling=TWO_LEVEL, window=4), source="r.yaml")
-    with pytest.raises(SpecError, match="rolling cache \\(window_frames\\) runs on TPU only"):
-        analyze(spec, target_name="h100")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_gpu_module_runs_every_ring_position(dtype, tmp_path):
+    """The GPU module (Pallas Triton, interpret mode) of a rolling-cache spec: every chunk
+    position against float64 (garbage in the unwritten slots), a traced offset (one compile),
+    and vmap with a position per element."""
+    plan, module = compile_spec_text(
+        SPEC % dict(dtype=dtype, tiling=ONE_LEVEL, window=4), tmp_path, target_name="h100"
+    )
+    cache = module.attention.kv_cache
+    assert cache.rolling and "WINDOW_FRAMES = 4" in (tmp_path / "ring_chunks_gpu.py").read_text()
+    rng = np.random.default_rng(9)
+    q, k, v = (
+        jnp.asarray(rng.standard_normal((2, plan.layout.seq_len, 64)), jnp.dtype(dtype))
+        for _ in range(3)
+    )
+    want = masked_attention_reference(q, k, v, dense_keep(plan.patterns[0].mask, plan.layout))
+    call = jax.jit(lambda q, k, v, f: module.attention(q, k, v, q_frame_offset=f, interpret=True))
+    chunks, rings = [], []
+    for position in range(cache.positions):
+        rows = slice(position * cache.rows, (position + 1) * cache.rows)
+        ring = [jnp.asarray(garbage_cache(x, cache, position), x.dtype) for x in (k, v)]
+        out = call(q[:, rows], *ring, jnp.int32(2 * position))
+        err = np.max(np.abs(np.asarray(out, np.float64) - want[:, rows]))
+        assert err <= TOLERANCE[dtype], (position, err)
+        chunks.append(q[:, rows])
+        rings.append(ring)
+    assert call._cache_size() == 1
+    mapped = jax.jit(jax.vmap(call))(
+        jnp.stack([chunks[3], chunks[1]]),
+        jnp.stack([rings[3][0], rings[1][0]]),
+        jnp.stack([rings[3][1], rings[1][1]]),
+        jnp.asarray([6, 2], jnp.int32),
+    )
+    for i, p in enumerate((3, 1)):
+        rows = slice(p * cache.rows, (p + 1) * cache.rows)
+        assert np.max(np.abs(np.asarray(mapped[i], np.float64) - want[:, rows])) <= TOLERANCE[dtype]
+
+
+def test_the_gpu_ring_call_lowers_to_valid_triton_ir(tmp_path):
+    """Lowered for CUDA (no device needed), bf16, a traced offset: one Triton kernel, its
+    module verified (the slot map's scalar loads included)."""
+    from jax._src.pallas.triton import lowering as triton_lowering
+
+    plan, module = compile_spec_text(
+        SPEC % dict(dtype="bfloat16", tiling=ONE_LEVEL, window=4), tmp_path, target_name="h100"
+    )
+    cache = module.attention.kv_cache
+    modules = []
+    original = triton_lowering.lower_jaxpr_to_triton_module
+
+    def verify(*args, **kwargs):
+        result = original(*args, **kwargs)
+        result.module.operation.verify()
+        modules.append(str(result.module))
+        return result
+
+    triton_lowering.lower_jaxpr_to_triton_module = verify
+    try:
+        chunk = jax.ShapeDtypeStruct((2, cache.rows, 64), jnp.bfloat16)
+        ring = jax.ShapeDtypeStruct((2, cache.cache_tokens, 64), jnp.bfloat16)
+        text = (
+            jax.jit(lambda q, k, v, f: module.attention(q, k, v, q_frame_offset=f))
+            .trace(chunk, ring, ring, jax.ShapeDtypeStruct((), jnp.int32))
+            .lower(lowering_platforms=("cuda",))
+            .as_text()
+        )
+    finally:
+        triton_lowering.lower_jaxpr_to_triton_module = original
+    assert text.count("__gpu$xla.gpu.triton") == 1 and len(modules) == 1
 
 
 def test_the_ring_changes_the_digest_and_a_contiguous_digest_stays():

@@ -171,12 +171,6 @@ def analyze_gpu(
     if spec.select is not None:  # the grain: the GPU tiles themselves
         candidate_runs = _candidate_runs(classified, patterns[0], progress)
     chunked = ()
-    if spec.runtime.rolling:
-        raise _kv_cache_error(
-            spec,
-            "a rolling cache (window_frames) runs on TPU only for now: compile without "
-            "--target for TPU, or use a contiguous cache (no window_frames) on GPU",
-        )
     if spec.runtime.kv_cache:  # at the classification tiles, each GPU tile its own kind
         chunked = _chunk_runs(spec, patterns, classified.tiling)
     names = [c.pattern for c in heads.candidates]

@@ -396,7 +396,7 @@ def _constants(plan: Plan) -> list[tuple[str, str]]:
                 ("NUM_WARPS", str(plan.gpu.num_warps)),
                 ("NUM_STAGES", str(plan.gpu.num_stages)),
             ]
-            + ([("CHUNK_FRAMES", str(spec.runtime.chunk_frames))] if plan.chunk_runs else [])
+            + _chunk_constants(plan)
         )
     return (
         common

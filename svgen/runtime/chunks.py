@@ -152,6 +152,15 @@ def ring_shifts(position, chunk: int, sink: int, window: int, frame_tokens: int,
     return wrap, before, after
 
 
+def ring_keys(k_pos, sink: int, wrap, before, after):
+    """Video key positions of a rolling cache's slot positions k_pos (any int32 array; the
+    scalars of `ring_shifts`): the sink as it is, the ring shifted by `before` up to its
+    wrap and by `after` from there. What the TPU and GPU kernels' masked blocks (and the dk/dv
+    walk) evaluate the mask at."""
+    shift = jnp.where(k_pos < wrap, before, after)
+    return k_pos + jnp.where(k_pos < sink, 0, shift)
+
+
 def ring_frames(cache: "KvCache", position: int) -> np.ndarray:
     """The video frame each cache slot holds at a chunk position (int [cache_frames]); what
     `ring_shifts` says, frame by frame (the tests' and the examples' statement of the

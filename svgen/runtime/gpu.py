@@ -173,6 +173,7 @@ def _attention_kernel(
     chunk_rows: int = 0,
     q_len: int | None = None,
     per_row: int = 0,
+    ring_sink: int | None = None,
 ):
     """per_row: a selection's per-row CSR tables (svgen.runtime.select) over that many rows
     (batch * heads): offsets holds each (row, q tile)'s first entry, then its end.
@@ -181,7 +182,10 @@ def _attention_kernel(
     not all of one segment runs its branch with the ids compared too. chunk_rows: a KV-cache
     chunk's call over that many rows (svgen.runtime.chunks): q and o hold q_len rows, and
     an int32 [2 * rows] input follows v: per row its chunk position's first table pattern,
-    then its first query token in the video."""
+    then its first query token in the video. ring_sink: against a rolling cache whose sink
+    ends at this token (seq_len is the cache's length): the input then also holds per row
+    the ring's wrap and two key shifts (svgen.runtime.chunks.ring_shifts), which map the
+    slots of a masked tile to video keys."""
     *id_refs, o_ref = refs
     chunk_ref = id_refs.pop(0) if chunk_rows else None
     q_len = q_len or seq_len
@@ -216,6 +220,9 @@ def _attention_kernel(
         columns.append(_QueryColumns({name: getattr(coords, name) for name in p.query_coords}))
 
     def masked(p: _PatternCode, q_coords: _QueryColumns, k_pos, k_in, scores):
+        if ring_sink is not None:  # a rolling cache's slots -> the video keys they hold
+            wrap, before, after = (chunk_ref[i * chunk_rows + row] for i in (2, 3, 4))
+            k_pos = chunks.ring_keys(k_pos, ring_sink, wrap, before, after)
         keep = p.boundary_mask(q_coords, TokenCoords(k_pos[None, :], p.layout))
         keep = jnp.broadcast_to(keep, scores.shape) & k_in[None, :]
         return jnp.where(keep, scores, MASK_VALUE)
@@ -315,12 +322,14 @@ def _gpu_call(
     ids=None,
     chunk=None,
     selection=None,
+    ring_sink: int | None = None,
 ):
     """selection: a selection's per-row CSR tables (offsets, entries), svgen.runtime.select.
     q, k, v: [batch*heads, seq_len, head_dim] in each head's kernel order; ids: run-time
     segments, (query ids, key ids) [batch*heads, seq_len] in the same order; chunk: a
     KV-cache chunk's call (q holds the chunk's rows, `tables` are the chunk positions'):
-    int32 [2 * rows], per row its position's first table pattern, then its first token."""
+    int32 [2 * rows], per row its position's first table pattern, then its first token
+    (with ring_sink, a rolling cache's: then its wrap and key shifts; seq_len the cache's)."""
     rows, q_len, d = q.shape
     heads = int(head_pattern.shape[0])
     kernel = functools.partial(
@@ -336,6 +345,7 @@ def _gpu_call(
         chunk_rows=0 if chunk is None else rows,
         q_len=q_len,
         per_row=0 if selection is None else rows,
+        ring_sink=ring_sink,
     )
     offsets = jnp.asarray(tables.row_offsets)
     entries = jnp.asarray(tables.entries)
@@ -426,13 +436,19 @@ def make_gpu_attention(
             return None
         return tuple(segments.head_rows(x, head_layout)[:, 0] for x in ids)
 
+    # A rolling cache's call: the kv side is the cache (svgen.runtime.chunks).
+    chunk_shape, ring_sink = shape, None
+    if kv_cache is not None and kv_cache.rolling:
+        chunk_shape = dataclasses.replace(shape, seq_len=kv_cache.cache_tokens)
+        ring_sink = kv_cache.sink_frames * kv_cache.frame_tokens
+
     @functools.cache
     def chunk_tables() -> GpuTables:
         """Every chunk position's CSR tables (position-major), built on the first chunked call."""
         runs = [
             kv_cache.runs_at(c, p) for c in range(kv_cache.positions) for p in range(len(patterns))
         ]
-        return GpuTables.from_runs(runs, shape, block_q, block_kv, q_len=kv_cache.rows)
+        return GpuTables.from_runs(runs, chunk_shape, block_q, block_kv, q_len=kv_cache.rows)
 
     def chunked(q, k, v, q_frame_offset, head_pattern, interpret, sm_scale, token_order):
         if kv_cache is None:
@@ -454,8 +470,10 @@ def make_gpu_attention(
 
         def kernel_call(q, k, v, hp, position, defined):
             rows = q.shape[0]
-            base = jnp.broadcast_to(position * len(patterns), (rows,))
-            first = jnp.broadcast_to(position * kv_cache.rows, (rows,))
+            scalars = [position * len(patterns), position * kv_cache.rows]
+            if kv_cache.rolling:
+                scalars += kv_cache.ring_shifts(position, jnp)
+            per_row = [jnp.broadcast_to(x, (rows,)).astype(jnp.int32) for x in scalars]
             out = _gpu_call(
                 q,
                 k,
@@ -463,12 +481,13 @@ def make_gpu_attention(
                 hp,
                 chunk_tables(),
                 codes,
-                seq_len=shape.seq_len,
+                seq_len=chunk_shape.seq_len,
                 q_scale=float(sm_scale) * LOG2_E,
                 interpret=interpret,
                 num_warps=num_warps,
                 num_stages=num_stages,
-                chunk=jnp.concatenate([base, first]).astype(jnp.int32),
+                chunk=jnp.concatenate(per_row),
+                ring_sink=ring_sink,
             )
             return jnp.where(defined[:, None, None], out, jnp.asarray(jnp.nan, out.dtype))
 

@@ -407,14 +407,10 @@ def _decode_query_coords(
 
 
 def _ring_keys(k_pos, sink: int, scalars, rows: int, row):
-    """Video key positions of a rolling cache's slots k_pos (int32 [1, ckv]): the sink as it
-    is, the ring shifted by `before` up to its wrap and by `after` from there. The three
-    per-row SMEM scalars follow the chunk's first tokens and defined flags (2 * rows)."""
-    wrap = scalars[2 * rows + row]
-    before = scalars[3 * rows + row]
-    after = scalars[4 * rows + row]
-    shift = jnp.where(k_pos < wrap, before, after)
-    return k_pos + jnp.where(k_pos < sink, 0, shift)
+    """Video key positions of a rolling cache's slots k_pos (chunks.ring_keys), its three
+    per-row SMEM scalars read after the chunk's first tokens and defined flags (2 * rows)."""
+    wrap, before, after = (scalars[i * rows + row] for i in (2, 3, 4))
+    return chunks.ring_keys(k_pos, sink, wrap, before, after)
 
 
 def _both(condition, in_mode):
