@@ -59,7 +59,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from splash_cost import _compile_dumps, _rough_cycles  # noqa: E402
+from splash_cost import _compile_dumps  # noqa: E402
 from svgen import cost  # noqa: E402
 from svgen.analysis import analyze  # noqa: E402
 from svgen.runtime.refine import (  # noqa: E402
@@ -180,35 +180,8 @@ def call_tables(module, visits: list[StaticVisits], how: str):
 # ------------------------------------------------------------------------------ counting
 
 
-_STARTED = re.compile(r"Start(?:/End empty)? region (\d+)")
-_TARGET = re.compile(r"target\s*=\s*\$region(\d+)")
-
-
-def with_exit_regions(text: str) -> str:
-    """Mark the regions that branches target but the listing never starts at its exit
-    bundle (what libtpu's scatter loops jump to), so that tpu_schedule can parse it."""
-    missing = sorted(set(map(int, _TARGET.findall(text))) - set(map(int, _STARTED.findall(text))))
-    if not missing:
-        return text
-    lines = text.splitlines()
-    last = max(i for i, line in enumerate(lines) if tpu_schedule._BUNDLE_START.match(line))
-    if "exit bundle" not in lines[last]:
-        return text  # not the known shape: left to fail (reported as uncounted)
-    lines[last] += " /* " + " :: ".join(f"Start region {n}" for n in missing) + " */"
-    return "\n".join(lines)
-
-
-def op_cycles(text: str) -> tuple[int | None, bool]:
-    """(rough cycles, whether some loop's trip count is a run-time value: then a floor)."""
-    text = with_exit_regions(text)
-    try:
-        cycles = _rough_cycles(text)
-        floor = any(loop.trip_count is None for loop in tpu_schedule.parse_bundles(text).loops)
-    except tpu_schedule.NoGridLoop:
-        floor = False
-    except ValueError:
-        return None, False
-    return cycles, floor
+with_exit_regions = tpu_schedule.with_exit_regions
+op_cycles = tpu_schedule.program_cycles
 
 
 def op_stages(hlo: str) -> dict[str, tuple[str, str]]:

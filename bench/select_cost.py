@@ -28,7 +28,6 @@ import argparse
 import collections
 import importlib.util
 import pathlib
-import re
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -87,29 +86,7 @@ def selection_program(module, backward: bool):
 
 def op_stages(hlo: str) -> dict[str, str]:
     """HLO instruction name -> the select.py / refine.py function that emitted it."""
-    tables = {
-        name: dict(re.findall(r"^(\d+) (.*)$", body, re.M))
-        for name, body in re.findall(r"^(\w+)\n((?:\d+ .*\n)+)", hlo, re.M)
-    }
-    files, functions = tables.get("FileNames", {}), tables.get("FunctionNames", {})
-    locations, frames = tables.get("FileLocations", {}), tables.get("StackFrames", {})
-
-    def stage(frame: int) -> str:
-        mine = []
-        while str(frame) in frames and len(mine) < 64:
-            location, parent = re.findall(r"=(\d+)", frames[str(frame)])[:2]
-            file_id, function_id = re.findall(r"=(\d+)", locations.get(location, ""))[:2]
-            path = files[file_id].strip('"')
-            if path.endswith(STAGE_FILES):
-                mine.append(functions[function_id].strip('"').split(".")[-1])
-            frame = int(parent) - 1
-        return mine[0] if mine else "other"
-
-    out = {}
-    for name, meta in re.findall(r"^\s*(?:ROOT )?%([\w.\-]+) = .*?metadata=\{([^}]*)\}", hlo, re.M):
-        frame = re.search(r"stack_frame_id=(\d+)", meta)
-        out[name] = stage(int(frame.group(1))) if frame else "other"
-    return out
+    return tpu_schedule.emitting_functions(hlo, STAGE_FILES)
 
 
 def measure(name: str, backward: bool) -> dict:

@@ -85,7 +85,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import sys
 
 try:
@@ -229,48 +228,9 @@ def _grid_cost(
     }
 
 
-_DUMP_NAME = re.compile(r"\d+-(.+)-\d+-final_bundles\.txt")
-
-
-def _compile_dumps(fn, *args, target: str) -> tuple[dict[str, str], object]:
-    """AOT-compile ``jax.jit(fn)(*args)`` for ``target``; return the final-bundles listing of
-    every program of that compile by dump name (``splash_mha_dkv_no_residuals.1``,
-    ``convert_reduce_fusion``, ``TLP``...) and the compiled object. Like
-    ``tpu_schedule.compile_and_dump`` (lowering under the target device, a fresh function so
-    that JAX's caches never skip the compile), and the dump files are deleted afterwards."""
-    import jax
-
-    dump_dir = tpu_schedule.ensure_dump_flags()
-    device = tpu_schedule._topology_device(target)
-
-    def fresh(*fn_args):
-        return fn(*fn_args)
-
-    before = set(os.listdir(dump_dir))
-    dumps: dict[str, str] = {}
-    try:
-        with jax.default_device(device):
-            compiled = jax.jit(fresh).lower(*args).compile()
-        new = sorted(set(os.listdir(dump_dir)) - before)
-        for file in new:
-            match = _DUMP_NAME.fullmatch(file)
-            if not match:
-                continue
-            name, n = match.group(1), 1
-            while name in dumps:  # two programs of one name: keep both
-                n += 1
-                name = f"{match.group(1)}#{n}"
-            with open(os.path.join(dump_dir, file)) as dump:
-                dumps[name] = dump.read()
-    finally:  # also after a failed compile (VMEM OOM...): drop what it dumped
-        for file in set(os.listdir(dump_dir)) - before:
-            os.remove(os.path.join(dump_dir, file))
-    if not dumps:
-        raise RuntimeError(
-            "libtpu wrote no bundle dump: it was started without the dump flags "
-            "(run in a fresh process that calls ensure_dump_flags() first)"
-        )
-    return dumps, compiled
+# One copy of the compile-and-read helpers, in the product (svgen.tpu_schedule).
+_compile_dumps = tpu_schedule.compile_programs
+_rough_cycles = tpu_schedule.rough_cycles
 
 
 def _one_dump(dumps: dict[str, str], kernel_name: str) -> tuple[str, str]:
@@ -281,23 +241,6 @@ def _one_dump(dumps: dict[str, str], kernel_name: str) -> tuple[str, str]:
             f"expected one dump for {kernel_name!r}, got {hits} among {sorted(dumps)}"
         )
     return hits[0], dumps[hits[0]]
-
-
-def _rough_cycles(text: str) -> int | None:
-    """Rough cycles of a non-Pallas program (an XLA op): bundles outside its longest loop +
-    trip count x one iteration with every conditional forward branch falling through; a
-    listing without loops counts its bundles. None where an inner loop has no trip count."""
-    try:
-        schedule = tpu_schedule.parse_bundles(text)
-    except ValueError as error:
-        if "no loop" not in str(error):
-            raise
-        return sum(1 for line in text.splitlines() if tpu_schedule._BUNDLE_START.match(line))
-    loop = schedule.grid_loop
-    try:
-        return schedule.outside_loop_bundles + (loop.trip_count or 1) * schedule.path_cost()
-    except ValueError:
-        return None
 
 
 def dense_splash_cost(

@@ -351,10 +351,18 @@ class CostReport:
     # attention.softmax: bounded: (cycles, dense cycles) if every q tile fell back to the
     # online softmax (the paths' `fallback`); `cycles` is every q tile within the bound.
     fallback: tuple[int, int] | None = None
+    # select: the per-call selection program's counts and the cycles reading q and k once
+    # at HBM bandwidth (measure_select_policy, pooling_floor)
+    policy: tuple[PolicyCost, int] | None = None
 
     @property
     def ms(self) -> float:
         return self.cycles / (self.clock_ghz * 1e6)
+
+    @property
+    def policy_cycles(self) -> int | None:
+        """The selection program's cycles, pooling at least at HBM speed (None: no select)."""
+        return None if self.policy is None else self.policy[0].cycles(self.policy[1])
 
     def to_json(self) -> dict:
         return {
@@ -394,8 +402,22 @@ class CostReport:
                 if self.select is None
                 else {
                     "select": {
-                        bound: {"cycles": c, "ms": c / (self.clock_ghz * 1e6), "steps": st}
-                        for bound, (c, st) in self.select.items()
+                        **{
+                            bound: {"cycles": c, "ms": c / (self.clock_ghz * 1e6), "steps": st}
+                            for bound, (c, st) in self.select.items()
+                        },
+                        **(
+                            {}
+                            if self.policy is None
+                            else {
+                                "policy": {
+                                    "cycles": self.policy_cycles,
+                                    "ms": self.policy_cycles / (self.clock_ghz * 1e6),
+                                    "pooling_floor": self.policy[1],
+                                    **self.policy[0].to_json(),
+                                }
+                            }
+                        ),
                     }
                 }
             ),
@@ -616,11 +638,13 @@ def _cache_key(
     import jax
     import jaxlib
 
-    from svgen.runtime import backward, coords, kernel, layout, segments
+    from svgen.runtime import backward, chunks, coords, kernel, layout, segments, select
 
-    # The kernel bodies and the coordinate decoding they trace.
+    # The kernel bodies, the coordinate decoding and the run-time maps they trace (and the
+    # selection programs measure_select_policy counts).
     kernel_source = b"".join(
-        pathlib.Path(m.__file__).read_bytes() for m in (kernel, coords, layout, backward, segments)
+        pathlib.Path(m.__file__).read_bytes()
+        for m in (kernel, coords, layout, backward, segments, chunks, select)
     )
     text = json.dumps(
         [
@@ -747,6 +771,97 @@ def _compile_chunk(module, target: str):
     return tpu_schedule.compile_and_dump(
         run, chunk, k, v, head_pattern, offset, kernel_name=KERNEL_NAME, target=target
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyCost:
+    """What a select call runs before its kernel (svgen.runtime.select): mean pooling, block
+    scores, top-k / top-p and the tables' compaction, as XLA programs; libtpu's bundles of
+    each, rough (a loop's trip count times one pass with every forward branch falling
+    through; a run-time trip count counted once: a floor). Bundles see no HBM traffic, so
+    pooling, which reads q and k once, counts at least their bytes at HBM bandwidth."""
+
+    bundles: int  # all programs' rough cycles, as counted
+    pooling: int  # of which the pooling's (svgen.runtime.select.pooled_blocks)
+    programs: int
+    uncounted: int  # programs whose listing could not be counted (left out)
+    floors: int  # programs with a run-time trip count (counted once)
+
+    def cycles(self, pooling_floor: int) -> int:
+        return self.bundles - self.pooling + max(self.pooling, pooling_floor)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "PolicyCost":
+        return cls(**obj)
+
+
+def measure_select_policy(
+    module, target: str, *, use_cache: bool = True, progress=None
+) -> PolicyCost:
+    """The per-call selection program of a select module (q, k -> the kernel's tables),
+    AOT-compiled once with its amount traced; cached like `measure_paths`."""
+    select = module.attention.select
+    runs = np.concatenate([np.ravel(select.always_runs), np.ravel(select.candidate_runs)])
+    key = _cache_key(
+        target,
+        module.SHAPE,
+        hashlib.sha256(np.ascontiguousarray(runs, np.int64).tobytes()).hexdigest(),
+        select.slots,
+        (),
+        module.DTYPE,
+        kind="select-policy",
+        runtime=tuple(map(str, dataclasses.astuple(select.policy))),
+    )
+
+    def measure() -> PolicyCost:
+        if progress:
+            progress(f"compiling {module.__name__}'s selection program for {target} (libtpu)")
+        return _count_policy(module, target)
+
+    return _cached(key, use_cache, measure, PolicyCost.from_json)
+
+
+def _count_policy(module, target: str) -> PolicyCost:
+    import jax
+    import jax.numpy as jnp
+
+    from svgen import tpu_schedule
+
+    select = module.attention.select
+    sharding = tpu_schedule.tpu_sharding(target)
+    qk = jax.ShapeDtypeStruct(
+        (module.HEADS, module.SEQ_LEN, module.HEAD_DIM), jnp.dtype(module.DTYPE), sharding=sharding
+    )
+    amount = jax.ShapeDtypeStruct(
+        (), jnp.int32 if select.policy.rule == "top_k" else jnp.float32, sharding=sharding
+    )
+    scale = 1.0 / module.HEAD_DIM**0.5
+
+    def program(q, k, amount):
+        return select.forward_walk.tables(select.select(q, k, scale, amount).blocks)
+
+    dumps, compiled = tpu_schedule.compile_programs(program, qk, qk, amount, target=target)
+    emitted_by = tpu_schedule.emitting_functions(compiled.as_text(), "runtime/select.py")
+    bundles = pooling = uncounted = floors = 0
+    for name, text in dumps.items():
+        cycles, floor = tpu_schedule.program_cycles(text)
+        uncounted += cycles is None
+        floors += floor
+        bundles += cycles or 0
+        if emitted_by.get(name.split("#")[0]) == "pooled_blocks":
+            pooling += cycles or 0
+    return PolicyCost(bundles, pooling, len(dumps), uncounted, floors)
+
+
+def pooling_floor(plan) -> int:
+    """Cycles to read q and k once at the target's HBM bandwidth (what pooling must)."""
+    a = plan.spec.attention
+    size = 2 if a.dtype == "bfloat16" else 4
+    qk_bytes = 2 * a.heads * plan.layout.seq_len * a.head_dim * size
+    return int(qk_bytes / plan.target.hbm_bytes_per_s * plan.target.clock_ghz * 1e9)
 
 
 def model_chunks(paths: PathCosts, plan, head_pattern) -> "ChunkReport":
@@ -1078,6 +1193,11 @@ def cost_plan(
                         module, plan.target.name, use_cache=use_cache, progress=progress
                     )
                 trained = _model_training(training_paths, plan, module)
+            policy = None
+            if plan.spec.select is not None:
+                policy = measure_select_policy(
+                    module, plan.target.name, use_cache=use_cache, progress=progress
+                )
             chunk_paths = None
             if plan.chunk_runs and chunks:
                 with _vmem_refusal(plan):
@@ -1104,6 +1224,7 @@ def cost_plan(
         None if plan.spec.select is None else model_select(paths, plan),
         utilisation(plan),
         _fallback_cycles(paths, plan, head_pattern),
+        None if policy is None else (policy, pooling_floor(plan)),
     )
 
 
@@ -1282,6 +1403,18 @@ def _select_lines(report: CostReport, plan) -> list[str]:
             f"    dense / every-selected: {report.dense_cycles / every:.2f}x; dense / "
             f"nothing-selected: {report.dense_cycles / none:.2f}x"
         )
+    if report.policy is not None:
+        counts, floor = report.policy
+        c = report.policy_cycles
+        lines += [
+            f"    selection per call (pooling, block scores, {plan.spec.select.rule}, tables; XLA "
+            f"programs before the kernel): {c:,} cycles = {ms(c) * 1e3:.1f} us, "
+            f"{c / every:.2%} .. {c / none:.2%} of the kernel (every .. nothing selected)",
+            f"      {counts.programs} programs, {counts.bundles:,} bundles counted (pooling "
+            f"{counts.pooling:,}; reading q and k once at HBM bandwidth: {floor:,} cycles)"
+            + (f"; {counts.uncounted} uncounted" if counts.uncounted else "")
+            + (f"; {counts.floors} with a run-time trip count (a floor)" if counts.floors else ""),
+        ]
     p = report.paths
     if p.padded_block and any(any(b) for b in p.padded_block):
         plain = _mean([b[0] for b in p.padded_block if any(b)])

@@ -414,6 +414,125 @@ def compile_and_dump_kernels(
             os.remove(os.path.join(dump_dir, name))
 
 
+_DUMP_NAME = re.compile(r"\d+-(.+)-\d+-final_bundles\.txt")
+
+
+def compile_programs(fn: Callable, *args, target: str = "v6e") -> tuple[dict[str, str], object]:
+    """AOT-compile ``jax.jit(fn)(*args)`` for ``target``; return the final-bundles listing of
+    every program of that compile by dump name (``convert_reduce_fusion``, ``TLP``, a
+    Pallas kernel's name...; a second program of one name gets ``#2``) and the compiled
+    object. As ``compile_and_dump_kernels`` (lowering under the target device, a fresh
+    function so that JAX's caches never skip the compile); the dump files are deleted
+    afterwards, also after a failed compile."""
+    dump_dir = ensure_dump_flags()
+    device = _topology_device(target)
+
+    def fresh(*fn_args):
+        return fn(*fn_args)
+
+    before = set(os.listdir(dump_dir))
+    dumps: dict[str, str] = {}
+    try:
+        with jax.default_device(device):
+            compiled = jax.jit(fresh).lower(*args).compile()
+        for file in sorted(set(os.listdir(dump_dir)) - before):
+            match = _DUMP_NAME.fullmatch(file)
+            if not match:
+                continue
+            name, n = match.group(1), 1
+            while name in dumps:  # two programs of one name: keep both
+                n += 1
+                name = f"{match.group(1)}#{n}"
+            with open(os.path.join(dump_dir, file)) as dump:
+                dumps[name] = dump.read()
+    finally:
+        for file in set(os.listdir(dump_dir)) - before:
+            os.remove(os.path.join(dump_dir, file))
+    if not dumps:
+        raise RuntimeError(
+            "libtpu wrote no bundle dump: it was started without the dump flags "
+            "(run in a fresh process that calls ensure_dump_flags() first)"
+        )
+    return dumps, compiled
+
+
+def rough_cycles(text: str) -> int | None:
+    """Rough cycles of a non-Pallas program (an XLA op): bundles outside its longest loop +
+    trip count x one iteration with every conditional forward branch falling through; a
+    listing without loops counts its bundles. None where an inner loop has no trip count."""
+    try:
+        schedule = parse_bundles(text)
+    except ValueError as error:
+        if "no loop" not in str(error):
+            raise
+        return sum(1 for line in text.splitlines() if _BUNDLE_START.match(line))
+    loop = schedule.grid_loop
+    try:
+        return schedule.outside_loop_bundles + (loop.trip_count or 1) * schedule.path_cost()
+    except ValueError:
+        return None
+
+
+_STARTED = re.compile(r"Start(?:/End empty)? region (\d+)")
+_TARGET = re.compile(r"target\s*=\s*\$region(\d+)")
+
+
+def with_exit_regions(text: str) -> str:
+    """Mark the regions that branches target but the listing never starts at its exit
+    bundle (what libtpu's scatter loops jump to), so that `parse_bundles` can parse it."""
+    missing = sorted(set(map(int, _TARGET.findall(text))) - set(map(int, _STARTED.findall(text))))
+    if not missing:
+        return text
+    lines = text.splitlines()
+    last = max(i for i, line in enumerate(lines) if _BUNDLE_START.match(line))
+    if "exit bundle" not in lines[last]:
+        return text  # not the known shape: left to fail (reported as uncounted)
+    lines[last] += " /* " + " :: ".join(f"Start region {n}" for n in missing) + " */"
+    return "\n".join(lines)
+
+
+def program_cycles(text: str) -> tuple[int | None, bool]:
+    """(rough cycles of one XLA program's listing, whether some loop's trip count is a
+    run-time value: then the count is a floor); None cycles when it cannot be counted."""
+    text = with_exit_regions(text)
+    try:
+        cycles = rough_cycles(text)
+        floor = any(loop.trip_count is None for loop in parse_bundles(text).loops)
+    except NoGridLoop:
+        floor = False
+    except ValueError:
+        return None, False
+    return cycles, floor
+
+
+def emitting_functions(hlo: str, source_suffix: str | tuple[str, ...]) -> dict[str, str]:
+    """HLO instruction name -> the innermost function of a source file ending in
+    `source_suffix` (or one of them) on its stack ("other" when none is), from the optimized module's
+    stack-frame tables (``compiled.as_text()``): which stage of a program emitted each op."""
+    tables = {
+        name: dict(re.findall(r"^(\d+) (.*)$", body, re.M))
+        for name, body in re.findall(r"^(\w+)\n((?:\d+ .*\n)+)", hlo, re.M)
+    }
+    files, functions = tables.get("FileNames", {}), tables.get("FunctionNames", {})
+    locations, frames = tables.get("FileLocations", {}), tables.get("StackFrames", {})
+
+    def stage(frame: int) -> str:
+        seen = 0
+        while str(frame) in frames and seen < len(frames):
+            location, parent = re.findall(r"=(\d+)", frames[str(frame)])[:2]
+            file_id, function_id = re.findall(r"=(\d+)", locations.get(location, ""))[:2]
+            if files[file_id].strip('"').endswith(source_suffix):
+                return functions[function_id].strip('"').split(".")[-1]
+            frame, seen = int(parent) - 1, seen + 1  # the listing prints the caller's id + 1
+        return "other"
+
+    out = {}
+    for name, meta in re.findall(r"^\s*(?:ROOT )?%([\w.\-]+) = .*?metadata=\{([^}]*)\}", hlo, re.M):
+        frame = re.search(r"stack_frame_id=(\d+)", meta)
+        out[name] = stage(int(frame.group(1))) if frame else "other"
+    return out
+
+
 def _base_name(dump: str) -> str:
     """The kernel's own name in a dump file name: ``<id>-<name>-<nn>-final_bundles.txt``,
     without JAX's transformation prefixes (``jvp_``, ``transpose_``) and suffixes (``_``,

@@ -224,9 +224,29 @@ def test_cost_of_a_select_spec_bounds_the_call(tmp_path):
     assert all(padding >= plain > full_block for plain, padding in (padded[0], padded[2]))
     assert bounds["none"]["cycles"] == report["cycles"]  # the static tables: the mask alone
     assert bounds["all"]["cycles"] > bounds["none"]["cycles"]
-    work = {b: s["steps"]["full"] + s["steps"]["mixed"] for b, s in bounds.items()}
+    work = {b: bounds[b]["steps"]["full"] + bounds[b]["steps"]["mixed"] for b in ("none", "all")}
     assert work["all"] > work["none"]
     assert report["dense_cycles"] > bounds["all"]["cycles"]
+    # The selection program before the kernel (pooling, scores, top-k, tables), counted in
+    # libtpu's bundles, pooling charged at least the HBM time of reading q and k once.
+    policy = bounds["policy"]
+    assert policy["programs"] > 1 and policy["uncounted"] == 0
+    assert 0 < policy["pooling"] <= policy["bundles"]
+    assert policy["cycles"] == policy["bundles"] - policy["pooling"] + max(
+        policy["pooling"], policy["pooling_floor"]
+    )
+    assert 0 < policy["pooling_floor"] and policy["cycles"] < bounds["none"]["cycles"]
+    text = subprocess.run(
+        [sys.executable, "-m", "svgen.cli", "cost", "select.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+    ).stdout
+    assert (
+        f"selection per call (pooling, block scores, top_k, tables; XLA programs before the kernel): {policy['cycles']:,} cycles"
+        in text
+    )
 
 
 @pytest.mark.parametrize("runtime", ["", "runtime: {segments: true}\n"])
