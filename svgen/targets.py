@@ -1,7 +1,8 @@
-"""The TPU chips svgen compiles for, and what a kernel needs of their memories.
+"""The chips svgen compiles for, TPUs (`Target`) and NVIDIA GPUs (`GpuTarget`), and what a
+kernel needs of their memories.
 
 Only published capacities live here (one TensorCore's SMEM and VMEM, the clock the static cost
-model assumes); everything is checked by the compiler, `svgen compile`, before any file is
+model assumes; a GPU's shared memory and registers); everything is checked by the compiler, `svgen compile`, before any file is
 written, so a tiling it accepts is one the TPU compiler accepts too (tests AOT-compile them).
 """
 

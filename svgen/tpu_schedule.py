@@ -107,10 +107,6 @@ class Branch:
     def skipped(self) -> range:
         return range(self.address + 1 + DELAY_SLOTS, self.target)
 
-    @property
-    def body_bundles(self) -> int:
-        return len(self.skipped)
-
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:

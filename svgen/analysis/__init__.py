@@ -1,7 +1,10 @@
 """Analysis: a validated spec -> a frozen Plan (per pattern: mask IR, layout, tile kinds,
 runs; for the kernel: the SMEM piece tables of all patterns).
 
-The passes, in order (each a pure function; `analyze` is only this list):
+The passes, in order (each a pure function; `analyze` runs this list, then the checks of
+what the module's calls will need: the backward kernels' tables in SMEM, the run-time tables'
+static maximum, a KV cache's chunk positions (svgen.analysis.chunks) and a selection's
+candidate region):
   1. ir.lower            per candidate pattern: spec terms -> simplified mask IR
   2. choose_layout       per pattern: kernel order (anchor frames for temporal_major)
   3. classify_tiles      EMPTY / BOUNDARY / FULL per compute-block pair, exact kept-pair count

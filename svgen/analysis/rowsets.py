@@ -123,11 +123,6 @@ def row_bounds(node, chunk: RowChunk) -> Bounds:
     return primitive.rows_function(node, chunk)
 
 
-def _all_rows(chunk: RowChunk, start: int, end: int) -> Bounds:
-    rows = np.arange(chunk.num_rows)
-    return Bounds.exact(chunk.per_row(rows, np.full(rows.size, start), np.full(rows.size, end)))
-
-
 def first_frame_rows(node: ir.FirstFrame, chunk: RowChunk) -> Bounds:
     lay = chunk.layout
     rows = np.arange(chunk.num_rows)  # every query, text included
