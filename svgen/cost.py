@@ -638,13 +638,13 @@ def _cache_key(
     import jax
     import jaxlib
 
-    from svgen.runtime import backward, chunks, coords, kernel, layout, segments, select
+    from svgen.runtime import backward, chunks, coords, kernel, layout, ring, segments, select
 
     # The kernel bodies, the coordinate decoding and the run-time maps they trace (and the
     # selection programs measure_select_policy counts).
     kernel_source = b"".join(
         pathlib.Path(m.__file__).read_bytes()
-        for m in (kernel, coords, layout, backward, segments, chunks, select)
+        for m in (kernel, coords, layout, backward, segments, chunks, ring, select)
     )
     text = json.dumps(
         [

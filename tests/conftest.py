@@ -446,6 +446,10 @@ def scaled_spec_text(path, text_tokens=None, heads=2, tiling=None, dtype="float3
     chunk = (spec.get("runtime") or {}).get("kv_cache", {}).get("chunk_frames")
     if chunk:  # whole chunks of frames
         small["frames"] = chunk * -(-small["frames"] // chunk)
+    cache = (spec.get("runtime") or {}).get("kv_cache", {})
+    if "window_frames" in cache:  # a rolling cache fitting the smaller video (it may not wrap)
+        cache["sink_frames"] = min(cache.get("sink_frames", 0), small["frames"] - chunk)
+        cache["window_frames"] = min(cache["window_frames"], small["frames"] - cache["sink_frames"])
     small_video = small["frames"] * small["height"] * small["width"]
     if full.get("text_tokens"):
         small["text_tokens"] = 40 if text_tokens is None else text_tokens

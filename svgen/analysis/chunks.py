@@ -47,7 +47,7 @@ from svgen.analysis.rowsets import Bounds, RowChunk, row_bounds
 from svgen.analysis.tables import build_runs, kernel_tiles
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
-from svgen.runtime.chunks import ring_shifts
+from svgen.runtime.ring import ring_shifts
 from svgen.runtime.tables import PieceTables
 from svgen.spec import Tiling
 

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from svgen.runtime.ring import ring_shifts
 from svgen.runtime.segments import CallTables
 from svgen.runtime.tables import KernelShape, PieceTables, as_runs, transposed_tables
 
@@ -128,28 +129,6 @@ class KvCache:
         else:
             pieces = [None if t is None else jnp.asarray(t) for t in pieces]
         return CallTables(first, count, *pieces, jnp.max(count)), exact
-
-
-def ring_shifts(position, chunk: int, sink: int, window: int, frame_tokens: int, xp=np):
-    """(wrap, before, after) of a rolling cache at a chunk position, in tokens (KvCache).
-
-    The convention (README, "Rolling cache"): frame a < sink lives in slot a; frame a >=
-    sink in ring slot sink + (a - sink) mod window, written there when it is generated, so
-    after the chunk at frame f = position * chunk is written, ring slot sink + j holds the
-    latest frame sink + j + window * m that is at most f + chunk - 1. With L = f + chunk - 1
-    - sink (the newest frame's ring index, clamped at 0 while the chunk is still in the
-    sink), m is K = L // window for j <= L mod window and K - 1 after: slots [sink, wrap)
-    shift by window * K frames, slots [wrap, sink + window) by window * (K - 1). While the
-    ring has not filled up (K = 0), the slots past the newest frame hold no frame yet: they
-    read as frames after the chunk, which block-causality never attends (the shift is 0, not
-    negative)."""
-    newest = xp.maximum(position * chunk + chunk - 1 - sink, 0)
-    laps = newest // window if xp is np else lax.div(newest, window)
-    slot = newest % window if xp is np else lax.rem(newest, window)
-    wrap = (sink + slot + 1) * frame_tokens
-    before = window * laps * frame_tokens
-    after = window * xp.maximum(laps - 1, 0) * frame_tokens
-    return wrap, before, after
 
 
 def ring_keys(k_pos, sink: int, wrap, before, after):
