@@ -12,29 +12,7 @@ import pytest
 from jax.experimental import topologies
 
 from conftest import REPO, SPECS, import_file
-
-
-@functools.lru_cache(maxsize=1)
-def v6e_device():
-    topology = topologies.get_topology_desc(platform="tpu", topology_name="v6e:2x2")
-    return topology.devices[0]
-
-
-def compile_for_v6e(module, dtype=None, batch=None):
-    sharding = jax.sharding.SingleDeviceSharding(v6e_device())
-    lead = (module.HEADS,) if batch is None else (batch, module.HEADS)
-    arg = jax.ShapeDtypeStruct(
-        lead + (module.SEQ_LEN, module.HEAD_DIM),
-        jnp.dtype(dtype or module.DTYPE),
-        sharding=sharding,
-    )
-    # The head -> pattern assignment is a traced argument, as when it comes from profile().
-    head_pattern = jax.ShapeDtypeStruct((module.HEADS,), jnp.int32, sharding=sharding)
-
-    def run(q, k, v, hp):
-        return module.attention(q, k, v, head_pattern=hp)
-
-    return jax.jit(run).lower(arg, arg, arg, head_pattern).compile()
+from tpu_helpers import compile_for_v6e, v6e_device
 
 
 @pytest.mark.parametrize("spec_path", SPECS, ids=lambda p: p.stem)

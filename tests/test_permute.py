@@ -19,8 +19,7 @@ from svgen.runtime import permute
 from svgen.runtime.layout import Tiled, TokenLayout
 
 from conftest import POISONED, check_per_head, mixed_inputs
-from test_aot_tpu import compile_for_v6e, v6e_device
-from test_tiled_layout import data_movement
+from tpu_helpers import MIXED_SPEC, compile_for_v6e, data_movement, v6e_device
 
 CASES = [
     # frames, height, width, text, position, anchors, dtype
@@ -144,22 +143,6 @@ def test_compiles_for_v6e_where_it_applies(geometry, heads, to_kernel):
 
 
 # -- the generated wrappers ---------------------------------------------------------------
-
-MIXED_SPEC = """\
-svgen: 1
-name: mixed_permute
-geometry: {frames: 4, height: 8, width: 24, text_tokens: 40}
-attention: {heads: 3, head_dim: 128, dtype: DTYPE}
-patterns:
-  spatial: {any_of: [{first_frame: {frames: 1}}, {spatial_window: {frames: 1}}]}
-  temporal: {any_of: [{first_frame: {frames: 1}}, {temporal_stride: {rows: 0, cols: 1}}]}
-heads:
-  candidates:
-    - {pattern: spatial}
-    - {pattern: temporal, layout: temporal_major}
-  assign: runtime
-tiling: {block_q: 128, block_kv: 128}
-"""
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -2,7 +2,6 @@
 kernel-side coordinates, exact classification, the spec syntax, and a compiled kernel."""
 
 import itertools
-import re
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +31,7 @@ from conftest import (
     mixed_inputs,
     random_mask,
 )
-from test_aot_tpu import compile_for_v6e
+from tpu_helpers import CUBE_DMA_SPEC, compile_for_v6e, data_movement
 
 
 def tiled(frames, height, width, cube, text=0, position="last") -> TokenLayout:
@@ -378,16 +377,6 @@ def test_gpu_module_of_a_tiled_spec_matches_the_reference(compile_text):
 
 # -- cube DMA: tiles read straight from the user's [frames, height, width, d] -----------------
 
-CUBE_DMA_SPEC = """\
-svgen: 1
-name: sta_dma
-geometry: {frames: 4, height: 8, width: 16}
-attention: {heads: 2, head_dim: 128, dtype: DTYPE}
-layout: {tiled: {frames: 2, rows: 4, cols: 16}}
-mask: {any_of: [{cube_window: {cube_frames: 2, cube_rows: 4, cube_cols: 16, frames: 1, rows: 0, cols: 0}}, {spatial_window: {frames: 0, rows: 1, cols: 3}}]}
-tiling: {block_q: 128, block_kv: 128}
-"""
-
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cube_dma_forward_needs_no_permutation(dtype, compile_text):
@@ -409,13 +398,6 @@ def test_cube_dma_forward_needs_no_permutation(dtype, compile_text):
     )
     assert permuted.attention.cube_dma is None
     assert "transpose" in data_movement(compile_for_v6e(permuted).as_text())
-
-
-def data_movement(hlo: str) -> set[str]:
-    """The JAX ops behind XLA instructions that move q, k, v or o data (floating results, by
-    their op_name metadata; the int32 head tables may be gathered)."""
-    pattern = r'= (?:f32|bf16)\[[^\n]*op_name="[^"]*/(transpose|gather|concatenate|copy)[^"/]*"'
-    return set(re.findall(pattern, hlo))
 
 
 def test_cube_dma_gradients(compile_text):

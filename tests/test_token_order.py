@@ -12,9 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import POISONED, check_per_head, mixed_inputs, reference_grads
-from test_aot_tpu import v6e_device
-from test_permute import MIXED_SPEC
-from test_tiled_layout import CUBE_DMA_SPEC, data_movement
+from tpu_helpers import CUBE_DMA_SPEC, MIXED_SPEC, data_movement, v6e_device
 
 
 def kernel_order_by_layout(plan, x, head_pattern) -> np.ndarray:

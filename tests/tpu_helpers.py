@@ -1,0 +1,69 @@
+"""Helpers several test modules share (no test module imports another): AOT compiles for
+TPU v6e on this CPU-only host, reading data movement out of compiled HLO, and specs used by
+more than one module."""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import topologies
+
+
+@functools.lru_cache(maxsize=1)
+def v6e_device():
+    topology = topologies.get_topology_desc(platform="tpu", topology_name="v6e:2x2")
+    return topology.devices[0]
+
+
+def compile_for_v6e(module, dtype=None, batch=None):
+    sharding = jax.sharding.SingleDeviceSharding(v6e_device())
+    lead = (module.HEADS,) if batch is None else (batch, module.HEADS)
+    arg = jax.ShapeDtypeStruct(
+        lead + (module.SEQ_LEN, module.HEAD_DIM),
+        jnp.dtype(dtype or module.DTYPE),
+        sharding=sharding,
+    )
+    # The head -> pattern assignment is a traced argument, as when it comes from profile().
+    head_pattern = jax.ShapeDtypeStruct((module.HEADS,), jnp.int32, sharding=sharding)
+
+    def run(q, k, v, hp):
+        return module.attention(q, k, v, head_pattern=hp)
+
+    return jax.jit(run).lower(arg, arg, arg, head_pattern).compile()
+
+
+def data_movement(hlo: str) -> set[str]:
+    """The JAX ops behind XLA instructions that move q, k, v or o data (floating results, by
+    their op_name metadata; the int32 head tables may be gathered)."""
+    pattern = r'= (?:f32|bf16)\[[^\n]*op_name="[^"]*/(transpose|gather|concatenate|copy)[^"/]*"'
+    return set(re.findall(pattern, hlo))
+
+
+CUBE_DMA_SPEC = """\
+svgen: 1
+name: sta_dma
+geometry: {frames: 4, height: 8, width: 16}
+attention: {heads: 2, head_dim: 128, dtype: DTYPE}
+layout: {tiled: {frames: 2, rows: 4, cols: 16}}
+mask: {any_of: [{cube_window: {cube_frames: 2, cube_rows: 4, cube_cols: 16, frames: 1, rows: 0, cols: 0}}, {spatial_window: {frames: 0, rows: 1, cols: 3}}]}
+tiling: {block_q: 128, block_kv: 128}
+"""
+
+MIXED_SPEC = """\
+svgen: 1
+name: mixed_permute
+geometry: {frames: 4, height: 8, width: 24, text_tokens: 40}
+attention: {heads: 3, head_dim: 128, dtype: DTYPE}
+patterns:
+  spatial: {any_of: [{first_frame: {frames: 1}}, {spatial_window: {frames: 1}}]}
+  temporal: {any_of: [{first_frame: {frames: 1}}, {temporal_stride: {rows: 0, cols: 1}}]}
+heads:
+  candidates:
+    - {pattern: spatial}
+    - {pattern: temporal, layout: temporal_major}
+  assign: runtime
+tiling: {block_q: 128, block_kv: 128}
+"""
