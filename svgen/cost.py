@@ -873,9 +873,7 @@ def model_chunks(paths: PathCosts, plan, head_pattern) -> "ChunkReport":
 
     runtime = plan.spec.runtime
     cf = runtime.chunk_frames
-    cache_keys = None  # the whole video's, or a rolling cache's:
-    if runtime.rolling:
-        cache_keys = (runtime.sink_frames + runtime.window_frames) * plan.layout.tokens_per_frame
+    cache_keys = runtime.cache_frames(plan.layout.frames) * plan.layout.tokens_per_frame
     steps, cycles = [], []
     for position in range(plan.layout.frames // cf):
         runs = [runs_of_position(r, position) for r in plan.chunk_runs]

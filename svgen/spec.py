@@ -213,6 +213,10 @@ class Runtime:
     def rolling(self) -> bool:
         return self.window_frames > 0
 
+    def cache_frames(self, video_frames: int) -> int:
+        """Frames a chunked call's cache holds: the sink and the ring, or the whole video."""
+        return self.sink_frames + self.window_frames if self.rolling else video_frames
+
 
 @dataclass(frozen=True)
 class Select:
@@ -1008,7 +1012,7 @@ def _check_chunk_grain(
     edges): rows x pieces must fit it too."""
     rows = runtime.chunk_frames * geometry.tokens_per_frame
     if runtime.rolling:
-        cache = (runtime.sink_frames + runtime.window_frames) * geometry.tokens_per_frame
+        cache = runtime.cache_frames(geometry.frames) * geometry.tokens_per_frame
         need = geometry.seq_len * (-(-cache // tiling.ckv) + 2) * patterns
         if need > MAX_TILE_PAIRS:
             raise r.error(

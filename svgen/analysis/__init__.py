@@ -30,6 +30,7 @@ from svgen.analysis import chunks, product, rowsets
 from svgen.analysis.align import PairBudget, align_classification
 from svgen.analysis.classify import Classification, TileGrid, classify_tiles, is_frame_invariant
 from svgen.analysis.plan import PatternPlan, Plan, pattern_shape
+from svgen.runtime.ring import RingCache
 from svgen.analysis.tables import (
     DEFAULT_SMEM_BUDGET,
     MAX_SLOTS,
@@ -404,16 +405,13 @@ def _chunk_runs(spec: Spec, patterns, tiling: Tiling) -> tuple:
     their classification is the full sequence's at a finer row grain."""
     runtime = spec.runtime
     cf = runtime.chunk_frames
-    ring = chunks.RingCache(cf, runtime.sink_frames, runtime.window_frames)
     with (
         ROW_SET_WORK.budget(int(ROW_SET_BACKSTOP * MAX_ROW_SET_WORK)),
         PRODUCT_WORK.budget(MAX_PRODUCT_WORK),
     ):
         try:
             if runtime.rolling:
-                for p in patterns:
-                    _check_ring_holds(p, tiling, ring, spec, len(patterns) > 1)
-                return tuple(chunks.ring_runs(p.mask, p.layout, tiling, ring) for p in patterns)
+                return tuple(_ring_runs(spec, p, tiling, len(patterns) > 1) for p in patterns)
             return tuple(chunks.chunk_runs(p.mask, p.layout, tiling, cf) for p in patterns)
         except WorkOverLimit as over:
             raise _kv_cache_error(
@@ -423,20 +421,22 @@ def _chunk_runs(spec: Spec, patterns, tiling: Tiling) -> tuple:
             ) from None
 
 
-def _check_ring_holds(pattern, tiling: Tiling, ring, spec: Spec, named: bool) -> None:
-    """A rolling cache must hold every frame a chunk's mask keeps."""
-    evicted = chunks.ring_evictions(pattern.mask, pattern.layout, tiling, ring)
-    if evicted is None:
-        return
-    position, frame, need = evicted
-    first = position * ring.chunk_frames
-    raise _kv_cache_error(
-        spec,
-        f"{f'pattern {pattern.name!r}: ' if named else ''}the chunk at frame {first} keeps frame {frame}, which a ring of "
-        f"{ring.window_frames} frames (after {ring.sink_frames} sink frames) has evicted: "
-        f"window_frames must be at least {need} for this mask, or the mask must not reach "
-        "that far back",
-    )
+def _ring_runs(spec: Spec, pattern, tiling: Tiling, named: bool):
+    """A pattern's chunk runs against the rolling cache, which must hold every frame a
+    chunk's mask keeps."""
+    runtime = spec.runtime
+    ring = RingCache(runtime.chunk_frames, runtime.sink_frames, runtime.window_frames)
+    try:
+        return chunks.ring_runs(pattern.mask, pattern.layout, tiling, ring)
+    except chunks.EvictedFrames as evicted:
+        raise _kv_cache_error(
+            spec,
+            f"{f'pattern {pattern.name!r}: ' if named else ''}the chunk at frame "
+            f"{evicted.position * ring.chunk_frames} keeps frame {evicted.frame}, which a "
+            f"ring of {ring.window_frames} frames (after {ring.sink_frames} sink frames) has "
+            f"evicted: window_frames must be at least {evicted.need} for this mask, or the "
+            "mask must not reach that far back",
+        ) from None
 
 
 def _check_chunk_tables(spec: Spec, chunked, slots: int, smem_budget: int) -> None:

@@ -20,17 +20,16 @@ chunk never reaches keys the cache does not hold yet, and the full-sequence modu
 exactly what the chunks do, one after another.
 
 A rolling cache (`kv_cache: {window_frames: W, sink_frames: S}`) holds S sink frames and a
-ring of W frame slots (svgen.runtime.chunks.ring_shifts): its kv tiles are the cache's,
-and a physical kv block holds at most three runs of video keys (sink, the ring up to its
-wrap, the rest), each a constant shift of its slots. Those are classified per chunk
-position directly from the rows' key sets (`ring_kinds`): a block is FULL when every real
-row of a q block keeps every real key of every run, EMPTY when none keeps any. A mask that
-keeps a frame the ring has evicted is refused (`ring_evictions`).
+ring of W frame slots (svgen.runtime.ring): its kv tiles are the cache's, and a physical kv
+block holds at most three runs of video keys (sink, the ring up to its wrap, the rest), each
+a constant shift of its slots. Those are classified per chunk position directly from the
+rows' key sets (`ring_kinds`): a block is FULL when every real row of a q block keeps every
+real key of every run, EMPTY when none keeps any. A mask that keeps a frame the ring has
+evicted is refused (`EvictedFrames`, from the same pass over the rows' key sets).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -38,16 +37,16 @@ import numpy as np
 from svgen import ir
 from svgen.analysis.classify import (
     MAX_UNDECIDED_PAIRS,
-    PAIRS_PER_BATCH,
     TileGrid,
     classify_tiles,
+    evaluated_pairs,
 )
-from svgen.analysis.intervals import IntervalSet, ragged_arange
+from svgen.analysis.intervals import IntervalSet
 from svgen.analysis.rowsets import Bounds, RowChunk, row_bounds
 from svgen.analysis.tables import build_runs, kernel_tiles
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
-from svgen.runtime.ring import ring_shifts
+from svgen.runtime.ring import RingCache
 from svgen.runtime.tables import PieceTables
 from svgen.spec import Tiling
 
@@ -120,46 +119,36 @@ def chunk_tables(chunked_runs, slots: int, compute_blocks: int) -> PieceTables:
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class RingCache:
-    """A rolling cache's geometry, as the analysis needs it (svgen.runtime.chunks.KvCache
-    holds the same numbers for the kernel)."""
+class EvictedFrames(Exception):
+    """A chunk's mask keeps a frame its rolling cache has evicted: the first chunk position
+    where it does, the oldest such frame, and the ring size every position would need."""
 
-    chunk_frames: int
-    sink_frames: int
-    window_frames: int
-
-    def cache_tokens(self, layout: TokenLayout) -> int:
-        return (self.sink_frames + self.window_frames) * layout.tokens_per_frame
-
-    def key_runs(self, layout: TokenLayout, position: int) -> list[tuple[int, int, int]]:
-        """(first, end, shift): the cache's physical key runs at a chunk position, each
-        holding video keys first + shift .. end + shift."""
-        wrap, before, after = ring_shifts(
-            position,
-            self.chunk_frames,
-            self.sink_frames,
-            self.window_frames,
-            layout.tokens_per_frame,
-        )
-        sink = self.sink_frames * layout.tokens_per_frame
-        end = self.cache_tokens(layout)
-        runs = [(0, sink, 0), (sink, int(wrap), int(before)), (int(wrap), end, int(after))]
-        return [r for r in runs if r[1] > r[0]]
+    def __init__(self, position: int, frame: int, need: int):
+        super().__init__(position, frame, need)
+        self.position, self.frame, self.need = position, frame, need
 
 
 def ring_runs(mask: ir.Node, layout: TokenLayout, tiling: Tiling, ring: RingCache) -> np.ndarray:
     """`chunk_runs` for a rolling cache: every chunk position's runs on the chunk's q tiles
-    against the cache's kv tiles."""
+    against the cache's kv tiles. Raises EvictedFrames when some position's rows keep a
+    frame the ring no longer holds (each position's key sets are computed once, for both)."""
     rows = chunk_tokens(layout, ring.chunk_frames)
-    cache = ring.cache_tokens(layout)
+    cache = ring.cache_frames * layout.tokens_per_frame
     tiles = TileGrid(cache, tiling.block_q, tiling.block_kv, q_len=rows)
     compute = TileGrid(cache, tiling.cq, tiling.ckv, q_len=rows)
-    out = []
+    out, evicted, need = [], None, 0
     for position in range(layout.frames // ring.chunk_frames):
-        kinds = ring_kinds(mask, layout, tiling, ring, position)
-        runs = build_runs(*kernel_tiles(kinds, tiles, compute), tiles)
-        out.append(np.concatenate([np.full((len(runs), 1), position, np.int64), runs], axis=1))
+        chunk, bounds = _chunk_rows(mask, layout, tiling, ring, position)
+        frame = _oldest_evicted_frame(chunk, bounds, ring, position)
+        if frame is not None:
+            need = max(need, (position + 1) * ring.chunk_frames - frame)
+            evicted = evicted or (position, frame)
+        if evicted is None:
+            kinds = ring_kinds(chunk, bounds, tiling, ring, position)
+            runs = build_runs(*kernel_tiles(kinds, tiles, compute), tiles)
+            out.append(np.concatenate([np.full((len(runs), 1), position, np.int64), runs], 1))
+    if evicted is not None:
+        raise EvictedFrames(*evicted, need)
     return np.concatenate(out)
 
 
@@ -175,33 +164,17 @@ def _chunk_rows(mask, layout: TokenLayout, tiling: Tiling, ring: RingCache, posi
     undecided = bounds.hi.intersection(bounds.lo.complement_within(chunk.universe))
     if undecided.total_length() > MAX_UNDECIDED_PAIRS:
         return chunk, bounds
-    return chunk, Bounds.exact(bounds.lo.union(_allowed(mask, chunk, undecided)))
+    kept = [line[allowed] for line, _, _, allowed in evaluated_pairs(mask, chunk, undecided)]
+    kept = np.concatenate([np.zeros(0, np.int64), *kept])
+    return chunk, Bounds.exact(bounds.lo.union(IntervalSet.normalized(kept, kept + 1)))
 
 
-def _allowed(mask: ir.Node, chunk: RowChunk, pairs: IntervalSet) -> IntervalSet:
-    """The pairs of `pairs` the mask keeps (the oracle, in batches)."""
-    starts, ends = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-    lengths = pairs.ends - pairs.starts
-    cuts = np.searchsorted(np.cumsum(lengths), np.arange(0, lengths.sum(), PAIRS_PER_BATCH))
-    edges = sorted(set(cuts.tolist()) | {0, len(pairs)})
-    for lo, hi in zip(edges[:-1], edges[1:]):
-        line = np.repeat(pairs.starts[lo:hi], lengths[lo:hi]) + ragged_arange(lengths[lo:hi])
-        row = line // chunk.stride
-        keys = chunk.layout.coordinates(line - row * chunk.stride)
-        kept = line[mask.evaluate(chunk.layout.coordinates(chunk.first_row + row), keys)]
-        starts.append(kept)
-        ends.append(kept + 1)
-    return IntervalSet.normalized(np.concatenate(starts), np.concatenate(ends))
-
-
-def ring_kinds(
-    mask: ir.Node, layout: TokenLayout, tiling: Tiling, ring: RingCache, position: int
-) -> np.ndarray:
+def ring_kinds(chunk: RowChunk, bounds: Bounds, tiling: Tiling, ring: RingCache, position: int):
     """int8 [chunk's compute q blocks, cache's compute kv blocks]: each block's kind at a
-    chunk position, from the rows' key sets (bounds for user predicates: FULL needs the
-    certain keys, EMPTY the possible ones)."""
-    chunk, bounds = _chunk_rows(mask, layout, tiling, ring, position)
-    first, end, shift, block = _block_pieces(ring.key_runs(layout, position), tiling.ckv)
+    chunk position, from the chunk rows' key sets (bounds for user predicates: FULL needs
+    the certain keys, EMPTY the possible ones)."""
+    key_runs = ring.key_runs(position, chunk.layout.tokens_per_frame)
+    first, end, shift, block = _block_pieces(key_runs, tiling.ckv)
     base = np.arange(chunk.num_rows, dtype=np.int64)[:, None] * chunk.stride
     lo = (first + shift)[None, :] + base
     hi = (end + shift)[None, :] + base
@@ -244,25 +217,16 @@ def _coverage(s: IntervalSet, points: np.ndarray) -> np.ndarray:
     return below[i] + np.maximum(inside, 0)
 
 
-def ring_evictions(mask: ir.Node, layout: TokenLayout, tiling: Tiling, ring: RingCache):
-    """None when no chunk's mask reaches a frame its rolling cache has evicted; else
-    (position, frame, window): the first chunk position whose rows may keep an evicted
-    frame, the oldest such frame, and the ring size every position would need."""
-    need, first = 0, None
-    for position in range(layout.frames // ring.chunk_frames):
-        chunk, bounds = _chunk_rows(mask, layout, tiling, ring, position)
-        newest = (position + 1) * ring.chunk_frames - 1
-        oldest_kept = newest - ring.window_frames + 1  # the ring's oldest frame
-        if oldest_kept <= ring.sink_frames:
-            continue
-        t = layout.tokens_per_frame
-        base = np.arange(chunk.num_rows, dtype=np.int64) * chunk.stride
-        evicted = IntervalSet(base + ring.sink_frames * t, base + oldest_kept * t)
-        reach = bounds.hi.intersection(evicted)
-        if len(reach) == 0:
-            continue
-        frame = int(((reach.starts - reach.starts // chunk.stride * chunk.stride) // t).min())
-        need = max(need, newest - frame + 1)
-        if first is None:
-            first = (position, frame)
-    return None if first is None else (*first, need)
+def _oldest_evicted_frame(chunk: RowChunk, bounds: Bounds, ring: RingCache, position: int):
+    """The oldest frame the chunk's rows may keep that its ring has evicted (frames in
+    sink .. the ring's oldest), None when they keep none."""
+    newest = (position + 1) * ring.chunk_frames - 1
+    oldest_held = newest - ring.window_frames + 1
+    if oldest_held <= ring.sink_frames:
+        return None
+    t = chunk.layout.tokens_per_frame
+    base = np.arange(chunk.num_rows, dtype=np.int64) * chunk.stride
+    reach = bounds.hi.intersection(IntervalSet(base + ring.sink_frames * t, base + oldest_held * t))
+    if len(reach) == 0:
+        return None
+    return int(((reach.starts % chunk.stride) // t).min())

@@ -327,6 +327,20 @@ def _touching_rows(chunk: RowChunk, s: IntervalSet, nk: int) -> np.ndarray:
     return _count_runs(chunk, *_touching_runs(chunk, s), nk)
 
 
+def evaluated_pairs(mask: ir.Node, chunk: RowChunk, pairs: IntervalSet):
+    """The oracle over `pairs` (intervals on the chunk's line), PAIRS_PER_BATCH at a time:
+    per batch (line positions, local rows, keys, allowed bool)."""
+    lengths = pairs.ends - pairs.starts
+    cuts = np.searchsorted(np.cumsum(lengths), np.arange(0, lengths.sum(), PAIRS_PER_BATCH))
+    edges = sorted(set(cuts.tolist()) | {0, len(pairs)})
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        line = np.repeat(pairs.starts[lo:hi], lengths[lo:hi]) + ragged_arange(lengths[lo:hi])
+        row = line // chunk.stride
+        key = line - row * chunk.stride
+        q = chunk.layout.coordinates(chunk.first_row + row)
+        yield line, row, key, mask.evaluate(q, chunk.layout.coordinates(key))
+
+
 def _evaluate_open_pairs(mask: ir.Node, chunk: RowChunk, pairs: IntervalSet, nk: int):
     """Evaluate `pairs` (row, key intervals) with the dense oracle, in batches.
 
@@ -338,17 +352,7 @@ def _evaluate_open_pairs(mask: ir.Node, chunk: RowChunk, pairs: IntervalSet, nk:
     per_tile_open = np.zeros(num_tiles * nk, np.int64)
     per_row = np.zeros(chunk.num_rows, np.int64)
     per_row_last = np.zeros(chunk.num_rows, np.int64)
-    lengths = pairs.ends - pairs.starts
-    cuts = np.searchsorted(np.cumsum(lengths), np.arange(0, lengths.sum(), PAIRS_PER_BATCH))
-    edges = sorted(set(cuts.tolist()) | {0, len(pairs)})
-    for lo, hi in zip(edges[:-1], edges[1:]):
-        seg_len = lengths[lo:hi]
-        line = np.repeat(pairs.starts[lo:hi], seg_len) + ragged_arange(seg_len)
-        row = line // chunk.stride
-        key = line - row * chunk.stride
-        q = chunk.layout.coordinates(chunk.first_row + row)
-        k = chunk.layout.coordinates(key)
-        allowed = mask.evaluate(q, k)
+    for _, row, key, allowed in evaluated_pairs(mask, chunk, pairs):
         tile = chunk.q_tile_of(row) * nk + key // chunk.block_kv
         per_tile_allowed += np.bincount(tile, allowed, minlength=per_tile_allowed.size).astype(
             np.int64

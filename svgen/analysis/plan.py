@@ -201,10 +201,10 @@ class Plan:
         runtime = self.spec.runtime
         if not runtime.rolling:
             return "a contiguous cache of the whole video"
+        keys = runtime.cache_frames(self.layout.frames) * self.layout.tokens_per_frame
         return (
             f"a rolling cache of {runtime.sink_frames} sink + {runtime.window_frames} ring "
-            f"frames ({(runtime.sink_frames + runtime.window_frames) * self.layout.tokens_per_frame:,} "
-            "keys)"
+            f"frames ({keys:,} keys)"
         )
 
     def chunk_steps(self) -> list[int]:

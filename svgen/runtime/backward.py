@@ -31,6 +31,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from svgen.runtime import chunks
 from svgen.runtime import kernel as fwd
 from svgen.runtime.coords import QueryCoords, TokenCoords
 from svgen.runtime.interpret import settled
@@ -284,7 +285,7 @@ def _dkv_kernel(
     KV-cache chunk's walk (per-row tables; the last table holds each row's first query token
     in the video, svgen.runtime.chunks). ring: (sink end, rows) of a chunk's walk against a
     rolling cache: the last table then also holds the ring's wrap and key shifts per row,
-    which map the cache's slots to video keys in masked blocks (fwd._ring_keys)."""
+    which map the cache's slots to video keys in masked blocks (chunks.slot_keys)."""
     k_ref, v_ref, q_ref, do_ref, lse_ref, d_ref = refs[num_tables : num_tables + 6]
     id_refs = refs[num_tables + 6 : num_tables + 8] if with_ids else ()
     outs = refs[num_tables + num_inputs :]
@@ -298,10 +299,11 @@ def _dkv_kernel(
     )
     q_first = refs[num_tables - 1][view.row] if chunked else None
     key_map = None
-    if ring is not None:
+    if ring is not None:  # a rolling cache's slots -> video keys, in masked blocks
         sink, rows = ring
-        key_map = functools.partial(fwd._ring_keys, sink=sink, scalars=refs[num_tables - 1])
-        key_map = functools.partial(key_map, rows=rows, row=view.row)
+        key_map = functools.partial(
+            chunks.slot_keys, sink=sink, scalars=refs[num_tables - 1], rows=rows, row=view.row
+        )
     blocks = [
         fwd._Block(ki, qi, shape)
         for ki in range(shape.q_blocks_per_tile)

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from svgen.runtime.ring import ring_shifts
+from svgen.runtime.ring import RingCache, slot_to_video
 from svgen.runtime.segments import CallTables
 from svgen.runtime.tables import KernelShape, PieceTables, as_runs, transposed_tables
 
@@ -60,28 +60,49 @@ class KvCache:
     def rolling(self) -> bool:
         return self.window_frames > 0
 
+    @functools.cached_property
+    def ring(self) -> RingCache | None:
+        """A rolling cache's geometry (svgen.runtime.ring); None for a contiguous cache."""
+        if not self.rolling:
+            return None
+        return RingCache(self.chunk_frames, self.sink_frames, self.window_frames)
+
     @property
     def cache_frames(self) -> int:
         """Frames the cache holds: the whole video, or the sink and the ring."""
-        return self.sink_frames + self.window_frames if self.rolling else self.frames
+        return self.frames if self.ring is None else self.ring.cache_frames
 
     @property
     def cache_tokens(self) -> int:
         return self.cache_frames * self.frame_tokens
 
+    @property
+    def ring_sink(self) -> int | None:
+        """The token where a rolling cache's sink ends (what a masked block's slot map
+        needs as a constant); None for a contiguous cache."""
+        return None if self.ring is None else self.sink_frames * self.frame_tokens
+
     def ring_shifts(self, position, xp=np):
         """A rolling cache at a chunk position (int or traced int32): (wrap, before, after)
-        in tokens. Physical cache token p holds video token p for p < sink (the sink
-        frames), p + before for sink <= p < wrap, and p + after from wrap on (the ring's
-        slots from the oldest frame it holds to the end, then the newest frames, which
-        wrapped around to its start). See `ring_frames`."""
-        return ring_shifts(
-            position,
-            self.chunk_frames,
-            self.sink_frames,
-            self.window_frames,
-            self.frame_tokens,
-            xp,
+        in tokens (svgen.runtime.ring). See `ring_frames`."""
+        return self.ring.shifts(position, self.frame_tokens, xp)
+
+    def ring_scalars(self, position) -> list:
+        """The per-row scalars a chunked call adds for its cache: a rolling cache's traced
+        (wrap, before, after), read by `slot_keys`; none for a contiguous cache."""
+        return [] if self.ring is None else list(self.ring_shifts(position, jnp))
+
+    def call_shape(self, shape: KernelShape) -> KernelShape:
+        """The kernel shape of a chunked call: the video's, or with a rolling cache the
+        cache's length as the kv side (its padding keys are the cache's; padded to whole
+        tiles of both sizes, both powers of two, for the backward's zero padding)."""
+        if self.ring is None:
+            return shape
+        tile = max(shape.block_q, shape.block_kv)
+        return dataclasses.replace(
+            shape,
+            seq_len=self.cache_tokens,
+            padded_seq_len=-(-self.cache_tokens // tile) * tile,
         )
 
     @property
@@ -131,23 +152,20 @@ class KvCache:
         return CallTables(first, count, *pieces, jnp.max(count)), exact
 
 
-def ring_keys(k_pos, sink: int, wrap, before, after):
-    """Video key positions of a rolling cache's slot positions k_pos (any int32 array; the
-    scalars of `ring_shifts`): the sink as it is, the ring shifted by `before` up to its
-    wrap and by `after` from there. What the TPU and GPU kernels' masked blocks (and the dk/dv
-    walk) evaluate the mask at."""
-    shift = jnp.where(k_pos < wrap, before, after)
-    return k_pos + jnp.where(k_pos < sink, 0, shift)
+def slot_keys(k_pos, sink: int, scalars, rows: int, row):
+    """Video key positions of a rolling cache's slot positions k_pos in a masked block: its
+    per-row scalars (`ring_scalars`, after the rows' first tokens and defined flags or table
+    patterns, 2 * rows) read from SMEM, then the slot map. The TPU forward, the dk/dv walk
+    and the GPU kernel evaluate the mask at these."""
+    wrap, before, after = (scalars[i * rows + row] for i in (2, 3, 4))
+    return slot_to_video(k_pos, sink, wrap, before, after, jnp)
 
 
 def ring_frames(cache: "KvCache", position: int) -> np.ndarray:
-    """The video frame each cache slot holds at a chunk position (int [cache_frames]); what
-    `ring_shifts` says, frame by frame (the tests' and the examples' statement of the
-    convention)."""
+    """The video frame each cache slot holds at a chunk position (int [cache_frames]): the
+    slot map at frame grain (the tests' and the examples' statement of the convention)."""
     wrap, before, after = (int(x) // cache.frame_tokens for x in cache.ring_shifts(position))
-    slots = np.arange(cache.cache_frames)
-    shift = np.where(slots < cache.sink_frames, 0, np.where(slots < wrap, before, after))
-    return slots + shift
+    return slot_to_video(np.arange(cache.cache_frames), cache.sink_frames, wrap, before, after)
 
 
 def _padded(table: np.ndarray, extra: int) -> np.ndarray:

@@ -221,8 +221,7 @@ def _attention_kernel(
 
     def masked(p: _PatternCode, q_coords: _QueryColumns, k_pos, k_in, scores):
         if ring_sink is not None:  # a rolling cache's slots -> the video keys they hold
-            wrap, before, after = (chunk_ref[i * chunk_rows + row] for i in (2, 3, 4))
-            k_pos = chunks.ring_keys(k_pos, ring_sink, wrap, before, after)
+            k_pos = chunks.slot_keys(k_pos, ring_sink, chunk_ref, chunk_rows, row)
         keep = p.boundary_mask(q_coords, TokenCoords(k_pos[None, :], p.layout))
         keep = jnp.broadcast_to(keep, scores.shape) & k_in[None, :]
         return jnp.where(keep, scores, MASK_VALUE)
@@ -437,10 +436,7 @@ def make_gpu_attention(
         return tuple(segments.head_rows(x, head_layout)[:, 0] for x in ids)
 
     # A rolling cache's call: the kv side is the cache (svgen.runtime.chunks).
-    chunk_shape, ring_sink = shape, None
-    if kv_cache is not None and kv_cache.rolling:
-        chunk_shape = dataclasses.replace(shape, seq_len=kv_cache.cache_tokens)
-        ring_sink = kv_cache.sink_frames * kv_cache.frame_tokens
+    chunk_shape = shape if kv_cache is None else kv_cache.call_shape(shape)
 
     @functools.cache
     def chunk_tables() -> GpuTables:
@@ -471,8 +467,7 @@ def make_gpu_attention(
         def kernel_call(q, k, v, hp, position, defined):
             rows = q.shape[0]
             scalars = [position * len(patterns), position * kv_cache.rows]
-            if kv_cache.rolling:
-                scalars += kv_cache.ring_shifts(position, jnp)
+            scalars += kv_cache.ring_scalars(position)
             per_row = [jnp.broadcast_to(x, (rows,)).astype(jnp.int32) for x in scalars]
             out = _gpu_call(
                 q,
@@ -487,7 +482,7 @@ def make_gpu_attention(
                 num_warps=num_warps,
                 num_stages=num_stages,
                 chunk=jnp.concatenate(per_row),
-                ring_sink=ring_sink,
+                ring_sink=kv_cache.ring_sink,
             )
             return jnp.where(defined[:, None, None], out, jnp.asarray(jnp.nan, out.dtype))
 

@@ -406,13 +406,6 @@ def _decode_query_coords(
         coords_ref[index] = jnp.broadcast_to(value, (shape.block_q, LANES))
 
 
-def _ring_keys(k_pos, sink: int, scalars, rows: int, row):
-    """Video key positions of a rolling cache's slots k_pos (chunks.ring_keys), its three
-    per-row SMEM scalars read after the chunk's first tokens and defined flags (2 * rows)."""
-    wrap, before, after = (scalars[i * rows + row] for i in (2, 3, 4))
-    return chunks.ring_keys(k_pos, sink, wrap, before, after)
-
-
 def _both(condition, in_mode):
     """condition & in_mode, with no extra op where in_mode is True (a kernel without the
     bounded twin traces exactly the ops it always had)."""
@@ -624,7 +617,7 @@ def _attention_kernel(
         )
         k_video = k_pos
         if ring_sink is not None:  # a rolling cache's slot -> the video token it holds
-            k_video = _ring_keys(k_pos, ring_sink, table_refs[-1], chunked, view.row)
+            k_video = chunks.slot_keys(k_pos, ring_sink, table_refs[-1], chunked, view.row)
         q = _QueryBlockCoords(coords_ref, pattern.query_coords, block)
         keep = jnp.broadcast_to(
             pattern.boundary_mask(q, TokenCoords(k_video, pattern.layout)),
@@ -1310,17 +1303,10 @@ def make_attention(
             call_tables(False).check_smem(batch or 1, shape.heads)
         return ids
 
-    # A rolling cache's call: the kv side is the cache (its length in the shape, so the
-    # padding keys are its own), and BOUNDARY blocks map its slots to video keys.
-    chunk_shape, ring_sink = shape, None
-    if kv_cache is not None and kv_cache.rolling:
-        tile = max(shape.block_q, shape.block_kv)  # both powers of two: a multiple of each
-        chunk_shape = dataclasses.replace(
-            shape,
-            seq_len=kv_cache.cache_tokens,
-            padded_seq_len=-(-kv_cache.cache_tokens // tile) * tile,
-        )
-        ring_sink = kv_cache.sink_frames * kv_cache.frame_tokens
+    # A rolling cache's call: the kv side is the cache, and masked blocks map its slots to
+    # video keys (svgen.runtime.chunks).
+    chunk_shape = shape if kv_cache is None else kv_cache.call_shape(shape)
+    ring_sink = None if kv_cache is None else kv_cache.ring_sink
 
     @functools.cache
     def chunk_tables() -> PieceTables:
@@ -1337,8 +1323,7 @@ def make_attention(
         def chunk_operands(table, position, hp, defined, rows):
             call, exact = kv_cache.call_tables(table, position, hp, rows // heads)
             scalars = [position * kv_cache.rows, defined.astype(jnp.int32)]
-            if kv_cache.rolling:
-                scalars += kv_cache.ring_shifts(position, jnp)
+            scalars += kv_cache.ring_scalars(position)
             per_row = [jnp.broadcast_to(x, (rows,)).astype(jnp.int32) for x in scalars]
             return call, jnp.concatenate(per_row), exact
 
