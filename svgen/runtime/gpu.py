@@ -184,7 +184,7 @@ def _attention_kernel(
     an int32 [2 * rows] input follows v: per row its chunk position's first table pattern,
     then its first query token in the video. ring_sink: against a rolling cache whose sink
     ends at this token (seq_len is the cache's length): the input then also holds per row
-    the ring's wrap and two key shifts (svgen.runtime.chunks.ring_shifts), which map the
+    the ring's wrap and two key shifts (KvCache.ring_scalars, svgen.runtime.chunks), which map the
     slots of a masked tile to video keys."""
     *id_refs, o_ref = refs
     chunk_ref = id_refs.pop(0) if chunk_rows else None

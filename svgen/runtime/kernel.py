@@ -519,7 +519,7 @@ def _attention_kernel(
     chunk's first token in the video, then per row whether its output is defined.
     ring_sink: a chunk's call against a rolling cache whose sink ends at this token: the
     last scalar operand then also holds per row the ring's wrap and its two key shifts
-    (svgen.runtime.chunks.ring_shifts), and shape.seq_len is the cache's length.
+    (KvCache.ring_scalars, svgen.runtime.chunks), and shape.seq_len is the cache's length.
     q_rows: the rows of q (shape.bounded_softmax: rows past them are left out of the bound).
     with_modes: a last output, per row and q tile the tile's softmax mode (1: bounded), for
     `attention.softmax_modes` (a diagnostic; the kernels a model runs have no such output).
