@@ -254,6 +254,13 @@ def _runtime() -> dict:
             "description": "attention(..., text_lengths=int32 [] or [batch]): the real text "
             "tokens; padding text is never attended and its rows come out as zeros",
         },
+        "per_video_frames": {
+            "type": "boolean",
+            "default": False,
+            "description": "with segments: each video segment (whole frames of the geometry's "
+            "height x width) numbers its frames from its own first frame, so first_frame and "
+            "block_causal apply per video; text keeps frame 0",
+        },
         "kv_cache": _section(
             spec.KV_CACHE_KEYS,
             {

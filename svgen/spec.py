@@ -196,10 +196,13 @@ class Runtime:
 
     segments: bool = False
     text_lengths: bool = False
+    # Each video segment numbers its frames from its own first frame (svgen.runtime.segments).
+    per_video_frames: bool = False
     chunk_frames: int = 0
     sink_frames: int = 0
     window_frames: int = 0
     where: Location | None = field(default=None, compare=False, hash=False)  # kv_cache's key
+    frames_where: Location | None = field(default=None, compare=False, hash=False)
 
     @property
     def any(self) -> bool:
@@ -418,6 +421,8 @@ def _with_runtime(obj: dict, runtime: Runtime) -> dict:
     # Only when something is declared, so the digests of specs without it stay what they were.
     if runtime.any:
         obj["runtime"] = {"segments": runtime.segments, "text_lengths": runtime.text_lengths}
+        if runtime.per_video_frames:
+            obj["runtime"]["per_video_frames"] = True
     if runtime.kv_cache:
         cache = {"chunk_frames": runtime.chunk_frames}
         if runtime.rolling:
@@ -671,7 +676,7 @@ TOP_K_KEYS = ("k", "min", "max")
 TOP_P_KEYS = ("p", "min", "max")
 #: The most blocks a select policy may keep per compute block row (the packed tables' side).
 MAX_SELECT_BLOCKS = 32768
-RUNTIME_KEYS = ("segments", "text_lengths", "kv_cache")
+RUNTIME_KEYS = ("segments", "text_lengths", "per_video_frames", "kv_cache")
 KV_CACHE_KEYS = ("chunk_frames", "sink_frames", "window_frames")
 GEOMETRY_KEYS = ("frames", "height", "width", "text_tokens", "text_position")
 #: The least value of each size in ``geometry`` (their most: MAX_SEQ_LEN, and so their total).
@@ -853,7 +858,7 @@ def _read_runtime(r: _Reader, node: Node, path: str, geometry: TokenLayout) -> R
         return Runtime()
     e = r.mapping(node, path, RUNTIME_KEYS)
     vals: dict[str, Any] = {}
-    for key in ("segments", "text_lengths"):
+    for key in ("segments", "text_lengths", "per_video_frames"):
         if key not in e:
             continue
         vnode = e[key][1]
@@ -863,9 +868,18 @@ def _read_runtime(r: _Reader, node: Node, path: str, geometry: TokenLayout) -> R
                 vnode, _join(path, key), f"must be true or false, got {r.describe(vnode)}"
             )
         vals[key] = value
+    if "per_video_frames" in e:
+        key_path = _join(path, "per_video_frames")
+        vals["frames_where"] = r.location(e["per_video_frames"][1], key_path)
     if "kv_cache" in e:
         vals.update(_read_kv_cache(r, e["kv_cache"][1], _join(path, "kv_cache"), geometry))
     runtime = Runtime(**vals)
+    if runtime.per_video_frames and not runtime.segments:
+        raise r.error(
+            e["per_video_frames"][1],
+            _join(path, "per_video_frames"),
+            "needs `segments: true`: frames are numbered per video segment",
+        )
     if runtime.text_lengths and geometry.text_tokens == 0:
         raise r.error(
             e["text_lengths"][1],

@@ -26,10 +26,10 @@ from typing import Callable
 import numpy as np
 
 from svgen import ir
-from svgen.analysis import chunks, product, rowsets
+from svgen.analysis import chunks, product, rowsets, video_frames
 from svgen.analysis.align import PairBudget, align_classification
 from svgen.analysis.classify import Classification, TileGrid, classify_tiles, is_frame_invariant
-from svgen.analysis.plan import PatternPlan, Plan, pattern_shape
+from svgen.analysis.plan import PatternPlan, Plan, VideoFramePlan, pattern_shape
 from svgen.runtime.ring import RingCache
 from svgen.analysis.tables import (
     DEFAULT_SMEM_BUDGET,
@@ -123,8 +123,10 @@ def analyze(
     except TableBudgetError as err:
         raise _over_budget_error(spec, patterns, err, smem_budget) from None
     _check_backward_tables(spec, patterns, tiles, chip, smem_budget)
+    video_frames = _video_frames(spec, patterns, progress)
     if spec.runtime.any:
-        _check_runtime_tables(spec, patterns, tables.slots, smem_budget)
+        runs = [p.table.runs if v is None else v.runs for p, v in zip(patterns, video_frames)]
+        _check_runtime_tables(spec, runs, patterns[0].grid, tables.slots, smem_budget)
     chunked = ()
     if spec.runtime.kv_cache:
         chunked = _chunk_runs(spec, patterns, spec.tiling)
@@ -142,6 +144,7 @@ def analyze(
         vmem=vmem,
         chunk_runs=chunked,
         candidate_runs=candidate_runs,
+        video_frames=video_frames,
     )
 
 
@@ -378,16 +381,58 @@ def _check_backward_tables(spec: Spec, patterns, tiles, chip: Target, smem_budge
     )
 
 
-def _check_runtime_tables(spec: Spec, patterns, slots: int, smem_budget: int) -> None:
+def _video_frames(spec: Spec, patterns, progress) -> tuple:
+    """runtime.per_video_frames: per pattern, its superset and frame tree
+    (svgen.analysis.video_frames), or None for a mask that means the same at every segment
+    start; () without the key, or when every pattern is such a mask."""
+    if not spec.runtime.per_video_frames:
+        return ()
+    plans = tuple(_video_frame_plan(spec, p, progress, len(patterns) > 1) for p in patterns)
+    return plans if any(plans) else ()
+
+
+def _video_frame_plan(spec: Spec, pattern, progress, named: bool) -> VideoFramePlan | None:
+    try:
+        tree = video_frames.frame_tree(pattern.mask)
+    except video_frames.NotPerVideo as refused:
+        where = spec.runtime.frames_where
+        which = f"pattern {pattern.name!r}: " if named else ""
+        message = f"{which}{refused}"
+        if where is None:
+            raise SpecError(message, file=spec.source, key="runtime.per_video_frames") from None
+        raise SpecError(
+            message, file=where.file, line=where.line, column=where.column, key=where.key
+        ) from None
+    if tree.tree == ("group", 0):
+        return None
+
+    def runs_of(name: str, mask) -> np.ndarray:
+        with (
+            ROW_SET_WORK.budget(int(ROW_SET_BACKSTOP * MAX_ROW_SET_WORK)),
+            PRODUCT_WORK.budget(MAX_PRODUCT_WORK),
+        ):
+            try:
+                plan, _ = _pattern_plan(spec, name, mask, pattern.layout, progress, False)
+            except WorkOverLimit as over:
+                raise _work_error(spec, over, pattern.name, mask, pattern.layout) from None
+        return plan.table.runs
+
+    frames = spec.geometry.frames
+    superset_runs = runs_of(pattern.name, video_frames.superset(pattern.mask, frames))
+    groups = tuple(runs_of(pattern.name, g) for g in tree.groups)
+    return VideoFramePlan(superset_runs, groups, tree.tree, tree.groups)
+
+
+def _check_runtime_tables(spec: Spec, runs, grid, slots: int, smem_budget: int) -> None:
     """A call with run-time inputs builds its tables at each pattern's static maximum (its
-    static step count), per batch element; one element's must fit SMEM, for the forward
-    walk and for the dk/dv walk (whose static steps are the same visited tiles plus at most
-    one zero-fill step per kv tile)."""
-    kv_tiles = patterns[0].grid.num_kv_blocks
+    static step count; with per-video frames, its superset's), per batch element; one
+    element's must fit SMEM, for the forward walk and for the dk/dv walk (whose static steps
+    are the same visited tiles plus at most one zero-fill step per kv tile)."""
+    kv_tiles = grid.num_kv_blocks
     pieces = []
-    for p in patterns:
-        visited = int(sum(r[2] for r in p.table.runs if r[3] != TileKind.EMPTY))
-        pieces.append(max(static_steps(p.table.runs), visited + kv_tiles))
+    for pattern_runs in runs:
+        visited = int(sum(r[2] for r in pattern_runs if r[3] != TileKind.EMPTY))
+        pieces.append(max(static_steps(pattern_runs), visited + kv_tiles))
     heads = spec.attention.heads
     need = runtime_table_bytes(pieces, slots, spec.tiling.compute_blocks, 1, heads)
     if need > smem_budget:

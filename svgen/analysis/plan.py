@@ -116,6 +116,19 @@ def pattern_shape(spec: Spec, pattern: PatternPlan) -> KernelShape:
     )  # fmt: skip
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class VideoFramePlan:
+    """One pattern under per-video frame numbering (svgen.analysis.video_frames): the runs
+    of its superset (the union over every segment start: what a call's tables are refined
+    from), the runs of each invariant group at the same tiles, and the frame tree combining
+    the groups with the anchored leaves."""
+
+    runs: np.ndarray
+    group_runs: tuple[np.ndarray, ...]
+    tree: tuple
+    groups: tuple  # the groups' IR nodes (for the generated module's comments)
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     spec: Spec
@@ -131,6 +144,9 @@ class Plan:
     # select: the candidate region's runs at the spec's tiles (svgen.runtime.select); None
     # without a select policy
     candidate_runs: np.ndarray | None = None
+    # runtime.per_video_frames: per pattern its VideoFramePlan, or None where the mask means
+    # the same at every segment start; empty when no pattern needs one
+    video_frames: tuple = ()
 
     @property
     def backend(self) -> str:

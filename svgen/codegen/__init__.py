@@ -104,13 +104,19 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
             entry.update(tables_file=filename, tables_sha256=hashlib.sha256(data).hexdigest())
         else:
             entry["inline_runs"] = _format_runs(runs)
-        entry.update(
-            _chunk_entry(plan, len(patterns), name if single else f"{name}_{pattern.name}", files)
-        )
+        stem = name if single else f"{name}_{pattern.name}"
+        entry.update(_chunk_entry(plan, len(patterns), stem, files))
+        entry["video"] = _video_entry(plan, len(patterns), stem, files)
         patterns.append(entry)
     context = _context(plan, spec_path, patterns)
     context["select"] = _select_entry(plan, name, files)
     context["any_tables_file"] |= bool(context["select"] and context["select"]["file"])
+    context["any_tables_file"] |= any(
+        t["file"]
+        for p in patterns
+        if p["video"]
+        for t in (p["video"]["superset"], *p["video"]["groups"])
+    )
     body = _environment().get_template("pallas_tpu/module.py.j2").render(context)
     header = _header(spec_path, options, plan.spec.digest, body)
     files[f"{name}.py"] = (header + body).encode()
@@ -136,6 +142,38 @@ def _chunk_entry(plan: Plan, index: int, stem: str, files: dict[str, bytes]) -> 
     else:
         entry["chunk_inline_runs"] = _format_chunk_runs(runs)
     return entry
+
+
+def _video_entry(plan: Plan, index: int, stem: str, files: dict[str, bytes]) -> dict | None:
+    """A pattern's per-video frame tables (runtime.per_video_frames): its superset's runs and
+    each invariant group's, inline or in .npy files beside the module, and the frame tree."""
+    video = plan.video_frames[index] if plan.video_frames else None
+    if video is None:
+        return None
+    prefix = "" if len(plan.patterns) == 1 else f"{plan.patterns[index].name.upper()}_"
+
+    def table(name: str, runs: np.ndarray, suffix: str) -> dict:
+        entry = {"name": name, "num_runs": _int(len(runs)), "inline": None, "file": None}
+        if len(runs) > MAX_INLINE_RUNS:
+            data = _npy_bytes(runs.astype(np.int32))
+            entry["file"] = f"{stem}_{suffix}.npy"
+            entry["sha256"] = hashlib.sha256(data).hexdigest()
+            files[entry["file"]] = data
+        else:
+            entry["inline"] = _format_runs(runs)
+        return entry
+
+    groups = []
+    for j, (runs, node) in enumerate(zip(video.group_runs, video.groups)):
+        entry = table(f"{prefix}VIDEO_GROUP_{j}_RUNS", runs, f"video_group_{j}")
+        entry["words"] = textwrap.wrap(f"Group {j}: {node.describe()}.", width=94)
+        groups.append(entry)
+    return {
+        "superset": table(f"{prefix}VIDEO_RUNS", video.runs, "video"),
+        "groups": groups,
+        "tree_name": f"{prefix}VIDEO_FRAME_TREE",
+        "tree": repr(video.tree),
+    }
 
 
 def _select_entry(plan: Plan, stem: str, files: dict[str, bytes]) -> dict | None:
@@ -365,6 +403,8 @@ def _runtime_imports(plan: Plan, patterns: list[dict]) -> str:
         names.add("gpu")
     if plan.spec.runtime.any:
         names.add("segments")
+    if plan.video_frames:
+        names.add("video_frames")
     if plan.chunk_runs:
         names.add("chunks")
     if plan.spec.select is not None:
@@ -520,7 +560,7 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
         "kv_cache": bool(plan.chunk_runs),
         "rolling": spec.runtime.rolling,
         "runtime_imports": _runtime_imports(plan, patterns),
-        "runtime_inputs": _runtime_inputs(spec.runtime),
+        "runtime_inputs": _runtime_inputs(spec.runtime, bool(plan.video_frames)),
         "runtime_words": _runtime_words(spec.runtime),
     }
 
@@ -530,6 +570,10 @@ def _runtime_words(runtime) -> list[str]:
     words = []
     if runtime.segments:
         words.append("segment_ids: int32 [seq_len] or [batch, seq_len], only pairs of one id")
+    if runtime.per_video_frames:
+        words.append(
+            "per-video frames: a video segment (whole frames) counts its frames from its own first"
+        )
     if runtime.text_lengths:
         words.append("text_lengths: int32 [] or [batch], the real text tokens (the rest: padding)")
     if runtime.rolling:
@@ -547,10 +591,14 @@ def _runtime_words(runtime) -> list[str]:
     return words
 
 
-def _runtime_inputs(runtime) -> str | None:
-    """The make_attention argument of a spec's `runtime` section (None: not given)."""
+def _runtime_inputs(runtime, per_video_frames: bool = False) -> str | None:
+    """The make_attention argument of a spec's `runtime` section (None: not given).
+    per_video_frames: some pattern's mask is anchored at frame 0 (a mask that means the same
+    at every segment start needs nothing per video)."""
     if not runtime.any:
         return None
+    video = ", per_video_frames=True" if per_video_frames else ""
     return (
-        f"segments.RuntimeInputs(segments={runtime.segments}, text_lengths={runtime.text_lengths})"
+        f"segments.RuntimeInputs(segments={runtime.segments}, "
+        f"text_lengths={runtime.text_lengths}{video})"
     )

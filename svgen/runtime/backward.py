@@ -37,6 +37,7 @@ from svgen.runtime.coords import QueryCoords, TokenCoords
 from svgen.runtime.interpret import settled
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.refine import SEGMENT_BOUNDARY
+from svgen.runtime.video_frames import ShiftedFrames
 from svgen.runtime.tables import (  # noqa: F401
     compute_block_kinds,
     runs_of_blocks,
@@ -110,7 +111,7 @@ def _walk(
             refs, heads, outer, step, single, has_lengths, has_blocks, flat, per_row
         )
 
-    def spec(kind: str, d: int):
+    def spec(kind: str, d: int, height: int = 1):
         if kind == "any":  # left in HBM: the kernel moves it with its own DMAs
             return pl.BlockSpec(memory_space=pl.ANY)
 
@@ -120,7 +121,7 @@ def _walk(
             return (at.row, 0, tile) if kind.endswith("vec") else (at.row, tile, 0)
 
         size = shape.block_q if kind.startswith("row") else shape.block_kv
-        block = (None, 1, size) if kind.endswith("vec") else (None, size, d)
+        block = (None, height, size) if kind.endswith("vec") else (None, size, d)
         return pl.BlockSpec(block, index_map)
 
     d = shape.head_dim
@@ -144,7 +145,11 @@ def _walk(
             steps,
             tables.slots,
         ),
-        in_specs=[spec(kind, d) for kind in in_blocks],
+        # vectors: lse and D one row high, ids one or two (per-video frames' shifts)
+        in_specs=[
+            spec(kind, d, x.shape[1] if kind.endswith("vec") else 1)
+            for kind, x in zip(in_blocks, inputs)
+        ],
         out_specs=[spec(kind, d) for kind in (out_blocks or ("row",) * len(outputs))],
         scratch_shapes=scratch,
     )
@@ -239,9 +244,15 @@ def _dq_kernel(
         k, v = k_ref[block.cols, :], v_ref[block.cols, :]
         p = jnp.exp2(_dot(q, k, 1, 1) - fwd._lanes(lse_col[block.rows, :], shape.ckv))
         if pattern is not None:
-            keep = _keep(pattern, q_tile, kv_tile, block, shape)
+            shifts = None
+            if segmented and id_refs[0].shape[0] == 2:  # per-video frames: row 1 the shifts
+                shifts = (
+                    jnp.transpose(id_refs[0][1:2, block.rows]),
+                    id_refs[1][1:2, block.cols],
+                )
+            keep = _keep(pattern, q_tile, kv_tile, block, shape, shifts)
             if segmented:  # the block spans run-time segments: only pairs of one segment
-                q_ids, kv_ids = id_refs[0][:, block.rows], id_refs[1][:, block.cols]
+                q_ids, kv_ids = id_refs[0][0:1, block.rows], id_refs[1][0:1, block.cols]
                 keep = keep & (jnp.transpose(q_ids) == kv_ids)
             p = jnp.where(keep, p, 0.0)
         ds = p * (_dot(do, v, 1, 1) - fwd._lanes(d_col[block.rows, :], shape.ckv))
@@ -321,9 +332,15 @@ def _dkv_kernel(
         lse, dd = lse_ref[:, block.cols], d_ref[:, block.cols]  # [1, cq]: lane-major rows
         p_t = jnp.exp2(_dot(k, q, 1, 1) - lse)
         if pattern is not None:
-            keep_t = _keep_t(pattern, kv_tile, q_tile, block, shape, q_first, key_map)
+            shifts = None
+            if segmented and id_refs[0].shape[0] == 2:  # per-video frames: row 1 the shifts
+                shifts = (
+                    jnp.transpose(id_refs[0][1:2, block.rows]),
+                    id_refs[1][1:2, block.cols],
+                )
+            keep_t = _keep_t(pattern, kv_tile, q_tile, block, shape, q_first, key_map, shifts)
             if segmented:  # across run-time segments: only pairs of one (keys are rows here)
-                kv_ids, q_ids = id_refs[0][:, block.rows], id_refs[1][:, block.cols]
+                kv_ids, q_ids = id_refs[0][0:1, block.rows], id_refs[1][0:1, block.cols]
                 keep_t = keep_t & (jnp.transpose(kv_ids) == q_ids)
             p_t = jnp.where(keep_t, p_t, 0.0)
         dv_acc[block.rows, :] += _dot(p_t.astype(do.dtype), do, 1, 0)
@@ -366,21 +383,27 @@ def _positions(tile, size: int, index: int, width: int):
     return tile * size + index * width + lax.broadcasted_iota(jnp.int32, (1, width), 1)
 
 
-def _keep(pattern, q_tile, kv_tile, block, shape):
-    """keep [cq, ckv] of a dq block (queries decoded in row form, read as columns)."""
+def _keep(pattern, q_tile, kv_tile, block, shape, shifts=None):
+    """keep [cq, ckv] of a dq block (queries decoded in row form, read as columns).
+    shifts: per-video frames' (query [cq, 1], key [1, ckv]) frame shifts."""
     q = QueryCoords(_positions(q_tile, shape.block_q, block.qi, shape.cq), pattern.layout)
     k = TokenCoords(_positions(kv_tile, shape.block_kv, block.ki, shape.ckv), pattern.layout)
+    if shifts is not None:
+        q, k = ShiftedFrames(q, shifts[0]), ShiftedFrames(k, shifts[1])
     return jnp.broadcast_to(pattern.boundary_mask(q, k), (shape.cq, shape.ckv))
 
 
-def _keep_t(pattern, kv_tile, q_tile, block, shape, q_first=None, key_map=None):
+def _keep_t(pattern, kv_tile, q_tile, block, shape, q_first=None, key_map=None, shifts=None):
     """keep^T [ckv, cq] of a dkv block: the same mask with keys as columns, queries as rows
     (shape is transposed: block.qi indexes keys). q_first: a chunked call's first query
-    token in the video; key_map: a rolling cache's slot -> video key map."""
+    token in the video; key_map: a rolling cache's slot -> video key map. shifts: per-video
+    frames' (key [ckv, 1], query [1, cq]) frame shifts."""
     k_pos = _positions(kv_tile, shape.block_q, block.qi, shape.cq)
     k = QueryCoords(k_pos if key_map is None else key_map(k_pos), pattern.layout)
     q_pos = _positions(q_tile, shape.block_kv, block.ki, shape.ckv)
     q = TokenCoords(q_pos if q_first is None else q_pos + q_first, pattern.layout)
+    if shifts is not None:
+        k, q = ShiftedFrames(k, shifts[0]), ShiftedFrames(q, shifts[1])
     return jnp.broadcast_to(pattern.boundary_mask(q, k), (shape.cq, shape.ckv))
 
 

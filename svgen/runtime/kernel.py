@@ -110,6 +110,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from svgen.runtime import chunks, permute, segments
 from svgen.runtime.coords import QueryCoords, TokenCoords
+from svgen.runtime.video_frames import ShiftedFrames
 from svgen.runtime.interpret import settled
 from svgen.runtime.layout import TokenLayout
 from svgen.runtime.kinds import TileKind
@@ -164,6 +165,8 @@ class Pattern:
     layout: TokenLayout
     boundary_mask: BoundaryMask  # keep(q, k) from coordinates (coords.TokenCoords attributes)
     query_coords: tuple[str, ...] = ()  # the attributes of q that boundary_mask reads
+    # runtime.per_video_frames: the superset and frame tree (svgen.runtime.video_frames)
+    video_frames: object = None
 
 
 # _StepView.single_pattern_pieces of a grid exactly as long as every row's pieces.
@@ -555,6 +558,8 @@ def _attention_kernel(
     # bounded kernels: the q tile's mode (1: bounded max), an SMEM scalar set in init.
     mode_ref = rest.pop() if bounded_kernel else None
     coords_ref = rest.pop(0) if rest else None
+    # per-video frames: the id blocks' second row holds each token's frame shift
+    per_video = bool(id_refs) and id_refs[0].shape[0] == 2
     view, kind, q_block, kv_block, active, is_first, is_last = grid_step(
         table_refs,
         heads,
@@ -619,13 +624,14 @@ def _attention_kernel(
         if ring_sink is not None:  # a rolling cache's slot -> the video token it holds
             k_video = chunks.slot_keys(k_pos, ring_sink, table_refs[-1], chunked, view.row)
         q = _QueryBlockCoords(coords_ref, pattern.query_coords, block)
-        keep = jnp.broadcast_to(
-            pattern.boundary_mask(q, TokenCoords(k_video, pattern.layout)),
-            (shape.cq, shape.ckv),
-        )
+        k = TokenCoords(k_video, pattern.layout)
+        if segmented and per_video:  # frames counted from each token's video segment
+            q = ShiftedFrames(q, jnp.transpose(id_refs[0][1:2, block.rows]))
+            k = ShiftedFrames(k, id_refs[1][1:2, block.cols])
+        keep = jnp.broadcast_to(pattern.boundary_mask(q, k), (shape.cq, shape.ckv))
         if segmented:  # the block spans run-time segments: only pairs of one segment
-            q_ids = jnp.transpose(id_refs[0][:, block.rows])  # [cq, 1]
-            keep = keep & (q_ids == id_refs[1][:, block.cols])
+            q_ids = jnp.transpose(id_refs[0][0:1, block.rows])  # [cq, 1]
+            keep = keep & (q_ids == id_refs[1][0:1, block.cols])
         # Padding keys are never attended, whatever the predicate says about them.
         return keep & (k_pos < shape.seq_len) if padding else keep
 
@@ -1051,9 +1057,10 @@ def _flat_attention(
         bound_specs = [pl.BlockSpec((None, 1, LANES), row_index_map)]
     id_specs = []
     if call is not None:
+        id_rows = id_inputs[0].shape[1]  # 2: ids and frame shifts (per-video frames)
         id_specs = [
-            pl.BlockSpec((None, 1, shape.block_q), lse_index_map),
-            pl.BlockSpec((None, 1, shape.block_kv), kv_ids_index_map),
+            pl.BlockSpec((None, id_rows, shape.block_q), lse_index_map),
+            pl.BlockSpec((None, id_rows, shape.block_kv), kv_ids_index_map),
         ]
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=len(operands),
@@ -1176,7 +1183,16 @@ def make_attention(
         runs = [p.runs for p in patterns]
         # The dk/dv walk's pieces are as long as its static tables' (its grid's last axis).
         walk_slots = dkv_tables().slots if transposed else slots
-        return segments.SegmentTables.build(runs, layout_index, shape, walk_slots, transposed)
+        video = tuple(p.video_frames for p in patterns) if runtime.per_video_frames else ()
+        return segments.SegmentTables.build(
+            runs,
+            layout_index,
+            shape,
+            walk_slots,
+            transposed,
+            video=video,
+            layouts=tuple(p.layout for p in patterns),
+        )
 
     @functools.cache
     def dkv_tables() -> PieceTables:
@@ -1191,8 +1207,7 @@ def make_attention(
         ids: run-time segments (segments.CallIds [batch, layouts, seq]) or None."""
 
         def id_rows(hp, ids):
-            head_layout = jnp.asarray(layout_of_pattern)[hp]
-            return tuple(segments.head_rows(x, head_layout) for x in ids)
+            return segments.kernel_id_rows(ids, jnp.asarray(layout_of_pattern)[hp])
 
         def forward_call(hp, ids):
             if ids is None:

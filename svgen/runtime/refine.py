@@ -343,13 +343,18 @@ def block_segment_bits(segment_ids, block: int, num_blocks: int):
     return lax.reduce(bits, jnp.int32(0), lax.bitwise_or, (1,))
 
 
-def segment_words(visits: StaticVisits, q_lo, q_hi, kv_lo, kv_hi, q_bits=None, kv_bits=None):
+def segment_words(
+    visits: StaticVisits, q_lo, q_hi, kv_lo, kv_hi, q_bits=None, kv_bits=None, frame_kinds=None
+):
     """int32 [V]: each visit's word refined by segments (see the module docstring). q_lo,
     q_hi: int32 [num_q_tiles * rq], per compute block row; kv_lo, kv_hi: int32 [at least
     (last visited kv tile + 1) * rk], per compute block column (`block_segment_ranges`).
     q_bits, kv_bits (optional, `block_segment_bits`, the same shapes): blocks whose bits do
     not meet are disjoint too; pass them only when negative ids never pair with anything
-    (svgen.runtime.segments makes every negative id -1 as a query and -2 as a key)."""
+    (svgen.runtime.segments makes every negative id -1 as a query and -2 as a key).
+    frame_kinds (per-video frames, svgen.runtime.video_frames): int32 [V, rq, rk], each
+    block's kind at its segment's start, used inside one segment (capped by the static kind,
+    a BOUNDARY one run as SEGMENT_BOUNDARY: its mask needs the shifted frames)."""
     rq, rk = visits.q_blocks_per_tile, visits.kv_blocks_per_tile
     if jnp.shape(q_lo) != (visits.num_q_tiles * rq,) or jnp.shape(q_hi) != jnp.shape(q_lo):
         raise ValueError(f"q ranges must be [{visits.num_q_tiles * rq}], got {jnp.shape(q_lo)}")
@@ -372,10 +377,14 @@ def segment_words(visits: StaticVisits, q_lo, q_hi, kv_lo, kv_hi, q_bits=None, k
         kb = jnp.asarray(kv_bits, jnp.int32)[cols][:, None, :]
         disjoint = disjoint | ((qb & kb) == 0)
     one_segment = (ql == qh) & (kl == kh) & (ql == kl)
+    inside = static
+    if frame_kinds is not None:
+        inside = jnp.minimum(jnp.asarray(frame_kinds, jnp.int32), static)
+        inside = jnp.where(inside == TileKind.BOUNDARY, SEGMENT_BOUNDARY, inside)
     block = jnp.where(
         (static == TileKind.EMPTY) | disjoint,
         TileKind.EMPTY,
-        jnp.where(one_segment, static, SEGMENT_BOUNDARY),
+        jnp.where(one_segment, inside, SEGMENT_BOUNDARY),
     )
     # Blocks of padding rows only: FULL where the rest of the tile is (one unmasked body),
     # else EMPTY, as at compile time; statically EMPTY ones stay EMPTY.

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from svgen.runtime import video_frames
 from svgen.runtime.layout import TokenLayout
 from svgen.runtime.refine import (
     StaticVisits,
@@ -59,6 +60,8 @@ class RuntimeInputs:
 
     segments: bool = False
     text_lengths: bool = False
+    # Each video segment numbers its frames from its own first frame (svgen.runtime.video_frames).
+    per_video_frames: bool = False
 
     @property
     def any(self) -> bool:
@@ -70,10 +73,14 @@ class RuntimeInputs:
 
 
 class CallIds(NamedTuple):
-    """One call's ids in each head's kernel order, int32 [batch, heads, seq] (a pytree)."""
+    """One call's ids in each layout's kernel order, int32 [batch, layouts, seq] (a pytree).
+    With per-video frames also each token's segment start (text tokens too) and the frame
+    shift the kernels subtract (svgen.runtime.video_frames); None otherwise."""
 
     query: jax.Array
     key: jax.Array
+    start: jax.Array | None = None
+    shift: jax.Array | None = None
 
 
 class CallTables(NamedTuple):
@@ -145,6 +152,10 @@ def call_ids(
     if segment_ids is None and text_lengths is None:
         return None
     ids = user_order_ids(segment_ids, text_lengths, batch or 1, layouts[0])
+    if inputs.per_video_frames:
+        if segment_ids is not None and not isinstance(segment_ids, jax.core.Tracer):
+            video_frames.check_whole_frames(segment_ids, layouts[0])
+        ids = ids + video_frames.segment_starts(ids[0], layouts[0])
     return CallIds(*(layout_order_ids(x, layouts) for x in ids))
 
 
@@ -216,6 +227,17 @@ def head_rows(ids, head_layout) -> jax.Array:
     return per_head.reshape(-1, 1, ids.shape[-1])
 
 
+def kernel_id_rows(ids: CallIds, head_layout) -> tuple[jax.Array, jax.Array]:
+    """The kernels' (query, key) id operands: [batch * heads, 1, seq], or with per-video
+    frames [batch * heads, 2, seq], the frame shifts in row 1 (one DMA per side: a [2, tile]
+    block takes the sublanes a [1, tile] one does)."""
+    rows = [head_rows(x, head_layout) for x in (ids.query, ids.key)]
+    if ids.shift is None:
+        return rows[0], rows[1]
+    shift = head_rows(ids.shift, head_layout)
+    return tuple(jnp.concatenate([r, shift], axis=1) for r in rows)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class SegmentTables:
     """The static side of per-call tables: each pattern's visits (forward, or the dk/dv
@@ -226,18 +248,40 @@ class SegmentTables:
     shape: KernelShape  # the walk's shape (transposed for dk/dv)
     slots: int
     transposed: bool
+    # per pattern, with per-video frames: its VideoKinds (visits are then its superset's)
+    video: tuple = ()
 
     @classmethod
     def build(
-        cls, runs_per_pattern, layout_index, shape: KernelShape, slots: int, transposed: bool
+        cls,
+        runs_per_pattern,
+        layout_index,
+        shape: KernelShape,
+        slots: int,
+        transposed: bool,
+        video=(),
+        layouts=(),
     ) -> "SegmentTables":
+        """video: per pattern its video_frames.VideoFrames or None (per-video frames; then
+        `layouts` gives each pattern's layout), else ()."""
         walk_shape = transposed_shape(shape) if transposed else shape
         rq, rk = walk_shape.q_blocks_per_tile, walk_shape.kv_blocks_per_tile
-        visits = tuple(
-            StaticVisits.from_runs(transposed_runs(r, shape) if transposed else r, rq, rk)
-            for r in runs_per_pattern
-        )
-        return cls(visits, tuple(layout_index), walk_shape, slots, transposed)
+
+        def walk_runs(runs):
+            return transposed_runs(runs, shape) if transposed else runs
+
+        if video:
+            runs_per_pattern = [r if v is None else v.runs for r, v in zip(runs_per_pattern, video)]
+        visits = tuple(StaticVisits.from_runs(walk_runs(r), rq, rk) for r in runs_per_pattern)
+        kinds = ()
+        if video:
+            kinds = tuple(
+                None
+                if v is None
+                else _video_kinds(v, vis, lay, walk_shape, transposed, walk_runs)
+                for v, vis, lay in zip(video, visits, layouts)
+            )
+        return cls(visits, tuple(layout_index), walk_shape, slots, transposed, kinds)
 
     @functools.cached_property
     def first_piece(self) -> np.ndarray:
@@ -269,11 +313,14 @@ class SegmentTables:
         batch = ids.query.shape[0]
         # The walk's rows are keys in the transposed (dk/dv) walk.
         row_ids, col_ids = (ids.key, ids.query) if self.transposed else (ids.query, ids.key)
+        # The start of each token's segment (per-video frames): read on the walk's rows.
+        starts = ids.start if ids.start is not None else jnp.zeros_like(row_ids)
+        video = self.video or (None,) * len(self.visits)
         per_pattern = [
-            jax.vmap(functools.partial(self._pattern_pieces, visits))(
-                row_ids[:, lay], col_ids[:, lay]
+            jax.vmap(functools.partial(self._pattern_pieces, visits, kinds))(
+                row_ids[:, lay], col_ids[:, lay], starts[:, lay]
             )
-            for visits, lay in zip(self.visits, self.layout_index)
+            for visits, kinds, lay in zip(self.visits, video, self.layout_index)
         ]
 
         def joined(field: str):
@@ -293,7 +340,7 @@ class SegmentTables:
             jnp.max(row_count).astype(jnp.int32),
         )
 
-    def _pattern_pieces(self, visits: StaticVisits, row_ids, col_ids):
+    def _pattern_pieces(self, visits: StaticVisits, video, row_ids, col_ids, row_starts):
         shape = self.shape
         num_rows = visits.num_q_tiles * shape.q_blocks_per_tile
         num_cols = -(-shape.seq_len // shape.block_kv) * shape.kv_blocks_per_tile
@@ -303,5 +350,23 @@ class SegmentTables:
         # negative and never pair, so they set no bit).
         row_bits = block_segment_bits(row_ids, shape.cq, num_rows)
         col_bits = block_segment_bits(col_ids, shape.ckv, num_cols)
-        words = segment_words(visits, row_lo, row_hi, col_lo, col_hi, row_bits, col_bits)
+        frame_kinds = None
+        if video is not None:  # the mask at each block's segment start
+            _, start = block_segment_ranges(row_starts, shape.cq, num_rows)
+            rq = shape.q_blocks_per_tile
+            rows = visits.q_tile[:, None] * rq + np.arange(rq)
+            frame_kinds = video.kinds(visits, jnp.maximum(start, 0)[rows][:, :, None])
+        words = segment_words(
+            visits, row_lo, row_hi, col_lo, col_hi, row_bits, col_bits, frame_kinds
+        )
         return refine(visits, words, self.slots)
+
+
+def _video_kinds(video, visits, layout, walk_shape: KernelShape, transposed: bool, walk_runs):
+    """A pattern's video_frames.VideoKinds for one walk (rows are keys when transposed)."""
+    num_rows = visits.num_q_tiles * walk_shape.q_blocks_per_tile
+    num_cols = -(-walk_shape.seq_len // walk_shape.block_kv) * walk_shape.kv_blocks_per_tile
+    rows = video_frames.FrameBlocks.of(layout, walk_shape.cq, num_rows)
+    cols = video_frames.FrameBlocks.of(layout, walk_shape.ckv, num_cols)
+    groups = [walk_runs(r) for r in video.group_runs]
+    return video_frames.VideoKinds.build(visits, groups, video.tree, rows, cols, not transposed)

@@ -1,0 +1,162 @@
+"""Per-video frame numbering of packed segments (`runtime: {per_video_frames: true}`).
+
+With it, a video segment's tokens see frame f - s, s being the segment's first frame (see
+svgen.runtime.segments for how s is found per call); text tokens keep frame 0. Only pairs of
+one segment are ever kept, so what changes is the mask *inside* a segment: the mask at start
+s, M_s(q, k) = M(q shifted by s, k shifted by s).
+
+A term is *shift-invariant* when M_s = M for every s on the pairs one segment can hold:
+built-ins that read frames only as differences of two video frames (spatial and temporal
+windows, causal_frames, cube windows one frame deep) and the ones that read no frame at all
+(band, prefix, text: positions stay the packed sequence's). An `expr` is invariant when
+shifting the video frames it reads leaves it unchanged in each of the three cases a pair can
+be (video-video, text query, text key; a text token's frame stays 0), decided by sympy
+substitution: its frames must cancel. Two built-ins are *anchored* at frame 0 and get closed
+forms instead: first_frame (keys of frames < s + n) and block_causal (chunks counted from s).
+Anything else anchored (an expr such as `f_k < 2`, a cube window several frames deep, `not`
+around an anchored term) is refused at compile time, with the term named.
+
+What the compiler derives (`video_frame_plan`):
+  * the *superset* M+ = the union of M_s over every start: each anchored leaf replaced by
+    the union of its shifts (first_frame n: video keys up to n - 1 frames after a video
+    query, any video key for a text query; block_causal n: video pairs with f_k <= f_q + n -
+    1), which unions and intersections preserve. Its visits are the static maximum a call's
+    tables are refined from;
+  * the *frame tree*: the mask as unions / intersections of invariant *groups* (maximal
+    invariant subterms, each classified at compile time, its kinds valid at every start) and
+    anchored leaves (kinds in closed form per call). The kernels' tables then get, for a block
+    inside one segment, the kind of M at that segment's start (svgen.runtime.segments).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import sympy
+
+from svgen import ir
+from svgen.expr import SYMBOLS
+
+__all__ = ["NotPerVideo", "FrameTree", "frame_tree", "superset", "is_shift_invariant"]
+
+# Built-ins whose masks read frames only as f_q - f_k of two video tokens, or no frame at all.
+_INVARIANT_NODES = (
+    ir.Always,
+    ir.SpatialWindow,
+    ir.TemporalStride,
+    ir.Band,
+    ir.Prefix,
+    ir.Text,
+    ir.CausalFrames,
+)
+
+
+class NotPerVideo(ValueError):
+    """A term whose meaning under per-video frame numbering svgen cannot analyze."""
+
+    def __init__(self, node, why: str):
+        super().__init__(f"{node.describe()}: {why}")
+        self.node = node
+        self.why = why
+
+
+def is_shift_invariant(node) -> bool:
+    """Whether `node` means the same at every segment start (see the module docstring)."""
+    if isinstance(node, _INVARIANT_NODES):
+        return True
+    if isinstance(node, ir.BlockCausal):
+        return node.frames == 1
+    if isinstance(node, ir.CubeWindow):
+        return node.cube_frames == 1
+    if isinstance(node, ir.Predicate):
+        return _predicate_is_invariant(node.expr)
+    if isinstance(node, (ir.AnyOf, ir.AllOf)):
+        return all(is_shift_invariant(c) for c in node.children)
+    if isinstance(node, ir.Not):
+        return is_shift_invariant(node.child)
+    return False  # first_frame, and anything registered later: anchored until shown otherwise
+
+
+def _predicate_is_invariant(expr) -> bool:
+    """Shift every video frame the predicate reads by a fresh s: in each case of a pair
+    (video-video, text query, text key) s must cancel. Sound: if s survives sympy's automatic
+    simplification the term is treated as anchored, never the other way round."""
+    f_q, f_k = SYMBOLS["f_q"], SYMBOLS["f_k"]
+    if not ({f_q, f_k} & expr.free_symbols):
+        return True
+    s = sympy.Symbol("per_video_shift", integer=True, nonnegative=True)
+    text_q, text_k = SYMBOLS["is_text_q"], SYMBOLS["is_text_k"]
+    cases = (
+        {text_q: 0, text_k: 0, f_q: f_q + s, f_k: f_k + s},
+        {text_q: 1, text_k: 0, f_q: 0, f_k: f_k + s},
+        {text_q: 0, text_k: 1, f_q: f_q + s, f_k: 0},
+    )
+    return all(s not in expr.subs(case, simultaneous=True).free_symbols for case in cases)
+
+
+@dataclasses.dataclass(frozen=True)
+class FrameTree:
+    """The mask as a tree of ("any_of" | "all_of", children...), ("group", j),
+    ("first_frame", n) and ("block_causal", n); `groups[j]` is group j's node."""
+
+    tree: tuple
+    groups: tuple
+
+
+def frame_tree(node) -> FrameTree:
+    """Split `node` into invariant groups and anchored leaves (NotPerVideo if it cannot)."""
+    groups: list = []
+
+    def group(n) -> tuple:
+        groups.append(n)
+        return ("group", len(groups) - 1)
+
+    def walk(n) -> tuple:
+        if is_shift_invariant(n):
+            return group(n)
+        if isinstance(n, ir.FirstFrame):
+            return ("first_frame", n.frames)
+        if isinstance(n, ir.BlockCausal):
+            return ("block_causal", n.frames)
+        if isinstance(n, (ir.AnyOf, ir.AllOf)):
+            op = "any_of" if isinstance(n, ir.AnyOf) else "all_of"
+            fixed = [c for c in n.children if is_shift_invariant(c)]
+            parts = []
+            if fixed:  # the invariant members: one group, one table
+                parts.append(group(fixed[0] if len(fixed) == 1 else type(n)(tuple(fixed))))
+            parts += [walk(c) for c in n.children if not is_shift_invariant(c)]
+            return (op, *parts)
+        raise NotPerVideo(n, _why_not(n))
+
+    return FrameTree(walk(node), tuple(groups))
+
+
+def _why_not(node) -> str:
+    if isinstance(node, ir.Predicate):
+        return (
+            "reads absolute frame numbers (its f_q / f_k do not cancel when a video's frames "
+            "are shifted, or a text token's frame 0 meets a video frame); per_video_frames "
+            "takes expr terms whose frames appear as f_q - f_k of two video tokens, and the "
+            "built-ins first_frame and block_causal"
+        )
+    if isinstance(node, ir.CubeWindow):
+        return "cubes several frames deep are aligned to frame 0: use cube_frames: 1"
+    if isinstance(node, ir.Not):
+        return "`not` around a term anchored at frame 0 (first_frame, block_causal)"
+    return "svgen does not know how this term reads frame numbers"
+
+
+def superset(node, frames: int):
+    """M+: the union of the mask over every segment start (see the module docstring)."""
+    if is_shift_invariant(node):
+        return node
+    if isinstance(node, ir.FirstFrame):
+        reach = ir.AnyOf((ir.CausalFrames(), ir.SpatialWindow(node.frames - 1, None, None)))
+        # A text query of the segment attends its video's first frames: any video key.
+        text_queries = ir.AllOf((ir.Text(), ir.FirstFrame(frames)))
+        return ir.AnyOf((reach, text_queries))
+    if isinstance(node, ir.BlockCausal):
+        return ir.AnyOf((ir.CausalFrames(), ir.SpatialWindow(node.frames - 1, None, None)))
+    if isinstance(node, (ir.AnyOf, ir.AllOf)):
+        return type(node)(tuple(superset(c, frames) for c in node.children))
+    raise NotPerVideo(node, _why_not(node))
