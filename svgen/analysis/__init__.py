@@ -198,6 +198,7 @@ def analyze_gpu(
         gpu=gpu,
         chunk_runs=chunked,
         candidate_runs=candidate_runs,
+        video_frames=_video_frames(classified, patterns, progress),
     )
 
 

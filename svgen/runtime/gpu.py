@@ -105,6 +105,7 @@ from svgen.runtime import select as select_policy
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
 from svgen.runtime.segments import KEY_PADDING_ID, QUERY_PADDING_ID
+from svgen.runtime.video_frames import ShiftedFrames
 from svgen.runtime.gpu_tables import GpuTables, gpu_tile_kinds  # noqa: F401  (re-exported)
 from svgen.runtime.tables import KIND_MASK, KV_BLOCK_SHIFT, KernelShape
 
@@ -174,8 +175,12 @@ def _attention_kernel(
     q_len: int | None = None,
     per_row: int = 0,
     ring_sink: int | None = None,
+    per_video: bool = False,
 ):
-    """per_row: a selection's per-row CSR tables (svgen.runtime.select) over that many rows
+    """per_video: per-video frames (svgen.runtime.video_frames): a third id input holds each
+    token's frame shift, the tables are the patterns' supersets, and every visited tile runs
+    its pattern's mask at the shifted frames with the ids compared (no FULL path yet).
+    per_row: a selection's per-row CSR tables (svgen.runtime.select) over that many rows
     (batch * heads): offsets holds each (row, q tile)'s first entry, then its end.
     segments: run-time segment ids follow v (query and key ids of the program's row,
     svgen.runtime.segments); the static tables stay, and a tile whose queries and keys are
@@ -212,17 +217,23 @@ def _attention_kernel(
         )
         q_lo = jnp.min(jnp.where(q_in, q_ids, _INT32_MAX))
         q_hi = jnp.max(jnp.where(q_in, q_ids, _INT32_MIN))
+    if per_video:  # frames counted from each token's video segment
+        q_shift = plgpu.load(id_refs[2].at[pl.ds(q_tile * block_q, block_q)], mask=q_in, other=0)
 
     # Query coordinates each pattern's mask reads, decoded once per q tile.
     columns = []
     for p in patterns:
         coords = TokenCoords(q_video[:, None], p.layout)
-        columns.append(_QueryColumns({name: getattr(coords, name) for name in p.query_coords}))
+        column = _QueryColumns({name: getattr(coords, name) for name in p.query_coords})
+        columns.append(ShiftedFrames(column, q_shift[:, None]) if per_video else column)
 
-    def masked(p: _PatternCode, q_coords: _QueryColumns, k_pos, k_in, scores):
+    def masked(p: _PatternCode, q_coords: _QueryColumns, k_pos, k_in, scores, k_shift=None):
         if ring_sink is not None:  # a rolling cache's slots -> the video keys they hold
             k_pos = chunks.slot_keys(k_pos, ring_sink, chunk_ref, chunk_rows, row)
-        keep = p.boundary_mask(q_coords, TokenCoords(k_pos[None, :], p.layout))
+        k_coords = TokenCoords(k_pos[None, :], p.layout)
+        if k_shift is not None:
+            k_coords = ShiftedFrames(k_coords, k_shift[None, :])
+        keep = p.boundary_mask(q_coords, k_coords)
         keep = jnp.broadcast_to(keep, scores.shape) & k_in[None, :]
         return jnp.where(keep, scores, MASK_VALUE)
 
@@ -239,10 +250,13 @@ def _attention_kernel(
         k_in = k_pos < seq_len
         k = plgpu.load(k_ref.at[pl.ds(start, block_kv), :], mask=k_in[:, None], other=0.0)
         v = plgpu.load(v_ref.at[pl.ds(start, block_kv), :], mask=k_in[:, None], other=0.0)
+        k_shift = None
         if segments:
             k_ids = plgpu.load(
                 id_refs[1].at[pl.ds(start, block_kv)], mask=k_in, other=KEY_PADDING_ID
             )
+        if per_video:
+            k_shift = plgpu.load(id_refs[2].at[pl.ds(start, block_kv)], mask=k_in, other=0)
         scores = lax.dot_general(
             q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32, precision=precision
         )
@@ -257,13 +271,18 @@ def _attention_kernel(
             full = jnp.where(start + block_kv > seq_len, jnp.int32(1), full)
         branch = jnp.where(kind == TileKind.BOUNDARY, jnp.int32(len(branches)) + pattern, full)
         branches += [
-            functools.partial(masked, p, c, k_pos, k_in) for p, c in zip(patterns, columns)
+            functools.partial(masked, p, c, k_pos, k_in, k_shift=k_shift)
+            for p, c in zip(patterns, columns)
         ]
+        if per_video:  # the superset's kinds are not the mask's: every tile masked
+            branch = jnp.int32(len(branches) - len(patterns)) + pattern
         if segments:
             # Each branch again with the ids compared, for a tile not inside one segment.
             k_lo = jnp.min(jnp.where(k_in, k_ids, _INT32_MAX))
             k_hi = jnp.max(jnp.where(k_in, k_ids, _INT32_MIN))
             one_segment = (q_lo == q_hi) & (k_lo == k_hi) & (q_lo == k_lo)
+            if per_video:
+                one_segment = jnp.bool_(False)
             same = q_ids[:, None] == k_ids[None, :]
             branches += [functools.partial(_same_segment, b, same) for b in branches]
             branch = jnp.where(one_segment, branch, branch + jnp.int32(len(branches) // 2))
@@ -325,7 +344,8 @@ def _gpu_call(
 ):
     """selection: a selection's per-row CSR tables (offsets, entries), svgen.runtime.select.
     q, k, v: [batch*heads, seq_len, head_dim] in each head's kernel order; ids: run-time
-    segments, (query ids, key ids) [batch*heads, seq_len] in the same order; chunk: a
+    segments, (query ids, key ids[, frame shifts]) [batch*heads, seq_len] in the same order
+    (per-video frames: `tables` are then the supersets'); chunk: a
     KV-cache chunk's call (q holds the chunk's rows, `tables` are the chunk positions'):
     int32 [2 * rows], per row its position's first table pattern, then its first token
     (with ring_sink, a rolling cache's: then its wrap and key shifts; seq_len the cache's)."""
@@ -345,6 +365,7 @@ def _gpu_call(
         q_len=q_len,
         per_row=0 if selection is None else rows,
         ring_sink=ring_sink,
+        per_video=ids is not None and len(ids) == 3,
     )
     offsets = jnp.asarray(tables.row_offsets)
     entries = jnp.asarray(tables.entries)
@@ -356,7 +377,7 @@ def _gpu_call(
 
     head_rows = pl.BlockSpec((None, seq_len, d), lambda i, r: (r, 0, 0))
     q_rows = pl.BlockSpec((None, q_len, d), lambda i, r: (r, 0, 0))
-    id_rows = [pl.BlockSpec((None, seq_len), lambda i, r: (r, 0))] * (0 if ids is None else 2)
+    id_rows = [pl.BlockSpec((None, seq_len), lambda i, r: (r, 0))] * len(ids or ())
     extra = () if chunk is None else (chunk,)
     if chunk is not None:
         id_rows = [whole(chunk)]
@@ -415,6 +436,12 @@ def make_gpu_attention(
     if dtype is not None and jnp.dtype(dtype).name not in DTYPES:
         raise ValueError(f"GPU kernels run {', '.join(DTYPES)}; got dtype {dtype}")
     tables = GpuTables.from_runs([p.runs for p in patterns], shape, block_q, block_kv)
+    # Per-video frames: a call with run-time ids walks each pattern's superset (the union of
+    # its mask over every segment start, svgen.runtime.video_frames).
+    video_tables = tables
+    if runtime.per_video_frames:
+        supersets = [p.runs if p.video_frames is None else p.video_frames.runs for p in patterns]
+        video_tables = GpuTables.from_runs(supersets, shape, block_q, block_kv)
     layouts: list[TokenLayout] = []
     for p in patterns:
         if p.layout not in layouts:
@@ -433,7 +460,8 @@ def make_gpu_attention(
         ids = segments.call_ids(runtime, segment_ids, text_lengths, batch, layouts)
         if ids is None:
             return None
-        return tuple(segments.head_rows(x, head_layout)[:, 0] for x in ids)
+        rows = (ids.query, ids.key) + (() if ids.shift is None else (ids.shift,))
+        return tuple(segments.head_rows(x, head_layout)[:, 0] for x in rows)
 
     # A rolling cache's call: the kv side is the cache (svgen.runtime.chunks).
     chunk_shape = shape if kv_cache is None else kv_cache.call_shape(shape)
@@ -533,7 +561,7 @@ def make_gpu_attention(
             kk,
             to_kernel(v),
             head_pattern,
-            tables,
+            video_tables if ids is not None else tables,
             codes,
             seq_len=shape.seq_len,
             q_scale=float(sm_scale) * LOG2_E,

@@ -276,9 +276,7 @@ class SegmentTables:
         kinds = ()
         if video:
             kinds = tuple(
-                None
-                if v is None
-                else _video_kinds(v, vis, lay, walk_shape, transposed, walk_runs)
+                None if v is None else _video_kinds(v, vis, lay, walk_shape, transposed, walk_runs)
                 for v, vis, lay in zip(video, visits, layouts)
             )
         return cls(visits, tuple(layout_index), walk_shape, slots, transposed, kinds)
@@ -341,6 +339,13 @@ class SegmentTables:
         )
 
     def _pattern_pieces(self, visits: StaticVisits, video, row_ids, col_ids, row_starts):
+        words = self.pattern_words(visits, video, row_ids, col_ids, row_starts)
+        return refine(visits, words, self.slots)
+
+    def pattern_words(self, visits: StaticVisits, video, row_ids, col_ids, row_starts):
+        """int32 [V]: one batch element's refined word of each of a pattern's visits, from the
+        ids of the walk's rows and columns (and with per-video frames, `video` its VideoKinds,
+        the segment start of each row token)."""
         shape = self.shape
         num_rows = visits.num_q_tiles * shape.q_blocks_per_tile
         num_cols = -(-shape.seq_len // shape.block_kv) * shape.kv_blocks_per_tile
@@ -356,10 +361,9 @@ class SegmentTables:
             rq = shape.q_blocks_per_tile
             rows = visits.q_tile[:, None] * rq + np.arange(rq)
             frame_kinds = video.kinds(visits, jnp.maximum(start, 0)[rows][:, :, None])
-        words = segment_words(
+        return segment_words(
             visits, row_lo, row_hi, col_lo, col_hi, row_bits, col_bits, frame_kinds
         )
-        return refine(visits, words, self.slots)
 
 
 def _video_kinds(video, visits, layout, walk_shape: KernelShape, transposed: bool, walk_runs):

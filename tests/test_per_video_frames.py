@@ -1,0 +1,400 @@
+"""Per-video frame numbering of packed segments (`runtime.per_video_frames`,
+svgen.analysis.video_frames, svgen.runtime.video_frames): each video segment counts its frames
+from its own first frame. The kernels against a float64 dense reference built by brute force
+from the same packing (NaN-poisoned interpret mode, three layouts, f32 and bf16, gradients,
+vmap, one compile), the blocks a call refines against brute force, ids that cut frames under
+jit, and the masks and specs that are refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import POISONED, TOLERANCE, compile_spec_text, reference_grads, user_order_keep
+from svgen.errors import SpecError
+from svgen.runtime import backward, segments
+from svgen.runtime.kinds import TileKind
+from svgen.runtime.reference import masked_attention_reference
+from svgen.runtime.refine import SEGMENT_BOUNDARY
+from svgen.runtime.tables import BITS_PER_BLOCK, KIND_MASK
+from svgen.spec import parse_spec
+
+SPEC = """
+svgen: 1
+name: per_video
+geometry: {frames: 6, height: 4, width: 26, text_tokens: 40, text_position: %(text)s}
+attention: {heads: 2, head_dim: 64, dtype: %(dtype)s}
+layout: %(layout)s
+mask: %(mask)s
+tiling: {block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}
+runtime: {segments: true, text_lengths: true, per_video_frames: true}
+"""
+
+MASKS = {
+    # A first-frame anchor per video, with a window and text: the blog spec's shape.
+    "anchor": "{any_of: [{spatial_window: {frames: 1}}, {first_frame: {frames: 2}}, {text: {}}]}",
+    # Self-Forcing's: block-causal chunks of 2 frames counted from each video's start.
+    "causal": "{all_of: [{any_of: [{first_frame: {}}, {spatial_window: {frames: 2}}]}, "
+    "{block_causal: {frames: 2}}]}",
+}
+LAYOUTS = ["frame_major", "temporal_major", "{tiled: {frames: 2, rows: 2, cols: 13}}"]
+
+
+def spec_text(mask="anchor", layout="frame_major", dtype="float32", text="last"):
+    return SPEC % dict(mask=MASKS.get(mask, mask), layout=layout, dtype=dtype, text=text)
+
+
+def packed_ids(rng, layout) -> np.ndarray:
+    """Whole-frame videos of random lengths in random frames (some frames padding), each with
+    its own text slots of which a random number are real; ids with gaps, in any order."""
+    ids = np.full(layout.seq_len, -1, np.int32)
+    per_frame = layout.tokens_per_frame
+    cuts = np.sort(rng.choice(np.arange(1, layout.frames), rng.integers(1, 4), replace=False))
+    pieces = np.split(np.arange(layout.frames), cuts)
+    labels = rng.permutation(len(pieces)) * int(rng.integers(1, 4)) + int(rng.integers(0, 3))
+    slot_cuts = np.sort(rng.choice(np.arange(1, layout.text_tokens), len(pieces) - 1, False))
+    slots = np.split(np.arange(layout.text_tokens), slot_cuts)
+    for frames, label, text in zip(pieces, labels, slots):
+        if rng.random() < 0.15:
+            continue  # unused frames and slots: padding
+        start = layout.video_start + frames[0] * per_frame
+        ids[start : start + len(frames) * per_frame] = label
+        real = text[: int(rng.integers(0, len(text) + 1))]
+        ids[layout.text_start + real] = label
+    return ids
+
+
+def late_video_ids(layout) -> np.ndarray:
+    """Two videos, the second starting at frame 2 and four frames long (so that its frames
+    move under per-video numbering for every mask here), each with half the text slots."""
+    ids = np.full(layout.seq_len, -1, np.int32)
+    split = layout.video_start + 2 * layout.tokens_per_frame
+    ids[layout.video_start : split] = 4
+    ids[split : layout.video_start + layout.video_tokens] = 1
+    half = layout.text_tokens // 2
+    ids[layout.text_start : layout.text_start + half] = 4
+    ids[layout.text_start + half : layout.text_start + layout.text_tokens] = 1
+    return ids
+
+
+def frame_starts(layout, ids, rule: str = "first") -> np.ndarray:
+    """Each token's segment start in the user's order. rule "first": the segment's first
+    video frame (the documented meaning); "range": the first frame whose [least, greatest]
+    non-negative video id holds the id (what a call computes; the same for whole frames)."""
+    ids = np.asarray(ids, np.int64)
+    frame = np.full(layout.seq_len, -1)
+    video = np.arange(layout.video_start, layout.video_start + layout.video_tokens)
+    frame[video] = (video - layout.video_start) // layout.tokens_per_frame
+    start = np.zeros(layout.seq_len, np.int64)
+    for x in np.unique(ids[ids >= 0]):
+        if rule == "first":
+            frames = frame[(ids == x) & (frame >= 0)]
+            start[ids == x] = frames.min() if len(frames) else 0
+        else:
+            holds = [
+                f
+                for f in range(layout.frames)
+                if _frame_range(ids, frame, f) is not None
+                and _frame_range(ids, frame, f)[0] <= x <= _frame_range(ids, frame, f)[1]
+            ]
+            start[ids == x] = holds[0] if holds else 0
+    return start
+
+
+def _frame_range(ids, frame, f):
+    real = ids[(frame == f) & (ids >= 0)]
+    return (real.min(), real.max()) if len(real) else None
+
+
+def per_video_keep(pattern, ids, text_length=None, rule="first") -> np.ndarray:
+    """Brute force, user order: the mask at each token's per-video frame, one segment, no
+    padding on either side."""
+    layout, seq = pattern.layout, pattern.layout.seq_len
+    position = np.empty(seq, np.int64)
+    position[layout.original_index(np.arange(seq))] = np.arange(seq)
+    coords = layout.coordinates(position)
+    shift = np.where(coords.is_text, 0, frame_starts(layout, ids, rule))
+    local = dataclasses.replace(coords, frame=coords.frame - shift)
+    keep = pattern.mask.evaluate(local.reshape(seq, 1), local.reshape(1, seq))
+    ids = np.asarray(ids, np.int64)
+    padding = ids < 0
+    if text_length is not None:
+        text = np.arange(seq) - layout.text_start
+        padding |= (text >= 0) & (text < layout.text_tokens) & (text >= int(text_length))
+    return keep & (ids[:, None] == ids[None, :]) & ~padding[:, None] & ~padding[None, :]
+
+
+def random_inputs(rng, batch, seq, dtype):
+    q, k, v = (rng.standard_normal((batch, 2, seq, 64)).astype(np.float32) for _ in range(3))
+    if dtype == "bfloat16":
+        q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
+    return q, k, v
+
+
+def check(plan, out, q, k, v, ids, lengths, dtype, rule="first"):
+    out = np.asarray(jnp.asarray(out, jnp.float32))
+    assert np.all(np.isfinite(out)), "unwritten (NaN) or non-finite output rows"
+    q64, k64, v64 = (np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (q, k, v))
+    for b in range(out.shape[0]):
+        keep = per_video_keep(plan.patterns[0], ids[b], lengths[b], rule)
+        for h in range(out.shape[1]):
+            ref = masked_attention_reference(q64[b, h], k64[b, h], v64[b, h], keep)
+            err = np.max(np.abs(out[b, h] - ref)) / max(np.max(np.abs(ref)), 1e-30)
+            assert err <= TOLERANCE[dtype], f"element {b}, head {h}: error {err:.2e}"
+
+
+def renumbered(plan, ids) -> bool:
+    """Whether per-video numbering keeps other pairs than the sequence's numbering would
+    (so that a kernel ignoring it fails the test)."""
+    pattern = plan.patterns[0]
+    same = (ids[:, None] == ids[None, :]) & (ids[:, None] >= 0)
+    return bool(np.any(per_video_keep(pattern, ids) != (user_order_keep(pattern) & same)))
+
+
+@pytest.mark.parametrize(
+    "mask, layout, dtype",
+    [("anchor", lay, dt) for lay in LAYOUTS for dt in ("float32", "bfloat16")]
+    + [("causal", "frame_major", "float32"), ("causal", "temporal_major", "bfloat16")],
+)
+def test_forward_against_float64(mask, layout, dtype, tmp_path):
+    plan, module = compile_spec_text(spec_text(mask, layout, dtype), tmp_path)
+    assert plan.video_frames and plan.video_frames[0] is not None
+    rng = np.random.default_rng(zlib.crc32(f"{mask} {layout} {dtype}".encode()))
+    seq, batch = plan.layout.seq_len, 3
+    q, k, v = random_inputs(rng, batch, seq, dtype)
+    run = jax.jit(
+        lambda q, k, v, s, t: module.attention(
+            q, k, v, segment_ids=s, text_lengths=t, interpret=POISONED
+        )
+    )
+    assert renumbered(plan, late_video_ids(plan.layout)), "the test could not fail"
+    for first in (late_video_ids(plan.layout), packed_ids(rng, plan.layout)):
+        # Other packings, the same compiled function.
+        ids = np.stack([first] + [packed_ids(rng, plan.layout) for _ in range(batch - 1)])
+        lengths = np.array([40, 17, 0], np.int32)
+        check(plan, run(q, k, v, ids, lengths), q, k, v, ids, lengths, dtype)
+    assert run._cache_size() == 1
+
+
+def test_text_lengths_alone_number_frames_from_zero(tmp_path):
+    plan, module = compile_spec_text(spec_text("causal"), tmp_path)
+    rng = np.random.default_rng(1)
+    q, k, v = random_inputs(rng, 2, plan.layout.seq_len, "float32")
+    lengths = np.array([5, 40], np.int32)
+    out = module.attention(q, k, v, text_lengths=lengths, interpret=POISONED)
+    ids = np.zeros((2, plan.layout.seq_len), np.int32)
+    check(plan, out, q, k, v, ids, lengths, "float32")
+
+
+def test_ids_that_cut_frames(tmp_path):
+    """Concrete ids that cut a frame are refused; traced ones run with one start per id (the
+    first frame whose id range holds it) and never attend across segments."""
+    plan, module = compile_spec_text(spec_text("anchor"), tmp_path)
+    layout = plan.layout
+    rng = np.random.default_rng(2)
+    ids = packed_ids(rng, layout)
+    cut = layout.video_start + 2 * layout.tokens_per_frame + 30
+    ids[cut : cut + 150] = 7  # segment 7 starts inside frame 2 and ends inside frame 3
+    q, k, v = random_inputs(rng, 1, layout.seq_len, "float32")
+    with pytest.raises(ValueError, match=r"frame 2's video tokens belong to segments"):
+        module.attention(q, k, v, segment_ids=ids[None], interpret=True)
+    run = jax.jit(lambda s: module.attention(q, k, v, segment_ids=s, interpret=POISONED))
+    out = run(jnp.asarray(ids[None]))
+    check(plan, out, q, k, v, ids[None], [None], "float32", rule="range")
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused_dq", "dq_kernel"])
+def test_gradients_against_float64(fused, tmp_path, monkeypatch):
+    monkeypatch.setattr(backward, "FUSED_DQ", fused)
+    plan, module = compile_spec_text(spec_text("causal", "temporal_major"), tmp_path)
+    rng = np.random.default_rng(3)
+    seq, batch = plan.layout.seq_len, 2
+    q, k, v = random_inputs(rng, batch, seq, "float32")
+    do = rng.standard_normal(q.shape).astype(np.float32)
+    ids = np.stack([late_video_ids(plan.layout), packed_ids(rng, plan.layout)])
+    lengths = np.array([23, 40], np.int32)
+
+    def loss(q, k, v, s, t):
+        out = module.attention(q, k, v, segment_ids=s, text_lengths=t, interpret=POISONED)
+        return jnp.sum(out * do)
+
+    got = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v, ids, lengths)
+    for b in range(batch):
+        keep = per_video_keep(plan.patterns[0], ids[b], lengths[b])
+        want = reference_grads(plan, q[b], k[b], v[b], [0, 0], do[b], keeps=[keep])
+        for name, a, w in zip(("dq", "dk", "dv"), got, want):
+            a = np.asarray(a[b], np.float64)
+            assert np.all(np.isfinite(a)), f"{name}: non-finite values"
+            error = np.linalg.norm(a - w) / max(np.linalg.norm(w), 1.0)
+            assert error <= 1e-4, f"{name} of element {b}: relative error {error:.2e}"
+
+
+def test_vmap_equals_the_batched_call(tmp_path):
+    plan, module = compile_spec_text(spec_text("anchor"), tmp_path)
+    rng = np.random.default_rng(4)
+    q, k, v = random_inputs(rng, 3, plan.layout.seq_len, "float32")
+    ids = np.stack([late_video_ids(plan.layout)] + [packed_ids(rng, plan.layout) for _ in "ab"])
+    lengths = np.array([40, 3, 19], np.int32)
+
+    def one(q, k, v, s, t):
+        return module.attention(q, k, v, segment_ids=s, text_lengths=t, interpret=POISONED)
+
+    mapped = jax.jit(jax.vmap(one))(q, k, v, ids, lengths)
+    check(plan, mapped, q, k, v, ids, lengths, "float32")
+    np.testing.assert_allclose(np.asarray(mapped), np.asarray(jax.jit(one)(q, k, v, ids, lengths)))
+
+
+def block_kinds_of_words(visits, words) -> dict:
+    """{(row block, column block): kind} of the refined words of a walk's visits."""
+    rq, rk = visits.q_blocks_per_tile, visits.kv_blocks_per_tile
+    out = {}
+    for v, word in enumerate(np.asarray(words).view(np.uint32).tolist()):
+        for qi in range(rq):
+            for ki in range(rk):
+                kind = (word >> (BITS_PER_BLOCK * (qi * rk + ki))) & KIND_MASK
+                out[int(visits.q_tile[v]) * rq + qi, int(visits.kv_tile[v]) * rk + ki] = kind
+    return out
+
+
+@pytest.mark.parametrize("mask", ["anchor", "causal"])
+@pytest.mark.parametrize("transposed", [False, True], ids=["forward", "dkv_walk"])
+def test_refined_blocks_against_brute_force(mask, transposed, tmp_path):
+    """Every block a call keeps FULL holds only kept pairs, every block it drops holds none,
+    and a block inside one segment is run at the shifted frames (SEGMENT_BOUNDARY) unless
+    FULL; the per-video kinds find FULL and dropped blocks the superset alone would visit."""
+    layout = "temporal_major" if mask == "anchor" else "frame_major"  # FULL blocks exist
+    plan, module = compile_spec_text(spec_text(mask, layout), tmp_path)
+    pattern, layout = module._PATTERNS[0], plan.layout
+    shape = module.SHAPE
+    tables = segments.SegmentTables.build(
+        [pattern.runs], (0,), shape, 1, transposed, video=(pattern.video_frames,), layouts=(layout,)
+    )
+    visits, video = tables.visits[0], tables.video[0]
+    order = layout.original_index(np.arange(layout.seq_len))
+    rng = np.random.default_rng(5 + transposed)
+    full = dropped = 0
+    for attempt in range(6):
+        user_ids = late_video_ids(layout) if attempt == 0 else packed_ids(rng, layout)
+        ids = segments.call_ids(
+            segments.RuntimeInputs(True, False, True), user_ids, None, None, [layout]
+        )
+        rows, cols = (ids.key, ids.query) if transposed else (ids.query, ids.key)
+        words = tables.pattern_words(visits, video, rows[0, 0], cols[0, 0], ids.start[0, 0])
+        keep = per_video_keep(plan.patterns[0], user_ids)[np.ix_(order, order)]
+        keep = keep.T if transposed else keep
+        cq, ckv = tables.shape.cq, tables.shape.ckv
+        static = block_kinds_of_words(visits, visits.word)
+        for (r, c), kind in block_kinds_of_words(visits, words).items():
+            block = keep[r * cq : (r + 1) * cq, c * ckv : (c + 1) * ckv]
+            if block.size == 0:
+                continue
+            if kind == TileKind.EMPTY:
+                assert not block.any(), f"block {r, c} dropped but holds kept pairs"
+                dropped += static[r, c] != TileKind.EMPTY
+            elif kind == TileKind.FULL:
+                assert block.all(), f"block {r, c} FULL but drops pairs"
+                full += 1
+            assert kind in (TileKind.EMPTY, TileKind.FULL, SEGMENT_BOUNDARY, TileKind.BOUNDARY)
+        # Blocks the call does not visit: the static ones it dropped, and the rest hold nothing.
+        visited = block_kinds_of_words(visits, words)
+        for r in range(keep.shape[0] // cq + 1):
+            for c in range(keep.shape[1] // ckv + 1):
+                if (r, c) not in visited:
+                    block = keep[r * cq : (r + 1) * cq, c * ckv : (c + 1) * ckv]
+                    assert not block.any(), f"block {r, c} holds kept pairs, not visited"
+    assert full and dropped, "no FULL or dropped block: the refinement was not exercised"
+
+
+def test_plain_boundary_never_runs_inside_a_segment(tmp_path):
+    """A block inside one segment whose kind is not FULL or EMPTY is SEGMENT_BOUNDARY: the
+    static BOUNDARY code would read the sequence's frame numbers."""
+    plan, module = compile_spec_text(spec_text("anchor"), tmp_path)
+    pattern, layout = module._PATTERNS[0], plan.layout
+    tables = segments.SegmentTables.build(
+        [pattern.runs], (0,), module.SHAPE, 1, False, video=(pattern.video_frames,),
+        layouts=(layout,),
+    )  # fmt: skip
+    visits = tables.visits[0]
+    ids = segments.call_ids(
+        segments.RuntimeInputs(True, False, True),
+        np.full(layout.seq_len, 3, np.int32), None, None, [layout],
+    )  # fmt: skip
+    words = tables.pattern_words(visits, tables.video[0], ids.query[0, 0], ids.key[0, 0],
+                                 ids.start[0, 0])  # fmt: skip
+    kinds = set(block_kinds_of_words(visits, words).values())
+    assert TileKind.BOUNDARY not in kinds and SEGMENT_BOUNDARY in kinds
+
+
+def test_segment_starts_on_device():
+    from svgen.runtime.layout import TokenLayout
+    from svgen.runtime.video_frames import segment_starts
+
+    lay = TokenLayout(frames=4, height=1, width=2, text_tokens=3, text_position="first")
+    # text: 9, 5, pad; frames: [pad pad] [5 5] [9 9] [5 5]
+    ids = jnp.asarray([[9, 5, -1, -1, -1, 5, 5, 9, 9, 5, 5]], jnp.int32)
+    start, shift = segment_starts(ids, lay)
+    np.testing.assert_array_equal(start, [[2, 1, 0, 0, 0, 1, 1, 2, 2, 1, 1]])
+    np.testing.assert_array_equal(shift, [[0, 0, 0, 0, 0, 1, 1, 2, 2, 1, 1]])
+
+
+@pytest.mark.parametrize(
+    "mask, message",
+    [
+        ("{any_of: [{expr: 'f_k < 2'}, {spatial_window: {frames: 1}}]}", "absolute frame"),
+        ("{expr: 'abs(f_q - f_k) <= 1'}", "absolute frame"),
+        (
+            "{cube_window: {cube_frames: 2, cube_rows: 2, cube_cols: 2, frames: 1, rows: 1,"
+            " cols: 1}}",
+            "cube_frames: 1",
+        ),
+        ("{all_of: [{spatial_window: {frames: 2}}, {not: {first_frame: {}}}]}", "`not` around"),
+    ],
+)
+def test_masks_per_video_frames_cannot_take_are_refused(mask, message):
+    text = spec_text(mask)
+    spec = parse_spec(text, source="s.yaml")
+    from svgen.analysis import analyze
+
+    with pytest.raises(SpecError, match=message) as err:
+        analyze(spec)
+    assert err.value.key == "runtime.per_video_frames"
+    assert (
+        err.value.line
+        == text.splitlines().index(
+            next(line for line in text.splitlines() if "per_video_frames" in line)
+        )
+        + 1
+    )
+
+
+def test_masks_that_mean_the_same_at_every_start_need_no_tables(tmp_path):
+    guarded = "{expr: 'abs(f_q - f_k) <= 1 and not is_text_q and not is_text_k'}"
+    for mask in (guarded, "{any_of: [{spatial_window: {frames: 1}}, {text: {}}]}"):
+        plan, module = compile_spec_text(spec_text(mask), tmp_path / str(len(mask)))
+        assert plan.video_frames == ()
+        assert module._PATTERNS[0].video_frames is None
+
+
+def test_per_video_frames_needs_segments_and_enters_the_digest():
+    base = spec_text("anchor")
+    with pytest.raises(SpecError, match="needs `segments: true`"):
+        parse_spec(base.replace("segments: true, ", ""), source="s.yaml")
+    off = base.replace(", per_video_frames: true", "")
+    assert parse_spec(base, source="a").digest != parse_spec(off, source="a").digest
+    explicit_off = base.replace("per_video_frames: true", "per_video_frames: false")
+    assert parse_spec(explicit_off, source="a").digest == parse_spec(off, source="a").digest
+
+
+def test_gpu_forward_against_float64(tmp_path):
+    plan, module = compile_spec_text(spec_text("causal"), tmp_path, target_name="h100")
+    rng = np.random.default_rng(7)
+    q, k, v = random_inputs(rng, 2, plan.layout.seq_len, "float32")
+    ids = np.stack([late_video_ids(plan.layout), packed_ids(rng, plan.layout)])
+    lengths = np.array([40, 11], np.int32)
+    out = module.attention(q, k, v, segment_ids=ids, text_lengths=lengths, interpret=True)
+    check(plan, out, q, k, v, ids, lengths, "float32")
