@@ -1,6 +1,7 @@
 """What building a call's tables on device costs, next to the attention kernel it feeds.
 
     .venv/bin/python bench/refine_cost.py [--permute module|gather|transpose] [--spec NAME ...]
+        [--backward] [--per-video]
 
 For each shipped Wan 2.1 720p spec (``specs/wan21_720p_*.yaml``, 75,600 tokens) this builds
 ``StaticVisits`` from every pattern's runs in the generated module (``generated/<name>.py``)
@@ -13,7 +14,10 @@ program. ``--permute module`` (the default) runs exactly what a generated module
 order by ``TokenLayout.to_kernel``, the refined pieces of every pattern, the per-row
 (batch x heads) first-piece and count tables and the [heads, 1, seq] id rows the kernel
 reads), for one batch element and the spec's heads; ``--backward`` adds the dk/dv walk's
-transposed tables, which a jax.grad call builds too. The other two time the bare pipeline:
+transposed tables, which a jax.grad call builds too; ``--per-video`` compiles each spec with
+``runtime: {segments: true, per_video_frames: true}`` first and counts that module's path
+(segment starts per token, each block's kind at its segment's start from the frame tree;
+svgen.runtime.video_frames). The other two time the bare pipeline:
 ``gather`` indexes the ids with the layout's permutation, any layout; ``transpose`` writes
 the temporal-major order as a reshape and a transpose (checked equal to the layout's
 permutation, in NumPy; other orders still gather).
@@ -81,9 +85,22 @@ PERMUTE_STAGE = "ids to kernel order"
 # ----------------------------------------------------------------------------- the program
 
 
-def load_module(name: str):
-    """The generated module of a shipped spec, imported from its file."""
+def load_module(name: str, per_video: bool = False):
+    """The generated module of a shipped spec, imported from its file; per_video: the spec
+    compiled with per-video frame numbering of run-time segments, into a temporary directory."""
     path = REPO / "generated" / f"{name}.py"
+    if per_video:
+        import tempfile
+
+        from svgen import codegen
+
+        text = (REPO / "specs" / f"{name}.yaml").read_text()
+        text += "runtime: {segments: true, per_video_frames: true}\n"
+        plan = analyze(parse_spec(text, source=f"specs/{name}.yaml"))
+        directory = pathlib.Path(tempfile.mkdtemp(prefix="svgen_refine_cost_"))
+        for filename, data in codegen.render(plan, f"specs/{name}.yaml").items():
+            (directory / filename).write_bytes(data)
+        path = directory / codegen.module_filename(plan.spec.name)
     spec = importlib.util.spec_from_file_location(f"_refine_cost_{name}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -136,22 +153,31 @@ def module_tables(module, backward: bool = False):
     layout_index = tuple(layouts.index(p.layout) for p in module._PATTERNS)
     runs = [p.runs for p in module._PATTERNS]
     slots = module.SLOTS_PER_PIECE
-    walks = [segments.SegmentTables.build(runs, layout_index, module.SHAPE, slots, False)]
+    runtime = module.attention.runtime
+    video = tuple(p.video_frames for p in module._PATTERNS) if runtime.per_video_frames else ()
+    pattern_layouts = tuple(p.layout for p in module._PATTERNS)
+
+    def walk(walk_slots: int, transposed: bool):
+        return segments.SegmentTables.build(
+            runs, layout_index, module.SHAPE, walk_slots, transposed, video, pattern_layouts
+        )
+
+    walks = [walk(slots, False)]
     if backward:
         from svgen.runtime.backward import transposed_tables
 
-        dkv_slots = transposed_tables(runs, module.SHAPE, module.HEADS).slots
-        walks.append(
-            segments.SegmentTables.build(runs, layout_index, module.SHAPE, dkv_slots, True)
-        )
+        walks.append(walk(transposed_tables(runs, module.SHAPE, module.HEADS).slots, True))
     assign = module.HEAD_PATTERN or [h % len(runs) for h in range(module.HEADS)]
     head_pattern = jnp.asarray(assign, jnp.int32)
     head_layout = jnp.asarray(layout_index, jnp.int32)[head_pattern]
 
     def run(ids):
-        ids = segments.user_order_ids(ids, None, 1, layouts[0])
-        call_ids = segments.CallIds(*(segments.layout_order_ids(x, layouts) for x in ids))
-        rows = tuple(segments.head_rows(x, head_layout) for x in call_ids)
+        if runtime.segments:  # the module's own path (per-video starts included)
+            call_ids = segments.call_ids(runtime, ids, None, None, layouts)
+        else:  # a static module: the path a `runtime: {segments: true}` one would run
+            ids = segments.user_order_ids(ids, None, 1, layouts[0])
+            call_ids = segments.CallIds(*(segments.layout_order_ids(x, layouts) for x in ids))
+        rows = segments.kernel_id_rows(call_ids, head_layout)
         return [walk.tables(call_ids, head_pattern) for walk in walks], rows
 
     return run
@@ -249,9 +275,9 @@ def kernel_cycles(name: str) -> int:
     return cost.cost_plan(plan, path).cycles
 
 
-def measure(name: str, how: str, backward: bool = False) -> dict:
+def measure(name: str, how: str, backward: bool = False, per_video: bool = False) -> dict:
     """One spec: its patterns, the refinement program's ops and cycles, the kernel's."""
-    module = load_module(name)
+    module = load_module(name, per_video)
     visits = pattern_visits(module)
     for pattern in module._PATTERNS:
         check_transpose(pattern.layout)
@@ -347,16 +373,22 @@ def main() -> None:
         "--backward", action="store_true", help="module: also the dk/dv walk's tables"
     )
     parser.add_argument("--spec", action="append", choices=SPECS, help="default: all")
+    parser.add_argument(
+        "--per-video", action="store_true", help="module: with per-video frame numbering"
+    )
     args = parser.parse_args()
+    if args.per_video and args.permute != "module":
+        parser.error("--per-video counts the module's own path: use --permute module")
     clock = TARGETS[TARGET].clock_ghz
     rows = []
     for name in args.spec or SPECS:
         print(f"  {name} ...", file=sys.stderr, flush=True)
-        rows.append(measure(name, args.permute, args.backward))
+        rows.append(measure(name, args.permute, args.backward, args.per_video))
     print(
         f"On-device table refinement (segment ids -> block ranges -> words -> pieces, every "
         f"pattern; ids to kernel order by {args.permute}"
-        f"{', forward and dk/dv tables' if args.backward else ''}), {TARGET} at {clock} GHz: rough XLA "
+        f"{', forward and dk/dv tables' if args.backward else ''}"
+        f"{', per-video frames' if args.per_video else ''}), {TARGET} at {clock} GHz: rough XLA "
         f"cycles from libtpu's bundles, against the kernel's modelled cycles (svgen cost); "
         f"goal <= {GOAL:.0%}\n"
     )

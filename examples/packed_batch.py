@@ -3,17 +3,18 @@ its own length, in one sequence, through one compiled svgen module (a `runtime:`
 
     .venv/bin/python examples/packed_batch.py [--seed N]
 
-The spec (SPEC below) is a spatial head for a 12-frame, 4 x 8 latent with 48 text tokens;
-`runtime: {segments: true}` lets each call say which video every token belongs to. Two batch
-elements pack different videos:
+The spec (SPEC below) is a spatial head with a first-frame anchor for a 12-frame, 4 x 8
+latent with 48 text tokens; `runtime: {segments: true, per_video_frames: true}` lets each
+call say which video every token belongs to, and each video counts its frames from its own
+first frame. Two batch elements pack different videos:
 
     element 0: videos of 3, 5 and 4 frames; prompts of 9, 16 and 4 real tokens (16 slots each)
     element 1: videos of 6 and 6 frames;    prompts of 20 and 11 real tokens (24 slots each)
 
 Segment ids say the video (and its prompt's slots); a negative id marks a padding slot of a
-prompt. The pattern's frame numbers are the packed sequence's: `spatial_window` depends only
-on frame differences, so it means the same inside every video (per-video frame numbering, for
-`first_frame` or `block_causal`, is not built yet; see the README's run-time inputs).
+prompt. With per-video frames every video (and its prompt) attends its *own* first frame, as
+it would alone: the anchor moves with the video, which the sequence's frame numbers cannot
+say (see the README's run-time inputs).
 
 What it checks, against float64 NumPy: the packed kernel's output equals each video run on
 its own (its tokens and its prompt's real tokens only, the mask built from the video's own
@@ -49,9 +50,10 @@ attention: {heads: 2, head_dim: 64, dtype: float32}
 mask:
   any_of:
     - spatial_window: {frames: 1, rows: 2}
+    - first_frame: {frames: 1}
     - text: {}
 tiling: {block_q: 128, block_kv: 128}
-runtime: {segments: true}
+runtime: {segments: true, per_video_frames: true}
 """
 FRAMES, HEIGHT, WIDTH, TEXT = 12, 4, 8, 48
 PER_FRAME = HEIGHT * WIDTH
@@ -89,13 +91,15 @@ def video_tokens(packing, video: int) -> tuple[np.ndarray, np.ndarray]:
 
 def own_keep(positions: np.ndarray, own_frame: np.ndarray) -> np.ndarray:
     """The model's intent for one video alone, from its own frame numbers: |df| <= 1 and
-    |dh| <= 2 between its video tokens, and every pair with a text token."""
+    |dh| <= 2 between its video tokens, every query to the video's first frame, and every
+    pair with a text token."""
     text = own_frame < 0
     row = (positions % PER_FRAME) // WIDTH
     near = (np.abs(own_frame[:, None] - own_frame[None, :]) <= 1) & (
         np.abs(row[:, None] - row[None, :]) <= 2
     )
-    return (near & ~text[:, None] & ~text[None, :]) | text[:, None] | text[None, :]
+    anchor = (own_frame == 0)[None, :]
+    return (near & ~text[:, None] & ~text[None, :]) | anchor | text[:, None] | text[None, :]
 
 
 def attention64(q, k, v, keep):
@@ -118,12 +122,16 @@ def tile_counts(module, ids: np.ndarray, packing) -> tuple[int, int]:
     zero-fill step per q tile that visits none)."""
     pattern = module._PATTERNS[0]
     walk = segments.SegmentTables.build(
-        [pattern.runs], (0,), module.SHAPE, module.SLOTS_PER_PIECE, False
+        [pattern.runs],
+        (0,),
+        module.SHAPE,
+        module.SLOTS_PER_PIECE,
+        False,
+        video=(pattern.video_frames,),
+        layouts=(pattern.layout,),
     )
-    q_ids, k_ids = segments.user_order_ids(jnp.asarray(ids)[None], None, 1, pattern.layout)
-    call = segments.CallIds(
-        *(segments.layout_order_ids(x, [pattern.layout]) for x in (q_ids, k_ids))
-    )
+    runtime = module.attention.runtime
+    call = segments.call_ids(runtime, jnp.asarray(ids)[None], None, 1, [pattern.layout])
     steps = int(walk.tables(call, jnp.zeros(1, jnp.int32)).row_num_pieces[0])
     block = module.SHAPE.block_q
     tiles = -(-len(ids) // block)

@@ -684,7 +684,9 @@ def measure_paths(module, target: str, *, use_cache: bool = True, progress=None)
         tuple(str(t.dtype) for t in tables.piece_operands()),
         module.DTYPE,
         runtime=module.attention.runtime.arguments()
-        + (() if module.attention.select is None else ("select",)),
+        + (() if module.attention.select is None else ("select",))
+        # per-video frames: [2, tile] id blocks and shifted masks, another kernel
+        + (("per_video_frames",) if module.attention.runtime.per_video_frames else ()),
     )
 
     def measure() -> PathCosts:

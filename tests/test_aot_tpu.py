@@ -310,17 +310,25 @@ def test_aot_compile_while_another_process_holds_libtpu():
     assert unprepared.returncode != 0 and "lockfile" in unprepared.stderr
 
 
-@pytest.mark.parametrize("spec_name", ["hunyuan_720p_text", "wan21_720p_mixed"])
+@pytest.mark.parametrize(
+    "spec_name", ["hunyuan_720p_text", "wan21_720p_mixed", "hunyuan_720p_text+per_video"]
+)
 def test_run_time_segments_compile_for_v6e(spec_name, tmp_path):
     """A module with a `runtime:` section at full size: the forward kernel that reads the
-    call's tables and segment ids (batched, and under jax.vmap), and for one spec the
-    gradient (both walks' run-time tables), pass Mosaic and libtpu."""
+    call's tables and segment ids (batched, and under jax.vmap), and for the text specs the
+    gradient (both walks' run-time tables), pass Mosaic and libtpu; "+per_video": with
+    per-video frame numbering (ids and frame shifts in [2, tile] blocks, shifted masks)."""
     from conftest import compile_spec_text
 
+    spec_name, _, per_video = spec_name.partition("+")
     text = (REPO / "specs" / f"{spec_name}.yaml").read_text()
     has_text = "text_tokens" in text
-    text += "runtime: {segments: true%s}\n" % (", text_lengths: true" if has_text else "")
-    _, module = compile_spec_text(text, tmp_path)
+    text += "runtime: {segments: true%s%s}\n" % (
+        ", text_lengths: true" if has_text else "",
+        ", per_video_frames: true" if per_video else "",
+    )
+    plan, module = compile_spec_text(text, tmp_path)
+    assert bool(plan.video_frames) == bool(per_video)
     sharding = jax.sharding.SingleDeviceSharding(v6e_device())
     arg = jax.ShapeDtypeStruct(
         (2, module.HEADS, module.SEQ_LEN, module.HEAD_DIM),

@@ -286,7 +286,8 @@ class Plan:
         out["slots_per_piece"] = self.tables.slots
         runtime = self.spec.runtime
         if runtime.any:  # only when declared: the keys of other specs stay what they were
-            out["runtime"] = [n for n in ("segments", "text_lengths") if getattr(runtime, n)]
+            names = ("segments", "text_lengths", "per_video_frames")
+            out["runtime"] = [n for n in names if getattr(runtime, n)]
         if self.spec.select is not None:
             select = self.spec.select
             out["select"] = {

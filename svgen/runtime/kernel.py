@@ -1617,6 +1617,11 @@ def attention_doc(
     only pairs of one id are kept, on top of the mask; a negative id marks a padding token
     (it attends nothing and nothing attends it). None: every token in one segment.
 """
+    if runtime.per_video_frames:
+        runtime_lines += """    Per-video frames: a video segment is whole frames, numbered from its own first
+    frame (first_frame and block_causal apply per video; text keeps frame 0); concrete
+    ids that cut a frame raise.
+"""
     if runtime.text_lengths:
         runtime_lines += f"""text_lengths: int32 [] or [batch] (may be traced): how many of the {text_tokens} text tokens
     are real (counted from the first); the others are padding, never attended, their rows
