@@ -398,3 +398,72 @@ def test_gpu_forward_against_float64(tmp_path):
     lengths = np.array([40, 11], np.int32)
     out = module.attention(q, k, v, segment_ids=ids, text_lengths=lengths, interpret=True)
     check(plan, out, q, k, v, ids, lengths, "float32")
+
+
+TWO_PATTERNS = """
+svgen: 1
+name: per_video_two
+geometry: {frames: 6, height: 4, width: 26, text_tokens: 40, text_position: first}
+attention: {heads: 3, head_dim: 64, dtype: float32}
+patterns:
+  spatial:
+    any_of:
+      - first_frame: {frames: 1}
+      - spatial_window: {frames: 1}
+      - text: {}
+  temporal:
+    all_of:
+      - any_of:
+          - first_frame: {frames: 2}
+          - temporal_stride: {rows: 0, cols: 0}
+          - expr: "is_text_q or is_text_k"
+      - block_causal: {frames: 3}
+heads:
+  candidates:
+    - {pattern: spatial}
+    - {pattern: temporal, layout: temporal_major}
+  assign: runtime
+tiling: {block_q: 128, block_kv: 256}
+runtime: {segments: true, per_video_frames: true}
+"""
+
+
+def test_two_patterns_with_a_traced_head_pattern(tmp_path):
+    plan, module = compile_spec_text(TWO_PATTERNS, tmp_path)
+    assert all(v is not None for v in plan.video_frames)
+    rng = np.random.default_rng(9)
+    seq = plan.layout.seq_len
+    q, k, v = (rng.standard_normal((2, 3, seq, 64)).astype(np.float32) for _ in range(3))
+    head_pattern = jnp.asarray([1, 0, 1], jnp.int32)
+    ids = np.stack([late_video_ids(plan.layout), packed_ids(rng, plan.layout)])
+    run = jax.jit(
+        lambda hp, s: module.attention(q, k, v, head_pattern=hp, segment_ids=s, interpret=POISONED)
+    )
+    out = np.asarray(run(head_pattern, ids))
+    assert np.all(np.isfinite(out))
+    for b in range(2):
+        for h, p in enumerate([1, 0, 1]):
+            keep = per_video_keep(plan.patterns[p], ids[b])
+            ref = masked_attention_reference(
+                q[b, h].astype(np.float64), k[b, h].astype(np.float64),
+                v[b, h].astype(np.float64), keep,
+            )  # fmt: skip
+            err = np.max(np.abs(out[b, h] - ref)) / np.max(np.abs(ref))
+            assert err <= TOLERANCE["float32"], f"element {b}, head {h}: {err:.2e}"
+
+
+def test_generated_modules_are_formatted(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    for index, text in enumerate([spec_text("anchor"), spec_text("causal"), TWO_PATTERNS]):
+        compile_spec_text(text, tmp_path / f"m{index}")
+    for command in (["format", "--check"], ["check"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "ruff", *command, "--config", str(REPO / "pyproject.toml"),
+             str(tmp_path)],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr

@@ -171,9 +171,24 @@ def _video_entry(plan: Plan, index: int, stem: str, files: dict[str, bytes]) -> 
     return {
         "superset": table(f"{prefix}VIDEO_RUNS", video.runs, "video"),
         "groups": groups,
+        "tree_lines": pyformat.assignment(
+            f"{prefix}VIDEO_FRAME_TREE", _tree_literal(video.tree), depth=0
+        ),
         "tree_name": f"{prefix}VIDEO_FRAME_TREE",
-        "tree": repr(video.tree),
     }
+
+
+def _tree_literal(node) -> str:
+    """A frame tree (nested tuples of names and integers) as a Python literal."""
+    items = [
+        pyformat.string(x)
+        if isinstance(x, str)
+        else str(x)
+        if isinstance(x, int)
+        else _tree_literal(x)
+        for x in node
+    ]
+    return pyformat.literal_tuple(items)
 
 
 def _select_entry(plan: Plan, stem: str, files: dict[str, bytes]) -> dict | None:
