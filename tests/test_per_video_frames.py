@@ -310,9 +310,10 @@ def test_refined_blocks_against_brute_force(mask, transposed, tmp_path):
     assert full and dropped, "no FULL or dropped block: the refinement was not exercised"
 
 
-def test_plain_boundary_never_runs_inside_a_segment(tmp_path):
-    """A block inside one segment whose kind is not FULL or EMPTY is SEGMENT_BOUNDARY: the
-    static BOUNDARY code would read the sequence's frame numbers."""
+def test_plain_boundary_runs_only_where_frames_did_not_move(tmp_path):
+    """Inside a segment starting at frame 0 a BOUNDARY block runs the static code (the
+    sequence's frames are the video's); inside one starting later it is SEGMENT_BOUNDARY,
+    whose mask reads the shifted frames."""
     plan, module = compile_spec_text(spec_text("anchor"), tmp_path)
     pattern, layout = module._PATTERNS[0], plan.layout
     tables = segments.SegmentTables.build(
@@ -320,14 +321,24 @@ def test_plain_boundary_never_runs_inside_a_segment(tmp_path):
         layouts=(layout,),
     )  # fmt: skip
     visits = tables.visits[0]
-    ids = segments.call_ids(
-        segments.RuntimeInputs(True, False, True),
-        np.full(layout.seq_len, 3, np.int32), None, None, [layout],
-    )  # fmt: skip
-    words = tables.pattern_words(visits, tables.video[0], ids.query[0, 0], ids.key[0, 0],
-                                 ids.start[0, 0])  # fmt: skip
-    kinds = set(block_kinds_of_words(visits, words).values())
-    assert TileKind.BOUNDARY not in kinds and SEGMENT_BOUNDARY in kinds
+    late = np.full(layout.seq_len, -1, np.int32)
+    late[
+        layout.video_start + 2 * layout.tokens_per_frame : layout.video_start + layout.video_tokens
+    ] = 3
+    late[layout.text_start : layout.text_start + layout.text_tokens] = 3
+    kinds = {}
+    for name, user_ids in (("start 0", np.full(layout.seq_len, 3, np.int32)), ("start 2", late)):
+        ids = segments.call_ids(
+            segments.RuntimeInputs(True, False, True), user_ids, None, None, [layout]
+        )
+        words = tables.pattern_words(
+            visits, tables.video[0], ids.query[0, 0], ids.key[0, 0], ids.start[0, 0]
+        )
+        kinds[name] = set(block_kinds_of_words(visits, words).values())
+    assert TileKind.BOUNDARY in kinds["start 0"] and SEGMENT_BOUNDARY not in kinds["start 0"]
+    assert SEGMENT_BOUNDARY in kinds["start 2"]
+    # Every block of the late video's is inside it or holds padding: none runs static code.
+    assert TileKind.BOUNDARY not in kinds["start 2"]
 
 
 def test_segment_starts_on_device():

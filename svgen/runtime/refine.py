@@ -344,7 +344,15 @@ def block_segment_bits(segment_ids, block: int, num_blocks: int):
 
 
 def segment_words(
-    visits: StaticVisits, q_lo, q_hi, kv_lo, kv_hi, q_bits=None, kv_bits=None, frame_kinds=None
+    visits: StaticVisits,
+    q_lo,
+    q_hi,
+    kv_lo,
+    kv_hi,
+    q_bits=None,
+    kv_bits=None,
+    frame_kinds=None,
+    frame_start=None,
 ):
     """int32 [V]: each visit's word refined by segments (see the module docstring). q_lo,
     q_hi: int32 [num_q_tiles * rq], per compute block row; kv_lo, kv_hi: int32 [at least
@@ -353,8 +361,11 @@ def segment_words(
     not meet are disjoint too; pass them only when negative ids never pair with anything
     (svgen.runtime.segments makes every negative id -1 as a query and -2 as a key).
     frame_kinds (per-video frames, svgen.runtime.video_frames): int32 [V, rq, rk], each
-    block's kind at its segment's start, used inside one segment (capped by the static kind,
-    a BOUNDARY one run as SEGMENT_BOUNDARY: its mask needs the shifted frames)."""
+    block's kind at the segment starts its pairs can have. Inside one segment it is the
+    block's kind (capped by the static kind); a BOUNDARY one runs as SEGMENT_BOUNDARY, whose
+    mask reads the shifted frames, unless frame_start (int32 [V, rq, rk], the segment's
+    start) is 0, where the sequence's frames are the video's and the static code is right.
+    Across segments its EMPTY drops the block."""
     rq, rk = visits.q_blocks_per_tile, visits.kv_blocks_per_tile
     if jnp.shape(q_lo) != (visits.num_q_tiles * rq,) or jnp.shape(q_hi) != jnp.shape(q_lo):
         raise ValueError(f"q ranges must be [{visits.num_q_tiles * rq}], got {jnp.shape(q_lo)}")
@@ -377,14 +388,17 @@ def segment_words(
         kb = jnp.asarray(kv_bits, jnp.int32)[cols][:, None, :]
         disjoint = disjoint | ((qb & kb) == 0)
     one_segment = (ql == qh) & (kl == kh) & (ql == kl)
-    inside = static
+    inside, across = static, SEGMENT_BOUNDARY
     if frame_kinds is not None:
-        inside = jnp.minimum(jnp.asarray(frame_kinds, jnp.int32), static)
-        inside = jnp.where(inside == TileKind.BOUNDARY, SEGMENT_BOUNDARY, inside)
+        frame_kinds = jnp.asarray(frame_kinds, jnp.int32)
+        inside = jnp.minimum(frame_kinds, static)
+        moved = jnp.asarray(frame_start, jnp.int32) != 0
+        inside = jnp.where((inside == TileKind.BOUNDARY) & moved, SEGMENT_BOUNDARY, inside)
+        across = jnp.where(frame_kinds == TileKind.EMPTY, TileKind.EMPTY, SEGMENT_BOUNDARY)
     block = jnp.where(
         (static == TileKind.EMPTY) | disjoint,
         TileKind.EMPTY,
-        jnp.where(one_segment, inside, SEGMENT_BOUNDARY),
+        jnp.where(one_segment, inside, across),
     )
     # Blocks of padding rows only: FULL where the rest of the tile is (one unmasked body),
     # else EMPTY, as at compile time; statically EMPTY ones stay EMPTY.

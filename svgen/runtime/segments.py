@@ -355,14 +355,19 @@ class SegmentTables:
         # negative and never pair, so they set no bit).
         row_bits = block_segment_bits(row_ids, shape.cq, num_rows)
         col_bits = block_segment_bits(col_ids, shape.ckv, num_cols)
-        frame_kinds = None
-        if video is not None:  # the mask at each block's segment start
-            _, start = block_segment_ranges(row_starts, shape.cq, num_rows)
-            rq = shape.q_blocks_per_tile
+        frame_kinds = start_lo = None
+        if video is not None:  # the mask at the segment starts each block's pairs can have
+            row_s = block_segment_ranges(row_starts, shape.cq, num_rows)
+            col_s = block_segment_ranges(row_starts, shape.ckv, num_cols)
+            rq, rk = shape.q_blocks_per_tile, shape.kv_blocks_per_tile
             rows = visits.q_tile[:, None] * rq + np.arange(rq)
-            frame_kinds = video.kinds(visits, jnp.maximum(start, 0)[rows][:, :, None])
+            cols = visits.kv_tile[:, None] * rk + np.arange(rk)
+            # A pair's tokens share its segment's start: both sides' ranges hold it.
+            start_lo = jnp.maximum(row_s[0][rows][:, :, None], col_s[0][cols][:, None, :])
+            start_hi = jnp.minimum(row_s[1][rows][:, :, None], col_s[1][cols][:, None, :])
+            frame_kinds = video.kinds(visits, start_lo, start_hi)
         return segment_words(
-            visits, row_lo, row_hi, col_lo, col_hi, row_bits, col_bits, frame_kinds
+            visits, row_lo, row_hi, col_lo, col_hi, row_bits, col_bits, frame_kinds, start_lo
         )
 
 

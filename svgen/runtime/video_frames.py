@@ -136,9 +136,13 @@ class VideoKinds:
         stacked = np.stack(words) if words else np.zeros((0, visits.num_visits), np.int32)
         return cls(stacked, tree, rows, cols, rows_are_queries)
 
-    def kinds(self, visits: StaticVisits, start) -> jnp.ndarray:
-        """int32 [V, rq, rk]: each visited block's kind at `start` (int32 [V, rq, 1]: the
-        start of the block's segment, read on its row), were the block inside one segment."""
+    def kinds(self, visits: StaticVisits, start_lo, start_hi) -> jnp.ndarray:
+        """int32 [V, rq, rk]: each visited block's kind for segment starts in [start_lo,
+        start_hi] (int32, broadcast to [V, rq, rk]): sound for every pair of the block whose
+        segment starts there. A block inside one segment has start_lo == start_hi, its
+        segment's start, and gets the kind at it; a block across segments gets the range of
+        the starts its rows and columns share (only its EMPTY verdict is used)."""
+        start = (start_lo, start_hi)
         rq, rk = visits.q_blocks_per_tile, visits.kv_blocks_per_tile
         row_index = visits.q_tile[:, None] * rq + np.arange(rq)
         col_index = visits.kv_tile[:, None] * rk + np.arange(rk)
@@ -184,21 +188,28 @@ def _kind(full, empty):
 
 
 def _first_frame(n: int, key, start):
-    """Video keys of frames < start + n (any query)."""
+    """Video keys of frames < s + n (any query), for every s in start = (lo, hi)."""
     lo, hi, has_video, all_video = key
-    return _kind(all_video & (hi - start < n), ~has_video | (lo - start >= n)).astype(jnp.int32)
+    s_lo, s_hi = start
+    full = all_video & (hi - s_lo < n)
+    return _kind(full, ~has_video | (lo - s_hi >= n)).astype(jnp.int32)
 
 
 def _block_causal(n: int, query, key, start):
-    """Video pairs with (f_k - s) // n <= (f_q - s) // n (frames >= s inside the segment)."""
+    """Video pairs with (f_k - s) // n <= (f_q - s) // n, for every s in start = (lo, hi):
+    at one start in closed form (a pair's frames are >= its segment's start, so clamping
+    another segment's frames at s only widens the ranges), over several only the sure
+    EMPTY of keys n or more frames after every query."""
     q_lo, q_hi, q_has, q_all = query
     k_lo, k_hi, k_has, k_all = key
+    s_lo, s_hi = start
+    one = s_lo == s_hi
 
     def chunk(frame):
-        return lax.div(jnp.maximum(frame - start, 0), jnp.int32(n))
+        return lax.div(jnp.maximum(frame - s_lo, 0), jnp.int32(n))
 
-    full = q_all & k_all & (chunk(k_hi) <= chunk(q_lo))
-    empty = ~q_has | ~k_has | (chunk(k_lo) > chunk(q_hi))
+    full = one & q_all & k_all & (chunk(k_hi) <= chunk(q_lo))
+    empty = ~q_has | ~k_has | (one & (chunk(k_lo) > chunk(q_hi))) | (k_lo - q_hi >= n)
     return _kind(full, empty).astype(jnp.int32)
 
 
