@@ -109,10 +109,16 @@ def load_module(name: str, per_video: bool = False):
 
 
 def pattern_visits(module) -> list[StaticVisits]:
-    """Each pattern's static visits, at the module's compute blocks per tile."""
+    """Each pattern's static visits (with per-video frames, its superset's), at the module's
+    compute blocks per tile."""
     shape = module.SHAPE
+    per_video = module.attention.runtime.per_video_frames
     return [
-        StaticVisits.from_runs(p.runs, shape.q_blocks_per_tile, shape.kv_blocks_per_tile)
+        StaticVisits.from_runs(
+            p.video_frames.runs if per_video and p.video_frames else p.runs,
+            shape.q_blocks_per_tile,
+            shape.kv_blocks_per_tile,
+        )
         for p in module._PATTERNS
     ]
 

@@ -478,3 +478,36 @@ def test_generated_modules_are_formatted(tmp_path):
             capture_output=True, text=True,
         )  # fmt: skip
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("mask", ["anchor", "causal"])
+@pytest.mark.parametrize("layout", ["frame_major", "temporal_major"])
+def test_one_video_from_frame_0_gives_the_compile_time_blocks(mask, layout, tmp_path):
+    """The compile-time analysis as the oracle: for one segment starting at frame 0 (which
+    the mask means at compile time) the per-video refinement of the superset visits exactly
+    the compiler's blocks, each of its kind, except that a FULL block may come out BOUNDARY
+    (the frame tree combines kinds, it does not re-classify the union) - never the reverse."""
+    plan, module = compile_spec_text(spec_text(mask, layout), tmp_path)
+    pattern, lay = module._PATTERNS[0], plan.layout
+    ids = segments.call_ids(
+        segments.RuntimeInputs(True, False, True), np.zeros(lay.seq_len, np.int32), None, None,
+        [lay],
+    )  # fmt: skip
+    for transposed in (False, True):
+        rows, cols = (ids.key, ids.query) if transposed else (ids.query, ids.key)
+        refined = {}
+        for video in ((pattern.video_frames,), ()):
+            walk = segments.SegmentTables.build(
+                [pattern.runs], (0,), module.SHAPE, 1, transposed, video=video, layouts=(lay,)
+            )
+            visits, kinds = walk.visits[0], walk.video[0] if video else None
+            words = walk.pattern_words(visits, kinds, rows[0, 0], cols[0, 0], ids.start[0, 0])
+            refined[bool(video)] = {
+                b: k for b, k in block_kinds_of_words(visits, words).items() if k != 0
+            }
+        per_video, compiled = refined[True], refined[False]
+        assert per_video.keys() == compiled.keys()
+        for block, kind in compiled.items():
+            assert per_video[block] in (kind, TileKind.BOUNDARY), (block, per_video[block], kind)
+        changed = sum(per_video[b] != k for b, k in compiled.items())
+        assert changed <= len(compiled) // 10, f"{changed} of {len(compiled)} blocks lost FULL"

@@ -371,14 +371,21 @@ SHARDED = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from conftest import compile_spec_text
     from test_runtime_segments import TWO_PATTERNS, spec_text, random_segment_ids
+    from test_per_video_frames import packed_ids
 
     text = spec_text(TWO_PATTERNS).replace("heads: 3,", "heads: 4,")
+    if {per_video!r}:  # each video numbers its frames from its own first
+        text = text.replace("text_lengths: true}}", "text_lengths: true, per_video_frames: true}}")
     plan, module = compile_spec_text(text, pathlib.Path(tempfile.mkdtemp()))
+    assert bool(plan.video_frames) == {per_video!r}
     rng = np.random.default_rng(0)
     seq = plan.layout.seq_len
     q, k, v = (jnp.asarray(rng.standard_normal((2, 4, seq, 64)), jnp.float32) for _ in range(3))
     hp = jnp.asarray([0, 1, 1, 0], jnp.int32)
-    ids = jnp.asarray(np.stack([random_segment_ids(rng, seq) for _ in range(2)]))
+    if {per_video!r}:
+        ids = jnp.asarray(np.stack([packed_ids(rng, plan.layout) for _ in range(2)]))
+    else:
+        ids = jnp.asarray(np.stack([random_segment_ids(rng, seq) for _ in range(2)]))
     lengths = jnp.asarray([3, 40], jnp.int32)
 
     def call(q, k, v, hp, s, t):
@@ -400,8 +407,9 @@ SHARDED = textwrap.dedent("""
 """)
 
 
-def test_heads_sharded_with_shard_map():
-    script = SHARDED.format(tests=str(REPO / "tests"))
+@pytest.mark.parametrize("per_video", [False, True], ids=["sequence_frames", "per_video_frames"])
+def test_heads_sharded_with_shard_map(per_video):
+    script = SHARDED.format(tests=str(REPO / "tests"), per_video=per_video)
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=600
     )
