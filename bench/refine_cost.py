@@ -387,7 +387,10 @@ def main() -> None:
         parser.error("--per-video counts the module's own path: use --permute module")
     clock = TARGETS[TARGET].clock_ghz
     rows = []
-    for name in args.spec or SPECS:
+    names = args.spec or SPECS
+    if args.per_video:  # a select policy takes no run-time segments (yet)
+        names = [n for n in names if "select:" not in (REPO / "specs" / f"{n}.yaml").read_text()]
+    for name in names:
         print(f"  {name} ...", file=sys.stderr, flush=True)
         rows.append(measure(name, args.permute, args.backward, args.per_video))
     print(
