@@ -112,10 +112,9 @@ def pattern_visits(module) -> list[StaticVisits]:
     """Each pattern's static visits (with per-video frames, its superset's), at the module's
     compute blocks per tile."""
     shape = module.SHAPE
-    per_video = module.attention.runtime.per_video_frames
     return [
         StaticVisits.from_runs(
-            p.video_frames.runs if per_video and p.video_frames else p.runs,
+            p.video_frames.runs if getattr(p, "video_frames", None) else p.runs,
             shape.q_blocks_per_tile,
             shape.kv_blocks_per_tile,
         )
