@@ -61,3 +61,15 @@ def late_video_ids(layout) -> np.ndarray:
     ids[layout.text_start : layout.text_start + half] = 4
     ids[layout.text_start + half : layout.text_start + layout.text_tokens] = 1
     return ids
+
+
+def check_element_grads(got, want, element: int, tolerance: float = 1e-4) -> None:
+    """Batched gradients (dq, dk, dv) of one batch element against float64 ones: finite, and
+    relative L2 error within `tolerance`, on a scale floored at 1 (with one token per
+    segment ds is 0 in exact arithmetic: one key gets all the probability, and dq, dk are
+    rounding noise)."""
+    for name, a, w in zip(("dq", "dk", "dv"), got, want):
+        a = np.asarray(a[element], np.float64)
+        assert np.all(np.isfinite(a)), f"{name}: non-finite values"
+        error = np.linalg.norm(a - w) / max(np.linalg.norm(w), 1.0)
+        assert error <= tolerance, f"{name} of element {element}: relative error {error:.2e}"
