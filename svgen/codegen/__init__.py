@@ -204,14 +204,15 @@ def _select_entry(plan: Plan, stem: str, files: dict[str, bytes]) -> dict | None
     entry = {
         "policy": (
             f"select.SelectPolicy({pyformat.string(select.rule)}, {select.default!r}, "
-            f"{select.min_blocks}, {select.max_blocks})"
+            f"{select.min_blocks}, {select.max_blocks}"
+            + (f", sampled_rows={select.sampled_rows})" if select.sampled_rows else ")")
         ),
         "doc_lines": textwrap.wrap(
             "Blocks chosen per call from q and k (the spec's `select`): the mask above is "
             f"always kept; besides it, {_select_words(select)}. Candidates: the compute blocks "
             f"that {ir.lower(plan.spec, select.candidate).describe()} touches; a chosen block is "
-            "attended whole. Scores: mean-pooled q . mean-pooled k per compute block, scaled "
-            "by sm_scale. No gradient flows through the selection.",
+            f"attended whole. Scores: {_score_words(select)}. No gradient flows through the "
+            "selection.",
             width=92,
         ),
         "num_runs": _int(len(runs)),
@@ -226,6 +227,16 @@ def _select_entry(plan: Plan, stem: str, files: dict[str, bytes]) -> dict | None
     else:
         entry["inline_runs"] = _format_runs(runs)
     return entry
+
+
+def _score_words(select) -> str:
+    """How the module's policy scores blocks (the module docstring's words)."""
+    if select.sampled_rows:
+        return (
+            f"the attention mass of {select.sampled_rows} evenly spaced query rows per compute "
+            "block row, per key block (log of the rows' mean share)"
+        )
+    return "mean-pooled q . mean-pooled k per compute block, scaled by sm_scale"
 
 
 def _select_words(select) -> str:
