@@ -1,12 +1,14 @@
 """How well activation-driven block selection keeps attention, next to static masks.
 
     .venv/bin/python bench/selection_quality.py [--seed S] [--frames F --height H --width W]
-        [--heads N] [--block B] [--gain G] [--quick]
+        [--heads N] [--block B] [--gain G] [--sampled-rows S] [--quick]
 
 On synthetic video-like attention of known structure (below; NOT a real model's
 activations) this compares, at matched densities, static masks built from coordinates with
 the top-k and top-p selection of svgen.runtime.select: the pooled block scores of
-`block_scores` and the choice of `select_blocks`, the functions a generated module calls.
+`block_scores` (or, with --sampled-rows S, the sampled rows' attention mass of
+`sampled_block_scores`, a spec's `select.sampled_rows: S`) and the choice of
+`select_blocks`, the functions a generated module calls.
 Per mask:
   * density: kept pairs / all pairs (the mean over heads);
   * recall: the mean over query rows (and heads) of the dense probabilities on kept pairs;
@@ -302,7 +304,7 @@ class Selector:
     mask (anchor OR diagonal compute block), the selectable blocks, and per block the real
     pairs the always-kept mask leaves out (densities then come from block counts)."""
 
-    def __init__(self, geometry: Geometry, heads: list[Head], block: int):
+    def __init__(self, geometry: Geometry, heads: list[Head], block: int, sampled_rows: int = 0):
         n = geometry.seq_len
         self.n, self.block = n, block
         self.blocks = -(-n // block)
@@ -317,7 +319,13 @@ class Selector:
         shape = KernelShape(n, padded, block, block, HEAD_DIM, len(heads), block, block)
         q = jnp.asarray(np.stack([h.q for h in heads]), jnp.float32)
         k = jnp.asarray(np.stack([h.k for h in heads]), jnp.float32)
-        self.scores = sel.block_scores(q, k, shape, self.blocks, self.blocks, HEAD_DIM**-0.5)
+        scale = HEAD_DIM**-0.5
+        if sampled_rows:
+            self.scores = sel.sampled_block_scores(
+                q, k, shape, self.blocks, self.blocks, scale, sampled_rows
+            )
+        else:
+            self.scores = sel.block_scores(q, k, shape, self.blocks, self.blocks, scale)
         # One compile per rule; the amount is traced, as in a generated module's call.
         self._select = {rule: jax.jit(self._selection(rule)) for rule in (sel.TOP_K, sel.TOP_P)}
 
@@ -461,6 +469,7 @@ def command_line(args) -> str:
         f".venv/bin/python bench/selection_quality.py --seed {args.seed} --frames {args.frames} "
         f"--height {args.height} --width {args.width} --heads {args.heads} --block {args.block} "
         f"--gain {args.gain:g}"
+        + (f" --sampled-rows {args.sampled_rows}" if args.sampled_rows else "")
     )
 
 
@@ -473,6 +482,12 @@ def parse(argv) -> argparse.Namespace:
     parser.add_argument("--heads", type=int, help=f"default {DEFAULTS['heads']}")
     parser.add_argument("--block", type=int, help="compute block, q rows = keys (default 128)")
     parser.add_argument("--gain", type=float, default=1.0, help="scale of q and k")
+    parser.add_argument(
+        "--sampled-rows",
+        type=int,
+        default=0,
+        help="score blocks by this many sampled query rows per block row (0: mean pooling)",
+    )
     parser.add_argument(
         "--quick", action="store_true", help=f"smoke test: defaults {QUICK} instead"
     )
@@ -493,7 +508,9 @@ def print_header(args, geometry: Geometry, selector: Selector, heads, dense) -> 
     print(
         f"seed {args.seed}; {geometry.frames} x {geometry.height} x {geometry.width} = "
         f"{geometry.seq_len:,} tokens, frame-major; {len(heads)} heads, head_dim {HEAD_DIM}, "
-        f"gain {args.gain:g}; compute blocks {args.block} x {args.block} ({selector.blocks} "
+        f"gain {args.gain:g}; scores: "
+        f"{f'{args.sampled_rows} sampled rows per block row' if args.sampled_rows else 'mean pooling'}; "
+        f"compute blocks {args.block} x {args.block} ({selector.blocks} "
         f"per row, at most {selector.max_k} selectable); float64 reference.\n"
     )
     print(f"Reproduce: `{command_line(args)}`\n")
@@ -516,7 +533,7 @@ def main(argv=None) -> None:
     n = geometry.seq_len
     heads = make_heads(args.seed, geometry, args.heads, args.gain)
     dense = [dense_reference(h) for h in heads]
-    selector = Selector(geometry, heads, args.block)
+    selector = Selector(geometry, heads, args.block, args.sampled_rows)
     print_header(args, geometry, selector, heads, dense)
     print("| " + " | ".join(COLUMNS) + " |")
     print("|---|---|---:|---:|---:|---:|")

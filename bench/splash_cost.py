@@ -494,7 +494,7 @@ def _forward_grid() -> tuple[tuple[int, int, int], ...]:
 
 FWD_GRID = _forward_grid()
 #: The fastest forward of FWD_GRID at the Wan 2.1 720p geometry (75,600 tokens, 10 heads,
-#: d 128, bf16, v6e): what every "vs dense Splash" figure of the benches and README is
+#: d 128, bf16, v6e): what every "vs dense Splash" figure of the benches and docs is
 #: quoted against (`python bench/splash_cost.py` re-runs the search and prints it).
 BEST_FWD_BLOCKS = (2048, 2048, 1024)
 

@@ -14,7 +14,7 @@ first frame. Two batch elements pack different videos:
 Segment ids say the video (and its prompt's slots); a negative id marks a padding slot of a
 prompt. With per-video frames every video (and its prompt) attends its *own* first frame, as
 it would alone: the anchor moves with the video, which the sequence's frame numbers cannot
-say (see the README's run-time inputs).
+say (see docs/runtime.md).
 
 What it checks, against float64 NumPy: the packed kernel's output equals each video run on
 its own (its tokens and its prompt's real tokens only, the mask built from the video's own

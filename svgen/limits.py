@@ -13,7 +13,7 @@ The analysis's own work (row-set intervals, product box pairs) depends on the ma
 and the geometry together, not on the file's size: it is counted while it runs (`Work`),
 before each step allocates, and estimated before the classification starts where it can be.
 
-README.md lists these under "Limits"; change both together.
+docs/spec.md lists these under "Limits"; change both together.
 """
 
 from __future__ import annotations

@@ -231,10 +231,19 @@ def _select() -> dict:
             "candidate": _ref("mask", "the region blocks may be chosen from (blocks it touches)"),
             "top_k": top_k,
             "top_p": top_p,
+            "sampled_rows": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": spec.MAX_SAMPLED_ROWS,
+                "description": "score blocks by the attention mass of this many evenly "
+                "spaced query rows per compute block row (8: near the exact block mass) "
+                "instead of mean-pooled q.k",
+            },
         },
         ("candidate",),
-        "blocks chosen per call from mean-pooled q.k scores, attended whole, besides the "
-        "always-kept mask; one pattern for every head (mask:), TPU only for now",
+        "blocks chosen per call from mean-pooled q.k scores (or sampled rows' attention "
+        "mass), attended whole, besides the always-kept mask; one pattern for every head "
+        "(mask:)",
     )
     out["oneOf"] = [{"required": ["top_k"]}, {"required": ["top_p"]}]
     return out

@@ -234,6 +234,9 @@ class Select:
     min_blocks: int
     max_blocks: int
     where: Location | None = field(default=None, compare=False, hash=False)
+    # Block scores from this many sampled query rows per compute block row (their attention
+    # mass per block); 0: mean pooling of q and k (svgen.runtime.select).
+    sampled_rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -442,6 +445,8 @@ def _with_select(obj: dict, select: Select | None) -> dict:
                 "max": select.max_blocks,
             },
         }
+        if select.sampled_rows:
+            obj["select"]["sampled_rows"] = select.sampled_rows
     return obj
 
 
@@ -671,7 +676,9 @@ TOP_KEYS = (
     "runtime",
     "select",
 )
-SELECT_KEYS = ("candidate", "top_k", "top_p")
+SELECT_KEYS = ("candidate", "top_k", "top_p", "sampled_rows")
+#: The most query rows a select policy may sample per compute block row.
+MAX_SAMPLED_ROWS = 64
 TOP_K_KEYS = ("k", "min", "max")
 TOP_P_KEYS = ("p", "min", "max")
 #: The most blocks a select policy may keep per compute block row (the packed tables' side).
@@ -926,7 +933,13 @@ def _read_select(r: _Reader, node: Node, path: str, masks: "_MaskReader") -> Sel
         if not ok or not 0.0 <= float(value) <= 1.0:
             raise r.error(anode, apath, f"must be a number in 0 .. 1, got {r.describe(anode)}")
         default = float(value)
-    return Select(candidate, rule, default, least, most, r.location(node, path))
+    sampled = 0
+    if "sampled_rows" in e:
+        limit = f"MAX_SAMPLED_ROWS, {MAX_SAMPLED_ROWS}"
+        sampled = r.integer(
+            e["sampled_rows"][1], _join(path, "sampled_rows"), 1, MAX_SAMPLED_ROWS, limit
+        )
+    return Select(candidate, rule, default, least, most, r.location(node, path), sampled)
 
 
 def _check_select(r: _Reader, node: Node, heads, runtime: Runtime) -> None:

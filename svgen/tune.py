@@ -55,7 +55,10 @@ from svgen.spec import (
 from svgen.targets import DEFAULT_TARGET
 
 TILE_SIZES = (512, 1024, 2048, 4096)
-COMPUTE_SIZES = (512, 1024)  # the MXU works near its peak on these (README, bench/kernel_cost.py)
+COMPUTE_SIZES = (
+    512,
+    1024,
+)  # the MXU works near its peak on these (docs/measured.md, bench/kernel_cost.py)
 DEFAULT_CONFIRM = 3
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)

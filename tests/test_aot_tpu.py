@@ -26,14 +26,14 @@ def test_float32_and_batched_variants_compile(tmp_path):
     from conftest import compile_spec_text
 
     module = import_file(REPO / "generated" / "wan21_720p_spatial.py")
-    compile_for_v6e(module, batch=2)
+    assert "tpu_custom_call" in compile_for_v6e(module, batch=2).as_text()
     text = (
         (REPO / "specs" / "wan21_720p_spatial.yaml")
         .read_text()
         .replace("dtype: bfloat16", "dtype: float32")
     )
     _, module32 = compile_spec_text(text, tmp_path)
-    compile_for_v6e(module32)
+    assert "tpu_custom_call" in compile_for_v6e(module32).as_text()
 
 
 def _compile_gradient(module) -> str:
@@ -75,7 +75,7 @@ def test_multi_tile_pieces_compile(tmp_path):
     text = (REPO / "specs" / "wan21_720p_band.yaml").read_text()
     plan, module = compile_spec_text(text, tmp_path, smem_budget=1800)
     assert plan.tables.slots > 1
-    compile_for_v6e(module)
+    assert "tpu_custom_call" in compile_for_v6e(module).as_text()
 
 
 def test_profile_compiles_for_v6e():
@@ -348,12 +348,18 @@ def test_run_time_segments_compile_for_v6e(spec_name, tmp_path):
     if has_text:
         one = jax.ShapeDtypeStruct(arg.shape[1:], arg.dtype, sharding=sharding)
         mapped = jax.vmap(call, in_axes=(0, 0, 0, None, 0, 0))
-        jax.jit(mapped).lower(
-            *(jax.ShapeDtypeStruct((2,) + one.shape, one.dtype, sharding=sharding),) * 3,
-            hp,
-            ids,
-            lengths,
-        ).compile()
+        mapped_text = (
+            jax.jit(mapped)
+            .lower(
+                *(jax.ShapeDtypeStruct((2,) + one.shape, one.dtype, sharding=sharding),) * 3,
+                hp,
+                ids,
+                lengths,
+            )
+            .compile()
+            .as_text()
+        )
+        assert "tpu_custom_call" in mapped_text
 
         def loss(q, k, v, hp, s, t):
             return jnp.sum(call(q, k, v, hp, s, t).astype(jnp.float32))
@@ -387,7 +393,8 @@ def test_chunked_calls_compile_for_v6e():
     text = jax.jit(call).lower(chunk, cache, cache, hp, offset).compile().as_text()
     assert "tpu_custom_call" in text
     mapped = jax.vmap(call, in_axes=(0, 0, 0, None, 0))
-    jax.jit(mapped).lower(chunk, cache, cache, hp, struct((2,), jnp.int32)).compile()
+    mapped_text = jax.jit(mapped).lower(chunk, cache, cache, hp, struct((2,), jnp.int32))
+    assert "tpu_custom_call" in mapped_text.compile().as_text()
 
     def loss(q, k, v, hp, f):
         return jnp.sum(call(q, k, v, hp, f).astype(jnp.float32))

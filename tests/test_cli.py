@@ -536,9 +536,10 @@ def test_a_bounded_density_per_pattern(bounded, capsys):
 
 
 def _inspect_keys_section() -> str:
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "commands.md").read_text()
     start = text.index("#### `svgen inspect --json` keys")
-    return text[start : text.index("\n## ", start)]
+    end = text.find("\n## ", start)
+    return text[start : end if end >= 0 else len(text)]
 
 
 def _keys(obj, prefix=""):
@@ -554,7 +555,7 @@ def _keys(obj, prefix=""):
 
 def test_every_inspect_json_key_is_documented(project, bounded, capsys):
     """Each key `svgen inspect --json` prints, for every kind of spec (one pattern, several,
-    aligned, temporal-major, tiled, bounded, GPU), is in README's table of them."""
+    aligned, temporal-major, tiled, bounded, GPU), is in docs/commands.md's table of them."""
     (project / "specs" / "two.yaml").write_text(TWO_PATTERNS)
     (project / "specs" / "cubes.yaml").write_text(
         GOOD.replace("tiling:", "layout: {tiled: {frames: 1, rows: 2, cols: 6}}\ntiling:")

@@ -33,7 +33,7 @@ def test_modules_of_random_masks_are_formatted(tmp_path, monkeypatch):
     modules of 30 random masks and layouts, long mask chains included, pass the check.
     User predicates come from the fixed list: pyformat splits only the shapes built-ins
     produce, and a long comparison or sum of a random `expr` is left as one line, which
-    ruff would split (README, Known limits)."""
+    ruff would split (docs/limits.md)."""
     import conftest
     from svgen import codegen
     from svgen.analysis import analyze

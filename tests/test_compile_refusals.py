@@ -14,7 +14,7 @@ from svgen.errors import SpecError
 from svgen.tune import Candidate
 
 from conftest import REPO
-from test_tune import fake_measure, write_spec
+from tune_helpers import fake_measure, write_spec
 
 OOM = (
     "libtpu cannot compile the kernel for v6e at 2048 x 2048 tiles with 1024 x 512 compute "
@@ -73,7 +73,7 @@ COST_AT_ONE_MIB = textwrap.dedent(
 
 
 def test_cost_reports_a_vmem_refusal_in_one_line(tmp_path):
-    from test_tune import SPEC
+    from tune_helpers import SPEC
 
     spec = tmp_path / "small_band.yaml"
     spec.write_text(SPEC)

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import yaml
-from jax._src.pallas.triton import lowering as triton_lowering
 
+from gpu_helpers import verified_triton_lowering
 from svgen.runtime import gpu
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.reference import masked_attention_reference
@@ -348,33 +348,6 @@ def test_tables_of_a_shipped_module_are_csr():
 
 
 # -- Triton IR --------------------------------------------------------------------------------
-
-
-def verified_triton_lowering(attention, q, head_pattern):
-    """Lower `attention` for CUDA (no device needed) and verify the Triton module it builds;
-    returns its text."""
-    modules = []
-    original = triton_lowering.lower_jaxpr_to_triton_module
-
-    def verify(*args, **kwargs):
-        result = original(*args, **kwargs)
-        result.module.operation.verify()  # raises MLIRError naming the op
-        modules.append(str(result.module))
-        return result
-
-    triton_lowering.lower_jaxpr_to_triton_module = verify
-    try:
-        hp = jnp.asarray(head_pattern, jnp.int32)
-        text = (
-            jax.jit(lambda q, k, v, hp: attention(q, k, v, head_pattern=hp))
-            .trace(q, q, q, hp)
-            .lower(lowering_platforms=("cuda",))
-            .as_text()
-        )
-    finally:
-        triton_lowering.lower_jaxpr_to_triton_module = original
-    assert text.count("__gpu$xla.gpu.triton") == 1 and len(modules) == 1
-    return modules[0]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

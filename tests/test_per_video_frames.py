@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import POISONED, TOLERANCE, compile_spec_text, reference_grads, user_order_keep
+from segment_helpers import check_element_grads, late_video_ids, packed_ids
 from svgen.errors import SpecError
 from svgen.runtime import backward, segments
 from svgen.runtime.kinds import TileKind
@@ -47,39 +48,6 @@ LAYOUTS = ["frame_major", "temporal_major", "{tiled: {frames: 2, rows: 2, cols: 
 
 def spec_text(mask="anchor", layout="frame_major", dtype="float32", text="last"):
     return SPEC % dict(mask=MASKS.get(mask, mask), layout=layout, dtype=dtype, text=text)
-
-
-def packed_ids(rng, layout) -> np.ndarray:
-    """Whole-frame videos of random lengths in random frames (some frames padding), each with
-    its own text slots of which a random number are real; ids with gaps, in any order."""
-    ids = np.full(layout.seq_len, -1, np.int32)
-    per_frame = layout.tokens_per_frame
-    cuts = np.sort(rng.choice(np.arange(1, layout.frames), rng.integers(1, 4), replace=False))
-    pieces = np.split(np.arange(layout.frames), cuts)
-    labels = rng.permutation(len(pieces)) * int(rng.integers(1, 4)) + int(rng.integers(0, 3))
-    slot_cuts = np.sort(rng.choice(np.arange(1, layout.text_tokens), len(pieces) - 1, False))
-    slots = np.split(np.arange(layout.text_tokens), slot_cuts)
-    for frames, label, text in zip(pieces, labels, slots):
-        if rng.random() < 0.15:
-            continue  # unused frames and slots: padding
-        start = layout.video_start + frames[0] * per_frame
-        ids[start : start + len(frames) * per_frame] = label
-        real = text[: int(rng.integers(0, len(text) + 1))]
-        ids[layout.text_start + real] = label
-    return ids
-
-
-def late_video_ids(layout) -> np.ndarray:
-    """Two videos, the second starting at frame 2 and four frames long (so that its frames
-    move under per-video numbering for every mask here), each with half the text slots."""
-    ids = np.full(layout.seq_len, -1, np.int32)
-    split = layout.video_start + 2 * layout.tokens_per_frame
-    ids[layout.video_start : split] = 4
-    ids[split : layout.video_start + layout.video_tokens] = 1
-    half = layout.text_tokens // 2
-    ids[layout.text_start : layout.text_start + half] = 4
-    ids[layout.text_start + half : layout.text_start + layout.text_tokens] = 1
-    return ids
 
 
 def frame_starts(layout, ids, rule: str = "first") -> np.ndarray:
@@ -227,11 +195,7 @@ def test_gradients_against_float64(fused, tmp_path, monkeypatch):
     for b in range(batch):
         keep = per_video_keep(plan.patterns[0], ids[b], lengths[b])
         want = reference_grads(plan, q[b], k[b], v[b], [0, 0], do[b], keeps=[keep])
-        for name, a, w in zip(("dq", "dk", "dv"), got, want):
-            a = np.asarray(a[b], np.float64)
-            assert np.all(np.isfinite(a)), f"{name}: non-finite values"
-            error = np.linalg.norm(a - w) / max(np.linalg.norm(w), 1.0)
-            assert error <= 1e-4, f"{name} of element {b}: relative error {error:.2e}"
+        check_element_grads(got, want, b)
 
 
 def test_vmap_equals_the_batched_call(tmp_path):

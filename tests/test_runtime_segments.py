@@ -22,6 +22,7 @@ from conftest import (
     reference_grads,
     user_order_keep,
 )
+from segment_helpers import check_element_grads, random_segment_ids
 from svgen.errors import SpecError
 from svgen.runtime import backward
 from svgen.runtime.reference import masked_attention_reference
@@ -76,29 +77,6 @@ LAYOUTS = ["frame_major", "temporal_major", "{tiled: {frames: 2, rows: 3, cols: 
 def spec_text(template: str, *, layout="frame_major", dtype="float32", text_position="last"):
     geometry = GEOMETRY % text_position
     return template % dict(geometry=geometry, layout=layout, dtype=dtype)
-
-
-def random_segment_ids(rng, seq: int) -> np.ndarray:
-    """Contiguous segments cut anywhere (tiles and compute blocks cut too), one-token ones
-    included, some marked padding (negative), with ids in order, with gaps or shuffled."""
-    mode = rng.choice(["order", "gaps", "shuffled", "one", "each"])
-    if mode == "one":
-        return np.full(seq, int(rng.integers(0, 5)), np.int32)
-    if mode == "each":
-        return np.arange(seq, dtype=np.int32)
-    starts = np.zeros(seq, np.int64)
-    starts[np.flatnonzero(rng.random(seq - 1) < rng.choice([0.005, 0.02, 0.2])) + 1] = 1
-    starts[int(rng.integers(1, seq))] = 1  # at least two segments
-    ids = np.cumsum(starts)
-    if mode == "gaps":
-        ids = np.cumsum(rng.integers(1, 4, size=ids.max() + 1))[ids]
-    elif mode == "shuffled":
-        ids = rng.permutation(ids.max() + 1)[ids]
-    ids = ids.astype(np.int32)
-    if rng.random() < 0.5:  # a run of padding tokens
-        start = int(rng.integers(0, seq))
-        ids[start : start + int(rng.integers(1, 40))] = -1
-    return ids
 
 
 def random_text_lengths(rng, batch: int, text_tokens: int) -> np.ndarray:
@@ -224,13 +202,7 @@ def test_gradients_against_float64(fused, tmp_path, monkeypatch):
     for b in range(batch):
         per_pattern = [call_keep(kp, plan.layout, ids[b], lengths[b]) for kp in keeps]
         want = reference_grads(plan, q[b], k[b], v[b], head_pattern, do[b], keeps=per_pattern)
-        for name, a, w in zip(("dq", "dk", "dv"), got, want):
-            a = np.asarray(a[b], np.float64)
-            assert np.all(np.isfinite(a)), f"{name}: non-finite values"
-            # A floor on the scale: with one token per segment ds is 0 in exact arithmetic
-            # (one key gets all the probability), and dq, dk are rounding noise.
-            error = np.linalg.norm(a - w) / max(np.linalg.norm(w), 1.0)
-            assert error <= 1e-4, f"{name} of element {b}: relative error {error:.2e}"
+        check_element_grads(got, want, b)
 
 
 def test_vmap_over_a_batch_equals_the_batched_call(tmp_path):
@@ -370,8 +342,8 @@ SHARDED = textwrap.dedent("""
     from jax.sharding import Mesh, PartitionSpec as P
     sys.path.insert(0, {tests!r})
     from conftest import compile_spec_text
-    from test_runtime_segments import TWO_PATTERNS, spec_text, random_segment_ids
-    from test_per_video_frames import packed_ids
+    from test_runtime_segments import TWO_PATTERNS, spec_text
+    from segment_helpers import packed_ids, random_segment_ids
 
     text = spec_text(TWO_PATTERNS).replace("heads: 3,", "heads: 4,")
     if {per_video!r}:  # each video numbers its frames from its own first
@@ -431,7 +403,7 @@ def test_gpu_module_with_run_time_inputs(template, tmp_path):
     """`svgen compile --target h100` of a spec with a `runtime:` section: the GPU forward
     takes the same inputs (interpret mode, NaN past the operands' ends), against float64,
     one compile for every run-time value; and its Triton IR verifies for CUDA."""
-    from test_gpu_kernel import verified_triton_lowering
+    from gpu_helpers import verified_triton_lowering
 
     text = spec_text(ONE_PATTERN if template == "one" else TWO_PATTERNS, layout="temporal_major")
     plan, module = compile_spec_text(text, tmp_path, target_name="h100")

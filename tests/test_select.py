@@ -161,9 +161,13 @@ def _reference(plan, module, q, k, v, amount):
     qk, kk, vk = (layout.to_kernel(x, np) for x in flat)
     rows_b, cols_b = select.selectable.shape
     scale = 1.0 / np.sqrt(q.shape[-1])
-    scores = (
-        np.einsum("rqd,rkd->rqk", _pool(qk, shape.cq, rows_b), _pool(kk, shape.ckv, cols_b)) * scale
-    )
+    if select.policy.sampled_rows:
+        scores = _sampled_scores(qk, kk, shape, rows_b, cols_b, scale, select.policy.sampled_rows)
+    else:
+        scores = (
+            np.einsum("rqd,rkd->rqk", _pool(qk, shape.cq, rows_b), _pool(kk, shape.ckv, cols_b))
+            * scale
+        )
     chosen = sel.reference_selection(
         scores.astype(np.float32), select.selectable, select.policy, amount
     )
@@ -177,6 +181,26 @@ def _reference(plan, module, q, k, v, amount):
         p = np.exp(s - s.max(axis=1, keepdims=True))
         out[r] = (p / p.sum(axis=1, keepdims=True)) @ vk[r]
     return layout.from_kernel(out, np).reshape(lead + q.shape[-2:]), chosen
+
+
+def _sampled_scores(q, k, shape, rows_b, cols_b, scale, per_block) -> np.ndarray:
+    """float64 reference of sampled_block_scores, from its documented meaning: per block row,
+    the log of the mean, over `per_block` rows evenly spaced in the block (the middles of
+    equal parts, clipped to the last row), of each key block's share of the row's softmax."""
+    seq = k.shape[1]
+    out = np.empty((q.shape[0], rows_b, cols_b))
+    n = min(per_block, shape.cq)
+    for b in range(rows_b):
+        rows = [min(b * shape.cq + (2 * i + 1) * shape.cq // (2 * n), seq - 1) for i in range(n)]
+        logits = np.einsum("rsd,rnd->rsn", q[:, rows], k) * scale
+        probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        probs /= probs.sum(axis=-1, keepdims=True)
+        mass = np.zeros((q.shape[0], n, cols_b))
+        for c in range(cols_b):
+            mass[:, :, c] = probs[:, :, c * shape.ckv : (c + 1) * shape.ckv].sum(axis=-1)
+        with np.errstate(divide="ignore"):
+            out[:, b] = np.log(mass.mean(axis=1))
+    return out
 
 
 def _pool(x, block: int, num_blocks: int) -> np.ndarray:
@@ -195,10 +219,13 @@ def _inputs(rng, lead, seq, d, dtype="float32"):
     return tuple(jnp.asarray(x, jnp.dtype(dtype)) for x in (q, k, v))
 
 
+SAMPLED_TOP_P = TOP_P + "\n  sampled_rows: 8"
+
+
 @pytest.mark.parametrize(
     "rule, amounts",
-    [(TOP_K, (0, 1, 3)), (TOP_P, (0.2, 0.7))],
-    ids=["top_k", "top_p"],
+    [(TOP_K, (0, 1, 3)), (TOP_P, (0.2, 0.7)), (SAMPLED_TOP_P, (0.3, 0.9))],
+    ids=["top_k", "top_p", "sampled_top_p"],
 )
 def test_kernel_matches_float64_under_the_selected_mask(compile_text, rule, amounts):
     plan, module = compile_text(spec_text(rule))
@@ -491,3 +518,39 @@ def test_vmap_gives_each_element_its_own_amount(compile_text):
     for b, n in enumerate((1, 3)):
         alone = module.attention(q[b], k[b], v[b], interpret=POISONED, top_k=n)
         np.testing.assert_array_equal(np.asarray(mapped[b]), np.asarray(alone))
+
+
+@pytest.mark.parametrize("per_block", [1, 8, 128], ids=["one_row", "eight_rows", "every_row"])
+def test_sampled_scores_equal_their_float64_reference(per_block):
+    """sampled_block_scores against its documented meaning; with every row sampled it is the
+    log of each block's exact mean attention mass (the dense softmax pooled by blocks)."""
+    from svgen.runtime.tables import KernelShape
+
+    rng = np.random.default_rng(per_block)
+    seq, d, rows_b, cols_b = 700, 32, 6, 6  # the last blocks hold padding
+    shape = KernelShape(seq, 768, 256, 256, d, 2, compute_q=128, compute_kv=128)
+    q, k = (rng.standard_normal((2, seq, d)).astype(np.float32) for _ in range(2))
+    got = sel.sampled_block_scores(
+        jnp.asarray(q), jnp.asarray(k), shape, rows_b, cols_b, 0.3, per_block
+    )
+    want = _sampled_scores(
+        q.astype(np.float64), k.astype(np.float64), shape, rows_b, cols_b, 0.3, per_block
+    )
+    np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=2e-5)
+    if per_block == 128:  # block row 0: every one of its rows sampled
+        logits = np.einsum("rsd,rnd->rsn", q.astype(np.float64), k.astype(np.float64)) * 0.3
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        blocks = [probs[:, :128, c * 128 : (c + 1) * 128].sum(-1).mean(-1) for c in range(cols_b)]
+        np.testing.assert_allclose(np.asarray(got)[:, 0], np.log(np.stack(blocks, -1)), atol=2e-5)
+
+
+def test_sampled_rows_are_read_checked_and_in_the_digest():
+    base = parse_spec(spec_text(TOP_P))
+    sampled = parse_spec(spec_text(SAMPLED_TOP_P))
+    assert sampled.select.sampled_rows == 8 and base.select.sampled_rows == 0
+    assert sampled.digest != base.digest
+    for bad in ("0", "65", "2.5", "many"):
+        with pytest.raises(SpecError, match="sampled_rows") as err:
+            parse_spec(spec_text(TOP_P + f"\n  sampled_rows: {bad}"))
+        assert err.value.key == "select.sampled_rows"

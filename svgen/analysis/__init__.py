@@ -407,20 +407,11 @@ def _video_frame_plan(spec: Spec, pattern, progress, named: bool) -> VideoFrameP
     if tree.tree == ("group", 0):
         return None
 
-    def runs_of(name: str, mask) -> np.ndarray:
-        with (
-            ROW_SET_WORK.budget(int(ROW_SET_BACKSTOP * MAX_ROW_SET_WORK)),
-            PRODUCT_WORK.budget(MAX_PRODUCT_WORK),
-        ):
-            try:
-                plan, _ = _pattern_plan(spec, name, mask, pattern.layout, progress, False)
-            except WorkOverLimit as over:
-                raise _work_error(spec, over, pattern.name, mask, pattern.layout) from None
-        return plan.table.runs
+    def runs_of(mask) -> np.ndarray:
+        return _mask_runs(spec, pattern.name, mask, pattern.layout, progress)
 
-    frames = spec.geometry.frames
-    superset_runs = runs_of(pattern.name, video_frames.superset(pattern.mask, frames))
-    groups = tuple(runs_of(pattern.name, g) for g in tree.groups)
+    superset_runs = runs_of(video_frames.superset(pattern.mask, spec.geometry.frames))
+    groups = tuple(runs_of(g) for g in tree.groups)
     return VideoFramePlan(superset_runs, groups, tree.tree, tree.groups)
 
 
@@ -501,16 +492,22 @@ def _check_chunk_tables(spec: Spec, chunked, slots: int, smem_budget: int) -> No
 def _candidate_runs(spec: Spec, always: PatternPlan, progress) -> np.ndarray:
     """select.candidate classified at the spec's tiles, in the always-kept pattern's layout:
     its runs (the compute blocks it touches are the ones a call may choose)."""
-    name = "select.candidate"
     mask = ir.lower(spec, spec.select.candidate)
+    return _mask_runs(spec, "select.candidate", mask, always.layout, progress)
+
+
+def _mask_runs(spec: Spec, name: str, mask, layout: TokenLayout, progress) -> np.ndarray:
+    """The runs of a mask besides the patterns' (a select candidate, a per-video superset or
+    group) at the spec's tiles, under the analysis's work budgets; `name` says whose in
+    errors."""
     with (
         ROW_SET_WORK.budget(int(ROW_SET_BACKSTOP * MAX_ROW_SET_WORK)),
         PRODUCT_WORK.budget(MAX_PRODUCT_WORK),
     ):
         try:
-            plan, _ = _pattern_plan(spec, name, mask, always.layout, progress, False)
+            plan, _ = _pattern_plan(spec, name, mask, layout, progress, False)
         except WorkOverLimit as over:
-            raise _work_error(spec, over, name, mask, always.layout) from None
+            raise _work_error(spec, over, name, mask, layout) from None
     return plan.table.runs
 
 

@@ -1,7 +1,7 @@
 """`tiling.align`: the mask rounded to whole compute blocks, and what that costs in pairs.
 
 A BOUNDARY compute block costs its mask: VALU work on every score and extra vector stores,
-1.2-1.4x a FULL block (see README). Rounding each one to FULL or EMPTY removes that cost and
+1.2-1.4x a FULL block (see docs/measured.md). Rounding each one to FULL or EMPTY removes that cost and
 changes the mask; users of sparse video attention accept approximate masks, but should know
 exactly what changed. The modes:
 

@@ -28,8 +28,11 @@ from svgen.codegen.tilemap import render_tile_map
 from svgen.runtime.kinds import TileKind
 
 FORMAT_VERSION = 2
-# Above this many runs the step table goes to a .npy file beside the module.
+# Above this many runs the step table goes to a .npy file beside the module. A GPU module's
+# runs are at its small classification tiles, a line or two per q tile: readable inline up to
+# a few thousand q tiles.
 MAX_INLINE_RUNS = 4096
+MAX_INLINE_GPU_RUNS = 16384
 _RUNS_PER_LINE = 6
 
 _HEADER_RE = re.compile(
@@ -97,7 +100,8 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
             "tables_file": None,
             "tables_sha256": None,
         }
-        if len(runs) > MAX_INLINE_RUNS:
+        inline_limit = MAX_INLINE_RUNS if plan.gpu is None else MAX_INLINE_GPU_RUNS
+        if len(runs) > inline_limit:
             data = _npy_bytes(runs.astype(np.int32))
             filename = tables_filename(name if single else f"{name}_{pattern.name}")
             files[filename] = data
@@ -200,14 +204,15 @@ def _select_entry(plan: Plan, stem: str, files: dict[str, bytes]) -> dict | None
     entry = {
         "policy": (
             f"select.SelectPolicy({pyformat.string(select.rule)}, {select.default!r}, "
-            f"{select.min_blocks}, {select.max_blocks})"
+            f"{select.min_blocks}, {select.max_blocks}"
+            + (f", sampled_rows={select.sampled_rows})" if select.sampled_rows else ")")
         ),
         "doc_lines": textwrap.wrap(
             "Blocks chosen per call from q and k (the spec's `select`): the mask above is "
             f"always kept; besides it, {_select_words(select)}. Candidates: the compute blocks "
             f"that {ir.lower(plan.spec, select.candidate).describe()} touches; a chosen block is "
-            "attended whole. Scores: mean-pooled q . mean-pooled k per compute block, scaled "
-            "by sm_scale. No gradient flows through the selection.",
+            f"attended whole. Scores: {_score_words(select)}. No gradient flows through the "
+            "selection.",
             width=92,
         ),
         "num_runs": _int(len(runs)),
@@ -222,6 +227,16 @@ def _select_entry(plan: Plan, stem: str, files: dict[str, bytes]) -> dict | None
     else:
         entry["inline_runs"] = _format_runs(runs)
     return entry
+
+
+def _score_words(select) -> str:
+    """How the module's policy scores blocks (the module docstring's words)."""
+    if select.sampled_rows:
+        return (
+            f"the attention mass of {select.sampled_rows} evenly spaced query rows per compute "
+            "block row, per key block (log of the rows' mean share)"
+        )
+    return "mean-pooled q . mean-pooled k per compute block, scaled by sm_scale"
 
 
 def _select_words(select) -> str:
@@ -283,10 +298,18 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 
 
 def _format_runs(runs: np.ndarray) -> list[str]:
-    # The blocks word in binary, 2 bits per compute block (last block first), so a reviewer
-    # can read each block's kind; 0 when the tile is not BOUNDARY or has one compute block.
-    cells = [f"({q}, {kv}, {n}, {k}, {_blocks_literal(w)})," for q, kv, n, k, w in runs.tolist()]
-    return [" ".join(cells[i : i + _RUNS_PER_LINE]) for i in range(0, len(cells), _RUNS_PER_LINE)]
+    """Runs, each q tile's on a line of its own (continued every _RUNS_PER_LINE runs), so a
+    reviewer can hold the lines against the tile map's rows. The blocks word in binary, 2
+    bits per compute block (last block first), so each block's kind can be read; 0 when the
+    tile is not BOUNDARY or has one compute block."""
+    lines = []
+    for q_tile in dict.fromkeys(runs[:, 0].tolist()):
+        rows = runs[runs[:, 0] == q_tile].tolist()
+        cells = [f"({q}, {kv}, {n}, {k}, {_blocks_literal(w)})," for q, kv, n, k, w in rows]
+        lines += [
+            " ".join(cells[i : i + _RUNS_PER_LINE]) for i in range(0, len(cells), _RUNS_PER_LINE)
+        ]
+    return lines
 
 
 def _format_chunk_runs(runs: np.ndarray) -> list[str]:

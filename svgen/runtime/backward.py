@@ -47,7 +47,7 @@ from svgen.runtime.tables import (  # noqa: F401
 )
 
 
-#: dq inside the dk/dv walk by default: chosen by `svgen cost --backward` (see README).
+#: dq inside the dk/dv walk by default: chosen by `svgen cost --backward` (see docs/training.md).
 FUSED_DQ = True
 
 

@@ -3,7 +3,7 @@ in plain integer arithmetic: the compiler's analysis (NumPy, no JAX: svgen.analy
 and the kernels' per-call scalars and masked blocks (traced: svgen.runtime.chunks) use this
 one definition.
 
-The convention (README, "Rolling cache"): frame a < sink lives in slot a; frame a >= sink in
+The convention (docs/runtime.md, "Rolling cache"): frame a < sink lives in slot a; frame a >= sink in
 ring slot sink + (a - sink) mod window, written there when it is generated. After the chunk
 at frame f = position * chunk is written, ring slot sink + j holds the latest frame
 sink + j + window * m that is at most f + chunk - 1. With L = f + chunk - 1 - sink (the
