@@ -58,25 +58,18 @@ def frame_starts(layout, ids, rule: str = "first") -> np.ndarray:
     frame = np.full(layout.seq_len, -1)
     video = np.arange(layout.video_start, layout.video_start + layout.video_tokens)
     frame[video] = (video - layout.video_start) // layout.tokens_per_frame
+    ranges = []  # per frame: (least, greatest) non-negative id of its video tokens, or None
+    for f in range(layout.frames):
+        real = ids[(frame == f) & (ids >= 0)]
+        ranges.append((real.min(), real.max()) if len(real) else None)
     start = np.zeros(layout.seq_len, np.int64)
     for x in np.unique(ids[ids >= 0]):
         if rule == "first":
             frames = frame[(ids == x) & (frame >= 0)]
-            start[ids == x] = frames.min() if len(frames) else 0
         else:
-            holds = [
-                f
-                for f in range(layout.frames)
-                if _frame_range(ids, frame, f) is not None
-                and _frame_range(ids, frame, f)[0] <= x <= _frame_range(ids, frame, f)[1]
-            ]
-            start[ids == x] = holds[0] if holds else 0
+            frames = [f for f, r in enumerate(ranges) if r is not None and r[0] <= x <= r[1]]
+        start[ids == x] = min(frames) if len(frames) else 0
     return start
-
-
-def _frame_range(ids, frame, f):
-    real = ids[(frame == f) & (ids >= 0)]
-    return (real.min(), real.max()) if len(real) else None
 
 
 def per_video_keep(pattern, ids, text_length=None, rule="first") -> np.ndarray:

@@ -112,19 +112,22 @@ def frame_tree(node) -> FrameTree:
         return ("group", len(groups) - 1)
 
     def walk(n) -> tuple:
-        if is_shift_invariant(n):
-            return group(n)
+        return group(n) if is_shift_invariant(n) else anchored(n)
+
+    def anchored(n) -> tuple:
+        """A term known not to be invariant: a leaf in closed form, or a combination."""
         if isinstance(n, ir.FirstFrame):
             return ("first_frame", n.frames)
         if isinstance(n, ir.BlockCausal):
             return ("block_causal", n.frames)
         if isinstance(n, (ir.AnyOf, ir.AllOf)):
             op = "any_of" if isinstance(n, ir.AnyOf) else "all_of"
-            fixed = [c for c in n.children if is_shift_invariant(c)]
+            invariant = [is_shift_invariant(c) for c in n.children]
+            fixed = [c for c, inv in zip(n.children, invariant) if inv]
             parts = []
             if fixed:  # the invariant members: one group, one table
                 parts.append(group(fixed[0] if len(fixed) == 1 else type(n)(tuple(fixed))))
-            parts += [walk(c) for c in n.children if not is_shift_invariant(c)]
+            parts += [anchored(c) for c, inv in zip(n.children, invariant) if not inv]
             return (op, *parts)
         raise NotPerVideo(n, _why_not(n))
 

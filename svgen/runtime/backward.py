@@ -37,6 +37,7 @@ from svgen.runtime.coords import QueryCoords, TokenCoords
 from svgen.runtime.interpret import settled
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.refine import SEGMENT_BOUNDARY
+from svgen.runtime.segments import block_shifts, same_segment
 from svgen.runtime.video_frames import ShiftedFrames
 from svgen.runtime.tables import (  # noqa: F401
     compute_block_kinds,
@@ -244,16 +245,10 @@ def _dq_kernel(
         k, v = k_ref[block.cols, :], v_ref[block.cols, :]
         p = jnp.exp2(_dot(q, k, 1, 1) - fwd._lanes(lse_col[block.rows, :], shape.ckv))
         if pattern is not None:
-            shifts = None
-            if segmented and id_refs[0].shape[0] == 2:  # per-video frames: row 1 the shifts
-                shifts = (
-                    jnp.transpose(id_refs[0][1:2, block.rows]),
-                    id_refs[1][1:2, block.cols],
-                )
+            shifts = block_shifts(id_refs, block.rows, block.cols) if segmented else None
             keep = _keep(pattern, q_tile, kv_tile, block, shape, shifts)
             if segmented:  # the block spans run-time segments: only pairs of one segment
-                q_ids, kv_ids = id_refs[0][0:1, block.rows], id_refs[1][0:1, block.cols]
-                keep = keep & (jnp.transpose(q_ids) == kv_ids)
+                keep = keep & same_segment(id_refs, block.rows, block.cols)
             p = jnp.where(keep, p, 0.0)
         ds = p * (_dot(do, v, 1, 1) - fwd._lanes(d_col[block.rows, :], shape.ckv))
         acc[block.rows, :] += _dot(ds.astype(k.dtype), k, 1, 0)
@@ -332,16 +327,10 @@ def _dkv_kernel(
         lse, dd = lse_ref[:, block.cols], d_ref[:, block.cols]  # [1, cq]: lane-major rows
         p_t = jnp.exp2(_dot(k, q, 1, 1) - lse)
         if pattern is not None:
-            shifts = None
-            if segmented and id_refs[0].shape[0] == 2:  # per-video frames: row 1 the shifts
-                shifts = (
-                    jnp.transpose(id_refs[0][1:2, block.rows]),
-                    id_refs[1][1:2, block.cols],
-                )
+            shifts = block_shifts(id_refs, block.rows, block.cols) if segmented else None
             keep_t = _keep_t(pattern, kv_tile, q_tile, block, shape, q_first, key_map, shifts)
             if segmented:  # across run-time segments: only pairs of one (keys are rows here)
-                kv_ids, q_ids = id_refs[0][0:1, block.rows], id_refs[1][0:1, block.cols]
-                keep_t = keep_t & (jnp.transpose(kv_ids) == q_ids)
+                keep_t = keep_t & same_segment(id_refs, block.rows, block.cols)
             p_t = jnp.where(keep_t, p_t, 0.0)
         dv_acc[block.rows, :] += _dot(p_t.astype(do.dtype), do, 1, 0)
         ds_t = (p_t * (_dot(v, do, 1, 1) - dd)).astype(q.dtype)

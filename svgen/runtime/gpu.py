@@ -436,12 +436,17 @@ def make_gpu_attention(
     if dtype is not None and jnp.dtype(dtype).name not in DTYPES:
         raise ValueError(f"GPU kernels run {', '.join(DTYPES)}; got dtype {dtype}")
     tables = GpuTables.from_runs([p.runs for p in patterns], shape, block_q, block_kv)
-    # Per-video frames: a call with run-time ids walks each pattern's superset (the union of
-    # its mask over every segment start, svgen.runtime.video_frames).
-    video_tables = tables
-    if runtime.per_video_frames:
+
+    @functools.cache
+    def call_tables():
+        """The tables of a call with run-time ids: with per-video frames each pattern's
+        superset (the union of its mask over every segment start, svgen.runtime.video_frames),
+        built on the first such call so that importing a module stays cheap."""
+        if not runtime.per_video_frames:
+            return tables
         supersets = [p.runs if p.video_frames is None else p.video_frames.runs for p in patterns]
-        video_tables = GpuTables.from_runs(supersets, shape, block_q, block_kv)
+        return GpuTables.from_runs(supersets, shape, block_q, block_kv)
+
     layouts: list[TokenLayout] = []
     for p in patterns:
         if p.layout not in layouts:
@@ -561,7 +566,7 @@ def make_gpu_attention(
             kk,
             to_kernel(v),
             head_pattern,
-            video_tables if ids is not None else tables,
+            call_tables() if ids is not None else tables,
             codes,
             seq_len=shape.seq_len,
             q_scale=float(sm_scale) * LOG2_E,

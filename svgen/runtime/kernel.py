@@ -110,6 +110,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from svgen.runtime import chunks, permute, segments
 from svgen.runtime.coords import QueryCoords, TokenCoords
+from svgen.runtime.segments import block_shifts, same_segment
 from svgen.runtime.video_frames import ShiftedFrames
 from svgen.runtime.interpret import settled
 from svgen.runtime.layout import TokenLayout
@@ -514,7 +515,8 @@ def _attention_kernel(
 ):
     """selected: a selection's per-row tables (svgen.runtime.select), whose PADDED blocks
     (kind 3) run unmasked but for the keys past seq_len.
-    segments: run-time tables; the inputs then end with the query and key ids, read by
+    segments: run-time tables; the inputs then end with the query and key ids (with
+    per-video frames, each token's frame shift in their second row), read by
     SEGMENT_BOUNDARY blocks only (each transposes its [1, cq] query ids: 473 bundles per
     1024 x 1024 block, against 899 per q tile for a lane-replicated copy made in init, which
     every q tile would pay; v6e, svgen cost). chunked: a KV-cache chunk's call over that
@@ -558,8 +560,6 @@ def _attention_kernel(
     # bounded kernels: the q tile's mode (1: bounded max), an SMEM scalar set in init.
     mode_ref = rest.pop() if bounded_kernel else None
     coords_ref = rest.pop(0) if rest else None
-    # per-video frames: the id blocks' second row holds each token's frame shift
-    per_video = bool(id_refs) and id_refs[0].shape[0] == 2
     view, kind, q_block, kv_block, active, is_first, is_last = grid_step(
         table_refs,
         heads,
@@ -625,13 +625,12 @@ def _attention_kernel(
             k_video = chunks.slot_keys(k_pos, ring_sink, table_refs[-1], chunked, view.row)
         q = _QueryBlockCoords(coords_ref, pattern.query_coords, block)
         k = TokenCoords(k_video, pattern.layout)
-        if segmented and per_video:  # frames counted from each token's video segment
-            q = ShiftedFrames(q, jnp.transpose(id_refs[0][1:2, block.rows]))
-            k = ShiftedFrames(k, id_refs[1][1:2, block.cols])
+        shifts = block_shifts(id_refs, block.rows, block.cols) if segmented else None
+        if shifts is not None:  # per-video frames: counted from each token's video segment
+            q, k = ShiftedFrames(q, shifts[0]), ShiftedFrames(k, shifts[1])
         keep = jnp.broadcast_to(pattern.boundary_mask(q, k), (shape.cq, shape.ckv))
         if segmented:  # the block spans run-time segments: only pairs of one segment
-            q_ids = jnp.transpose(id_refs[0][0:1, block.rows])  # [cq, 1]
-            keep = keep & (q_ids == id_refs[1][0:1, block.cols])
+            keep = keep & same_segment(id_refs, block.rows, block.cols)
         # Padding keys are never attended, whatever the predicate says about them.
         return keep & (k_pos < shape.seq_len) if padding else keep
 

@@ -151,12 +151,17 @@ def call_ids(
     check_call_inputs(inputs, segment_ids, text_lengths, batch, layouts[0])
     if segment_ids is None and text_lengths is None:
         return None
-    ids = user_order_ids(segment_ids, text_lengths, batch or 1, layouts[0])
+    query, key = user_order_ids(segment_ids, text_lengths, batch or 1, layouts[0])
+    start = shift = None
     if inputs.per_video_frames:
         if segment_ids is not None and not isinstance(segment_ids, jax.core.Tracer):
             video_frames.check_whole_frames(segment_ids, layouts[0])
-        ids = ids + video_frames.segment_starts(ids[0], layouts[0])
-    return CallIds(*(layout_order_ids(x, layouts) for x in ids))
+        start, shift = video_frames.segment_starts(query, layouts[0])
+
+    def ordered(x):
+        return None if x is None else layout_order_ids(x, layouts)
+
+    return CallIds(ordered(query), ordered(key), ordered(start), ordered(shift))
 
 
 def declared_signature(
@@ -238,6 +243,21 @@ def kernel_id_rows(ids: CallIds, head_layout) -> tuple[jax.Array, jax.Array]:
     return tuple(jnp.concatenate([r, shift], axis=1) for r in rows)
 
 
+def block_shifts(id_refs, rows, cols):
+    """In a SEGMENT_BOUNDARY block: the frame shifts of its rows ([r, 1]) and columns
+    ([1, c]) from the second row of the [2, tile] id blocks (per-video frames), or None when
+    the id blocks hold ids only."""
+    if id_refs[0].shape[0] != 2:
+        return None
+    return jnp.transpose(id_refs[0][1:2, rows]), id_refs[1][1:2, cols]
+
+
+def same_segment(id_refs, rows, cols):
+    """bool [r, c]: which pairs of a SEGMENT_BOUNDARY block share a segment (the walk's row
+    ids against its column ids, row 0 of the id blocks)."""
+    return jnp.transpose(id_refs[0][0:1, rows]) == id_refs[1][0:1, cols]
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class SegmentTables:
     """The static side of per-call tables: each pattern's visits (forward, or the dk/dv
@@ -311,7 +331,7 @@ class SegmentTables:
         batch = ids.query.shape[0]
         # The walk's rows are keys in the transposed (dk/dv) walk.
         row_ids, col_ids = (ids.key, ids.query) if self.transposed else (ids.query, ids.key)
-        # The start of each token's segment (per-video frames): read on the walk's rows.
+        # Each token's segment start (per-video frames; unread without them).
         starts = ids.start if ids.start is not None else jnp.zeros_like(row_ids)
         video = self.video or (None,) * len(self.visits)
         per_pattern = [
@@ -338,14 +358,14 @@ class SegmentTables:
             jnp.max(row_count).astype(jnp.int32),
         )
 
-    def _pattern_pieces(self, visits: StaticVisits, video, row_ids, col_ids, row_starts):
-        words = self.pattern_words(visits, video, row_ids, col_ids, row_starts)
+    def _pattern_pieces(self, visits: StaticVisits, video, row_ids, col_ids, starts):
+        words = self.pattern_words(visits, video, row_ids, col_ids, starts)
         return refine(visits, words, self.slots)
 
-    def pattern_words(self, visits: StaticVisits, video, row_ids, col_ids, row_starts):
+    def pattern_words(self, visits: StaticVisits, video, row_ids, col_ids, starts):
         """int32 [V]: one batch element's refined word of each of a pattern's visits, from the
         ids of the walk's rows and columns (and with per-video frames, `video` its VideoKinds,
-        the segment start of each row token)."""
+        `starts` each token's segment start: rows and columns are the same tokens)."""
         shape = self.shape
         num_rows = visits.num_q_tiles * shape.q_blocks_per_tile
         num_cols = -(-shape.seq_len // shape.block_kv) * shape.kv_blocks_per_tile
@@ -357,8 +377,8 @@ class SegmentTables:
         col_bits = block_segment_bits(col_ids, shape.ckv, num_cols)
         frame_kinds = start_lo = None
         if video is not None:  # the mask at the segment starts each block's pairs can have
-            row_s = block_segment_ranges(row_starts, shape.cq, num_rows)
-            col_s = block_segment_ranges(row_starts, shape.ckv, num_cols)
+            row_s = block_segment_ranges(starts, shape.cq, num_rows)
+            col_s = block_segment_ranges(starts, shape.ckv, num_cols)
             rq, rk = shape.q_blocks_per_tile, shape.kv_blocks_per_tile
             rows = visits.q_tile[:, None] * rq + np.arange(rq)
             cols = visits.kv_tile[:, None] * rk + np.arange(rk)
