@@ -335,17 +335,17 @@ def aligned_user_keep(pattern) -> np.ndarray:
 # parenthesis or a wrong shift changes values.
 
 
-def _random_integer(rng, depth: int) -> str:
+def _random_integer(rng, depth: int, coords=("f", "h", "w", "i")) -> str:
     r = rng.random()
     if depth >= 3 or r < 0.3:
-        name = f"{rng.choice(['f', 'h', 'w', 'i'])}_{rng.choice(['q', 'k'])}"
+        name = f"{rng.choice(list(coords))}_{rng.choice(['q', 'k'])}"
         offset = int(rng.integers(-12, 13))
         return name if offset == 0 else f"({name} {'-' if offset > 0 else '+'} {abs(offset)})"
     if r < 0.36:
         return str(int(rng.integers(-9, 10)))
-    a = _random_integer(rng, depth + 1)
+    a = _random_integer(rng, depth + 1, coords)
     if r < 0.58:  # often minus a floor division or modulo: where parentheses matter most
-        b = _random_integer(rng, depth + 1)
+        b = _random_integer(rng, depth + 1, coords)
         if rng.random() < 0.4:
             b = f"({b} {rng.choice(['//', '%'])} {int(rng.integers(2, 9))})"
         return f"({a} {rng.choice(['+', '-'])} {b})"
@@ -356,15 +356,36 @@ def _random_integer(rng, depth: int) -> str:
     if r < 0.9:
         return f"-abs({a})" if rng.random() < 0.3 else f"abs({a})"
     fn = rng.choice(["min", "max"])
-    return f"{fn}({a}, {_random_integer(rng, depth + 1)})"
+    return f"{fn}({a}, {_random_integer(rng, depth + 1, coords)})"
 
 
-def _random_comparison(rng) -> str:
+def _random_comparison(rng, coords=("f", "h", "w", "i")) -> str:
     ops = ["<", "<=", ">", ">=", "==", "!="]
-    text = _random_integer(rng, 1)
+    text = _random_integer(rng, 1, coords)
     for _ in range(1 if rng.random() < 0.75 else 2):  # sometimes chained: a < b <= c
-        text += f" {rng.choice(ops)} {_random_integer(rng, 1)}"
+        text += f" {rng.choice(ops)} {_random_integer(rng, 1, coords)}"
     return text
+
+
+def random_axis_predicate(rng, depth: int = 0, places: bool = False) -> str:
+    """A random `expr` whose comparisons each read one axis (f, h or w: clamps, windows,
+    dilations, bands of every shape), with `places` also rows and columns together (a window
+    over h * W + w), or only the token classes, joined by and / or / not / boolean
+    (in)equality: the per-axis form svgen.analysis.product analyzes exactly."""
+    r = rng.random()
+    if depth >= 2 or r < 0.4:
+        if rng.random() < 0.1:
+            return str(rng.choice(["is_text_q", "is_text_k", "not is_text_k"]))
+        if places and rng.random() < 0.3:
+            return _random_comparison(rng, ("h", "w"))
+        return _random_comparison(rng, (str(rng.choice(["f", "h", "w"])),))
+    if r < 0.5:
+        return f"not ({random_axis_predicate(rng, depth + 1, places)})"
+    a = random_axis_predicate(rng, depth + 1, places)
+    b = random_axis_predicate(rng, depth + 1, places)
+    if r < 0.9:
+        return f"({a}) {rng.choice(['and', 'or'])} ({b})"
+    return f"({a}) {rng.choice(['==', '!='])} ({b})"
 
 
 def random_predicate(rng, depth: int = 0) -> str:

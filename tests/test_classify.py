@@ -5,6 +5,7 @@ import pytest
 
 from svgen import ir, primitives
 from svgen.analysis import analyze
+from svgen.analysis import product
 from svgen.analysis.classify import TileGrid, classify_tiles
 from svgen.expr import parse_predicate
 from svgen.runtime.layout import TokenLayout
@@ -15,6 +16,8 @@ from conftest import (
     brute_force_kinds,
     dense_keep,
     lower_mask_dict,
+    random_any_layout,
+    random_axis_predicate,
     random_layout,
     random_mask,
 )
@@ -149,12 +152,13 @@ def test_blog_configuration_counts():
 
 
 def test_over_budget_predicates_stay_sound(monkeypatch):
-    """Past the evaluation budget, tiles stay BOUNDARY, counts become bounds, and it says so."""
+    """Past the evaluation budget, tiles stay BOUNDARY, counts become bounds, and it says so
+    (a predicate whose first part reads i_q and i_k: no per-axis product form)."""
     from svgen.analysis import classify
 
     monkeypatch.setattr(classify, "MAX_UNDECIDED_PAIRS", 0)
     lay = TokenLayout(4, 4, 8, 0, "last")
-    p = ir.Predicate("x", parse_predicate("abs(w_q - w_k) <= 2 and f_q == f_k"))
+    p = ir.Predicate("x", parse_predicate("abs(i_q - i_k) + abs(h_q - h_k) <= 9 and f_q == f_k"))
     got = classify_tiles(p, lay, TileGrid(lay.seq_len, 16, 16))
     keep = dense_keep(p, lay)
     expected = brute_force_kinds(keep, 16, 16)
@@ -230,3 +234,57 @@ def test_frame_invariant_fast_path_matches_brute_force(seed):
     got = classify_tiles(mask, lay, TileGrid(lay.seq_len, bq, bkv))
     keep = dense_keep(mask, lay)
     _check(got.kinds, got.kept_pairs, keep, brute_force_kinds(keep, bq, bkv), exact=True)
+
+
+@pytest.mark.parametrize("seed", range(160))
+def test_per_axis_predicates_are_exact_without_evaluating_pairs(seed, monkeypatch):
+    """A user predicate whose parts each read one axis, or rows and columns together (outside
+    tiled layouts), or the token classes, is classified by the per-axis product sums: exact kinds, kept pairs, BOUNDARY block counts and rows
+    with keys, in all three token orders, with no pair evaluated (the budget is 0)."""
+    from svgen.analysis import classify
+
+    monkeypatch.setattr(classify, "MAX_UNDECIDED_PAIRS", 0)
+    rng = np.random.default_rng(7000 + seed)
+    lay = random_any_layout(rng)
+    # Rows and columns read together need each box's places in one range: not in cubes.
+    source = random_axis_predicate(rng, places=not lay.is_tiled)
+    mask = ir.Predicate(source, parse_predicate(source))
+    assert product.applies(mask, lay), source
+    bq, bkv = int(rng.choice([8, 16, 32])), int(rng.choice([8, 16, 24]))
+    got = classify_tiles(mask, lay, TileGrid(lay.seq_len, bq, bkv), count_pairs=True)
+    keep = dense_keep(mask, lay)
+    assert got.density_is_exact and got.unproven_tiles == 0, source
+    _check(got.kinds, got.kept_pairs, keep, brute_force_kinds(keep, bq, bkv), exact=True)
+    nk = -(-lay.seq_len // bkv)
+    for flat, pairs in zip(got.pairs.boundary_index, got.pairs.boundary_pairs):
+        i, j = divmod(int(flat), nk)
+        assert keep[i * bq : (i + 1) * bq, j * bkv : (j + 1) * bkv].sum() == pairs
+    has = keep.any(axis=1)
+    none_last = ~keep[:, (nk - 1) * bkv :].any(axis=1)
+    nq = -(-lay.seq_len // bq)
+    rows = np.arange(lay.seq_len)
+    np.testing.assert_array_equal(
+        got.pairs.rows_with_keys, np.bincount(rows[has] // bq, minlength=nq)
+    )
+    np.testing.assert_array_equal(
+        got.pairs.rows_without_last, np.bincount(rows[has & none_last] // bq, minlength=nq)
+    )
+
+
+def test_disjoint_bands_of_a_per_axis_union_stay_few_terms():
+    """A union of conjunctions on disjoint frame-distance bands (a radial-style mask) keeps
+    one term per band, not 2^n - 1: the pruned products keep no pair."""
+    bands = [(0, 0, 40), (1, 1, 20), (2, 3, 10), (4, 7, 5), (8, 15, 2), (16, 31, 1), (32, 63, 0)]
+    source = " or ".join(
+        f"({lo} <= abs(f_q - f_k) <= {hi} and abs(h_q - h_k) <= {r} and abs(w_q - w_k) <= {r})"
+        for lo, hi, r in bands
+    )
+    mask = ir.Predicate(source, parse_predicate(source))
+    lay = TokenLayout(64, 6, 9)
+    poly = product.polynomial(mask, (lay.frames, lay.height, lay.width))
+    assert poly is not None and len(poly) == len(bands)
+    assert product.polynomial(mask) is None  # without the sizes: 127 terms, over MAX_TERMS
+    small = TokenLayout(9, 3, 4, 5, "first")
+    got = classify_tiles(mask, small, TileGrid(small.seq_len, 16, 16))
+    keep = dense_keep(mask, small)
+    _check(got.kinds, got.kept_pairs, keep, brute_force_kinds(keep, 16, 16), exact=True)

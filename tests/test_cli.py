@@ -472,12 +472,13 @@ def test_cost_without_libtpu_says_what_to_install(project, capsys, monkeypatch):
 
 
 # A user predicate that the analysis, with its evaluation budget at 0, only bounds: the
-# neighborhoods of a diamond, not a built-in shape, so interval arithmetic leaves tiles open.
+# neighborhoods of a diamond in positions and rows (i_q reads no one axis, so no per-axis
+# product form), and interval arithmetic leaves tiles open.
 BOUNDED = """svgen: 1
 name: bounded
 geometry: {frames: 4, height: 8, width: 16}
 attention: {heads: 1, head_dim: 128, dtype: float32}
-mask: {expr: "abs(w_q - w_k) + abs(h_q - h_k) <= 2 and f_q == f_k"}
+mask: {expr: "abs(i_q - i_k) + abs(h_q - h_k) <= 9 and f_q == f_k"}
 tiling: {block_q: 128, block_kv: 128}
 """
 
@@ -522,9 +523,9 @@ def test_a_bounded_density_is_never_reported_as_the_density(bounded, capsys):
 def test_a_bounded_density_per_pattern(bounded, capsys):
     """With several patterns, each pattern's object in `patterns` reports its own way."""
     text = BOUNDED.replace(
-        'mask: {expr: "abs(w_q - w_k) + abs(h_q - h_k) <= 2 and f_q == f_k"}',
+        'mask: {expr: "abs(i_q - i_k) + abs(h_q - h_k) <= 9 and f_q == f_k"}',
         "patterns:\n"
-        '  near: {expr: "abs(w_q - w_k) + abs(h_q - h_k) <= 2 and f_q == f_k"}\n'
+        '  near: {expr: "abs(i_q - i_k) + abs(h_q - h_k) <= 9 and f_q == f_k"}\n'
         "  first: {first_frame: {frames: 1}}\n"
         "heads: {candidates: [{pattern: near}, {pattern: first}], assign: [near]}",
     )

@@ -522,7 +522,7 @@ def test_align_over_the_analysis_budget_names_line_and_column(project, capsys, m
     from svgen.analysis import classify
 
     monkeypatch.setattr(classify, "MAX_UNDECIDED_PAIRS", 0)
-    text = SMALL + 'mask: {expr: "abs(w_q - w_k) + abs(h_q - h_k) <= 2"}\n'
+    text = SMALL + 'mask: {expr: "abs(i_q - i_k) + abs(h_q - h_k) <= 9"}\n'
     spec = _write(project, "near", text + "tiling: {block_q: 128, block_kv: 128, align: nearest}\n")
     argv = ["compile", str(spec), "--out", str(project / "out")]
     line = _error_line(_refused(project, capsys, argv, "nothing written"))

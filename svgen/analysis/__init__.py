@@ -324,7 +324,7 @@ def _work_error(spec: Spec, over: WorkOverLimit, name: str, mask, layout) -> Spe
     """The error of a classification stopped by its work budget."""
     if over.work is ROW_SET_WORK:
         return _row_set_error(spec, name, _row_set_rows(spec, mask, layout), layout)
-    terms = len(product.polynomial(mask) or ())
+    terms = len(product.polynomial(mask, (layout.frames, layout.height, layout.width)) or ())
     return _mask_error(
         spec,
         name,

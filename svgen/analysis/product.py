@@ -35,15 +35,19 @@ import functools
 from typing import Callable
 
 import numpy as np
+import sympy
 
 from svgen import ir
 from svgen.analysis import bounds as box_bounds
 from svgen.analysis.intervals import IntervalSet, ragged_arange
 from svgen.limits import PRODUCT_WORK, WorkOverLimit
 from svgen.runtime.kinds import TileKind
-from svgen.runtime.layout import TokenLayout
+from svgen.runtime.layout import Coordinates, TokenLayout
 
 AXES = ("f", "h", "w")
+# Places of a frame (height x width) up to which a part of a user predicate that reads rows and
+# columns together is tabulated: a [places + 1]^2 int32 prefix sum (64 MiB at the limit).
+MAX_PLACES = 4096
 # Class pairs as bits: bit (2 * query_is_text + key_is_text).
 VIDEO_PAIR = 1 << 0
 TEXT_QUERY_VIDEO_KEY = 1 << 2
@@ -139,37 +143,200 @@ def _times(a: Polynomial, b: Polynomial) -> Polynomial:
     return {t: c for t, c in out.items() if c != 0 and t.classes}
 
 
-def polynomial(node) -> Polynomial | None:
+def polynomial(node, sizes: tuple[int, int, int] | None = None) -> Polynomial | None:
     """The mask's indicator as a signed sum of conjunctions; None when a node is not a
-    per-axis primitive or the sum grows past MAX_TERMS."""
+    per-axis primitive or the sum grows past MAX_TERMS. With the axis `sizes` (frames,
+    height, width), conjunctions whose user-predicate relation on some axis keeps no pair
+    are dropped as they appear (see `_prune`)."""
     if isinstance(node, ir.Always):
         return {ONE: 1} if node.value else {}
+    if isinstance(node, ir.Predicate):
+        return _boolean_polynomial(node.expr, sizes)
     if isinstance(node, ir.Not):
-        inner = polynomial(node.child)
+        inner = polynomial(node.child, sizes)
         return None if inner is None else _add({ONE: 1}, inner, -1)
     if isinstance(node, (ir.AnyOf, ir.AllOf)):
-        out = None
-        for child in node.children:
-            p = polynomial(child)
-            if p is None:
-                return None
-            if out is None:
-                out = p
-            elif isinstance(node, ir.AllOf):
-                out = _times(out, p)
-            else:
-                out = _add(_add(out, p), _times(out, p), -1)
-            if len(out) > MAX_TERMS:
-                return None
-        return out
+        return _combine(
+            [polynomial(child, sizes) for child in node.children],
+            isinstance(node, ir.AllOf),
+            sizes,
+        )
     atom = _atom(node)
     return None if atom is None else {atom: 1}
 
 
+def _combine(parts: list, conjunction: bool, sizes) -> Polynomial | None:
+    """The polynomial of an all_of (`conjunction`) or any_of of `parts`."""
+    out = None
+    for p in parts:
+        if p is None:
+            return None
+        if out is None:
+            out = p
+        elif conjunction:
+            out = _prune(_times(out, p), sizes)
+        else:
+            out = _prune(_add(_add(out, p), _times(out, p), -1), sizes)
+        if len(out) > MAX_TERMS:
+            return None
+    return out
+
+
 def applies(mask, layout: TokenLayout) -> bool:
     """True when the mask is per-axis and the geometry's axes are small enough."""
-    sizes = (layout.frames, layout.height, layout.width)
-    return max(sizes) <= MAX_AXIS and polynomial(mask) is not None
+    sizes = _sizes(layout)
+    if max(sizes) > MAX_AXIS:
+        return False
+    poly = polynomial(mask, sizes)
+    if poly is None:
+        return False
+    if any(term.on_axis("p") for term in poly):
+        # Each box's places must be one range (rows of a frame, or cols of one row): true in
+        # frame-major and temporal-major order, not for the cubes of a tiled one.
+        return not layout.is_tiled and layout.height * layout.width <= MAX_PLACES
+    return True
+
+
+def _sizes(layout: TokenLayout) -> tuple[int, int, int]:
+    return (layout.frames, layout.height, layout.width)
+
+
+# ---------------------------------------------------------------------------------------------
+# User predicates that are per-axis.
+#
+# An `expr` such as NATTEN's clamped neighborhood, max(0, min(h_q - 3, 38)) <= h_k <= ... and
+# the same on f and w, is a boolean combination of parts that each read one axis (f_q and f_k,
+# or h_q and h_k, or w_q and w_k) or only the token classes (is_text_q, is_text_k). Each such
+# part becomes one constraint ("expr", part) whose relation is tabulated over the axis (at
+# most MAX_AXIS values) like a built-in's, so the predicate is classified and counted exactly
+# by the machinery above, at any sequence length. A part reading two axes, or i_q / i_k,
+# returns None (the row sets bound it instead).
+
+_AXIS_SYMBOLS = {axis: frozenset({f"{axis}_q", f"{axis}_k"}) for axis in AXES}
+# A part reading rows and columns together (a window over the flattened place h * W + w, as
+# Radial Attention's) constrains the "p" axis: its relation is tabulated over the places of a
+# frame (at most MAX_PLACES), and a term with one counts rows and columns as one factor.
+_AXIS_SYMBOLS["p"] = _AXIS_SYMBOLS["h"] | _AXIS_SYMBOLS["w"]
+_CLASS_SYMBOLS = frozenset({"is_text_q", "is_text_k"})
+
+
+def _boolean_polynomial(e, sizes) -> Polynomial | None:
+    if e is sympy.true:
+        return {ONE: 1}
+    if e is sympy.false:
+        return {}
+    names = frozenset(s.name for s in e.free_symbols)
+    if names and names <= _CLASS_SYMBOLS:
+        return _class_polynomial(e)
+    axis = _group_of(e)
+    if axis is not None:
+        return {Term(ALL_PAIRS, frozenset({(axis, "expr", e)})): 1}
+    if isinstance(e, sympy.Not):
+        inner = _boolean_polynomial(e.args[0], sizes)
+        return None if inner is None else _add({ONE: 1}, inner, -1)
+    if isinstance(e, (sympy.And, sympy.Or)):
+        # One sub-polynomial per argument, the arguments of one axis (or of one place
+        # relation) first joined into one relation: fewer, larger constraints (a chain on h
+        # is one table, not two).
+        groups: dict = {}
+        for arg in e.args:
+            groups.setdefault(_group_of(arg) or arg, []).append(arg)
+        parts = [
+            {Term(ALL_PAIRS, frozenset({(key, "expr", e.func(*args))})): 1}
+            if isinstance(key, str)
+            else _boolean_polynomial(key, sizes)
+            for key, args in groups.items()
+        ]
+        return _combine(parts, isinstance(e, sympy.And), sizes)
+    return None  # a relation reading f with h or w, or i_q / i_k
+
+
+def _group_of(e) -> str | None:
+    """The one axis a part reads (f, h or w), "p" for a relation (not an and / or / not,
+    which can still split by axis) reading rows and columns together, else None."""
+    names = frozenset(s.name for s in e.free_symbols)
+    if not names:
+        return None
+    for axis in AXES:
+        if names <= _AXIS_SYMBOLS[axis]:
+            return axis
+    if names <= _AXIS_SYMBOLS["p"] and not isinstance(e, (sympy.And, sympy.Or, sympy.Not)):
+        return "p"
+    return None
+
+
+def _class_polynomial(e) -> Polynomial:
+    """A part reading only is_text_q / is_text_k: the class pairs it keeps."""
+    query_text = np.array([0, 0, 1, 1], bool)
+    key_text = np.array([0, 1, 0, 1], bool)
+    zeros = np.zeros(4, np.int64)
+    keep = np.broadcast_to(
+        ir.evaluate_sympy(
+            e,
+            Coordinates(zeros, zeros, zeros, zeros, query_text),
+            Coordinates(zeros, zeros, zeros, zeros, key_text),
+        ),
+        (4,),
+    )
+    classes = sum(1 << bit for bit in range(4) if keep[bit])
+    return {Term(classes, frozenset()): 1} if classes else {}
+
+
+def _prune(poly: Polynomial, sizes) -> Polynomial:
+    """Drop the conjunctions whose relation on an axis with a user-predicate constraint keeps
+    no pair (disjoint frame-distance bands of a union, for example): exact, and it keeps a
+    union of n disjoint conjunctions at n terms instead of 2^n - 1."""
+    if sizes is None:
+        return poly
+    if any(term.on_axis("p") for term in poly) and sizes[1] * sizes[2] > MAX_PLACES:
+        return poly  # too many places to tabulate: `applies` refuses the mask anyway
+    out = {}
+    for term, coef in poly.items():
+        empty = False
+        for factor in _factors(term, sizes):
+            if any(c[0] == "expr" for c in _factor_constraints(factor)):
+                empty = empty or _factor_prefix(factor)[-1] == 0
+        if not empty:
+            out[term] = coef
+    return out
+
+
+# A factor of a term's pair count: ("f" | "h" | "w", constraints, n) for one axis, or
+# ("p", h constraints, w constraints, p constraints, height, width) for rows and columns
+# together when the term has a place constraint.
+
+
+def _factors(term: Term, sizes) -> list[tuple]:
+    frames, height, width = sizes
+    out = [("f", term.on_axis("f"), frames)]
+    if term.on_axis("p"):
+        out.append(("p", term.on_axis("h"), term.on_axis("w"), term.on_axis("p"), height, width))
+    else:
+        out += [("h", term.on_axis("h"), height), ("w", term.on_axis("w"), width)]
+    return out
+
+
+def _factor_constraints(factor: tuple) -> frozenset:
+    return factor[1] | factor[2] | factor[3] if factor[0] == "p" else factor[1]
+
+
+def _factor_size(factor: tuple) -> int:
+    return factor[4] * factor[5] if factor[0] == "p" else factor[2]
+
+
+def _factor_prefix(factor: tuple) -> np.ndarray:
+    if factor[0] == "p":
+        return _place_prefix(*factor[1:])
+    return _prefix(factor[1], factor[2])
+
+
+def _factor_ranges(factor: tuple, lo: dict, hi: dict):
+    """(lo, hi) of each box on the factor: its axis range, or its place range (one range per
+    box: see `applies`)."""
+    if factor[0] != "p":
+        return lo[factor[0]], hi[factor[0]]
+    width = factor[5]
+    return lo["h"] * width + lo["w"], hi["h"] * width + hi["w"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,17 +361,77 @@ def _relation(constraints: frozenset, n: int) -> np.ndarray:
             rel &= (q - k) % p == 0
         elif kind == "cube":  # p = (cube size, radius in cubes)
             rel &= np.abs(q // p[0] - k // p[0]) <= p[1]
+        elif kind == "expr":  # a user predicate's part that reads this axis only
+            rel &= _tabulated(p, n)
         else:  # pragma: no cover - _atom emits only the kinds above
             raise ValueError(kind)
     return rel
 
 
+def _tabulated(e, n: int, width: int = 1) -> np.ndarray:
+    """bool [n, n]: a per-axis part of a user predicate at every (x_q, x_k) of its axis
+    (the other coordinates 0, as no symbol of theirs appears in it); for a place part, every
+    pair of places h * width + w."""
+    zeros = np.zeros(1, np.int64)
+    names = {x.name for x in e.free_symbols}
+    axis = next(a for a, s in _AXIS_SYMBOLS.items() if names <= s)
+
+    def side(v):
+        if axis == "p":
+            return Coordinates(zeros, v // width, v % width, zeros, np.zeros(1, bool))
+        coords = [zeros, zeros, zeros]
+        coords[AXES.index(axis)] = v
+        return Coordinates(*coords, zeros, np.zeros(1, bool))
+
+    out = np.empty((n, n), bool)
+    keys = side(np.arange(n, dtype=np.int64)[None, :])
+    for start in range(0, n, PLACE_ROWS):  # a few MB of temporaries per node at a time
+        rows = np.arange(start, min(start + PLACE_ROWS, n), dtype=np.int64)[:, None]
+        kept = ir.evaluate_sympy(e, side(rows), keys)
+        out[start : start + rows.size] = np.broadcast_to(np.asarray(kept, bool), (rows.size, n))
+    return out
+
+
+# Query values tabulated per pass (a place table is up to 4096 x 4096).
+PLACE_ROWS = 256
+
+
+@functools.lru_cache(maxsize=8)
+def _place_prefix(h_constraints, w_constraints, p_constraints, height: int, width: int):
+    """The prefix sum (see `_prefix`) of a term's relation on places h * width + w: its row
+    and column constraints lifted to places, and its place parts."""
+    n = height * width
+    place = np.arange(n)
+    rel = np.ones((n, n), bool)
+    for _, e in p_constraints:
+        rel &= _tabulated(e, n, width)
+    if h_constraints or w_constraints:
+        rows = _relation(h_constraints, height)
+        cols = _relation(w_constraints, width)
+        for start in range(0, n, PLACE_ROWS):
+            q = place[start : start + PLACE_ROWS, None]
+            lifted = rows[q // width, place // width] & cols[q % width, place % width]
+            rel[start : start + q.size] &= lifted
+    return _prefix_of(rel)
+
+
+def _prefix_of(rel: np.ndarray) -> np.ndarray:
+    """int32 [(n + 1) * (n + 1)], flat: P[i, j] = pairs of `rel` [n, n] with x_q < i and
+    x_k < j. Summed in place in one contiguous array (5x faster than two cumsums into new
+    arrays at 3,600 places)."""
+    n = rel.shape[0]
+    counts = rel.astype(np.int32)
+    counts.cumsum(axis=1, out=counts)
+    counts.cumsum(axis=0, out=counts)
+    table = np.zeros((n + 1, n + 1), np.int32)
+    table[1:, 1:] = counts
+    return table.ravel()
+
+
 @functools.lru_cache(maxsize=32)
 def _prefix(constraints: frozenset, n: int) -> np.ndarray:
     """int32 [(n + 1) * (n + 1)], flat: P[i, j] = pairs x_q < i, x_k < j in the relation."""
-    table = np.zeros((n + 1, n + 1), np.int32)
-    table[1:, 1:] = np.cumsum(np.cumsum(_relation(constraints, n), axis=0, dtype=np.int32), axis=1)
-    return table.ravel()
+    return _prefix_of(_relation(constraints, n))
 
 
 def _rect(table: np.ndarray, n: int, q_lo, q_hi, k_lo, k_hi) -> np.ndarray:
@@ -243,11 +470,12 @@ def _tile_boxes(layout: TokenLayout, block: int) -> _Boxes:
 # The blocks each conjunction may reach (a sound superset: everything else is EMPTY).
 
 
-def _axis_hull(term: Term, axis: str, n: int, lo: np.ndarray, hi: np.ndarray):
-    """Per query range [lo, hi]: the first and last key value the axis relation allows from
-    some query in it (first > last when none)."""
+def _axis_hull(factor: tuple, lo: np.ndarray, hi: np.ndarray):
+    """Per query range [lo, hi]: the first and last key value the factor's relation allows
+    from some query in it (first > last when none)."""
+    n = _factor_size(factor)
     PRODUCT_WORK.charge(lo.size * n)  # a [boxes, n] array per term and axis
-    table = _prefix(term.on_axis(axis), n).reshape(n + 1, n + 1)
+    table = _factor_prefix(factor).reshape(n + 1, n + 1)
     # reach[b, x_k] = number of x_q in [lo, hi] related to x_k, from column differences.
     column = table[:, 1:] - table[:, :-1]
     reach = column[hi + 1] - column[lo]
@@ -277,8 +505,19 @@ def _reached_keys(layout: TokenLayout, term: Term, boxes: _Boxes, which: np.ndar
 
 def _reached_video_keys(layout: TokenLayout, term: Term, boxes: _Boxes, sel: np.ndarray):
     hull = {}
-    for axis, n in zip(AXES, (layout.frames, layout.height, layout.width)):
-        hull[axis] = _axis_hull(term, axis, n, boxes.lo[axis][sel], boxes.hi[axis][sel])
+    lo = {axis: boxes.lo[axis][sel] for axis in AXES}
+    hi = {axis: boxes.hi[axis][sel] for axis in AXES}
+    for factor in _factors(term, _sizes(layout)):
+        first, last = _axis_hull(factor, *_factor_ranges(factor, lo, hi))
+        if factor[0] != "p":
+            hull[factor[0]] = first, last
+            continue
+        # The places [first, last] as rows first // W .. last // W, of every column unless
+        # they lie in one row (a superset, as every hull here).
+        width = layout.width
+        one_row = first // width == last // width
+        hull["h"] = first // width, last // width
+        hull["w"] = np.where(one_row, first % width, 0), np.where(one_row, last % width, width - 1)
     live = np.ones(sel.size, bool)
     for first, last in hull.values():
         live &= first <= last
@@ -423,25 +662,29 @@ def _pair_counts(layout, poly, q_boxes: _Boxes, k_boxes: _Boxes, q_tile, kv_tile
         )
         for axis in AXES
     }
-    axis_counts = {}  # (axis, constraints) -> counts: terms share most of them
-    sizes = dict(zip(AXES, (layout.frames, layout.height, layout.width)))
+    q_lo = {axis: r[0] for axis, r in ranges.items()}
+    q_hi = {axis: r[1] for axis, r in ranges.items()}
+    k_lo = {axis: r[2] for axis, r in ranges.items()}
+    k_hi = {axis: r[3] for axis, r in ranges.items()}
+    axis_counts = {}  # factor -> counts: terms share most of them
     for term, coef in poly.items():
         count = np.where(class_bit & term.classes, weight * coef, 0)
-        for axis in AXES:
-            key = (axis, term.on_axis(axis))
-            if key not in axis_counts:
-                axis_counts[key] = _axis_counts(key[1], sizes[axis], *ranges[axis])
-            count *= axis_counts[key]
+        for factor in _factors(term, _sizes(layout)):
+            if factor not in axis_counts:
+                axis_counts[factor] = _factor_counts(
+                    factor, *_factor_ranges(factor, q_lo, q_hi), *_factor_ranges(factor, k_lo, k_hi)
+                )
+            count *= axis_counts[factor]
         total += count
     starts = np.concatenate([[0], np.cumsum(combos)[:-1]])
     return np.add.reduceat(total, starts) if total.size else np.zeros(0, np.int64)
 
 
-def _axis_counts(constraints: frozenset, n: int, q_lo, q_hi, k_lo, k_hi) -> np.ndarray:
-    """Pairs of one axis's relation in each [q_lo, q_hi] x [k_lo, k_hi]."""
-    if not constraints:  # every pair
+def _factor_counts(factor: tuple, q_lo, q_hi, k_lo, k_hi) -> np.ndarray:
+    """Pairs of one factor's relation in each [q_lo, q_hi] x [k_lo, k_hi]."""
+    if not _factor_constraints(factor):  # every pair
         return (q_hi - q_lo + 1) * (k_hi - k_lo + 1)
-    return _rect(_prefix(constraints, n), n, q_lo, q_hi, k_lo, k_hi)
+    return _rect(_factor_prefix(factor), _factor_size(factor), q_lo, q_hi, k_lo, k_hi)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -465,10 +708,12 @@ def classify_product(
     Coarse to fine: blocks RATIO x RATIO times larger are classified first, and a block pair
     is counted only when its parent is BOUNDARY (a FULL or EMPTY parent settles all its
     children)."""
-    poly = polynomial(mask)
+    poly = polynomial(mask, _sizes(layout))
     q_boxes = _tile_boxes(layout, grid.block_q)
     k_boxes = _tile_boxes(layout, grid.block_kv)
     constrained = {axis for term in poly for axis in AXES if term.on_axis(axis)}
+    if any(term.on_axis("p") for term in poly):
+        constrained |= {"h", "w"}
     q_sig, q_rep = _signatures(q_boxes, constrained)
     k_sig, k_rep = _signatures(k_boxes, constrained)
     if q_rep.size * k_rep.size <= SIGNATURE_PAIRS:
@@ -650,7 +895,7 @@ ROWS_PER_PASS = 1 << 20
 def rows_with_keys(layout: TokenLayout, mask, grid) -> tuple[np.ndarray, np.ndarray]:
     """Per q block of `grid`: real rows keeping at least one key, and those among them
     keeping none in the last kv block (svgen.analysis.classify.PairCounts)."""
-    poly = polynomial(mask)
+    poly = polynomial(mask, _sizes(layout))
     everything = _tile_boxes(layout, layout.seq_len)  # one tile: every key
     last = _tile_boxes(layout, grid.block_kv)
     last_tile = grid.num_kv_blocks - 1
@@ -669,20 +914,18 @@ def rows_with_keys(layout: TokenLayout, mask, grid) -> tuple[np.ndarray, np.ndar
 def _row_keys(layout, poly, boxes: _Boxes, tile: int, rows: np.ndarray) -> np.ndarray:
     """Keys of tile `tile` of `boxes` that each query row (kernel positions) keeps."""
     c = layout.coordinates(rows)
-    x = {"f": c.frame, "h": c.row, "w": c.col}
+    x = {"f": c.frame, "h": c.row, "w": c.col, "p": c.row * layout.width + c.col}
     query_text = c.is_text.astype(np.int64)
-    sizes = dict(zip(AXES, (layout.frames, layout.height, layout.width)))
     total = np.zeros(rows.size, np.int64)
     for b in range(boxes.first[tile], boxes.first[tile + 1]):
         class_bit = 1 << (2 * query_text + boxes.text[b])
+        lo = {axis: boxes.lo[axis][b] for axis in AXES}
+        hi = {axis: boxes.hi[axis][b] for axis in AXES}
         for term, coef in poly.items():
             count = np.where(class_bit & term.classes, coef * boxes.size[b], 0)
-            for axis in AXES:
-                n = sizes[axis]
-                point = np.arange(n, dtype=np.int64)  # every query value of the axis
-                per_value = _axis_counts(
-                    term.on_axis(axis), n, point, point, boxes.lo[axis][b], boxes.hi[axis][b]
-                )
-                count *= per_value[x[axis]]
+            for factor in _factors(term, _sizes(layout)):
+                point = np.arange(_factor_size(factor), dtype=np.int64)  # every query value
+                per_value = _factor_counts(factor, point, point, *_factor_ranges(factor, lo, hi))
+                count *= per_value[x[factor[0]]]
             total += count
     return total
