@@ -45,7 +45,7 @@ from svgen.runtime.kinds import TileKind
 SEGMENT_BOUNDARY = 3
 
 KERNEL_NAME = "svgen_attention"
-CACHE_VERSION = 4  # 4: segment_block (kernels reading run-time tables)
+CACHE_VERSION = 5  # 5: residual_block (kernels with residual masks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +72,10 @@ class PathCosts:
     # Kernels with `attention.softmax: bounded`: these paths are the bounded ones (what a q
     # tile within the bound runs) and `fallback` the online twins (a q tile past it).
     fallback: "PathCosts | None" = None
+    # Kernels with residual masks (svgen.analysis.residuals): [pattern][block][variant - 1] =
+    # extra bundles of a BOUNDARY block running residual mask `variant`, as (plain, on the kv
+    # tile holding padding keys); `block` then holds variant 0's (the whole mask).
+    residual_block: tuple = ()
 
     def to_json(self) -> dict:
         obj = dataclasses.asdict(self)
@@ -93,11 +97,17 @@ class PathCosts:
             tuple(tuple(tuple(b) for b in p) for p in obj.get("segment_block", ())),
             tuple(tuple(b) for b in obj.get("padded_block", ())),
             None if obj.get("fallback") is None else cls.from_json(obj["fallback"]),
+            tuple(
+                tuple(tuple(tuple(v) for v in b) for b in p) for p in obj.get("residual_block", ())
+            ),
         )
 
-    def tile_cost(self, pattern: int, kind: int, word: int, padding: bool = False) -> int:
-        """Bundles of one grid step on a tile of this kind (and blocks word); `padding`: the
-        kv tile that holds padding keys."""
+    def tile_cost(
+        self, pattern: int, kind: int, word: int, padding: bool = False, variants: int = 0
+    ) -> int:
+        """Bundles of one grid step on a tile of this kind (and blocks word, and variants
+        word: the residual mask of each BOUNDARY block); `padding`: the kv tile that holds
+        padding keys."""
         if kind == TileKind.FULL:
             return self.full
         if kind == TileKind.EMPTY:
@@ -106,17 +116,24 @@ class PathCosts:
         if kind == SEGMENT_BOUNDARY:  # a tile of one compute block: across segments, or PADDED
             return self.mixed[pattern] + self._kind3(pattern, 0, padding)
         if len(blocks) == 1 and word == 0:  # one compute block per tile: BOUNDARY
-            return self.mixed[pattern] + blocks[0][2 if padding else 1]
+            return self.mixed[pattern] + self._boundary(pattern, 0, padding, variants)
         cost = self.mixed[pattern]
-        for index, (full, boundary, padded) in enumerate(blocks):
+        for index, (full, _, _) in enumerate(blocks):
             block_kind = (word >> (2 * index)) & 3
             if block_kind == TileKind.FULL:
                 cost += full
             elif block_kind == TileKind.BOUNDARY:
-                cost += padded if padding else boundary
+                cost += self._boundary(pattern, index, padding, variants)
             elif block_kind == SEGMENT_BOUNDARY:
                 cost += self._kind3(pattern, index, padding)
         return cost
+
+    def _boundary(self, pattern: int, index: int, padding: bool, variants: int) -> int:
+        """A BOUNDARY block: the whole mask's cost, or its residual mask's."""
+        variant = (variants >> (2 * index)) & 3
+        if variant == 0 or not self.residual_block:  # a kernel that runs whole masks only
+            return self.block[pattern][index][2 if padding else 1]
+        return self.residual_block[pattern][index][variant - 1][1 if padding else 0]
 
     def _kind3(self, pattern: int, index: int, padding: bool) -> int:
         """A block of kind 3: SEGMENT_BOUNDARY in segment tables, PADDED in selections."""
@@ -132,8 +149,11 @@ def read_paths(
     padded_column: int | None = None,
     q_blocks_per_tile: int = 1,
     bounded: bool = False,
+    residuals: tuple[int, ...] = (),
 ) -> PathCosts:
     """Map the kernel's branches onto its phases (order checked against their contents).
+    residuals: per pattern, its residual masks (svgen.analysis.residuals): each BOUNDARY
+    block's branch then holds one branch per variant, the whole mask's first.
     segmented: the kernel reads run-time tables, so every BOUNDARY tile of one compute
     block has a SEGMENT_BOUNDARY twin (a phase of its own) and every compute block of a
     BOUNDARY tile a third branch (svgen.runtime.kernel). padded_column: the kernel reads a
@@ -165,6 +185,7 @@ def read_paths(
             padded_column,
             q_blocks_per_tile,
             {b.address for other in halves if other is not half for b in other},
+            residuals or (0,) * patterns,
         )  # fmt: skip
         for half in halves
     ]
@@ -182,6 +203,7 @@ def _read_phases(
     padded_column: int | None,
     q_blocks_per_tile: int,
     never: set[int],
+    residuals: tuple[int, ...],
 ) -> PathCosts:
     """`read_paths` over one set of phases: init, full, mixed..., finalize; the branches at
     `never` (a bounded kernel's other twins) are skipped on every path."""
@@ -228,6 +250,19 @@ def _read_phases(
         plain, padded = pair
         return (cost(skipped | {padded.address}) - base, cost(skipped | {plain.address}) - base)
 
+    def boundary_costs(branch, skipped: set[int], base: int, count: int) -> list:
+        """[(without, with) the padding test] per variant 0..count of a BOUNDARY block."""
+        if not count:
+            return [variants(branch, skipped, base)]
+        inner = inside(branch)
+        if len(inner) != count + 1:
+            raise RuntimeError(
+                f"expected {count + 1} residual-mask variants of a masked block, found {len(inner)}"
+            )
+        addresses = {b.address for b in inner}
+        return [variants(b, skipped | (addresses - {b.address}), base) for b in inner]
+
+    per_pattern_residual = []
     padded_blocks: list[tuple[int, int]] = []
     if padded_phase:
         padded_blocks.append(variants(padded_tile, phases - {padded_tile.address}, bookkeeping))
@@ -237,12 +272,14 @@ def _read_phases(
     for m in segment_tiles:
         per_pattern_segment.append((variants(m, phases - {m.address}, bookkeeping),))
     per_block = 3 if segmented else 2
-    for m in mixed:
+    for pattern_index, m in enumerate(mixed):
         others = phases - {m.address}
+        count = residuals[pattern_index]
         if compute_blocks == 1:
             mixed_base.append(bookkeeping)
-            plain, padded = variants(m, others, bookkeeping)
-            per_pattern_blocks.append(((0, plain, padded),))
+            costs = boundary_costs(m, others, bookkeeping, count)
+            per_pattern_blocks.append(((0, *costs[0]),))
+            per_pattern_residual.append((tuple(costs[1:]),))
             continue
         inner = inside(m)
         widths = [
@@ -257,7 +294,7 @@ def _read_phases(
         addresses = {b.address for b in inner}
         base = cost(others | addresses)
         mixed_base.append(base)
-        blocks, segment_blocks = [], []
+        blocks, segment_blocks, residual_blocks = [], [], []
         starts = np.cumsum([0] + widths)
         for index in range(compute_blocks):
             f, b, *sg = inner[starts[index] : starts[index + 1]]
@@ -268,15 +305,13 @@ def _read_phases(
                     if pad is None
                     else variants(pad, others | (addresses - {pad.address}), base)
                 )
-            blocks.append(
-                (
-                    cost(others | (addresses - {f.address})) - base,
-                    *variants(b, others | (addresses - {b.address}), base),
-                )
-            )
+            costs = boundary_costs(b, others | (addresses - {b.address}), base, count)
+            blocks.append((cost(others | (addresses - {f.address})) - base, *costs[0]))
+            residual_blocks.append(tuple(costs[1:]))
             if sg:
                 segment_blocks.append(variants(sg[0], others | (addresses - {sg[0].address}), base))
         per_pattern_blocks.append(tuple(blocks))
+        per_pattern_residual.append(tuple(residual_blocks))
         if segmented:
             per_pattern_segment.append(tuple(segment_blocks))
     stage_branch = [b for b in loop_branches if b.depth == stage]
@@ -291,6 +326,7 @@ def _read_phases(
         pipeline,
         tuple(per_pattern_segment),
         tuple(padded_blocks),
+        residual_block=tuple(per_pattern_residual) if any(residuals) else (),
     )
 
 
@@ -578,6 +614,12 @@ def model_cycles(
             else tables.blocks[first : first + count].astype(np.int64)
             & ((1 << (8 * tables.blocks.itemsize)) - 1)
         )
+        variants = (
+            np.zeros(count, np.int64)
+            if getattr(tables, "variants", None) is None
+            else tables.variants[first : first + count].astype(np.int64)
+            & ((1 << (8 * tables.variants.itemsize)) - 1)
+        )
         kinds = entries & KIND_MASK
         q_tiles = len(np.unique(entries >> Q_BLOCK_SHIFT))
         # The one step of a piece that visits the kv tile holding padding keys.
@@ -587,15 +629,17 @@ def model_cycles(
             if padding_tile is None
             else ((kv_start <= padding_tile) & (padding_tile < kv_start + lengths)).astype(np.int64)
         )
-        for kind, word, length, on_padding in _grouped(kinds, words, lengths, padding):
+        for kind, word, variant, length, on_padding in _grouped(
+            kinds, words, variants, lengths, padding
+        ):
             # SEGMENT_BOUNDARY (run-time tables of one compute block per tile) is mixed too.
             name = {int(TileKind.FULL): "full", int(TileKind.EMPTY): "empty"}.get(
                 int(kind), "mixed"
             )
             steps[name] += length
             by_path[name] += (length - on_padding) * paths.tile_cost(
-                pattern, kind, word
-            ) + on_padding * paths.tile_cost(pattern, kind, word, True)
+                pattern, kind, word, False, variant
+            ) + on_padding * paths.tile_cost(pattern, kind, word, True, variant)
         work = int(lengths.sum())
         # The flat walk gives a head its own pattern's pieces; the per-head one the longest's.
         longest = tables.max_pieces if grid_pieces is None else grid_pieces
@@ -607,14 +651,18 @@ def model_cycles(
     return total, steps, by_path
 
 
-def _grouped(kinds, words, lengths, padding):
-    """(kind, word, total length, steps on the padding tile) per distinct (kind, word)."""
-    key = kinds * (1 << 40) + words
-    uniq, inverse = np.unique(key, return_inverse=True)
+def _grouped(kinds, words, variants, lengths, padding):
+    """(kind, word, variants word, total length, steps on the padding tile) per distinct
+    (kind, word, variants word)."""
+    keys = np.stack([kinds, words, variants], axis=1)
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    inverse = inverse.ravel()
     totals = np.bincount(inverse, weights=lengths).astype(np.int64)
     on_padding = np.bincount(inverse, weights=padding).astype(np.int64)
-    for k, total, pad in zip(uniq.tolist(), totals.tolist(), on_padding.tolist()):
-        yield k >> 40, k & ((1 << 40) - 1), total, pad
+    for (kind, word, variant), total, pad in zip(
+        uniq.tolist(), totals.tolist(), on_padding.tolist()
+    ):
+        yield kind, word, variant, total, pad
 
 
 # ----------------------------------------------------------------------------- compiling
@@ -675,13 +723,21 @@ def measure_paths(module, target: str, *, use_cache: bool = True, progress=None)
     import inspect
 
     tables = module.attention.tables
-    masks = "\n".join(inspect.getsource(p.boundary_mask) for p in module._PATTERNS)
+    masks = "\n".join(
+        inspect.getsource(mask)
+        for p in module._PATTERNS
+        for mask in (p.boundary_mask, *p.residual_masks)
+    )
+    residuals = tuple(
+        len(p.residual_masks) if tables.variants is not None else 0 for p in module._PATTERNS
+    )
     key = _cache_key(
         target,
         module.SHAPE,
         masks,
         tables.slots,
-        tuple(str(t.dtype) for t in tables.piece_operands()),
+        tuple(str(t.dtype) for t in tables.piece_operands())
+        + (() if tables.variants is None else (f"variants {tables.variants.dtype}",)),
         module.DTYPE,
         runtime=module.attention.runtime.arguments()
         + (() if module.attention.select is None else ("select",))
@@ -703,6 +759,7 @@ def measure_paths(module, target: str, *, use_cache: bool = True, progress=None)
             padded_column=shape.padding_block_column if padded else None,
             q_blocks_per_tile=shape.q_blocks_per_tile,
             bounded=shape.bounded_softmax,
+            residuals=residuals,
         )
 
     return _cached(key, use_cache, measure, PathCosts.from_json)
@@ -953,14 +1010,23 @@ def measure_training_paths(
 
     fused = backward.FUSED_DQ if fused is None else fused
     tables, transposed = module.attention.tables, dkv_tables(module)
-    masks = "\n".join(inspect.getsource(p.boundary_mask) for p in module._PATTERNS)
+    masks = "\n".join(
+        inspect.getsource(mask)
+        for p in module._PATTERNS
+        for mask in (p.boundary_mask, *p.residual_masks)
+    )
+    # The forward kernel runs the residual masks; the backward ones run whole masks.
+    residuals = tuple(
+        len(p.residual_masks) if tables.variants is not None else 0 for p in module._PATTERNS
+    )
     operands = tables.piece_operands() + transposed.piece_operands()
     key = _cache_key(
         target,
         module.SHAPE,
         masks,
         tables.slots * 1000 + transposed.slots,
-        tuple(str(t.dtype) for t in operands),
+        tuple(str(t.dtype) for t in operands)
+        + (() if tables.variants is None else (f"variants {tables.variants.dtype}",)),
         module.DTYPE,
         kind="training-fused" if fused else "training",
     )
@@ -976,7 +1042,11 @@ def measure_training_paths(
         bounded = module.SHAPE.bounded_softmax  # the forward kernel's twins (not the backward's)
         read = {
             name: read_paths(
-                schedules[name], patterns, blocks, bounded=bounded and name == KERNEL_NAME
+                schedules[name],
+                patterns,
+                blocks,
+                bounded=bounded and name == KERNEL_NAME,
+                residuals=residuals if name == KERNEL_NAME else (),
             )
             for name in names
         }
@@ -1506,6 +1576,18 @@ def _path_lines(p: PathCosts, plan, per_tile: float, per_block: float) -> list[s
                 else ""
             )
         )
+    for index, pattern in enumerate(plan.patterns[: len(p.residual_block)]):
+        per_variant = list(zip(*p.residual_block[index]))  # [variant][block] (plain, padded)
+        if not per_variant:
+            continue
+        label = "" if len(plan.patterns) == 1 else f" [{pattern.name}]"
+        found = pattern.residuals
+        cells = []
+        for j, costs in enumerate(per_variant, 1):
+            plain = _mean([c for c, _ in costs])
+            blocks = "" if found is None else f", {found.variants[j - 1].blocks:,} blocks"
+            cells.append(f"{j}: {plain} ({plain / per_block:.0f}{blocks})")
+        lines.append(f"    BOUNDARY block{label}, residual masks: " + "; ".join(cells))
     for index, pattern in enumerate(plan.patterns[: len(p.segment_block)]):
         plain = _mean([b for b, _ in p.segment_block[index]])
         padded = max(padding for _, padding in p.segment_block[index])

@@ -100,6 +100,11 @@ def _pattern_lines(s: dict) -> list[str]:
     if "exact_density" in s:
         lines[-1] = lines[-1].replace("(exact)", "(exact count, aligned mask)")
         lines.append(_budget(s))
+    for variant in s.pop("residual_masks", ()):
+        lines.append(
+            f"residual mask {variant['variant']}: {_count(variant['blocks'])} BOUNDARY "
+            f"compute blocks, ~{variant['ops']} full-block operations: {variant['mask']}"
+        )
     unproven = s.pop("unproven_boundary_tiles")
     if unproven:
         lines.append(

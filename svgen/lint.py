@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Iterator
 
+import numpy as np
+
 from svgen import primitives
 from svgen.errors import locate
 from svgen.runtime.layout import TokenLayout
@@ -90,24 +92,73 @@ def spec_warnings(spec: Spec) -> list[SpecWarning]:
 def plan_warnings(plan) -> list[SpecWarning]:
     """Patterns that keep no pair at all (an analysis.Plan): their heads output zeros.
     Only certain findings: a user predicate whose count is a bound warns only when even the
-    upper bound is zero."""
+    upper bound is zero. And TPU kernels estimated slower than the same kernel on a dense
+    mask (`_slower_than_dense`)."""
     out = []
     for pattern in plan.patterns:
-        if pattern.classification.kept_pairs_upper:
-            continue
         term = plan.spec.pattern_mask(pattern.name)
         what = (
             "the mask"
             if plan.spec.heads is None and pattern.name == IMPLICIT_PATTERN
             else f"pattern {pattern.name!r}"
         )
-        out.append(
-            _at(
-                term,
-                f"{what} keeps no pair: every query row attends nothing and its output is zero",
+        if not pattern.classification.kept_pairs_upper:
+            out.append(
+                _at(
+                    term,
+                    f"{what} keeps no pair: every query row attends nothing and its output is zero",
+                )
             )
-        )
+        elif plan.gpu is None:
+            slower = _slower_than_dense(pattern)
+            if slower is not None:
+                out.append(_at(term, f"{what}: {slower}"))
     return out
+
+
+# The speed estimate behind the slower-than-dense warning, in units of a FULL 512 x 512 compute
+# block's body on v6e (841 bundles, `svgen cost`): a grid step's bookkeeping costs about a third
+# of one (284), and every full-block operation of a BOUNDARY block's mask adds at least 0.06
+# (bench/residual_cost.py: 0.06-0.12 per operation over seven masks; the low end, so that the
+# warning fires only where even the optimistic estimate is slower).
+STEP_UNITS = 0.34
+UNITS_PER_MASK_OP = 0.06
+# ... and only past this ratio: within it the estimate cannot tell (a kernel of one tile, say,
+# whose only block holds padding keys in the dense kernel too).
+SLOWER_MARGIN = 1.1
+
+
+def _slower_than_dense(pattern) -> str | None:
+    """Why the pattern's kernel would be slower than the same kernel on a dense mask (every
+    tile visited, every block FULL), or None; estimated from its block kinds and the
+    full-block operations of its BOUNDARY blocks' masks (svgen.analysis.residuals)."""
+    from svgen.analysis import residuals  # the analysis imports this module's callers
+    from svgen.runtime.kinds import TileKind
+
+    kinds, compute, grid = pattern.compute_kinds, pattern.compute_grid, pattern.grid
+    area = compute.block_q * compute.block_kv / (512 * 512)
+    boundary = kinds == TileKind.BOUNDARY
+    ops = np.full(kinds.shape, residuals.estimate_ops(pattern.mask), np.int64)
+    if pattern.residuals is not None:
+        for j, variant in enumerate(pattern.residuals.variants, 1):
+            ops[pattern.residuals.block_variant == j] = variant.ops
+    full = int(np.count_nonzero(kinds == TileKind.FULL))
+    masked = float((1 + UNITS_PER_MASK_OP * ops[boundary]).sum())
+    sparse = STEP_UNITS * pattern.table.visited_steps + area * (full + masked)
+    dense = STEP_UNITS * grid.num_q_blocks * grid.num_kv_blocks + area * kinds.size
+    if sparse <= SLOWER_MARGIN * dense:
+        return None
+    mask_ops = int(ops[boundary].max()) if boundary.any() else 0
+    return (
+        f"its kernel would be about {sparse / dense:.1f}x slower than the same kernel on a "
+        f"dense mask (estimated: {pattern.table.visited_steps:,} of "
+        f"{grid.num_q_blocks * grid.num_kv_blocks:,} tiles visited, "
+        f"{int(boundary.sum()):,} BOUNDARY compute blocks of up to ~{mask_ops} full-block "
+        f"operations of mask, each at least {1 + UNITS_PER_MASK_OP * mask_ops:.1f}x a FULL "
+        f"block; `svgen cost` measures it). What helps: `tiling.align` (BOUNDARY blocks "
+        f"become FULL or EMPTY), tiles the pattern's structure fills, or parts of the mask "
+        f"that the analysis can decide per block (see docs/kernels.md, Residual masks)"
+    )
 
 
 def _terms(spec: Spec) -> Iterator[MaskTerm]:

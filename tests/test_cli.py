@@ -554,6 +554,16 @@ def _keys(obj, prefix=""):
             yield from _keys(value, f"{key}.")
 
 
+# A clamped 3 x 3 x 5 neighborhood whose BOUNDARY blocks run residual masks.
+RESIDUAL = """svgen: 1
+name: residual
+geometry: {frames: 8, height: 8, width: 16}
+attention: {heads: 1, head_dim: 128, dtype: float32}
+mask: {expr: "max(0, min(f_q - 1, 5)) <= f_k <= max(0, min(f_q - 1, 5)) + 2 and max(0, min(h_q - 1, 5)) <= h_k <= max(0, min(h_q - 1, 5)) + 2 and abs(w_q - w_k) <= 2"}
+tiling: {block_q: 128, block_kv: 128}
+"""
+
+
 def test_every_inspect_json_key_is_documented(project, bounded, capsys):
     """Each key `svgen inspect --json` prints, for every kind of spec (one pattern, several,
     aligned, temporal-major, tiled, bounded, GPU), is in docs/commands.md's table of them."""
@@ -564,9 +574,11 @@ def test_every_inspect_json_key_is_documented(project, bounded, capsys):
     aligned = GOOD.replace("block_kv: 128}", "block_kv: 128, align: nearest}")
     (project / "specs" / "aligned.yaml").write_text(aligned)
     (project / "specs" / "runtime.yaml").write_text(GOOD + "runtime: {segments: true}\n")
+    (project / "specs" / "residual.yaml").write_text(RESIDUAL)
     runs = [
         [bounded],
         ["specs/runtime.yaml"],
+        ["specs/residual.yaml"],
         ["specs/two.yaml"],
         ["specs/cubes.yaml"],
         ["specs/aligned.yaml"],

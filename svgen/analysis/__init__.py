@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 
 from svgen import ir
-from svgen.analysis import chunks, product, rowsets, video_frames
+from svgen.analysis import chunks, product, residuals, rowsets, video_frames
 from svgen.analysis.align import PairBudget, align_classification
 from svgen.analysis.classify import Classification, TileGrid, classify_tiles, is_frame_invariant
 from svgen.analysis.plan import PatternPlan, Plan, VideoFramePlan, pattern_shape
@@ -37,6 +37,7 @@ from svgen.analysis.tables import (
     BlockTable,
     TableBudgetError,
     build_runs,
+    variant_words,
     choose_piece_tables,
     kernel_tiles,
     tile_kinds,
@@ -101,7 +102,10 @@ def analyze(
     progress: Callable[[int, int], None] | None = None,
     smem_budget: int = DEFAULT_SMEM_BUDGET,
     target_name: str = DEFAULT_TARGET,
+    residual_masks: bool = True,
 ) -> Plan:
+    """The plan of `spec` for `target_name`; residual_masks=False: every BOUNDARY block runs
+    the whole mask (bench/residual_cost.py compares the two)."""
     if is_gpu(target_name):
         return analyze_gpu(spec, gpu_target(target_name), progress)
     chip = target(target_name)
@@ -109,7 +113,7 @@ def analyze(
     masks = [ir.lower(spec, spec.pattern_mask(c.pattern)) for c in heads.candidates]
     # Before any classification work: a tiling that cannot run.
     vmem = check_vmem(spec, chip, max(query_coordinate_bound(m) for m in masks))
-    patterns, tiles = _pattern_plans(spec, masks, progress)
+    patterns, tiles = _pattern_plans(spec, masks, progress, residual_masks=residual_masks)
     names = [c.pattern for c in heads.candidates]
     assign = None if heads.assign is None else tuple(names.index(n) for n in heads.assign)
     try:
@@ -119,6 +123,7 @@ def analyze(
             smem_budget,
             spec.tiling.compute_blocks,
             walks_flat(len(patterns), chip.cores_per_chip),
+            [p.table.variants for p in patterns],
         )
     except TableBudgetError as err:
         raise _over_budget_error(spec, patterns, err, smem_budget) from None
@@ -215,7 +220,7 @@ def gpu_classification_tiling(spec: Spec, patterns: int) -> Tiling:
 
 
 def _pattern_plans(
-    spec: Spec, masks, progress, gpu_runs: bool = False
+    spec: Spec, masks, progress, gpu_runs: bool = False, residual_masks: bool = False
 ) -> tuple[list[PatternPlan], list]:
     """Passes 2-5 for every candidate pattern at the spec's tiling: the pattern plans, and
     per pattern its kernel tiles (kinds and compute-block words). gpu_runs: the runs are
@@ -235,7 +240,7 @@ def _pattern_plans(
         for candidate, mask, layout in zip(candidates, masks, layouts):
             try:
                 plan, kernel = _pattern_plan(
-                    spec, candidate.pattern, mask, layout, progress, gpu_runs
+                    spec, candidate.pattern, mask, layout, progress, gpu_runs, residual_masks
                 )
             except WorkOverLimit as over:
                 raise _work_error(spec, over, candidate.pattern, mask, layout) from None
@@ -244,8 +249,17 @@ def _pattern_plans(
     return patterns, tiles
 
 
-def _pattern_plan(spec: Spec, name: str, mask, layout: TokenLayout, progress, gpu_runs: bool):
-    """One candidate's plan and kernel tiles (kinds and compute-block words)."""
+def _pattern_plan(
+    spec: Spec,
+    name: str,
+    mask,
+    layout: TokenLayout,
+    progress,
+    gpu_runs: bool,
+    residual_masks: bool = False,
+):
+    """One candidate's plan and kernel tiles (kinds and compute-block words); with
+    `residual_masks`, a static TPU kernel's BOUNDARY blocks get residual masks."""
     grid = TileGrid(layout.seq_len, spec.tiling.block_q, spec.tiling.block_kv)
     compute = TileGrid(layout.seq_len, spec.tiling.cq, spec.tiling.ckv)
     classification, budget = _classify(spec, name, mask, layout, compute, progress)
@@ -254,11 +268,26 @@ def _pattern_plan(spec: Spec, name: str, mask, layout: TokenLayout, progress, gp
         tiles = (kinds, np.zeros(kinds.shape, np.int64))
     else:
         tiles = kernel_tiles(classification.kinds, grid, compute)
-    runs = build_runs(*tiles, grid)
+    found = None
+    if residual_masks and not gpu_runs and _static_kernel(spec):
+        found = residuals.analyze(mask, layout, compute, classification.kinds)
+    if found is None:
+        table = BlockTable(build_runs(*tiles, grid))
+    else:
+        words = variant_words(found.block_variant, tiles[0], grid, compute)
+        runs = build_runs(*tiles, grid, words)
+        table = BlockTable(runs[:, :5], runs[:, 5])
     plan = PatternPlan(
-        name, layout, mask, grid, compute, classification, kinds, BlockTable(runs), budget
+        name, layout, mask, grid, compute, classification, kinds, table, budget, found
     )
     return plan, tiles
+
+
+def _static_kernel(spec: Spec) -> bool:
+    """Tables fixed at compile time, walked as compiled: the kernels residual masks serve
+    (run-time refinement, selections and chunked calls rebuild the tables on the device,
+    and their blocks run the whole mask)."""
+    return not spec.runtime.any and not spec.runtime.kv_cache and spec.select is None
 
 
 # How far past MAX_ROW_SET_WORK the classifications may go before they are stopped: the

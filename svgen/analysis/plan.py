@@ -9,6 +9,7 @@ import numpy as np
 from svgen import ir
 from svgen.analysis.align import PairBudget
 from svgen.analysis.classify import Classification, TileGrid
+from svgen.analysis.residuals import Residuals
 from svgen.analysis.tables import BlockTable
 from svgen.runtime.gpu_tables import GpuTables
 from svgen.runtime.layout import TokenLayout
@@ -42,6 +43,9 @@ class PatternPlan:
     kinds: np.ndarray  # int8 [q tiles, kv tiles] of TileKind
     table: BlockTable
     budget: PairBudget | None = None
+    # Residual masks of the BOUNDARY blocks (svgen.analysis.residuals); None: every BOUNDARY
+    # block runs the whole mask.
+    residuals: Residuals | None = None
 
     @property
     def compute_kinds(self) -> np.ndarray:
@@ -93,6 +97,8 @@ class PatternPlan:
             out["cube"] = list(self.layout.cube)  # frames, rows, cols
         if self.budget is not None:
             out.update(self.budget.to_json())
+        if self.residuals is not None:
+            out["residual_masks"] = self.residuals.summary()
         return out
 
     def _density_keys(self) -> dict:

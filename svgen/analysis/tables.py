@@ -23,7 +23,7 @@ import dataclasses
 import numpy as np
 
 from svgen.analysis.classify import TileGrid
-from svgen.runtime.tables import BITS_PER_BLOCK, KIND_MASK, PieceTables
+from svgen.runtime.tables import BITS_PER_BLOCK, KIND_MASK, VARIANT_BITS, PieceTables
 from svgen.runtime.kinds import TileKind
 
 DEFAULT_SMEM_BUDGET = 1 << 20  # bytes: the SMEM of one TPU v6e TensorCore
@@ -43,6 +43,9 @@ class BlockTable:
     """One pattern's visited tiles, as the generated module stores them."""
 
     runs: np.ndarray  # int64 [num_runs, 5]: q_block, kv_start, length, kernel kind, blocks
+    # int64 [num_runs]: per compute block of the run's tiles, 2 bits naming the residual mask
+    # its BOUNDARY blocks run (svgen.analysis.residuals; 0 the whole mask); None: no variants
+    variants: np.ndarray | None = None
 
     @property
     def visited_steps(self) -> int:
@@ -115,22 +118,44 @@ def kernel_tiles(
     return kind, np.where(kind == TileKind.BOUNDARY, word, 0)
 
 
-def build_runs(kinds: np.ndarray, words: np.ndarray, grid: TileGrid) -> np.ndarray:
-    """The visited tiles as runs (q_block, kv_start, length, kind, blocks), row-major."""
+def build_runs(
+    kinds: np.ndarray, words: np.ndarray, grid: TileGrid, variants: np.ndarray | None = None
+) -> np.ndarray:
+    """The visited tiles as runs (q_block, kv_start, length, kind, blocks), row-major; with
+    per-tile `variants` words (see `variant_words`) a sixth column holds each run's."""
     q_block, kv_block = np.nonzero(kinds != TileKind.EMPTY)  # row-major: the kernel's order
     kind = kinds[q_block, kv_block].astype(np.int64)
     word = words[q_block, kv_block].astype(np.int64)
+    columns = 5 if variants is None else 6
+    variant = np.zeros(q_block.size, np.int64)
+    if variants is not None:
+        variant = variants[q_block, kv_block].astype(np.int64)
     new_run = np.ones(q_block.size, bool)
     new_run[1:] = (
         (q_block[1:] != q_block[:-1])
         | (kv_block[1:] != kv_block[:-1] + 1)
         | (kind[1:] != kind[:-1])
         | (word[1:] != word[:-1])
+        | (variant[1:] != variant[:-1])
     )
     first = np.flatnonzero(new_run)
     lengths = np.diff(np.append(first, q_block.size))
-    runs = np.stack([q_block[first], kv_block[first], lengths, kind[first], word[first]], axis=1)
-    return _add_zero_fill_runs(runs.astype(np.int64).reshape(-1, 5), grid.num_q_blocks)
+    runs = np.stack(
+        [q_block[first], kv_block[first], lengths, kind[first], word[first], variant[first]],
+        axis=1,
+    )[:, :columns]
+    return _add_zero_fill_runs(runs.astype(np.int64).reshape(-1, columns), grid.num_q_blocks)
+
+
+def variant_words(
+    block_variant: np.ndarray, kinds: np.ndarray, grid: TileGrid, compute: TileGrid
+) -> np.ndarray:
+    """Per tile (0 unless BOUNDARY), VARIANT_BITS per compute block, row-major inside the
+    tile as the blocks word: the residual mask each BOUNDARY block runs."""
+    per_tile = _per_tile(_padded(block_variant.astype(np.int64), grid, compute, 0), grid, compute)
+    shifts = VARIANT_BITS * np.arange(per_tile.shape[2], dtype=np.int64)
+    word = (per_tile << shifts).sum(axis=2)
+    return np.where(kinds == TileKind.BOUNDARY, word, 0)
 
 
 def choose_piece_tables(
@@ -139,6 +164,7 @@ def choose_piece_tables(
     smem_budget: int = DEFAULT_SMEM_BUDGET,
     compute_blocks: int = 1,
     flat: bool = False,
+    variants_per_pattern=None,
 ) -> PieceTables:
     """The SMEM tables with the smallest piece size (a power of two) that fits the budget.
 
@@ -146,7 +172,9 @@ def choose_piece_tables(
     """
     slots = 1
     while True:
-        tables = PieceTables.from_runs(runs_per_pattern, slots, compute_blocks, flat)
+        tables = PieceTables.from_runs(
+            runs_per_pattern, slots, compute_blocks, flat, variants_per_pattern
+        )
         if tables.scalar_prefetch_bytes(heads) <= smem_budget:
             return tables
         if slots >= MAX_SLOTS:
@@ -158,7 +186,7 @@ def _add_zero_fill_runs(runs: np.ndarray, num_q_blocks: int) -> np.ndarray:
     missing = np.setdiff1d(np.arange(num_q_blocks), runs[:, 0])
     if missing.size == 0:
         return runs
-    fill = np.zeros((missing.size, 5), np.int64)
+    fill = np.zeros((missing.size, runs.shape[1]), np.int64)
     fill[:, 0] = missing
     fill[:, 2] = 1
     fill[:, 3] = TileKind.EMPTY

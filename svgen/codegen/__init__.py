@@ -64,6 +64,10 @@ def tables_filename(name: str) -> str:
     return f"{name}_tables.npy"
 
 
+def variants_filename(name: str) -> str:
+    return f"{name}_variants.npy"
+
+
 def chunks_filename(name: str) -> str:
     return f"{name}_chunks.npy"
 
@@ -109,6 +113,7 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
         else:
             entry["inline_runs"] = _format_runs(runs)
         stem = name if single else f"{name}_{pattern.name}"
+        entry.update(_variants_entry(pattern, prefix, single, inline_limit, stem, files))
         entry.update(_chunk_entry(plan, len(patterns), stem, files))
         entry["video"] = _video_entry(plan, len(patterns), stem, files)
         patterns.append(entry)
@@ -121,10 +126,69 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
         if p["video"]
         for t in (p["video"]["superset"], *p["video"]["groups"])
     )
+    context["any_tables_file"] |= any(p["variants_file"] for p in patterns)
     body = _environment().get_template("pallas_tpu/module.py.j2").render(context)
     header = _header(spec_path, options, plan.spec.digest, body)
     files[f"{name}.py"] = (header + body).encode()
     return dict(sorted(files.items()))
+
+
+def _variants_entry(
+    pattern, prefix: str, single: bool, inline_limit: int, stem: str, files: dict[str, bytes]
+) -> dict:
+    """A pattern's residual masks (svgen.analysis.residuals): their functions' names and
+    what each is, and its runs' variant words, inline or in a .npy beside the module."""
+    entry = {"variants_name": None, "inline_variants": None, "variants_file": None}
+    entry["variants_sha256"] = None
+    entry["residuals"] = []
+    found = pattern.residuals
+    if found is None:
+        return entry
+    entry["variants_name"] = "STEP_VARIANTS" if single else f"{prefix.upper()}VARIANTS"
+    runs, words = pattern.table.runs, pattern.table.variants
+    if len(runs) > inline_limit:
+        data = _npy_bytes(words.astype(np.int32))
+        entry["variants_file"] = variants_filename(stem)
+        entry["variants_sha256"] = hashlib.sha256(data).hexdigest()
+        files[entry["variants_file"]] = data
+    else:
+        entry["inline_variants"] = _format_variants(runs, words)
+    names = [f"{prefix}residual_mask_{j}" for j in range(1, len(found.variants) + 1)]
+    one_line = f"        residual_masks={pyformat.literal_tuple(names)},"
+    if len(one_line) <= pyformat.LINE_LENGTH:
+        entry["residual_masks_lines"] = [one_line]
+    else:
+        entry["residual_masks_lines"] = [
+            "        residual_masks=(",
+            *(f"            {n}," for n in names),
+            "        ),",
+        ]
+    for j, variant in enumerate(found.variants, 1):
+        source = emit_mask(variant.mask, pattern.layout)
+        entry["residuals"].append(
+            {
+                "name": f"{prefix}residual_mask_{j}",
+                "words": variant.mask.describe(),
+                "blocks": _int(variant.blocks),
+                "ops": variant.ops,
+                "mask_lines": _mask_lines(source.lines),
+                "mask_result": source.result,
+            }
+        )
+    return entry
+
+
+def _format_variants(runs: np.ndarray, words: np.ndarray) -> list[str]:
+    """Each run's variant word, a line per q tile as the runs: 2 bits per compute block
+    (last block first, in binary), 0 when every block runs the whole mask."""
+    lines = []
+    for q_tile in dict.fromkeys(runs[:, 0].tolist()):
+        cells = [f"{_blocks_literal(w)}," for w in words[runs[:, 0] == q_tile].tolist()]
+        lines += [
+            " ".join(cells[i : i + 2 * _RUNS_PER_LINE])
+            for i in range(0, len(cells), 2 * _RUNS_PER_LINE)
+        ]
+    return lines
 
 
 def _chunk_entry(plan: Plan, index: int, stem: str, files: dict[str, bytes]) -> dict:
@@ -333,6 +397,23 @@ def _int(n: int) -> str:
     return f"{n:,}"
 
 
+def _residual_lines(pattern) -> list[str]:
+    """The docstring's account of a pattern's residual masks (svgen.analysis.residuals)."""
+    found = pattern.residuals
+    if found is None:
+        return []
+    boundary = int(np.count_nonzero(pattern.compute_kinds == TileKind.BOUNDARY))
+    chosen = sum(v.blocks for v in found.variants)
+    lines = [
+        f"Residual masks: {_int(chosen)} of {_int(boundary)} BOUNDARY compute blocks run one "
+        f"of {len(found.variants)} (the rest the whole mask, ~{found.mask_ops} full-block "
+        f"operations):"
+    ]
+    for j, v in enumerate(found.variants, 1):
+        lines.append(f"    {j}. residual_mask_{j}, {_int(v.blocks)} blocks, ~{v.ops} operations")
+    return lines
+
+
 def _pattern_lines(pattern) -> list[str]:
     """Docstring lines of one pattern: counts, density, visited fraction."""
     layout, grid, c = pattern.layout, pattern.grid, pattern.classification
@@ -372,6 +453,7 @@ def _pattern_lines(pattern) -> list[str]:
     lines += [
         f"Kept pairs{' (aligned mask)' if pattern.budget else ''}: {density}",
         *_budget_lines(pattern.budget),
+        *_residual_lines(pattern),
         f"Visited fraction: {pattern.visited_fraction:.4f} of tiles "
         f"({_int(pattern.table.visited_steps)} steps doing work per head)",
     ]

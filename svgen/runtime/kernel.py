@@ -126,6 +126,8 @@ from svgen.runtime.tables import (  # noqa: F401  (the table format, re-exported
     KIND_MASK,
     MAX_BLOCKS,
     BITS_PER_BLOCK,
+    VARIANT_BITS,
+    VARIANT_MASK,
     LANES,
     RUN_COLUMNS,
     pack_pieces,
@@ -168,6 +170,10 @@ class Pattern:
     query_coords: tuple[str, ...] = ()  # the attributes of q that boundary_mask reads
     # runtime.per_video_frames: the superset and frame tree (svgen.runtime.video_frames)
     video_frames: object = None
+    # Residual masks (svgen.analysis.residuals): variant j + 1 of a BOUNDARY compute block
+    # runs residual_masks[j]; run_variants holds per run its VARIANT_BITS per compute block.
+    residual_masks: tuple[BoundaryMask, ...] = ()
+    run_variants: object = None
 
 
 # _StepView.single_pattern_pieces of a grid exactly as long as every row's pieces.
@@ -512,8 +518,12 @@ def _attention_kernel(
     q_rows: int = 0,
     with_modes: bool = False,
     ring_sink: int | None = None,
+    has_variants: bool = False,
 ):
-    """selected: a selection's per-row tables (svgen.runtime.select), whose PADDED blocks
+    """has_variants: static tables whose last scalar operand holds each piece's residual-mask
+    variants (VARIANT_BITS per compute block; svgen.analysis.residuals): a BOUNDARY block of
+    a pattern with residual masks runs the one its bits name.
+    selected: a selection's per-row tables (svgen.runtime.select), whose PADDED blocks
     (kind 3) run unmasked but for the keys past seq_len.
     segments: run-time tables; the inputs then end with the query and key ids (with
     per-video frames, each token's frame shift in their second row), read by
@@ -676,6 +686,20 @@ def _attention_kernel(
         pl.when(kv_block != shape.padding_kv_tile)(functools.partial(run, False))
         pl.when(kv_block == shape.padding_kv_tile)(functools.partial(run, True))
 
+    def boundary(block: _Block, pattern: "_PatternCode", bounded: bool):
+        """A BOUNDARY block: its residual mask where the tables name one (a branch per
+        variant, the whole mask first), else the whole mask."""
+        if not (has_variants and pattern.residual_masks):
+            masked(block, pattern, bounded=bounded)
+            return
+        word = table_refs[-1][view.piece].astype(jnp.int32)
+        shift = VARIANT_BITS * (block.qi * shape.kv_blocks_per_tile + block.ki)
+        variant = lax.shift_right_logical(word, shift) & VARIANT_MASK
+        for j in range(len(pattern.residual_masks) + 1):
+            pl.when(variant == j)(
+                functools.partial(masked, block, pattern.variant(j), bounded=bounded)
+            )
+
     def body_paths(bounded: bool, in_mode):
         """The FULL and BOUNDARY paths of a step, for q tiles of one softmax mode (in_mode:
         True, or the bounded kernel's traced mode test)."""
@@ -697,7 +721,7 @@ def _attention_kernel(
             @pl.when(_both(active & (kind == TileKind.BOUNDARY) & is_pattern, in_mode))
             def mixed():
                 if not has_blocks:  # one compute block per tile: it is BOUNDARY
-                    masked(blocks[0], pattern, bounded=bounded)
+                    boundary(blocks[0], pattern, bounded)
                     return
                 word = view.blocks
                 for block in blocks:
@@ -709,7 +733,7 @@ def _attention_kernel(
                         store(block.rows, state, bounded)
 
                     pl.when(block_kind == TileKind.BOUNDARY)(
-                        functools.partial(masked, block, pattern, bounded=bounded)
+                        functools.partial(boundary, block, pattern, bounded)
                     )
                     if segments:  # only run-time tables have such blocks
                         pl.when(block_kind == SEGMENT_BOUNDARY)(
@@ -850,11 +874,18 @@ def cube_dma(layouts: Sequence[TokenLayout], shape: KernelShape) -> CubeDma | No
 
 @dataclasses.dataclass(frozen=True)
 class _PatternCode:
-    """What the kernel body needs of a pattern: its mask, layout and decoded query coords."""
+    """What the kernel body needs of a pattern: its mask, layout and decoded query coords,
+    and the residual masks its BOUNDARY blocks may run instead of the mask."""
 
     boundary_mask: BoundaryMask
     layout: TokenLayout
     query_coords: tuple[str, ...]
+    residual_masks: tuple[BoundaryMask, ...] = ()
+
+    def variant(self, j: int) -> "_PatternCode":
+        """The pattern as its variant j runs it (0: the whole mask)."""
+        mask = self.boundary_mask if j == 0 else self.residual_masks[j - 1]
+        return _PatternCode(mask, self.layout, self.query_coords)
 
 
 def _every_key(pattern: _PatternCode) -> _PatternCode:
@@ -970,6 +1001,8 @@ def _flat_attention(
     elif call is None:
         head_operands, steps = _head_operands(tables, head_pattern, static_pattern)
         operands = head_operands + tuple(jnp.asarray(t) for t in tables.piece_operands())
+        if tables.variants is not None:  # the last scalar operand (see _attention_kernel)
+            operands += (jnp.asarray(tables.variants),)
         single = tables.max_pieces if len(patterns) == 1 else None
         id_inputs = ()
     else:
@@ -996,6 +1029,7 @@ def _flat_attention(
         q_rows=q.shape[1] if q.ndim == 3 else 0,
         with_modes=with_modes,
         ring_sink=ring_sink,
+        has_variants=tables.variants is not None and not per_row,
     )
 
     def view(outer, step, table_refs):
@@ -1160,6 +1194,7 @@ def make_attention(
         slots,
         shape.compute_blocks,
         walks_flat(len(patterns), shape.tensor_cores),
+        [p.run_variants if p.residual_masks else None for p in patterns],
     )
     layouts: list[TokenLayout] = []
     for p in patterns:
@@ -1167,7 +1202,10 @@ def make_attention(
             layouts.append(p.layout)
     # NumPy here: importing a generated module must not start a JAX backend.
     layout_of_pattern = np.asarray([layouts.index(p.layout) for p in patterns], np.int32)
-    codes = [_PatternCode(p.boundary_mask, p.layout, tuple(p.query_coords)) for p in patterns]
+    codes = [
+        _PatternCode(p.boundary_mask, p.layout, tuple(p.query_coords), tuple(p.residual_masks))
+        for p in patterns
+    ]
     cubes = cube_dma(layouts, shape)
     # Temporal-major heads: one Pallas pass per tensor (svgen.runtime.permute) instead of
     # XLA's reshape + transpose (4-5x the HBM traffic; bench/wrapper_cost.py). Never beside

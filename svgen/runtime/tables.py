@@ -24,6 +24,10 @@ KV_BLOCK_MASK = (1 << (Q_BLOCK_SHIFT - KV_BLOCK_SHIFT)) - 1
 KIND_MASK = (1 << KV_BLOCK_SHIFT) - 1
 MAX_BLOCKS = 1 << (Q_BLOCK_SHIFT - KV_BLOCK_SHIFT)  # 32768 tiles per side
 BITS_PER_BLOCK = 2  # a compute block's TileKind in a tile's `blocks` word
+# A BOUNDARY compute block's residual mask in a tile's `variants` word (0: the whole mask;
+# svgen.analysis.residuals): at most 3 variants.
+VARIANT_BITS = 2
+VARIANT_MASK = (1 << VARIANT_BITS) - 1
 LANES = 128
 RUN_COLUMNS = 5  # q_block, kv_start, length, kind, blocks
 
@@ -50,6 +54,11 @@ def as_runs(runs) -> np.ndarray:
 
 def split_runs(runs, slots: int) -> np.ndarray:
     """Runs (q_block, kv_start, length, kind, blocks) cut into pieces of at most `slots` tiles."""
+    return _split(runs, slots)[0]
+
+
+def _split(runs, slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """(pieces as `split_runs`, the run of each piece)."""
     runs = as_runs(runs)
     pieces_per_run = -(-runs[:, 2] // slots)
     run = np.repeat(np.arange(len(runs)), pieces_per_run)
@@ -58,12 +67,18 @@ def split_runs(runs, slots: int) -> np.ndarray:
     )
     start = runs[run, 1] + index * slots
     length = np.minimum(runs[run, 2] - index * slots, slots)
-    return np.stack([runs[run, 0], start, length, runs[run, 3], runs[run, 4]], axis=1)
+    return np.stack([runs[run, 0], start, length, runs[run, 3], runs[run, 4]], axis=1), run
 
 
 def blocks_dtype(compute_blocks: int):
     """The smallest integer type holding 2 bits per compute block (read back masked)."""
     bits = BITS_PER_BLOCK * compute_blocks
+    return np.int8 if bits <= 8 else np.int16 if bits <= 16 else np.int32
+
+
+def variants_dtype(compute_blocks: int):
+    """The smallest integer type holding VARIANT_BITS per compute block."""
+    bits = VARIANT_BITS * compute_blocks
     return np.int8 if bits <= 8 else np.int16 if bits <= 16 else np.int32
 
 
@@ -112,12 +127,24 @@ class PieceTables:
     blocks: np.ndarray | None  # int8/16/32 [all pieces], None with one compute block per tile
     slots: int
     flat: bool = False  # walk the heads' pieces one after another (see the module docstring)
+    # int8/16/32 [all pieces]: the residual-mask variant of each compute block (VARIANT_BITS
+    # each), read by the forward kernel only (the backward runs whole masks); None: no
+    # pattern has variants. Not among `piece_operands`: the forward kernel appends it.
+    variants: np.ndarray | None = None
 
     @classmethod
     def from_runs(
-        cls, runs_per_pattern: Sequence, slots: int, compute_blocks: int = 1, flat: bool = False
+        cls,
+        runs_per_pattern: Sequence,
+        slots: int,
+        compute_blocks: int = 1,
+        flat: bool = False,
+        variants_per_pattern: Sequence | None = None,
     ) -> "PieceTables":
-        pieces = [split_runs(runs, slots) for runs in runs_per_pattern]
+        """variants_per_pattern: per pattern, its runs' variant words (None for a pattern
+        without variants); None: no pattern has any."""
+        split = [_split(runs, slots) for runs in runs_per_pattern]
+        pieces = [p for p, _ in split]
         counts = np.array([len(p) for p in pieces], np.int32)
         first = (np.cumsum(counts) - counts).astype(np.int32)
         allp = np.concatenate(pieces)
@@ -130,7 +157,17 @@ class PieceTables:
             # extension away when it reads them back.
             signed = np.dtype(blocks_dtype(compute_blocks))
             blocks = allp[:, 4].astype(f"u{signed.itemsize}").view(signed)
-        return cls(first, counts, entries, lengths, blocks, slots, flat)
+        variants = None
+        if variants_per_pattern is not None and any(v is not None for v in variants_per_pattern):
+            words = np.concatenate(
+                [
+                    np.zeros(len(run), np.int64) if v is None else np.asarray(v, np.int64)[run]
+                    for (_, run), v in zip(split, variants_per_pattern)
+                ]
+            )
+            signed = np.dtype(variants_dtype(compute_blocks))
+            variants = words.astype(f"u{signed.itemsize}").view(signed)
+        return cls(first, counts, entries, lengths, blocks, slots, flat, variants)
 
     @property
     def max_pieces(self) -> int:
@@ -138,7 +175,11 @@ class PieceTables:
 
     @property
     def bytes_per_piece(self) -> int:
-        return sum(t.itemsize for t in (self.entries, self.lengths, self.blocks) if t is not None)
+        return sum(
+            t.itemsize
+            for t in (self.entries, self.lengths, self.blocks, self.variants)
+            if t is not None
+        )
 
     def scalar_prefetch_bytes(self, heads: int) -> int:
         """Bytes of SMEM: per head its pattern, first piece and piece count (flat: and first
@@ -150,7 +191,8 @@ class PieceTables:
                 + np.dtype(piece_index_dtype(self)).itemsize
             )
             per_head += 4 * heads + heads * self.max_pieces * per_step
-        return int(per_head + sum(t.nbytes for t in self.piece_operands()))
+        variants = 0 if self.variants is None else self.variants.nbytes
+        return int(per_head + sum(t.nbytes for t in self.piece_operands()) + variants)
 
     def piece_operands(self) -> tuple[np.ndarray, ...]:
         return tuple(t for t in (self.entries, self.lengths, self.blocks) if t is not None)

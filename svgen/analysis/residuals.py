@@ -1,0 +1,254 @@
+"""Per-block residual masks: on each BOUNDARY compute block, the mask with the parts that are
+constant there folded away.
+
+A BOUNDARY block evaluates the whole mask on each of its pairs, though on most blocks most
+parts of it are decided: the frame-distance band of a radial mask that a block's frames lie
+in, the frame part of a neighborhood whose frames all fall inside the window, the members of a
+union that keep nothing there. Every node of the mask's boolean skeleton (any_of / all_of /
+not of primitives, and, inside a user `expr`, its and / or / not down to single relations)
+is classified at the compute grid, each with the same exact or sound analysis as the mask
+itself. On a block, a node FULL there is true, one EMPTY there false; folding those through
+the skeleton leaves the block's *residual*: the smallest mask that agrees with the whole one on
+every pair of the block.
+
+The kernel cannot afford one function per block, so the distinct residuals are ranked by what
+they save (blocks x full-block operations no longer evaluated, estimated from the mask's
+expression) and the best MAX_VARIANTS become variants 1.. of the generated module, each a
+function of its own; every other BOUNDARY block runs variant 0, the whole mask. The tables
+carry 2 bits per compute block saying which (svgen.runtime.tables, `variants`).
+
+Soundness: a node is folded only where its classification proves it constant (a bounded
+predicate's tiles are BOUNDARY where unproven, so they stay), and a variant is chosen for a
+block only when the block's own residual is exactly it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import sympy
+
+from svgen import ir
+from svgen.analysis.classify import TileGrid, classify_tiles
+from svgen.runtime.kinds import TileKind
+from svgen.runtime.layout import TokenLayout
+
+# Variants a block can name besides the whole mask: 2 bits per compute block.
+MAX_VARIANTS = 3
+VARIANT_BITS = 2
+# Skeletons with more nodes than this get no variants (each node is one classification).
+MAX_NODES = 48
+# A variant must save at least this many full-block operations per block over the whole
+# mask: the per-block choice costs a few scalar bundles and a branch.
+MIN_SAVED_OPS = 2
+# ... and the variants together at least this share of the BOUNDARY blocks' mask work:
+# below it the choice, paid by every BOUNDARY block, would cost about what it saves.
+MIN_SAVED_SHARE = 0.25
+
+_TRUE, _FALSE, _OPEN, _UNUSED = 1, 0, 2, 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One residual mask and the BOUNDARY compute blocks that run it."""
+
+    mask: ir.Node
+    blocks: int
+    ops: int  # estimated full-block operations of one evaluation
+
+
+@dataclasses.dataclass(frozen=True)
+class Residuals:
+    variants: tuple[Variant, ...]  # variant j + 1 is variants[j]
+    block_variant: np.ndarray  # int8 [compute q blocks, compute kv blocks]: 0 whole mask
+    mask_ops: int  # estimated full-block operations of the whole mask
+
+    def summary(self) -> list[dict]:
+        return [
+            {"variant": j + 1, "blocks": v.blocks, "ops": v.ops, "mask": v.mask.describe()}
+            for j, v in enumerate(self.variants)
+        ]
+
+
+@dataclasses.dataclass
+class _Node:
+    """A node of the mask's boolean skeleton: `op` any / all / not / leaf; `ir` what is
+    classified (a Predicate of the sub-expression inside a user expr); `expr` the sympy
+    sub-expression there (None for IR nodes)."""
+
+    op: str
+    ir: ir.Node
+    children: list["_Node"]
+    expr: sympy.Basic | None = None
+
+
+def skeleton(mask: ir.Node) -> _Node:
+    if isinstance(mask, (ir.AnyOf, ir.AllOf)):
+        op = "any" if isinstance(mask, ir.AnyOf) else "all"
+        return _Node(op, mask, [skeleton(c) for c in mask.children])
+    if isinstance(mask, ir.Not):
+        return _Node("not", mask, [skeleton(mask.child)])
+    if isinstance(mask, ir.Predicate):
+        return _expr_skeleton(mask.expr, mask)
+    return _Node("leaf", mask, [])
+
+
+def _expr_skeleton(e: sympy.Basic, node: ir.Node | None = None) -> _Node:
+    own = node if node is not None else ir.Predicate(str(e), e)
+    if isinstance(e, (sympy.And, sympy.Or)):
+        op = "all" if isinstance(e, sympy.And) else "any"
+        return _Node(op, own, [_expr_skeleton(a) for a in e.args], e)
+    if isinstance(e, sympy.Not):
+        return _Node("not", own, [_expr_skeleton(e.args[0])], e)
+    return _Node("leaf", own, [], e)
+
+
+def _nodes(root: _Node) -> list[_Node]:
+    out, stack = [], [root]
+    while stack:
+        n = stack.pop()
+        out.append(n)
+        stack.extend(reversed(n.children))
+    return out
+
+
+def analyze(
+    mask: ir.Node, layout: TokenLayout, compute: TileGrid, kinds: np.ndarray
+) -> Residuals | None:
+    """The variants of `mask` on the BOUNDARY compute blocks of `kinds` (its classification
+    at `compute`); None when no residual saves MIN_SAVED_OPS operations."""
+    root = skeleton(mask)
+    nodes = _nodes(root)
+    if len(nodes) < 2 or len(nodes) > MAX_NODES:
+        return None
+    boundary = np.flatnonzero(kinds.ravel() == TileKind.BOUNDARY)
+    if boundary.size == 0:
+        return None
+    index = {id(n): i for i, n in enumerate(nodes)}
+    status = np.empty((boundary.size, len(nodes)), np.int8)
+    status[:, 0] = _OPEN
+    for i, n in enumerate(nodes[1:], 1):
+        child = classify_tiles(n.ir, layout, compute).kinds.ravel()[boundary]
+        status[:, i] = np.select(
+            [child == TileKind.FULL, child == TileKind.EMPTY], [_TRUE, _FALSE], _OPEN
+        )
+    values = _fold(root, index, status)
+    rows, block_of = np.unique(values, axis=0, return_inverse=True)
+    block_of = block_of.ravel()
+    counts = np.bincount(block_of, minlength=len(rows))
+    mask_ops = estimate_ops(mask)
+    scored = []
+    for r, row in enumerate(rows):
+        if row[0] != _OPEN:  # proven constant by its parts: left to the whole mask
+            continue
+        residual = _build(root, index, row)
+        ops = estimate_ops(residual)
+        if mask_ops - ops >= MIN_SAVED_OPS:
+            scored.append((counts[r] * (mask_ops - ops), r, residual, ops))
+    scored.sort(key=lambda s: (-s[0], s[1]))
+    chosen = scored[:MAX_VARIANTS]
+    if not chosen or sum(s[0] for s in chosen) < MIN_SAVED_SHARE * boundary.size * mask_ops:
+        return None
+    block_variant = np.zeros(kinds.size, np.int8)
+    variants = []
+    for j, (_, r, residual, ops) in enumerate(chosen, 1):
+        block_variant[boundary[block_of == r]] = j
+        variants.append(Variant(residual, int(counts[r]), ops))
+    return Residuals(tuple(variants), block_variant.reshape(kinds.shape), mask_ops)
+
+
+def _fold(root: _Node, index: dict, status: np.ndarray) -> np.ndarray:
+    """Per block and node: TRUE / FALSE / OPEN after folding the children's values up the
+    skeleton, and UNUSED for nodes under a decided ancestor (so that blocks with one
+    residual have one row)."""
+    values = status.copy()
+
+    def up(n: _Node) -> np.ndarray:
+        i = index[id(n)]
+        if not n.children:
+            return values[:, i]
+        kids = [up(c) for c in n.children]
+        own = values[:, i]
+        if n.op == "not":
+            k = kids[0]
+            v = np.where(k == _OPEN, _OPEN, 1 - np.minimum(k, 1))
+        elif n.op == "any":
+            any_true = np.any([k == _TRUE for k in kids], axis=0)
+            all_false = np.all([k == _FALSE for k in kids], axis=0)
+            v = np.where(any_true, _TRUE, np.where(all_false, _FALSE, _OPEN))
+        else:
+            any_false = np.any([k == _FALSE for k in kids], axis=0)
+            all_true = np.all([k == _TRUE for k in kids], axis=0)
+            v = np.where(any_false, _FALSE, np.where(all_true, _TRUE, _OPEN))
+        # The node's own classification may decide what its children leave open.
+        v = np.where(own != _OPEN, own, v).astype(np.int8)
+        values[:, i] = v
+        return v
+
+    up(root)
+
+    def down(n: _Node, live: np.ndarray) -> None:
+        i = index[id(n)]
+        values[~live, i] = _UNUSED
+        for c in n.children:
+            down(c, live & (values[:, i] == _OPEN))
+
+    down(root, np.ones(len(values), bool))
+    return values
+
+
+def _build(n: _Node, index: dict, row: np.ndarray) -> ir.Node:
+    """The residual IR node of a node (an IR node, or the top of a user expr)."""
+    value = row[index[id(n)]]
+    if n.expr is not None:  # the top of a user expr: its residual is a predicate again
+        e = _build_expr(n, index, row)
+        if e in (sympy.true, sympy.false):
+            return ir.Always(bool(e))
+        return ir.Predicate(str(e), e)
+    if value == _TRUE:
+        return ir.Always(True)
+    if value == _FALSE:
+        return ir.Always(False)
+    if n.op == "leaf":
+        return n.ir
+    if n.op == "not":
+        return ir.Not(_build(n.children[0], index, row))
+    kept = [c for c in n.children if row[index[id(c)]] == _OPEN]
+    parts = tuple(_build(c, index, row) for c in kept)
+    if len(parts) == 1:
+        return parts[0]
+    return ir.AnyOf(parts) if n.op == "any" else ir.AllOf(parts)
+
+
+def _build_expr(n: _Node, index: dict, row: np.ndarray) -> sympy.Basic:
+    value = row[index[id(n)]]
+    if value == _TRUE:
+        return sympy.true
+    if value == _FALSE:
+        return sympy.false
+    if n.op == "leaf":
+        return n.expr
+    if n.op == "not":
+        return sympy.Not(_build_expr(n.children[0], index, row))
+    parts = [_build_expr(c, index, row) for c in n.children if row[index[id(c)]] == _OPEN]
+    return sympy.And(*parts) if n.op == "all" else sympy.Or(*parts)
+
+
+def estimate_ops(mask: ir.Node) -> int:
+    """Full-block operations a boundary mask evaluates, estimated from its expression: every
+    operation whose operands mix query and key coordinates runs on each pair of the block
+    (one reading only the query's or only the key's runs on a column or a row, ~1/128 or
+    1/8 of that: not counted)."""
+    return _mixed_ops(mask.predicate())
+
+
+def _mixed_ops(e) -> int:
+    if not isinstance(e, sympy.Basic) or not e.args:
+        return 0
+    sides = {s.name[-1] for s in e.free_symbols}
+    inner = sum(_mixed_ops(a) for a in e.args)
+    if sides != {"q", "k"}:
+        return inner
+    mixed_args = sum(1 for a in e.args if {s.name[-1] for s in a.free_symbols} & {"q", "k"})
+    return inner + max(1, mixed_args - 1)

@@ -1,0 +1,259 @@
+"""Residual masks (svgen.analysis.residuals): on each BOUNDARY compute block, the mask with
+what is decided there folded away; the kernel runs the variant its tables name.
+
+Against the whole mask on every pair of every block that runs a variant, for random masks
+(built-ins and user predicates: sums, differences, floor divisions and modulos of shifted
+coordinates, min / max / abs, unions and intersections) in all three token orders; the
+kernels with variants in NaN-poisoned interpret mode against float64; the tables and the cost
+model reading the variant of each block.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from svgen import ir, lint
+from svgen.analysis import analyze, residuals
+from svgen.analysis.classify import TileGrid, classify_tiles
+from svgen.cost import PathCosts, model_cycles
+from svgen.expr import parse_predicate
+from svgen.runtime.kinds import TileKind
+from svgen.runtime.layout import TokenLayout
+from svgen.runtime.tables import PieceTables
+from svgen.spec import parse_spec
+
+from conftest import (
+    POISONED,
+    REPO,
+    check_per_head,
+    dense_keep,
+    lower_mask_dict,
+    mixed_inputs,
+    random_any_layout,
+    random_axis_predicate,
+    random_mask,
+    random_predicate,
+)
+
+
+@pytest.fixture
+def every_variant(monkeypatch):
+    """Keep every residual that saves anything, so that small random cases have many."""
+    monkeypatch.setattr(residuals, "MIN_SAVED_OPS", 1)
+    monkeypatch.setattr(residuals, "MIN_SAVED_SHARE", 0.0)
+
+
+def _check_variants(mask, layout, grid):
+    kinds = classify_tiles(mask, layout, grid).kinds
+    found = residuals.analyze(mask, layout, grid, kinds)
+    if found is None:
+        return 0
+    assert 1 <= len(found.variants) <= residuals.MAX_VARIANTS
+    assert np.all((found.block_variant == 0) | (kinds == TileKind.BOUNDARY))
+    keep = dense_keep(mask, layout)
+    checked = 0
+    for j, variant in enumerate(found.variants, 1):
+        q_blocks, kv_blocks = np.nonzero(found.block_variant == j)
+        assert q_blocks.size == variant.blocks > 0
+        residual = dense_keep(variant.mask, layout)
+        for qb, kb in zip(q_blocks, kv_blocks):
+            rows = slice(qb * grid.block_q, (qb + 1) * grid.block_q)
+            cols = slice(kb * grid.block_kv, (kb + 1) * grid.block_kv)
+            np.testing.assert_array_equal(residual[rows, cols], keep[rows, cols])
+            checked += 1
+        assert variant.ops < found.mask_ops
+    return checked
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_residuals_agree_with_the_mask_on_their_blocks(seed, every_variant):
+    rng = np.random.default_rng(9100 + seed)
+    lay = random_any_layout(rng)
+    grid = TileGrid(lay.seq_len, int(rng.choice([8, 16])), int(rng.choice([8, 16, 24])))
+    draw = rng.random()
+    if draw < 0.4:
+        _, mask = lower_mask_dict(random_mask(rng, lay), lay, 128, 128)
+    else:
+        sources = [random_axis_predicate(rng, places=not lay.is_tiled), random_predicate(rng)]
+        parts = tuple(ir.Predicate(s, parse_predicate(s)) for s in sources)
+        mask = ir.AnyOf(parts) if rng.random() < 0.5 else ir.AllOf(parts)
+    _check_variants(mask, lay, grid)
+
+
+def test_a_radial_mask_runs_one_window_per_block(every_variant):
+    """Frame-distance bands of a union: on a block inside one frame pair the band is decided
+    and only its place window is left."""
+    source = (
+        "f_k < 1 or abs(f_q - f_k) <= 1 or 2 <= abs(f_q - f_k) <= 3 and "
+        "abs(8 * (h_q - h_k) + w_q - w_k) < 16 or 4 <= abs(f_q - f_k) <= 7 and "
+        "abs(8 * (h_q - h_k) + w_q - w_k) < 8"
+    )
+    mask = ir.Predicate(source, parse_predicate(source))
+    lay = TokenLayout(9, 4, 8, 5, "first")
+    grid = TileGrid(lay.seq_len, 16, 16)
+    assert _check_variants(mask, lay, grid) > 0
+    found = residuals.analyze(mask, lay, grid, classify_tiles(mask, lay, grid).kinds)
+    words = [v.mask.describe() for v in found.variants]
+    assert any("f_" not in w for w in words), words  # some variant reads no frame at all
+
+
+def test_no_variants_for_masks_without_parts():
+    """A single primitive has nothing to fold; a decided mask has no BOUNDARY block."""
+    lay = TokenLayout(4, 4, 8)
+    grid = TileGrid(lay.seq_len, 16, 16)
+    mask = ir.SpatialWindow(1, None, None)
+    assert residuals.analyze(mask, lay, grid, classify_tiles(mask, lay, grid).kinds) is None
+
+
+def test_variants_only_for_static_kernels():
+    """Run-time tables, selections and chunked calls run whole masks."""
+    text = _NATTEN.format(runtime="runtime: {segments: true}\n")
+    plan = analyze(parse_spec(text, source="x.yaml"))
+    assert plan.only.residuals is None and plan.tables.variants is None
+    plan = analyze(parse_spec(_NATTEN.format(runtime=""), source="x.yaml"))
+    assert plan.only.residuals is not None and plan.tables.variants is not None
+
+
+# A NATTEN neighborhood (3 x 3 x 5, clamped inside the video) at a size where variants pay.
+_NATTEN = """svgen: 1
+name: small_natten
+geometry: {{frames: 8, height: 8, width: 16}}
+attention: {{heads: 2, head_dim: 128, dtype: float32}}
+mask: {{expr: "max(0, min(f_q - 1, 5)) <= f_k <= max(0, min(f_q - 1, 5)) + 2 and max(0, min(h_q - 1, 5)) <= h_k <= max(0, min(h_q - 1, 5)) + 2 and abs(w_q - w_k) <= 2"}}
+tiling: {{block_q: 128, block_kv: 128}}
+{runtime}"""
+
+_RADIAL = """svgen: 1
+name: small_radial
+geometry: {{frames: 12, height: 4, width: 32, text_tokens: {text}, text_position: first}}
+attention: {{heads: 2, head_dim: 128, dtype: {dtype}{softmax}}}
+mask: {{expr: "f_k < 1 or abs(f_q - f_k) <= 1 or 2 <= abs(f_q - f_k) <= 3 and abs(32 * (h_q - h_k) + w_q - w_k) < 64 or 4 <= abs(f_q - f_k) <= 7 and abs(32 * (h_q - h_k) + w_q - w_k) < 32 or 8 <= abs(f_q - f_k) <= 15 and abs(32 * (h_q - h_k) + w_q - w_k) < 16"}}
+tiling: {{block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}}
+"""
+
+_UNION = """svgen: 1
+name: small_union
+geometry: {frames: 9, height: 8, width: 16, text_tokens: 40}
+attention: {heads: 4, head_dim: 128, dtype: float32}
+layout: temporal_major
+patterns:
+  spatial: {any_of: [{spatial_window: {frames: 1}}, {first_frame: {frames: 1}}, {text: {}}]}
+  band: {any_of: [{band: {width: 100}}, {text: {}}, {expr: "f_k == 2 and h_k < 3"}]}
+heads: {candidates: [{pattern: spatial}, {pattern: band}], assign: [spatial, band, band, spatial]}
+tiling: {block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}
+"""
+
+
+def _run(plan, module, dtype, seed=0):
+    """Every head against float64, in the user's token order (NaN-poisoned buffers)."""
+    heads = plan.spec.attention.heads
+    q, k, v = mixed_inputs(plan, dtype, seed, heads=heads)
+    head_pattern = np.zeros(heads, np.int32) if plan.assign is None else np.array(plan.assign)
+    out = module.attention(q, k, v, head_pattern=head_pattern, interpret=POISONED)
+    check_per_head(plan, out, q, k, v, head_pattern, dtype)
+
+
+def _with_variants(plan):
+    assert plan.tables.variants is not None
+    return [p for p in plan.patterns if p.residuals is not None]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_kernel_with_one_block_per_tile(dtype, compile_text):
+    plan, module = compile_text(_NATTEN.format(runtime="").replace("float32", dtype))
+    assert _with_variants(plan)
+    _run(plan, module, dtype)
+
+
+@pytest.mark.parametrize("dtype,text,softmax", [("float32", 0, ""), ("bfloat16", 24, "")])
+def test_kernel_with_several_blocks_per_tile(dtype, text, softmax, compile_text):
+    plan, module = compile_text(_RADIAL.format(dtype=dtype, text=text, softmax=softmax))
+    (pattern,) = _with_variants(plan)
+    assert len(pattern.residuals.variants) == 3
+    _run(plan, module, dtype)
+
+
+def test_kernel_with_the_bounded_softmax(compile_text):
+    plan, module = compile_text(
+        _RADIAL.format(dtype="float32", text=8, softmax=", softmax: bounded")
+    )
+    assert _with_variants(plan)
+    _run(plan, module, "float32", seed=3)
+
+
+def test_kernel_with_variants_for_several_patterns(every_variant, compile_text):
+    plan, module = compile_text(_UNION)
+    assert len(_with_variants(plan)) == 2
+    _run(plan, module, "float32", seed=5)
+
+
+def test_a_wrong_variant_is_caught(compile_text, monkeypatch):
+    """Planted bug: tables naming variant 1 on every BOUNDARY block; the kernel's output then
+    differs from the reference (so the kernel tests above can fail)."""
+    analyze_residuals = residuals.analyze
+
+    def everywhere_one(mask, layout, compute, kinds):
+        found = analyze_residuals(mask, layout, compute, kinds)
+        wrong = np.where(kinds == TileKind.BOUNDARY, 1, 0).astype(np.int8)
+        return dataclasses.replace(found, block_variant=wrong)
+
+    monkeypatch.setattr(residuals, "analyze", everywhere_one)
+    plan, module = compile_text(_RADIAL.format(dtype="float32", text=0, softmax=""))
+    with pytest.raises(AssertionError, match="head 0"):
+        _run(plan, module, "float32")
+
+
+def test_the_model_charges_each_block_its_variant():
+    paths = PathCosts(
+        bookkeeping=10,
+        full=100,
+        mixed=(20,),
+        block=(((30, 50, 60), (31, 51, 61)),),
+        init=(5,),
+        finalize=7,
+        pipeline=3,
+        residual_block=((((40, 45), (35, 38)), ((41, 46), (36, 39))),),
+    )
+    b = int(TileKind.BOUNDARY)
+    word = b | (b << 2)
+    runs = np.array([[0, 0, 1, b, word], [0, 1, 1, b, word], [0, 2, 1, b, word]])
+    variants = np.array([0, 1 | (2 << 2), 2])  # block 0 / block 1: (0, 0), (1, 2), (2, 0)
+    tables = PieceTables.from_runs([runs], 1, compute_blocks=2, variants_per_pattern=[variants])
+    _, steps, by_path = model_cycles(paths, tables, [0])
+    assert steps["mixed"] == 3
+    assert by_path["mixed"] == (20 + 50 + 51) + (20 + 40 + 36) + (20 + 35 + 51)
+
+
+# -- the slower-than-dense warning ----------------------------------------------------------
+
+_SCATTERED = """svgen: 1
+name: scattered
+geometry: {frames: 4, height: 16, width: 16}
+attention: {heads: 1, head_dim: 128, dtype: float32}
+mask: {expr: "(i_q * 7 + i_k * 3) % 5 != 0 and (i_q + 2 * i_k) % 7 != 1 and abs(i_q - i_k) % 3 != 2"}
+tiling: {block_q: 128, block_kv: 128}
+"""
+
+
+def test_a_kernel_slower_than_dense_is_said(tmp_path, monkeypatch, capsys):
+    """Every tile BOUNDARY under a mask of many operations: compile and inspect warn, with
+    the estimate and what helps, and still succeed."""
+    from svgen.cli import main
+
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "scattered.yaml").write_text(_SCATTERED)
+    monkeypatch.chdir(tmp_path)
+    for command in (["inspect"], ["compile", "--out", "out"]):
+        assert main([*command, "specs/scattered.yaml"]) == 0
+        err = capsys.readouterr().err
+        assert "specs/scattered.yaml:5:8: mask.expr: the mask: its kernel would be about" in err, (
+            err
+        )
+        assert "slower than the same kernel on a dense mask" in err and "tiling.align" in err
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "specs").glob("*.yaml")))
+def test_no_shipped_spec_is_slower_than_dense(name):
+    plan = analyze(parse_spec((REPO / "specs" / f"{name}.yaml").read_text(), source=name))
+    assert not [w for w in lint.plan_warnings(plan) if "slower" in str(w)]
