@@ -160,3 +160,49 @@ def test_miscompiled_expressions_run_right_in_the_kernels(expr, geometry, target
     else:
         out = gpu.gpu_attention_of(module)(q, k, v, interpret=True)
     check_per_head(plan, out, q, k, v, [0], "float32")
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_clamped_windows_print_as_one_compare_each(seed):
+    """lo <= x <= lo + c (NATTEN's clamped window: lo = max(0, min(x_q - r, n - kernel)),
+    or any other lo, of either sign), printed as one unsigned compare where it reads both
+    sides, keeps the predicate's value on every pair; so do divisions and modulos by powers of
+    two, printed as shifts and masks."""
+    from conftest import _random_integer
+
+    rng = np.random.default_rng(31_000 + seed)
+    lay = random_any_layout(rng)
+    parts = []
+    for axis in rng.choice(["f", "h", "w", "i"], size=int(rng.integers(1, 4)), replace=False):
+        low = _random_integer(rng, 1, (str(axis),)).replace(f"{axis}_k", f"{axis}_q")
+        if rng.random() < 0.5:
+            low = f"max(0, min({low}, {int(rng.integers(0, 5))}))"
+        width = int(rng.integers(0, 7))
+        chain = f"{low} <= {axis}_k <= {low} + {width}"
+        if rng.random() < 0.3:  # the same window written as two comparisons, reversed
+            chain = f"{axis}_k - {width} <= {low} and {low} <= {axis}_k"
+        parts.append(chain)
+    text = " and ".join(parts)
+    if rng.random() < 0.3:
+        text += f" and (w_q - w_k) % {int(rng.choice([2, 4]))} == 0 or f_k // 2 == f_q // 2"
+    _, mask = lower_mask_dict({"expr": text}, lay, 128, 128)
+    fn, source = emitted_function(mask, lay)
+    where = f"seed {seed}, {lay}\n{text}\n{source}"
+    np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(mask, lay), err_msg=where)
+
+
+def test_a_neighborhood_prints_one_compare_per_axis():
+    """NATTEN's clamped 3 x 3 x 5 window: three unsigned compares, no other comparison."""
+    from svgen.runtime.layout import TokenLayout
+
+    lay = TokenLayout(8, 8, 16)
+    text = (
+        "max(0, min(f_q - 1, 5)) <= f_k <= max(0, min(f_q - 1, 5)) + 2 and "
+        "max(0, min(h_q - 1, 5)) <= h_k <= max(0, min(h_q - 1, 5)) + 2 and "
+        "max(0, min(w_q - 2, 11)) <= w_k <= max(0, min(w_q - 2, 11)) + 4"
+    )
+    _, mask = lower_mask_dict({"expr": text}, lay, 128, 128)
+    fn, source = emitted_function(mask, lay)
+    body = source.split("expr = ", 1)[1]
+    assert body.count("coords.within(") == 3 and "<=" not in body, source
+    np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(mask, lay), err_msg=source)

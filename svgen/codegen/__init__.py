@@ -517,7 +517,12 @@ def _mask_lines(lines) -> list[str]:
 
 def _runtime_imports(plan: Plan, patterns: list[dict]) -> str:
     names = {"kernel"}
-    if any("coords." in line for p in patterns for line in p["mask_lines"]):
+    lines = [
+        line
+        for p in patterns
+        for line in (*p["mask_lines"], *(x for r in p["residuals"] for x in r["mask_lines"]))
+    ]
+    if any("coords." in line for line in lines):
         names.add("coords")  # boundary masks call coords.within / coords.TokenCoords
     if plan.gpu is not None:
         names.add("gpu")

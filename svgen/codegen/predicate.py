@@ -4,7 +4,7 @@ Leaves print their sympy predicate over `q.<coord>` / `k.<coord>` (runtime.coord
 combinators combine the names, so the generated function reads like the spec. Floor division
 and modulo are printed with `lax.div` / `lax.rem` on operands shifted to be non-negative
 (shift from interval bounds over the whole geometry), because jnp `//` and `%` do not lower
-for TPU from a CPU host.
+for TPU from a CPU host; by a power of two, as an arithmetic shift and a bitwise and.
 """
 
 from __future__ import annotations
@@ -147,6 +147,8 @@ class _Emitter:
             op = " & " if isinstance(e, sympy.And) else " | "
             args = sorted(e.args, key=_print_order)
             printed = [] if isinstance(e, sympy.Or) else self._same_place(args)
+            if isinstance(e, sympy.And):
+                printed += self._chains(args)
             printed += [self.boolean(a) for a in args]
             return printed[0] if len(printed) == 1 else "(" + op.join(printed) + ")"
         if isinstance(e, sympy.Not):
@@ -185,6 +187,29 @@ class _Emitter:
         args.remove(rows)
         args.remove(cols)
         return ["(q.place == k.place)"]
+
+    def _chains(self, args: list) -> list[str]:
+        """Pairs a <= x and x <= a + c among the conjuncts (removed from `args`), each as one
+        unsigned compare 0 <= x - a <= c (runtime.coords.within): two full-block VALU ops
+        instead of three, for a clamped window (NATTEN's neighborhood) read on every pair."""
+        printed = []
+        lows = [(a, _non_negative(a)) for a in args]
+        for i, (first, e1) in enumerate(lows):
+            if e1 is None or first not in args or not _mixes_sides(e1):
+                continue
+            for second, e2 in lows[i + 1 :]:
+                if e2 is None or second not in args:
+                    continue
+                width = sympy.expand(e1 + e2)
+                if not (isinstance(width, sympy.Integer) and int(width) >= 0):
+                    continue
+                if int_range.int32_overflow(sympy.Ge(e1, 0), self.domain) is not None:
+                    continue
+                args.remove(first)
+                args.remove(second)
+                printed.append(f"coords.within({_strip(self.integer(e1))}, {int(width)})")
+                break
+        return printed
 
     def _abs_within(self, e):
         """|x| <= c as one unsigned compare of x + c against 2c (runtime.coords.within):
@@ -267,6 +292,15 @@ class _Emitter:
         if isinstance(e, (FloorDiv, FloorMod)):
             numerator, divisor = e.args
             d = int(divisor)
+            if d > 1 and d & (d - 1) == 0:
+                # A power of two: in two's complement x // 2^n is the arithmetic shift x >> n
+                # and x % 2^n the low bits x & (2^n - 1), for negative x too (both floor), one
+                # VALU op each where lax.div / lax.rem cost a sequence; no shift needed.
+                # Calls, not the operators: & and >> bind looser than + and -.
+                value = _strip(self.integer(numerator))
+                if isinstance(e, FloorMod):
+                    return f"jnp.bitwise_and({value}, {d - 1})"
+                return f"jnp.right_shift({value}, {d.bit_length() - 1})"
             # lax.div / lax.rem truncate toward zero: shift the dividend by a multiple of d
             # to make it non-negative (sympy folds the shift into its constant term).
             shift = int_range.non_negative_shift(numerator, d, self.domain)
@@ -277,6 +311,25 @@ class _Emitter:
                 f"(lax.div({shifted}, {d}) - {shift // d})" if shift else f"lax.div({shifted}, {d})"
             )
         raise TypeError(f"cannot print integer expression {e}")
+
+
+def _non_negative(e):
+    """x with e <=> x >= 0, for an integer comparison e (None for other conjuncts)."""
+    if isinstance(e, sympy.Le):
+        return sympy.expand(e.args[1] - e.args[0])
+    if isinstance(e, sympy.Ge):
+        return sympy.expand(e.args[0] - e.args[1])
+    if isinstance(e, sympy.Lt):
+        return sympy.expand(e.args[1] - e.args[0] - 1)
+    if isinstance(e, sympy.Gt):
+        return sympy.expand(e.args[0] - e.args[1] - 1)
+    return None
+
+
+def _mixes_sides(e) -> bool:
+    """Reads both a query and a key coordinate: printed, an op on every pair of a block."""
+    sides = {s.name[-1] for s in e.free_symbols}
+    return sides == {"q", "k"}
 
 
 def _strip(s: str) -> str:
