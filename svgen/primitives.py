@@ -295,6 +295,45 @@ BUILTINS = (
         code_name="cube_window",
     ),
     Primitive(
+        "neighborhood",
+        "both video, the key in the query's window of frames x rows x cols on each axis, "
+        "shifted inward at the video's edges (NATTEN's neighborhood attention), over "
+        "every dilation-th position; causal: frames up to the query's",
+        params=(
+            Param(
+                "frames",
+                "window frames (omitted: every frame)",
+                minimum=1,
+                within=FRAME_COUNT,
+            ),
+            Param("rows", "window rows (omitted: every row)", minimum=1),
+            Param("cols", "window columns (omitted: every column)", minimum=1),
+            Param("frame_dilation", "every n-th frame", minimum=1, default=1, within=FRAME_COUNT),
+            Param("row_dilation", "every n-th row", minimum=1, default=1),
+            Param("col_dilation", "every n-th column", minimum=1, default=1),
+            Param("causal", "1: the frame window ends at the query's frame", maximum=1, default=0),
+        ),
+        node=_ir("Neighborhood"),
+        rows=_rows("predicate_rows"),
+        code_name="neighborhood",
+    ),
+    Primitive(
+        "radial",
+        "both video, place distance |(h_q-h_k)*W + w_q-w_k| < width / 2^r where r = "
+        "floor(log2(max(|f_q-f_k|, 1))) (Radial Attention's window, halving as the frame "
+        "distance doubles)",
+        params=(
+            Param(
+                "width",
+                "the window at frame distance 0 and 1, in places (omitted: a frame's places)",
+                minimum=1,
+            ),
+        ),
+        node=_ir("Radial"),
+        rows=_rows("predicate_rows"),
+        code_name="radial",
+    ),
+    Primitive(
         "expr",
         "a predicate over f_q h_q w_q f_k h_k w_k i_q i_k is_text_q is_text_k",
         form=PREDICATE,

@@ -224,6 +224,18 @@ def _temporal_stride(rng, lay):
     return params
 
 
+def _neighborhood(rng, lay):
+    params = {}
+    for key, size in (("frames", lay.frames), ("rows", lay.height), ("cols", lay.width)):
+        if rng.random() < 0.8:
+            params[key] = int(rng.integers(1, size + 2))
+        if rng.random() < 0.3:
+            params[f"{key[:-1]}_dilation"] = int(rng.integers(1, 4))
+    if rng.random() < 0.3:
+        params["causal"] = 1
+    return params
+
+
 def _band(rng, lay):
     if rng.random() < 0.5:
         return {"width": int(rng.integers(0, lay.seq_len))}
@@ -250,6 +262,10 @@ PRIMITIVE_GENERATORS = {
         "rows": int(rng.integers(0, 2)),
         "cols": int(rng.integers(0, 3)),
     },
+    "neighborhood": lambda rng, lay: _neighborhood(rng, lay),
+    "radial": lambda rng, lay: (
+        {} if rng.random() < 0.4 else {"width": int(rng.integers(1, lay.height * lay.width + 3))}
+    ),
     "expr": lambda rng, lay: (
         str(rng.choice(PREDICATES)) if rng.random() < 0.5 else random_predicate(rng)
     ),

@@ -180,7 +180,7 @@ def test_allowed_lists_come_from_the_registry():
     with pytest.raises(SpecError) as info:
         lower_mask_dict({"sliding": {}}, LAYOUTS[0], 128, 128)
     assert info.value.message.endswith("allowed: " + ", ".join(KEYS))
-    assert KEYS[:10] == (
+    assert KEYS[:12] == (
         "first_frame",
         "spatial_window",
         "temporal_stride",
@@ -190,6 +190,8 @@ def test_allowed_lists_come_from_the_registry():
         "causal_frames",
         "block_causal",
         "cube_window",
+        "neighborhood",
+        "radial",
         "expr",
     )
 
