@@ -288,3 +288,31 @@ def test_disjoint_bands_of_a_per_axis_union_stay_few_terms():
     got = classify_tiles(mask, small, TileGrid(small.seq_len, 16, 16))
     keep = dense_keep(mask, small)
     _check(got.kinds, got.kept_pairs, keep, brute_force_kinds(keep, 16, 16), exact=True)
+
+
+def test_place_relations_of_the_difference_need_no_table():
+    """A place relation of width * (h_q - h_k) + w_q - w_k only is counted from its
+    differences (no [places, places] table): the same counts as the table on every
+    rectangle; one of rows and columns apart is not such a relation."""
+    width, height = 7, 5
+    n = width * height
+    cases = [
+        "abs(7 * (h_q - h_k) + w_q - w_k) <= 9",
+        "(7 * h_q + w_q - 7 * h_k - w_k) % 4 == 1 or 7 * (h_q - h_k) + w_q - w_k > 20",
+    ]
+    rng = np.random.default_rng(3)
+    for source in cases:
+        expr = parse_predicate(source)
+        constraints = frozenset({("expr", expr)})
+        differences = product._place_differences(
+            frozenset(), frozenset(), constraints, height, width
+        )
+        assert differences is not None, source
+        table = product._place_prefix(frozenset(), frozenset(), constraints, height, width)
+        for _ in range(200):
+            a, b = np.sort(rng.integers(0, n, 2))
+            c, d = np.sort(rng.integers(0, n, 2))
+            assert differences.count(a, b, c, d) == product._rect(table, n, a, b, c, d), source
+        assert differences.total == int(table[-1])
+    apart = frozenset({("expr", parse_predicate("abs(h_q - h_k) + abs(w_q - w_k) <= 2"))})
+    assert product._place_differences(frozenset(), frozenset(), apart, height, width) is None

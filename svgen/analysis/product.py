@@ -38,6 +38,7 @@ import numpy as np
 import sympy
 
 from svgen import ir
+from svgen.expr import SYMBOLS
 from svgen.analysis import bounds as box_bounds
 from svgen.analysis.intervals import IntervalSet, ragged_arange
 from svgen.limits import PRODUCT_WORK, WorkOverLimit
@@ -193,8 +194,21 @@ def applies(mask, layout: TokenLayout) -> bool:
     if any(term.on_axis("p") for term in poly):
         # Each box's places must be one range (rows of a frame, or cols of one row): true in
         # frame-major and temporal-major order, not for the cubes of a tiled one.
-        return not layout.is_tiled and layout.height * layout.width <= MAX_PLACES
+        return not layout.is_tiled and _places_fit(poly, sizes)
     return True
+
+
+def _places_fit(poly: Polynomial, sizes) -> bool:
+    """Every place relation can be counted: its frame has at most MAX_PLACES places (one
+    table), or it reads only the place difference (`_Differences`, any size)."""
+    if sizes[1] * sizes[2] <= MAX_PLACES:
+        return True
+    return all(
+        _place_differences(*factor[1:]) is not None
+        for term in poly
+        for factor in _factors(term, sizes)
+        if factor[0] == "p"
+    )
 
 
 def _sizes(layout: TokenLayout) -> tuple[int, int, int]:
@@ -288,14 +302,14 @@ def _prune(poly: Polynomial, sizes) -> Polynomial:
     union of n disjoint conjunctions at n terms instead of 2^n - 1."""
     if sizes is None:
         return poly
-    if any(term.on_axis("p") for term in poly) and sizes[1] * sizes[2] > MAX_PLACES:
+    if not _places_fit(poly, sizes):
         return poly  # too many places to tabulate: `applies` refuses the mask anyway
     out = {}
     for term, coef in poly.items():
         empty = False
         for factor in _factors(term, sizes):
             if any(c[0] == "expr" for c in _factor_constraints(factor)):
-                empty = empty or _factor_prefix(factor)[-1] == 0
+                empty = empty or _factor_total(factor) == 0
         if not empty:
             out[term] = coef
     return out
@@ -324,10 +338,19 @@ def _factor_size(factor: tuple) -> int:
     return factor[4] * factor[5] if factor[0] == "p" else factor[2]
 
 
-def _factor_prefix(factor: tuple) -> np.ndarray:
+def _factor_prefix(factor: tuple):
+    """The factor's prefix-sum table, or for a place relation of the place difference only,
+    its `_Differences` (no [places, places] table)."""
     if factor[0] == "p":
-        return _place_prefix(*factor[1:])
+        differences = _place_differences(*factor[1:])
+        return differences if differences is not None else _place_prefix(*factor[1:])
     return _prefix(factor[1], factor[2])
+
+
+def _factor_total(factor: tuple) -> int:
+    """Pairs of the factor's relation over its whole axis."""
+    table = _factor_prefix(factor)
+    return table.total if isinstance(table, _Differences) else int(table[-1])
 
 
 def _factor_ranges(factor: tuple, lo: dict, hi: dict):
@@ -394,6 +417,89 @@ def _tabulated(e, n: int, width: int = 1) -> np.ndarray:
 
 # Query values tabulated per pass (a place table is up to 4096 x 4096).
 PLACE_ROWS = 256
+
+
+# ---------------------------------------------------------------------------------------------
+# Place relations of the place difference only (Radial Attention's window): counted from a
+# table of differences, so they need no [places, places] table at any frame size.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Differences:
+    """A relation rel[x_q, x_k] = g(x_q - x_k) on n values: pairs in a rectangle from two
+    prefix sums over the differences, O(1) each (see `count`)."""
+
+    n: int
+    kept: np.ndarray  # bool [2n - 1]: g(delta) at delta = index - (n - 1)
+    # ones[t + n + 1] = G(t) = sum of g(delta) for delta <= t, t in [-n - 1, n - 1]; twice[...]
+    # = GG(t) = sum of G(u) for u <= t (both int64).
+    ones: np.ndarray
+    twice: np.ndarray
+
+    @classmethod
+    def of(cls, kept: np.ndarray) -> "_Differences":
+        n = (kept.size + 1) // 2
+        ones = np.concatenate([[0, 0], np.cumsum(kept, dtype=np.int64)])  # t = -n - 1 .. n - 1
+        return cls(n, kept, ones, np.cumsum(ones))
+
+    def _gg(self, t):
+        return self.twice[np.asarray(t) + self.n + 1]
+
+    def count(self, q_lo, q_hi, k_lo, k_hi) -> np.ndarray:
+        """Pairs x_q in [q_lo, q_hi], x_k in [k_lo, k_hi] with g(x_q - x_k): the sum over x_q
+        of G(x_q - k_lo) - G(x_q - k_hi - 1), each sum of G a difference of GG."""
+        return (
+            self._gg(q_hi - k_lo)
+            - self._gg(q_lo - k_lo - 1)
+            - self._gg(q_hi - k_hi - 1)
+            + self._gg(q_lo - k_hi - 2)
+        )
+
+    @property
+    def total(self) -> int:
+        return int(self.count(0, self.n - 1, 0, self.n - 1))
+
+    def reach(self, lo, hi):
+        """A superset of the keys some query in [lo, hi] keeps: [lo - max d, hi - min d]."""
+        deltas = np.flatnonzero(self.kept) - (self.n - 1)
+        if deltas.size == 0:
+            return np.full(np.shape(lo), self.n), np.full(np.shape(lo), -1)
+        return np.maximum(lo - deltas.max(), 0), np.minimum(hi - deltas.min(), self.n - 1)
+
+
+_DIFFERENCE = sympy.Symbol("place_difference", integer=True)
+
+
+def _expanded(e):
+    """A predicate with both sides of each comparison expanded (sums collected)."""
+    return e.replace(
+        lambda x: isinstance(x, sympy.core.relational.Relational),
+        lambda r: r.func(sympy.expand(r.lhs), sympy.expand(r.rhs)),
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _place_differences(h_constraints, w_constraints, p_constraints, height: int, width: int):
+    """The `_Differences` of a term's place relation when it reads only the place difference
+    width * (h_q - h_k) + w_q - w_k (sympy proves it: with w_q written through that
+    difference, no coordinate is left), and has no row or column constraint; else None."""
+    if h_constraints or w_constraints:
+        return None
+    w_q = _DIFFERENCE + SYMBOLS["w_k"] - width * SYMBOLS["h_q"] + width * SYMBOLS["h_k"]
+    for _, e in p_constraints:
+        if _expanded(e.subs(SYMBOLS["w_q"], w_q)).free_symbols - {_DIFFERENCE}:
+            return None
+    n = height * width
+    delta = np.arange(-(n - 1), n, dtype=np.int64)
+    # Any pair of places at each difference: q at delta, k at 0 (or q at 0, k at -delta).
+    q_place, k_place = np.maximum(delta, 0), np.maximum(-delta, 0)
+    zeros = np.zeros(delta.size, np.int64)
+    q = Coordinates(zeros, q_place // width, q_place % width, zeros, zeros > 0)
+    k = Coordinates(zeros, k_place // width, k_place % width, zeros, zeros > 0)
+    kept = np.ones(delta.size, bool)
+    for _, e in p_constraints:
+        kept &= np.broadcast_to(np.asarray(ir.evaluate_sympy(e, q, k), bool), delta.shape)
+    return _Differences.of(kept)
 
 
 @functools.lru_cache(maxsize=8)
@@ -474,8 +580,11 @@ def _axis_hull(factor: tuple, lo: np.ndarray, hi: np.ndarray):
     """Per query range [lo, hi]: the first and last key value the factor's relation allows
     from some query in it (first > last when none)."""
     n = _factor_size(factor)
+    differences = _factor_prefix(factor)
+    if isinstance(differences, _Differences):
+        return differences.reach(lo, hi)
     PRODUCT_WORK.charge(lo.size * n)  # a [boxes, n] array per term and axis
-    table = _factor_prefix(factor).reshape(n + 1, n + 1)
+    table = differences.reshape(n + 1, n + 1)
     # reach[b, x_k] = number of x_q in [lo, hi] related to x_k, from column differences.
     column = table[:, 1:] - table[:, :-1]
     reach = column[hi + 1] - column[lo]
@@ -684,7 +793,10 @@ def _factor_counts(factor: tuple, q_lo, q_hi, k_lo, k_hi) -> np.ndarray:
     """Pairs of one factor's relation in each [q_lo, q_hi] x [k_lo, k_hi]."""
     if not _factor_constraints(factor):  # every pair
         return (q_hi - q_lo + 1) * (k_hi - k_lo + 1)
-    return _rect(_factor_prefix(factor), _factor_size(factor), q_lo, q_hi, k_lo, k_hi)
+    table = _factor_prefix(factor)
+    if isinstance(table, _Differences):
+        return table.count(q_lo, q_hi, k_lo, k_hi)
+    return _rect(table, _factor_size(factor), q_lo, q_hi, k_lo, k_hi)
 
 
 @dataclasses.dataclass(frozen=True)
