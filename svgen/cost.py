@@ -608,18 +608,8 @@ def model_cycles(
             if tables.lengths is None
             else tables.lengths[first : first + count].astype(np.int64)
         )
-        words = (
-            np.zeros(count, np.int64)
-            if tables.blocks is None
-            else tables.blocks[first : first + count].astype(np.int64)
-            & ((1 << (8 * tables.blocks.itemsize)) - 1)
-        )
-        variants = (
-            np.zeros(count, np.int64)
-            if getattr(tables, "variants", None) is None
-            else tables.variants[first : first + count].astype(np.int64)
-            & ((1 << (8 * tables.variants.itemsize)) - 1)
-        )
+        words = _unsigned_words(tables.blocks, first, count)
+        variants = _unsigned_words(getattr(tables, "variants", None), first, count)
         kinds = entries & KIND_MASK
         q_tiles = len(np.unique(entries >> Q_BLOCK_SHIFT))
         # The one step of a piece that visits the kv tile holding padding keys.
@@ -649,6 +639,14 @@ def model_cycles(
         by_path["init_finalize"] += q_tiles * (paths.init[pattern] + paths.finalize)
     total = sum(by_path.values())
     return total, steps, by_path
+
+
+def _unsigned_words(table, first: int, count: int) -> np.ndarray:
+    """Pieces first..first + count of a packed word table (blocks, variants) as unsigned
+    int64, its sign extension masked off; zeros for a table the kernel does not have."""
+    if table is None:
+        return np.zeros(count, np.int64)
+    return table[first : first + count].astype(np.int64) & ((1 << (8 * table.itemsize)) - 1)
 
 
 def _grouped(kinds, words, variants, lengths, padding):
@@ -714,12 +712,10 @@ def _cache_key(
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def measure_paths(module, target: str, *, use_cache: bool = True, progress=None) -> PathCosts:
-    """Compile the generated module's kernel for `target` and read its per-path costs.
-
-    Cached on disk by everything the schedule depends on (kernel source, shapes, the masks'
-    code, table dtypes, jax version): a spec costs one compile the first time, none after.
-    """
+def _forward_masks(module) -> tuple[str, tuple[int, ...], tuple[str, ...]]:
+    """What the forward kernel's schedule depends on of its masks: the source of every
+    pattern's mask and residual masks (the cache key), per pattern how many residual masks
+    its BOUNDARY blocks branch to (`read_paths`), and the variants table's dtype (key)."""
     import inspect
 
     tables = module.attention.tables
@@ -728,16 +724,27 @@ def measure_paths(module, target: str, *, use_cache: bool = True, progress=None)
         for p in module._PATTERNS
         for mask in (p.boundary_mask, *p.residual_masks)
     )
-    residuals = tuple(
-        len(p.residual_masks) if tables.variants is not None else 0 for p in module._PATTERNS
-    )
+    if tables.variants is None:
+        return masks, (0,) * len(module._PATTERNS), ()
+    residuals = tuple(len(p.residual_masks) for p in module._PATTERNS)
+    return masks, residuals, (f"variants {tables.variants.dtype}",)
+
+
+def measure_paths(module, target: str, *, use_cache: bool = True, progress=None) -> PathCosts:
+    """Compile the generated module's kernel for `target` and read its per-path costs.
+
+    Cached on disk by everything the schedule depends on (kernel source, shapes, the masks'
+    code, table dtypes, jax version): a spec costs one compile the first time, none after.
+    """
+
+    tables = module.attention.tables
+    masks, residuals, variants = _forward_masks(module)
     key = _cache_key(
         target,
         module.SHAPE,
         masks,
         tables.slots,
-        tuple(str(t.dtype) for t in tables.piece_operands())
-        + (() if tables.variants is None else (f"variants {tables.variants.dtype}",)),
+        tuple(str(t.dtype) for t in tables.piece_operands()) + variants,
         module.DTYPE,
         runtime=module.attention.runtime.arguments()
         + (() if module.attention.select is None else ("select",))
@@ -1004,29 +1011,20 @@ def measure_training_paths(
     """Compile jax.grad through the module's attention once for `target` and read the
     per-path costs of its kernels (cached on disk like `measure_paths`); `fused`: dq inside
     the dk/dv walk or in its own kernel (None: the runtime's default, backward.FUSED_DQ)."""
-    import inspect
 
     from svgen.runtime import backward
 
     fused = backward.FUSED_DQ if fused is None else fused
     tables, transposed = module.attention.tables, dkv_tables(module)
-    masks = "\n".join(
-        inspect.getsource(mask)
-        for p in module._PATTERNS
-        for mask in (p.boundary_mask, *p.residual_masks)
-    )
     # The forward kernel runs the residual masks; the backward ones run whole masks.
-    residuals = tuple(
-        len(p.residual_masks) if tables.variants is not None else 0 for p in module._PATTERNS
-    )
+    masks, residuals, variants = _forward_masks(module)
     operands = tables.piece_operands() + transposed.piece_operands()
     key = _cache_key(
         target,
         module.SHAPE,
         masks,
         tables.slots * 1000 + transposed.slots,
-        tuple(str(t.dtype) for t in operands)
-        + (() if tables.variants is None else (f"variants {tables.variants.dtype}",)),
+        tuple(str(t.dtype) for t in operands) + variants,
         module.DTYPE,
         kind="training-fused" if fused else "training",
     )

@@ -324,14 +324,22 @@ class Predicate:
 
 
 @dataclasses.dataclass(frozen=True)
-class Neighborhood(Predicate):
+class _LoweredPredicate(Predicate):
+    """A built-in lowered to its predicate (analyzed and printed as an `expr`), whose
+    `source` says it in words."""
+
+    def describe(self):
+        return self.source
+
+
+@dataclasses.dataclass(frozen=True)
+class Neighborhood(_LoweredPredicate):
     """NATTEN's neighborhood attention (Hassani et al., 2023) between video tokens: on each
     axis of size n, a window of `kernel` positions that stays inside the video (near an edge
     it shifts inward instead of shrinking: it starts at clamp(x - kernel // 2, 0, n - kernel)),
     over the positions of the query's residue modulo the axis's dilation (its own sub-grid);
     with `causal` the frame window ends at the query's frame (the kernel - 1 frames before it,
-    cut at frame 0). Lowered to its predicate: analyzed per axis, exactly, like an `expr`.
-    `source` says it in words."""
+    cut at frame 0). Lowered to its predicate: analyzed per axis, exactly, like an `expr`."""
 
     @classmethod
     def from_params(cls, values: dict, geometry) -> "Neighborhood":
@@ -351,9 +359,6 @@ class Neighborhood(Predicate):
             words.append(f"{kernel} {name}{dilated}" + (" up to the query's" if causal else ""))
         expr = sympy.And(*parts)
         return cls("neighborhood (clamped inside the video): " + ", ".join(words), expr)
-
-    def describe(self):
-        return self.source
 
 
 def _window_predicate(axis: str, size: int, kernel: int, dilation: int, causal: bool):
@@ -375,7 +380,7 @@ def _window_predicate(axis: str, size: int, kernel: int, dilation: int, causal: 
 
 
 @dataclasses.dataclass(frozen=True)
-class Radial(Predicate):
+class Radial(_LoweredPredicate):
     """Radial Attention's mask (Li et al., 2025) between video tokens: frames at distance d
     fall in band r = floor(log2(max(d, 1))), and a key is kept when its place in the frame
     (h * width + w) is less than `width` / 2^r from the query's, so the window halves each
@@ -406,9 +411,6 @@ class Radial(Predicate):
         expr = sympy.And(*video, sympy.Or(*bands))
         words = f"radial (window of {width:,} places halving as the frame distance doubles)"
         return cls(words, expr)
-
-    def describe(self):
-        return self.source
 
 
 @dataclasses.dataclass(frozen=True)

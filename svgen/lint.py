@@ -19,7 +19,9 @@ from typing import Callable, Iterator
 import numpy as np
 
 from svgen import primitives
+from svgen.analysis import residuals
 from svgen.errors import locate
+from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
 from svgen.spec import IMPLICIT_PATTERN, MaskTerm, Spec
 
@@ -132,9 +134,6 @@ def _slower_than_dense(pattern) -> str | None:
     """Why the pattern's kernel would be slower than the same kernel on a dense mask (every
     tile visited, every block FULL), or None; estimated from its block kinds and the
     full-block operations of its BOUNDARY blocks' masks (svgen.analysis.residuals)."""
-    from svgen.analysis import residuals  # the analysis imports this module's callers
-    from svgen.runtime.kinds import TileKind
-
     kinds, compute, grid = pattern.compute_kinds, pattern.compute_grid, pattern.grid
     area = compute.block_q * compute.block_kv / (512 * 512)
     boundary = kinds == TileKind.BOUNDARY

@@ -309,7 +309,7 @@ def _prune(poly: Polynomial, sizes) -> Polynomial:
         empty = False
         for factor in _factors(term, sizes):
             if any(c[0] == "expr" for c in _factor_constraints(factor)):
-                empty = empty or _factor_total(factor) == 0
+                empty = empty or _factor_table(factor).total == 0
         if not empty:
             out[term] = coef
     return out
@@ -338,19 +338,16 @@ def _factor_size(factor: tuple) -> int:
     return factor[4] * factor[5] if factor[0] == "p" else factor[2]
 
 
-def _factor_prefix(factor: tuple):
-    """The factor's prefix-sum table, or for a place relation of the place difference only,
-    its `_Differences` (no [places, places] table)."""
+def _factor_table(factor: tuple) -> "_Table | _Differences":
+    """How the factor's pairs are counted: its prefix-sum table, or for a place relation of
+    the place difference only, its `_Differences` (no [places, places] table); both answer
+    `count`, `total` and `reach`."""
     if factor[0] == "p":
         differences = _place_differences(*factor[1:])
-        return differences if differences is not None else _place_prefix(*factor[1:])
-    return _prefix(factor[1], factor[2])
-
-
-def _factor_total(factor: tuple) -> int:
-    """Pairs of the factor's relation over its whole axis."""
-    table = _factor_prefix(factor)
-    return table.total if isinstance(table, _Differences) else int(table[-1])
+        if differences is not None:
+            return differences
+        return _Table(_factor_size(factor), _place_prefix(*factor[1:]))
+    return _Table(factor[2], _prefix(factor[1], factor[2]))
 
 
 def _factor_ranges(factor: tuple, lo: dict, hi: dict):
@@ -430,17 +427,22 @@ class _Differences:
     prefix sums over the differences, O(1) each (see `count`)."""
 
     n: int
-    kept: np.ndarray  # bool [2n - 1]: g(delta) at delta = index - (n - 1)
-    # ones[t + n + 1] = G(t) = sum of g(delta) for delta <= t, t in [-n - 1, n - 1]; twice[...]
-    # = GG(t) = sum of G(u) for u <= t (both int64).
-    ones: np.ndarray
+    # twice[t + n + 1] = GG(t) = sum of G(u) for u <= t, t in [-n - 1, n - 1], where G(u) is
+    # the sum of g(delta) for delta <= u (int64).
     twice: np.ndarray
+    # The least and greatest difference g keeps (None when it keeps none): `reach`.
+    kept_from: int | None
+    kept_to: int | None
 
     @classmethod
     def of(cls, kept: np.ndarray) -> "_Differences":
+        """From g as bool [2n - 1], g(delta) at index delta + n - 1."""
         n = (kept.size + 1) // 2
-        ones = np.concatenate([[0, 0], np.cumsum(kept, dtype=np.int64)])  # t = -n - 1 .. n - 1
-        return cls(n, kept, ones, np.cumsum(ones))
+        ones = np.concatenate([[0, 0], np.cumsum(kept, dtype=np.int64)])  # G, t = -n - 1 ..
+        deltas = np.flatnonzero(kept) - (n - 1)
+        if deltas.size == 0:
+            return cls(n, np.cumsum(ones), None, None)
+        return cls(n, np.cumsum(ones), int(deltas.min()), int(deltas.max()))
 
     def _gg(self, t):
         return self.twice[np.asarray(t) + self.n + 1]
@@ -461,10 +463,39 @@ class _Differences:
 
     def reach(self, lo, hi):
         """A superset of the keys some query in [lo, hi] keeps: [lo - max d, hi - min d]."""
-        deltas = np.flatnonzero(self.kept) - (self.n - 1)
-        if deltas.size == 0:
+        if self.kept_from is None:
             return np.full(np.shape(lo), self.n), np.full(np.shape(lo), -1)
-        return np.maximum(lo - deltas.max(), 0), np.minimum(hi - deltas.min(), self.n - 1)
+        return np.maximum(lo - self.kept_to, 0), np.minimum(hi - self.kept_from, self.n - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Table:
+    """A relation on n values through its prefix sums (`_prefix_of`): the same questions as
+    `_Differences`, from the [n + 1, n + 1] table."""
+
+    n: int
+    prefix: np.ndarray  # int32 [(n + 1) * (n + 1)], flat
+
+    def count(self, q_lo, q_hi, k_lo, k_hi) -> np.ndarray:
+        return _rect(self.prefix, self.n, q_lo, q_hi, k_lo, k_hi)
+
+    @property
+    def total(self) -> int:
+        return int(self.prefix[-1])
+
+    def reach(self, lo: np.ndarray, hi: np.ndarray):
+        """Per query range [lo, hi]: the first and last key value some query in it keeps
+        (first > last when none)."""
+        n = self.n
+        PRODUCT_WORK.charge(lo.size * n)  # a [boxes, n] array per term and axis
+        table = self.prefix.reshape(n + 1, n + 1)
+        # reach[b, x_k] = number of x_q in [lo, hi] related to x_k, from column differences.
+        column = table[:, 1:] - table[:, :-1]
+        reach = column[hi + 1] - column[lo]
+        some = reach > 0
+        first = np.where(some.any(axis=1), np.argmax(some, axis=1), n)
+        last = np.where(some.any(axis=1), n - 1 - np.argmax(some[:, ::-1], axis=1), -1)
+        return first, last
 
 
 _DIFFERENCE = sympy.Symbol("place_difference", integer=True)
@@ -579,19 +610,7 @@ def _tile_boxes(layout: TokenLayout, block: int) -> _Boxes:
 def _axis_hull(factor: tuple, lo: np.ndarray, hi: np.ndarray):
     """Per query range [lo, hi]: the first and last key value the factor's relation allows
     from some query in it (first > last when none)."""
-    n = _factor_size(factor)
-    differences = _factor_prefix(factor)
-    if isinstance(differences, _Differences):
-        return differences.reach(lo, hi)
-    PRODUCT_WORK.charge(lo.size * n)  # a [boxes, n] array per term and axis
-    table = differences.reshape(n + 1, n + 1)
-    # reach[b, x_k] = number of x_q in [lo, hi] related to x_k, from column differences.
-    column = table[:, 1:] - table[:, :-1]
-    reach = column[hi + 1] - column[lo]
-    some = reach > 0
-    first = np.where(some.any(axis=1), np.argmax(some, axis=1), n)
-    last = np.where(some.any(axis=1), n - 1 - np.argmax(some[:, ::-1], axis=1), -1)
-    return first, last
+    return _factor_table(factor).reach(lo, hi)
 
 
 def _reached_keys(layout: TokenLayout, term: Term, boxes: _Boxes, which: np.ndarray):
@@ -793,10 +812,7 @@ def _factor_counts(factor: tuple, q_lo, q_hi, k_lo, k_hi) -> np.ndarray:
     """Pairs of one factor's relation in each [q_lo, q_hi] x [k_lo, k_hi]."""
     if not _factor_constraints(factor):  # every pair
         return (q_hi - q_lo + 1) * (k_hi - k_lo + 1)
-    table = _factor_prefix(factor)
-    if isinstance(table, _Differences):
-        return table.count(q_lo, q_hi, k_lo, k_hi)
-    return _rect(table, _factor_size(factor), q_lo, q_hi, k_lo, k_hi)
+    return _factor_table(factor).count(q_lo, q_hi, k_lo, k_hi)
 
 
 @dataclasses.dataclass(frozen=True)

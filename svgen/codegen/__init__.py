@@ -153,7 +153,7 @@ def _variants_entry(
         files[entry["variants_file"]] = data
     else:
         entry["inline_variants"] = _format_variants(runs, words)
-    names = [f"{prefix}residual_mask_{j}" for j in range(1, len(found.variants) + 1)]
+    names = [_residual_name(prefix, j) for j in range(1, len(found.variants) + 1)]
     one_line = f"        residual_masks={pyformat.literal_tuple(names)},"
     if len(one_line) <= pyformat.LINE_LENGTH:
         entry["residual_masks_lines"] = [one_line]
@@ -167,7 +167,7 @@ def _variants_entry(
         source = emit_mask(variant.mask, pattern.layout)
         entry["residuals"].append(
             {
-                "name": f"{prefix}residual_mask_{j}",
+                "name": _residual_name(prefix, j),
                 "words": variant.mask.describe(),
                 "blocks": _int(variant.blocks),
                 "ops": variant.ops,
@@ -397,8 +397,9 @@ def _int(n: int) -> str:
     return f"{n:,}"
 
 
-def _residual_lines(pattern) -> list[str]:
-    """The docstring's account of a pattern's residual masks (svgen.analysis.residuals)."""
+def _residual_lines(pattern, names: list[str]) -> list[str]:
+    """The docstring's account of a pattern's residual masks (svgen.analysis.residuals),
+    `names` their functions in the module."""
     found = pattern.residuals
     if found is None:
         return []
@@ -409,13 +410,19 @@ def _residual_lines(pattern) -> list[str]:
         f"of {len(found.variants)} (the rest the whole mask, ~{found.mask_ops} full-block "
         f"operations):"
     ]
-    for j, v in enumerate(found.variants, 1):
-        lines.append(f"    {j}. residual_mask_{j}, {_int(v.blocks)} blocks, ~{v.ops} operations")
+    for j, (v, name) in enumerate(zip(found.variants, names), 1):
+        ops = f"~{v.ops} operation" + ("" if v.ops == 1 else "s")
+        lines.append(f"    {j}. {name}, {_int(v.blocks)} blocks, {ops}")
     return lines
 
 
-def _pattern_lines(pattern) -> list[str]:
-    """Docstring lines of one pattern: counts, density, visited fraction."""
+def _residual_name(prefix: str, j: int) -> str:
+    return f"{prefix}residual_mask_{j}"
+
+
+def _pattern_lines(pattern, residual_names: list[str]) -> list[str]:
+    """Docstring lines of one pattern: counts, density, residual masks (named by
+    `residual_names`), visited fraction."""
     layout, grid, c = pattern.layout, pattern.grid, pattern.classification
     counts = pattern.tile_counts()
     if c.density_is_exact:
@@ -453,7 +460,7 @@ def _pattern_lines(pattern) -> list[str]:
     lines += [
         f"Kept pairs{' (aligned mask)' if pattern.budget else ''}: {density}",
         *_budget_lines(pattern.budget),
-        *_residual_lines(pattern),
+        *_residual_lines(pattern, residual_names),
         f"Visited fraction: {pattern.visited_fraction:.4f} of tiles "
         f"({_int(pattern.table.visited_steps)} steps doing work per head)",
     ]
@@ -649,7 +656,7 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
                 index=index,
                 name=pattern.name,
                 words=pattern.mask.describe(),
-                lines=_pattern_lines(pattern),
+                lines=_pattern_lines(pattern, [r["name"] for r in files["residuals"]]),
                 tile_map=render_tile_map(pattern.kinds),
                 layout_args=_layout_args(pattern.layout),
                 num_runs=_int(len(pattern.table.runs)),

@@ -70,16 +70,18 @@ def _split(runs, slots: int) -> tuple[np.ndarray, np.ndarray]:
     return np.stack([runs[run, 0], start, length, runs[run, 3], runs[run, 4]], axis=1), run
 
 
-def blocks_dtype(compute_blocks: int):
-    """The smallest integer type holding 2 bits per compute block (read back masked)."""
-    bits = BITS_PER_BLOCK * compute_blocks
+def blocks_dtype(compute_blocks: int, bits_per_block: int = BITS_PER_BLOCK):
+    """The smallest integer type holding `bits_per_block` bits per compute block (a blocks
+    word's kinds; with VARIANT_BITS, a variants word), read back masked."""
+    bits = bits_per_block * compute_blocks
     return np.int8 if bits <= 8 else np.int16 if bits <= 16 else np.int32
 
 
-def variants_dtype(compute_blocks: int):
-    """The smallest integer type holding VARIANT_BITS per compute block."""
-    bits = VARIANT_BITS * compute_blocks
-    return np.int8 if bits <= 8 else np.int16 if bits <= 16 else np.int32
+def _packed_words(words: np.ndarray, dtype) -> np.ndarray:
+    """Words in the signed `dtype`, keeping their low bits (wrapping into the sign bit); the
+    kernel masks the sign extension away when it reads them back."""
+    signed = np.dtype(dtype)
+    return np.asarray(words).astype(f"u{signed.itemsize}").view(signed)
 
 
 def step_head_dtype(heads: int):
@@ -153,10 +155,7 @@ class PieceTables:
         lengths = allp[:, 2].astype(np.int8 if slots < 128 else np.int16) if slots > 1 else None
         blocks = None
         if compute_blocks > 1:
-            # Keep the low bits (wrapping into the sign bit); the kernel masks the sign
-            # extension away when it reads them back.
-            signed = np.dtype(blocks_dtype(compute_blocks))
-            blocks = allp[:, 4].astype(f"u{signed.itemsize}").view(signed)
+            blocks = _packed_words(allp[:, 4], blocks_dtype(compute_blocks))
         variants = None
         if variants_per_pattern is not None and any(v is not None for v in variants_per_pattern):
             words = np.concatenate(
@@ -165,8 +164,7 @@ class PieceTables:
                     for (_, run), v in zip(split, variants_per_pattern)
                 ]
             )
-            signed = np.dtype(variants_dtype(compute_blocks))
-            variants = words.astype(f"u{signed.itemsize}").view(signed)
+            variants = _packed_words(words, blocks_dtype(compute_blocks, VARIANT_BITS))
         return cls(first, counts, entries, lengths, blocks, slots, flat, variants)
 
     @property
