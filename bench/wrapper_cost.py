@@ -155,7 +155,7 @@ def _module(text: str, name: str):
 
 def _wrapper_bytes(module, traced: bool, token_order: str) -> float:
     """Bytes XLA's cost analysis gives for the wrapper alone on v6e."""
-    real = kernel._flat_attention
+    real = kernel.flat_attention
 
     def stand_in(q, k, v, *args, **kwargs):
         # The kernel's HBM footprint: q, k and v read once, o written once. All three operands
@@ -164,7 +164,7 @@ def _wrapper_bytes(module, traced: bool, token_order: str) -> float:
         q, k, v = lax.optimization_barrier((q, k, v))
         return q + k + v
 
-    kernel._flat_attention = stand_in
+    kernel.flat_attention = stand_in
     try:
         sharding = tpu_schedule.tpu_sharding("v6e")
         arg = jax.ShapeDtypeStruct(
@@ -182,7 +182,7 @@ def _wrapper_bytes(module, traced: bool, token_order: str) -> float:
             lowered = jax.jit(lambda q, k, v: call(q, k, v)).lower(arg, arg, arg)
         analysis = lowered.compile().cost_analysis()
     finally:
-        kernel._flat_attention = real
+        kernel.flat_attention = real
     if isinstance(analysis, list):
         analysis = analysis[0]
     return float(analysis["bytes accessed"])

@@ -3,7 +3,7 @@
 The TPU TensorCore issues one VLIW bundle per cycle, in order. libtpu compiles the kernel for
 the target on this host (no TPU needed) and dumps its final schedule; `svgen.tpu_schedule`
 counts the bundles along each control-flow path of one grid step. The kernel's phases are
-`pl.when` branches in a fixed order (see `svgen.runtime.kernel`), inside the pipeline's
+`pl.when` branches in a fixed order (see `svgen.runtime.forward`), inside the pipeline's
 per-step branch:
 
     init, full, mixed[pattern 0], ..., mixed[pattern P-1], finalize
@@ -156,7 +156,7 @@ def read_paths(
     block's branch then holds one branch per variant, the whole mask's first.
     segmented: the kernel reads run-time tables, so every BOUNDARY tile of one compute
     block has a SEGMENT_BOUNDARY twin (a phase of its own) and every compute block of a
-    BOUNDARY tile a third branch (svgen.runtime.kernel). padded_column: the kernel reads a
+    BOUNDARY tile a third branch (svgen.runtime.forward). padded_column: the kernel reads a
     selection's tables (svgen.runtime.select) and this block column of a tile can hold
     padding keys: each of its blocks (q_blocks_per_tile of them) has a third branch, PADDED
     (with one compute block per tile: a phase of its own after the mixed ones).
@@ -684,13 +684,28 @@ def _cache_key(
     import jax
     import jaxlib
 
-    from svgen.runtime import backward, chunks, coords, kernel, layout, ring, segments, select
+    from svgen.runtime import (
+        backward,
+        calls,
+        chunks,
+        coords,
+        cube,
+        forward,
+        kernel,
+        layout,
+        ring,
+        segments,
+        select,
+        softmax,
+        steps,
+    )
 
-    # The kernel bodies, the coordinate decoding and the run-time maps they trace (and the
-    # selection programs measure_select_policy counts).
+    # The kernel bodies and the wrapper around them, the step reader, the coordinate
+    # decoding and the run-time maps they trace (and the selection programs
+    # measure_select_policy counts).
+    sources = (forward, steps, cube, softmax, kernel, calls, coords, layout, backward)
     kernel_source = b"".join(
-        pathlib.Path(m.__file__).read_bytes()
-        for m in (kernel, coords, layout, backward, segments, chunks, ring, select)
+        pathlib.Path(m.__file__).read_bytes() for m in sources + (segments, chunks, ring, select)
     )
     text = json.dumps(
         [

@@ -74,7 +74,7 @@ SPEC_VERSION = 1
 LAYOUTS = (FRAME_MAJOR, TEMPORAL_MAJOR)  # the `layout:` names; tiled is {tiled: {...}}
 DTYPES = ("bfloat16", "float32")
 #: attention.softmax: the online softmax (a running row max), or a bound of each row's scores
-#: from the norms of q and k where it is small enough, online elsewhere (svgen.runtime.kernel).
+#: from the norms of q and k where it is small enough, online elsewhere (svgen.runtime.forward).
 SOFTMAX_MODES = ("online", "bounded")
 HEAD_DIMS = (64, 128, 256)
 #: How `tiling.align` rounds the mask to whole compute blocks (svgen.analysis.align says how

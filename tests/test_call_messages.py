@@ -16,7 +16,7 @@ import pytest
 
 from svgen import libtpu_env
 from svgen import spec as spec_reader
-from svgen.runtime import gpu, kernel
+from svgen.runtime import calls, gpu
 
 from conftest import REPO, import_file, unprepared_environment
 
@@ -47,8 +47,8 @@ def _zeros(shape, dtype):
 
 def test_spec_and_runtime_agree_on_the_dtypes_a_spec_names():
     # The advice of a dtype mismatch names what the spec reader accepts.
-    assert kernel.SPEC_DTYPES == tuple(sorted(spec_reader.DTYPES))
-    assert set(kernel.SPEC_DTYPES) <= set(gpu.DTYPES)
+    assert calls.SPEC_DTYPES == tuple(sorted(spec_reader.DTYPES))
+    assert set(calls.SPEC_DTYPES) <= set(gpu.DTYPES)
 
 
 def test_shipped_module_attention_has_a_docstring():
@@ -149,7 +149,7 @@ def test_meaningless_sm_scale_is_refused(modules, backend, sm_scale, error, word
 @pytest.mark.parametrize("sm_scale", [None, 0.125, 1, np.float32(0.125), jnp.asarray(0.125)])
 def test_real_sm_scales_are_taken(sm_scale):
     expected = 1 / np.sqrt(128) if sm_scale is None else 0.125 if sm_scale != 1 else 1.0
-    assert kernel.checked_sm_scale(sm_scale, 128) == pytest.approx(expected)
+    assert calls.checked_sm_scale(sm_scale, 128) == pytest.approx(expected)
 
 
 IMPORT_AND_START_JAX = """

@@ -65,8 +65,8 @@ COST_AT_ONE_MIB = textwrap.dedent(
     """
     import sys
     from svgen import cli
-    from svgen.runtime import kernel
-    kernel._vmem_limit = lambda *args, **kwargs: 1 << 20
+    from svgen.runtime import forward
+    forward._vmem_limit = lambda *args, **kwargs: 1 << 20
     sys.exit(cli.main(["cost", sys.argv[1], "--no-cache"]))
     """
 )

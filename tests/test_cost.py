@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from svgen.cost import PathCosts, model_cycles
-from svgen.runtime.kernel import PieceTables
+from svgen.runtime.tables import PieceTables
 from svgen.runtime.kinds import TileKind
 
 SMALL = """svgen: 1

@@ -138,7 +138,7 @@ def test_full_tile_past_the_end_masks_padding_keys():
     """Hand-made tables with a FULL compute block holding padding keys (the compiler makes
     such blocks BOUNDARY; the kernel must not rely on it): its padding keys are still never
     attended, and its mask is never evaluated (this one would keep nothing)."""
-    from svgen.runtime.kernel import Pattern
+    from svgen.runtime.tables import Pattern
     from svgen.runtime.layout import TokenLayout
     from svgen.runtime.tables import KernelShape
 

@@ -70,3 +70,52 @@ def test_compiling_specs_never_imports_pallas():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
+
+
+def _module_names() -> dict[str, object]:
+    """svgen's modules by dotted name (a package by its own name) -> path."""
+    names = {}
+    for path in (REPO / "svgen").rglob("*.py"):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def import_graph():
+    """Who imports whom among svgen's modules: every import statement, the ones inside
+    functions too (a deferred import is still a dependency, and the way a circle hides).
+    `from package import name` is an edge to the module `package.name` where there is one,
+    else to the package."""
+    import networkx as nx
+
+    names = _module_names()
+    graph = nx.DiGraph()
+    for name, path in names.items():
+        graph.add_node(name)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in names else node.module
+                    for a in node.names
+                ]
+            else:
+                continue
+            graph.add_edges_from((name, t) for t in targets if t in names and t != name)
+    return graph
+
+
+def test_no_import_circle():
+    import networkx as nx
+
+    circles = sorted(sorted(c) for c in nx.simple_cycles(import_graph()))
+    assert circles == [], f"import circles: {circles}"
+
+
+def test_import_graph_sees_deferred_imports():
+    """The graph the circle test reads has the edges it must see: a deferred import inside a
+    function (svgen.cost imports the runtime there) and `from package import module`."""
+    graph = import_graph()
+    assert graph.has_edge("svgen.cost", "svgen.runtime.forward")
+    assert graph.has_edge("svgen.runtime.kernel", "svgen.runtime.backward")

@@ -13,7 +13,7 @@ from svgen.analysis.tables import (
     tile_kinds,
 )
 from svgen.errors import SpecError
-from svgen.runtime.kernel import (
+from svgen.runtime.tables import (
     KIND_MASK,
     KV_BLOCK_MASK,
     KV_BLOCK_SHIFT,
@@ -224,7 +224,7 @@ def test_reported_table_bytes_are_the_scalar_prefetch_operands_bytes(slots, flat
     scalar-prefetch operands hold (per head, per step when flat, and the pieces)."""
     import jax.numpy as jnp
 
-    from svgen.runtime.kernel import _head_operands
+    from svgen.runtime.steps import head_operands
 
     rng = np.random.default_rng(slots)
     runs = []
@@ -233,7 +233,7 @@ def test_reported_table_bytes_are_the_scalar_prefetch_operands_bytes(slots, flat
         runs.append(runs_of(kinds, TileGrid(nq * nk * 128, nk * 128, nq * 128)))
     tables = PieceTables.from_runs(runs, slots, compute_blocks=4, flat=flat)
     head_pattern = np.array([0, 1, 1, 0, 1])
-    operands, _ = _head_operands(tables, jnp.asarray(head_pattern), head_pattern)
+    operands, _ = head_operands(tables, jnp.asarray(head_pattern), head_pattern)
     actual = sum(int(np.asarray(x).nbytes) for x in operands) + sum(
         t.nbytes for t in tables.piece_operands()
     )

@@ -583,7 +583,7 @@ def _kv_cache_error(spec: Spec, message: str) -> SpecError:
 
 def query_coordinate_bound(mask: ir.Node) -> int:
     """At most how many query coordinates the mask's generated code reads (the kernel keeps
-    each in VMEM, see svgen.runtime.kernel): one per query symbol of its predicate, is_text
+    each in VMEM, see svgen.runtime.forward): one per query symbol of its predicate, is_text
     twice (as bool and as int), and `place` when both rows and columns are read."""
     names = {s.name for s in mask.predicate().free_symbols if s.name.endswith("_q")}
     return len(names) + ("is_text_q" in names) + ({"h_q", "w_q"} <= names)

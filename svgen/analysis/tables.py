@@ -1,6 +1,6 @@
 """Block tables for the kernel: the visited tiles of each q tile, as runs and as SMEM pieces.
 
-Classification happens at the compute-block granularity (see `svgen.runtime.kernel`: a tile
+Classification happens at the compute-block granularity (see `svgen.runtime.forward`: a tile
 is cut into compute blocks). Here compute-block kinds become kernel kinds:
   * a FULL compute block holding the end of the sequence's keys (the sequence does not fill
     it) runs as BOUNDARY: its padding keys must be masked out (the boundary mask always drops

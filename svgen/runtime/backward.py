@@ -32,14 +32,19 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from svgen.runtime import chunks
-from svgen.runtime import kernel as fwd
 from svgen.runtime.coords import QueryCoords, TokenCoords
 from svgen.runtime.interpret import settled
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.refine import SEGMENT_BOUNDARY
 from svgen.runtime.segments import block_shifts, same_segment
+from svgen.runtime.softmax import LOG2_E
+from svgen.runtime.steps import EXACT_GRID, Block, StepView, grid_step, head_operands, lanes
 from svgen.runtime.video_frames import ShiftedFrames
 from svgen.runtime.tables import (  # noqa: F401
+    KIND_MASK,
+    LANES,
+    KernelShape,
+    PieceTables,
     compute_block_kinds,
     runs_of_blocks,
     transposed_runs,
@@ -68,7 +73,7 @@ def _dot(a, b, contract_a: int, contract_b: int):
 def _walk(
     kernel_body,
     *,
-    tables: fwd.PieceTables,
+    tables: PieceTables,
     head_pattern,
     static_pattern,
     shape,
@@ -96,10 +101,10 @@ def _walk(
     if chunk is not None:
         chunk_call, q_first, exact = chunk
         operands = chunk_call.scalar_operands(head_pattern) + (q_first,)
-        steps, single = chunk_call.steps, fwd.EXACT_GRID if exact else None
+        steps, single = chunk_call.steps, EXACT_GRID if exact else None
     elif call is None:
-        head_operands, steps = fwd._head_operands(tables, head_pattern, static_pattern)
-        operands = head_operands + tuple(jnp.asarray(t) for t in tables.piece_operands())
+        per_head, steps = head_operands(tables, head_pattern, static_pattern)
+        operands = per_head + tuple(jnp.asarray(t) for t in tables.piece_operands())
         single = tables.max_pieces if tables.num_pieces.size == 1 else None
     else:
         operands = call.scalar_operands(head_pattern)
@@ -108,9 +113,7 @@ def _walk(
     per_row = call is not None or chunk is not None
 
     def view(outer, step, refs):
-        return fwd._StepView(
-            refs, heads, outer, step, single, has_lengths, has_blocks, flat, per_row
-        )
+        return StepView(refs, heads, outer, step, single, has_lengths, has_blocks, flat, per_row)
 
     def spec(kind: str, d: int, height: int = 1):
         if kind == "any":  # left in HBM: the kernel moves it with its own DMAs
@@ -190,7 +193,7 @@ def _run_blocks(view, kind, active, blocks, shape, masks, update, segments: bool
                 return
             word = view.blocks
             for block in blocks:
-                block_kind = lax.shift_right_logical(word, block.bit) & fwd.KIND_MASK
+                block_kind = lax.shift_right_logical(word, block.bit) & KIND_MASK
                 pl.when(block_kind == TileKind.FULL)(functools.partial(update, block, None))
                 pl.when(block_kind == TileKind.BOUNDARY)(functools.partial(update, block, mask))
                 if segments:
@@ -224,11 +227,11 @@ def _dq_kernel(
     ]
     dq_ref = refs[num_tables + num_inputs]
     acc, lse_col, d_col = refs[num_tables + num_inputs + 1 :]
-    view, kind, q_tile, kv_tile, active, is_first, is_last = fwd.grid_step(
+    view, kind, q_tile, kv_tile, active, is_first, is_last = grid_step(
         refs[:num_tables], heads, single, has_lengths, has_blocks, flat, per_row
     )
     blocks = [
-        fwd._Block(qi, ki, shape)
+        Block(qi, ki, shape)
         for qi in range(shape.q_blocks_per_tile)
         for ki in range(shape.kv_blocks_per_tile)
     ]
@@ -243,14 +246,14 @@ def _dq_kernel(
     def update(block, pattern, segmented=False):
         q, do = q_ref[block.rows, :], do_ref[block.rows, :]
         k, v = k_ref[block.cols, :], v_ref[block.cols, :]
-        p = jnp.exp2(_dot(q, k, 1, 1) - fwd._lanes(lse_col[block.rows, :], shape.ckv))
+        p = jnp.exp2(_dot(q, k, 1, 1) - lanes(lse_col[block.rows, :], shape.ckv))
         if pattern is not None:
             shifts = block_shifts(id_refs, block.rows, block.cols) if segmented else None
             keep = _keep(pattern, q_tile, kv_tile, block, shape, shifts)
             if segmented:  # the block spans run-time segments: only pairs of one segment
                 keep = keep & same_segment(id_refs, block.rows, block.cols)
             p = jnp.where(keep, p, 0.0)
-        ds = p * (_dot(do, v, 1, 1) - fwd._lanes(d_col[block.rows, :], shape.ckv))
+        ds = p * (_dot(do, v, 1, 1) - lanes(d_col[block.rows, :], shape.ckv))
         acc[block.rows, :] += _dot(ds.astype(k.dtype), k, 1, 0)
 
     _run_blocks(view, kind, active, blocks, shape, patterns, update, segments=bool(id_refs))
@@ -300,7 +303,7 @@ def _dkv_kernel(
         dq_hbm, dk_acc, dv_acc, dq_step, dq_buf, dq_sems = outs[2:]
     else:
         dk_acc, dv_acc = outs[2:]
-    view, kind, kv_tile, q_tile, active, is_first, is_last = fwd.grid_step(
+    view, kind, kv_tile, q_tile, active, is_first, is_last = grid_step(
         refs[:num_tables], heads, single, has_lengths, has_blocks, flat, per_row
     )
     q_first = refs[num_tables - 1][view.row] if chunked else None
@@ -311,7 +314,7 @@ def _dkv_kernel(
             chunks.slot_keys, sink=sink, scalars=refs[num_tables - 1], rows=rows, row=view.row
         )
     blocks = [
-        fwd._Block(ki, qi, shape)
+        Block(ki, qi, shape)
         for ki in range(shape.q_blocks_per_tile)
         for qi in range(shape.kv_blocks_per_tile)
     ]
@@ -364,7 +367,7 @@ def _dkv_kernel(
     @pl.when(is_last)
     def _():
         # q arrived scaled by sm_scale * log2(e): dk = ds^T q * sm_scale.
-        dk_ref[...] = (dk_acc[...] * (1.0 / fwd.LOG2_E)).astype(dk_ref.dtype)
+        dk_ref[...] = (dk_acc[...] * (1.0 / LOG2_E)).astype(dk_ref.dtype)
         dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
 
 
@@ -407,10 +410,10 @@ def backward(
     head_pattern,
     static_pattern,
     *,
-    forward_tables: fwd.PieceTables,
-    dkv_tables: fwd.PieceTables,
+    forward_tables: PieceTables,
+    dkv_tables: PieceTables,
     patterns,
-    shape: fwd.KernelShape,
+    shape: KernelShape,
     sm_scale: float,
     interpret,
     fused_dq: bool | None = None,
@@ -476,8 +479,8 @@ def backward(
         outputs=(qp,),
         scratch=[
             pltpu.VMEM((shape.block_q, d), jnp.float32),
-            pltpu.VMEM((shape.block_q, fwd.LANES), jnp.float32),
-            pltpu.VMEM((shape.block_q, fwd.LANES), jnp.float32),
+            pltpu.VMEM((shape.block_q, LANES), jnp.float32),
+            pltpu.VMEM((shape.block_q, LANES), jnp.float32),
         ],
         name="svgen_attention_dq",
         **common,

@@ -1,5 +1,5 @@
 """Block-sparse flash attention on GPU: a hand-written Pallas Triton forward kernel over the
-same per-pattern runs as the TPU kernel (svgen.runtime.kernel).
+same per-pattern runs as the TPU kernel (svgen.runtime.forward).
 
 A generated module's `_PATTERNS` (runs, layout, boundary_mask, query_coords) and `SHAPE` are
 everything this backend needs: `gpu_attention_of(module)` or `make_gpu_attention(patterns,
@@ -86,20 +86,18 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from svgen.runtime.coords import TokenCoords
-from svgen.runtime.kernel import (
-    LOG2_E,
-    MASK_VALUE,
-    Pattern,
-    _check_dtypes,
-    _check_operands,
-    poison_unknown_patterns,
-    resolve_head_pattern,
-    _per_head_layout,
+from svgen.runtime.calls import (
     attention_doc,
+    check_dtypes,
+    check_operands,
     check_order_operand,
     check_token_order,
     checked_sm_scale,
+    per_head_layout,
+    poison_unknown_patterns,
+    resolve_head_pattern,
 )
+from svgen.runtime.softmax import LOG2_E, MASK_VALUE
 from svgen.runtime import chunks, segments
 from svgen.runtime import select as select_policy
 from svgen.runtime.kinds import TileKind
@@ -107,7 +105,7 @@ from svgen.runtime.layout import TokenLayout
 from svgen.runtime.segments import KEY_PADDING_ID, QUERY_PADDING_ID
 from svgen.runtime.video_frames import ShiftedFrames
 from svgen.runtime.gpu_tables import GpuTables, gpu_tile_kinds  # noqa: F401  (re-exported)
-from svgen.runtime.tables import KIND_MASK, KV_BLOCK_SHIFT, KernelShape
+from svgen.runtime.tables import KIND_MASK, KV_BLOCK_SHIFT, KernelShape, Pattern
 
 DTYPES = ("float32", "bfloat16", "float16")
 # How to get a kernel for a dtype that no spec names (a spec's attention.dtype is float32 or
@@ -485,7 +483,7 @@ def make_gpu_attention(
                 "q_frame_offset: this module was compiled without `runtime: {kv_cache: "
                 "{chunk_frames: C}}` in its spec; add it and run svgen compile again"
             )
-        _check_dtypes(q, k, v, dtype, rebuild=_REBUILD)
+        check_dtypes(q, k, v, dtype, rebuild=_REBUILD)
         if jnp.dtype(q.dtype).name not in DTYPES:
             raise TypeError(f"GPU kernels run {', '.join(DTYPES)}; got q, k, v of {q.dtype}")
         chunks.check_chunk_operands(q, k, v, kv_cache, shape.seq_len, shape.head_dim)
@@ -540,7 +538,7 @@ def make_gpu_attention(
         amount = select_policy.call_amount(select, top_k, top_p)
         if q_frame_offset is not None:
             return chunked(q, k, v, q_frame_offset, head_pattern, interpret, sm_scale, token_order)
-        _check_operands(q, k, v, shape, dtype, rebuild=_REBUILD)
+        check_operands(q, k, v, shape, dtype, rebuild=_REBUILD)
         check_token_order(token_order)
         if jnp.dtype(q.dtype).name not in DTYPES:
             raise TypeError(f"GPU kernels run {', '.join(DTYPES)}; got q, k, v of {q.dtype}")
@@ -553,7 +551,7 @@ def make_gpu_attention(
 
         def to_kernel(x):
             if not in_kernel_order:
-                x = _per_head_layout(x, layouts, head_layout, to_kernel=True)
+                x = per_head_layout(x, layouts, head_layout, to_kernel=True)
             return x.reshape((-1,) + x.shape[-2:])
 
         qk, kk = to_kernel(q), to_kernel(k)
@@ -578,7 +576,7 @@ def make_gpu_attention(
         )
         out = out.reshape(lead + (shape.seq_len, shape.head_dim))
         if not in_kernel_order:
-            out = _per_head_layout(out, layouts, head_layout, to_kernel=False)
+            out = per_head_layout(out, layouts, head_layout, to_kernel=False)
         return poison_unknown_patterns(out, requested, len(patterns))
 
     def to_kernel_order(x, *, head_pattern=None, interpret=False):
@@ -586,13 +584,13 @@ def make_gpu_attention(
         (`interpret` is accepted for the TPU wrapper's signature; XLA moves the heads here)."""
         check_order_operand(x, shape)
         _, head_layout = head_layout_of(head_pattern, x.shape[-3])
-        return _per_head_layout(x, layouts, head_layout, to_kernel=True)
+        return per_head_layout(x, layouts, head_layout, to_kernel=True)
 
     def from_kernel_order(y, *, head_pattern=None, interpret=False):
         """The inverse of to_kernel_order."""
         check_order_operand(y, shape)
         _, head_layout = head_layout_of(head_pattern, y.shape[-3])
-        return _per_head_layout(y, layouts, head_layout, to_kernel=False)
+        return per_head_layout(y, layouts, head_layout, to_kernel=False)
 
     attention.__doc__ = attention_doc(
         shape,

@@ -4,7 +4,7 @@ Pallas's TPU interpreter (`interpret=pltpu.InterpretParams(...)`) simulates DMAs
 and clocks in io_callbacks that call back into JAX. Called eagerly, a pallas_call is
 dispatched asynchronously: while its callbacks run, the caller goes on dispatching its next
 eager ops, and the two can deadlock (seen with jax 0.10.2: the wrapper's `jnp.repeat` in
-`_head_operands` waiting while the permute kernel's callback waited in the interpreter's
+`steps.head_operands` waiting while the permute kernel's callback waited in the interpreter's
 clock update; about 1 run in 3 of an eager `attention` with a temporal-major head). Under
 `jax.jit` the whole call is one program and nothing is dispatched meanwhile.
 """

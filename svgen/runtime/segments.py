@@ -96,7 +96,7 @@ class CallTables(NamedTuple):
     steps: jax.Array  # int32 []
 
     def scalar_operands(self, head_pattern) -> tuple[jax.Array, ...]:
-        """The kernels' scalar-prefetch operands in their order (svgen.runtime.kernel):
+        """The kernels' scalar-prefetch operands in their order (svgen.runtime.steps):
         head_pattern, per-row first piece and count, entries[, lengths][, blocks]."""
         pieces = tuple(t for t in (self.entries, self.lengths, self.blocks) if t is not None)
         return (head_pattern, self.row_first_piece, self.row_num_pieces) + pieces

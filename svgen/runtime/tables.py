@@ -1,7 +1,8 @@
 """The kernels' table format, NumPy only: compiling a spec never imports Pallas.
 
-Runs, pieces and the SMEM tables of the forward kernel (`PieceTables`, see
-svgen.runtime.kernel for how the kernel reads them), the transposed tables of the backward
+What a generated module hands the kernels (`Pattern`: one candidate pattern's runs, layout
+and masks), runs, pieces and the SMEM tables of the forward kernel (`PieceTables`, see
+svgen.runtime.steps for how the kernels read them), the transposed tables of the backward
 pass's dk/dv kernel, the static sizes a kernel is specialized for (`KernelShape`), and the
 loading of runs a generated module keeps in a .npy file beside itself.
 """
@@ -11,11 +12,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import pathlib
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from svgen.runtime.kinds import TileKind
+from svgen.runtime.layout import TokenLayout
 
 SMEM_BUDGET = 1 << 20  # bytes: one TPU TensorCore's SMEM, as the compiler assumes
 Q_BLOCK_SHIFT = 17
@@ -32,8 +34,29 @@ LANES = 128
 RUN_COLUMNS = 5  # q_block, kv_start, length, kind, blocks
 
 
+# keep(q, k) -> bool array, from coordinates (coords.TokenCoords attributes)
+BoundaryMask = Callable[[object, object], object]
+
+
+@dataclasses.dataclass(frozen=True)
+class Pattern:
+    """One candidate pattern of a generated module."""
+
+    name: str
+    runs: object  # (q_block, kv_start, length, kind[, blocks]) rows
+    layout: TokenLayout
+    boundary_mask: BoundaryMask  # keep(q, k) from coordinates (coords.TokenCoords attributes)
+    query_coords: tuple[str, ...] = ()  # the attributes of q that boundary_mask reads
+    # runtime.per_video_frames: the superset and frame tree (svgen.runtime.video_frames)
+    video_frames: object = None
+    # Residual masks (svgen.analysis.residuals): variant j + 1 of a BOUNDARY compute block
+    # runs residual_masks[j]; run_variants holds per run its VARIANT_BITS per compute block.
+    residual_masks: tuple[BoundaryMask, ...] = ()
+    run_variants: object = None
+
+
 def pack_pieces(q_block: np.ndarray, kv_block: np.ndarray, kind: np.ndarray) -> np.ndarray:
-    """Packed int32 entries: q_block << 17 | kv_start << 2 | kind (svgen.runtime.kernel)."""
+    """Packed int32 entries: q_block << 17 | kv_start << 2 | kind (svgen.runtime.steps)."""
     q_block = np.asarray(q_block, dtype=np.int64)
     kv_block = np.asarray(kv_block, dtype=np.int64)
     kind = np.asarray(kind, dtype=np.int64)
@@ -211,7 +234,7 @@ class KernelShape:
     vmem_limit_bytes: int | None = None  # None: the compiler's default scoped limit
     tensor_cores: int = 1  # of the target chip: 2 keeps the per-head walk (see above)
     # The spec's `attention.softmax: bounded`: each q tile whose score bound is small enough
-    # runs without a running max (svgen.runtime.kernel, "bounded max"); the others online.
+    # runs without a running max (svgen.runtime.forward, "bounded max"); the others online.
     bounded_softmax: bool = False
 
     @property

@@ -1,4 +1,4 @@
-"""The VMEM one svgen kernel needs, by part (it mirrors `svgen.runtime.kernel`'s buffers).
+"""The VMEM one svgen kernel needs, by part (it mirrors `svgen.runtime.forward`'s buffers).
 
 The compiler checks it against the target's VMEM before generating anything (svgen.targets);
 the generated module asks for the limit derived from it; the runtime asks for more when it is
@@ -61,7 +61,7 @@ def kernel_vmem(
     dtype: str,
     query_coords: int = 0,
 ) -> VmemNeed:
-    """The VMEM the generated kernel needs (mirrors `svgen.runtime.kernel`'s buffers).
+    """The VMEM the generated kernel needs (mirrors `svgen.runtime.forward`'s buffers).
 
     `query_coords`: how many query coordinates a boundary mask reads (each kept
     lane-replicated, [block_q, 128] int32). The tests AOT-compile tilings across head dims,

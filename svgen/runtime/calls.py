@@ -1,0 +1,356 @@
+"""What every generated module's `attention` checks and says, TPU and GPU alike: its
+operands, head_pattern, sm_scale and token order, the moves between the user's and the
+kernel's token order, and its docstring.
+
+Other layouts (`layout_mover`)
+-------------------------------
+Where the heads use identity layouts and one temporal-major layout, the wrapper moves q, k, v
+into kernel order and o back with the permute kernel (svgen.runtime.permute: one read and one
+write of each tensor, frame-major heads copied whole, the head -> layout code traced); any
+other mix of layouts is permuted by XLA, layout by layout, selected per head.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from svgen.runtime import chunks, permute, segments
+from svgen.runtime import select as select_policy
+from svgen.runtime.layout import TokenLayout
+from svgen.runtime.tables import KernelShape
+
+# attention(..., token_order=...): q, k, v and o in the user's token order, or already in each
+# head's kernel order (what attention.to_kernel_order gives; nothing is permuted).
+TOKEN_ORDERS = ("user", "kernel")
+# What a spec's attention.dtype may name (svgen.spec.DTYPES: runtime/ never imports the spec
+# reader; a test checks that they agree), for the advice of a dtype mismatch.
+SPEC_DTYPES = ("bfloat16", "float32")
+
+
+def per_head_layout(x, layouts: list[TokenLayout], head_layout, to_kernel: bool):
+    """Apply each head's layout permutation to x [..., heads, seq, d]."""
+    move = (
+        (lambda lay, y: lay.to_kernel(y, jnp))
+        if to_kernel
+        else (lambda lay, y: lay.from_kernel(y, jnp))
+    )
+    if len(layouts) == 1:
+        return move(layouts[0], x)
+    out = move(layouts[0], x)
+    for index, lay in enumerate(layouts[1:], start=1):
+        out = jnp.where((head_layout == index)[:, None, None], move(lay, x), out)
+    return out
+
+
+def attention_doc(
+    shape: KernelShape,
+    dtype: str | None,
+    pattern_names: Sequence[str],
+    default_head_pattern: Sequence[int] | None,
+    *,
+    backend: str,
+    any_dtype: str = "any floating dtype",
+    runtime: segments.RuntimeInputs = segments.RuntimeInputs(),
+    text_tokens: int = 0,
+    kv_cache: "chunks.KvCache | None" = None,
+    select: "select_policy.Selection | None" = None,
+) -> str:
+    """The docstring of a generated module's `attention` (what `help(module.attention)`
+    shows), with this kernel's sizes, dtype and patterns written in. `any_dtype`: what q, k,
+    v may be when the kernel has no dtype of its own; `runtime`: its run-time inputs."""
+    n, d = shape.seq_len, shape.head_dim
+    dtypes = f"of dtype {dtype}" if dtype is not None else f"of {any_dtype}"
+    names = ", ".join(f"{i}: {name}" for i, name in enumerate(pattern_names))
+    if default_head_pattern is None:
+        default = "required: this kernel's patterns are chosen at run time (e.g. by profile())"
+    else:
+        default = f"the spec's assignment, HEAD_PATTERN = {tuple(default_head_pattern)}"
+    if backend == "TPU":
+        interpret = (
+            "True (or a pltpu.InterpretParams) runs the kernel in Pallas's TPU interpreter, on\n"
+            "    the CPU; False compiles it for the TPU."
+        )
+        grads = "Differentiable in q, k and v (jax.grad: svgen's backward kernels)."
+    else:
+        interpret = (
+            "True runs the kernel in Pallas's interpreter, on the CPU; False compiles it\n"
+            "    with Triton for the GPU."
+        )
+        grads = "Forward only: no gradient yet on GPU."
+    extra = "".join(f", {name}=None" for name in runtime.arguments())
+    if kv_cache is not None:
+        extra += ", q_frame_offset=None"
+    runtime_lines = ""
+    if runtime.segments:
+        runtime_lines += f"""segment_ids: int32 [{n}] or [batch, {n}], in the user's token order (may be traced):
+    only pairs of one id are kept, on top of the mask; a negative id marks a padding token
+    (it attends nothing and nothing attends it). None: every token in one segment.
+"""
+    if runtime.per_video_frames:
+        runtime_lines += """    Per-video frames: a video segment is whole frames, numbered from its own first
+    frame (first_frame and block_causal apply per video; text keeps frame 0); concrete
+    ids that cut a frame raise.
+"""
+    if runtime.text_lengths:
+        runtime_lines += f"""text_lengths: int32 [] or [batch] (may be traced): how many of the {text_tokens} text tokens
+    are real (counted from the first); the others are padding, never attended, their rows
+    zeros. Concrete values outside 0 .. {text_tokens} raise; traced ones are clamped to it.
+"""
+    if runtime.any:
+        runtime_lines += """    Each call refines the tables on the device (no host round trip, one compile for all
+    run-time values); jax.vmap gives each batch element its own.
+"""
+    if select is not None:
+        policy = select.policy
+        extra += f", {policy.rule}=None"
+        if policy.rule == "top_k":
+            amount = f"int [] (may be traced): kv blocks per compute block row (None: {int(policy.default)})"
+        else:
+            amount = (
+                f"float [] in 0 .. 1 (may be traced): the mass to reach (None: {policy.default})"
+            )
+        runtime_lines += f"""{policy.rule}: {amount}, clamped to
+    {policy.min_blocks} .. {policy.max_blocks}. Each call scores the candidate region's compute blocks
+    ({shape.cq} x {shape.ckv} tokens) by mean-pooled q . k and attends the chosen ones whole, on
+    top of the mask (svgen.runtime.select); a NaN or +inf score always selects its block. One
+    compile for every value; gradients hold the selection fixed.
+"""
+    if kv_cache is not None and kv_cache.rolling:
+        c, rows, s, w = (
+            kv_cache.chunk_frames,
+            kv_cache.rows,
+            kv_cache.sink_frames,
+            kv_cache.window_frames,
+        )
+        runtime_lines += f"""q_frame_offset: int32 [] (may be traced), a multiple of {c} in 0 .. {kv_cache.frames - c}: a chunked call
+    (rolling KV cache). q is then [heads, {rows}, {d}] or [batch, heads, {rows}, {d}], the queries of
+    frames q_frame_offset .. + {c - 1}; k and v the cache, [.., heads, {kv_cache.cache_tokens}, {d}]: {s} sink
+    frames (frame a < {s} in slot a) and a ring of {w} (frame a >= {s} in slot {s} + (a - {s}) mod {w}),
+    slot t at tokens t * {kv_cache.frame_tokens} ..; write the chunk's own frames before the call.
+    Slots not written yet are never attended (they must only be finite). The mask is the full
+    sequence's, in absolute frames: chunk by chunk, o equals the full-sequence call's rows
+    (the compiler checked that the ring holds every frame it keeps). A traced offset that is
+    no chunk start gives NaN outputs; a concrete one raises. jax.grad gives dq of the chunk
+    and dk, dv of the ring.
+"""
+    elif kv_cache is not None:
+        c, rows = kv_cache.chunk_frames, kv_cache.rows
+        chunk_grads = (
+            "jax.grad gives dq of the chunk and\n    dk, dv of the whole cache."
+            if backend == "TPU"
+            else "Forward only."
+        )
+        runtime_lines += f"""q_frame_offset: int32 [] (may be traced), a multiple of {c} in 0 .. {kv_cache.frames - c}: a chunked call
+    (KV cache). q is then [heads, {rows}, {d}] or [batch, heads, {rows}, {d}], the queries of
+    frames q_frame_offset .. + {c - 1}; k and v the cache of the whole video, [.., heads, {n}, {d}],
+    frame t at tokens t * {kv_cache.frame_tokens} ..; frames after the chunk are never attended
+    (they must only be finite). The mask is the full sequence's, in absolute frames: chunk by
+    chunk, o equals the full-sequence call's rows. A traced offset that is no chunk start
+    gives NaN outputs; a concrete one raises. {chunk_grads}
+"""
+    return f"""attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None, token_order="user"{extra})
+
+Block-sparse attention on {backend}: o = softmax(sm_scale * q k^T over the keys each query's
+mask keeps) v, per head.
+
+q, k, v: [heads, {n}, {d}] or [batch, heads, {n}, {d}] arrays {dtypes}, the
+    three alike: heads before tokens (a [seq, heads, head_dim] array, PyTorch's order, needs
+    jnp.swapaxes(x, -3, -2) first), tokens in the user's order (video frame-major, text first
+    or last as the spec says) unless token_order="kernel".
+head_pattern: int [heads], each head's pattern ({names}); may be traced under jax.jit. q may
+    have any number of heads when it is given. None: {default}.
+    A value that is no pattern index raises where it is concrete; traced, it makes that
+    head's outputs (and gradients) NaN.
+interpret: {interpret}
+sm_scale: the factor on the scores q.k before the softmax, a finite real number; None:
+    1/sqrt({d}).
+token_order: "user", or "kernel": q, k, v already in each head's kernel order, and o
+    returned in it (attention.to_kernel_order(x, head_pattern=...) and
+    attention.from_kernel_order(y, ...) convert), so nothing is permuted around the kernel.
+{runtime_lines}
+Returns o, of q's shape and dtype; a query whose mask keeps no key gets zeros.
+{grads}
+"""
+
+
+def checked_sm_scale(sm_scale, head_dim: int) -> float:
+    """The call's sm_scale as a float (None: 1/sqrt(head_dim)). float() alone would take the
+    string "0.1" and True, and a NaN or infinite scale would poison every output row."""
+    if sm_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    real = isinstance(sm_scale, numbers.Real) or (
+        getattr(sm_scale, "shape", None) == ()
+        and (
+            jnp.issubdtype(sm_scale.dtype, jnp.floating)
+            or jnp.issubdtype(sm_scale.dtype, jnp.integer)
+        )
+    )
+    if not real or isinstance(sm_scale, (bool, np.bool_)):
+        raise TypeError(
+            "sm_scale must be a real number (the factor on the scores q.k; None: "
+            f"1/sqrt(head_dim)), got {type(sm_scale).__name__} {sm_scale!r}"
+        )
+    value = float(sm_scale)
+    if not math.isfinite(value):
+        raise ValueError(f"sm_scale must be finite, got {value}")
+    return value
+
+
+def check_token_order(token_order) -> None:
+    if token_order not in TOKEN_ORDERS:
+        raise ValueError(f"token_order must be one of {TOKEN_ORDERS}, got {token_order!r}")
+
+
+def check_order_operand(x, shape: KernelShape) -> None:
+    """What to_kernel_order / from_kernel_order take: [..., heads, seq_len, head_dim]."""
+    if x.ndim not in (3, 4) or x.shape[-2:] != (shape.seq_len, shape.head_dim):
+        raise ValueError(_shape_message("x", x.shape, shape))
+
+
+def _shape_message(name: str, got: tuple, shape: KernelShape) -> str:
+    """What a q, k, v (or to_kernel_order operand) of the wrong shape is told: the expected
+    layout with this kernel's sizes, and the transpose when the heads and tokens look swapped
+    (PyTorch's [batch, seq, heads, head_dim])."""
+    n, d = shape.seq_len, shape.head_dim
+    message = (
+        f"expected [heads, {n}, {d}] or [batch, heads, {n}, {d}] ([..., heads, seq, "
+        f"head_dim] at this kernel's sizes) for {name}; got {tuple(got)}"
+    )
+    if len(got) in (3, 4) and got[-3] == n and got[-1] == d:
+        message += (
+            f" (is it [..., seq, heads, head_dim]? put the heads first: "
+            f"jnp.swapaxes({name}, -3, -2))"
+        )
+    return message
+
+
+def layout_mover(
+    layouts, layout_of_pattern, static_pattern, head_layout, interpret, permute_kernel
+):
+    """How arrays [..., heads, seq, d] go between the user's order and each head's kernel
+    order: `mover(x, to_kernel)`, or None where nothing moves. The permute kernel moves
+    temporal-major heads (nothing at all when a static assignment gives every head an
+    identity layout); otherwise XLA permutes each layout."""
+    if permute_kernel:
+        if static_pattern is not None and all(
+            layouts[i].is_identity for i in layout_of_pattern[static_pattern]
+        ):
+            return None
+
+        def by_permute_kernel(x, to_kernel):
+            rows = x.reshape((-1,) + x.shape[-2:])
+            moved = permute.permute(
+                rows, layouts, head_layout, to_kernel=to_kernel, interpret=interpret
+            )
+            return moved.reshape(x.shape)
+
+        return by_permute_kernel
+
+    def by_xla(x, to_kernel):
+        return per_head_layout(x, layouts, head_layout, to_kernel)
+
+    return by_xla
+
+
+def resolve_head_pattern(head_pattern, default, heads: int, spec_heads: int, num_patterns: int):
+    """The call's head -> pattern assignment (the spec's static one when not given), checked
+    as `_checked_head_pattern` says: (NumPy copy when concrete, int32 [heads] array)."""
+    if head_pattern is None:
+        if default is None:
+            raise ValueError(
+                "this kernel's patterns are assigned at run time: pass "
+                "head_pattern (int [heads]), e.g. from profile()"
+            )
+        if heads != spec_heads:
+            raise ValueError(
+                f"q has {heads} heads, the spec {spec_heads}: any number of heads runs when "
+                "you pass head_pattern (int [heads], each head's pattern index; e.g. its "
+                "shard under shard_map)"
+            )
+        head_pattern = default
+    return _checked_head_pattern(head_pattern, heads, num_patterns)
+
+
+def _checked_head_pattern(head_pattern, heads: int, num_patterns: int):
+    """(NumPy copy when concrete, int32 [heads] array). Concrete values are checked; traced
+    ones are clamped into range, so a wrong value can never read outside the tables."""
+    traced = isinstance(head_pattern, jax.core.Tracer)
+    if not traced and not hasattr(head_pattern, "dtype"):
+        head_pattern = np.asarray(head_pattern)
+    if not jnp.issubdtype(head_pattern.dtype, jnp.integer):
+        raise TypeError(
+            f"head_pattern must hold integers (pattern indices), got dtype {head_pattern.dtype}"
+        )
+    if tuple(head_pattern.shape) != (heads,):
+        raise ValueError(
+            f"head_pattern must have shape ({heads},), one pattern index per head "
+            f"of q; got shape {tuple(head_pattern.shape)}"
+        )
+    if traced:
+        return None, jnp.clip(head_pattern.astype(jnp.int32), 0, num_patterns - 1)
+    values = np.asarray(head_pattern, np.int64)
+    bad = values[(values < 0) | (values >= num_patterns)]
+    if bad.size:
+        raise ValueError(
+            f"head_pattern values must be pattern indices 0..{num_patterns - 1}; got {bad.tolist()}"
+        )
+    # A concrete assignment gives the flat walk a static grid.
+    return values, jnp.asarray(values, jnp.int32)
+
+
+def poison_unknown_patterns(out, head_pattern, num_patterns: int):
+    """`out` [..., heads, seq, d] with NaN in every head whose traced head_pattern value is no
+    pattern index. A concrete value out of range raised already; a traced one cannot raise,
+    and the kernel ran such a head with the nearest pattern (its value clamped so that no
+    table is read out of bounds): another pattern's result, which must not pass for this
+    head's. The factor is 1 elsewhere (exact), and NaN gradients flow back through it too.
+    Costs one elementwise pass over o, for traced assignments only."""
+    if not isinstance(head_pattern, jax.core.Tracer):
+        return out
+    known = (head_pattern >= 0) & (head_pattern < num_patterns)
+    factor = jnp.where(known, 1.0, jnp.nan).astype(out.dtype)
+    return out * factor[:, None, None]
+
+
+def check_operands(
+    q, k, v, shape: KernelShape, dtype: str | None = None, rebuild: dict | None = None
+) -> None:
+    """q, k, v as the kernel takes them. `rebuild`: dtype name -> how to build a kernel for
+    it other than from a spec (the GPU's float16), for the advice of a dtype mismatch."""
+    check_dtypes(q, k, v, dtype, rebuild)
+    if q.ndim not in (3, 4) or q.shape[-2:] != (shape.seq_len, shape.head_dim):
+        raise ValueError(_shape_message("q", q.shape, shape))
+    if q.shape != k.shape or q.shape != v.shape:
+        raise ValueError(f"q, k, v shapes differ: {q.shape}, {k.shape}, {v.shape}")
+
+
+def check_dtypes(q, k, v, dtype: str | None = None, rebuild: dict | None = None) -> None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+            raise TypeError(f"{name} must be an array (jax or numpy), got {type(x).__name__}")
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(f"{name} must be a floating array, got dtype {x.dtype}")
+    if q.dtype != k.dtype or q.dtype != v.dtype:
+        raise TypeError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if dtype is not None and q.dtype != jnp.dtype(dtype):
+        raise TypeError(
+            f"this kernel was compiled for {dtype} (the spec's attention.dtype); got q, k, v "
+            f"of dtype {q.dtype}: {_dtype_advice(jnp.dtype(q.dtype).name, dtype, rebuild)}"
+        )
+
+
+def _dtype_advice(got: str, compiled: str, rebuild: dict | None) -> str:
+    """Cast, or build a kernel for the operands' dtype in a way that exists: a spec names only
+    SPEC_DTYPES (float16 is refused there)."""
+    cast = f"cast them (x.astype(jnp.{compiled}))"
+    if got in SPEC_DTYPES:
+        return f"{cast}, or compile a spec with attention.dtype: {got}"
+    if rebuild and got in rebuild:
+        return f"{cast}, or {rebuild[got]}"
+    return f"{cast}; a spec's attention.dtype is one of {', '.join(SPEC_DTYPES)}"
