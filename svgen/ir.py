@@ -28,7 +28,7 @@ from svgen import int_range
 from svgen.errors import SpecError
 from svgen.expr import SYMBOLS, FloorDiv, FloorMod, parse_predicate
 from svgen.runtime.layout import Coordinates
-from svgen.spec import MaskTerm, Spec
+from svgen.spec import MaskTerm, Spec, dependency_order, pattern_graph
 
 _S = SYMBOLS
 
@@ -579,36 +579,21 @@ def anchor_frames(node: Node) -> int:
     return 0
 
 
-def _refs(term: MaskTerm):
-    if primitives.get(term.op).form == primitives.PATTERN:
-        yield term
-    for child in term.children:
-        yield from _refs(child)
-
-
 def _pattern_order(term: MaskTerm, patterns: dict[str, MaskTerm]) -> list[str]:
-    """Patterns in dependency order; unknown names and cycles are SpecErrors."""
-    if not patterns:  # the common case: nothing to order (and no reference can resolve)
-        for ref in _refs(term):
-            raise SpecError(
-                f"unknown pattern {ref.param('name')!r} (patterns: none defined)", **_where(ref)
-            )
+    """Patterns in dependency order (svgen.spec.dependency_order); unknown names and cycles
+    are SpecErrors."""
+    known = ", ".join(sorted(patterns)) or "none defined"
+    for root in [term] + [t for _, t in sorted(patterns.items())]:
+        for ref in root.references():
+            if ref.param("name") not in patterns:
+                raise SpecError(
+                    f"unknown pattern {ref.param('name')!r} (patterns: {known})", **_where(ref)
+                )
+    if not patterns:  # the common case: nothing to order
         return []
-    # Imported here: 0.2-0.3 s that `svgen compile` / `inspect` of a spec without named
-    # patterns would otherwise pay for nothing.
     import networkx as nx
 
-    graph = nx.DiGraph()
-    graph.add_nodes_from(sorted(patterns))
-    roots = [(None, term)] + sorted(patterns.items())
-    for owner, term in roots:
-        for ref in _refs(term):
-            target = ref.param("name")
-            if target not in patterns:
-                known = ", ".join(sorted(patterns)) or "none defined"
-                raise SpecError(f"unknown pattern {target!r} (patterns: {known})", **_where(ref))
-            if owner is not None:
-                graph.add_edge(owner, target)
+    graph = pattern_graph(patterns)
     try:
         cycle = nx.find_cycle(graph)
     except nx.NetworkXNoCycle:
@@ -617,8 +602,7 @@ def _pattern_order(term: MaskTerm, patterns: dict[str, MaskTerm]) -> list[str]:
         chain = " -> ".join([a for a, _ in cycle] + [cycle[0][0]])
         first = patterns[cycle[0][0]]
         raise SpecError(f"patterns refer to each other in a cycle: {chain}", **_where(first))
-    # Dependencies first; ties broken by name so lowering is deterministic.
-    return list(nx.lexicographical_topological_sort(graph.reverse(copy=True)))
+    return dependency_order(graph)
 
 
 def _lower_term(term: MaskTerm, spec: Spec, patterns: dict[str, Node]) -> Node:

@@ -92,3 +92,39 @@ def test_window_predicates_become_builtins_with_the_same_meaning(source, text_to
     np.testing.assert_array_equal(
         node.evaluate(q, k), np.broadcast_to(ir.evaluate_sympy(expr, q, k), (lay.seq_len,) * 2)
     )
+
+
+def _ref(name: str):
+    from svgen.spec import MaskTerm
+
+    return MaskTerm("ref", (("name", name),))
+
+
+def _refs_to(*names: str):
+    from svgen.spec import MaskTerm
+
+    return MaskTerm("any_of", (), tuple(_ref(n) for n in names))
+
+
+def test_dependency_order_puts_each_pattern_after_its_references_and_leaves_cycles_out():
+    from svgen.spec import dependency_order, pattern_graph
+
+    patterns = {
+        "a": _ref("b"),
+        "b": _ref("c"),
+        "c": _ref("b"),  # b and c: a cycle; a refers to it
+        "d": _refs_to("e", "f"),
+        "e": _ref("f"),
+        "f": _ref("nowhere"),  # unknown: lowering says so; no edge here
+        "g": _ref("g"),  # refers to itself
+        "h": _refs_to("d", "g"),  # refers to a self-reference
+    }
+    assert dependency_order(pattern_graph(patterns)) == ["f", "e", "d"]
+
+
+def test_dependency_order_of_a_long_chain_does_not_recurse():
+    from svgen.spec import dependency_order, pattern_graph
+
+    n = 5000  # deeper than Python's recursion limit
+    patterns = {f"p{i:05d}": _ref(f"p{i + 1:05d}") for i in range(n)}
+    assert dependency_order(pattern_graph(patterns)) == [f"p{i:05d}" for i in reversed(range(n))]
