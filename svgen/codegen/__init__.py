@@ -27,7 +27,9 @@ from svgen.codegen.predicate import aligned_mask, emit_mask
 from svgen.codegen.tilemap import render_tile_map
 from svgen.runtime.kinds import TileKind
 
-FORMAT_VERSION = 2
+# 3: generated modules name the table format as `tables.KernelShape` / `tables.Pattern` /
+# `tables.load_runs`, and GPU modules no longer import the TPU kernel.
+FORMAT_VERSION = 3
 # Above this many runs the step table goes to a .npy file beside the module. A GPU module's
 # runs are at its small classification tiles, a line or two per q tile: readable inline up to
 # a few thousand q tiles (the shipped one: 4,797 runs over 1,182 q tiles).
@@ -523,7 +525,10 @@ def _mask_lines(lines) -> list[str]:
 
 
 def _runtime_imports(plan: Plan, patterns: list[dict]) -> str:
-    names = {"kernel"}
+    # The table format (KernelShape, Pattern, load_runs), and the backend that builds
+    # `attention`: the TPU kernel's front door, or the GPU kernel (which needs nothing of
+    # the TPU one).
+    names = {"tables", "gpu" if plan.gpu is not None else "kernel"}
     lines = [
         line
         for p in patterns
@@ -531,8 +536,6 @@ def _runtime_imports(plan: Plan, patterns: list[dict]) -> str:
     ]
     if any("coords." in line for line in lines):
         names.add("coords")  # boundary masks call coords.within / coords.TokenCoords
-    if plan.gpu is not None:
-        names.add("gpu")
     if plan.spec.runtime.any:
         names.add("segments")
     if plan.video_frames:
