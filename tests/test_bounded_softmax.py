@@ -218,5 +218,6 @@ def test_softmax_key_in_the_spec():
 def test_modes_refused_without_the_key(compile_text):
     text = BASE_SPEC.format(dtype="float32", layout="frame_major", mask=WINDOW, text=0)
     _, module = compile_text(text.replace(", softmax: bounded", ""))
-    assert not hasattr(module.attention, "softmax_modes")
+    with pytest.raises(ValueError, match="compiled without `attention.softmax: bounded`"):
+        module.attention.softmax_modes(None, None, None)
     assert not module.SHAPE.bounded_softmax

@@ -354,3 +354,175 @@ def _dtype_advice(got: str, compiled: str, rebuild: dict | None) -> str:
     if rebuild and got in rebuild:
         return f"{cast}, or {rebuild[got]}"
     return f"{cast}; a spec's attention.dtype is one of {', '.join(SPEC_DTYPES)}"
+
+
+def distinct_layouts(patterns) -> tuple[list[TokenLayout], np.ndarray]:
+    """The patterns' token layouts, each once in first-use order, and each pattern's index
+    into them (int32; NumPy: importing a generated module must not start a JAX backend)."""
+    layouts: list[TokenLayout] = []
+    for p in patterns:
+        if p.layout not in layouts:
+            layouts.append(p.layout)
+    return layouts, np.asarray([layouts.index(p.layout) for p in patterns], np.int32)
+
+
+class Attention:
+    """A generated module's `attention(q, k, v, *, head_pattern=None, interpret=False,
+    sm_scale=None, token_order="user"[, segment_ids=None][, text_lengths=None][,
+    q_frame_offset=None][, top_k= | top_p=])`, TPU and GPU alike.
+
+    What every backend shares lives here: the call's checks, each head's pattern and layout,
+    the dispatch of a KV-cache chunk's call (q_frame_offset), the moves between the user's
+    and the kernel's token order (`to_kernel_order`, `from_kernel_order`), and the docstring
+    and signature `help(module.attention)` shows. A backend (svgen.runtime.kernel's
+    `TpuAttention`, svgen.runtime.gpu's `GpuAttention`) runs its kernel: `_static_call`
+    (the whole sequence), `_chunk_call` (one chunk's rows), `_order_mover`.
+
+    Public attributes: `tables` (the kernel's static tables), `runtime`, `kv_cache` and
+    `select` (the spec's run-time inputs, chunks and selection policy, or their absence).
+    """
+
+    backend = ""  # "TPU" or "GPU": the docstring's words
+    any_dtype = "any floating dtype"  # what q, k, v may be where the spec names no dtype
+
+    def __init__(
+        self,
+        shape: KernelShape,
+        patterns,
+        *,
+        tables,
+        default_head_pattern: Sequence[int] | None,
+        dtype: str | None,
+        runtime: segments.RuntimeInputs,
+        kv_cache: "chunks.KvCache | None",
+        select: "select_policy.Selection | None",
+    ):
+        self.shape, self.patterns, self.tables = shape, tuple(patterns), tables
+        self.default_head_pattern, self.dtype = default_head_pattern, dtype
+        self.runtime, self.kv_cache, self.select = runtime, kv_cache, select
+        self.layouts, self.layout_of_pattern = distinct_layouts(self.patterns)
+        self.__doc__ = attention_doc(
+            shape,
+            dtype,
+            [p.name for p in self.patterns],
+            default_head_pattern,
+            backend=self.backend,
+            any_dtype=self.any_dtype,
+            runtime=runtime,
+            text_tokens=self.layouts[0].text_tokens,
+            kv_cache=kv_cache,
+            select=select,
+        )
+        segments.declared_signature(
+            self, runtime, kv_cache is not None, None if select is None else select.policy.rule
+        )
+
+    def __call__(
+        self,
+        q,
+        k,
+        v,
+        *,
+        head_pattern=None,
+        interpret=False,
+        sm_scale=None,
+        token_order="user",
+        segment_ids=None,
+        text_lengths=None,
+        q_frame_offset=None,
+        top_k=None,
+        top_p=None,
+    ):
+        amount = select_policy.call_amount(self.select, top_k, top_p)
+        if q_frame_offset is not None:
+            return self._chunked(
+                q, k, v, q_frame_offset, head_pattern, interpret, sm_scale, token_order
+            )
+        check_operands(q, k, v, self.shape, self.dtype, rebuild=self._rebuild)
+        check_token_order(token_order)
+        self._check_call_dtype(q)
+        sm_scale = checked_sm_scale(sm_scale, self.shape.head_dim)
+        return self._static_call(
+            q,
+            k,
+            v,
+            head_pattern,
+            interpret,
+            sm_scale,
+            token_order,
+            segment_ids,
+            text_lengths,
+            amount,
+        )
+
+    def resolved(self, head_pattern, heads: int):
+        """(static_pattern, head_pattern, head_layout) of a call: the head -> pattern
+        assignment as NumPy when concrete (else None), as an int32 array, and each head's
+        layout index."""
+        static_pattern, head_pattern = resolve_head_pattern(
+            head_pattern, self.default_head_pattern, heads, self.shape.heads, len(self.patterns)
+        )
+        return static_pattern, head_pattern, jnp.asarray(self.layout_of_pattern)[head_pattern]
+
+    def to_kernel_order(self, x, *, head_pattern=None, interpret=False):
+        """x [..., heads, seq, d] in the user's token order -> each head's kernel order."""
+        mover = self._checked_mover(x, head_pattern, interpret)
+        return x if mover is None else mover(x, to_kernel=True)
+
+    def from_kernel_order(self, y, *, head_pattern=None, interpret=False):
+        """The inverse of to_kernel_order."""
+        mover = self._checked_mover(y, head_pattern, interpret)
+        return y if mover is None else mover(y, to_kernel=False)
+
+    # ------------------------------------------------------------------ for the backends
+    _rebuild: dict | None = None  # dtype name -> how to build a kernel for it (check_dtypes)
+
+    def _check_call_dtype(self, q) -> None:
+        """A backend's own dtype rule, past the spec's (none by default)."""
+
+    def _checked_mover(self, x, head_pattern, interpret):
+        check_order_operand(x, self.shape)
+        static_pattern, _, head_layout = self.resolved(head_pattern, x.shape[-3])
+        return self._order_mover(static_pattern, head_layout, interpret)
+
+    def _chunked(self, q, k, v, q_frame_offset, head_pattern, interpret, sm_scale, token_order):
+        """A KV-cache chunk's call: q holds one chunk's rows, k and v the whole sequence's."""
+        kv_cache = self.kv_cache
+        if kv_cache is None:
+            raise TypeError(
+                "q_frame_offset: this module was compiled without `runtime: {kv_cache: "
+                "{chunk_frames: C}}` in its spec; add it and run svgen compile again"
+            )
+        check_dtypes(q, k, v, self.dtype, rebuild=self._rebuild)
+        self._check_call_dtype(q)
+        chunks.check_chunk_operands(q, k, v, kv_cache, self.shape.seq_len, self.shape.head_dim)
+        check_token_order(token_order)  # frame-major only: the user's order is the kernel's
+        sm_scale = checked_sm_scale(sm_scale, self.shape.head_dim)
+        position, valid = chunks.chunk_position(q_frame_offset, kv_cache)
+        requested = head_pattern
+        _, head_pattern, _ = self.resolved(head_pattern, q.shape[-3])
+        flat = [x.reshape((-1,) + x.shape[-2:]) for x in (q, k, v)]
+        defined = chunks.defined_rows(requested, valid, len(self.patterns), flat[0].shape[0])
+        out = self._chunk_call(*flat, head_pattern, position, defined, interpret, sm_scale)
+        return out.reshape(q.shape)
+
+    def _static_call(
+        self,
+        q,
+        k,
+        v,
+        head_pattern,
+        interpret,
+        sm_scale,
+        token_order,
+        segment_ids,
+        text_lengths,
+        amount,
+    ):
+        raise NotImplementedError
+
+    def _chunk_call(self, q, k, v, head_pattern, position, defined, interpret, sm_scale):
+        raise NotImplementedError
+
+    def _order_mover(self, static_pattern, head_layout, interpret):
+        raise NotImplementedError

@@ -86,17 +86,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from svgen.runtime.coords import TokenCoords
-from svgen.runtime.calls import (
-    attention_doc,
-    check_dtypes,
-    check_operands,
-    check_order_operand,
-    check_token_order,
-    checked_sm_scale,
-    per_head_layout,
-    poison_unknown_patterns,
-    resolve_head_pattern,
-)
+from svgen.runtime.calls import Attention, per_head_layout, poison_unknown_patterns
 from svgen.runtime.softmax import LOG2_E, MASK_VALUE
 from svgen.runtime import chunks, segments
 from svgen.runtime import select as select_policy
@@ -408,10 +398,27 @@ def make_gpu_attention(
     runtime: segments.RuntimeInputs = segments.RuntimeInputs(),
     kv_cache: chunks.KvCache | None = None,
     select: "select_policy.Selection | None" = None,
-):
+) -> "GpuAttention":
+    """A generated module's `attention` on GPU (see `GpuAttention`)."""
+    return GpuAttention(
+        patterns,
+        shape,
+        block_q=block_q,
+        block_kv=block_kv,
+        default_head_pattern=default_head_pattern,
+        dtype=dtype,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        runtime=runtime,
+        kv_cache=kv_cache,
+        select=select,
+    )
+
+
+class GpuAttention(Attention):
     """`attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None,
-    token_order="user")` on GPU, with `attention.to_kernel_order` / `from_kernel_order` (as
-    svgen.runtime.kernel.make_attention's; XLA moves the heads).
+    token_order="user")` on GPU, with `to_kernel_order` / `from_kernel_order` (as the TPU
+    one's, svgen.runtime.kernel.TpuAttention; XLA moves the heads).
 
     patterns, shape: a generated module's `_PATTERNS` and `SHAPE` (the runs are read at
     SHAPE's tiling); block_q x block_kv: the GPU tile (powers of two >= 16); dtype: q, k, v
@@ -428,76 +435,155 @@ def make_gpu_attention(
     (svgen.runtime.select): each call chooses blocks of SHAPE's compute grain (the GPU
     tiles' classification tiles) from q and k, and the kernel walks per-row CSR tables.
     """
-    for name, size in (("block_q", block_q), ("block_kv", block_kv), ("head_dim", shape.head_dim)):
-        if not _is_power_of_two(size) or size < 16:
-            raise ValueError(f"{name} must be a power of two >= 16 on GPU, got {size}")
-    if dtype is not None and jnp.dtype(dtype).name not in DTYPES:
-        raise ValueError(f"GPU kernels run {', '.join(DTYPES)}; got dtype {dtype}")
-    tables = GpuTables.from_runs([p.runs for p in patterns], shape, block_q, block_kv)
 
+    backend = "GPU"
+    any_dtype = " or ".join(DTYPES)
+    _rebuild = _REBUILD
+
+    def __init__(
+        self,
+        patterns: Sequence[Pattern],
+        shape: KernelShape,
+        *,
+        block_q: int = DEFAULT_BLOCK_Q,
+        block_kv: int = DEFAULT_BLOCK_KV,
+        default_head_pattern: Sequence[int] | None = None,
+        dtype: str | None = None,
+        num_warps: int | None = None,
+        num_stages: int | None = 2,
+        runtime: segments.RuntimeInputs = segments.RuntimeInputs(),
+        kv_cache: chunks.KvCache | None = None,
+        select: "select_policy.Selection | None" = None,
+    ):
+        sizes = (("block_q", block_q), ("block_kv", block_kv), ("head_dim", shape.head_dim))
+        for name, size in sizes:
+            if not _is_power_of_two(size) or size < 16:
+                raise ValueError(f"{name} must be a power of two >= 16 on GPU, got {size}")
+        if dtype is not None and jnp.dtype(dtype).name not in DTYPES:
+            raise ValueError(f"GPU kernels run {', '.join(DTYPES)}; got dtype {dtype}")
+        super().__init__(
+            shape,
+            patterns,
+            tables=GpuTables.from_runs([p.runs for p in patterns], shape, block_q, block_kv),
+            default_head_pattern=default_head_pattern,
+            dtype=dtype,
+            runtime=runtime,
+            kv_cache=kv_cache,
+            select=select,
+        )
+        self.block_q, self.block_kv = block_q, block_kv
+        self.num_warps, self.num_stages = num_warps, num_stages
+        self.codes = tuple(
+            _PatternCode(p.boundary_mask, p.layout, tuple(p.query_coords)) for p in self.patterns
+        )
+        # A rolling cache's call: the kv side is the cache (svgen.runtime.chunks).
+        self.chunk_shape = shape if kv_cache is None else kv_cache.call_shape(shape)
+
+    # ------------------------------------------------------------------ tables built late
     @functools.cache
-    def call_tables():
+    def call_tables(self) -> GpuTables:
         """The tables of a call with run-time ids: with per-video frames each pattern's
         superset (the union of its mask over every segment start, svgen.runtime.video_frames),
         built on the first such call so that importing a module stays cheap."""
-        if not runtime.per_video_frames:
-            return tables
-        supersets = [p.runs if p.video_frames is None else p.video_frames.runs for p in patterns]
-        return GpuTables.from_runs(supersets, shape, block_q, block_kv)
+        if not self.runtime.per_video_frames:
+            return self.tables
+        supersets = [
+            p.runs if p.video_frames is None else p.video_frames.runs for p in self.patterns
+        ]
+        return GpuTables.from_runs(supersets, self.shape, self.block_q, self.block_kv)
 
-    layouts: list[TokenLayout] = []
-    for p in patterns:
-        if p.layout not in layouts:
-            layouts.append(p.layout)
-    layout_of_pattern = np.asarray([layouts.index(p.layout) for p in patterns], np.int32)
-    codes = tuple(_PatternCode(p.boundary_mask, p.layout, tuple(p.query_coords)) for p in patterns)
-
-    def head_layout_of(head_pattern, heads: int):
-        _, head_pattern = resolve_head_pattern(
-            head_pattern, default_head_pattern, heads, shape.heads, len(patterns)
+    @functools.cache
+    def chunk_tables(self) -> GpuTables:
+        """Every chunk position's CSR tables (position-major), built on the first chunked call."""
+        kv_cache = self.kv_cache
+        runs = [
+            kv_cache.runs_at(c, p)
+            for c in range(kv_cache.positions)
+            for p in range(len(self.patterns))
+        ]
+        return GpuTables.from_runs(
+            runs, self.chunk_shape, self.block_q, self.block_kv, q_len=kv_cache.rows
         )
-        return head_pattern, jnp.asarray(layout_of_pattern)[head_pattern]
 
-    def call_ids(segment_ids, text_lengths, batch, head_layout):
+    # ------------------------------------------------------------------ calls
+    def _check_call_dtype(self, q) -> None:
+        if jnp.dtype(q.dtype).name not in DTYPES:
+            raise TypeError(f"GPU kernels run {', '.join(DTYPES)}; got q, k, v of {q.dtype}")
+
+    def _order_mover(self, static_pattern, head_layout, interpret):
+        """XLA moves each head by its layout (`interpret` is the TPU wrapper's argument)."""
+
+        def move(x, to_kernel: bool):
+            return per_head_layout(x, self.layouts, head_layout, to_kernel=to_kernel)
+
+        return move
+
+    def _call_ids(self, segment_ids, text_lengths, batch, head_layout):
         """The call's (query, key) ids [batch*heads, seq] in each head's order, or None."""
-        ids = segments.call_ids(runtime, segment_ids, text_lengths, batch, layouts)
+        ids = segments.call_ids(self.runtime, segment_ids, text_lengths, batch, self.layouts)
         if ids is None:
             return None
         rows = (ids.query, ids.key) + (() if ids.shift is None else (ids.shift,))
         return tuple(segments.head_rows(x, head_layout)[:, 0] for x in rows)
 
-    # A rolling cache's call: the kv side is the cache (svgen.runtime.chunks).
-    chunk_shape = shape if kv_cache is None else kv_cache.call_shape(shape)
-
-    @functools.cache
-    def chunk_tables() -> GpuTables:
-        """Every chunk position's CSR tables (position-major), built on the first chunked call."""
-        runs = [
-            kv_cache.runs_at(c, p) for c in range(kv_cache.positions) for p in range(len(patterns))
-        ]
-        return GpuTables.from_runs(runs, chunk_shape, block_q, block_kv, q_len=kv_cache.rows)
-
-    def chunked(q, k, v, q_frame_offset, head_pattern, interpret, sm_scale, token_order):
-        if kv_cache is None:
-            raise TypeError(
-                "q_frame_offset: this module was compiled without `runtime: {kv_cache: "
-                "{chunk_frames: C}}` in its spec; add it and run svgen compile again"
-            )
-        check_dtypes(q, k, v, dtype, rebuild=_REBUILD)
-        if jnp.dtype(q.dtype).name not in DTYPES:
-            raise TypeError(f"GPU kernels run {', '.join(DTYPES)}; got q, k, v of {q.dtype}")
-        chunks.check_chunk_operands(q, k, v, kv_cache, shape.seq_len, shape.head_dim)
-        check_token_order(token_order)  # frame-major only: the user's order is the kernel's
-        sm_scale = checked_sm_scale(sm_scale, shape.head_dim)
-        position, valid = chunks.chunk_position(q_frame_offset, kv_cache)
+    def _static_call(
+        self,
+        q,
+        k,
+        v,
+        head_pattern,
+        interpret,
+        sm_scale,
+        token_order,
+        segment_ids,
+        text_lengths,
+        amount,
+    ):
         requested = head_pattern
-        head_pattern, _ = head_layout_of(head_pattern, q.shape[-3])
-        flat = [x.reshape((-1,) + x.shape[-2:]) for x in (q, k, v)]
-        defined = chunks.defined_rows(requested, valid, len(patterns), flat[0].shape[0])
+        _, head_pattern, head_layout = self.resolved(head_pattern, q.shape[-3])
+        batch = q.shape[0] if q.ndim == 4 else None
+        ids = self._call_ids(segment_ids, text_lengths, batch, head_layout)
+        lead = q.shape[:-2]
+        mover = None if token_order == "kernel" else self._order_mover(None, head_layout, interpret)
+
+        def to_kernel(x):
+            if mover is not None:
+                x = mover(x, to_kernel=True)
+            return x.reshape((-1,) + x.shape[-2:])
+
+        qk, kk = to_kernel(q), to_kernel(k)
+        selection = None
+        if self.select is not None:
+            chosen = self.select.select(qk, kk, float(sm_scale), amount)
+            selection = self.select.gpu_tables(
+                chosen.blocks, self.tables.block_q, self.tables.block_kv
+            )
+        out = _gpu_call(
+            qk,
+            kk,
+            to_kernel(v),
+            head_pattern,
+            self.call_tables() if ids is not None else self.tables,
+            self.codes,
+            seq_len=self.shape.seq_len,
+            q_scale=float(sm_scale) * LOG2_E,
+            interpret=interpret,
+            num_warps=self.num_warps,
+            num_stages=self.num_stages,
+            ids=ids,
+            selection=selection,
+        )
+        out = out.reshape(lead + (self.shape.seq_len, self.shape.head_dim))
+        if mover is not None:
+            out = mover(out, to_kernel=False)
+        return poison_unknown_patterns(out, requested, len(self.patterns))
+
+    def _chunk_call(self, q, k, v, head_pattern, position, defined, interpret, sm_scale):
+        kv_cache = self.kv_cache
 
         def kernel_call(q, k, v, hp, position, defined):
             rows = q.shape[0]
-            scalars = [position * len(patterns), position * kv_cache.rows]
+            scalars = [position * len(self.patterns), position * kv_cache.rows]
             scalars += kv_cache.ring_scalars(position)
             per_row = [jnp.broadcast_to(x, (rows,)).astype(jnp.int32) for x in scalars]
             out = _gpu_call(
@@ -505,115 +591,19 @@ def make_gpu_attention(
                 k,
                 v,
                 hp,
-                chunk_tables(),
-                codes,
-                seq_len=chunk_shape.seq_len,
+                self.chunk_tables(),
+                self.codes,
+                seq_len=self.chunk_shape.seq_len,
                 q_scale=float(sm_scale) * LOG2_E,
                 interpret=interpret,
-                num_warps=num_warps,
-                num_stages=num_stages,
+                num_warps=self.num_warps,
+                num_stages=self.num_stages,
                 chunk=jnp.concatenate(per_row),
                 ring_sink=kv_cache.ring_sink,
             )
             return jnp.where(defined[:, None, None], out, jnp.asarray(jnp.nan, out.dtype))
 
-        out = chunks.rows_folded(kernel_call)(*flat, head_pattern, position, defined)
-        return out.reshape(q.shape)
-
-    def attention(
-        q,
-        k,
-        v,
-        *,
-        head_pattern=None,
-        interpret=False,
-        sm_scale=None,
-        token_order="user",
-        segment_ids=None,
-        text_lengths=None,
-        q_frame_offset=None,
-        top_k=None,
-        top_p=None,
-    ):
-        amount = select_policy.call_amount(select, top_k, top_p)
-        if q_frame_offset is not None:
-            return chunked(q, k, v, q_frame_offset, head_pattern, interpret, sm_scale, token_order)
-        check_operands(q, k, v, shape, dtype, rebuild=_REBUILD)
-        check_token_order(token_order)
-        if jnp.dtype(q.dtype).name not in DTYPES:
-            raise TypeError(f"GPU kernels run {', '.join(DTYPES)}; got q, k, v of {q.dtype}")
-        sm_scale = checked_sm_scale(sm_scale, shape.head_dim)
-        requested = head_pattern
-        head_pattern, head_layout = head_layout_of(head_pattern, q.shape[-3])
-        ids = call_ids(segment_ids, text_lengths, q.shape[0] if q.ndim == 4 else None, head_layout)
-        lead = q.shape[:-2]
-        in_kernel_order = token_order == "kernel"
-
-        def to_kernel(x):
-            if not in_kernel_order:
-                x = per_head_layout(x, layouts, head_layout, to_kernel=True)
-            return x.reshape((-1,) + x.shape[-2:])
-
-        qk, kk = to_kernel(q), to_kernel(k)
-        selection = None
-        if select is not None:
-            chosen = select.select(qk, kk, float(sm_scale), amount)
-            selection = select.gpu_tables(chosen.blocks, tables.block_q, tables.block_kv)
-        out = _gpu_call(
-            qk,
-            kk,
-            to_kernel(v),
-            head_pattern,
-            call_tables() if ids is not None else tables,
-            codes,
-            seq_len=shape.seq_len,
-            q_scale=float(sm_scale) * LOG2_E,
-            interpret=interpret,
-            num_warps=num_warps,
-            num_stages=num_stages,
-            ids=ids,
-            selection=selection,
-        )
-        out = out.reshape(lead + (shape.seq_len, shape.head_dim))
-        if not in_kernel_order:
-            out = per_head_layout(out, layouts, head_layout, to_kernel=False)
-        return poison_unknown_patterns(out, requested, len(patterns))
-
-    def to_kernel_order(x, *, head_pattern=None, interpret=False):
-        """x [..., heads, seq, d] in the user's token order -> each head's kernel order
-        (`interpret` is accepted for the TPU wrapper's signature; XLA moves the heads here)."""
-        check_order_operand(x, shape)
-        _, head_layout = head_layout_of(head_pattern, x.shape[-3])
-        return per_head_layout(x, layouts, head_layout, to_kernel=True)
-
-    def from_kernel_order(y, *, head_pattern=None, interpret=False):
-        """The inverse of to_kernel_order."""
-        check_order_operand(y, shape)
-        _, head_layout = head_layout_of(head_pattern, y.shape[-3])
-        return per_head_layout(y, layouts, head_layout, to_kernel=False)
-
-    attention.__doc__ = attention_doc(
-        shape,
-        dtype,
-        [p.name for p in patterns],
-        default_head_pattern,
-        backend="GPU",
-        any_dtype=" or ".join(DTYPES),
-        runtime=runtime,
-        text_tokens=layouts[0].text_tokens,
-        kv_cache=kv_cache,
-        select=select,
-    )
-    segments.declared_signature(
-        attention, runtime, kv_cache is not None, None if select is None else select.policy.rule
-    )
-    attention.select = select
-    attention.runtime = runtime
-    attention.kv_cache = kv_cache
-    attention.to_kernel_order = to_kernel_order
-    attention.from_kernel_order = from_kernel_order
-    attention.tables = tables
-    return attention
+        return chunks.rows_folded(kernel_call)(q, k, v, head_pattern, position, defined)
 
 
 def gpu_attention_of(module, **options):
