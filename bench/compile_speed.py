@@ -46,7 +46,7 @@ def _child(spec_text: str, label: str) -> None:
     """Runs in the subprocess: analyze + render one spec, print one JSON line."""
     from svgen import codegen
     from svgen.analysis import analyze
-    from svgen.errors import SpecError
+    from svgen.spec.errors import SpecError
     from svgen.spec import parse_spec
 
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -281,7 +281,7 @@ def _bounded_child(spec_text: str, label: str) -> None:
     """Runs in the subprocess: analyze one spec (no code generation), print one JSON line."""
     import svgen.analysis  # noqa: F401  (imports before the baseline: jax, sympy, ...)
     from svgen.analysis import analyze
-    from svgen.errors import SpecError
+    from svgen.spec.errors import SpecError
     from svgen.spec import parse_spec
 
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -5,7 +5,7 @@
 Every kernel is AOT-compiled for TPU v6e by libtpu on this host and costed from its final
 schedule (`svgen cost` for svgen, `bench/splash_cost.py` for dense Splash at its best blocks
 of a 33-configuration search, 2048/2048/1024): the same toolchain, the same counting. Ratios are the result; milliseconds
-assume the clock in `svgen.targets` (static model: no DMA stalls).
+assume the clock in `svgen.analysis.targets` (static model: no DMA stalls).
 
 Cases: the blog configuration (band 0.35 + the first 3,600 keys, 75,600 tokens, 10 heads,
 head_dim 128, bf16), the Wan 2.1 spatial and temporal heads (the temporal head in both token
@@ -31,16 +31,16 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO))
 
-from svgen import tpu_schedule  # noqa: E402
+from svgen.perf import tpu_schedule  # noqa: E402
 
 tpu_schedule.ensure_dump_flags()  # before anything starts libtpu
 
 import yaml  # noqa: E402
 
 from splash_cost import dense_splash_backward_cost, dense_splash_cost  # noqa: E402
-from svgen import cost  # noqa: E402
+from svgen.perf import cost  # noqa: E402
 from svgen.analysis import analyze  # noqa: E402
-from svgen.errors import SpecError  # noqa: E402
+from svgen.spec.errors import SpecError  # noqa: E402
 from svgen.spec import parse_spec  # noqa: E402
 
 TILINGS = {

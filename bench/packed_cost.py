@@ -42,7 +42,8 @@ sys.path.insert(0, str(REPO))
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from svgen import codegen, cost  # noqa: E402
+from svgen import codegen  # noqa: E402
+from svgen.perf import cost  # noqa: E402
 from svgen.analysis import analyze  # noqa: E402
 from svgen.runtime import segments  # noqa: E402
 from svgen.runtime.refine import SEGMENT_BOUNDARY  # noqa: E402

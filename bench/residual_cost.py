@@ -11,7 +11,7 @@ and how many run a residual mask; the bundles of a BOUNDARY block running the wh
 (without variants, and with them: the variant dispatch's cost shows there) and running each
 residual, each also as a multiple of a FULL block's body; the modelled call without and with,
 and svgen's own kernel on a dense mask at the same tiling. Milliseconds assume the clock in
-svgen.targets (static model: no DMA stalls); the ratios are the result.
+svgen.analysis.targets (static model: no DMA stalls); the ratios are the result.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from svgen import tpu_schedule  # noqa: E402
+from svgen.perf import tpu_schedule  # noqa: E402
 
 tpu_schedule.ensure_dump_flags()  # before anything starts libtpu
 
-from svgen import cost  # noqa: E402
+from svgen.perf import cost  # noqa: E402
 from svgen.analysis import analyze  # noqa: E402
 from svgen.runtime.kinds import TileKind  # noqa: E402
 from svgen.spec import load_spec  # noqa: E402

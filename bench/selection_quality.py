@@ -68,7 +68,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from svgen import libtpu_env  # noqa: E402
+from svgen.runtime import libtpu_env  # noqa: E402
 
 libtpu_env.prepare()  # before JAX starts its backends: libtpu stays quiet on a CPU host
 

@@ -33,7 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from svgen import codegen, libtpu_env
+from svgen import codegen
+from svgen.runtime import libtpu_env
 from svgen.analysis import analyze
 from svgen.runtime import select
 from svgen.spec import parse_spec

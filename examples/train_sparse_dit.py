@@ -37,7 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from svgen import codegen, libtpu_env
+from svgen import codegen
+from svgen.runtime import libtpu_env
 from svgen.analysis import analyze
 from svgen.spec import parse_spec
 

@@ -5,7 +5,7 @@
 Exit status: 0 success; 1 `--check` (or `--diff`, which implies it) found stale or
 hand-edited files; 2 bad input (a spec error, printed as file:line:column: key: message,
 without a traceback; or `cost` without libtpu installed). Warnings about likely mistakes
-(svgen.lint) go to stderr and change neither the exit status nor the files. Nothing is
+(svgen.report.lint) go to stderr and change neither the exit status nor the files. Nothing is
 written unless every spec compiled, and never with --check or --diff; never over a file that
 another existing spec generated (its header names its spec) or that svgen did not write.
 """
@@ -25,13 +25,16 @@ import time
 import numpy as np
 import yaml
 
-from svgen import codegen, gpu_aot, libtpu_env, lint
+from svgen import codegen
+from svgen.perf import gpu_aot
+from svgen.report import lint
+from svgen.runtime import libtpu_env
 from svgen.analysis import DEFAULT_SMEM_BUDGET, Plan, analyze
-from svgen.errors import SpecError
-from svgen.inspect_text import density_bounds_words, inspect_lines
+from svgen.spec.errors import SpecError
+from svgen.report.inspect_text import density_bounds_words, inspect_lines
 from svgen.spec import ALIGN_MODES, load_spec
-from svgen.tune import DEFAULT_CONFIRM
-from svgen.targets import DEFAULT_TARGET, GPU_TARGETS, TARGETS
+from svgen.perf.tune import DEFAULT_CONFIRM
+from svgen.analysis.targets import DEFAULT_TARGET, GPU_TARGETS, TARGETS
 
 OUT_DEFAULT = "generated"
 EXIT_STALE = 1
@@ -266,7 +269,7 @@ def _is_terminal(stream) -> bool:
 
 
 def _plan(spec_file: str, quiet: bool, smem_budget: int, target: str, warn: bool = True) -> Plan:
-    """The spec's analysis; likely mistakes (svgen.lint) are printed as warnings on stderr
+    """The spec's analysis; likely mistakes (svgen.report.lint) are printed as warnings on stderr
     unless `warn` is False, and change nothing else."""
     spec = load_spec(spec_file)
     if warn:
@@ -525,7 +528,7 @@ def _located(err: SpecError) -> SpecError:
 
 
 def _gpu_compile(files: dict[str, bytes], plan: Plan, target: str) -> dict:
-    """The deviceless compile of a GPU module (svgen.gpu_aot), from a scratch directory:
+    """The deviceless compile of a GPU module (svgen.perf.gpu_aot), from a scratch directory:
     nothing reaches the output directory before it passed."""
     with tempfile.TemporaryDirectory(prefix="svgen-gpu-") as tmp:
         for filename, data in files.items():
@@ -638,7 +641,7 @@ def _inspect(args) -> int:
             allow_pickle=False,
         )
     if args.png:
-        from svgen.pictures import write_tile_map_png
+        from svgen.report.pictures import write_tile_map_png
 
         for pattern in plan.patterns:
             path = pathlib.Path(args.png)
@@ -680,10 +683,10 @@ def _cost(args) -> int:
     if not _libtpu_installed():
         print(f"svgen: error: {NO_LIBTPU}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from svgen import cost
+    from svgen.perf import cost
 
     # libtpu must learn where to dump its schedules before anything starts it.
-    from svgen.tpu_schedule import NoGridLoop, ensure_dump_flags
+    from svgen.perf.tpu_schedule import NoGridLoop, ensure_dump_flags
 
     ensure_dump_flags()
     plan = _plan(args.spec, quiet=args.json, smem_budget=args.smem_budget, target=args.target)
@@ -705,7 +708,7 @@ def _cost(args) -> int:
 
 
 def _tune(args) -> int:
-    from svgen import tune
+    from svgen.perf import tune
 
     if args.apply:  # before minutes of tuning: the spec can be rewritten at all
         _rewritable(pathlib.Path(args.spec))
@@ -765,7 +768,7 @@ def _rewritable(path: pathlib.Path) -> None:
             f"{path.parent} is read-only",
             file=str(path),
         )
-    from svgen.tune import Candidate
+    from svgen.perf.tune import Candidate
 
     t = spec.tiling
     _rewritten(path, Candidate(t.block_q, t.block_kv, t.cq, t.ckv, t.align))
@@ -775,7 +778,7 @@ def _rewritten(path: pathlib.Path, candidate) -> tuple[str, list[str]]:
     """The spec's text with `candidate`'s tiling, and the changes in words; a SpecError when
     the new text would not read back as the same spec with that tiling."""
     from svgen.spec import parse_spec
-    from svgen.tune import rewrite_tiling
+    from svgen.perf.tune import rewrite_tiling
 
     try:
         text = path.read_text(encoding="utf-8")
@@ -837,7 +840,7 @@ def _bar(done: int, total: int, width: int = 20) -> str:
 
 
 def _schema(args) -> int:
-    from svgen.schema import schema_text
+    from svgen.spec.schema import schema_text
 
     sys.stdout.write(schema_text())
     return 0

@@ -4,10 +4,10 @@ Each node knows three things about itself:
   * `evaluate(q, k)`: the brute-force oracle, keep(q, k) on NumPy coordinate arrays, written
     straight from the documented semantics (tests check everything else against it);
   * `predicate()`: the same predicate as a sympy boolean over the coordinate symbols of
-    `svgen.expr`; code generation prints it as the boundary-tile mask;
+    `svgen.spec.expr`; code generation prints it as the boundary-tile mask;
   * `describe()`: the pattern in words, for the generated docstring.
 Tile classification of nodes lives in `svgen.analysis`, which finds each node's row sets
-through the primitive registry, `svgen.primitives`.
+through the primitive registry, `svgen.spec.primitives`.
 
 `lower(spec)` resolves named patterns (a networkx dependency graph: unknown names and cycles
 are errors naming the chain), desugars spec terms to nodes and simplifies the result. Which
@@ -23,10 +23,10 @@ from typing import Protocol
 import numpy as np
 import sympy
 
-from svgen import primitives
-from svgen import int_range
-from svgen.errors import SpecError
-from svgen.expr import SYMBOLS, FloorDiv, FloorMod, parse_predicate
+from svgen.spec import primitives
+from svgen.spec import int_range
+from svgen.spec.errors import SpecError
+from svgen.spec.expr import SYMBOLS, FloorDiv, FloorMod, parse_predicate
 from svgen.runtime.layout import Coordinates
 from svgen.spec import MaskTerm, Spec, dependency_order, pattern_graph
 
@@ -306,7 +306,7 @@ class CubeWindow:
 
 @dataclasses.dataclass(frozen=True)
 class Predicate:
-    """A user `expr`, parsed by svgen.expr into sympy; `source` is the user's text."""
+    """A user `expr`, parsed by svgen.spec.expr into sympy; `source` is the user's text."""
 
     source: str
     expr: sympy.Basic = dataclasses.field(compare=False, hash=False, repr=False)
@@ -456,7 +456,7 @@ class Not:
 
 
 class Node(Protocol):
-    """What every mask node provides; `svgen.primitives` lists the node of each spec key
+    """What every mask node provides; `svgen.spec.primitives` lists the node of each spec key
     (`Always` is the only node no spec writes: simplification's constants)."""
 
     def evaluate(self, q: Coordinates, k: Coordinates) -> np.ndarray: ...
@@ -486,7 +486,7 @@ def _symbol_value(name: str, q: Coordinates, k: Coordinates):
 
 
 def evaluate_sympy(expr: sympy.Basic, q: Coordinates, k: Coordinates):
-    """Evaluate a predicate or integer expression of svgen.expr on coordinate arrays."""
+    """Evaluate a predicate or integer expression of svgen.spec.expr on coordinate arrays."""
     return _evaluate(expr, q, k)
 
 
@@ -625,7 +625,7 @@ def _lower_term(term: MaskTerm, spec: Spec, patterns: dict[str, Node]) -> Node:
 
 
 def _check_device_range(expr, geometry, term: MaskTerm) -> None:
-    """Refuse a predicate that int32 cannot evaluate over this geometry (svgen.int_range):
+    """Refuse a predicate that int32 cannot evaluate over this geometry (svgen.spec.int_range):
     the analysis would count its pairs exactly and the kernel compute others."""
     domain = int_range.coordinate_domain(
         geometry.frames, geometry.height, geometry.width, geometry.seq_len

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import yaml
 
-from svgen import codegen, ir, libtpu_env
+from svgen import codegen, ir
+from svgen.runtime import libtpu_env
 from svgen.analysis import analyze
 from svgen.codegen.predicate import emit_mask
 from svgen.runtime.layout import Tiled, TokenLayout
@@ -27,7 +28,7 @@ from svgen.spec import parse_spec
 
 # Before any test starts JAX's backends (importing JAX does not): the AOT tests, and the
 # subprocesses tests start (they inherit the environment), share libtpu with other processes
-# on the machine and print none of its "no TPU here" warnings. See svgen/libtpu_env.py.
+# on the machine and print none of its "no TPU here" warnings. See svgen/runtime/libtpu_env.py.
 libtpu_env.prepare()
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

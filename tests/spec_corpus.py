@@ -4,7 +4,7 @@ reader's messages, test_schema.py that the schema accepts and refuses the same f
 
 from __future__ import annotations
 
-from svgen.limits import MAX_HEADS, MAX_PARAM, MAX_SEQ_LEN
+from svgen.spec.limits import MAX_HEADS, MAX_PARAM, MAX_SEQ_LEN
 
 
 FULL = """\

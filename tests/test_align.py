@@ -10,7 +10,7 @@ from jax.experimental.pallas import tpu as pltpu
 from svgen.analysis import analyze
 from svgen.analysis.align import align_classification, balanced_order, promoted_blocks
 from svgen.analysis.classify import TileGrid, classify_tiles
-from svgen.errors import SpecError
+from svgen.spec.errors import SpecError
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.reference import masked_attention_reference
 from svgen.spec import ALIGN_MODES, canonical_json, parse_spec

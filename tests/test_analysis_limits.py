@@ -1,4 +1,4 @@
-"""The analysis's own work limits (svgen.limits MAX_ROW_SET_WORK, MAX_PRODUCT_WORK): specs
+"""The analysis's own work limits (svgen.spec.limits MAX_ROW_SET_WORK, MAX_PRODUCT_WORK): specs
 within every limit on their size that would still take minutes and gigabytes to classify are
 refused, fast, at the mask's key; the shipped specs stay far below both."""
 
@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 import svgen.analysis as analysis
-from svgen import ir, limits
+from svgen import ir
+from svgen.spec import limits
 from svgen.analysis import product, rowsets
 from svgen.analysis.classify import TileGrid, classify_tiles
 from svgen.analysis.intervals import IntervalSet
-from svgen.errors import SpecError
+from svgen.spec.errors import SpecError
 from svgen.spec import parse_spec
 
 from conftest import SPECS

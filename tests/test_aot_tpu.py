@@ -119,8 +119,8 @@ def test_every_tiling_the_compiler_accepts_compiles_for_its_target(target, tmp_p
     import re
 
     from conftest import compile_spec_text
-    from svgen.errors import SpecError
-    from svgen.targets import TARGETS
+    from svgen.spec.errors import SpecError
+    from svgen.analysis.targets import TARGETS
 
     base = (REPO / "specs" / "wan21_720p_band.yaml").read_text()
     outcomes = []
@@ -242,7 +242,7 @@ COMPILE_TINY_KERNEL = """
 import sys
 import jax, jax.numpy as jnp
 from jax.experimental import pallas as pl, topologies
-from svgen import libtpu_env
+from svgen.runtime import libtpu_env
 if sys.argv[1] == "prepare":
     assert libtpu_env.prepare(), "libtpu loaded before prepare()"
 device = topologies.get_topology_desc(platform="tpu", topology_name="v6e:2x2").devices[0]

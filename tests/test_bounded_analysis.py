@@ -10,8 +10,8 @@ from svgen import ir
 from svgen.analysis import _check_backward_tables, analyze, product
 from svgen.analysis.classify import TileGrid, classify_tiles
 from svgen.analysis.tables import build_runs, kernel_tiles, transposed_tiles
-from svgen.errors import SpecError
-from svgen.expr import parse_predicate
+from svgen.spec.errors import SpecError
+from svgen.spec.expr import parse_predicate
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
 from svgen.runtime.tables import KernelShape, transposed_runs, transposed_tables
@@ -214,7 +214,7 @@ def _layouts():
 @pytest.mark.parametrize("source", BLOCK_CAUSAL + COMBINATIONS + NOT_BUILTIN)
 def test_recognized_predicates_mean_what_they_say(source):
     """Whatever a predicate lowers to equals it on every pair (the IR oracle against
-    svgen.expr's own evaluation), with and without text tokens."""
+    svgen.spec.expr's own evaluation), with and without text tokens."""
     expr = parse_predicate(source)
     for lay in _layouts():
         node = ir.recognize_builtins(expr, lay)

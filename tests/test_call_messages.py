@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from svgen import libtpu_env
+from svgen.runtime import libtpu_env
 from svgen import spec as spec_reader
 from svgen.runtime import calls, gpu
 
@@ -176,7 +176,7 @@ def _start_jax(module_path: str) -> subprocess.CompletedProcess:
 
 def test_generated_module_prepares_libtpu_before_jax_starts():
     """A script that imports a generated module and then uses JAX prints none of libtpu's
-    no-TPU warnings, without calling svgen.libtpu_env.prepare() itself."""
+    no-TPU warnings, without calling svgen.runtime.libtpu_env.prepare() itself."""
     quiet = _start_jax(str(REPO / "generated" / "wan21_720p_spatial.py"))
     assert quiet.returncode == 0, quiet.stderr[-3000:]
     assert quiet.stdout.split() == ["cpu", "6"]

@@ -3,11 +3,12 @@
 import numpy as np
 import pytest
 
-from svgen import ir, primitives
+from svgen import ir
+from svgen.spec import primitives
 from svgen.analysis import analyze
 from svgen.analysis import product
 from svgen.analysis.classify import TileGrid, classify_tiles
-from svgen.expr import parse_predicate
+from svgen.spec.expr import parse_predicate
 from svgen.runtime.layout import TokenLayout
 from svgen.runtime.kinds import TileKind
 

@@ -326,7 +326,7 @@ def test_output_is_identical_across_hash_seeds(tmp_path):
 def test_inspect_png_pixels_match_the_tile_kinds(project):
     import matplotlib.image
 
-    from svgen.pictures import (
+    from svgen.report.pictures import (
         BOTTOM_PX,
         COLORS,
         LEFT_PX,
@@ -454,7 +454,7 @@ def test_warnings_leave_inspect_json_alone(project, capsys, monkeypatch):
 
 def test_shipped_specs_warn_about_nothing(capsys):
     """The examples users copy from compile without a warning."""
-    from svgen import lint
+    from svgen.report import lint
 
     for path in SPECS:
         plan = analyze(load_spec(path))

@@ -8,10 +8,10 @@ import textwrap
 
 import pytest
 
-from svgen import tune
-from svgen.cost import KernelOutOfVmem
-from svgen.errors import SpecError
-from svgen.tune import Candidate
+from svgen.perf import tune
+from svgen.perf.cost import KernelOutOfVmem
+from svgen.spec.errors import SpecError
+from svgen.perf.tune import Candidate
 
 from conftest import REPO
 from tune_helpers import fake_measure, write_spec

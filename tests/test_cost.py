@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from svgen.cost import PathCosts, model_cycles
+from svgen.perf.cost import PathCosts, model_cycles
 from svgen.runtime.tables import PieceTables
 from svgen.runtime.kinds import TileKind
 

@@ -1,4 +1,4 @@
-"""Tests for svgen.expr: the whitelist predicate parser."""
+"""Tests for svgen.spec.expr: the whitelist predicate parser."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import sympy
 
 from svgen import ir
 from svgen.analysis import choose_layout
-from svgen.errors import SpecError
-from svgen.expr import (
+from svgen.spec.errors import SpecError
+from svgen.spec.expr import (
     MAX_EXPR_NODES,
     SYMBOLS,
     ExprSyntaxError,
@@ -22,7 +22,7 @@ from svgen.expr import (
     parse_predicate,
     predicate_tokens,
 )
-from svgen.limits import MAX_EXPR_CHARS, MAX_EXPR_DEPTH, MAX_EXPR_LITERAL, MAX_EXPR_TOKENS
+from svgen.spec.limits import MAX_EXPR_CHARS, MAX_EXPR_DEPTH, MAX_EXPR_LITERAL, MAX_EXPR_TOKENS
 from svgen.runtime.layout import TokenLayout
 from svgen.spec import parse_spec
 

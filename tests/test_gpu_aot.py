@@ -1,4 +1,4 @@
-"""Deviceless GPU compiles (svgen.gpu_aot): every shipped spec's GPU kernel compiles for the H100
+"""Deviceless GPU compiles (svgen.perf.gpu_aot): every shipped spec's GPU kernel compiles for the H100
 and the H200 on this CPU-only machine, through XLA, Triton and ptxas to sm_90a, and
 `svgen compile --target h100|h200` refuses what would not fit a block's shared memory.
 
@@ -16,10 +16,11 @@ import sys
 
 import pytest
 
-from svgen import codegen, gpu_aot
+from svgen import codegen
+from svgen.perf import gpu_aot
 from svgen.analysis import analyze
 from svgen.spec import load_spec
-from svgen.targets import GPU_TARGETS
+from svgen.analysis.targets import GPU_TARGETS
 
 from conftest import REPO, SPECS
 

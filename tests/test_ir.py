@@ -3,7 +3,7 @@
 import pytest
 
 from svgen import ir
-from svgen.errors import SpecError
+from svgen.spec.errors import SpecError
 from svgen.spec import parse_spec
 
 HEAD = """svgen: 1
@@ -76,7 +76,7 @@ NOT_RECOGNIZABLE = [
 def test_window_predicates_become_builtins_with_the_same_meaning(source, text_tokens):
     import numpy as np
 
-    from svgen.expr import parse_predicate
+    from svgen.spec.expr import parse_predicate
     from svgen.runtime.layout import TokenLayout
 
     expr = parse_predicate(source)

@@ -28,7 +28,7 @@ from conftest import (
 )
 from svgen import ir
 from svgen.analysis.chunks import chunk_runs, runs_of_position
-from svgen.errors import SpecError
+from svgen.spec.errors import SpecError
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
 from svgen.runtime.reference import masked_attention_reference
@@ -500,7 +500,7 @@ def test_chunk_classification_over_the_work_limit_is_a_located_error(monkeypatch
     """The chunk positions' classification runs under the analysis's work budgets; going
     over them ends in an error at runtime.kv_cache, not in minutes of work."""
     from svgen import analysis
-    from svgen.limits import PRODUCT_WORK, WorkOverLimit
+    from svgen.spec.limits import PRODUCT_WORK, WorkOverLimit
 
     def over(*args, **kwargs):
         raise WorkOverLimit(PRODUCT_WORK, 1 << 40)

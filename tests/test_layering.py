@@ -15,7 +15,16 @@ import sys
 from svgen.spec import load_spec
 for path in sys.argv[1:]:
     load_spec(path)
-heavy = ("jax", "jinja2", "svgen.ir", "svgen.analysis", "svgen.codegen", "svgen.runtime")
+heavy = (
+    "jax",
+    "jinja2",
+    "svgen.ir",
+    "svgen.analysis",
+    "svgen.codegen",
+    "svgen.runtime",
+    "svgen.perf",
+    "svgen.report",
+)
 shared = ("svgen.runtime", "svgen.runtime.layout")
 print(" ".join(sorted(m for m in sys.modules if m.startswith(heavy) and m not in shared)))
 """
@@ -115,7 +124,42 @@ def test_no_import_circle():
 
 def test_import_graph_sees_deferred_imports():
     """The graph the circle test reads has the edges it must see: a deferred import inside a
-    function (svgen.cost imports the runtime there) and `from package import module`."""
+    function (svgen.perf.cost imports the runtime there) and `from package import module`."""
     graph = import_graph()
-    assert graph.has_edge("svgen.cost", "svgen.runtime.forward")
+    assert graph.has_edge("svgen.perf.cost", "svgen.runtime.forward")
     assert graph.has_edge("svgen.runtime.kernel", "svgen.runtime.backward")
+
+
+# CONTRIBUTING's house map: the rooms (a folder of svgen, or ir / cli) each room may import.
+# The pipeline reads down this list; the tools on the side (perf) and on top (report, cli)
+# may import any stage, and no stage imports them.
+MAY_IMPORT = {
+    "spec": {"spec", "runtime.layout"},
+    "ir": {"spec", "runtime.layout"},
+    "analysis": {"spec", "ir", "analysis", "runtime", "runtime.layout"},
+    "codegen": {"spec", "ir", "analysis", "codegen", "runtime", "runtime.layout"},
+    "runtime": {"runtime", "runtime.layout"},
+    "perf": {"spec", "ir", "analysis", "codegen", "runtime", "runtime.layout", "perf"},
+    "report": {"spec", "ir", "analysis", "codegen", "runtime", "runtime.layout", "report"},
+    "cli": {"spec", "ir", "analysis", "codegen", "runtime", "runtime.layout", "perf", "report"},
+}
+
+
+def _room(module: str) -> str:
+    """svgen.spec.loader -> spec, svgen.ir -> ir; the token layout (the one type every
+    stage shares) is a room of its own."""
+    if module in ("svgen.runtime.layout", "svgen.runtime"):
+        return "runtime.layout"
+    return module.split(".")[1]
+
+
+def test_each_room_imports_only_what_the_house_map_allows():
+    graph = import_graph()
+    rooms = {_room(m) for m in graph if m != "svgen"}
+    assert rooms == set(MAY_IMPORT) | {"runtime.layout"}, "a room the house map does not name"
+    wrong = sorted(
+        f"{a} imports {b}"
+        for a, b in graph.edges
+        if a != "svgen" and _room(a) != "runtime.layout" and _room(b) not in MAY_IMPORT[_room(a)]
+    )
+    assert wrong == []

@@ -1,10 +1,11 @@
-"""Warnings for likely mistakes (svgen.lint): every parameter measured against the geometry
+"""Warnings for likely mistakes (svgen.report.lint): every parameter measured against the geometry
 warns just past its largest meaningful value and not at it; masks that keep nothing warn."""
 
 import pytest
 import yaml
 
-from svgen import lint, primitives
+from svgen.report import lint
+from svgen.spec import primitives
 from svgen.analysis import analyze
 from svgen.spec import parse_spec
 

@@ -1,6 +1,6 @@
 """Commands that need no JAX never import it: `svgen inspect` and `svgen compile` (TPU
 target) run where jax and jaxlib cannot be imported at all, and the check for attached TPU
-chips (svgen.libtpu_env) reads sysfs itself."""
+chips (svgen.runtime.libtpu_env) reads sysfs itself."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from svgen import libtpu_env
+from svgen.runtime import libtpu_env
 
 from conftest import REPO
 

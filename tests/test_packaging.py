@@ -29,7 +29,10 @@ def test_wheel_contains_the_templates(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "svgen/templates/pallas_tpu/module.py.j2" in names
     assert "svgen/runtime/kernel.py" in names
-    assert {"svgen/gpu_specs/h100_sxm.txtpb", "svgen/gpu_specs/h200_sxm.txtpb"} <= set(names)
+    assert {
+        "svgen/analysis/gpu_specs/h100_sxm.txtpb",
+        "svgen/analysis/gpu_specs/h200_sxm.txtpb",
+    } <= set(names)
 
 
 def test_ci_runs_exactly_the_readme_commands():
@@ -68,11 +71,11 @@ def test_jax_is_a_range_and_libtpu_is_optional():
 
 
 def test_gpu_toolchain_matches_the_tested_jax():
-    """gpu-aot.txt (the README's install) and the install hint of svgen.gpu_aot name the same
+    """gpu-aot.txt (the README's install) and the install hint of svgen.perf.gpu_aot name the same
     packages, the CUDA plugin at exactly the jax version the tests run."""
     import jax
 
-    from svgen import gpu_aot
+    from svgen.perf import gpu_aot
 
     lines = (REPO / "gpu-aot.txt").read_text().splitlines()
     pinned = [line for line in lines if line and not line.startswith("#")]

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import POISONED, TOLERANCE, compile_spec_text, reference_grads, user_order_keep
 from segment_helpers import check_element_grads, late_video_ids, packed_ids
-from svgen.errors import SpecError
+from svgen.spec.errors import SpecError
 from svgen.runtime import backward, segments
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.reference import masked_attention_reference

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from svgen.errors import SpecError
+from svgen.spec.errors import SpecError
 
 from conftest import (
     dense_keep,

@@ -18,15 +18,16 @@ import numpy as np
 import pytest
 import sympy
 
-from svgen import codegen, ir, primitives
+from svgen import codegen, ir
+from svgen.spec import primitives
 from svgen.analysis import analyze
 from svgen.analysis.classify import TileGrid, classify_tiles
 from svgen.analysis.rowsets import Bounds, _nominal_keys
 from svgen.codegen.predicate import emit_mask
-from svgen.errors import SpecError
-from svgen.expr import SYMBOLS
+from svgen.spec.errors import SpecError
+from svgen.spec.expr import SYMBOLS
 from svgen.runtime.layout import TokenLayout
-from svgen.schema import spec_schema
+from svgen.spec.schema import spec_schema
 from svgen.spec import parse_spec
 
 from conftest import (
@@ -205,7 +206,7 @@ def test_registering_twice_or_removing_a_builtin_is_refused():
 
 # ----------------------------------------------------------------------------- a new primitive
 # The three steps of CONTRIBUTING.md's "Adding a mask primitive", written here instead of in
-# svgen/ir.py, svgen/analysis/rowsets.py and svgen/primitives.py.
+# svgen/ir.py, svgen/analysis/rowsets.py and svgen/spec/primitives.py.
 
 
 # Step 1: the IR node, its oracle written from the documented meaning.

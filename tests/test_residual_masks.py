@@ -13,11 +13,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from svgen import ir, lint
+from svgen import ir
+from svgen.report import lint
 from svgen.analysis import analyze, residuals
 from svgen.analysis.classify import TileGrid, classify_tiles
-from svgen.cost import PathCosts, model_cycles
-from svgen.expr import parse_predicate
+from svgen.perf.cost import PathCosts, model_cycles
+from svgen.spec.expr import parse_predicate
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
 from svgen.runtime.tables import PieceTables

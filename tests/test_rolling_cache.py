@@ -30,7 +30,7 @@ from svgen.analysis.chunks import (
     ring_runs,
     runs_of_position,
 )
-from svgen.errors import SpecError
+from svgen.spec.errors import SpecError
 from svgen.runtime.chunks import KvCache, ring_frames
 from svgen.runtime.ring import RingCache
 from svgen.runtime.kinds import TileKind

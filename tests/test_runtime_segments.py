@@ -23,7 +23,7 @@ from conftest import (
     user_order_keep,
 )
 from segment_helpers import check_element_grads, random_segment_ids
-from svgen.errors import SpecError
+from svgen.spec.errors import SpecError
 from svgen.runtime import backward
 from svgen.runtime.reference import masked_attention_reference
 from svgen.runtime.segments import user_order_ids
@@ -390,7 +390,7 @@ def test_heads_sharded_with_shard_map(per_video):
 
 
 def test_the_cost_model_knows_the_run_time_kind():
-    from svgen import cost
+    from svgen.perf import cost
     from svgen.runtime import refine
     from svgen.runtime.kinds import TileKind
 

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from svgen.cli import main
-from svgen.errors import SpecError
-from svgen.schema import schema_text, spec_schema
+from svgen.spec.errors import SpecError
+from svgen.spec.schema import schema_text, spec_schema
 from svgen.spec import parse_spec
 
 from conftest import REPO, SPECS
@@ -28,7 +28,7 @@ from spec_corpus import (
 
 VALIDATOR = jsonschema.Draft202012Validator(spec_schema())
 
-#: Invalid cases the schema cannot reject, and why (svgen.schema's docstring lists the
+#: Invalid cases the schema cannot reject, and why (svgen.spec.schema's docstring lists the
 #: kinds of rule it leaves out).
 NOT_EXPRESSIBLE = {
     # Not a JSON document: the YAML is broken, or holds what JSON cannot.

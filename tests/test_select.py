@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from svgen.errors import SpecError
+from svgen.spec.errors import SpecError
 from svgen.runtime import select as sel
 from svgen.spec import parse_spec
 

@@ -19,8 +19,8 @@ from spec_corpus import (
     _bad_values,
     _limits_spec,
 )
-from svgen.errors import SpecError
-from svgen.limits import MAX_SEQ_LEN, MAX_SPEC_BYTES
+from svgen.spec.errors import SpecError
+from svgen.spec.limits import MAX_SEQ_LEN, MAX_SPEC_BYTES
 from svgen.spec import (
     Attention,
     Candidate,

@@ -12,7 +12,7 @@ from svgen.analysis.tables import (
     kernel_tiles,
     tile_kinds,
 )
-from svgen.errors import SpecError
+from svgen.spec.errors import SpecError
 from svgen.runtime.tables import (
     KIND_MASK,
     KV_BLOCK_MASK,

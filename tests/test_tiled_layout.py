@@ -12,12 +12,12 @@ import pytest
 from svgen import ir
 from svgen.analysis import analyze, bounds, classify
 from svgen.analysis.classify import TileGrid, classify_tiles
-from svgen.errors import SpecError
-from svgen.expr import parse_predicate
+from svgen.spec.errors import SpecError
+from svgen.spec.expr import parse_predicate
 from svgen.runtime import coords
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import Tiled, TokenLayout
-from svgen.schema import spec_schema
+from svgen.spec.schema import spec_schema
 from svgen.spec import canonical_json, parse_spec
 
 from conftest import (

@@ -11,9 +11,10 @@ import subprocess
 import sys
 import textwrap
 
-from svgen import cli, tune
+from svgen import cli
+from svgen.perf import tune
 from svgen.spec import parse_spec
-from svgen.tune import Candidate, estimate_paths, rewrite_tiling
+from svgen.perf.tune import Candidate, estimate_paths, rewrite_tiling
 from tune_helpers import SEQ_LEN, SPEC, fake_measure, synthetic_paths, write_spec
 
 
@@ -172,7 +173,8 @@ def test_a_small_real_tune(tmp_path):
     spec = write_spec(tmp_path)
     script = textwrap.dedent(f"""
         import sys
-        from svgen import cli, tune
+        from svgen import cli
+        from svgen.perf import tune
         tune.TILE_SIZES, tune.COMPUTE_SIZES = (512,), (512,)
         sys.exit(cli.main(["tune", {str(spec)!r}, "--json"]))
     """)

@@ -43,8 +43,8 @@ from svgen.analysis.tables import (
     tile_kinds,
     transposed_tiles,
 )
-from svgen.errors import SpecError
-from svgen.limits import (
+from svgen.spec.errors import SpecError
+from svgen.spec.limits import (
     MAX_PRODUCT_WORK,
     MAX_ROW_SET_WORK,
     MAX_TILE_PAIRS,
@@ -64,7 +64,7 @@ from svgen.runtime.tables import (
     walks_flat,
 )
 from svgen.spec import BLOCK_MAX, Spec, Tiling
-from svgen.targets import (
+from svgen.analysis.targets import (
     DEFAULT_TARGET,
     MIB,
     VMEM_RESERVE,
@@ -160,7 +160,7 @@ def analyze_gpu(
     tiles of `gpu_classification_tiling`, then the CSR tables of all patterns. The returned
     plan's spec carries that tiling (what the generated module's SHAPE and docstring say);
     what fits the GPU's shared memory and registers is the deviceless compile's to check
-    (svgen.gpu_aot), not the analysis's."""
+    (svgen.perf.gpu_aot), not the analysis's."""
     heads = spec.head_patterns()
     classified = dataclasses.replace(
         spec, tiling=gpu_classification_tiling(spec, len(heads.candidates))

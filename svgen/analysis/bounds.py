@@ -19,7 +19,7 @@ import dataclasses
 import numpy as np
 import sympy
 
-from svgen.expr import FloorDiv, FloorMod
+from svgen.spec.expr import FloorDiv, FloorMod
 from svgen.runtime.layout import TokenLayout
 
 _COORDS = ("f", "h", "w", "i", "is_text")

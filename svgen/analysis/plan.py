@@ -21,7 +21,7 @@ from svgen.runtime.tables import (
 )
 from svgen.runtime.kinds import TileKind
 from svgen.spec import GpuTiling, Spec
-from svgen.targets import GpuTarget, Target, VmemNeed
+from svgen.analysis.targets import GpuTarget, Target, VmemNeed
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,10 +38,10 @@ import numpy as np
 import sympy
 
 from svgen import ir
-from svgen.expr import SYMBOLS
+from svgen.spec.expr import SYMBOLS
 from svgen.analysis import bounds as box_bounds
 from svgen.analysis.intervals import IntervalSet, ragged_arange
-from svgen.limits import PRODUCT_WORK, WorkOverLimit
+from svgen.spec.limits import PRODUCT_WORK, WorkOverLimit
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import Coordinates, TokenLayout
 

@@ -10,9 +10,9 @@ tile (`bounds`), which the same algebra then combines.
 
 Nothing here is proportional to seq_len**2: the work is the number of intervals. That number
 is what a hostile mask inflates (hundreds of windows, each a few dozen intervals per row, make
-billions), so every step that builds intervals charges them to `svgen.limits.ROW_SET_WORK`
+billions), so every step that builds intervals charges them to `svgen.spec.limits.ROW_SET_WORK`
 before allocating, and `estimate_work` extrapolates a few sampled rows to the whole sequence
-before the classification starts (svgen.limits.MAX_ROW_SET_WORK).
+before the classification starts (svgen.spec.limits.MAX_ROW_SET_WORK).
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ import functools
 
 import numpy as np
 
-from svgen import ir, primitives
+from svgen import ir
+from svgen.spec import primitives
 from svgen.analysis import bounds as box_bounds
 from svgen.analysis.intervals import IntervalSet, ragged_arange
-from svgen.limits import ROW_SET_WORK, WorkOverLimit
+from svgen.spec.limits import ROW_SET_WORK, WorkOverLimit
 from svgen.runtime.layout import TokenLayout
 
 
@@ -113,7 +114,7 @@ class RowChunk:
 
 
 def row_bounds(node, chunk: RowChunk) -> Bounds:
-    """The node's row sets, by the function `svgen.primitives` declares for its class (so a
+    """The node's row sets, by the function `svgen.spec.primitives` declares for its class (so a
     primitive registered there needs no edit here)."""
     if isinstance(node, ir.Always):  # no spec key: simplification's constants
         return Bounds.exact(chunk.universe if node.value else IntervalSet.empty())

@@ -35,7 +35,7 @@ import dataclasses
 import sympy
 
 from svgen import ir
-from svgen.expr import SYMBOLS
+from svgen.spec.expr import SYMBOLS
 
 __all__ = ["NotPerVideo", "FrameTree", "frame_tree", "superset", "is_shift_invariant"]
 

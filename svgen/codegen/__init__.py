@@ -28,7 +28,8 @@ from svgen.codegen.tilemap import render_tile_map
 from svgen.runtime.kinds import TileKind
 
 # 3: generated modules name the table format as `tables.KernelShape` / `tables.Pattern` /
-# `tables.load_runs`, and GPU modules no longer import the TPU kernel.
+# `tables.load_runs`, import libtpu_env from svgen.runtime, and GPU modules no longer
+# import the TPU kernel.
 FORMAT_VERSION = 3
 # Above this many runs the step table goes to a .npy file beside the module. A GPU module's
 # runs are at its small classification tiles, a line or two per q tile: readable inline up to
@@ -525,10 +526,10 @@ def _mask_lines(lines) -> list[str]:
 
 
 def _runtime_imports(plan: Plan, patterns: list[dict]) -> str:
-    # The table format (KernelShape, Pattern, load_runs), and the backend that builds
-    # `attention`: the TPU kernel's front door, or the GPU kernel (which needs nothing of
-    # the TPU one).
-    names = {"tables", "gpu" if plan.gpu is not None else "kernel"}
+    # The table format (KernelShape, Pattern, load_runs), libtpu's environment (quiet on a
+    # host without a TPU), and the backend that builds `attention`: the TPU kernel's front
+    # door, or the GPU kernel (which needs nothing of the TPU one).
+    names = {"tables", "libtpu_env", "gpu" if plan.gpu is not None else "kernel"}
     lines = [
         line
         for p in patterns

@@ -14,15 +14,16 @@ import re
 
 import sympy
 
-from svgen import int_range, ir, primitives
-from svgen.expr import SYMBOLS, FloorDiv, FloorMod
+from svgen import ir
+from svgen.spec import int_range, primitives
+from svgen.spec.expr import SYMBOLS, FloorDiv, FloorMod
 from svgen.runtime.layout import TokenLayout
 
 _COORD = {"f": "frame", "h": "row", "w": "col", "i": "index"}
 
 
 def _code_name(node_class: type) -> str:
-    """The base name of a node's line: declared with its primitive (svgen.primitives);
+    """The base name of a node's line: declared with its primitive (svgen.spec.primitives);
     `always` for simplification's constants, which no spec writes."""
     if node_class is ir.Always:
         return "always"

@@ -454,7 +454,7 @@ def _attention_kernel(
 
     if bounded_kernel:
         # Every path twice: the bounded one first, then the online fallback (the phase order
-        # svgen.cost reads). The mode is one SMEM load per step.
+        # svgen.perf.cost reads). The mode is one SMEM load per step.
         body_paths(True, mode_ref[0] != 0)
         body_paths(False, mode_ref[0] == 0)
     else:

@@ -1,6 +1,6 @@
 """The VMEM one svgen kernel needs, by part (it mirrors `svgen.runtime.forward`'s buffers).
 
-The compiler checks it against the target's VMEM before generating anything (svgen.targets);
+The compiler checks it against the target's VMEM before generating anything (svgen.analysis.targets);
 the generated module asks for the limit derived from it; the runtime asks for more when it is
 called with a wider dtype than its spec's.
 

@@ -1,7 +1,7 @@
 """`svgen cost`: a static model of a generated kernel's time on a TPU, from libtpu's schedule.
 
 The TPU TensorCore issues one VLIW bundle per cycle, in order. libtpu compiles the kernel for
-the target on this host (no TPU needed) and dumps its final schedule; `svgen.tpu_schedule`
+the target on this host (no TPU needed) and dumps its final schedule; `svgen.perf.tpu_schedule`
 counts the bundles along each control-flow path of one grid step. The kernel's phases are
 `pl.when` branches in a fixed order (see `svgen.runtime.forward`), inside the pipeline's
 per-step branch:
@@ -37,7 +37,7 @@ import re
 
 import numpy as np
 
-from svgen.errors import SpecError
+from svgen.spec.errors import SpecError
 from svgen.runtime.kinds import TileKind
 
 # svgen.runtime.refine.SEGMENT_BOUNDARY (that module imports JAX; the cost model reads
@@ -833,7 +833,7 @@ def _compile_chunk(module, target: str):
     import jax
     import jax.numpy as jnp
 
-    from svgen import tpu_schedule
+    from svgen.perf import tpu_schedule
 
     q, k, v, head_pattern = _aot_args(module, target)
     kv_cache = module.attention.kv_cache
@@ -909,7 +909,7 @@ def _count_policy(module, target: str) -> PolicyCost:
     import jax
     import jax.numpy as jnp
 
-    from svgen import tpu_schedule
+    from svgen.perf import tpu_schedule
 
     select = module.attention.select
     sharding = tpu_schedule.tpu_sharding(target)
@@ -1074,7 +1074,7 @@ def _compile_training(module, target: str, names: list[str], fused: bool) -> dic
     import jax
     import jax.numpy as jnp
 
-    from svgen import tpu_schedule
+    from svgen.perf import tpu_schedule
     from svgen.runtime import backward
 
     def loss(q, k, v, hp):
@@ -1093,7 +1093,7 @@ def _compile_training(module, target: str, names: list[str], fused: bool) -> dic
 def _compile(module, target: str):
     """The kernel's schedule; a module with run-time inputs is compiled with them (traced),
     so what is measured is the kernel that reads run-time segments."""
-    from svgen import tpu_schedule
+    from svgen.perf import tpu_schedule
 
     names = module.attention.runtime.arguments()
 
@@ -1115,7 +1115,7 @@ def _runtime_args(module, target: str) -> tuple:
     import jax
     import jax.numpy as jnp
 
-    from svgen import tpu_schedule
+    from svgen.perf import tpu_schedule
 
     sharding = tpu_schedule.tpu_sharding(target)
     shapes = {"segment_ids": (module.SEQ_LEN,), "text_lengths": ()}
@@ -1130,7 +1130,7 @@ def _aot_args(module, target: str) -> tuple:
     import jax
     import jax.numpy as jnp
 
-    from svgen import tpu_schedule
+    from svgen.perf import tpu_schedule
 
     sharding = tpu_schedule.tpu_sharding(target)
     arg = jax.ShapeDtypeStruct(

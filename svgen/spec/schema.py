@@ -1,7 +1,7 @@
 """A JSON Schema (draft 2020-12) of spec files, for editors: `svgen schema` prints it.
 
-Mask keys and their parameters come from the primitive registry (`svgen.primitives`), the
-sections' keys from `svgen.spec`'s key lists and the numbers from `svgen.limits`, so the
+Mask keys and their parameters come from the primitive registry (`svgen.spec.primitives`), the
+sections' keys from `svgen.spec`'s key lists and the numbers from `svgen.spec.limits`, so the
 schema follows the compiler. It is an aid for completion and early red squiggles, not the
 validator: `svgen compile` stays the judge. What a JSON Schema cannot say is left out:
   * the YAML itself: syntax, duplicate keys (a loader keeps the last), tags, aliases, the
@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import json
 
-from svgen import primitives, spec
-from svgen.limits import MAX_EXPR_CHARS, MAX_HEADS, MAX_NAME_LEN, MAX_PATTERNS, MAX_SEQ_LEN
+from svgen import spec
+from svgen.spec import primitives
+from svgen.spec.limits import MAX_EXPR_CHARS, MAX_HEADS, MAX_NAME_LEN, MAX_PATTERNS, MAX_SEQ_LEN
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 

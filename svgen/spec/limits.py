@@ -6,8 +6,8 @@ makes sympy quadratic, deep nesting exhausts Python's stack, huge integers overf
 and a huge geometry asks for a dense tile grid that no machine holds. Every value is far
 above what a real video model needs (the shipped specs use at most 119,056 tokens, masks
 of under 10 nodes and predicates of under 40 tokens), and each one is checked in
-:mod:`svgen.spec` (or :mod:`svgen.expr`) before the work it bounds starts, so a spec over a
-limit is one :class:`svgen.errors.SpecError` naming the limit, in well under a second.
+:mod:`svgen.spec` (or :mod:`svgen.spec.expr`) before the work it bounds starts, so a spec over a
+limit is one :class:`svgen.spec.errors.SpecError` naming the limit, in well under a second.
 
 The analysis's own work (row-set intervals, product box pairs) depends on the mask's terms
 and the geometry together, not on the file's size: it is counted while it runs (`Work`),

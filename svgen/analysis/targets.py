@@ -56,11 +56,11 @@ def target(name: str) -> Target:
 @dataclasses.dataclass(frozen=True)
 class GpuTarget:
     """An NVIDIA GPU: what `svgen compile --target` checks a GPU kernel's launch against, and
-    the XLA target description a deviceless compile uses (svgen/gpu_specs/, svgen.gpu_aot)."""
+    the XLA target description a deviceless compile uses (svgen/analysis/gpu_specs/, svgen.perf.gpu_aot)."""
 
     name: str
     description: str
-    config_file: str  # svgen/gpu_specs/<file>: XLA GpuTargetConfig text proto
+    config_file: str  # svgen/analysis/gpu_specs/<file>: XLA GpuTargetConfig text proto
     shared_memory_per_block: int  # bytes a block may opt into (shared_memory_per_block_optin)
     registers_per_thread: int  # the most a thread may use (PTX ISA: 255 on sm_90)
     sm_count: int
@@ -70,11 +70,13 @@ class GpuTarget:
         import importlib.resources  # only a deviceless compile reads it
 
         return (
-            importlib.resources.files("svgen").joinpath("gpu_specs", self.config_file).read_text()
+            importlib.resources.files("svgen.analysis")
+            .joinpath("gpu_specs", self.config_file)
+            .read_text()
         )
 
 
-# Published Hopper figures, as the target protos in svgen/gpu_specs/ hold them.
+# Published Hopper figures, as the target protos in svgen/analysis/gpu_specs/ hold them.
 GPU_TARGETS = {
     "h100": GpuTarget(
         "h100", "NVIDIA H100 SXM (sm_90a)", "h100_sxm.txtpb", 232448, 255, 132, 3.35e12

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import jax
 
-from svgen import libtpu_env
+from svgen.runtime import libtpu_env
 
 DELAY_SLOTS = 4
 """Bundles after every ``sbr.rel`` that execute whether or not the branch is taken."""

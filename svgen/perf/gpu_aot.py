@@ -16,12 +16,12 @@ $SVGEN_GPU_TOOLCHAIN when set (then nowhere else), `.gpu-aot` beside the svgen p
 repository root, for an editable install: found from any working directory), `.gpu-aot` in
 the working directory, the running environment. The error of a missing toolchain lists them.
 
-The compile runs in a child process (`python -m svgen.gpu_aot MODULE --target NAME`) with the
+The compile runs in a child process (`python -m svgen.perf.gpu_aot MODULE --target NAME`) with the
 toolchain first on PYTHONPATH and JAX_PLATFORMS=cpu: without a driver the plugin would fail
 its CUDA check and not register, and the topology call would say "not implemented for cuda".
 The child compiles `module.attention` on q, k, v of the spec's shape and dtype (a traced
 head_pattern when heads choose at run time) against the target description of
-svgen/gpu_specs/, with XLA's dump on, and reads from the dump:
+svgen/analysis/gpu_specs/, with XLA's dump on, and reads from the dump:
 
   grid, threads, shared_memory   the kernel's launch (XLA's thunk sequence)
   wgmma                          Hopper warpgroup MMA instructions in its PTX
@@ -141,7 +141,7 @@ def child_env(toolchain: pathlib.Path | None) -> dict[str, str]:
 def compile_module(module_path: pathlib.Path, target: str, hint: bool = True) -> dict:
     """The launch facts of a generated GPU module compiled for `target`, from a child
     process; GpuCompileError with the child's facts when the compile fails."""
-    command = [sys.executable, "-m", "svgen.gpu_aot", str(module_path), "--target", target]
+    command = [sys.executable, "-m", "svgen.perf.gpu_aot", str(module_path), "--target", target]
     if not hint:
         command.append("--no-hint")
     try:
@@ -229,7 +229,7 @@ def _smaller_configs(c: _Config):
 
 
 def target_sharding(chip):
-    """A sharding on one device of `chip` (a svgen.targets.GpuTarget) built from its target
+    """A sharding on one device of `chip` (a svgen.analysis.targets.GpuTarget) built from its target
     description: what arguments of a deviceless compile carry (in the child process)."""
     from jax.experimental import topologies
     from jax.sharding import NamedSharding, PartitionSpec
@@ -247,7 +247,7 @@ class _Compiler:
         import jax
         import jax.numpy as jnp
 
-        from svgen.targets import gpu_target
+        from svgen.analysis.targets import gpu_target
 
         self.module, self.jax, self.jnp = module, jax, jnp
         self.target = gpu_target(target)
@@ -438,9 +438,9 @@ def _child(module_path: pathlib.Path, target: str, hint: bool) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m svgen.gpu_aot",
+        prog="python -m svgen.perf.gpu_aot",
         description="Compile a generated GPU module for a GPU target without a GPU "
-        "(run with the toolchain on PYTHONPATH and JAX_PLATFORMS=cpu; svgen.gpu_aot "
+        "(run with the toolchain on PYTHONPATH and JAX_PLATFORMS=cpu; svgen.perf.gpu_aot "
         "compile_module does); prints one JSON object.",
     )
     parser.add_argument("module", type=pathlib.Path)

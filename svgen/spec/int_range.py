@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sympy
 
-from svgen.expr import FloorDiv, FloorMod
+from svgen.spec.expr import FloorDiv, FloorMod
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 

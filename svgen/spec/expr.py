@@ -34,7 +34,7 @@ divisor must be a positive integer literal, so ``a % b`` is always in ``0 .. b -
 (``**``) are not supported: write the product out.
 
 The text's length, its number of tokens, its nesting and its integer literals are bounded
-(:mod:`svgen.limits`) before sympy sees anything, so no predicate can make parsing slow or
+(:mod:`svgen.spec.limits`) before sympy sees anything, so no predicate can make parsing slow or
 overflow Python's stack.
 """
 
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from svgen.limits import (
+from svgen.spec.limits import (
     MAX_EXPR_CHARS,
     MAX_EXPR_DEPTH,
     MAX_EXPR_LITERAL,

@@ -7,7 +7,7 @@ with the same exit status; `svgen` prints one line per warning on stderr, locate
 error (``file:line:column: key: message``) so editors jump to it.
 
 Which geometry size each parameter is measured against is declared with the parameter
-(`Param.within` in svgen.primitives), so a new primitive's parameters are checked without
+(`Param.within` in svgen.spec.primitives), so a new primitive's parameters are checked without
 an edit here.
 """
 
@@ -18,9 +18,9 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from svgen import primitives
+from svgen.spec import primitives
 from svgen.analysis import residuals
-from svgen.errors import locate
+from svgen.spec.errors import locate
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
 from svgen.spec import IMPLICIT_PATTERN, MaskTerm, Spec
@@ -42,7 +42,7 @@ class SpecWarning:
         return locate(self.message, self.file, self.line, self.column, self.key)
 
 
-#: Per extent (svgen.primitives.EXTENTS): the largest meaningful value on a geometry, and
+#: Per extent (svgen.spec.primitives.EXTENTS): the largest meaningful value on a geometry, and
 #: how to say it ({n}: that value; geometry fields by name).
 EXTENT_LIMITS: dict[str, tuple[Callable[[TokenLayout], int], str]] = {
     primitives.FRAME_COUNT: (lambda g: g.frames, "the video's {n:,} frame(s)"),

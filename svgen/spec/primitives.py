@@ -23,7 +23,7 @@ import functools
 import importlib
 from typing import Any, Callable
 
-from svgen.limits import MAX_NAME_LEN, MAX_PARAM
+from svgen.spec.limits import MAX_NAME_LEN, MAX_PARAM
 
 __all__ = [
     "Param",
@@ -53,7 +53,7 @@ __all__ = [
 
 # How a spec writes the value under a primitive's key (Primitive.form).
 PARAMS = "params"  # a mapping of named parameters; {} or null when none is needed
-PREDICATE = "predicate"  # a string: an `expr` predicate (svgen.expr)
+PREDICATE = "predicate"  # a string: an `expr` predicate (svgen.spec.expr)
 MASKS = "masks"  # a non-empty list of masks (any_of, all_of)
 MASK = "mask"  # one mask (not)
 PATTERN = "pattern"  # the name of a pattern from `patterns` (ref); it lowers to that pattern
@@ -64,7 +64,7 @@ FRACTION = "fraction"  # a number with 0 < value <= 1
 
 # What an integer parameter is measured against (Param.within). A value past the geometry's
 # largest meaningful one is legal (it means the same as that one, or keeps only what it
-# can) but is likely a mistake of scale or of units, so `svgen` warns (svgen.lint).
+# can) but is likely a mistake of scale or of units, so `svgen` warns (svgen.report.lint).
 FRAME_COUNT = "frame_count"  # at most geometry.frames
 FRAME_DIFFERENCE = "frame_difference"  # at most frames - 1
 ROW_DIFFERENCE = "row_difference"  # at most height - 1

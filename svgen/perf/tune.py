@@ -42,7 +42,7 @@ from typing import Callable, Sequence
 import yaml
 
 from svgen.analysis import DEFAULT_SMEM_BUDGET, Plan, analyze
-from svgen.errors import SpecError
+from svgen.spec.errors import SpecError
 from svgen.runtime.layout import Tiled
 from svgen.spec import (
     ALIGN_MODES,
@@ -52,7 +52,7 @@ from svgen.spec import (
     Spec,
     parse_spec,
 )
-from svgen.targets import DEFAULT_TARGET
+from svgen.analysis.targets import DEFAULT_TARGET
 
 TILE_SIZES = (512, 1024, 2048, 4096)
 COMPUTE_SIZES = (
@@ -295,7 +295,7 @@ def estimate_paths(points: Sequence[tuple[Candidate, object]], c: Candidate, seq
       * init and finalize grow with the q tile's rows.
     With one block per tile the kernel has no blocks word: a BOUNDARY tile is then the
     bookkeeping, the branch overhead of one block and one masked block."""
-    from svgen.cost import PathCosts
+    from svgen.perf.cost import PathCosts
 
     first = points[0][1]
     bk = round(_mean(p.bookkeeping for _, p in points))
@@ -420,8 +420,8 @@ class _Costs:
 
     def exact(self, c: Candidate, plan: Plan):
         """The candidate's exact costs; None when libtpu refused its kernel (out of VMEM at
-        compile time, svgen.cost.KernelOutOfVmem): the candidate is then skipped."""
-        from svgen.cost import KernelOutOfVmem
+        compile time, svgen.perf.cost.KernelOutOfVmem): the candidate is then skipped."""
+        from svgen.perf.cost import KernelOutOfVmem
 
         if c.code_key in self.refused:
             return None
@@ -442,7 +442,7 @@ class _Costs:
 
     def row(self, c: Candidate, plan: Plan) -> Row:
         """The candidate costed exactly when its code was compiled, else estimated."""
-        from svgen import cost
+        from svgen.perf import cost
 
         paths = self.paths.get(c.code_key)
         exact = paths is not None
@@ -483,12 +483,12 @@ def _confirm(rows: list[Row], costs: _Costs, top: int) -> list[Row]:
 def _compile_measure(spec_path: str) -> Measure:
     """Per-path costs from libtpu's schedule (svgen cost). The dump flags must be set before
     libtpu starts: here, before the first compile (nothing earlier in a tune touches JAX)."""
-    from svgen.tpu_schedule import ensure_dump_flags
+    from svgen.perf.tpu_schedule import ensure_dump_flags
 
     ensure_dump_flags()
 
     def measure(plan: Plan):
-        from svgen import cost
+        from svgen.perf import cost
 
         # The full-sequence kernel's paths rank tilings (a kv_cache spec's chunked call has the
         # same body per step; compiling it too would double every costed candidate's compile).

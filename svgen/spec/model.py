@@ -1,0 +1,301 @@
+"""The spec as frozen dataclasses (what every later stage reads), and the constants of the
+spec language: names, layouts, dtypes, block sizes.
+"""
+
+from __future__ import annotations
+
+import builtins
+import keyword
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+
+from svgen.spec import primitives
+from svgen.runtime.layout import (
+    FRAME_MAJOR,
+    TEMPORAL_MAJOR,
+    Tiled,
+    TokenLayout,
+)
+
+
+NAME_PATTERN = "[a-z][a-z0-9_]*"
+NAME_RE = re.compile(r"[a-z][a-z0-9_]*\Z")
+SPEC_VERSION = 1
+LAYOUTS = (FRAME_MAJOR, TEMPORAL_MAJOR)  # the `layout:` names; tiled is {tiled: {...}}
+DTYPES = ("bfloat16", "float32")
+#: attention.softmax: the online softmax (a running row max), or a bound of each row's scores
+#: from the norms of q and k where it is small enough, online elsewhere (svgen.runtime.forward).
+SOFTMAX_MODES = ("online", "bounded")
+HEAD_DIMS = (64, 128, 256)
+#: How `tiling.align` rounds the mask to whole compute blocks (svgen.analysis.align says how
+#: each mode decides); "exact" keeps the mask as written.
+ALIGN_MODES = ("exact", "superset", "subset", "nearest", "balanced")
+BLOCK_MULTIPLE = 128
+BLOCK_MIN = 128
+BLOCK_MAX = 4096
+DEFAULT_BLOCK = 512
+
+#: Top-level modules besides the standard library that a spec name must not shadow: the
+#: spec name becomes ``<name>.py`` next to other generated modules, and importing that
+#: folder would then hide the real module from every module in it. svgen, what svgen and
+#: its generated code import, and their usual neighbours in a model's environment.
+THIRD_PARTY_MODULES = frozenset(
+    {
+        "svgen",
+        "jax",
+        "jaxlib",
+        "libtpu",
+        "numpy",
+        "ml_dtypes",
+        "opt_einsum",
+        "scipy",
+        "yaml",
+        "jinja2",
+        "markupsafe",
+        "sympy",
+        "mpmath",
+        "networkx",
+        "matplotlib",
+        "pytest",
+        "setuptools",
+        "pip",
+        "pkg_resources",
+        "flax",
+        "optax",
+        "torch",
+        "einops",
+    }
+)
+_BUILTIN_NAMES = frozenset(dir(builtins))
+
+
+def reserved_name_reason(name: str) -> str | None:
+    """Why ``name`` may not name a spec or pattern (None when it may).
+
+    A keyword makes the generated module unimportable; a builtin or an importable module
+    name makes it shadow what other code means by that name.
+    """
+    if keyword.iskeyword(name):
+        return "a Python keyword"
+    if name in _BUILTIN_NAMES:
+        return "a Python builtin"
+    if name in sys.stdlib_module_names:
+        return "a standard-library module"
+    if name in THIRD_PARTY_MODULES:
+        return "an importable module that svgen or generated code may use"
+    return None
+
+
+# ----------------------------------------------------------------------------- dataclasses
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where something was written: file, 1-based line and column, key path."""
+
+    file: str
+    line: int
+    column: int
+    key: str
+
+
+@dataclass(frozen=True)
+class Attention:
+    heads: int
+    head_dim: int
+    dtype: str  # "bfloat16" | "float32"
+    softmax: str = "online"  # one of SOFTMAX_MODES
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """Tiles (what one grid step brings into VMEM) and the compute blocks inside them (what
+    one matmul pair works on; None: the whole tile)."""
+
+    block_q: int
+    block_kv: int
+    compute_q: int | None = None
+    compute_kv: int | None = None
+    align: str = "exact"  # one of ALIGN_MODES: BOUNDARY compute blocks rounded to FULL/EMPTY
+
+    @property
+    def aligned(self) -> bool:
+        return self.align != "exact"
+
+    @property
+    def cq(self) -> int:
+        return self.compute_q or self.block_q
+
+    @property
+    def ckv(self) -> int:
+        return self.compute_kv or self.block_kv
+
+    @property
+    def compute_blocks(self) -> int:
+        return (self.block_q // self.cq) * (self.block_kv // self.ckv)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The `runtime` section: inputs given at call time that only remove pairs from the
+    compiled mask (svgen.runtime.segments): per-token segment ids, per-prompt text lengths;
+    and `kv_cache: {chunk_frames: C}`: calls that attend a chunk of C frames (its first
+    frame given at call time) against a cache of the video's keys and values
+    (svgen.runtime.chunks). chunk_frames 0: no chunked calls. window_frames W > 0: the
+    cache is rolling, sink_frames S and a ring of W frames (else the whole video)."""
+
+    segments: bool = False
+    text_lengths: bool = False
+    # Each video segment numbers its frames from its own first frame (svgen.runtime.segments).
+    per_video_frames: bool = False
+    chunk_frames: int = 0
+    sink_frames: int = 0
+    window_frames: int = 0
+    where: Location | None = field(default=None, compare=False, hash=False)  # kv_cache's key
+    frames_where: Location | None = field(default=None, compare=False, hash=False)
+
+    @property
+    def any(self) -> bool:
+        return self.segments or self.text_lengths
+
+    @property
+    def kv_cache(self) -> bool:
+        return self.chunk_frames > 0
+
+    @property
+    def rolling(self) -> bool:
+        return self.window_frames > 0
+
+    def cache_frames(self, video_frames: int) -> int:
+        """Frames a chunked call's cache holds: the sink and the ring, or the whole video."""
+        return self.sink_frames + self.window_frames if self.rolling else video_frames
+
+
+@dataclass(frozen=True)
+class Select:
+    """The `select` section: blocks chosen per call from the activations
+    (svgen.runtime.select). `candidate` bounds what can be chosen (the compute blocks it
+    touches); `rule` is top_k (default: k blocks per compute block row) or top_p (default:
+    the mass p), each clamped to [min_blocks, max_blocks] per row."""
+
+    candidate: MaskTerm
+    rule: str
+    default: float
+    min_blocks: int
+    max_blocks: int
+    where: Location | None = field(default=None, compare=False, hash=False)
+    # Block scores from this many sampled query rows per compute block row (their attention
+    # mass per block); 0: mean pooling of q and k (svgen.runtime.select).
+    sampled_rows: int = 0
+
+
+@dataclass(frozen=True)
+class GpuTiling:
+    """How `svgen compile --target h100|h200` tiles the GPU kernel (svgen.runtime.gpu): a
+    Triton program's q and kv tiles (they live in registers, so they are small), its warps
+    and its software-pipelining stages."""
+
+    block_q: int = 64
+    block_kv: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+@dataclass(frozen=True)
+class MaskTerm:
+    """One node of a mask tree.
+
+    ``params`` holds only the keys the user gave (no defaults filled in), sorted by
+    name. ``where`` points at the primitive's key in the YAML (its ``key`` is the key
+    path of that primitive, e.g. ``mask.any_of[1].ref``); it takes no part in equality.
+    """
+
+    op: str
+    params: tuple[tuple[str, object], ...]
+    children: tuple["MaskTerm", ...] = ()
+    where: Location | None = field(default=None, compare=False, hash=False)
+
+    def param(self, name: str, default: Any = None) -> Any:
+        for key, value in self.params:
+            if key == name:
+                return value
+        return default
+
+    def references(self) -> Iterator["MaskTerm"]:
+        """The `pattern` terms of this tree (references to named patterns), depth first and
+        left to right, without recursion (a tree may be MAX_MASK_DEPTH deep)."""
+        stack = [self]
+        while stack:
+            term = stack.pop()
+            if primitives.get(term.op).form == primitives.PATTERN:
+                yield term
+            stack.extend(reversed(term.children))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One pattern a head may use: a name from ``Spec.patterns`` and its token layout.
+
+    ``where`` points at the candidate's mapping in the YAML (key ``heads.candidates[i]``);
+    it takes no part in equality.
+    """
+
+    pattern: str
+    layout: str | Tiled  # a name of LAYOUTS or a tiled cube; the spec's layout when not given
+    where: Location | None = field(default=None, compare=False, hash=False)
+
+
+@dataclass(frozen=True)
+class HeadPatterns:
+    """The patterns heads choose from, and which head uses which.
+
+    A head's pattern index is the position of its candidate in ``candidates``.
+    ``assign`` names one candidate pattern per head (``attention.heads`` entries), or is
+    ``None`` when the assignment is chosen at run time (``assign: runtime``).
+    """
+
+    candidates: tuple[Candidate, ...]
+    assign: tuple[str, ...] | None  # None = chosen at run time ("runtime")
+
+
+#: The candidate name of a spec's top-level ``mask`` in :meth:`Spec.head_patterns`.
+IMPLICIT_PATTERN = "mask"
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    geometry: TokenLayout
+    attention: Attention
+    layout: str | Tiled  # a name of LAYOUTS or a tiled cube; the default of head candidates
+    mask: MaskTerm | None  # one pattern for every head; None when ``heads`` is given
+    patterns: tuple[tuple[str, MaskTerm], ...]  # sorted by name
+    heads: HeadPatterns | None  # patterns per head; None when ``mask`` is given
+    tiling: Tiling
+    source: str  # the path string as given
+    digest: str  # sha256 hex of canonical_json(spec)
+    gpu: GpuTiling | None = None  # the `gpu` section; None: not given (GpuTiling's defaults)
+    runtime: Runtime = Runtime()  # the `runtime` section (all False: not given)
+    select: Select | None = None  # the `select` section; None: a static mask
+
+    @property
+    def gpu_tiling(self) -> GpuTiling:
+        return self.gpu or GpuTiling()
+
+    def head_patterns(self) -> HeadPatterns:
+        """``heads``, or for a ``mask`` spec its one implicit candidate named ``"mask"`` on every head."""
+        if self.heads is not None:
+            return self.heads
+        return HeadPatterns(
+            (Candidate(IMPLICIT_PATTERN, self.layout),), (IMPLICIT_PATTERN,) * self.attention.heads
+        )
+
+    def pattern_mask(self, name: str) -> MaskTerm:
+        """The mask of the candidate pattern ``name`` (a name from :meth:`head_patterns`)."""
+        if self.heads is None and name == IMPLICIT_PATTERN:
+            assert self.mask is not None
+            return self.mask
+        return dict(self.patterns)[name]
