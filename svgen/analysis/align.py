@@ -104,7 +104,7 @@ def align_classification(
     p = c.pairs
     nk = grid.num_kv_blocks
     q, kv = p.boundary_index // nk, p.boundary_index % nk
-    real = _real_pairs(grid, q, kv)
+    real = grid.real_pairs(q, kv)
     promote = promoted_blocks(
         mode, p.boundary_pairs, real, c.kept_pairs - int(p.boundary_pairs.sum()), c.kept_pairs
     )
@@ -148,14 +148,6 @@ def balanced_order(kept: np.ndarray, real: np.ndarray) -> np.ndarray:
     and distinct ones (denominators under 2^25) differ by more than a rounding step."""
     fraction = kept / np.maximum(real, 1)
     return np.lexsort((np.arange(kept.size), -fraction))
-
-
-def _real_pairs(grid: TileGrid, q: np.ndarray, kv: np.ndarray) -> np.ndarray:
-    """Real (query, key) pairs of compute blocks (q, kv): the last row and column of blocks
-    are cut short by the end of the sequence."""
-    rows = np.minimum((q + 1) * grid.block_q, grid.seq_len) - q * grid.block_q
-    keys = np.minimum((kv + 1) * grid.block_kv, grid.seq_len) - kv * grid.block_kv
-    return rows.astype(np.int64) * keys
 
 
 def _rows_emptied(kinds: np.ndarray, p: PairCounts) -> int:

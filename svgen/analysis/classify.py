@@ -72,6 +72,13 @@ class TileGrid:
     def padded_seq_len(self) -> int:
         return max(self.num_q_blocks * self.block_q, self.num_kv_blocks * self.block_kv)
 
+    def real_pairs(self, q: np.ndarray, kv: np.ndarray) -> np.ndarray:
+        """Real (query, key) pairs of blocks (q, kv) (int64, broadcast): the last row and
+        column of blocks are cut short by the end of the sequence."""
+        rows = np.minimum((q + 1) * self.block_q, self.seq_len) - q * self.block_q
+        keys = np.minimum((kv + 1) * self.block_kv, self.seq_len) - kv * self.block_kv
+        return np.asarray(rows, np.int64) * keys
+
 
 @dataclasses.dataclass(frozen=True)
 class PairCounts:

@@ -898,7 +898,7 @@ def _classify_signatures(layout, poly, grid, q, kv, boundary_counts: bool):
     q_boxes = _tile_boxes(layout, grid.block_q)
     k_boxes = _tile_boxes(layout, grid.block_kv)
     count = _pair_counts(layout, poly, q_boxes, k_boxes, q_tile, kv_tile)
-    table = _kinds(count, _real_pairs(grid, q_tile, kv_tile)).reshape(q_rep.size, k_rep.size)
+    table = _kinds(count, grid.real_pairs(q_tile, kv_tile)).reshape(q_rep.size, k_rep.size)
     count = count.reshape(q_rep.size, k_rep.size)
     per_q = np.bincount(q_sig, minlength=q_rep.size)
     per_kv = np.bincount(k_sig, minlength=k_rep.size)
@@ -952,7 +952,7 @@ def _classify_level(layout, poly, grid, parent, progress, found: list | None = N
             q_tile, kv_tile = part // nk, part % nk
             count = _pair_counts(layout, poly, q_boxes, k_boxes, q_tile, kv_tile)
             kept += int(count.sum())
-            kind = _kinds(count, _real_pairs(grid, q_tile, kv_tile))
+            kind = _kinds(count, grid.real_pairs(q_tile, kv_tile))
             kinds[q_tile, kv_tile] = kind
             if found is not None:
                 boundary = kind == TileKind.BOUNDARY
@@ -1000,12 +1000,6 @@ def _check_bound(bound: int) -> None:
     budget = PRODUCT_WORK.current()
     if budget is not None and budget.used + bound > budget.limit:
         raise WorkOverLimit(PRODUCT_WORK, budget.used + bound)
-
-
-def _real_pairs(grid, q_tile, kv_tile) -> np.ndarray:
-    rows = np.minimum((q_tile + 1) * grid.block_q, grid.seq_len) - q_tile * grid.block_q
-    keys = np.minimum((kv_tile + 1) * grid.block_kv, grid.seq_len) - kv_tile * grid.block_kv
-    return rows * keys
 
 
 def _kinds(count: np.ndarray, real: np.ndarray) -> np.ndarray:

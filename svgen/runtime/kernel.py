@@ -31,7 +31,7 @@ from svgen.runtime.calls import (
 from svgen.runtime.cube import cube_dma, cube_order
 from svgen.runtime.forward import PatternCode, flat_attention
 from svgen.runtime.softmax import LOG2_E
-from svgen.runtime.tables import (  # noqa: F401  (KernelShape, Pattern: the names older modules use)
+from svgen.runtime.tables import (
     LANES,
     KernelShape,
     Pattern,

@@ -4,6 +4,7 @@ default would otherwise change every generated module's digest).
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 
@@ -42,7 +43,7 @@ def _heads_json(heads: HeadPatterns) -> dict:
     }
 
 
-def canonical_obj(name, geometry, attention, layout, mask, patterns, heads, tiling) -> dict:
+def _canonical_obj(name, geometry, attention, layout, mask, patterns, heads, tiling) -> dict:
     # A mask spec's form is exactly what it was before ``heads`` existed (no "heads" key),
     # so the digests embedded in generated files stay valid; a heads spec has no "mask".
     obj = {
@@ -92,7 +93,7 @@ def _tiling_json(tiling: Tiling) -> dict:
     return out
 
 
-def with_gpu(obj: dict, gpu: GpuTiling | None) -> dict:
+def _with_gpu(obj: dict, gpu: GpuTiling | None) -> dict:
     # Only when given, so the digests of specs without it stay what they were.
     if gpu is not None:
         obj["gpu"] = {
@@ -104,7 +105,7 @@ def with_gpu(obj: dict, gpu: GpuTiling | None) -> dict:
     return obj
 
 
-def with_runtime(obj: dict, runtime: Runtime) -> dict:
+def _with_runtime(obj: dict, runtime: Runtime) -> dict:
     # Only when something is declared, so the digests of specs without it stay what they were.
     if runtime.any:
         obj["runtime"] = {"segments": runtime.segments, "text_lengths": runtime.text_lengths}
@@ -118,7 +119,7 @@ def with_runtime(obj: dict, runtime: Runtime) -> dict:
     return obj
 
 
-def with_select(obj: dict, select: Select | None) -> dict:
+def _with_select(obj: dict, select: Select | None) -> dict:
     # Only when given, so the digests of specs without it stay what they were.
     if select is not None:
         obj["select"] = {
@@ -134,7 +135,7 @@ def with_select(obj: dict, select: Select | None) -> dict:
     return obj
 
 
-def canonical_dumps(obj: dict) -> str:
+def _canonical_dumps(obj: dict) -> str:
     return json.dumps(
         obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
     )
@@ -142,7 +143,7 @@ def canonical_dumps(obj: dict) -> str:
 
 def canonical_json(spec: Spec) -> str:
     """The canonical JSON text the digest is computed from (no source, no locations)."""
-    obj = canonical_obj(
+    obj = _canonical_obj(
         spec.name,
         spec.geometry,
         spec.attention,
@@ -152,6 +153,11 @@ def canonical_json(spec: Spec) -> str:
         spec.heads,
         spec.tiling,
     )
-    return canonical_dumps(
-        with_select(with_runtime(with_gpu(obj, spec.gpu), spec.runtime), spec.select)
+    return _canonical_dumps(
+        _with_select(_with_runtime(_with_gpu(obj, spec.gpu), spec.runtime), spec.select)
     )
+
+
+def spec_digest(spec: Spec) -> str:
+    """A spec's digest: the sha256 of its canonical JSON (what generated modules record)."""
+    return hashlib.sha256(canonical_json(spec).encode("utf-8")).hexdigest()

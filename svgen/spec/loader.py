@@ -4,7 +4,7 @@ bounded YAML loader every spec goes through.
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import os
 
 import yaml
@@ -21,7 +21,7 @@ from svgen.spec.limits import (
 from svgen.runtime.layout import (
     FRAME_MAJOR,
 )
-from svgen.spec.canonical import canonical_dumps, canonical_obj, with_gpu, with_runtime, with_select
+from svgen.spec.canonical import spec_digest
 from svgen.spec.masks import MaskReader, is_null
 from svgen.spec.model import (
     DEFAULT_BLOCK,
@@ -313,25 +313,22 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
         masks.check_expanded(select.candidate, patterns)
         check_select(r, top["select"][0], heads, runtime)
 
-    pats = tuple(patterns)
-    canonical = canonical_obj(name, geometry, attention, layout, mask, pats, heads, tiling)
-    canonical = with_select(with_runtime(with_gpu(canonical, gpu), runtime), select)
-    digest = hashlib.sha256(canonical_dumps(canonical).encode("utf-8")).hexdigest()
-    return Spec(
+    spec = Spec(
         name=name,
         geometry=geometry,
         attention=attention,
         layout=layout,
         mask=mask,
-        patterns=pats,
+        patterns=tuple(patterns),
         heads=heads,
         tiling=tiling,
         source=source,
-        digest=digest,
+        digest="",  # computed from the spec itself, the one route (svgen.spec.canonical)
         gpu=gpu,
         runtime=runtime,
         select=select,
     )
+    return dataclasses.replace(spec, digest=spec_digest(spec))
 
 
 def load_spec(path: str | os.PathLike) -> Spec:
