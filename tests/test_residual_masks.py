@@ -258,3 +258,18 @@ def test_a_kernel_slower_than_dense_is_said(tmp_path, monkeypatch, capsys):
 def test_no_shipped_spec_is_slower_than_dense(name):
     plan = analyze(parse_spec((REPO / "specs" / f"{name}.yaml").read_text(), source=name))
     assert not [w for w in lint.plan_warnings(plan) if "slower" in str(w)]
+
+
+@pytest.mark.parametrize("nodes", [1, 3, 31, 32, 33, 48])
+def test_unique_rows_is_numpys_row_unique(nodes):
+    """The packed row sort gives np.unique(axis=0)'s rows, order and inverse (what ranks the
+    variants, so generated modules stay the same), for one and several 64-bit words."""
+    from svgen.analysis.residuals import _unique_rows
+
+    rng = np.random.default_rng(nodes)
+    values = rng.integers(0, 4, size=(500, nodes)).astype(np.int8)
+    values[250:] = values[rng.integers(0, 250, 250)]  # repeated rows
+    rows, inverse = np.unique(values, axis=0, return_inverse=True)
+    got_rows, got_inverse = _unique_rows(values)
+    assert np.array_equal(got_rows, rows)
+    assert np.array_equal(got_inverse, inverse.ravel())

@@ -134,8 +134,7 @@ def analyze(
             [child == TileKind.FULL, child == TileKind.EMPTY], [_TRUE, _FALSE], _OPEN
         )
     values = _fold(root, index, status)
-    rows, block_of = np.unique(values, axis=0, return_inverse=True)
-    block_of = block_of.ravel()
+    rows, block_of = _unique_rows(values)
     counts = np.bincount(block_of, minlength=len(rows))
     mask_ops = estimate_ops(mask)
     scored = []
@@ -156,6 +155,29 @@ def analyze(
         block_variant[boundary[block_of == r]] = j
         variants.append(Variant(residual, int(counts[r]), ops))
     return Residuals(tuple(variants), block_variant.reshape(kinds.shape), mask_ops)
+
+
+def _unique_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(values, axis=0, return_inverse=True) for node values (0..3, int8 [blocks,
+    nodes]), in the same (lexicographic) order: each row packed into 64-bit words, 2 bits per
+    node, the first node highest, and the words sorted. np.unique's row sort compares rows as
+    opaque records: 10 s for 712K blocks of 3 nodes at 1.74M tokens, against 0.1 s here."""
+    n, k = values.shape
+    per_word = 32
+    words = []
+    for first in range(0, k, per_word):
+        chunk = values[:, first : first + per_word].astype(np.uint64)
+        shifts = np.uint64(2) * np.arange(
+            per_word - 1, per_word - 1 - chunk.shape[1], -1, dtype=np.uint64
+        )
+        words.append(np.bitwise_or.reduce(chunk << shifts, axis=1))
+    order = np.lexsort(words[::-1])  # the last key is the primary one: the first word
+    packed = np.stack(words, axis=1)[order]
+    starts = np.ones(n, bool)
+    starts[1:] = np.any(packed[1:] != packed[:-1], axis=1)
+    inverse = np.empty(n, np.int64)
+    inverse[order] = np.cumsum(starts) - 1
+    return values[order[starts]], inverse
 
 
 def _fold(root: _Node, index: dict, status: np.ndarray) -> np.ndarray:
