@@ -22,7 +22,7 @@ from svgen.spec.expr import parse_predicate
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
 from svgen.runtime.tables import PieceTables
-from svgen.spec import parse_spec
+from svgen.spec import SpecError, parse_spec
 
 from conftest import (
     POISONED,
@@ -273,3 +273,39 @@ def test_unique_rows_is_numpys_row_unique(nodes):
     got_rows, got_inverse = _unique_rows(values)
     assert np.array_equal(got_rows, rows)
     assert np.array_equal(got_inverse, inverse.ravel())
+
+
+def _smallest_budget(fits) -> int:
+    """The smallest SMEM budget (bytes) at which fits(budget) holds (monotone)."""
+    lo, hi = 0, 1 << 20
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
+    return lo
+
+
+def test_residual_masks_that_would_pass_the_smem_budget_are_left_out():
+    """Residual masks are a speed-up: where their variant words would take the tables past
+    the SMEM budget, the spec compiles without them (and a spec whose tables cannot fit even
+    without them is refused as before)."""
+    spec = parse_spec(_NATTEN.format(runtime=""), source="x.yaml")
+    assert any(p.residuals is not None for p in analyze(spec).patterns)
+
+    def plain_fits(budget):
+        try:
+            return bool(analyze(spec, smem_budget=budget, residual_masks=False))
+        except SpecError:
+            return False
+
+    def variants_fit(budget):
+        plan = analyze(spec, smem_budget=budget)  # never refused where plain tables fit
+        return any(p.residuals is not None for p in plan.patterns)
+
+    plain = _smallest_budget(plain_fits)
+    with_variants = _smallest_budget(lambda b: plain_fits(b) and variants_fit(b))
+    assert plain < with_variants  # the variant words cost bytes
+    squeezed = analyze(spec, smem_budget=plain)
+    assert all(p.residuals is None for p in squeezed.patterns)
+    assert squeezed.tables.variants is None
+    with pytest.raises(SpecError, match="over the SMEM budget"):
+        analyze(spec, smem_budget=plain - 1)

@@ -113,20 +113,32 @@ def analyze(
     masks = [ir.lower(spec, spec.pattern_mask(c.pattern)) for c in heads.candidates]
     # Before any classification work: a tiling that cannot run.
     vmem = check_vmem(spec, chip, max(query_coordinate_bound(m) for m in masks))
-    patterns, tiles = _pattern_plans(spec, masks, progress, residual_masks=residual_masks)
+    patterns, tiles, spent = _pattern_plans(spec, masks, progress)
     names = [c.pattern for c in heads.candidates]
     assign = None if heads.assign is None else tuple(names.index(n) for n in heads.assign)
-    try:
-        tables = choose_piece_tables(
-            [p.table.runs for p in patterns],
+
+    def piece_tables(plans):
+        return choose_piece_tables(
+            [p.table.runs for p in plans],
             spec.attention.heads,
             smem_budget,
             spec.tiling.compute_blocks,
-            walks_flat(len(patterns), chip.cores_per_chip),
-            [p.table.variants for p in patterns],
+            walks_flat(len(plans), chip.cores_per_chip),
+            [p.table.variants for p in plans],
         )
+
+    # The budget first, without residual masks (they only add bytes): a spec whose tables
+    # cannot fit is told so before the residual analysis's classifications run.
+    try:
+        tables = piece_tables(patterns)
     except TableBudgetError as err:
         raise _over_budget_error(spec, patterns, err, smem_budget) from None
+    if residual_masks and _static_kernel(spec):
+        with_residuals = _with_residuals(spec, patterns, tiles, spent)
+        try:
+            tables, patterns = piece_tables(with_residuals), with_residuals
+        except TableBudgetError:
+            pass  # residual masks are a speed-up: without their words the tables fit
     _check_backward_tables(spec, patterns, tiles, chip, smem_budget)
     video_frames = _video_frames(spec, patterns, progress)
     if spec.runtime.any:
@@ -178,7 +190,7 @@ def analyze_gpu(
             "gpu.block_kv",
         )
     masks = [ir.lower(spec, spec.pattern_mask(c.pattern)) for c in heads.candidates]
-    patterns, _ = _pattern_plans(classified, masks, progress, gpu_runs=True)
+    patterns, _, _ = _pattern_plans(classified, masks, progress, gpu_runs=True)
     candidate_runs = None
     if spec.select is not None:  # the grain: the GPU tiles themselves
         candidate_runs = _candidate_runs(classified, patterns[0], progress)
@@ -220,10 +232,11 @@ def gpu_classification_tiling(spec: Spec, patterns: int) -> Tiling:
 
 
 def _pattern_plans(
-    spec: Spec, masks, progress, gpu_runs: bool = False, residual_masks: bool = False
-) -> tuple[list[PatternPlan], list]:
-    """Passes 2-5 for every candidate pattern at the spec's tiling: the pattern plans, and
-    per pattern its kernel tiles (kinds and compute-block words). gpu_runs: the runs are
+    spec: Spec, masks, progress, gpu_runs: bool = False
+) -> tuple[list[PatternPlan], list, tuple[int, int]]:
+    """Passes 2-5 for every candidate pattern at the spec's tiling: the pattern plans, per
+    pattern its kernel tiles (kinds and compute-block words), and the row-set and product
+    work spent (what later work of the same analysis counts against the same limits). gpu_runs: the runs are
     those of the tile kinds themselves (one compute block per tile): unlike the TPU kernel,
     the GPU kernel masks the padding keys of a FULL tile in a branch of its own
     (svgen.runtime.gpu), so the last key column need not run as BOUNDARY."""
@@ -234,19 +247,19 @@ def _pattern_plans(
     # All candidates together: the estimate can miss work in rows it did not sample, and the
     # product analysis has none; these stop either long before it would run for minutes.
     with (
-        ROW_SET_WORK.budget(int(ROW_SET_BACKSTOP * MAX_ROW_SET_WORK)),
-        PRODUCT_WORK.budget(MAX_PRODUCT_WORK),
+        ROW_SET_WORK.budget(int(ROW_SET_BACKSTOP * MAX_ROW_SET_WORK)) as row_sets,
+        PRODUCT_WORK.budget(MAX_PRODUCT_WORK) as products,
     ):
         for candidate, mask, layout in zip(candidates, masks, layouts):
             try:
                 plan, kernel = _pattern_plan(
-                    spec, candidate.pattern, mask, layout, progress, gpu_runs, residual_masks
+                    spec, candidate.pattern, mask, layout, progress, gpu_runs
                 )
             except WorkOverLimit as over:
                 raise _work_error(spec, over, candidate.pattern, mask, layout) from None
             patterns.append(plan)
             tiles.append(kernel)
-    return patterns, tiles
+    return patterns, tiles, (row_sets.used, products.used)
 
 
 def _pattern_plan(
@@ -256,10 +269,8 @@ def _pattern_plan(
     layout: TokenLayout,
     progress,
     gpu_runs: bool,
-    residual_masks: bool = False,
 ):
-    """One candidate's plan and kernel tiles (kinds and compute-block words); with
-    `residual_masks`, a static TPU kernel's BOUNDARY blocks get residual masks."""
+    """One candidate's plan and kernel tiles (kinds and compute-block words)."""
     grid = TileGrid(layout.seq_len, spec.tiling.block_q, spec.tiling.block_kv)
     compute = TileGrid(layout.seq_len, spec.tiling.cq, spec.tiling.ckv)
     classification, budget = _classify(spec, name, mask, layout, compute, progress)
@@ -268,19 +279,39 @@ def _pattern_plan(
         tiles = (kinds, np.zeros(kinds.shape, np.int64))
     else:
         tiles = kernel_tiles(classification.kinds, grid, compute)
-    found = None
-    if residual_masks and not gpu_runs and _static_kernel(spec):
-        found = residuals.analyze(mask, layout, compute, classification.kinds)
-    if found is None:
-        table = BlockTable(build_runs(*tiles, grid))
-    else:
-        words = variant_words(found.block_variant, tiles[0], grid, compute)
-        runs = build_runs(*tiles, grid, words)
-        table = BlockTable(runs[:, :5], runs[:, 5])
+    table = BlockTable(build_runs(*tiles, grid))
     plan = PatternPlan(
-        name, layout, mask, grid, compute, classification, kinds, table, budget, found
+        name, layout, mask, grid, compute, classification, kinds, table, budget, None
     )
     return plan, tiles
+
+
+def _with_residuals(
+    spec: Spec, patterns: list[PatternPlan], tiles: list, spent: tuple[int, int]
+) -> list[PatternPlan]:
+    """The plans with residual masks on the BOUNDARY blocks of a static TPU kernel
+    (svgen.analysis.residuals), within what the classification (`spent`) left of the work
+    limits: one analysis, one budget."""
+    out = []
+    with (
+        ROW_SET_WORK.budget(int(ROW_SET_BACKSTOP * MAX_ROW_SET_WORK) - spent[0]),
+        PRODUCT_WORK.budget(MAX_PRODUCT_WORK - spent[1]),
+    ):
+        for plan, (kinds, blocks) in zip(patterns, tiles):
+            try:
+                found = residuals.analyze(
+                    plan.mask, plan.layout, plan.compute_grid, plan.classification.kinds
+                )
+            except WorkOverLimit as over:
+                raise _work_error(spec, over, plan.name, plan.mask, plan.layout) from None
+            if found is None:
+                out.append(plan)
+                continue
+            words = variant_words(found.block_variant, kinds, plan.grid, plan.compute_grid)
+            runs = build_runs(kinds, blocks, plan.grid, words)
+            table = BlockTable(runs[:, :5], runs[:, 5])
+            out.append(dataclasses.replace(plan, table=table, residuals=found))
+    return out
 
 
 def _static_kernel(spec: Spec) -> bool:
