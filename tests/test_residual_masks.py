@@ -309,3 +309,24 @@ def test_residual_masks_that_would_pass_the_smem_budget_are_left_out():
     assert squeezed.tables.variants is None
     with pytest.raises(SpecError, match="over the SMEM budget"):
         analyze(spec, smem_budget=plain - 1)
+
+
+def test_no_residual_search_where_boundary_blocks_are_a_sliver(monkeypatch):
+    """Where all of the BOUNDARY blocks' mask work is under MIN_KERNEL_SHARE of the kernel's
+    block work, no mask node is classified (the search would cost seconds at 1.74M tokens
+    and save nothing measurable); past it, the search runs."""
+    spec = parse_spec(_NATTEN.format(runtime=""), source="x.yaml")
+    plan = analyze(spec)
+    mask, layout, grid = plan.only.mask, plan.only.layout, plan.only.compute_grid
+    ops = residuals.estimate_ops(mask)
+    visited_per_boundary = ops * residuals.MAX_SHARE_PER_MASK_OP / residuals.MIN_KERNEL_SHARE
+    full = int(visited_per_boundary) + 1  # one BOUNDARY block among this many FULL ones
+    kinds = np.full((1, full + 1), TileKind.FULL, np.int8)
+    kinds[0, 0] = TileKind.BOUNDARY
+    calls = []
+    monkeypatch.setattr(residuals, "classify_tiles", lambda *a: calls.append(a) or 1 / 0)
+    assert residuals.analyze(mask, layout, grid, kinds) is None and calls == []
+    kinds[0, 1:3] = TileKind.BOUNDARY  # three among as many: over the share
+    with pytest.raises(ZeroDivisionError):
+        residuals.analyze(mask, layout, grid, kinds)
+    assert len(calls) == 1

@@ -117,7 +117,7 @@ def analyze(
     names = [c.pattern for c in heads.candidates]
     assign = None if heads.assign is None else tuple(names.index(n) for n in heads.assign)
 
-    def piece_tables(plans):
+    def piece_tables(plans, first_slots: int = 1):
         return choose_piece_tables(
             [p.table.runs for p in plans],
             spec.attention.heads,
@@ -125,6 +125,7 @@ def analyze(
             spec.tiling.compute_blocks,
             walks_flat(len(plans), chip.cores_per_chip),
             [p.table.variants for p in plans],
+            first_slots,
         )
 
     # The budget first, without residual masks (they only add bytes): a spec whose tables
@@ -135,10 +136,12 @@ def analyze(
         raise _over_budget_error(spec, patterns, err, smem_budget) from None
     if residual_masks and _static_kernel(spec):
         with_residuals = _with_residuals(spec, patterns, tiles, spent)
-        try:
-            tables, patterns = piece_tables(with_residuals), with_residuals
-        except TableBudgetError:
-            pass  # residual masks are a speed-up: without their words the tables fit
+        if any(p.residuals is not None for p in with_residuals):
+            try:
+                tables = piece_tables(with_residuals, first_slots=tables.slots)
+                patterns = with_residuals
+            except TableBudgetError:
+                pass  # residual masks are a speed-up: without their words the tables fit
     _check_backward_tables(spec, patterns, tiles, chip, smem_budget)
     video_frames = _video_frames(spec, patterns, progress)
     if spec.runtime.any:

@@ -45,6 +45,13 @@ MIN_SAVED_OPS = 2
 # ... and the variants together at least this share of the BOUNDARY blocks' mask work:
 # below it the choice, paid by every BOUNDARY block, would cost about what it saves.
 MIN_SAVED_SHARE = 0.25
+# A full-block operation of a BOUNDARY block's mask costs at most about this share of a FULL
+# block (v6e, bench/residual_cost.py: 0.06-0.12 over seven masks) ...
+MAX_SHARE_PER_MASK_OP = 0.12
+# ... so residual masks are looked for only where even all of the BOUNDARY blocks' mask work
+# is at least this share of the kernel's block work: below it the classification of every
+# mask node (1-2 s at 1.74M tokens) would buy nothing a cost model could see.
+MIN_KERNEL_SHARE = 0.005
 
 _TRUE, _FALSE, _OPEN, _UNUSED = 1, 0, 2, 3
 
@@ -125,6 +132,10 @@ def analyze(
     boundary = np.flatnonzero(kinds.ravel() == TileKind.BOUNDARY)
     if boundary.size == 0:
         return None
+    mask_ops = estimate_ops(mask)
+    visited = boundary.size + int(np.count_nonzero(kinds == TileKind.FULL))
+    if boundary.size * mask_ops * MAX_SHARE_PER_MASK_OP < MIN_KERNEL_SHARE * visited:
+        return None
     index = {id(n): i for i, n in enumerate(nodes)}
     status = np.empty((boundary.size, len(nodes)), np.int8)
     status[:, 0] = _OPEN
@@ -136,7 +147,6 @@ def analyze(
     values = _fold(root, index, status)
     rows, block_of = _unique_rows(values)
     counts = np.bincount(block_of, minlength=len(rows))
-    mask_ops = estimate_ops(mask)
     scored = []
     for r, row in enumerate(rows):
         if row[0] != _OPEN:  # proven constant by its parts: left to the whole mask

@@ -165,12 +165,15 @@ def choose_piece_tables(
     compute_blocks: int = 1,
     flat: bool = False,
     variants_per_pattern=None,
+    first_slots: int = 1,
 ) -> PieceTables:
     """The SMEM tables with the smallest piece size (a power of two) that fits the budget.
 
+    first_slots: where the search starts (a piece size known not to fit below it: the same
+    runs with residual-mask words take at least the bytes they take without them).
     Raises TableBudgetError when even MAX_SLOTS-tile pieces do not fit.
     """
-    slots = 1
+    slots = first_slots
     while True:
         tables = PieceTables.from_runs(
             runs_per_pattern, slots, compute_blocks, flat, variants_per_pattern
