@@ -85,7 +85,8 @@ def install_hint() -> str:
 def project_toolchain_dir() -> pathlib.Path:
     """`.gpu-aot` beside the svgen package: in the repository root for an editable install
     (where the README's install command puts it), whatever the working directory."""
-    return pathlib.Path(__file__).resolve().parent.parent / DEFAULT_TOOLCHAIN_DIR
+    package = pathlib.Path(__file__).resolve().parents[1]  # svgen/ (this is svgen/perf/)
+    return package.parent / DEFAULT_TOOLCHAIN_DIR
 
 
 def _holds_plugin(path: pathlib.Path) -> bool:

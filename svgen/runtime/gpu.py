@@ -385,36 +385,6 @@ def _gpu_call(
     )(head_pattern, offsets, entries, q, k, v, *(ids or ()), *extra)
 
 
-def make_gpu_attention(
-    patterns: Sequence[Pattern],
-    shape: KernelShape,
-    *,
-    block_q: int = DEFAULT_BLOCK_Q,
-    block_kv: int = DEFAULT_BLOCK_KV,
-    default_head_pattern: Sequence[int] | None = None,
-    dtype: str | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = 2,
-    runtime: segments.RuntimeInputs = segments.RuntimeInputs(),
-    kv_cache: chunks.KvCache | None = None,
-    select: "select_policy.Selection | None" = None,
-) -> "GpuAttention":
-    """A generated module's `attention` on GPU (see `GpuAttention`)."""
-    return GpuAttention(
-        patterns,
-        shape,
-        block_q=block_q,
-        block_kv=block_kv,
-        default_head_pattern=default_head_pattern,
-        dtype=dtype,
-        num_warps=num_warps,
-        num_stages=num_stages,
-        runtime=runtime,
-        kv_cache=kv_cache,
-        select=select,
-    )
-
-
 class GpuAttention(Attention):
     """`attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None,
     token_order="user")` on GPU, with `to_kernel_order` / `from_kernel_order` (as the TPU
@@ -604,6 +574,10 @@ class GpuAttention(Attention):
             return jnp.where(defined[:, None, None], out, jnp.asarray(jnp.nan, out.dtype))
 
         return chunks.rows_folded(kernel_call)(q, k, v, head_pattern, position, defined)
+
+
+#: What a generated GPU module calls to build its `attention`.
+make_gpu_attention = GpuAttention
 
 
 def gpu_attention_of(module, **options):

@@ -41,30 +41,6 @@ from svgen.runtime.tables import (
 )
 
 
-def make_attention(
-    *,
-    shape: KernelShape,
-    patterns: Sequence[Pattern],
-    slots: int,
-    default_head_pattern: Sequence[int] | None,
-    dtype: str | None = None,
-    runtime: segments.RuntimeInputs = segments.RuntimeInputs(),
-    kv_cache: chunks.KvCache | None = None,
-    select: "select_policy.Selection | None" = None,
-) -> "TpuAttention":
-    """A generated module's `attention` on TPU (see `TpuAttention`)."""
-    return TpuAttention(
-        shape,
-        patterns,
-        slots=slots,
-        default_head_pattern=default_head_pattern,
-        dtype=dtype,
-        runtime=runtime,
-        kv_cache=kv_cache,
-        select=select,
-    )
-
-
 class TpuAttention(Attention):
     """`attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None,
     token_order="user"[, segment_ids=None][, text_lengths=None][, q_frame_offset=None])` on
@@ -453,6 +429,10 @@ class TpuAttention(Attention):
             with_modes=True,
         )
         return modes[:, 0, ::LANES].reshape(q.shape[:-2] + (-1,))
+
+
+#: What a generated module calls to build its `attention`, with keyword arguments.
+make_attention = TpuAttention
 
 
 def _no_cotangent(x):
