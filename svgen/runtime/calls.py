@@ -401,6 +401,9 @@ class Attention:
         self.default_head_pattern, self.dtype = default_head_pattern, dtype
         self.runtime, self.kv_cache, self.select = runtime, kv_cache, select
         self.layouts, self.layout_of_pattern = distinct_layouts(self.patterns)
+        # A chunked call's shape: with a rolling cache the kv side is the cache, not the
+        # sequence (svgen.runtime.chunks).
+        self.chunk_shape = shape if kv_cache is None else kv_cache.call_shape(shape)
         self.__doc__ = attention_doc(
             shape,
             dtype,

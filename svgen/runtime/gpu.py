@@ -446,8 +446,6 @@ class GpuAttention(Attention):
         self.codes = tuple(
             _PatternCode(p.boundary_mask, p.layout, tuple(p.query_coords)) for p in self.patterns
         )
-        # A rolling cache's call: the kv side is the cache (svgen.runtime.chunks).
-        self.chunk_shape = shape if kv_cache is None else kv_cache.call_shape(shape)
 
     # ------------------------------------------------------------------ tables built late
     @functools.cache

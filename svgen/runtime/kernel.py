@@ -110,9 +110,7 @@ class TpuAttention(Attention):
         # XLA's reshape + transpose (4-5x the HBM traffic; bench/wrapper_cost.py). Never beside
         # cube DMA, which is for a tiled layout.
         self.permute_kernel = permute.applies(self.layouts)
-        # A rolling cache's call: the kv side is the cache, and masked blocks map its slots
-        # to video keys (svgen.runtime.chunks).
-        self.chunk_shape = shape if kv_cache is None else kv_cache.call_shape(shape)
+        # A rolling cache's call: masked blocks map its slots to video keys (svgen.runtime.chunks).
         self.ring_sink = None if kv_cache is None else kv_cache.ring_sink
 
     # ------------------------------------------------------------------ tables built late
