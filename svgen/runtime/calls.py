@@ -12,6 +12,7 @@ other mix of layouts is permuted by XLA, layout by layout, selected per head.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from typing import Sequence
@@ -366,6 +367,24 @@ def distinct_layouts(patterns) -> tuple[list[TokenLayout], np.ndarray]:
     return layouts, np.asarray([layouts.index(p.layout) for p in patterns], np.int32)
 
 
+@dataclasses.dataclass(frozen=True)
+class StaticCall:
+    """One whole-sequence call's options, checked: what a backend's `_static_call` reads.
+    One object, so that the option list is written once for every backend."""
+
+    head_pattern: object  # as the caller gave it (None: the module's default)
+    interpret: object  # False, True or pltpu.InterpretParams
+    sm_scale: float
+    token_order: str  # one of TOKEN_ORDERS
+    segment_ids: object  # run-time inputs (svgen.runtime.segments), or None
+    text_lengths: object
+    amount: object  # the selection's top_k / top_p (svgen.runtime.select), or None
+
+    @property
+    def in_kernel_order(self) -> bool:
+        return self.token_order == "kernel"
+
+
 class Attention:
     """A generated module's `attention(q, k, v, *, head_pattern=None, interpret=False,
     sm_scale=None, token_order="user"[, segment_ids=None][, text_lengths=None][,
@@ -445,18 +464,10 @@ class Attention:
         check_token_order(token_order)
         self._check_call_dtype(q)
         sm_scale = checked_sm_scale(sm_scale, self.shape.head_dim)
-        return self._static_call(
-            q,
-            k,
-            v,
-            head_pattern,
-            interpret,
-            sm_scale,
-            token_order,
-            segment_ids,
-            text_lengths,
-            amount,
+        call = StaticCall(
+            head_pattern, interpret, sm_scale, token_order, segment_ids, text_lengths, amount
         )
+        return self._static_call(q, k, v, call)
 
     def resolved(self, head_pattern, heads: int):
         """(static_pattern, head_pattern, head_layout) of a call: the head -> pattern
@@ -509,19 +520,7 @@ class Attention:
         out = self._chunk_call(*flat, head_pattern, position, defined, interpret, sm_scale)
         return out.reshape(q.shape)
 
-    def _static_call(
-        self,
-        q,
-        k,
-        v,
-        head_pattern,
-        interpret,
-        sm_scale,
-        token_order,
-        segment_ids,
-        text_lengths,
-        amount,
-    ):
+    def _static_call(self, q, k, v, call: StaticCall):
         raise NotImplementedError
 
     def _chunk_call(self, q, k, v, head_pattern, position, defined, interpret, sm_scale):

@@ -86,7 +86,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from svgen.runtime.coords import TokenCoords
-from svgen.runtime.calls import Attention, per_head_layout, poison_unknown_patterns
+from svgen.runtime.calls import (
+    Attention,
+    StaticCall,
+    per_head_layout,
+    poison_unknown_patterns,
+)
 from svgen.runtime.softmax import LOG2_E, MASK_VALUE
 from svgen.runtime import chunks, segments
 from svgen.runtime import select as select_policy
@@ -494,25 +499,14 @@ class GpuAttention(Attention):
         rows = (ids.query, ids.key) + (() if ids.shift is None else (ids.shift,))
         return tuple(segments.head_rows(x, head_layout)[:, 0] for x in rows)
 
-    def _static_call(
-        self,
-        q,
-        k,
-        v,
-        head_pattern,
-        interpret,
-        sm_scale,
-        token_order,
-        segment_ids,
-        text_lengths,
-        amount,
-    ):
-        requested = head_pattern
-        _, head_pattern, head_layout = self.resolved(head_pattern, q.shape[-3])
+    def _static_call(self, q, k, v, call: StaticCall):
+        _, head_pattern, head_layout = self.resolved(call.head_pattern, q.shape[-3])
         batch = q.shape[0] if q.ndim == 4 else None
-        ids = self._call_ids(segment_ids, text_lengths, batch, head_layout)
+        ids = self._call_ids(call.segment_ids, call.text_lengths, batch, head_layout)
         lead = q.shape[:-2]
-        mover = None if token_order == "kernel" else self._order_mover(None, head_layout, interpret)
+        mover = None
+        if not call.in_kernel_order:
+            mover = self._order_mover(None, head_layout, call.interpret)
 
         def to_kernel(x):
             if mover is not None:
@@ -522,7 +516,7 @@ class GpuAttention(Attention):
         qk, kk = to_kernel(q), to_kernel(k)
         selection = None
         if self.select is not None:
-            chosen = self.select.select(qk, kk, float(sm_scale), amount)
+            chosen = self.select.select(qk, kk, float(call.sm_scale), call.amount)
             selection = self.select.gpu_tables(
                 chosen.blocks, self.tables.block_q, self.tables.block_kv
             )
@@ -534,8 +528,8 @@ class GpuAttention(Attention):
             self.call_tables() if ids is not None else self.tables,
             self.codes,
             seq_len=self.shape.seq_len,
-            q_scale=float(sm_scale) * LOG2_E,
-            interpret=interpret,
+            q_scale=float(call.sm_scale) * LOG2_E,
+            interpret=call.interpret,
             num_warps=self.num_warps,
             num_stages=self.num_stages,
             ids=ids,
@@ -544,7 +538,7 @@ class GpuAttention(Attention):
         out = out.reshape(lead + (self.shape.seq_len, self.shape.head_dim))
         if mover is not None:
             out = mover(out, to_kernel=False)
-        return poison_unknown_patterns(out, requested, len(self.patterns))
+        return poison_unknown_patterns(out, call.head_pattern, len(self.patterns))
 
     def _chunk_call(self, q, k, v, head_pattern, position, defined, interpret, sm_scale):
         kv_cache = self.kv_cache

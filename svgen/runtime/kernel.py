@@ -23,6 +23,7 @@ from svgen.runtime import backward, chunks, permute, segments
 from svgen.runtime import select as select_policy
 from svgen.runtime.calls import (
     Attention,
+    StaticCall,
     check_operands,
     checked_sm_scale,
     layout_mover,
@@ -144,30 +145,17 @@ class TpuAttention(Attention):
         return self.kv_cache.tables(self.slots, self.shape.compute_blocks)
 
     # ------------------------------------------------------------------ a whole sequence
-    def _static_call(
-        self,
-        q,
-        k,
-        v,
-        head_pattern,
-        interpret,
-        sm_scale,
-        token_order,
-        segment_ids,
-        text_lengths,
-        amount,
-    ):
-        ids = self._call_ids(segment_ids, text_lengths, q.shape[0] if q.ndim == 4 else None)
-        requested = head_pattern
-        static_pattern, head_pattern, head_layout = self.resolved(head_pattern, q.shape[-3])
+    def _static_call(self, q, k, v, call: StaticCall):
+        batch = q.shape[0] if q.ndim == 4 else None
+        ids = self._call_ids(call.segment_ids, call.text_lengths, batch)
+        static_pattern, head_pattern, head_layout = self.resolved(call.head_pattern, q.shape[-3])
         lead = q.shape[:-2]
-        in_kernel_order = token_order == "kernel"
         # In kernel order every tile is a contiguous run already: plain blocks, no cube DMA.
         # Cube DMA reads and writes the user's array: nothing to move either.
-        box_dma = None if in_kernel_order else self.cube_dma
+        box_dma = None if call.in_kernel_order else self.cube_dma
         mover = None
-        if not in_kernel_order and box_dma is None:
-            mover = self._order_mover(static_pattern, head_layout, interpret)
+        if not call.in_kernel_order and box_dma is None:
+            mover = self._order_mover(static_pattern, head_layout, call.interpret)
 
         def to_kernel(x):
             if box_dma is not None:
@@ -183,16 +171,16 @@ class TpuAttention(Attention):
             to_kernel(v),
             head_pattern,
             static_pattern,
-            interpret,
-            float(sm_scale) * LOG2_E,
-            float(sm_scale),
+            call.interpret,
+            float(call.sm_scale) * LOG2_E,
+            float(call.sm_scale),
             box_dma,
             ids,
-            self._chosen_blocks(qk, kk, box_dma, sm_scale, amount),
+            self._chosen_blocks(qk, kk, box_dma, call.sm_scale, call.amount),
         )
         out = out.reshape(lead + (self.shape.seq_len, self.shape.head_dim))
         out = out if mover is None else mover(out, to_kernel=False)
-        return poison_unknown_patterns(out, requested, len(self.patterns))
+        return poison_unknown_patterns(out, call.head_pattern, len(self.patterns))
 
     def _call_ids(self, segment_ids, text_lengths, batch: int | None):
         """The call's ids per layout (segments.CallIds [batch, layouts, seq]), or None when
