@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from svgen import ir
-from svgen.analysis import _check_backward_tables, analyze, product
+from svgen.analysis import _check_backward_tables, analyze, axis_terms, product
 from svgen.analysis.classify import TileGrid, classify_tiles
 from svgen.analysis.tables import build_runs, kernel_tiles, transposed_tiles
 from svgen.spec.errors import SpecError
@@ -56,7 +56,7 @@ def _per_axis_mask(rng, lay):
     analysis (a union of many children has 2^children terms: those keep the row sets)."""
     while True:
         mask = ir.simplify(_random_per_axis(rng, lay))
-        if product.applies(mask, lay):
+        if axis_terms.applies(mask, lay):
             return mask
 
 
@@ -160,7 +160,7 @@ def test_pair_counts_match_brute_force(seed, engine):
 def test_row_sets_count_an_interval_filling_one_kv_block_once(monkeypatch):
     """Rows whose keys are exactly one kv block (here: a frame of 8 tokens, blocks of 8) once
     counted that block's pairs twice in the row-set analysis."""
-    monkeypatch.setattr(product, "applies", lambda mask, layout: False)
+    monkeypatch.setattr(axis_terms, "applies", lambda mask, layout: False)
     lay = TokenLayout(2, 1, 8, 3, "last")
     mask = ir.SpatialWindow(0, None, None)
     got = classify_tiles(mask, lay, TileGrid(lay.seq_len, 32, 8), count_pairs=True)
@@ -171,8 +171,8 @@ def test_row_sets_count_an_interval_filling_one_kv_block_once(monkeypatch):
 def test_other_masks_keep_the_row_sets():
     lay = TokenLayout(3, 4, 5)
     for mask in (ir.Band(7), ir.AnyOf((ir.FirstFrame(1), ir.Prefix(9)))):
-        assert not product.applies(mask, lay)
-    assert not product.applies(ir.CausalFrames(), TokenLayout(product.MAX_AXIS + 1, 1, 2))
+        assert not axis_terms.applies(mask, lay)
+    assert not axis_terms.applies(ir.CausalFrames(), TokenLayout(axis_terms.MAX_AXIS + 1, 1, 2))
 
 
 # -- expr predicates lowered to built-ins ------------------------------------------------

@@ -6,7 +6,7 @@ import pytest
 from svgen import ir
 from svgen.spec import primitives
 from svgen.analysis import analyze
-from svgen.analysis import product
+from svgen.analysis import axis_relations, axis_terms
 from svgen.analysis.classify import TileGrid, classify_tiles
 from svgen.spec.expr import parse_predicate
 from svgen.runtime.layout import TokenLayout
@@ -250,7 +250,7 @@ def test_per_axis_predicates_are_exact_without_evaluating_pairs(seed, monkeypatc
     # Rows and columns read together need each box's places in one range: not in cubes.
     source = random_axis_predicate(rng, places=not lay.is_tiled)
     mask = ir.Predicate(source, parse_predicate(source))
-    assert product.applies(mask, lay), source
+    assert axis_terms.applies(mask, lay), source
     bq, bkv = int(rng.choice([8, 16, 32])), int(rng.choice([8, 16, 24]))
     got = classify_tiles(mask, lay, TileGrid(lay.seq_len, bq, bkv), count_pairs=True)
     keep = dense_keep(mask, lay)
@@ -282,9 +282,9 @@ def test_disjoint_bands_of_a_per_axis_union_stay_few_terms():
     )
     mask = ir.Predicate(source, parse_predicate(source))
     lay = TokenLayout(64, 6, 9)
-    poly = product.polynomial(mask, (lay.frames, lay.height, lay.width))
+    poly = axis_terms.polynomial(mask, (lay.frames, lay.height, lay.width))
     assert poly is not None and len(poly) == len(bands)
-    assert product.polynomial(mask) is None  # without the sizes: 127 terms, over MAX_TERMS
+    assert axis_terms.polynomial(mask) is None  # without the sizes: 127 terms, over MAX_TERMS
     small = TokenLayout(9, 3, 4, 5, "first")
     got = classify_tiles(mask, small, TileGrid(small.seq_len, 16, 16))
     keep = dense_keep(mask, small)
@@ -305,15 +305,15 @@ def test_place_relations_of_the_difference_need_no_table():
     for source in cases:
         expr = parse_predicate(source)
         constraints = frozenset({("expr", expr)})
-        differences = product._place_differences(
+        differences = axis_relations.place_differences(
             frozenset(), frozenset(), constraints, height, width
         )
         assert differences is not None, source
-        table = product._place_prefix(frozenset(), frozenset(), constraints, height, width)
+        table = axis_relations.place_prefix(frozenset(), frozenset(), constraints, height, width)
         for _ in range(200):
             a, b = np.sort(rng.integers(0, n, 2))
             c, d = np.sort(rng.integers(0, n, 2))
-            assert differences.count(a, b, c, d) == product._rect(table, n, a, b, c, d), source
+            assert differences.count(a, b, c, d) == axis_relations.rect_pairs(table, n, a, b, c, d), source
         assert differences.total == int(table[-1])
     apart = frozenset({("expr", parse_predicate("abs(h_q - h_k) + abs(w_q - w_k) <= 2"))})
-    assert product._place_differences(frozenset(), frozenset(), apart, height, width) is None
+    assert axis_relations.place_differences(frozenset(), frozenset(), apart, height, width) is None

@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 
 from svgen import ir
-from svgen.analysis import chunks, product, residuals, rowsets, video_frames
+from svgen.analysis import axis_terms, chunks, residuals, rowsets, video_frames
 from svgen.analysis.align import PairBudget, align_classification
 from svgen.analysis.classify import Classification, TileGrid, classify_tiles, is_frame_invariant
 from svgen.analysis.plan import PatternPlan, Plan, VideoFramePlan, pattern_shape
@@ -341,7 +341,7 @@ def _row_set_rows(spec: Spec, mask: ir.Node, layout: TokenLayout) -> int:
         and spec.tiling.align == "exact"
     ):
         return layout.tokens_per_frame
-    return 0 if product.applies(mask, layout) else layout.seq_len
+    return 0 if axis_terms.applies(mask, layout) else layout.seq_len
 
 
 def check_row_set_work(spec: Spec, masks, layouts) -> None:
@@ -368,7 +368,7 @@ def _row_set_error(spec: Spec, name: str, rows: int, layout: TokenLayout) -> Spe
         f"(MAX_ROW_SET_WORK: the allowed keys of {rows:,} query rows in {layout.order} order "
         f"as intervals, summed over its terms and every candidate pattern); use fewer or "
         f"smaller terms (a union of many windows), fewer tokens, or built-ins the per-axis "
-        f"analysis takes (at most {product.MAX_TERMS} terms once unions are expanded)",
+        f"analysis takes (at most {axis_terms.MAX_TERMS} terms once unions are expanded)",
     )
 
 
@@ -387,7 +387,7 @@ def _work_error(spec: Spec, over: WorkOverLimit, name: str, mask, layout) -> Spe
     """The error of a classification stopped by its work budget."""
     if over.work is ROW_SET_WORK:
         return _row_set_error(spec, name, _row_set_rows(spec, mask, layout), layout)
-    terms = len(product.polynomial(mask, (layout.frames, layout.height, layout.width)) or ())
+    terms = len(axis_terms.polynomial(mask, (layout.frames, layout.height, layout.width)) or ())
     return _mask_error(
         spec,
         name,

@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 
 from svgen import ir
-from svgen.analysis import product
+from svgen.analysis import axis_terms, product
 from svgen.analysis.intervals import IntervalSet, ragged_arange
 from svgen.analysis.rowsets import RowChunk, row_bounds
 from svgen.runtime.layout import FRAME_MAJOR, TokenLayout
@@ -123,7 +123,7 @@ def classify_tiles(
         and not count_pairs
     ):
         return _classify_frame_invariant(mask, layout, grid, progress)
-    if product.applies(mask, layout):
+    if axis_terms.applies(mask, layout):
         # Per-axis masks: exact counts per block from product boxes, no per-row sets.
         return _classify_per_axis(mask, layout, grid, progress, count_pairs)
     nq, nk = grid.num_q_blocks, grid.num_kv_blocks

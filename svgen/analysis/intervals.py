@@ -93,3 +93,20 @@ def ragged_arange(counts: np.ndarray) -> np.ndarray:
         return np.zeros(0, np.int64)
     offsets = np.cumsum(counts) - counts
     return np.arange(total, dtype=np.int64) - np.repeat(offsets, counts)
+
+
+def repeat_each(counts: np.ndarray, work=None) -> tuple[np.ndarray, np.ndarray]:
+    """(parent, index) pairs: parent i repeated counts[i] times (negative counts as 0), index
+    0..counts[i]-1. `work` (a svgen.spec.limits.Work), when given, is charged the pairs made:
+    where a hostile window could inflate them, the budget stops it before memory does."""
+    counts = np.maximum(counts, 0)
+    if work is not None:
+        work.charge(counts.sum())
+    return np.repeat(np.arange(counts.size), counts), ragged_arange(counts)
+
+
+def expand_ranges(owner, first, last, work=None):
+    """(owner repeated, value, position in owner) for every value in [first, last] of each
+    owner (empty ranges give nothing); `work` as in repeat_each."""
+    index, within = repeat_each(last - first + 1, work)
+    return owner[index], first[index] + within, index

@@ -25,7 +25,7 @@ import numpy as np
 from svgen import ir
 from svgen.spec import primitives
 from svgen.analysis import bounds as box_bounds
-from svgen.analysis.intervals import IntervalSet, ragged_arange
+from svgen.analysis.intervals import IntervalSet, expand_ranges, ragged_arange, repeat_each
 from svgen.spec.limits import ROW_SET_WORK, WorkOverLimit
 from svgen.runtime.layout import TokenLayout
 
@@ -265,10 +265,9 @@ def _window(center: np.ndarray, radius: int | None, size: int):
 
 
 def _expand(counts: np.ndarray):
-    """(parent, index) pairs: parent i repeated counts[i] times, index 0..counts[i]-1."""
-    counts = np.maximum(counts, 0)
-    ROW_SET_WORK.charge(counts.sum())  # the intervals of a box: what a hostile window inflates
-    return np.repeat(np.arange(counts.size), counts), ragged_arange(counts)
+    """repeat_each, charged to the row-set budget: the intervals of a box are what a hostile
+    window inflates."""
+    return repeat_each(counts, ROW_SET_WORK)
 
 
 def _video_box_keys(
@@ -520,9 +519,8 @@ def _tiled_box(chunk: RowChunk, rows, f_first, f_count, f_step, h_lo, h_hi, w_lo
 
 
 def _expand_range(owner, first, last):
-    """(owner repeated, value) for every value in [first, last] of each owner."""
-    which, within = _expand(last - first + 1)
-    return owner[which], first[which] + within
+    """(owner repeated, value) for every value in [first, last] of each owner, charged."""
+    return expand_ranges(owner, first, last, ROW_SET_WORK)[:2]
 
 
 def _nominal_keys(chunk: RowChunk, rows, start, end) -> IntervalSet:
