@@ -1,0 +1,488 @@
+"""The mask algebra's nodes: what every spec desugars to (see svgen.ir), and `simplify`."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Protocol
+
+import numpy as np
+import sympy
+
+from svgen.spec.expr import SYMBOLS, FloorDiv, FloorMod
+from svgen.runtime.layout import Coordinates
+
+from svgen.ir.evaluate import evaluate_sympy
+
+_S = SYMBOLS
+
+
+def band_width_from_density(density: float, video_tokens: int) -> int:
+    """w = 128 * ceil(N * (1 - sqrt(1 - d)) / 128): the TPU port's rule (N = video tokens)."""
+    return 128 * math.ceil(video_tokens * (1.0 - math.sqrt(1.0 - density)) / 128)
+
+
+def _video_pair():
+    return sympy.And(sympy.Eq(_S["is_text_q"], 0), sympy.Eq(_S["is_text_k"], 0))
+
+
+def _within(a, b, bound):
+    """|a - b| <= bound, or True when unbounded."""
+    if bound is None:
+        return sympy.true
+    return sympy.Eq(a, b) if bound == 0 else sympy.Le(sympy.Abs(a - b), bound)
+
+
+def _both_video(q: Coordinates, k: Coordinates) -> np.ndarray:
+    return ~q.is_text & ~k.is_text
+
+
+def _near(a: np.ndarray, b: np.ndarray, bound: int | None) -> np.ndarray:
+    return (
+        np.ones(np.broadcast_shapes(a.shape, b.shape), bool)
+        if bound is None
+        else (np.abs(a - b) <= bound)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Always:
+    """Every pair (value=True) or none (value=False)."""
+
+    value: bool
+
+    def evaluate(self, q, k):
+        return np.full(np.broadcast_shapes(q.index.shape, k.index.shape), self.value)
+
+    def predicate(self):
+        return sympy.true if self.value else sympy.false
+
+    def describe(self):
+        return "every pair" if self.value else "no pair"
+
+
+@dataclasses.dataclass(frozen=True)
+class FirstFrame:
+    """k is a video token of the first `frames` frames (any query, text queries included)."""
+
+    frames: int
+
+    def evaluate(self, q, k):
+        return np.broadcast_to(
+            ~k.is_text & (k.frame < self.frames), np.broadcast_shapes(q.index.shape, k.index.shape)
+        )
+
+    def predicate(self):
+        return sympy.And(sympy.Eq(_S["is_text_k"], 0), sympy.Lt(_S["f_k"], self.frames))
+
+    def describe(self):
+        return f"every query attends the first {self.frames} frame(s)"
+
+
+@dataclasses.dataclass(frozen=True)
+class SpatialWindow:
+    """Both video, |df| <= frames, |dh| <= rows, |dw| <= cols (None = unbounded)."""
+
+    frames: int
+    rows: int | None
+    cols: int | None
+
+    def evaluate(self, q, k):
+        return (
+            _both_video(q, k)
+            & _near(q.frame, k.frame, self.frames)
+            & _near(q.row, k.row, self.rows)
+            & _near(q.col, k.col, self.cols)
+        )
+
+    def predicate(self):
+        return sympy.And(
+            _video_pair(),
+            _within(_S["f_q"], _S["f_k"], self.frames),
+            _within(_S["h_q"], _S["h_k"], self.rows),
+            _within(_S["w_q"], _S["w_k"], self.cols),
+        )
+
+    def describe(self):
+        parts = [f"|frame difference| <= {self.frames}"]
+        if self.rows is not None:
+            parts.append(f"|row difference| <= {self.rows}")
+        if self.cols is not None:
+            parts.append(f"|column difference| <= {self.cols}")
+        return "spatial window: video pairs with " + ", ".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class TemporalStride:
+    """Both video, |dh| <= rows, |dw| <= cols, df = 0 mod stride, |df| <= frames."""
+
+    rows: int
+    cols: int
+    stride: int
+    frames: int | None
+
+    def evaluate(self, q, k):
+        df = q.frame - k.frame
+        return (
+            _both_video(q, k)
+            & _near(q.row, k.row, self.rows)
+            & _near(q.col, k.col, self.cols)
+            & (df % self.stride == 0)
+            & _near(q.frame, k.frame, self.frames)
+        )
+
+    def predicate(self):
+        df = _S["f_q"] - _S["f_k"]
+        on_stride = sympy.true if self.stride == 1 else sympy.Eq(FloorMod(df, self.stride), 0)
+        return sympy.And(
+            _video_pair(),
+            _within(_S["h_q"], _S["h_k"], self.rows),
+            _within(_S["w_q"], _S["w_k"], self.cols),
+            on_stride,
+            _within(_S["f_q"], _S["f_k"], self.frames),
+        )
+
+    def describe(self):
+        where = (
+            "the same position"
+            if self.rows == 0 and self.cols == 0
+            else f"positions within {self.rows} row(s) and {self.cols} column(s)"
+        )
+        frames = "every frame" if self.frames is None else f"frames within {self.frames}"
+        stride = "" if self.stride == 1 else f", frame difference divisible by {self.stride}"
+        return f"temporal: video pairs at {where}, {frames}{stride}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Band:
+    """|i_q - i_k| <= width, i = position in the layout's order (text included)."""
+
+    width: int
+
+    @classmethod
+    def from_params(cls, values: dict, geometry) -> "Band":
+        """The spec gives a width or a density (the kept fraction of video pairs)."""
+        width = values["width"]
+        if width is None:
+            width = band_width_from_density(float(values["density"]), geometry.video_tokens)
+        return cls(width)
+
+    def evaluate(self, q, k):
+        return np.abs(q.index - k.index) <= self.width
+
+    def predicate(self):
+        return sympy.Le(sympy.Abs(_S["i_q"] - _S["i_k"]), self.width)
+
+    def describe(self):
+        return f"band: |position difference| <= {self.width}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Prefix:
+    """The key's position in the layout's order is < tokens."""
+
+    tokens: int
+
+    def evaluate(self, q, k):
+        return np.broadcast_to(
+            k.index < self.tokens, np.broadcast_shapes(q.index.shape, k.index.shape)
+        )
+
+    def predicate(self):
+        return sympy.Lt(_S["i_k"], self.tokens)
+
+    def describe(self):
+        return f"every query attends the first {self.tokens} positions"
+
+
+@dataclasses.dataclass(frozen=True)
+class Text:
+    """q or k is a text token."""
+
+    def evaluate(self, q, k):
+        return q.is_text | k.is_text
+
+    def predicate(self):
+        return sympy.Or(sympy.Eq(_S["is_text_q"], 1), sympy.Eq(_S["is_text_k"], 1))
+
+    def describe(self):
+        return "text tokens attend and are attended globally"
+
+
+@dataclasses.dataclass(frozen=True)
+class CausalFrames:
+    """Both video and f_k <= f_q."""
+
+    def evaluate(self, q, k):
+        return _both_video(q, k) & (k.frame <= q.frame)
+
+    def predicate(self):
+        return sympy.And(_video_pair(), sympy.Le(_S["f_k"], _S["f_q"]))
+
+    def describe(self):
+        return "causal over frames: video keys of the same or earlier frames"
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockCausal:
+    """Both video and f_k // frames <= f_q // frames: causal over chunks of `frames` frames,
+    every frame of a chunk attending the whole chunk (CausVid, Self-Forcing). Text tokens
+    are not involved; `any_of` with `text: {}` gives them global attention."""
+
+    frames: int
+
+    def evaluate(self, q, k):
+        return _both_video(q, k) & (k.frame // self.frames <= q.frame // self.frames)
+
+    def predicate(self):
+        """Written as f_k < n * (f_q // n) + n: one division, on the query side only (the
+        generated mask reads query coordinates once per q tile, keys on every block)."""
+        f_q, f_k, n = _S["f_q"], _S["f_k"], self.frames
+        if n == 1:
+            return sympy.And(_video_pair(), sympy.Le(f_k, f_q))
+        return sympy.And(_video_pair(), sympy.Lt(f_k, n * FloorDiv(f_q, n) + n))
+
+    def describe(self):
+        return (
+            f"block-causal over chunks of {self.frames} frame(s): video keys of the same "
+            f"or earlier chunks"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class CubeWindow:
+    """Both video, and the keys' cube within `frames` x `rows` x `cols` cubes of the query's:
+    tokens grouped into cubes of cube_frames x cube_rows x cube_cols (aligned to frame, row
+    and column 0), |f_q // a - f_k // a| <= frames and likewise for rows and columns. The
+    window of Sliding Tile Attention, whose tiles are such cubes."""
+
+    cube_frames: int
+    cube_rows: int
+    cube_cols: int
+    frames: int
+    rows: int
+    cols: int
+
+    def _axes(self):
+        return (
+            ("f", "frame", self.cube_frames, self.frames),
+            ("h", "row", self.cube_rows, self.rows),
+            ("w", "col", self.cube_cols, self.cols),
+        )
+
+    def evaluate(self, q, k):
+        keep = _both_video(q, k)
+        for _, name, size, radius in self._axes():
+            keep = keep & _near(getattr(q, name) // size, getattr(k, name) // size, radius)
+        return keep
+
+    def predicate(self):
+        parts = [_video_pair()]
+        for symbol, _, size, radius in self._axes():
+            a, b = _S[f"{symbol}_q"], _S[f"{symbol}_k"]
+            if size > 1:
+                a, b = FloorDiv(a, size), FloorDiv(b, size)
+            parts.append(_within(a, b, radius))
+        return sympy.And(*parts)
+
+    def describe(self):
+        return (
+            f"cube window: video pairs whose {self.cube_frames}x{self.cube_rows}x"
+            f"{self.cube_cols} cubes are within {self.frames} / {self.rows} / {self.cols} "
+            f"cubes (frames / rows / columns)"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Predicate:
+    """A user `expr`, parsed by svgen.spec.expr into sympy; `source` is the user's text."""
+
+    source: str
+    expr: sympy.Basic = dataclasses.field(compare=False, hash=False, repr=False)
+
+    def evaluate(self, q, k):
+        return np.broadcast_to(
+            evaluate_sympy(self.expr, q, k), np.broadcast_shapes(q.index.shape, k.index.shape)
+        )
+
+    def predicate(self):
+        return self.expr
+
+    def describe(self):
+        return f"expr: {self.source}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _LoweredPredicate(Predicate):
+    """A built-in lowered to its predicate (analyzed and printed as an `expr`), whose
+    `source` says it in words."""
+
+    def describe(self):
+        return self.source
+
+
+@dataclasses.dataclass(frozen=True)
+class Neighborhood(_LoweredPredicate):
+    """NATTEN's neighborhood attention (Hassani et al., 2023) between video tokens: on each
+    axis of size n, a window of `kernel` positions that stays inside the video (near an edge
+    it shifts inward instead of shrinking: it starts at clamp(x - kernel // 2, 0, n - kernel)),
+    over the positions of the query's residue modulo the axis's dilation (its own sub-grid);
+    with `causal` the frame window ends at the query's frame (the kernel - 1 frames before it,
+    cut at frame 0). Lowered to its predicate: analyzed per axis, exactly, like an `expr`."""
+
+    @classmethod
+    def from_params(cls, values: dict, geometry) -> "Neighborhood":
+        axes = (("f", "frames", geometry.frames), ("h", "rows", geometry.height))
+        axes += (("w", "cols", geometry.width),)
+        parts = [sympy.Eq(SYMBOLS["is_text_q"], 0), sympy.Eq(SYMBOLS["is_text_k"], 0)]
+        words = []
+        for axis, name, size in axes:
+            kernel = values[name]
+            dilation = values[f"{name[:-1]}_dilation"]
+            causal = bool(values["causal"]) and axis == "f"
+            if kernel is None or (kernel >= size and dilation == 1 and not causal):
+                words.append(f"every {name[:-1]}")
+                continue
+            parts.append(_window_predicate(axis, size, kernel, dilation, causal))
+            dilated = f" dilated by {dilation}" if dilation > 1 else ""
+            words.append(f"{kernel} {name}{dilated}" + (" up to the query's" if causal else ""))
+        expr = sympy.And(*parts)
+        return cls("neighborhood (clamped inside the video): " + ", ".join(words), expr)
+
+
+def _window_predicate(axis: str, size: int, kernel: int, dilation: int, causal: bool):
+    """x_k in the query's window on one axis (see Neighborhood), as a sympy predicate."""
+    xq, xk = SYMBOLS[f"{axis}_q"], SYMBOLS[f"{axis}_k"]
+    d = dilation
+    # Positions of residue x % d: (size - 1 - x % d) // d + 1 of them; x is the (x // d)-th.
+    index_q, index_k = (xq, xk) if d == 1 else (FloorDiv(xq, d), FloorDiv(xk, d))
+    if causal:
+        start = sympy.Max(0, index_q - (kernel - 1))
+        window = sympy.And(start <= index_k, index_k <= index_q)
+    else:
+        count = size if d == 1 else FloorDiv(size - 1 - FloorMod(xq, d), d) + 1
+        start = sympy.Max(0, sympy.Min(index_q - kernel // 2, count - kernel))
+        window = sympy.And(start <= index_k, index_k <= start + (kernel - 1))
+    if d == 1:
+        return window
+    return sympy.And(sympy.Eq(FloorMod(xq - xk, d), 0), window)
+
+
+@dataclasses.dataclass(frozen=True)
+class Radial(_LoweredPredicate):
+    """Radial Attention's mask (Li et al., 2025) between video tokens: frames at distance d
+    fall in band r = floor(log2(max(d, 1))), and a key is kept when its place in the frame
+    (h * width + w) is less than `width` / 2^r from the query's, so the window halves each
+    time the frame distance doubles (`width` defaults to the frame's places: whole frames at
+    d <= 1). Where the window is below one place only the same place is kept (the paper then
+    also keeps only every ceil(2^r / width)-th frame; svgen keeps every frame). Lowered to its
+    predicate: analyzed exactly over places, like an `expr`."""
+
+    @classmethod
+    def from_params(cls, values: dict, geometry) -> "Radial":
+        places = geometry.height * geometry.width
+        width = values["width"] if values["width"] is not None else places
+        fq, fk = SYMBOLS["f_q"], SYMBOLS["f_k"]
+        distance = sympy.Abs(fq - fk)
+        place = geometry.width * (SYMBOLS["h_q"] - SYMBOLS["h_k"]) + SYMBOLS["w_q"] - SYMBOLS["w_k"]
+        bands = []
+        band = 0
+        while (1 << band) <= max(geometry.frames - 1, 1):
+            low = 0 if band == 0 else 1 << band
+            high = 1 if band == 0 else (2 << band) - 1
+            near = sympy.And(low <= distance, distance <= high) if low else distance <= high
+            if (width - 1) >> band >= places - 1:  # every place pair of the frames
+                bands.append(near)
+            else:  # |place difference| * 2^r < width, i.e. <= (width - 1) >> r
+                bands.append(sympy.And(near, sympy.Abs(place) <= (width - 1) >> band))
+            band += 1
+        video = [sympy.Eq(SYMBOLS["is_text_q"], 0), sympy.Eq(SYMBOLS["is_text_k"], 0)]
+        expr = sympy.And(*video, sympy.Or(*bands))
+        words = f"radial (window of {width:,} places halving as the frame distance doubles)"
+        return cls(words, expr)
+
+
+@dataclasses.dataclass(frozen=True)
+class AnyOf:
+    children: tuple["Node", ...]
+
+    def evaluate(self, q, k):
+        return np.logical_or.reduce([c.evaluate(q, k) for c in self.children])
+
+    def predicate(self):
+        return sympy.Or(*(c.predicate() for c in self.children))
+
+    def describe(self):
+        return "any of: " + "; ".join(c.describe() for c in self.children)
+
+
+@dataclasses.dataclass(frozen=True)
+class AllOf:
+    children: tuple["Node", ...]
+
+    def evaluate(self, q, k):
+        return np.logical_and.reduce([c.evaluate(q, k) for c in self.children])
+
+    def predicate(self):
+        return sympy.And(*(c.predicate() for c in self.children))
+
+    def describe(self):
+        return "all of: " + "; ".join(c.describe() for c in self.children)
+
+
+@dataclasses.dataclass(frozen=True)
+class Not:
+    child: "Node"
+
+    def evaluate(self, q, k):
+        return ~self.child.evaluate(q, k)
+
+    def predicate(self):
+        return sympy.Not(self.child.predicate())
+
+    def describe(self):
+        return f"not ({self.child.describe()})"
+
+
+class Node(Protocol):
+    """What every mask node provides; `svgen.spec.primitives` lists the node of each spec key
+    (`Always` is the only node no spec writes: simplification's constants)."""
+
+    def evaluate(self, q: Coordinates, k: Coordinates) -> np.ndarray: ...
+
+    def predicate(self) -> sympy.Basic: ...
+
+    def describe(self) -> str: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Simplification: flatten nested unions/intersections, drop duplicates and constants.
+
+
+def simplify(node: Node) -> Node:
+    if isinstance(node, Not):
+        child = simplify(node.child)
+        if isinstance(child, Not):
+            return child.child
+        if isinstance(child, Always):
+            return Always(not child.value)
+        return Not(child)
+    if isinstance(node, (AnyOf, AllOf)):
+        kind = type(node)
+        absorbing = isinstance(node, AnyOf)  # True absorbs a union, False an intersection
+        flat: list[Node] = []
+        for child in map(simplify, node.children):
+            parts = child.children if isinstance(child, kind) else (child,)
+            for part in parts:
+                if isinstance(part, Always):
+                    if part.value == absorbing:
+                        return Always(absorbing)
+                    continue
+                if part not in flat:
+                    flat.append(part)
+        if not flat:
+            return Always(not absorbing)
+        return flat[0] if len(flat) == 1 else kind(tuple(flat))
+    if isinstance(node, Predicate) and node.expr in (sympy.true, sympy.false):
+        return Always(bool(node.expr))
+    return node
