@@ -42,7 +42,8 @@ from svgen.analysis.classify import (
     evaluated_pairs,
 )
 from svgen.analysis.intervals import IntervalSet
-from svgen.analysis.rowsets import Bounds, RowChunk, row_bounds
+from svgen.analysis.key_sets import Bounds, RowChunk
+from svgen.analysis.rowsets import row_bounds
 from svgen.analysis.tables import build_runs, kernel_tiles
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout

@@ -35,7 +35,8 @@ import numpy as np
 from svgen import ir
 from svgen.analysis import axis_terms, product
 from svgen.analysis.intervals import IntervalSet, ragged_arange
-from svgen.analysis.rowsets import RowChunk, row_bounds
+from svgen.analysis.key_sets import RowChunk
+from svgen.analysis.rowsets import row_bounds
 from svgen.runtime.layout import FRAME_MAJOR, TokenLayout
 from svgen.runtime.kinds import TileKind
 
