@@ -43,7 +43,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from svgen import codegen  # noqa: E402
-from svgen.perf import cost  # noqa: E402
+from svgen.perf import cost, measure  # noqa: E402
 from svgen.analysis import analyze  # noqa: E402
 from svgen.runtime import segments  # noqa: E402
 from svgen.runtime.refine import SEGMENT_BOUNDARY  # noqa: E402
@@ -206,7 +206,7 @@ def main() -> None:
             (pathlib.Path(tmp) / filename).write_bytes(data)
         module = import_module(pathlib.Path(tmp) / codegen.module_filename(spec.name))
         print("  compiling the kernel that reads run-time tables (v6e) ...", file=sys.stderr)
-        paths = cost.measure_paths(module, "v6e", use_cache=not args.no_cache)
+        paths = measure.measure_paths(module, "v6e", use_cache=not args.no_cache)
     heads = [0] * spec.attention.heads
     clock = plan.target.clock_ghz
     padding = cost.padding_tile(plan)

@@ -28,6 +28,7 @@ from svgen.perf import tpu_schedule  # noqa: E402
 tpu_schedule.ensure_dump_flags()  # before anything starts libtpu
 
 from svgen.perf import cost  # noqa: E402
+from svgen.perf.paths import mean_rounded  # noqa: E402
 from svgen.analysis import analyze  # noqa: E402
 from svgen.runtime.kinds import TileKind  # noqa: E402
 from svgen.spec import load_spec  # noqa: E402
@@ -59,14 +60,14 @@ def _row(path: str) -> list[str]:
         boundary = int((pattern.compute_kinds == TileKind.BOUNDARY).sum())
         found = pattern.residuals
         full = _full_block(before.paths, plain, index)
-        whole_before = cost._mean([b for _, b, _ in before.paths.block[index]])
-        whole_after = cost._mean([b for _, b, _ in after.paths.block[index]])
+        whole_before = mean_rounded([b for _, b, _ in before.paths.block[index]])
+        whole_after = mean_rounded([b for _, b, _ in after.paths.block[index]])
         variants = "-"
         on_variants = 0
         if found is not None and after.paths.residual_block:
             per_variant = list(zip(*after.paths.residual_block[index]))
             variants = ", ".join(
-                f"{cost._mean([c for c, _ in costs])} ({cost._mean([c for c, _ in costs]) / full:.2f}x)"
+                f"{mean_rounded([c for c, _ in costs])} ({mean_rounded([c for c, _ in costs]) / full:.2f}x)"
                 for costs in per_variant
             )
             on_variants = sum(v.blocks for v in found.variants)

@@ -683,7 +683,7 @@ def _cost(args) -> int:
     if not _libtpu_installed():
         print(f"svgen: error: {NO_LIBTPU}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from svgen.perf import cost
+    from svgen.perf import cost, cost_text
 
     # libtpu must learn where to dump its schedules before anything starts it.
     from svgen.perf.tpu_schedule import NoGridLoop, ensure_dump_flags
@@ -702,7 +702,7 @@ def _cost(args) -> int:
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:
-        for line in cost.format_report(report, plan):
+        for line in cost_text.format_report(report, plan):
             print(line)
     return 0
 

@@ -53,6 +53,7 @@ from svgen.spec import (
     parse_spec,
 )
 from svgen.analysis.targets import DEFAULT_TARGET
+from svgen.perf.paths import PathCosts, mean
 
 TILE_SIZES = (512, 1024, 2048, 4096)
 COMPUTE_SIZES = (
@@ -295,27 +296,25 @@ def estimate_paths(points: Sequence[tuple[Candidate, object]], c: Candidate, seq
       * init and finalize grow with the q tile's rows.
     With one block per tile the kernel has no blocks word: a BOUNDARY tile is then the
     bookkeeping, the branch overhead of one block and one masked block."""
-    from svgen.perf.cost import PathCosts
-
     first = points[0][1]
-    bk = round(_mean(p.bookkeeping for _, p in points))
+    bk = round(mean(p.bookkeeping for _, p in points))
     r0, per_block = _fit_rows(points)
     rk = c.block_kv // c.compute_kv
     full = bk + round((c.block_q // c.compute_q) * (r0 + rk * per_block))
     scale = [c.block_q / k.block_q for k, _ in points]
     init = tuple(
-        round(_mean(p.init[i] * r for (_, p), r in zip(points, scale)))
+        round(mean(p.init[i] * r for (_, p), r in zip(points, scale)))
         for i in range(len(first.init))
     )
-    finalize = round(_mean(p.finalize * r for (_, p), r in zip(points, scale)))
+    finalize = round(mean(p.finalize * r for (_, p), r in zip(points, scale)))
     column = (seq_len - 1) % c.block_kv // c.compute_kv if seq_len % c.compute_kv else -1
     multi = [(k, p) for k, p in points if k.blocks > 1] or list(points)
     mixed, blocks = [], []
     for index in range(len(first.mixed)):
-        overhead = _mean((p.mixed[index] - p.bookkeeping) / k.blocks for k, p in multi)
+        overhead = mean((p.mixed[index] - p.bookkeeping) / k.blocks for k, p in multi)
         per_block_costs = [b for _, p in multi for b in p.block[index]]
-        f = _mean(b[0] for b in per_block_costs if b[0])
-        b = _mean(b[1] for b in per_block_costs)
+        f = mean(b[0] for b in per_block_costs if b[0])
+        b = mean(b[1] for b in per_block_costs)
         extra = max(x[2] - x[1] for x in per_block_costs)
         if c.blocks == 1:
             mixed.append(bk)
@@ -335,7 +334,7 @@ def estimate_paths(points: Sequence[tuple[Candidate, object]], c: Candidate, seq
         tuple(blocks),
         init,
         finalize,
-        round(_mean(p.pipeline for _, p in points)),
+        round(mean(p.pipeline for _, p in points)),
     )
 
 
@@ -345,8 +344,8 @@ def _fit_rows(points) -> tuple[float, float]:
     xs = [k.block_kv // k.compute_kv for k, _ in points]
     ys = [(p.full - p.bookkeeping) / (k.block_q // k.compute_q) for k, p in points]
     if len(set(xs)) < 2:
-        return 0.0, _mean(y / x for x, y in zip(xs, ys))
-    mx, my = _mean(xs), _mean(ys)
+        return 0.0, mean(y / x for x, y in zip(xs, ys))
+    mx, my = mean(xs), mean(ys)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
     return my - slope * mx, slope
 
@@ -495,11 +494,6 @@ def _compile_measure(spec_path: str) -> Measure:
         return cost.cost_plan(plan, spec_path, chunks=False).paths
 
     return measure
-
-
-def _mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values) if values else 0.0
 
 
 def _visited(plan: Plan) -> float:
