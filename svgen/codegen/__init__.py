@@ -616,7 +616,8 @@ def _kernel_lines(plan: Plan) -> list[str]:
         if plan.spec.attention.softmax == "bounded":
             lines.append(
                 "Softmax: bounded max per q tile where every row's |q| * max |k| is within "
-                "kernel.BOUND_LIMIT, else online (attention.softmax_modes tells which)"
+                "svgen.runtime.softmax.BOUND_LIMIT, else online (attention.softmax_modes "
+                "tells which)"
             )
         return lines
     gpu, tables, grid = plan.gpu, plan.tables, plan.grid

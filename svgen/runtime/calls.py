@@ -84,77 +84,14 @@ def attention_doc(
             "    with Triton for the GPU."
         )
         grads = "Forward only: no gradient yet on GPU."
-    extra = "".join(f", {name}=None" for name in runtime.arguments())
+    extra, runtime_lines = _runtime_inputs_doc(runtime, text_tokens, n)
     if kv_cache is not None:
         extra += ", q_frame_offset=None"
-    runtime_lines = ""
-    if runtime.segments:
-        runtime_lines += f"""segment_ids: int32 [{n}] or [batch, {n}], in the user's token order (may be traced):
-    only pairs of one id are kept, on top of the mask; a negative id marks a padding token
-    (it attends nothing and nothing attends it). None: every token in one segment.
-"""
-    if runtime.per_video_frames:
-        runtime_lines += """    Per-video frames: a video segment is whole frames, numbered from its own first
-    frame (first_frame and block_causal apply per video; text keeps frame 0); concrete
-    ids that cut a frame raise.
-"""
-    if runtime.text_lengths:
-        runtime_lines += f"""text_lengths: int32 [] or [batch] (may be traced): how many of the {text_tokens} text tokens
-    are real (counted from the first); the others are padding, never attended, their rows
-    zeros. Concrete values outside 0 .. {text_tokens} raise; traced ones are clamped to it.
-"""
-    if runtime.any:
-        runtime_lines += """    Each call refines the tables on the device (no host round trip, one compile for all
-    run-time values); jax.vmap gives each batch element its own.
-"""
     if select is not None:
-        policy = select.policy
-        extra += f", {policy.rule}=None"
-        if policy.rule == "top_k":
-            amount = f"int [] (may be traced): kv blocks per compute block row (None: {int(policy.default)})"
-        else:
-            amount = (
-                f"float [] in 0 .. 1 (may be traced): the mass to reach (None: {policy.default})"
-            )
-        runtime_lines += f"""{policy.rule}: {amount}, clamped to
-    {policy.min_blocks} .. {policy.max_blocks}. Each call scores the candidate region's compute blocks
-    ({shape.cq} x {shape.ckv} tokens) by mean-pooled q . k and attends the chosen ones whole, on
-    top of the mask (svgen.runtime.select); a NaN or +inf score always selects its block. One
-    compile for every value; gradients hold the selection fixed.
-"""
-    if kv_cache is not None and kv_cache.rolling:
-        c, rows, s, w = (
-            kv_cache.chunk_frames,
-            kv_cache.rows,
-            kv_cache.sink_frames,
-            kv_cache.window_frames,
-        )
-        runtime_lines += f"""q_frame_offset: int32 [] (may be traced), a multiple of {c} in 0 .. {kv_cache.frames - c}: a chunked call
-    (rolling KV cache). q is then [heads, {rows}, {d}] or [batch, heads, {rows}, {d}], the queries of
-    frames q_frame_offset .. + {c - 1}; k and v the cache, [.., heads, {kv_cache.cache_tokens}, {d}]: {s} sink
-    frames (frame a < {s} in slot a) and a ring of {w} (frame a >= {s} in slot {s} + (a - {s}) mod {w}),
-    slot t at tokens t * {kv_cache.frame_tokens} ..; write the chunk's own frames before the call.
-    Slots not written yet are never attended (they must only be finite). The mask is the full
-    sequence's, in absolute frames: chunk by chunk, o equals the full-sequence call's rows
-    (the compiler checked that the ring holds every frame it keeps). A traced offset that is
-    no chunk start gives NaN outputs; a concrete one raises. jax.grad gives dq of the chunk
-    and dk, dv of the ring.
-"""
-    elif kv_cache is not None:
-        c, rows = kv_cache.chunk_frames, kv_cache.rows
-        chunk_grads = (
-            "jax.grad gives dq of the chunk and\n    dk, dv of the whole cache."
-            if backend == "TPU"
-            else "Forward only."
-        )
-        runtime_lines += f"""q_frame_offset: int32 [] (may be traced), a multiple of {c} in 0 .. {kv_cache.frames - c}: a chunked call
-    (KV cache). q is then [heads, {rows}, {d}] or [batch, heads, {rows}, {d}], the queries of
-    frames q_frame_offset .. + {c - 1}; k and v the cache of the whole video, [.., heads, {n}, {d}],
-    frame t at tokens t * {kv_cache.frame_tokens} ..; frames after the chunk are never attended
-    (they must only be finite). The mask is the full sequence's, in absolute frames: chunk by
-    chunk, o equals the full-sequence call's rows. A traced offset that is no chunk start
-    gives NaN outputs; a concrete one raises. {chunk_grads}
-"""
+        extra += f", {select.policy.rule}=None"
+        runtime_lines += _select_doc(select.policy, shape)
+    if kv_cache is not None:
+        runtime_lines += _kv_cache_doc(kv_cache, n, d, backend)
     return f"""attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None, token_order="user"{extra})
 
 Block-sparse attention on {backend}: o = softmax(sm_scale * q k^T over the keys each query's
@@ -177,6 +114,79 @@ token_order: "user", or "kernel": q, k, v already in each head's kernel order, a
 {runtime_lines}
 Returns o, of q's shape and dtype; a query whose mask keeps no key gets zeros.
 {grads}
+"""
+
+
+def _runtime_inputs_doc(runtime: segments.RuntimeInputs, text_tokens: int, n: int):
+    """(the signature's extra arguments, their lines) for segment ids and text lengths."""
+    extra = "".join(f", {name}=None" for name in runtime.arguments())
+    runtime_lines = ""
+    if runtime.segments:
+        runtime_lines += f"""segment_ids: int32 [{n}] or [batch, {n}], in the user's token order (may be traced):
+    only pairs of one id are kept, on top of the mask; a negative id marks a padding token
+    (it attends nothing and nothing attends it). None: every token in one segment.
+"""
+    if runtime.per_video_frames:
+        runtime_lines += """    Per-video frames: a video segment is whole frames, numbered from its own first
+    frame (first_frame and block_causal apply per video; text keeps frame 0); concrete
+    ids that cut a frame raise.
+"""
+    if runtime.text_lengths:
+        runtime_lines += f"""text_lengths: int32 [] or [batch] (may be traced): how many of the {text_tokens} text tokens
+    are real (counted from the first); the others are padding, never attended, their rows
+    zeros. Concrete values outside 0 .. {text_tokens} raise; traced ones are clamped to it.
+"""
+    if runtime.any:
+        runtime_lines += """    Each call refines the tables on the device (no host round trip, one compile for all
+    run-time values); jax.vmap gives each batch element its own.
+"""
+    return extra, runtime_lines
+
+
+def _select_doc(policy, shape: KernelShape) -> str:
+    """The lines of a selection policy's amount argument (top_k or top_p)."""
+    if policy.rule == "top_k":
+        amount = (
+            f"int [] (may be traced): kv blocks per compute block row (None: {int(policy.default)})"
+        )
+    else:
+        amount = f"float [] in 0 .. 1 (may be traced): the mass to reach (None: {policy.default})"
+    return f"""{policy.rule}: {amount}, clamped to
+    {policy.min_blocks} .. {policy.max_blocks}. Each call scores the candidate region's compute blocks
+    ({shape.cq} x {shape.ckv} tokens) by mean-pooled q . k and attends the chosen ones whole, on
+    top of the mask (svgen.runtime.select); a NaN or +inf score always selects its block. One
+    compile for every value; gradients hold the selection fixed.
+"""
+
+
+def _kv_cache_doc(kv_cache: "chunks.KvCache", n: int, d: int, backend: str) -> str:
+    """The lines of a chunked call's q_frame_offset: a rolling cache, or the whole video's."""
+    c, rows = kv_cache.chunk_frames, kv_cache.rows
+    if kv_cache.rolling:
+        s, w = kv_cache.sink_frames, kv_cache.window_frames
+        return f"""q_frame_offset: int32 [] (may be traced), a multiple of {c} in 0 .. {kv_cache.frames - c}: a chunked call
+    (rolling KV cache). q is then [heads, {rows}, {d}] or [batch, heads, {rows}, {d}], the queries of
+    frames q_frame_offset .. + {c - 1}; k and v the cache, [.., heads, {kv_cache.cache_tokens}, {d}]: {s} sink
+    frames (frame a < {s} in slot a) and a ring of {w} (frame a >= {s} in slot {s} + (a - {s}) mod {w}),
+    slot t at tokens t * {kv_cache.frame_tokens} ..; write the chunk's own frames before the call.
+    Slots not written yet are never attended (they must only be finite). The mask is the full
+    sequence's, in absolute frames: chunk by chunk, o equals the full-sequence call's rows
+    (the compiler checked that the ring holds every frame it keeps). A traced offset that is
+    no chunk start gives NaN outputs; a concrete one raises. jax.grad gives dq of the chunk
+    and dk, dv of the ring.
+"""
+    chunk_grads = (
+        "jax.grad gives dq of the chunk and\n    dk, dv of the whole cache."
+        if backend == "TPU"
+        else "Forward only."
+    )
+    return f"""q_frame_offset: int32 [] (may be traced), a multiple of {c} in 0 .. {kv_cache.frames - c}: a chunked call
+    (KV cache). q is then [heads, {rows}, {d}] or [batch, heads, {rows}, {d}], the queries of
+    frames q_frame_offset .. + {c - 1}; k and v the cache of the whole video, [.., heads, {n}, {d}],
+    frame t at tokens t * {kv_cache.frame_tokens} ..; frames after the chunk are never attended
+    (they must only be finite). The mask is the full sequence's, in absolute frames: chunk by
+    chunk, o equals the full-sequence call's rows. A traced offset that is no chunk start
+    gives NaN outputs; a concrete one raises. {chunk_grads}
 """
 
 

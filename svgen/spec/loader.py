@@ -186,24 +186,7 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
     r = Reader(text, source)
     top = r.mapping(root, "", TOP_KEYS, what="a mapping at the top level")
 
-    if "svgen" not in top:
-        raise r.error(
-            root, None, "missing required key 'svgen' (the spec format version; write 'svgen: 1')"
-        )
-    vnode = top["svgen"][1]
-    version = r.scalar(vnode, "svgen") if isinstance(vnode, ScalarNode) else MISSING
-    if isinstance(version, bool) or version != SPEC_VERSION or not isinstance(version, int):
-        got = (
-            show_int(version)
-            if isinstance(version, int) and not isinstance(version, bool)
-            else r.describe(vnode)
-        )
-        raise r.error(
-            vnode,
-            "svgen",
-            f"must be {SPEC_VERSION} (the only spec format version this svgen "
-            f"understands), got {got}",
-        )
+    _check_version(r, root, top)
     r.require(root, "", top, ("name", "geometry", "attention"))
     if "mask" in top and "heads" in top:
         raise r.error(
@@ -228,6 +211,85 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
     masks = MaskReader(r)
     mask = masks.read_mask(top["mask"][1], "mask") if "mask" in top else None
 
+    patterns = _read_patterns(r, top, masks)
+    patterns.sort(key=lambda item: item[0])
+    masks.check_expanded(mask, patterns)
+
+    heads = None
+    if "heads" in top:
+        heads = read_heads(
+            r,
+            top["heads"][1],
+            "heads",
+            tuple(n for n, _ in patterns),
+            layout,
+            attention.heads,
+            geometry,
+        )
+
+    tiling = Tiling(DEFAULT_BLOCK, DEFAULT_BLOCK)
+    if "tiling" in top:
+        tiling = read_tiling(r, top["tiling"][1], "tiling")
+    check_tile_grid(
+        r,
+        (top.get("tiling") or top["geometry"])[1],
+        "tiling",
+        geometry,
+        tiling,
+        len(heads.candidates) if heads is not None else 1,
+    )
+
+    gpu = read_gpu(r, top["gpu"][1], "gpu") if "gpu" in top else None
+    runtime = _read_runtime(r, top, geometry, tiling, layout, heads)
+
+    select = None
+    if "select" in top:
+        select = read_select(r, top["select"][1], "select", masks)
+        masks.check_expanded(select.candidate, patterns)
+        check_select(r, top["select"][0], heads, runtime)
+
+    spec = Spec(
+        name=name,
+        geometry=geometry,
+        attention=attention,
+        layout=layout,
+        mask=mask,
+        patterns=tuple(patterns),
+        heads=heads,
+        tiling=tiling,
+        source=source,
+        digest="",  # computed from the spec itself, the one route (svgen.spec.canonical)
+        gpu=gpu,
+        runtime=runtime,
+        select=select,
+    )
+    return dataclasses.replace(spec, digest=spec_digest(spec))
+
+
+def _check_version(r: Reader, root, top: dict) -> None:
+    """`svgen: 1` is there, and is the one spec format version this svgen reads."""
+    if "svgen" not in top:
+        raise r.error(
+            root, None, "missing required key 'svgen' (the spec format version; write 'svgen: 1')"
+        )
+    vnode = top["svgen"][1]
+    version = r.scalar(vnode, "svgen") if isinstance(vnode, ScalarNode) else MISSING
+    if isinstance(version, bool) or version != SPEC_VERSION or not isinstance(version, int):
+        got = (
+            show_int(version)
+            if isinstance(version, int) and not isinstance(version, bool)
+            else r.describe(vnode)
+        )
+        raise r.error(
+            vnode,
+            "svgen",
+            f"must be {SPEC_VERSION} (the only spec format version this svgen "
+            f"understands), got {got}",
+        )
+
+
+def _read_patterns(r: Reader, top: dict, masks: MaskReader) -> list[tuple[str, MaskTerm]]:
+    """The named patterns, in file order (names checked: plain, unreserved, not repeated)."""
     patterns: list[tuple[str, MaskTerm]] = []
     if "patterns" in top and not is_null(r, top["patterns"][1], "patterns"):
         pnode = top["patterns"][1]
@@ -262,34 +324,11 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
                 raise r.error(knode, ppath, f"more than {MAX_PATTERNS} patterns (MAX_PATTERNS)")
             seen[pname] = knode
             patterns.append((pname, masks.read_mask(vnode, ppath)))
-    patterns.sort(key=lambda item: item[0])
-    masks.check_expanded(mask, patterns)
+    return patterns
 
-    heads = None
-    if "heads" in top:
-        heads = read_heads(
-            r,
-            top["heads"][1],
-            "heads",
-            tuple(n for n, _ in patterns),
-            layout,
-            attention.heads,
-            geometry,
-        )
 
-    tiling = Tiling(DEFAULT_BLOCK, DEFAULT_BLOCK)
-    if "tiling" in top:
-        tiling = read_tiling(r, top["tiling"][1], "tiling")
-    check_tile_grid(
-        r,
-        (top.get("tiling") or top["geometry"])[1],
-        "tiling",
-        geometry,
-        tiling,
-        len(heads.candidates) if heads is not None else 1,
-    )
-
-    gpu = read_gpu(r, top["gpu"][1], "gpu") if "gpu" in top else None
+def _read_runtime(r: Reader, top: dict, geometry, tiling, layout, heads) -> Runtime:
+    """The run-time inputs, with the KV-cache checks that need the layout, heads and tiling."""
     runtime = Runtime()
     if "runtime" in top:
         runtime = read_runtime(r, top["runtime"][1], "runtime", geometry)
@@ -306,29 +345,7 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
                     f"needs tiling.align: exact (got {tiling.align}): the chunks' tiles are "
                     "not the full sequence's, so they would round other blocks",
                 )
-
-    select = None
-    if "select" in top:
-        select = read_select(r, top["select"][1], "select", masks)
-        masks.check_expanded(select.candidate, patterns)
-        check_select(r, top["select"][0], heads, runtime)
-
-    spec = Spec(
-        name=name,
-        geometry=geometry,
-        attention=attention,
-        layout=layout,
-        mask=mask,
-        patterns=tuple(patterns),
-        heads=heads,
-        tiling=tiling,
-        source=source,
-        digest="",  # computed from the spec itself, the one route (svgen.spec.canonical)
-        gpu=gpu,
-        runtime=runtime,
-        select=select,
-    )
-    return dataclasses.replace(spec, digest=spec_digest(spec))
+    return runtime
 
 
 def load_spec(path: str | os.PathLike) -> Spec:
