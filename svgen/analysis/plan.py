@@ -290,28 +290,7 @@ class Plan:
         out["table_bytes"] = self.table_bytes
         out["grid_steps"] = self.grid_steps
         out["slots_per_piece"] = self.tables.slots
-        runtime = self.spec.runtime
-        if runtime.any:  # only when declared: the keys of other specs stay what they were
-            names = ("segments", "text_lengths", "per_video_frames")
-            out["runtime"] = [n for n in names if getattr(runtime, n)]
-        if self.spec.select is not None:
-            select = self.spec.select
-            out["select"] = {
-                "rule": select.rule,
-                "default": select.default,
-                "min_blocks": select.min_blocks,
-                "max_blocks": select.max_blocks,
-                "max_grid_steps": self.select_steps(),
-            }
-        if self.chunk_runs:
-            out["kv_cache"] = {
-                "chunk_frames": runtime.chunk_frames,
-                "chunk_steps": self.chunk_steps(),
-            }
-            if runtime.rolling:
-                out["kv_cache"].update(
-                    sink_frames=runtime.sink_frames, window_frames=runtime.window_frames
-                )
+        out.update(self._inputs_summary())
         if len(self.patterns) == 1:
             out.update(
                 {k: v for k, v in self.only.summary().items() if k not in out and k != "layout"}
@@ -330,6 +309,34 @@ class Plan:
                 "runtime" if self.assign is None else [self.patterns[i].name for i in self.assign]
             )
         return out
+
+    def _inputs_summary(self) -> dict:
+        """The summary's keys for run-time inputs, a selection policy and KV-cache chunks (only
+        those the spec declares: the keys of other specs stay what they were)."""
+        extra: dict = {}
+        runtime = self.spec.runtime
+        if runtime.any:  # only when declared: the keys of other specs stay what they were
+            names = ("segments", "text_lengths", "per_video_frames")
+            extra["runtime"] = [n for n in names if getattr(runtime, n)]
+        if self.spec.select is not None:
+            select = self.spec.select
+            extra["select"] = {
+                "rule": select.rule,
+                "default": select.default,
+                "min_blocks": select.min_blocks,
+                "max_blocks": select.max_blocks,
+                "max_grid_steps": self.select_steps(),
+            }
+        if self.chunk_runs:
+            extra["kv_cache"] = {
+                "chunk_frames": runtime.chunk_frames,
+                "chunk_steps": self.chunk_steps(),
+            }
+            if runtime.rolling:
+                extra["kv_cache"].update(
+                    sink_frames=runtime.sink_frames, window_frames=runtime.window_frames
+                )
+        return extra
 
 
 def _gpu_summary(plan: Plan, out: dict) -> dict:

@@ -23,6 +23,7 @@ import numpy as np
 from svgen import ir
 from svgen.analysis import Plan
 from svgen.codegen import pyformat
+from svgen.codegen import words as wording
 from svgen.codegen.predicate import aligned_mask, emit_mask
 from svgen.codegen.tilemap import render_tile_map
 from svgen.runtime.kinds import TileKind
@@ -77,15 +78,6 @@ def chunks_filename(name: str) -> str:
 
 def candidate_filename(name: str) -> str:
     return f"{name}_candidate.npy"
-
-
-def _grid_steps_words(plan: Plan) -> str:
-    if not plan.tables.flat:
-        return f"{_int(plan.grid_steps)} grid steps per head"
-    steps = ", ".join(
-        f"{p.name} {_int(plan.pattern_grid_steps(i))}" for i, p in enumerate(plan.patterns)
-    )
-    return f"grid steps per head by pattern: {steps} (each head walks its own pattern's)"
 
 
 def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str, bytes]:
@@ -156,7 +148,7 @@ def _variants_entry(
         files[entry["variants_file"]] = data
     else:
         entry["inline_variants"] = _format_variants(runs, words)
-    names = [_residual_name(prefix, j) for j in range(1, len(found.variants) + 1)]
+    names = [wording.residual_name(prefix, j) for j in range(1, len(found.variants) + 1)]
     one_line = f"        residual_masks={pyformat.literal_tuple(names)},"
     if len(one_line) <= pyformat.LINE_LENGTH:
         entry["residual_masks_lines"] = [one_line]
@@ -170,9 +162,9 @@ def _variants_entry(
         source = emit_mask(variant.mask, pattern.layout)
         entry["residuals"].append(
             {
-                "name": _residual_name(prefix, j),
+                "name": wording.residual_name(prefix, j),
                 "words": variant.mask.describe(),
-                "blocks": _int(variant.blocks),
+                "blocks": wording.grouped(variant.blocks),
                 "ops": variant.ops,
                 "mask_lines": _mask_lines(source.lines),
                 "mask_result": source.result,
@@ -202,7 +194,7 @@ def _chunk_entry(plan: Plan, index: int, stem: str, files: dict[str, bytes]) -> 
     runs = plan.chunk_runs[index]
     prefix = "" if len(plan.patterns) == 1 else f"{plan.patterns[index].name.upper()}_"
     entry["chunk_runs_name"] = f"{prefix}CHUNK_RUNS"
-    entry["num_chunk_runs"] = _int(len(runs))
+    entry["num_chunk_runs"] = wording.grouped(len(runs))
     if len(runs) > MAX_INLINE_RUNS:
         data = _npy_bytes(runs.astype(np.int32))
         filename = chunks_filename(stem)
@@ -224,7 +216,7 @@ def _video_entry(plan: Plan, index: int, stem: str, files: dict[str, bytes]) -> 
     prefix = "" if len(plan.patterns) == 1 else f"{plan.patterns[index].name.upper()}_"
 
     def table(name: str, runs: np.ndarray, suffix: str) -> dict:
-        entry = {"name": name, "num_runs": _int(len(runs)), "inline": None, "file": None}
+        entry = {"name": name, "num_runs": wording.grouped(len(runs)), "inline": None, "file": None}
         if len(runs) > MAX_INLINE_RUNS:
             data = _npy_bytes(runs.astype(np.int32))
             entry["file"] = f"{stem}_{suffix}.npy"
@@ -282,7 +274,7 @@ def _select_entry(plan: Plan, stem: str, files: dict[str, bytes]) -> dict | None
             "selection.",
             width=92,
         ),
-        "num_runs": _int(len(runs)),
+        "num_runs": wording.grouped(len(runs)),
         "inline_runs": None,
         "file": None,
     }
@@ -394,100 +386,6 @@ def _format_chunk_runs(runs: np.ndarray) -> list[str]:
 
 def _blocks_literal(word: int) -> str:
     return "0" if word == 0 else f"0b{word:b}"
-
-
-def _int(n: int) -> str:
-    return f"{n:,}"
-
-
-def _residual_lines(pattern, names: list[str]) -> list[str]:
-    """The docstring's account of a pattern's residual masks (svgen.analysis.residuals),
-    `names` their functions in the module."""
-    found = pattern.residuals
-    if found is None:
-        return []
-    boundary = int(np.count_nonzero(pattern.compute_kinds == TileKind.BOUNDARY))
-    chosen = sum(v.blocks for v in found.variants)
-    lines = [
-        f"Residual masks: {_int(chosen)} of {_int(boundary)} BOUNDARY compute blocks run one "
-        f"of {len(found.variants)} (the rest the whole mask, ~{found.mask_ops} full-block "
-        f"operations):"
-    ]
-    for j, (v, name) in enumerate(zip(found.variants, names), 1):
-        ops = f"~{v.ops} operation" + ("" if v.ops == 1 else "s")
-        lines.append(f"    {j}. {name}, {_int(v.blocks)} blocks, {ops}")
-    return lines
-
-
-def _residual_name(prefix: str, j: int) -> str:
-    return f"{prefix}residual_mask_{j}"
-
-
-def _pattern_lines(pattern, residual_names: list[str]) -> list[str]:
-    """Docstring lines of one pattern: counts, density, residual masks (named by
-    `residual_names`), visited fraction."""
-    layout, grid, c = pattern.layout, pattern.grid, pattern.classification
-    counts = pattern.tile_counts()
-    if c.density_is_exact:
-        density = (
-            f"{_int(c.kept_pairs)} of {_int(pattern.total_pairs)} (density {pattern.density:.6f})"
-        )
-    else:
-        # Bounds only, and said so: a lower bound printed as "the density" misleads.
-        density = (
-            f"between {_int(c.kept_pairs)} and {_int(c.kept_pairs_upper)} of "
-            f"{_int(pattern.total_pairs)} (density bounds {pattern.density:.6f} to "
-            f"{c.kept_pairs_upper / pattern.total_pairs:.6f}: a user predicate was not "
-            f"evaluated everywhere)"
-        )
-    order = layout.order
-    if layout.is_temporal_major:
-        order += f", the first {layout.anchor_frames} frame(s) kept first as anchors"
-    if layout.is_tiled:
-        order += ", cubes of {} frame(s) x {} row(s) x {} column(s)".format(*layout.cube)
-    lines = [
-        f"Layout: {order}",
-        f"Tiles: {grid.block_q} x {grid.block_kv}, {grid.num_q_blocks} x {grid.num_kv_blocks} = "
-        f"{_int(pattern.kinds.size)}: {_int(counts['full'])} FULL, {_int(counts['boundary'])} "
-        f"BOUNDARY, {_int(counts['empty'])} EMPTY",
-    ]
-    cgrid = pattern.compute_grid
-    if (cgrid.block_q, cgrid.block_kv) != (grid.block_q, grid.block_kv):
-        blocks = pattern.compute_block_counts()
-        lines.append(
-            f"Compute blocks: {cgrid.block_q} x {cgrid.block_kv}, {cgrid.num_q_blocks} x "
-            f"{cgrid.num_kv_blocks} = {_int(pattern.compute_kinds.size)}: "
-            f"{_int(blocks['full'])} FULL, {_int(blocks['boundary'])} BOUNDARY, "
-            f"{_int(blocks['empty'])} EMPTY"
-        )
-    lines += [
-        f"Kept pairs{' (aligned mask)' if pattern.budget else ''}: {density}",
-        *_budget_lines(pattern.budget),
-        *_residual_lines(pattern, residual_names),
-        f"Visited fraction: {pattern.visited_fraction:.4f} of tiles "
-        f"({_int(pattern.table.visited_steps)} steps doing work per head)",
-    ]
-    if c.unproven_tiles:
-        lines.append(
-            f"Unproven: {_int(c.unproven_tiles)} BOUNDARY tiles could not be proven "
-            f"EMPTY or FULL (user predicate); they stay exact through the mask"
-        )
-    return lines
-
-
-def _budget_lines(budget) -> list[str]:
-    """What `tiling.align` changed, exactly (none for an exact pattern)."""
-    if budget is None:
-        return []
-    lines = [
-        f"Aligned ({budget.mode}): BOUNDARY compute blocks rounded to FULL or EMPTY; this kernel "
-        f"is exact for the aligned mask",
-        f"Pair budget: exact density {budget.exact_density:.6f}, aligned {budget.density:.6f}; "
-        f"{_int(budget.pairs_added)} pairs added, {_int(budget.pairs_dropped)} dropped; recall "
-        f"{budget.recall:.6f}, precision {budget.precision:.6f}; {_int(budget.rows_emptied)} "
-        f"query rows emptied (they output zeros)",
-    ]
-    return lines
 
 
 def _layout_args(layout) -> list[str]:
@@ -605,53 +503,8 @@ def _chunk_constants(plan: Plan) -> list[tuple[str, str]]:
     return out
 
 
-def _kernel_lines(plan: Plan) -> list[str]:
-    """The docstring's Kernel line(s): the TPU grid and SMEM tables, or the GPU launch."""
-    if plan.gpu is None:
-        lines = [
-            f"Kernel: {_grid_steps_words(plan)}, pieces of up to "
-            f"{plan.tables.slots} kv tile(s); tables {_int(plan.table_bytes)} bytes of SMEM "
-            f"(scalar prefetch)"
-        ]
-        if plan.spec.attention.softmax == "bounded":
-            lines.append(
-                "Softmax: bounded max per q tile where every row's |q| * max |k| is within "
-                "svgen.runtime.softmax.BOUND_LIMIT, else online (attention.softmax_modes "
-                "tells which)"
-            )
-        return lines
-    gpu, tables, grid = plan.gpu, plan.tables, plan.grid
-    lines = [
-        f"Kernel: GPU (Pallas Triton) for {plan.target.description}: one program per q tile "
-        f"and head, {_int(tables.num_q_tiles)} q tiles of {gpu.block_q} x kv tiles of "
-        f"{gpu.block_kv}, {gpu.num_warps} warps, {gpu.num_stages} stages; CSR tables "
-        f"{_int(tables.nbytes)} bytes",
-    ]
-    if (grid.block_q, grid.block_kv) != (gpu.block_q, gpu.block_kv):
-        lines.append(
-            f"Classified at {grid.block_q} x {grid.block_kv} tiles (the GPU tiles' grid would "
-            f"exceed MAX_TILE_PAIRS); each GPU tile has the kind of the tile it lies in"
-        )
-    return lines
-
-
 def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
-    spec, layout, grid = plan.spec, plan.layout, plan.grid
-    text_where = f", {spec.geometry.text_position}" if layout.text_tokens else ""
-    summary = [
-        f"Geometry: {layout.frames} frames x {layout.height} x {layout.width} = "
-        f"{_int(layout.video_tokens)} video tokens, {_int(layout.text_tokens)} text tokens"
-        f"{text_where}; seq_len {_int(layout.seq_len)} (padded to {_int(grid.padded_seq_len)})",
-        f"Attention: {spec.attention.heads} heads x head_dim {spec.attention.head_dim}, "
-        f"{spec.attention.dtype}",
-        *_kernel_lines(plan),
-    ]
-    if len(plan.patterns) == 1:
-        heads = "every head uses the one pattern"
-    elif plan.assign is None:
-        heads = "chosen at run time: attention(..., head_pattern=profile(q, k, v, key=...))"
-    else:
-        heads = "static: " + ", ".join(plan.patterns[i].name for i in plan.assign)
+    spec = plan.spec
     patterns = []
     for index, (pattern, files) in enumerate(zip(plan.patterns, pattern_files)):
         mask = aligned_mask() if pattern.budget else emit_mask(pattern.mask, pattern.layout)
@@ -661,10 +514,10 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
                 index=index,
                 name=pattern.name,
                 words=pattern.mask.describe(),
-                lines=_pattern_lines(pattern, [r["name"] for r in files["residuals"]]),
+                lines=wording.pattern_lines(pattern, [r["name"] for r in files["residuals"]]),
                 tile_map=render_tile_map(pattern.kinds),
                 layout_args=_layout_args(pattern.layout),
-                num_runs=_int(len(pattern.table.runs)),
+                num_runs=wording.grouped(len(pattern.table.runs)),
                 mask_lines=_mask_lines(mask.lines),
                 mask_result=mask.result,
                 query_coords=pyformat.literal_tuple(
@@ -676,8 +529,8 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
         "name": spec.name,
         "spec_path": spec_path,
         "single": len(plan.patterns) == 1,
-        "summary": summary,
-        "heads": heads,
+        "summary": wording.kernel_lines(plan),
+        "heads": wording.heads_words(plan),
         "patterns": patterns,
         "constants": _constants(plan),
         "gpu": plan.gpu is not None,

@@ -70,6 +70,8 @@ def _dot(a, b, contract_a: int, contract_b: int):
     )
 
 
+# One function on purpose (~100 lines): the step walk both backward kernels share, with its
+# pl.when branches over one set of refs (see the forward kernel's _attention_kernel).
 def _walk(
     kernel_body,
     *,
@@ -263,6 +265,8 @@ def _dq_kernel(
         dq_ref[...] = (acc[...] * sm_scale).astype(dq_ref.dtype)
 
 
+# One function on purpose (~105 lines): a Pallas kernel body (dk, dv), pl.when branches over
+# the same refs and carried accumulators.
 def _dkv_kernel(
     *refs,
     shape,
@@ -399,7 +403,8 @@ def _keep_t(pattern, kv_tile, q_tile, block, shape, q_first=None, key_map=None, 
     return jnp.broadcast_to(pattern.boundary_mask(q, k), (shape.cq, shape.ckv))
 
 
-# ----------------------------------------------------------------------------- the call
+# ----------------------------------------------------------------------------- the call# Long on purpose (~85 lines): the two pallas_calls' operand lists, which their kernel bodies
+# unpack in this order.
 def backward(
     q_scaled,
     k,

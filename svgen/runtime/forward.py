@@ -124,6 +124,10 @@ def _both(condition, in_mode):
     return condition if in_mode is True else condition & in_mode
 
 
+# One function on purpose (~290 lines): a Pallas kernel body. Its paths (init, FULL, BOUNDARY,
+# residual, padding, finalize) are pl.when branches closing over the same refs and carried
+# scratch; split into functions they would pass ~20 refs and flags each, and the branch
+# structure libtpu schedules (svgen cost's paths) would no longer read top to bottom.
 def _attention_kernel(
     *refs,
     shape: KernelShape,
@@ -466,6 +470,8 @@ def _vmem_limit(shape: KernelShape, dtype, query_coords: int, ids: bool = False)
     return max(shape.vmem_limit_bytes or 0, need.limit())
 
 
+# Long on purpose (~180 lines): the pallas_call's operands, block specs and scratch are one
+# list whose order the kernel body unpacks; building it in one place keeps the two in step.
 def flat_attention(
     q,
     k,

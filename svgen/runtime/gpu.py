@@ -148,6 +148,8 @@ def _is_power_of_two(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
 
 
+# One function on purpose (~160 lines): a Pallas Triton kernel body; its FULL and BOUNDARY
+# loops close over the same refs and carried (m, l, acc), as in the TPU forward kernel.
 def _attention_kernel(
     hp_ref,
     offsets_ref,

@@ -1,0 +1,204 @@
+"""The plan in words: one wording of a kernel and its patterns, for the generated module's
+docstring and for `svgen inspect` (which prints the same lines; `--json` has the numbers).
+
+A reviewer reading a module and a user running `inspect` see the same sentences, so a fact
+is worded, and kept true, in one place.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from svgen.analysis import Plan
+from svgen.runtime.kinds import TileKind
+
+
+def grouped(n: int) -> str:
+    """An integer with thousands separators, as every count in the words is written."""
+    return f"{n:,}"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def residual_name(prefix: str, j: int) -> str:
+    """The module's function for a pattern's j-th residual mask (prefix: the pattern's name
+    and "_" in a module of several patterns)."""
+    return f"{prefix}residual_mask_{j}"
+
+
+def kernel_lines(plan: Plan) -> list[str]:
+    """Geometry, attention, the kernel (grid, tables, target), and what its run-time calls
+    add (KV-cache chunks, a selection policy)."""
+    spec, layout, grid = plan.spec, plan.layout, plan.grid
+    text_where = f", {spec.geometry.text_position}" if layout.text_tokens else ""
+    summary = [
+        f"Geometry: {layout.frames} frames x {layout.height} x {layout.width} = "
+        f"{grouped(layout.video_tokens)} video tokens, {grouped(layout.text_tokens)} text tokens"
+        f"{text_where}; seq_len {grouped(layout.seq_len)} (padded to {grouped(grid.padded_seq_len)})",
+        f"Attention: {spec.attention.heads} heads x head_dim {spec.attention.head_dim}, "
+        f"{spec.attention.dtype}",
+        *_kernel_words(plan),
+    ]
+    return summary + _chunk_lines(plan) + _select_lines(plan)
+
+
+def heads_words(plan: Plan) -> str:
+    """How each head gets its pattern."""
+    if len(plan.patterns) == 1:
+        return "every head uses the one pattern"
+    if plan.assign is None:
+        return "chosen at run time: attention(..., head_pattern=profile(q, k, v, key=...))"
+    return "static: " + ", ".join(plan.patterns[i].name for i in plan.assign)
+
+
+def _chunk_lines(plan: Plan) -> list[str]:
+    """A KV-cache module's per-chunk calls (none for another module)."""
+    if not plan.chunk_runs:
+        return []
+    runtime = plan.spec.runtime
+    steps = ", ".join(grouped(n) for n in plan.chunk_steps())
+    lines = [
+        f"KV-cache chunks of {runtime.chunk_frames} frame(s): grid steps per head of each "
+        f"chunk position's call: {steps}"
+    ]
+    if runtime.rolling:
+        lines.append(
+            f"Rolling cache: {runtime.sink_frames} sink frame(s) and a ring of "
+            f"{runtime.window_frames} frame(s)"
+        )
+    return lines
+
+
+def _select_lines(plan: Plan) -> list[str]:
+    """A selection module's grid bound (none for another module; its policy is worded in
+    the docstring's own paragraph and in `inspect --json`)."""
+    if plan.spec.select is None:
+        return []
+    return [f"Selection: at most {grouped(plan.select_steps())} grid steps per head, per call"]
+
+
+def _kernel_words(plan: Plan) -> list[str]:
+    """The docstring's Kernel line(s): the TPU grid and SMEM tables, or the GPU launch."""
+    if plan.gpu is None:
+        lines = [
+            f"Kernel: {_grid_steps_words(plan)}, pieces of up to "
+            f"{plan.tables.slots} kv tile(s); tables {grouped(plan.table_bytes)} bytes of SMEM "
+            f"(scalar prefetch)",
+            f"Target: {plan.target.name}; VMEM {_mib(plan.vmem.total)} (scoped limit "
+            f"{_mib(plan.vmem.limit())})",
+        ]
+        if plan.spec.attention.softmax == "bounded":
+            lines.append(
+                "Softmax: bounded max per q tile where every row's |q| * max |k| is within "
+                "svgen.runtime.softmax.BOUND_LIMIT, else online (attention.softmax_modes "
+                "tells which)"
+            )
+        return lines
+    gpu, tables, grid = plan.gpu, plan.tables, plan.grid
+    lines = [
+        f"Kernel: GPU (Pallas Triton) for {plan.target.description}: one program per q tile "
+        f"and head, {grouped(tables.num_q_tiles)} q tiles of {gpu.block_q} x kv tiles of "
+        f"{gpu.block_kv}, {gpu.num_warps} warps, {gpu.num_stages} stages; CSR tables "
+        f"{grouped(tables.nbytes)} bytes",
+    ]
+    if (grid.block_q, grid.block_kv) != (gpu.block_q, gpu.block_kv):
+        lines.append(
+            f"Classified at {grid.block_q} x {grid.block_kv} tiles (the GPU tiles' grid would "
+            f"exceed MAX_TILE_PAIRS); each GPU tile has the kind of the tile it lies in"
+        )
+    return lines
+
+
+def _grid_steps_words(plan: Plan) -> str:
+    if not plan.tables.flat:
+        return f"{grouped(plan.grid_steps)} grid steps per head"
+    steps = ", ".join(
+        f"{p.name} {grouped(plan.pattern_grid_steps(i))}" for i, p in enumerate(plan.patterns)
+    )
+    return f"grid steps per head by pattern: {steps} (each head walks its own pattern's)"
+
+
+def _residual_lines(pattern, names: list[str]) -> list[str]:
+    """The docstring's account of a pattern's residual masks (svgen.analysis.residuals),
+    `names` their functions in the module."""
+    found = pattern.residuals
+    if found is None:
+        return []
+    boundary = int(np.count_nonzero(pattern.compute_kinds == TileKind.BOUNDARY))
+    chosen = sum(v.blocks for v in found.variants)
+    lines = [
+        f"Residual masks: {grouped(chosen)} of {grouped(boundary)} BOUNDARY compute blocks run one "
+        f"of {len(found.variants)} (the rest the whole mask, ~{found.mask_ops} full-block "
+        f"operations):"
+    ]
+    for j, (v, name) in enumerate(zip(found.variants, names), 1):
+        ops = f"~{v.ops} operation" + ("" if v.ops == 1 else "s")
+        lines.append(f"    {j}. {name}, {grouped(v.blocks)} blocks, {ops}")
+    return lines
+
+
+def pattern_lines(pattern, residual_names: list[str]) -> list[str]:
+    """Docstring lines of one pattern: counts, density, residual masks (named by
+    `residual_names`), visited fraction."""
+    layout, grid, c = pattern.layout, pattern.grid, pattern.classification
+    counts = pattern.tile_counts()
+    if c.density_is_exact:
+        density = f"{grouped(c.kept_pairs)} of {grouped(pattern.total_pairs)} (density {pattern.density:.6f})"
+    else:
+        # Bounds only, and said so: a lower bound printed as "the density" misleads.
+        density = (
+            f"between {grouped(c.kept_pairs)} and {grouped(c.kept_pairs_upper)} of "
+            f"{grouped(pattern.total_pairs)} (density bounds {pattern.density:.6f} to "
+            f"{c.kept_pairs_upper / pattern.total_pairs:.6f}: a user predicate was not "
+            f"evaluated everywhere)"
+        )
+    order = layout.order
+    if layout.is_temporal_major:
+        order += f", the first {layout.anchor_frames} frame(s) kept first as anchors"
+    if layout.is_tiled:
+        order += ", cubes of {} frame(s) x {} row(s) x {} column(s)".format(*layout.cube)
+    lines = [
+        f"Layout: {order}",
+        f"Tiles: {grid.block_q} x {grid.block_kv}, {grid.num_q_blocks} x {grid.num_kv_blocks} = "
+        f"{grouped(pattern.kinds.size)}: {grouped(counts['full'])} FULL, {grouped(counts['boundary'])} "
+        f"BOUNDARY, {grouped(counts['empty'])} EMPTY",
+    ]
+    cgrid = pattern.compute_grid
+    if (cgrid.block_q, cgrid.block_kv) != (grid.block_q, grid.block_kv):
+        blocks = pattern.compute_block_counts()
+        lines.append(
+            f"Compute blocks: {cgrid.block_q} x {cgrid.block_kv}, {cgrid.num_q_blocks} x "
+            f"{cgrid.num_kv_blocks} = {grouped(pattern.compute_kinds.size)}: "
+            f"{grouped(blocks['full'])} FULL, {grouped(blocks['boundary'])} BOUNDARY, "
+            f"{grouped(blocks['empty'])} EMPTY"
+        )
+    lines += [
+        f"Kept pairs{' (aligned mask)' if pattern.budget else ''}: {density}",
+        *_budget_lines(pattern.budget),
+        *_residual_lines(pattern, residual_names),
+        f"Visited fraction: {pattern.visited_fraction:.4f} of tiles "
+        f"({grouped(pattern.table.visited_steps)} steps doing work per head)",
+    ]
+    if c.unproven_tiles:
+        lines.append(
+            f"Unproven: {grouped(c.unproven_tiles)} BOUNDARY tiles could not be proven "
+            f"EMPTY or FULL (user predicate); they stay exact through the mask"
+        )
+    return lines
+
+
+def _budget_lines(budget) -> list[str]:
+    """What `tiling.align` changed, exactly (none for an exact pattern)."""
+    if budget is None:
+        return []
+    lines = [
+        f"Aligned ({budget.mode}): BOUNDARY compute blocks rounded to FULL or EMPTY; this kernel "
+        f"is exact for the aligned mask",
+        f"Pair budget: exact density {budget.exact_density:.6f}, aligned {budget.density:.6f}; "
+        f"{grouped(budget.pairs_added)} pairs added, {grouped(budget.pairs_dropped)} dropped; recall "
+        f"{budget.recall:.6f}, precision {budget.precision:.6f}; {grouped(budget.rows_emptied)} "
+        f"query rows emptied (they output zeros)",
+    ]
+    return lines
