@@ -52,6 +52,38 @@ ORDERS = (FRAME_MAJOR, TEMPORAL_MAJOR, TILED)
 TEXT_POSITIONS = ("first", "last")
 
 
+class ComputeBlocks:
+    """Compute blocks inside a tile, for a class with block_q, block_kv, compute_q and
+    compute_kv (None: the whole tile): the spec's `Tiling` and the kernel's `KernelShape` say
+    it once, here (the spec may not import the runtime's table format, and both may import
+    this module)."""
+
+    block_q: int
+    block_kv: int
+    compute_q: int | None
+    compute_kv: int | None
+
+    @property
+    def cq(self) -> int:
+        return self.compute_q or self.block_q
+
+    @property
+    def ckv(self) -> int:
+        return self.compute_kv or self.block_kv
+
+    @property
+    def q_blocks_per_tile(self) -> int:
+        return self.block_q // self.cq
+
+    @property
+    def kv_blocks_per_tile(self) -> int:
+        return self.block_kv // self.ckv
+
+    @property
+    def compute_blocks(self) -> int:
+        return self.q_blocks_per_tile * self.kv_blocks_per_tile
+
+
 @dataclasses.dataclass(frozen=True)
 class Tiled:
     """A spec's `layout: {tiled: {frames: a, rows: b, cols: c}}`: the tiled order and its

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from svgen.runtime.kinds import TileKind
-from svgen.runtime.layout import TokenLayout
+from svgen.runtime.layout import ComputeBlocks, TokenLayout
 
 SMEM_BUDGET = 1 << 20  # bytes: one TPU TensorCore's SMEM, as the compiler assumes
 Q_BLOCK_SHIFT = 17
@@ -220,8 +220,9 @@ class PieceTables:
 
 
 @dataclasses.dataclass(frozen=True)
-class KernelShape:
-    """The static sizes one generated kernel was specialized for."""
+class KernelShape(ComputeBlocks):
+    """The static sizes one generated kernel was specialized for (`cq`, `ckv` and the compute
+    blocks per tile: ComputeBlocks)."""
 
     seq_len: int
     padded_seq_len: int
@@ -236,26 +237,6 @@ class KernelShape:
     # The spec's `attention.softmax: bounded`: each q tile whose score bound is small enough
     # runs without a running max (svgen.runtime.forward, "bounded max"); the others online.
     bounded_softmax: bool = False
-
-    @property
-    def cq(self) -> int:
-        return self.compute_q or self.block_q
-
-    @property
-    def ckv(self) -> int:
-        return self.compute_kv or self.block_kv
-
-    @property
-    def q_blocks_per_tile(self) -> int:
-        return self.block_q // self.cq
-
-    @property
-    def kv_blocks_per_tile(self) -> int:
-        return self.block_kv // self.ckv
-
-    @property
-    def compute_blocks(self) -> int:
-        return self.q_blocks_per_tile * self.kv_blocks_per_tile
 
     @property
     def padding_kv_tile(self) -> int | None:

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 from svgen.spec import primitives
 from svgen.runtime.layout import (
     FRAME_MAJOR,
+    ComputeBlocks,
     TEMPORAL_MAJOR,
     Tiled,
     TokenLayout,
@@ -111,9 +112,9 @@ class Attention:
 
 
 @dataclass(frozen=True)
-class Tiling:
+class Tiling(ComputeBlocks):
     """Tiles (what one grid step brings into VMEM) and the compute blocks inside them (what
-    one matmul pair works on; None: the whole tile)."""
+    one matmul pair works on; None: the whole tile; `cq`, `ckv`: ComputeBlocks)."""
 
     block_q: int
     block_kv: int
@@ -124,18 +125,6 @@ class Tiling:
     @property
     def aligned(self) -> bool:
         return self.align != "exact"
-
-    @property
-    def cq(self) -> int:
-        return self.compute_q or self.block_q
-
-    @property
-    def ckv(self) -> int:
-        return self.compute_kv or self.block_kv
-
-    @property
-    def compute_blocks(self) -> int:
-        return (self.block_q // self.cq) * (self.block_kv // self.ckv)
 
 
 @dataclass(frozen=True)
