@@ -1,0 +1,183 @@
+"""The `svgen` command: compile specs into generated/, check them, inspect them.
+
+`svgen schema` prints the JSON Schema of spec files (svgen.schema.json, for editors).
+
+Exit status: 0 success; 1 `--check` (or `--diff`, which implies it) found stale or
+hand-edited files; 2 bad input (a spec error, printed as file:line:column: key: message,
+without a traceback; or `cost` without libtpu installed). Warnings about likely mistakes
+(svgen.report.lint) go to stderr and change neither the exit status nor the files. Nothing is
+written unless every spec compiled, and never with --check or --diff; never over a file that
+another existing spec generated (its header names its spec) or that svgen did not write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from svgen.cli.compile import compile_specs
+from svgen.cli.cost import NO_LIBTPU, cost_spec
+from svgen.cli.cost import libtpu_installed as _libtpu_installed
+from svgen.cli.inspect import inspect_spec
+from svgen.cli.messages import EXIT_BAD_INPUT, located
+from svgen.cli.options import OUT_DEFAULT, add_budget, positive_int
+from svgen.cli.progress import Progress as _Progress  # noqa: F401 - tests import it from here
+from svgen.cli.schema import print_schema
+from svgen.cli.tune import tune_spec
+from svgen.perf.tune import DEFAULT_CONFIRM
+from svgen.runtime import libtpu_env
+from svgen.spec import ALIGN_MODES
+from svgen.spec.errors import SpecError
+
+
+def main(argv: list[str] | None = None) -> int:
+    libtpu_env.prepare()  # before anything starts JAX's backends (and with them libtpu)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except SpecError as err:
+        print(f"svgen: error: {located(err)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except BrokenPipeError:  # `svgen inspect ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="svgen", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+    _add_compile(sub)
+    _add_inspect(sub)
+    _add_cost(sub)
+    _add_tune(sub)
+    _add_schema(sub)
+    return parser
+
+
+def _add_compile(sub) -> None:
+    p = sub.add_parser("compile", help="compile specs into generated kernel modules")
+    p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files (YAML)")
+    p.add_argument("--out", default=OUT_DEFAULT, help=f"output directory (default: {OUT_DEFAULT})")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if any generated file is stale or hand-edited",
+    )
+    p.add_argument(
+        "--diff",
+        action="store_true",
+        help="show what would change; implies --check (writes nothing)",
+    )
+    p.add_argument(
+        "--quiet",
+        "-q",
+        action="store_true",
+        help="print errors only (no progress, summary or warnings)",
+    )
+    p.add_argument(
+        "--no-gpu-check",
+        action="store_true",
+        help="with a GPU target: write the modules without their deviceless compile "
+        "(nothing then checks that the kernel fits the GPU)",
+    )
+    add_budget(p, gpu=True)
+    p.set_defaults(run=compile_specs)
+
+
+def _add_inspect(sub) -> None:
+    p = sub.add_parser("inspect", help="print what the compiler found for a spec")
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.add_argument(
+        "--tiles",
+        metavar="FILE.npy",
+        help="save the int8 tile kinds [num_q_blocks, num_kv_blocks] "
+        "(EMPTY=0, BOUNDARY=1, FULL=2); [patterns, ...] for several patterns",
+    )
+    p.add_argument(
+        "--png",
+        metavar="FILE.png",
+        help="write a picture of the tile map, colored by tile kind "
+        "(FILE_<pattern>.png per pattern when there are several)",
+    )
+    add_budget(p, gpu=True)
+    p.set_defaults(run=inspect_spec)
+
+
+def _add_cost(sub) -> None:
+    p = sub.add_parser(
+        "cost",
+        help="static model of the kernel's time on a TPU (libtpu's "
+        "schedule, compiled on this host)",
+    )
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="compile even when the per-path costs are cached (~/.cache/svgen)",
+    )
+    p.add_argument(
+        "--backward",
+        action="store_true",
+        help="also model a training step: the forward saving lse, the dq and dk/dv kernels "
+        "(one more compile, of jax.grad)",
+    )
+    add_budget(p)
+    p.set_defaults(run=_cost_where_libtpu_is)
+
+
+def _cost_where_libtpu_is(args) -> int:
+    """`svgen cost`, refused (exit 2) on a CPU-only install. The check reads this package's
+    `_libtpu_installed` when it runs, so that replacing svgen.cli._libtpu_installed plays
+    such an install (tests/test_cli.py)."""
+    if not _libtpu_installed():
+        print(f"svgen: error: {NO_LIBTPU}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return cost_spec(args)
+
+
+def _add_tune(sub) -> None:
+    p = sub.add_parser(
+        "tune",
+        help="rank tilings (and align modes) of a spec with the cost "
+        "model; --apply writes the best into the spec",
+    )
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument(
+        "--align",
+        nargs="+",
+        metavar="MODE",
+        choices=ALIGN_MODES,
+        help=f"align modes to try ({', '.join(ALIGN_MODES)}; default: the spec's)",
+    )
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.add_argument(
+        "--apply",
+        action="store_true",
+        help="rewrite the spec's tiling with the first choice (comments and key order kept)",
+    )
+    p.add_argument(
+        "--confirm",
+        type=positive_int,
+        default=DEFAULT_CONFIRM,
+        metavar="K",
+        help="compile until the first K rows are exactly costed, not estimated "
+        f"(default {DEFAULT_CONFIRM})",
+    )
+    p.add_argument(
+        "--exhaustive",
+        action="store_true",
+        help="compile every candidate (slow: checks the estimates)",
+    )
+    add_budget(p)
+    p.set_defaults(run=tune_spec)
+
+
+def _add_schema(sub) -> None:
+    p = sub.add_parser(
+        "schema", help="print the JSON Schema of spec files (draft 2020-12), for editor completion"
+    )
+    p.set_defaults(run=print_schema)

@@ -1,0 +1,91 @@
+"""Which spec each generated file belongs to, read from the modules' headers: so that a
+compile replaces only files its own specs generated, and a check finds modules whose spec
+is gone."""
+
+from __future__ import annotations
+
+import pathlib
+
+from svgen import codegen
+
+
+def collisions(
+    files: dict[str, bytes],
+    spec_file: str,
+    out_dir: pathlib.Path,
+    owners: dict[pathlib.Path, str],
+    check: bool,
+) -> list[str]:
+    """Why the files of `spec_file` must not be written: a name that another spec of this
+    compile also renders (a spec `b48` for a GPU and one named `b48_gpu` both make
+    `b48_gpu.py`; names and pattern names can combine to the same `_tables.npy`), or a file
+    already in `out_dir` that another existing spec's compile wrote (`_owners`). Both spec
+    files are named; nothing is written."""
+    problems = []
+    for filename in files:
+        path = out_dir / filename
+        if path in owners:
+            problems.append(
+                f"{spec_file}: name: its generated file {filename} is also generated from "
+                f"{owners[path]}; generated file names must not collide: rename one of the specs"
+            )
+            continue
+        if check or not path.exists():
+            continue
+        problem = _on_disk_collision(path, spec_file, out_dir)
+        if problem is not None:
+            problems.append(problem)
+    return problems
+
+
+def _on_disk_collision(path: pathlib.Path, spec_file: str, out_dir: pathlib.Path) -> str | None:
+    """Why the existing `path` must not be replaced by `spec_file`'s compile, if it must not:
+    a folder, a file svgen did not write, or one that another existing spec generated."""
+    if path.is_dir():
+        return f"{spec_file}: name: {path} is a folder, in the way of a generated file"
+    owners_on_disk = _owners(path, out_dir)
+    if owners_on_disk is None:
+        return (
+            f"{spec_file}: name: {path} exists and is not a file svgen generated; "
+            f"refusing to replace it"
+        )
+    for owner in owners_on_disk:
+        if not _same_file(owner, spec_file) and owner.exists():
+            return (
+                f"{spec_file}: name: {path} was generated from {owner}, another spec; "
+                f"compiling {spec_file} would replace it: generated file names must not "
+                f"collide: rename one of the specs"
+            )
+    return None
+
+
+def _owners(path: pathlib.Path, out_dir: pathlib.Path) -> list[pathlib.Path] | None:
+    """The spec files that the generated file `path` came from: a module's header names its
+    spec; a table file belongs to each module in `out_dir` that loads it (none: left over).
+    None for a module without svgen's header (not a generated file)."""
+    if path.suffix == ".py":
+        header = codegen.parse_header(path.read_text(errors="replace"))
+        return None if header is None else [out_dir.resolve().parent / header.spec_path]
+    quoted, found = f'"{path.name}"', []
+    for module in sorted(out_dir.glob("*.py")):
+        text = module.read_text(errors="replace")
+        header = codegen.parse_header(text)
+        if header is not None and quoted in text:
+            found.append(out_dir.resolve().parent / header.spec_path)
+    return found
+
+
+def _same_file(a: pathlib.Path, b: str) -> bool:
+    return a.resolve() == pathlib.Path(b).resolve()
+
+
+def orphans(out_dir: pathlib.Path, expected: set[pathlib.Path]) -> list[str]:
+    """Generated modules whose spec no longer exists."""
+    found = []
+    for path in sorted(out_dir.glob("*.py")):
+        if path in expected:
+            continue
+        header = codegen.parse_header(path.read_text(errors="replace"))
+        if header and not (out_dir.resolve().parent / header.spec_path).exists():
+            found.append(f"{path}: stale (its spec {header.spec_path} no longer exists)")
+    return found
