@@ -50,7 +50,18 @@ def heads_words(plan: Plan) -> str:
         return "every head uses the one pattern"
     if plan.assign is None:
         return "chosen at run time: attention(..., head_pattern=profile(q, k, v, key=...))"
-    return "static: " + ", ".join(plan.patterns[i].name for i in plan.assign)
+    return "static: " + _head_ranges([plan.patterns[i].name for i in plan.assign])
+
+
+def _head_ranges(names: list[str]) -> str:
+    """Per-head pattern names grouped into runs of heads: '0-3 spatial, 4 temporal'."""
+    groups: list[list] = []
+    for head, name in enumerate(names):
+        if groups and groups[-1][2] == name:
+            groups[-1][1] = head
+        else:
+            groups.append([head, head, name])
+    return ", ".join(f"{a} {name}" if a == b else f"{a}-{b} {name}" for a, b, name in groups)
 
 
 def _chunk_lines(plan: Plan) -> list[str]:
