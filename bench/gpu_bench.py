@@ -432,7 +432,7 @@ def compile_mode(names, tiles, target: str) -> int:
 
 def tiny_spec_text(path: pathlib.Path) -> str:
     """The spec at TINY_GEOMETRY (+ 40 text tokens if it has text), 2 heads, bf16; prefixes
-    and band widths scaled with the video (as tests/conftest.py does)."""
+    and band widths scaled with the video (as tests/helpers.py's scaled_spec_text does)."""
     import yaml
 
     spec = yaml.safe_load(path.read_text())

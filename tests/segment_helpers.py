@@ -1,6 +1,7 @@
 """Segment ids the run-time segment tests share (no test module imports another): random
 layouts that cut tiles anywhere, and packings of whole-frame videos with their prompts for
-per-video frame numbering."""
+per-video frame numbering; the two-pattern spec with a `runtime:` section that
+test_runtime_segments.py's shard_map subprocess compiles too."""
 
 from __future__ import annotations
 
@@ -73,3 +74,38 @@ def check_element_grads(got, want, element: int, tolerance: float = 1e-4) -> Non
         assert np.all(np.isfinite(a)), f"{name}: non-finite values"
         error = np.linalg.norm(a - w) / max(np.linalg.norm(w), 1.0)
         assert error <= tolerance, f"{name} of element {element}: relative error {error:.2e}"
+
+
+# -- the run-time segment tests' specs (test_runtime_segments.py) ---------------------------
+
+GEOMETRY = "{frames: 5, height: 4, width: 26, text_tokens: 40, text_position: %s}"
+
+TWO_PATTERNS = """
+svgen: 1
+name: runtime_two
+geometry: %(geometry)s
+attention: {heads: 3, head_dim: 64, dtype: %(dtype)s}
+patterns:
+  spatial:
+    any_of:
+      - first_frame: {frames: 1}
+      - spatial_window: {frames: 1}
+      - text: {}
+  temporal:
+    any_of:
+      - first_frame: {frames: 1}
+      - temporal_stride: {rows: 0, cols: 0}
+      - expr: "is_text_q or is_text_k"
+heads:
+  candidates:
+    - {pattern: spatial}
+    - {pattern: temporal, layout: temporal_major}
+  assign: runtime
+tiling: {block_q: 128, block_kv: 256}
+runtime: {segments: true, text_lengths: true}
+"""
+
+
+def spec_text(template: str, *, layout="frame_major", dtype="float32", text_position="last"):
+    geometry = GEOMETRY % text_position
+    return template % dict(geometry=geometry, layout=layout, dtype=dtype)

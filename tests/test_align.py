@@ -5,7 +5,6 @@ rules of `balanced`."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.experimental.pallas import tpu as pltpu
 
 from svgen.analysis import analyze
 from svgen.analysis.align import align_classification, balanced_order, promoted_blocks
@@ -15,21 +14,19 @@ from svgen.runtime.kinds import TileKind
 from svgen.runtime.reference import masked_attention_reference
 from svgen.spec import ALIGN_MODES, canonical_json, parse_spec
 
-from conftest import (
+from helpers import (
     aligned_user_keep,
     brute_force_align,
     check_budget,
     TOLERANCE,
-    check_grads,
     dense_keep,
     lower_mask_dict,
-    mixed_inputs,
     random_layout,
     random_mask,
 )
+from kernel_helpers import POISONED, check_grads, mixed_inputs
 
 MODES = [m for m in ALIGN_MODES if m != "exact"]
-POISONED = pltpu.InterpretParams(uninitialized_memory="nan")
 
 
 @pytest.mark.parametrize("seed", range(60))

@@ -17,7 +17,7 @@ from svgen.analysis.intervals import IntervalSet
 from svgen.spec.errors import SpecError
 from svgen.spec import parse_spec
 
-from conftest import SPECS
+from helpers import SPECS
 
 TILING = "tiling: {block_q: 2048, block_kv: 2048, compute_q: 1024, compute_kv: 512}\n"
 

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import pytest
 from jax.experimental import topologies
 
-from conftest import REPO, SPECS, import_file
-from tpu_helpers import compile_for_v6e, v6e_device
+from helpers import REPO, SPECS, import_file
+from tpu_helpers import compile_for_v6e, mosaic_kernels, v6e_device
 
 
 @pytest.mark.parametrize("spec_path", SPECS, ids=lambda p: p.stem)
@@ -23,7 +23,7 @@ def test_generated_kernel_compiles_for_v6e(spec_path):
 
 
 def test_float32_and_batched_variants_compile(tmp_path):
-    from conftest import compile_spec_text
+    from helpers import compile_spec_text
 
     module = import_file(REPO / "generated" / "wan21_720p_spatial.py")
     assert "tpu_custom_call" in compile_for_v6e(module, batch=2).as_text()
@@ -70,7 +70,7 @@ def test_separate_dq_kernel_compiles_for_v6e(monkeypatch):
 
 def test_multi_tile_pieces_compile(tmp_path):
     """The kernel variant with a piece-length table (slots > 1) is accepted by Mosaic too."""
-    from conftest import compile_spec_text
+    from helpers import compile_spec_text
 
     text = (REPO / "specs" / "wan21_720p_band.yaml").read_text()
     plan, module = compile_spec_text(text, tmp_path, smem_budget=1800)
@@ -118,7 +118,7 @@ def test_every_tiling_the_compiler_accepts_compiles_for_its_target(target, tmp_p
     VMEM limit the generated module asks for); the rest are refused with the VMEM error."""
     import re
 
-    from conftest import compile_spec_text
+    from helpers import compile_spec_text
     from svgen.spec.errors import SpecError
     from svgen.analysis.targets import TARGETS
 
@@ -189,7 +189,7 @@ def test_accepted_tilings_compile_at_every_head_dim(
     module asks for, at head dims 64, 128 and 256 in bf16 and f32 (a [block, 64] buffer takes
     128 lanes in VMEM, and with the row sum across lanes the compiler's stack grows with the
     tile: svgen.runtime.vmem)."""
-    from conftest import compile_spec_text
+    from helpers import compile_spec_text
 
     frames, height, width = geometry
     text = f"""svgen: 1
@@ -211,7 +211,7 @@ def test_cogvideox_retiled_compiles(tmp_path):
     needed, 17 asked for before), text first and two patterns."""
     import re
 
-    from conftest import compile_spec_text
+    from helpers import compile_spec_text
 
     base = (REPO / "specs" / "cogvideox_mixed.yaml").read_text()
     text = re.sub(r"^tiling:.*$", _tiling_line(2048, 2048, 1024, 512), base, flags=re.M)
@@ -274,7 +274,7 @@ def test_aot_compile_while_another_process_holds_libtpu():
     import subprocess
     import sys
 
-    from conftest import unprepared_environment
+    from helpers import unprepared_environment
 
     bare = unprepared_environment()  # as in a user's shell: none of svgen's variables
     holder = subprocess.Popen(
@@ -318,7 +318,7 @@ def test_run_time_segments_compile_for_v6e(spec_name, tmp_path):
     call's tables and segment ids (batched, and under jax.vmap), and for the text specs the
     gradient (both walks' run-time tables), pass Mosaic and libtpu; "+per_video": with
     per-video frame numbering (ids and frame shifts in [2, tile] blocks, shifted masks)."""
-    from conftest import compile_spec_text
+    from helpers import compile_spec_text
 
     spec_name, _, per_video = spec_name.partition("+")
     text = (REPO / "specs" / f"{spec_name}.yaml").read_text()
@@ -367,6 +367,7 @@ def test_run_time_segments_compile_for_v6e(spec_name, tmp_path):
         grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
         text = grad.lower(arg, arg, arg, hp, ids, lengths).compile().as_text()
         assert "svgen_attention_dkv" in text
+        assert {"svgen_attention", "svgen_attention_dkv"} <= set(mosaic_kernels(text))
 
 
 def test_chunked_calls_compile_for_v6e():
@@ -402,6 +403,7 @@ def test_chunked_calls_compile_for_v6e():
     grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
     text = grad.lower(chunk, cache, cache, hp, offset).compile().as_text()
     assert "svgen_attention_dkv" in text
+    assert {"svgen_attention", "svgen_attention_dkv"} <= set(mosaic_kernels(text))
 
 
 def test_rolling_cache_calls_compile_for_v6e():
@@ -436,12 +438,13 @@ def test_rolling_cache_calls_compile_for_v6e():
     grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
     text = grad.lower(chunk, ring, ring, struct((), jnp.int32)).compile().as_text()
     assert "svgen_attention_dkv" in text
+    assert {"svgen_attention", "svgen_attention_dkv"} <= set(mosaic_kernels(text))
 
 
 def test_bounded_softmax_compiles_for_v6e(tmp_path):
     """attention.softmax: bounded on the blog spec at full size: the tile's mode (a vector
     max stored to SMEM in init), the key-bound input and both twins of every path lower."""
-    from conftest import compile_spec_text
+    from helpers import compile_spec_text
 
     text = (REPO / "specs" / "wan21_720p_band.yaml").read_text()
     text = text.replace("dtype: bfloat16}", "dtype: bfloat16, softmax: bounded}")
@@ -451,7 +454,7 @@ def test_bounded_softmax_compiles_for_v6e(tmp_path):
 
 
 def test_bounded_softmax_gradient_compiles_for_v6e(tmp_path):
-    from conftest import compile_spec_text
+    from helpers import compile_spec_text
 
     text = (REPO / "specs" / "wan21_720p_band.yaml").read_text()
     text = text.replace("dtype: bfloat16}", "dtype: bfloat16, softmax: bounded}")

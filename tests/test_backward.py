@@ -13,18 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import (
-    POISONED,
+from helpers import (
     REPO,
     MASK_SPECS,
     TWO_LEVEL,
-    check_grads,
     mask_spec_text,
-    mixed_inputs,
     random_layout,
     random_mask,
     scaled_spec_text,
 )
+from kernel_helpers import POISONED, check_grads, mixed_inputs
 from svgen.runtime import backward
 from svgen.runtime.kinds import TileKind
 

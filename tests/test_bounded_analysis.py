@@ -17,7 +17,7 @@ from svgen.runtime.layout import TokenLayout
 from svgen.runtime.tables import KernelShape, transposed_runs, transposed_tables
 from svgen.spec import parse_spec
 
-from conftest import brute_force_kinds, dense_keep, lower_mask_dict, random_layout, random_mask
+from helpers import brute_force_kinds, dense_keep, lower_mask_dict, random_layout, random_mask
 
 
 def _random_per_axis(rng, lay, depth=0):

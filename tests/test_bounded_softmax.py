@@ -13,11 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from svgen.runtime import forward
+from svgen.runtime import softmax
 from svgen.runtime.reference import masked_attention_reference
 from svgen.spec import SpecError, parse_spec
 
-from conftest import POISONED, TOLERANCE, check_grads, user_order_keep
+from helpers import TOLERANCE, user_order_keep
+from kernel_helpers import POISONED, check_grads
 
 BASE_SPEC = """\
 svgen: 1
@@ -72,7 +73,7 @@ def bound_of(q, k):
 def test_random_inputs_take_the_bounded_path(dtype, layout, compile_text):
     plan, module = compile_bounded(compile_text, dtype, layout)
     q, k, v = normal(plan.layout.seq_len, seed=1)
-    assert np.all(bound_of(q, k) <= forward.BOUND_LIMIT)  # N(0, 1) at d 128: about 21
+    assert np.all(bound_of(q, k) <= softmax.BOUND_LIMIT)  # N(0, 1) at d 128: about 21
     check(plan, module, q, k, v, dtype, want_modes=1)
 
 
@@ -107,7 +108,7 @@ def test_bfloat16_past_the_bound_falls_back(compile_text):
     # included): x 2 is past the bound (about 4 x 21) and still resolvable.
     plan, module = compile_bounded(compile_text, "bfloat16")
     q, k, v = normal(plan.layout.seq_len, seed=4)
-    assert np.all(bound_of(2 * q, 2 * k) > forward.BOUND_LIMIT)
+    assert np.all(bound_of(2 * q, 2 * k) > softmax.BOUND_LIMIT)
     check(plan, module, 2 * q, 2 * k, v, "bfloat16", want_modes=0)
 
 
@@ -123,7 +124,7 @@ def test_one_key_far_above_every_other(dtype, compile_text):
     out = check(plan, module, q, k, v, dtype, want_modes=0)  # its norm pushes past the bound
     # Within the bound: smaller queries, the same dominant key.
     q_small = 0.25 * q
-    assert np.all(bound_of(q_small, k) <= forward.BOUND_LIMIT)
+    assert np.all(bound_of(q_small, k) <= softmax.BOUND_LIMIT)
     check(plan, module, q_small, k, v, dtype, want_modes=1)
     assert out.shape == q.shape
 
@@ -137,15 +138,15 @@ def test_best_score_far_below_the_bound(dtype, compile_text):
     rng = np.random.default_rng(6)
     u = rng.standard_normal(128)
     u /= np.linalg.norm(u)
-    a = np.sqrt(forward.BOUND_LIMIT * 0.97 / SCALE)  # |q| = |k| = a: R = 0.97 * BOUND_LIMIT
+    a = np.sqrt(softmax.BOUND_LIMIT * 0.97 / SCALE)  # |q| = |k| = a: R = 0.97 * BOUND_LIMIT
     q = np.broadcast_to(a * u, (2, n, 128)).astype(np.float32)
     noise = 1e-2 * rng.standard_normal((2, n, 128))
     k = (-a * u + noise) * (a / np.linalg.norm(-a * u + noise, axis=-1, keepdims=True))
     q, k = q * 0.999, k.astype(np.float32)  # rounding must not push R past the limit
     v = rng.standard_normal((2, n, 128)).astype(np.float32)
     qd, kd = (np.asarray(jnp.asarray(x, dtype).astype(jnp.float32)) for x in (q, k))
-    assert np.all(bound_of(qd, kd) <= forward.BOUND_LIMIT)
-    assert np.all(bound_of(qd, kd) > 0.9 * forward.BOUND_LIMIT)
+    assert np.all(bound_of(qd, kd) <= softmax.BOUND_LIMIT)
+    assert np.all(bound_of(qd, kd) > 0.9 * softmax.BOUND_LIMIT)
     check(plan, module, q, k, v, dtype, want_modes=1)
 
 

@@ -18,7 +18,7 @@ from svgen.runtime import libtpu_env
 from svgen import spec as spec_reader
 from svgen.runtime import calls, gpu
 
-from conftest import REPO, import_file, unprepared_environment
+from helpers import REPO, import_file, unprepared_environment
 
 SPEC = """svgen: 1
 name: call_messages
@@ -32,7 +32,7 @@ tiling: {block_q: 128, block_kv: 128}
 @pytest.fixture(scope="module")
 def modules(tmp_path_factory):
     """A bfloat16 and a float32 module (256 tokens, head_dim 128, 2 heads)."""
-    from conftest import compile_spec_text
+    from helpers import compile_spec_text
 
     out = {}
     for dtype in ("bfloat16", "float32"):

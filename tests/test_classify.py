@@ -12,7 +12,7 @@ from svgen.spec.expr import parse_predicate
 from svgen.runtime.layout import TokenLayout
 from svgen.runtime.kinds import TileKind
 
-from conftest import (
+from helpers import (
     PRIMITIVE_GENERATORS,
     brute_force_kinds,
     dense_keep,
@@ -313,7 +313,9 @@ def test_place_relations_of_the_difference_need_no_table():
         for _ in range(200):
             a, b = np.sort(rng.integers(0, n, 2))
             c, d = np.sort(rng.integers(0, n, 2))
-            assert differences.count(a, b, c, d) == axis_relations.rect_pairs(table, n, a, b, c, d), source
+            assert differences.count(a, b, c, d) == axis_relations.rect_pairs(
+                table, n, a, b, c, d
+            ), source
         assert differences.total == int(table[-1])
     apart = frozenset({("expr", parse_predicate("abs(h_q - h_k) + abs(w_q - w_k) <= 2"))})
     assert axis_relations.place_differences(frozenset(), frozenset(), apart, height, width) is None

@@ -15,7 +15,7 @@ from svgen.analysis import analyze
 from svgen.cli import main
 from svgen.spec import load_spec
 
-from conftest import REPO, SPECS
+from helpers import REPO, SPECS
 
 GOOD = """svgen: 1
 name: tiny
@@ -221,15 +221,24 @@ def test_inspect_text_is_for_people(project, capsys, spec):
     (project / "specs" / "two.yaml").write_text(TWO_PATTERNS)
     assert main(["inspect", str(project / "specs" / f"{spec}.yaml")]) == 0
     out = capsys.readouterr().out
-    assert not re.search(r"[{}\[\]']|\d\.\d{5,}|True|False|None", out), out
+    # Densities to 6 decimals beside their exact pair counts, as the module docstring says
+    # them; nothing longer. Apostrophes only inside words ("pattern's"), never a repr's quote.
+    assert not re.search(r"[{}\[\]]|(?<!\w)'|'(?!\w)|\d\.\d{7,}|True|False|None", out), out
     plan = analyze(load_spec(project / "specs" / f"{spec}.yaml"))
     for pattern in plan.patterns:
         c = pattern.tile_counts()
-        assert f"tiles: {c['full']} full, {c['boundary']} boundary, {c['empty']} empty" in out
-        assert f"density: {pattern.density:.4f} of token pairs kept (exact)" in out
+        assert f"{c['full']} FULL, {c['boundary']} BOUNDARY, {c['empty']} EMPTY" in out
+        assert f"of {pattern.total_pairs:,} (density {pattern.density:.6f})" in out
     if spec == "two":
-        assert "heads: 0-1 spatial, 2-3 temporal, 4 spatial" in out
-        assert "layout: temporal_major, 1 anchor frame" in out
+        assert "Heads: static: 0-1 spatial, 2-3 temporal, 4 spatial" in out
+        assert "Layout: temporal_major, the first 1 frame(s) kept first as anchors" in out
+    # One wording: the lines are the generated module's docstring's.
+    module = main(["compile", str(project / "specs" / f"{spec}.yaml"), "--out", str(project / "g")])
+    assert module == 0
+    docstring = next((project / "g").glob("*.py")).read_text()
+    capsys.readouterr()
+    for line in out.splitlines()[1:]:
+        assert line.strip() in docstring, line
 
 
 class _Stream:
@@ -509,8 +518,8 @@ def test_a_bounded_density_is_never_reported_as_the_density(bounded, capsys):
 
     assert main(["inspect", bounded]) == 0
     out = capsys.readouterr().out
-    assert "density: between 0.0000 and 0.2500 of token pairs kept (bounds, not the density" in out
-    assert "(exact)" not in out
+    assert "(density bounds 0.000000 to 0.250000: a user predicate was not evaluated" in out
+    assert "(exact)" not in out and "(density 0" not in out
 
     assert main(["compile", bounded]) == 0
     summary_line = capsys.readouterr().err.splitlines()[0]

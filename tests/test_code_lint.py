@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from conftest import REPO, mask_spec_text, random_layout, random_mask
+from helpers import REPO, mask_spec_text, random_layout, random_mask
 
 CHECKED = ["svgen", "tests", "bench", "examples", "generated"]
 
@@ -35,16 +35,16 @@ def test_modules_of_random_masks_are_formatted(tmp_path, monkeypatch):
     produce, and a long comparison or sum of a random `expr` is left as one line, which
     ruff would split (docs/limits.md); so are `neighborhood` and `radial`, printed as the
     predicates they lower to."""
-    import conftest
+    import helpers
     from svgen import codegen
     from svgen.analysis import analyze
     from svgen.spec import parse_spec
 
     monkeypatch.setitem(
-        conftest.PRIMITIVE_GENERATORS, "expr", lambda rng, lay: str(rng.choice(conftest.PREDICATES))
+        helpers.PRIMITIVE_GENERATORS, "expr", lambda rng, lay: str(rng.choice(helpers.PREDICATES))
     )
     for printed_as_a_predicate in ("neighborhood", "radial"):  # as `expr`: one long line
-        monkeypatch.delitem(conftest.PRIMITIVE_GENERATORS, printed_as_a_predicate)
+        monkeypatch.delitem(helpers.PRIMITIVE_GENERATORS, printed_as_a_predicate)
 
     split_chains = 0
     for seed in range(30):

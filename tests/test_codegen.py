@@ -12,19 +12,18 @@ from svgen.codegen.predicate import emit_mask
 from svgen.codegen.tilemap import render_tile_map
 from svgen.runtime.layout import TokenLayout
 from svgen.runtime.kinds import TileKind
-from svgen.spec import load_spec
+from svgen.spec import load_spec, parse_spec
 
-from conftest import (
+from helpers import (
     REPO,
     SPECS,
     dense_keep,
-    emitted_function,
-    emitted_keep,
     lower_mask_dict,
     mask_spec_text,
     random_layout,
     random_mask,
 )
+from kernel_helpers import emitted_function, emitted_keep
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -38,6 +37,44 @@ def test_emitted_mask_equals_the_oracle(seed):
     assert len(emit_mask(mask, lay).query_coords) <= query_coordinate_bound(mask), text
     code = [line for line in text.splitlines() if not line.strip().startswith("#")]
     assert not any("//" in line or "%" in line for line in code)  # lax.div / lax.rem only
+
+
+def _module_and_mask_sources(plan, spec_path: str) -> tuple[str, list[str]]:
+    """(the module codegen renders for ``plan``, the source emitted_function gives of each
+    exact pattern's mask, named as the module names it; aligned patterns have none)."""
+    stem = codegen.module_stem(plan.spec.name, plan.backend)
+    module = codegen.render(plan, spec_path)[f"{stem}.py"].decode()
+    single = len(plan.patterns) == 1
+    return module, [
+        emitted_function(
+            p.mask, p.layout, "boundary_mask" if single else f"{p.name}_boundary_mask"
+        )[1]
+        for p in plan.patterns
+        if p.budget is None
+    ]
+
+
+@pytest.mark.parametrize("spec_path", SPECS, ids=lambda p: p.stem)
+def test_the_mask_tests_run_the_modules_mask_function(spec_path):
+    """The mask tests (emitted_function: test_codegen, test_expr, test_predicate_printer,
+    test_primitives) run the text a generated module holds, byte for byte: each shipped
+    pattern's mask function, docstring and formatter layout included."""
+    plan = analyze(load_spec(spec_path))
+    module, sources = _module_and_mask_sources(plan, f"specs/{spec_path.name}")
+    assert sources
+    for source in sources:
+        assert f"\n\n\n{source}" in module, source
+
+
+def test_the_mask_tests_run_the_modules_mask_function_on_random_masks():
+    """As above on random masks and layouts (long chains split as the formatter would)."""
+    for seed in range(20):
+        rng = np.random.default_rng(12_000 + seed)
+        lay = random_layout(rng)
+        plan = analyze(parse_spec(mask_spec_text(random_mask(rng, lay), lay, name="same_text")))
+        module, [source] = _module_and_mask_sources(plan, "specs/same_text.yaml")
+        assert source.startswith('def boundary_mask(q, k):\n    """keep(q, k) on a BOUNDARY')
+        assert f"\n\n\n{source}" in module, f"seed {seed}\n{source}"
 
 
 def test_sympy_predicate_agrees_with_the_oracle():
@@ -72,7 +109,7 @@ def test_large_tables_go_to_a_checked_npy_file(tmp_path, monkeypatch):
     assert sorted(files) == ["wan21_720p_spatial.py", "wan21_720p_spatial_tables.npy"]
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
-    from conftest import import_file
+    from helpers import import_file
 
     module = import_file(tmp_path / "wan21_720p_spatial.py")
     np.testing.assert_array_equal(module.STEP_RUNS, plan.table.runs)

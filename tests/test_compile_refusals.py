@@ -13,7 +13,7 @@ from svgen.perf.cost import KernelOutOfVmem
 from svgen.spec.errors import SpecError
 from svgen.perf.tune import Candidate
 
-from conftest import REPO
+from helpers import REPO
 from tune_helpers import fake_measure, write_spec
 
 OOM = (

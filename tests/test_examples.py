@@ -5,7 +5,7 @@ examples/selected_denoising.py follows its selection through a denoising schedul
 
 import importlib.util
 
-from conftest import REPO
+from helpers import REPO
 
 
 def load_example(name: str):

@@ -26,13 +26,8 @@ from svgen.spec.limits import MAX_EXPR_CHARS, MAX_EXPR_DEPTH, MAX_EXPR_LITERAL, 
 from svgen.runtime.layout import TokenLayout
 from svgen.spec import parse_spec
 
-from conftest import (
-    brute_force_kinds,
-    dense_keep,
-    emitted_function,
-    emitted_keep,
-    mask_spec_text,
-)
+from helpers import brute_force_kinds, dense_keep, mask_spec_text
+from kernel_helpers import emitted_function, emitted_keep
 
 NAMES = tuple(SYMBOLS)
 

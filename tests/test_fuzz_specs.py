@@ -15,20 +15,17 @@ from svgen.runtime.layout import Tiled, TokenLayout
 from svgen.runtime.reference import masked_attention_reference
 from svgen.spec import ALIGN_MODES, parse_spec
 
-from conftest import (
-    POISONED,
+from helpers import (
     TOLERANCE,
     aligned_user_keep,
     brute_force_align,
     brute_force_kinds,
     check_budget,
-    check_grads,
-    check_per_head,
     dense_keep,
-    mixed_inputs,
     random_mask,
     user_order_keep,
 )
+from kernel_helpers import POISONED, check_grads, check_per_head, mixed_inputs
 
 CASES = 48
 KERNEL_EVERY = 6  # every sixth case runs its kernel (and gradients) too

@@ -22,7 +22,7 @@ from svgen.analysis import analyze
 from svgen.spec import load_spec
 from svgen.analysis.targets import GPU_TARGETS
 
-from conftest import REPO, SPECS
+from helpers import REPO, SPECS
 
 
 def compiled_module(spec_path: pathlib.Path, target: str, out: pathlib.Path) -> pathlib.Path:

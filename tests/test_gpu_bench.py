@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 
-from conftest import REPO
+from helpers import REPO
 
 from svgen.analysis import analyze
 from svgen.spec import GpuTiling, load_spec

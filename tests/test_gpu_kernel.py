@@ -24,23 +24,21 @@ from svgen.runtime.kinds import TileKind
 from svgen.runtime.reference import masked_attention_reference
 from svgen.runtime.tables import compute_block_kinds
 
-from conftest import (
+from helpers import (
     REPO,
     MASK_SPECS,
+    MIXED_SPECS,
     TWO_LEVEL,
     brute_force_kinds,
-    check_per_head,
     dense_keep,
     import_file,
     mask_spec_text,
-    mixed_inputs,
     random_layout,
     random_mask,
     scaled_spec_text,
     user_order_keep,
 )
-
-MIXED_SPECS = ["wan21_720p_mixed", "hunyuan_720p_mixed", "cogvideox_mixed"]
+from kernel_helpers import check_per_head, mixed_inputs
 
 
 def spec(name: str):

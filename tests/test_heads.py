@@ -5,9 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import POISONED, REPO, check_per_head, mixed_inputs, scaled_spec_text
-
-MIXED_SPECS = ["wan21_720p_mixed", "hunyuan_720p_mixed", "cogvideox_mixed"]
+from helpers import MIXED_SPECS, REPO, scaled_spec_text
+from kernel_helpers import POISONED, check_per_head, mixed_inputs
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

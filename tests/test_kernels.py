@@ -12,16 +12,8 @@ import pytest
 
 from svgen.runtime.reference import masked_attention_reference
 
-from conftest import (
-    POISONED,
-    MASK_SPECS,
-    TOLERANCE,
-    TWO_LEVEL,
-    check_per_head,
-    dense_keep,
-    mixed_inputs,
-    scaled_spec_text,
-)
+from helpers import MASK_SPECS, TOLERANCE, TWO_LEVEL, dense_keep, scaled_spec_text
+from kernel_helpers import POISONED, check_per_head, mixed_inputs
 
 
 def run_and_compare(plan, module, dtype, seed, batch=None):

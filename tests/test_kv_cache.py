@@ -17,15 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import (
-    POISONED,
-    REPO,
-    TOLERANCE,
-    compile_spec_text,
-    dense_keep,
-    lower_mask_dict,
-    random_mask,
-)
+from helpers import REPO, TOLERANCE, compile_spec_text, dense_keep, lower_mask_dict, random_mask
+from kernel_helpers import POISONED
+from kv_cache_helpers import ONE_LEVEL, TWO_LEVEL, TWO_PATTERNS
 from svgen import ir
 from svgen.analysis.chunks import chunk_runs, runs_of_position
 from svgen.spec.errors import SpecError
@@ -50,31 +44,6 @@ runtime: {kv_cache: {chunk_frames: 2}}
 """
 # 160 tokens a frame: a chunk of 2 frames is 320 rows, so chunks start at 0, 320, 640, none
 # of them a multiple of the 128-row q tiles.
-TWO_LEVEL = "{block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}"
-ONE_LEVEL = "{block_q: 128, block_kv: 256}"
-
-TWO_PATTERNS = """
-svgen: 1
-name: kv_two
-geometry: {frames: 6, height: 5, width: 7}
-attention: {heads: 3, head_dim: 64, dtype: float32}
-patterns:
-  spatial:
-    any_of:
-      - first_frame: {frames: 1}
-      - spatial_window: {frames: 1, rows: 1, cols: 2}
-  temporal:
-    any_of:
-      - temporal_stride: {rows: 0, cols: 0}
-      - expr: "abs(i_q - i_k) < 40"
-heads:
-  candidates:
-    - {pattern: spatial}
-    - {pattern: temporal}
-  assign: runtime
-tiling: {block_q: 128, block_kv: 128}
-runtime: {kv_cache: {chunk_frames: 3}}
-"""
 
 
 def chunk_keep(plan, pattern: int, position: int) -> np.ndarray:
@@ -457,8 +426,8 @@ SHARDED = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, PartitionSpec as P
     sys.path.insert(0, {tests!r})
-    from conftest import compile_spec_text
-    from test_kv_cache import TWO_PATTERNS
+    from helpers import compile_spec_text
+    from kv_cache_helpers import TWO_PATTERNS
 
     text = TWO_PATTERNS.replace("heads: 3,", "heads: 4,")
     plan, module = compile_spec_text(text, pathlib.Path(tempfile.mkdtemp()))

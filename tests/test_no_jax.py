@@ -1,6 +1,7 @@
 """Commands that need no JAX never import it: `svgen inspect` and `svgen compile` (TPU
 target) run where jax and jaxlib cannot be imported at all, and the check for attached TPU
-chips (svgen.runtime.libtpu_env) reads sysfs itself."""
+chips (svgen.runtime.libtpu_env) reads sysfs itself. The suite's own conftest.py and its
+NumPy-only helpers load no JAX either, so a spec-only test run never does."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from svgen.runtime import libtpu_env
 
-from conftest import REPO
+from helpers import REPO
 
 # A meta-path finder ahead of every other that refuses jax and jaxlib, then the command line.
 _WITHOUT_JAX = """
@@ -51,6 +52,43 @@ def test_compile_runs_without_jax(tmp_path):
     assert "svgen: 1 file(s) written" in done.stderr
     check = _run_without_jax("compile", "--check", "specs/wan21_720p_band.yaml", "--out", out)
     assert check.returncode == 0, check.stderr
+
+
+# Imports the named modules of tests/ as pytest does (tests/ first on the path), then prints
+# the JAX packages loaded.
+_JAX_LOADED_BY = """
+import importlib
+import sys
+
+sys.path.insert(0, "tests")
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+print(" ".join(sorted({m.split(".")[0] for m in sys.modules} & {"jax", "jaxlib"})))
+"""
+_JAX_FREE_HELPERS = (
+    "conftest",
+    "helpers",
+    "kv_cache_helpers",
+    "segment_helpers",
+    "spec_corpus",
+    "tune_helpers",
+)
+
+
+@pytest.mark.parametrize(
+    "modules, loads_jax",
+    [(_JAX_FREE_HELPERS, False), (("kernel_helpers",), True)],
+    ids=["conftest_and_numpy_helpers", "kernel_helpers_control"],
+)
+def test_conftest_and_the_numpy_helpers_load_no_jax(modules, loads_jax):
+    """pytest imports conftest.py before every test, and the spec, IR, analysis and codegen
+    tests import helpers.py: neither loads JAX, so `pytest tests/test_spec.py` never does.
+    kernel_helpers.py (Pallas's interpreter) does: the control that shows the check sees it."""
+    done = subprocess.run(
+        [sys.executable, "-c", _JAX_LOADED_BY, *modules], capture_output=True, text=True, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == (["jax", "jaxlib"] if loads_jax else []), done.stdout
 
 
 def _device(root, name: str, vendor: str, device: str) -> None:

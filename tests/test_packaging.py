@@ -4,7 +4,7 @@ import subprocess
 import sys
 import zipfile
 
-from conftest import REPO
+from helpers import REPO
 
 
 def test_wheel_contains_the_templates(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 
 from svgen.analysis.classify import TileGrid, classify_tiles
 
-from conftest import brute_force_kinds, dense_keep, lower_mask_dict, random_any_layout
+from helpers import brute_force_kinds, dense_keep, lower_mask_dict, random_any_layout
 
 
 def _natten_axis(x_q, x_k, size, kernel, dilation, causal):

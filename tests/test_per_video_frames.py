@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import POISONED, TOLERANCE, compile_spec_text, reference_grads, user_order_keep
+from helpers import TOLERANCE, compile_spec_text, user_order_keep
+from kernel_helpers import POISONED, reference_grads
 from segment_helpers import check_element_grads, late_video_ids, packed_ids
 from svgen.spec.errors import SpecError
 from svgen.runtime import backward, segments
@@ -424,7 +425,7 @@ def test_generated_modules_are_formatted(tmp_path):
     import subprocess
     import sys
 
-    from conftest import REPO
+    from helpers import REPO
 
     for index, text in enumerate([spec_text("anchor"), spec_text("causal"), TWO_PATTERNS]):
         compile_spec_text(text, tmp_path / f"m{index}")

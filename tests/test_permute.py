@@ -18,8 +18,8 @@ from jax.experimental.pallas import tpu as pltpu
 from svgen.runtime import permute
 from svgen.runtime.layout import Tiled, TokenLayout
 
-from conftest import POISONED, check_per_head, mixed_inputs
-from tpu_helpers import MIXED_SPEC, compile_for_v6e, data_movement, v6e_device
+from kernel_helpers import POISONED, check_per_head, mixed_inputs
+from tpu_helpers import MIXED_SPEC, compile_for_v6e, data_movement, mosaic_kernels, v6e_device
 
 CASES = [
     # frames, height, width, text, position, anchors, dtype
@@ -162,6 +162,8 @@ def test_mixed_module_permutes_with_the_kernel(dtype, compile_text):
     check_per_head(plan, out, q, k, v, [0, 1, 1], dtype)
     hlo = compile_for_v6e(module).as_text()
     assert "svgen_permute_to_kernel" in hlo and "svgen_permute_from_kernel" in hlo
+    kernels = {"svgen_permute_to_kernel", "svgen_attention", "svgen_permute_from_kernel"}
+    assert set(mosaic_kernels(hlo)) == kernels  # each compiled by libtpu
     assert data_movement(hlo) == set()
 
 

@@ -12,14 +12,8 @@ import pytest
 
 from svgen.spec.errors import SpecError
 
-from conftest import (
-    dense_keep,
-    emitted_function,
-    emitted_keep,
-    lower_mask_dict,
-    random_any_layout,
-    random_predicate,
-)
+from helpers import dense_keep, lower_mask_dict, random_any_layout, random_predicate
+from kernel_helpers import emitted_function, emitted_keep
 
 CASES_PER_TEST = 25
 
@@ -150,7 +144,7 @@ def test_miscompiled_expressions_run_right_in_the_kernels(expr, geometry, target
     """TPU and GPU modules (interpret mode, outputs NaN-poisoned on TPU) against float64."""
     from svgen.runtime import gpu
 
-    from conftest import POISONED, check_per_head, mixed_inputs
+    from kernel_helpers import POISONED, check_per_head, mixed_inputs
 
     options = {} if target == "tpu" else {"target_name": target}
     plan, module = compile_text(_kernel_spec(expr, *geometry), **options)
@@ -168,13 +162,13 @@ def test_clamped_windows_print_as_one_compare_each(seed):
     or any other lo, of either sign), printed as one unsigned compare where it reads both
     sides, keeps the predicate's value on every pair; so do divisions and modulos by powers of
     two, printed as shifts and masks."""
-    from conftest import _random_integer
+    from helpers import random_integer
 
     rng = np.random.default_rng(31_000 + seed)
     lay = random_any_layout(rng)
     parts = []
     for axis in rng.choice(["f", "h", "w", "i"], size=int(rng.integers(1, 4)), replace=False):
-        low = _random_integer(rng, 1, (str(axis),)).replace(f"{axis}_k", f"{axis}_q")
+        low = random_integer(rng, 1, (str(axis),)).replace(f"{axis}_k", f"{axis}_q")
         if rng.random() < 0.5:
             low = f"max(0, min({low}, {int(rng.integers(0, 5))}))"
         width = int(rng.integers(0, 7))

@@ -22,7 +22,7 @@ from svgen import codegen, ir
 from svgen.spec import primitives
 from svgen.analysis import analyze
 from svgen.analysis.classify import TileGrid, classify_tiles
-from svgen.analysis.rowsets import Bounds, _nominal_keys
+from svgen.analysis.key_sets import Bounds, nominal_keys
 from svgen.codegen.predicate import emit_mask
 from svgen.spec.errors import SpecError
 from svgen.spec.expr import SYMBOLS
@@ -30,15 +30,8 @@ from svgen.runtime.layout import TokenLayout
 from svgen.spec.schema import spec_schema
 from svgen.spec import parse_spec
 
-from conftest import (
-    REPO,
-    brute_force_kinds,
-    dense_keep,
-    emitted_function,
-    emitted_keep,
-    lower_mask_dict,
-    mask_spec_text,
-)
+from helpers import REPO, brute_force_kinds, dense_keep, lower_mask_dict, mask_spec_text
+from kernel_helpers import emitted_function, emitted_keep
 
 KEYS = primitives.keys()
 WITH_NODE = [p.key for p in primitives.registered() if p.form != primitives.PATTERN]
@@ -206,7 +199,7 @@ def test_registering_twice_or_removing_a_builtin_is_refused():
 
 # ----------------------------------------------------------------------------- a new primitive
 # The three steps of CONTRIBUTING.md's "Adding a mask primitive", written here instead of in
-# svgen/ir.py, svgen/analysis/rowsets.py and svgen/spec/primitives.py.
+# svgen/ir/nodes.py, svgen/analysis/rowsets.py and svgen/spec/primitives.py.
 
 
 # Step 1: the IR node, its oracle written from the documented meaning.
@@ -232,7 +225,7 @@ class CausalBand:
 def causal_band_rows(node: CausalBand, chunk) -> Bounds:
     nominal = chunk.coords.index
     return Bounds.exact(
-        _nominal_keys(chunk, np.arange(chunk.num_rows), nominal - node.width, nominal + 1)
+        nominal_keys(chunk, np.arange(chunk.num_rows), nominal - node.width, nominal + 1)
     )
 
 

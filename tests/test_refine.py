@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import brute_force_kinds
+from helpers import brute_force_kinds
 from svgen.analysis.classify import TileGrid
 from svgen.analysis.tables import build_runs, kernel_tiles
 from svgen.runtime.kinds import TileKind

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import REPO
+from helpers import REPO
 
 CHECK = textwrap.dedent(
     """

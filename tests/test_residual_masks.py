@@ -24,18 +24,17 @@ from svgen.runtime.layout import TokenLayout
 from svgen.runtime.tables import PieceTables
 from svgen.spec import SpecError, parse_spec
 
-from conftest import (
-    POISONED,
+from helpers import (
     REPO,
-    check_per_head,
+    SPECS,
     dense_keep,
     lower_mask_dict,
-    mixed_inputs,
     random_any_layout,
     random_axis_predicate,
     random_mask,
     random_predicate,
 )
+from kernel_helpers import POISONED, check_per_head, mixed_inputs
 
 
 @pytest.fixture
@@ -254,7 +253,7 @@ def test_a_kernel_slower_than_dense_is_said(tmp_path, monkeypatch, capsys):
         assert "slower than the same kernel on a dense mask" in err and "tiling.align" in err
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "specs").glob("*.yaml")))
+@pytest.mark.parametrize("name", [p.stem for p in SPECS])
 def test_no_shipped_spec_is_slower_than_dense(name):
     plan = analyze(parse_spec((REPO / "specs" / f"{name}.yaml").read_text(), source=name))
     assert not [w for w in lint.plan_warnings(plan) if "slower" in str(w)]

@@ -12,16 +12,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import (
+from helpers import (
     GRAD_TOLERANCE,
-    POISONED,
     TOLERANCE,
     compile_spec_text,
     dense_keep,
     lower_mask_dict,
     random_mask,
-    reference_grads,
 )
+from kernel_helpers import POISONED, reference_grads
+from kv_cache_helpers import ONE_LEVEL, TWO_LEVEL
 from svgen import ir
 from svgen.analysis import analyze
 from svgen.analysis.chunks import (
@@ -54,8 +54,6 @@ runtime: {kv_cache: {chunk_frames: 2, sink_frames: 1, window_frames: %(window)s}
 """
 # 160 tokens a frame, a cache of 5 frames (800 keys): the ring wraps inside kv blocks of 128
 # and 256, and chunks start at 0, 320, 640, 960, none of them a multiple of the q tiles.
-TWO_LEVEL = "{block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}"
-ONE_LEVEL = "{block_q: 128, block_kv: 256}"
 
 
 def block_kinds(keep: np.ndarray, cq: int, ckv: int) -> np.ndarray:

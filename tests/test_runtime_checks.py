@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import POISONED, REPO, mixed_inputs, scaled_spec_text
+from helpers import REPO, scaled_spec_text
+from kernel_helpers import POISONED, mixed_inputs
 
 
 @pytest.fixture

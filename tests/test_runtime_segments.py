@@ -14,22 +14,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import (
-    POISONED,
-    REPO,
-    TOLERANCE,
-    compile_spec_text,
-    reference_grads,
-    user_order_keep,
-)
-from segment_helpers import check_element_grads, random_segment_ids
+from helpers import REPO, TOLERANCE, compile_spec_text, user_order_keep
+from kernel_helpers import POISONED, reference_grads
+from segment_helpers import TWO_PATTERNS, check_element_grads, random_segment_ids, spec_text
 from svgen.spec.errors import SpecError
 from svgen.runtime import backward
 from svgen.runtime.reference import masked_attention_reference
 from svgen.runtime.segments import user_order_ids
 from svgen.spec import parse_spec
 
-GEOMETRY = "{frames: 5, height: 4, width: 26, text_tokens: 40, text_position: %s}"
 
 ONE_PATTERN = """
 svgen: 1
@@ -46,37 +39,8 @@ tiling: {block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}
 runtime: {segments: true, text_lengths: true}
 """
 
-TWO_PATTERNS = """
-svgen: 1
-name: runtime_two
-geometry: %(geometry)s
-attention: {heads: 3, head_dim: 64, dtype: %(dtype)s}
-patterns:
-  spatial:
-    any_of:
-      - first_frame: {frames: 1}
-      - spatial_window: {frames: 1}
-      - text: {}
-  temporal:
-    any_of:
-      - first_frame: {frames: 1}
-      - temporal_stride: {rows: 0, cols: 0}
-      - expr: "is_text_q or is_text_k"
-heads:
-  candidates:
-    - {pattern: spatial}
-    - {pattern: temporal, layout: temporal_major}
-  assign: runtime
-tiling: {block_q: 128, block_kv: 256}
-runtime: {segments: true, text_lengths: true}
-"""
 
 LAYOUTS = ["frame_major", "temporal_major", "{tiled: {frames: 2, rows: 3, cols: 7}}"]
-
-
-def spec_text(template: str, *, layout="frame_major", dtype="float32", text_position="last"):
-    geometry = GEOMETRY % text_position
-    return template % dict(geometry=geometry, layout=layout, dtype=dtype)
 
 
 def random_text_lengths(rng, batch: int, text_tokens: int) -> np.ndarray:
@@ -341,9 +305,8 @@ SHARDED = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, PartitionSpec as P
     sys.path.insert(0, {tests!r})
-    from conftest import compile_spec_text
-    from test_runtime_segments import TWO_PATTERNS, spec_text
-    from segment_helpers import packed_ids, random_segment_ids
+    from helpers import compile_spec_text
+    from segment_helpers import TWO_PATTERNS, packed_ids, random_segment_ids, spec_text
 
     text = spec_text(TWO_PATTERNS).replace("heads: 3,", "heads: 4,")
     if {per_video!r}:  # each video numbers its frames from its own first

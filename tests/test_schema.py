@@ -12,7 +12,7 @@ from svgen.spec.errors import SpecError
 from svgen.spec.schema import schema_text, spec_schema
 from svgen.spec import parse_spec
 
-from conftest import REPO, SPECS
+from helpers import REPO, SPECS
 from spec_corpus import (
     BASE,
     CASES,

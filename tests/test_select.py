@@ -15,7 +15,9 @@ from svgen.spec.errors import SpecError
 from svgen.runtime import select as sel
 from svgen.spec import parse_spec
 
-from conftest import POISONED, SELECT_SPECS, TWO_LEVEL, dense_keep, scaled_spec_text
+from helpers import SELECT_SPECS, TWO_LEVEL, dense_keep, scaled_spec_text
+from kernel_helpers import POISONED
+from tpu_helpers import mosaic_kernels, v6e_device
 
 SPEC = """
 svgen: 1
@@ -444,11 +446,8 @@ def test_the_digest_changes_only_with_a_select_section():
 
 def test_selection_compiles_for_v6e(compile_text):
     """A selection module's forward (traced k) and gradient pass Mosaic and libtpu."""
-    from jax.experimental import topologies
-
     _, module = compile_text(spec_text(name="aot"))
-    device = topologies.get_topology_desc(platform="tpu", topology_name="v6e:2x2").devices[0]
-    sharding = jax.sharding.SingleDeviceSharding(device)
+    sharding = jax.sharding.SingleDeviceSharding(v6e_device())
     arg = jax.ShapeDtypeStruct((2, module.SEQ_LEN, module.HEAD_DIM), jnp.float32, sharding=sharding)
     amount = jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding)
 
@@ -460,6 +459,7 @@ def test_selection_compiles_for_v6e(compile_text):
     grad = jax.grad(lambda q, k, v, n: jnp.sum(call(q, k, v, n)), argnums=(0, 1, 2))
     text = jax.jit(grad).lower(arg, arg, arg, amount).compile().as_text()
     assert "svgen_attention_dkv" in text
+    assert {"svgen_attention", "svgen_attention_dkv"} <= set(mosaic_kernels(text))
 
 
 @pytest.mark.parametrize("spec_path", SELECT_SPECS, ids=lambda p: p.stem)

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 SCRIPT = REPO / "bench" / "selection_quality.py"
 COLUMNS = ["mask", "parameter", "density", "recall", "out. rel. L2 err", "sel. blocks/row"]

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import REPO
+from helpers import REPO
 
 SCRIPT = textwrap.dedent("""
     import os, sys, tempfile, pathlib
@@ -14,8 +14,7 @@ SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, PartitionSpec as P
     sys.path.insert(0, {tests!r})
-    from conftest import compile_spec_text
-    from conftest import scaled_spec_text
+    from helpers import compile_spec_text, scaled_spec_text
     from svgen.runtime.sharding import ulysses
 
     assert len(jax.devices()) == 4
@@ -80,9 +79,8 @@ GRAD_SCRIPT = textwrap.dedent('''
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, PartitionSpec as P
     sys.path.insert(0, {tests!r})
-    from conftest import compile_spec_text
-    from conftest import scaled_spec_text
-    from conftest import reference_grads
+    from helpers import compile_spec_text, scaled_spec_text
+    from kernel_helpers import reference_grads
     from svgen.runtime.sharding import ulysses
 
     assert len(jax.devices()) == 4

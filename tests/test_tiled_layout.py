@@ -20,18 +20,9 @@ from svgen.runtime.layout import Tiled, TokenLayout
 from svgen.spec.schema import spec_schema
 from svgen.spec import canonical_json, parse_spec
 
-from conftest import (
-    random_tiled_layout,
-    POISONED,
-    brute_force_kinds,
-    check_grads,
-    check_per_head,
-    dense_keep,
-    lower_mask_dict,
-    mixed_inputs,
-    random_mask,
-)
-from tpu_helpers import CUBE_DMA_SPEC, compile_for_v6e, data_movement
+from helpers import random_tiled_layout, brute_force_kinds, dense_keep, lower_mask_dict, random_mask
+from kernel_helpers import POISONED, check_grads, check_per_head, mixed_inputs
+from tpu_helpers import CUBE_DMA_SPEC, compile_for_v6e, data_movement, mosaic_kernels
 
 
 def tiled(frames, height, width, cube, text=0, position="last") -> TokenLayout:
@@ -392,12 +383,16 @@ def test_cube_dma_forward_needs_no_permutation(dtype, compile_text):
     check_per_head(plan, out, q, k, v, [0, 0], dtype)
     # XLA's program for v6e moves no data around the kernel; the same cubes with a kv tile of
     # two cubes (no cube DMA) permute q, k, v into cube order and the output back.
-    assert data_movement(compile_for_v6e(module).as_text()) == set()
+    hlo = compile_for_v6e(module).as_text()
+    assert mosaic_kernels(hlo) == ["svgen_attention"]  # compiled by libtpu
+    assert data_movement(hlo) == set()
     _, permuted = compile_text(
         CUBE_DMA_SPEC.replace("DTYPE", dtype).replace("block_kv: 128", "block_kv: 256")
     )
     assert permuted.attention.cube_dma is None
-    assert "transpose" in data_movement(compile_for_v6e(permuted).as_text())
+    hlo = compile_for_v6e(permuted).as_text()
+    assert mosaic_kernels(hlo) == ["svgen_attention"]
+    assert "transpose" in data_movement(hlo)
 
 
 def test_cube_dma_gradients(compile_text):

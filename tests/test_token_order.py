@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import POISONED, check_per_head, mixed_inputs, reference_grads
-from tpu_helpers import CUBE_DMA_SPEC, MIXED_SPEC, data_movement, v6e_device
+from kernel_helpers import POISONED, check_per_head, mixed_inputs, reference_grads
+from tpu_helpers import CUBE_DMA_SPEC, MIXED_SPEC, data_movement, mosaic_kernels, v6e_device
 
 
 def kernel_order_by_layout(plan, x, head_pattern) -> np.ndarray:
@@ -133,8 +133,12 @@ def test_kernel_order_call_moves_nothing_on_v6e(compile_text):
 
     kernel_order = program("kernel")
     assert kernel_order.count("tpu_custom_call") >= 1 and "svgen_attention" in kernel_order
+    assert mosaic_kernels(kernel_order) == ["svgen_attention"]
     assert "svgen_permute" not in kernel_order and data_movement(kernel_order) == set()
-    assert "svgen_permute_to_kernel" in program("user")
+    user_order = program("user")
+    assert "svgen_permute_to_kernel" in user_order
+    kernels = {"svgen_permute_to_kernel", "svgen_attention", "svgen_permute_from_kernel"}
+    assert set(mosaic_kernels(user_order)) == kernels
 
 
 def test_a_layer_kept_in_kernel_order(compile_text):

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from conftest import REPO, unprepared_environment
+from helpers import REPO, unprepared_environment
 from svgen.perf.tpu_schedule import DELAY_SLOTS, op_family, parse_bundles
 
 # A listing in libtpu's format: straight-line code, the grid loop [0x2, 0x1f] (exit test

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from conftest import REPO
+from helpers import REPO
 
 STEPS = 250  # the script's default: the loss's second fall (the heads learning) is at 150-250
 

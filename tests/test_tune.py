@@ -159,7 +159,7 @@ def test_rewrite_tiling_in_block_style_and_when_missing():
 def test_shipped_specs_round_trip_unchanged():
     """--apply of a spec's own tiling rewrites nothing: the round trip is byte-exact on the
     shipped specs' style."""
-    from conftest import SPECS
+    from helpers import SPECS
 
     for path in SPECS:
         text = path.read_text()

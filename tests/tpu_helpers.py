@@ -35,6 +35,14 @@ def compile_for_v6e(module, dtype=None, batch=None):
     return jax.jit(run).lower(arg, arg, arg, head_pattern).compile()
 
 
+def mosaic_kernels(hlo: str) -> list[str]:
+    """The Pallas kernels libtpu compiled into a program, in program order: the name of each
+    tpu_custom_call instruction's pallas_call, from its op_name metadata, without the
+    transformations around it ("transpose(jvp(svgen_attention_dkv))": svgen_attention_dkv)."""
+    pattern = r'custom_call_target="tpu_custom_call"[^\n]*op_name="(?:[^"]*/)?([^"/]+)/pallas_call"'
+    return [re.search(r"(\w+)\)*$", name)[1] for name in re.findall(pattern, hlo)]
+
+
 def data_movement(hlo: str) -> set[str]:
     """The JAX ops behind XLA instructions that move q, k, v or o data (floating results, by
     their op_name metadata; the int32 head tables may be gathered)."""

@@ -338,6 +338,24 @@ def _header(spec_path: str, options: Sequence[str], digest: str, body: str) -> s
     )
 
 
+# The boundary mask's docstring in every module (and in render_mask_function's text).
+BOUNDARY_MASK_DOC = (
+    "keep(q, k) on a BOUNDARY block, from coordinates (coords.TokenCoords) of its queries q "
+    "and keys k."
+)
+
+
+def render_mask_function(mask, layout, name: str = "boundary_mask") -> str:
+    """The source of the boundary-mask function a module of `mask` on `layout` holds (named
+    `name`), rendered by the module template's own macro: what tests run is what modules
+    contain."""
+    source = emit_mask(mask, layout)
+    template = _environment().get_template("pallas_tpu/mask_function.py.j2")
+    return template.module.mask_function(
+        name, BOUNDARY_MASK_DOC, _mask_lines(source.lines), source.result
+    )
+
+
 def _environment() -> jinja2.Environment:
     templates = importlib.resources.files("svgen.templates")
     return jinja2.Environment(
@@ -546,6 +564,7 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
             depth=0,
         ),
         "kinds": [(k.name, int(k)) for k in TileKind],
+        "boundary_mask_doc": BOUNDARY_MASK_DOC,
         "any_tables_file": any(p["tables_file"] or p["chunk_tables_file"] for p in pattern_files),
         "kv_cache": bool(plan.chunk_runs),
         "rolling": spec.runtime.rolling,

@@ -41,6 +41,8 @@ def kernel_lines(plan: Plan) -> list[str]:
         f"{spec.attention.dtype}",
         *_kernel_words(plan),
     ]
+    if plan.gpu is not None:  # its launch: one program per q tile, worded in the Kernel line
+        return summary
     return summary + _chunk_lines(plan) + _select_lines(plan)
 
 

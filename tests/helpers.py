@@ -1,0 +1,460 @@
+"""Helpers several test modules share (no test module imports another), NumPy and svgen
+only: importing this module loads no JAX (tests/test_no_jax.py checks), so the spec, IR,
+analysis and codegen tests run without it. Brute-force oracles (dense masks, tile kinds,
+alignment), spec texts at test size, random masks, layouts and predicates, the text of a
+generated mask function, and compiling a spec into a module and importing it (that import,
+not this module's, loads JAX). The helpers that need JAX or Pallas are in kernel_helpers.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import pathlib
+import sys
+from fractions import Fraction
+
+import numpy as np
+import yaml
+
+from svgen import codegen, ir
+from svgen.analysis import analyze
+from svgen.runtime import libtpu_env
+from svgen.runtime.kinds import TileKind
+from svgen.runtime.layout import Tiled, TokenLayout
+from svgen.spec import parse_spec
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+SPECS = sorted((REPO / "specs").glob("*.yaml"))
+#: Shipped specs whose calls choose blocks from the activations (`select:`): the generic
+#: numerical tests compare against the mask alone, so they take MASK_SPECS; tests/test_select.py
+#: checks these against references built from their selections.
+SELECT_SPECS = [p for p in SPECS if "\nselect:" in p.read_text()]
+MASK_SPECS = [p for p in SPECS if p not in SELECT_SPECS]
+#: Shipped specs with a spatial (frame-major) and a temporal (temporal-major) pattern.
+MIXED_SPECS = ["wan21_720p_mixed", "hunyuan_720p_mixed", "cogvideox_mixed"]
+_module_counter = itertools.count()
+TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
+GRAD_TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2}
+
+
+def dense_keep(mask, layout) -> np.ndarray:
+    """keep[q, k] for every real pair, from the IR oracle (small geometries only)."""
+    c = layout.coordinates(np.arange(layout.seq_len))
+    return mask.evaluate(c.reshape(-1, 1), c.reshape(1, -1))
+
+
+def brute_force_kinds(keep: np.ndarray, block_q: int, block_kv: int) -> np.ndarray:
+    seq_len = keep.shape[0]
+    nq, nk = -(-seq_len // block_q), -(-seq_len // block_kv)
+    kinds = np.empty((nq, nk), np.int8)
+    for i in range(nq):
+        for j in range(nk):
+            tile = keep[i * block_q : (i + 1) * block_q, j * block_kv : (j + 1) * block_kv]
+            kinds[i, j] = (
+                TileKind.FULL if tile.all() else TileKind.BOUNDARY if tile.any() else TileKind.EMPTY
+            )
+    return kinds
+
+
+def lower_mask_dict(mask: dict, lay: TokenLayout, bq: int, bkv: int):
+    """(spec, lowered mask) of a spec with this mask (a dict as YAML would load it) on the
+    geometry of ``lay``, through the spec reader and lowering as a user's file goes."""
+    spec = parse_spec(
+        mask_spec_text(mask, lay, order=None, tiling={"block_q": bq, "block_kv": bkv})
+    )
+    return spec, ir.lower(spec)
+
+
+def mask_spec_text(
+    mask: dict, lay: TokenLayout, *, name="random_mask", order="", tiling=None, **extra
+) -> str:
+    """A one-head float32 spec of ``mask`` on the geometry of ``lay`` (its order unless
+    ``order`` says otherwise; None: no `layout:` key), 128 x 128 tiles unless ``tiling``."""
+    spec = {
+        "svgen": 1,
+        "name": name,
+        "geometry": {
+            "frames": lay.frames,
+            "height": lay.height,
+            "width": lay.width,
+            "text_tokens": lay.text_tokens,
+            "text_position": lay.text_position,
+        },
+        "attention": {"heads": 1, "head_dim": 128, "dtype": "float32"},
+        "layout": lay.order if order == "" else order,
+        **extra,
+        "mask": mask,
+        "tiling": tiling or {"block_q": 128, "block_kv": 128},
+    }
+    if spec["layout"] is None:
+        del spec["layout"]
+    if spec["tiling"] is False:
+        del spec["tiling"]
+    return yaml.safe_dump(spec)
+
+
+def mask_function_source(mask, layout: TokenLayout, name: str = "boundary_mask") -> str:
+    """The source of the generated mask function of ``mask`` on ``layout`` (its name in a
+    module of one pattern unless ``name``), rendered by the module template's own macro
+    (codegen.render_mask_function; test_codegen.py's
+    test_the_mask_tests_run_the_modules_mask_function checks it against whole modules)."""
+    return codegen.render_mask_function(mask, layout, name)
+
+
+def user_order_keep(pattern) -> np.ndarray:
+    """keep[q, k] in the user's token order for one pattern (oracle, small geometry)."""
+    keep = dense_keep(pattern.mask, pattern.layout)  # kernel order
+    position = np.empty(pattern.layout.seq_len, np.int64)
+    position[pattern.layout.original_index(np.arange(pattern.layout.seq_len))] = np.arange(
+        pattern.layout.seq_len
+    )
+    return keep[np.ix_(position, position)]
+
+
+def unprepared_environment() -> dict[str, str]:
+    """This process's environment less what libtpu_env.prepare() set: a user's shell, for a
+    subprocess that must prepare libtpu itself."""
+    return {
+        k: v for k, v in os.environ.items() if k not in (*libtpu_env.SHARING, *libtpu_env.NO_CHIP)
+    }
+
+
+def import_file(path: pathlib.Path):
+    name = f"_svgen_test_module_{next(_module_counter)}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def compile_spec_text(text: str, out_dir: pathlib.Path, **analyze_options):
+    """Analyze + render a spec given as YAML text; import the generated module."""
+    spec = parse_spec(text, source="test.yaml")
+    plan = analyze(spec, **analyze_options)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for filename, data in codegen.render(plan, "specs/test.yaml").items():
+        (out_dir / filename).write_bytes(data)
+    return plan, import_file(out_dir / codegen.module_filename(spec.name, plan.backend))
+
+
+# -- random specs (the brute-force, codegen and alignment tests) --------------------------
+
+PREDICATES = [
+    "abs(f_q - f_k) <= 1 and (h_q + f_k) % 3 != 1",
+    "i_k < 100 or w_q == w_k",
+    "(f_q - f_k) // 2 == 0 and not is_text_k",
+    "max(h_q, h_k) - min(w_q, w_k) > 2",
+    "is_text_q or abs(i_q - i_k) <= 17",
+    "f_k * 2 <= f_q + 1 and h_q == h_k",
+]
+
+
+def _maybe(rng, hi) -> dict:
+    """Sometimes nothing (the parameter left out), else {"v": a value in [0, hi]}."""
+    return {} if rng.random() < 0.3 else {"v": int(rng.integers(0, hi + 1))}
+
+
+def _spatial_window(rng, lay):
+    params = {"frames": int(rng.integers(0, lay.frames))}
+    for key, size in (("rows", lay.height), ("cols", lay.width)):
+        params.update({key: v for v in _maybe(rng, size).values()})
+    return params
+
+
+def _temporal_stride(rng, lay):
+    params = {
+        "rows": int(rng.integers(0, lay.height)),
+        "cols": int(rng.integers(0, lay.width)),
+        "stride": int(rng.integers(1, 4)),
+    }
+    params.update({"frames": v for v in _maybe(rng, lay.frames).values()})
+    return params
+
+
+def _neighborhood(rng, lay):
+    params = {}
+    for key, size in (("frames", lay.frames), ("rows", lay.height), ("cols", lay.width)):
+        if rng.random() < 0.8:
+            params[key] = int(rng.integers(1, size + 2))
+        if rng.random() < 0.3:
+            params[f"{key[:-1]}_dilation"] = int(rng.integers(1, 4))
+    if rng.random() < 0.3:
+        params["causal"] = 1
+    return params
+
+
+def _band(rng, lay):
+    if rng.random() < 0.5:
+        return {"width": int(rng.integers(0, lay.seq_len))}
+    return {"density": float(rng.choice([0.05, 0.2, 0.35, 0.9]))}
+
+
+#: Random parameters of every primitive (not the combinators and ref, which random_mask
+#: builds), by spec key: a primitive missing here fails test_classify.py's
+#: test_every_primitive_is_generated.
+PRIMITIVE_GENERATORS = {
+    "first_frame": lambda rng, lay: {"frames": int(rng.integers(1, lay.frames + 2))},
+    "spatial_window": _spatial_window,
+    "temporal_stride": _temporal_stride,
+    "band": _band,
+    "prefix": lambda rng, lay: {"tokens": int(rng.integers(1, lay.seq_len + 5))},
+    "text": lambda rng, lay: {},
+    "causal_frames": lambda rng, lay: {},
+    "block_causal": lambda rng, lay: {"frames": int(rng.integers(1, lay.frames + 2))},
+    "cube_window": lambda rng, lay: {
+        "cube_frames": int(rng.integers(1, 3)),
+        "cube_rows": int(rng.integers(1, 4)),
+        "cube_cols": int(rng.integers(1, 4)),
+        "frames": int(rng.integers(0, 2)),
+        "rows": int(rng.integers(0, 2)),
+        "cols": int(rng.integers(0, 3)),
+    },
+    "neighborhood": lambda rng, lay: _neighborhood(rng, lay),
+    "radial": lambda rng, lay: (
+        {} if rng.random() < 0.4 else {"width": int(rng.integers(1, lay.height * lay.width + 3))}
+    ),
+    "expr": lambda rng, lay: (
+        str(rng.choice(PREDICATES)) if rng.random() < 0.5 else random_predicate(rng)
+    ),
+}
+
+
+# -- tiling.align by brute force (test_align and the fuzzing of whole specs) ----------------
+
+
+def _blocks(seq_len: int, block: int):
+    return [(s, min(s + block, seq_len)) for s in range(0, seq_len, block)]
+
+
+def brute_force_align(keep: np.ndarray, bq: int, bkv: int, mode: str):
+    """(aligned kinds, aligned keep) from the dense mask, straight from the mode's definition."""
+    n = keep.shape[0]
+    qs, ks = _blocks(n, bq), _blocks(n, bkv)
+    kinds = np.empty((len(qs), len(ks)), np.int8)
+    kept, real = {}, {}
+    for i, (q0, q1) in enumerate(qs):
+        for j, (k0, k1) in enumerate(ks):
+            block = keep[q0:q1, k0:k1]
+            kinds[i, j] = (
+                TileKind.FULL
+                if block.all()
+                else TileKind.BOUNDARY
+                if block.any()
+                else TileKind.EMPTY
+            )
+            if kinds[i, j] == TileKind.BOUNDARY:
+                kept[i, j], real[i, j] = int(block.sum()), block.size
+    if mode == "superset":
+        promote = set(kept)
+    elif mode == "subset":
+        promote = set()
+    elif mode == "nearest":
+        promote = {b for b in kept if 2 * kept[b] >= real[b]}
+    else:  # balanced: every prefix of the order tried, the closest count (first of equals)
+        order = sorted(kept, key=lambda b: (-Fraction(kept[b], real[b]), b))
+        base = int(keep.sum()) - sum(kept.values())
+        counts = [base + sum(real[b] for b in order[:m]) for m in range(len(order) + 1)]
+        distance = [abs(c - int(keep.sum())) for c in counts]
+        promote = set(order[: distance.index(min(distance))])
+    aligned = keep.copy()
+    for i, j in kept:
+        kinds[i, j] = TileKind.FULL if (i, j) in promote else TileKind.EMPTY
+        aligned[qs[i][0] : qs[i][1], ks[j][0] : ks[j][1]] = (i, j) in promote
+    return kinds, aligned
+
+
+def check_budget(budget, keep: np.ndarray, aligned: np.ndarray):
+    n = keep.shape[0]
+    assert budget.total_pairs == n * n
+    assert budget.exact_pairs == int(keep.sum())
+    assert budget.aligned_pairs == int(aligned.sum())
+    assert budget.pairs_added == int((aligned & ~keep).sum())
+    assert budget.pairs_dropped == int((keep & ~aligned).sum())
+    assert budget.rows_emptied == int((keep.any(axis=1) & ~aligned.any(axis=1)).sum())
+    both = int((keep & aligned).sum())
+    assert budget.recall == (both / keep.sum() if keep.sum() else 1.0)
+    assert budget.precision == (both / aligned.sum() if aligned.sum() else 1.0)
+
+
+def aligned_user_keep(pattern) -> np.ndarray:
+    """The aligned mask, dense, in the user's order: FULL blocks keep every pair, EMPTY none
+    (an aligned pattern has no BOUNDARY block)."""
+    lay, grid = pattern.layout, pattern.compute_grid
+    kinds = pattern.compute_kinds
+    expand = np.repeat(np.repeat(kinds, grid.block_q, 0), grid.block_kv, 1)[
+        : lay.seq_len, : lay.seq_len
+    ]
+    assert not np.any(kinds == TileKind.BOUNDARY)
+    aligned = expand == TileKind.FULL
+    position = np.empty(lay.seq_len, np.int64)
+    position[lay.original_index(np.arange(lay.seq_len))] = np.arange(lay.seq_len)
+    return aligned[np.ix_(position, position)]
+
+
+# -- random user predicates: the printer's hard cases ---------------------------------------
+# Sums and differences of floor divisions and modulos of shifted coordinates (dividends of
+# both signs), products, nested abs / min / max, chained comparisons, boolean equalities,
+# and / or / not: every form svgen.codegen.predicate prints, drawn where a dropped
+# parenthesis or a wrong shift changes values.
+
+
+def random_integer(rng, depth: int, coords=("f", "h", "w", "i")) -> str:
+    r = rng.random()
+    if depth >= 3 or r < 0.3:
+        name = f"{rng.choice(list(coords))}_{rng.choice(['q', 'k'])}"
+        offset = int(rng.integers(-12, 13))
+        return name if offset == 0 else f"({name} {'-' if offset > 0 else '+'} {abs(offset)})"
+    if r < 0.36:
+        return str(int(rng.integers(-9, 10)))
+    a = random_integer(rng, depth + 1, coords)
+    if r < 0.58:  # often minus a floor division or modulo: where parentheses matter most
+        b = random_integer(rng, depth + 1, coords)
+        if rng.random() < 0.4:
+            b = f"({b} {rng.choice(['//', '%'])} {int(rng.integers(2, 9))})"
+        return f"({a} {rng.choice(['+', '-'])} {b})"
+    if r < 0.76:
+        return f"({a} {rng.choice(['//', '%'])} {int(rng.integers(1, 9))})"
+    if r < 0.82:
+        return f"({a} * {int(rng.integers(-3, 4))})"
+    if r < 0.9:
+        return f"-abs({a})" if rng.random() < 0.3 else f"abs({a})"
+    fn = rng.choice(["min", "max"])
+    return f"{fn}({a}, {random_integer(rng, depth + 1, coords)})"
+
+
+def _random_comparison(rng, coords=("f", "h", "w", "i")) -> str:
+    ops = ["<", "<=", ">", ">=", "==", "!="]
+    text = random_integer(rng, 1, coords)
+    for _ in range(1 if rng.random() < 0.75 else 2):  # sometimes chained: a < b <= c
+        text += f" {rng.choice(ops)} {random_integer(rng, 1, coords)}"
+    return text
+
+
+def random_axis_predicate(rng, depth: int = 0, places: bool = False) -> str:
+    """A random `expr` whose comparisons each read one axis (f, h or w: clamps, windows,
+    dilations, bands of every shape), with `places` also rows and columns together (a window
+    over h * W + w), or only the token classes, joined by and / or / not / boolean
+    (in)equality: the per-axis form svgen.analysis.product analyzes exactly."""
+    r = rng.random()
+    if depth >= 2 or r < 0.4:
+        if rng.random() < 0.1:
+            return str(rng.choice(["is_text_q", "is_text_k", "not is_text_k"]))
+        if places and rng.random() < 0.3:
+            return _random_comparison(rng, ("h", "w"))
+        return _random_comparison(rng, (str(rng.choice(["f", "h", "w"])),))
+    if r < 0.5:
+        return f"not ({random_axis_predicate(rng, depth + 1, places)})"
+    a = random_axis_predicate(rng, depth + 1, places)
+    b = random_axis_predicate(rng, depth + 1, places)
+    if r < 0.9:
+        return f"({a}) {rng.choice(['and', 'or'])} ({b})"
+    return f"({a}) {rng.choice(['==', '!='])} ({b})"
+
+
+def random_predicate(rng, depth: int = 0) -> str:
+    """A random `expr` (user syntax) over any geometry; at most ~150 tokens."""
+    r = rng.random()
+    if depth >= 2 or r < 0.45:
+        return _random_comparison(rng)
+    if r < 0.55:
+        return f"not ({random_predicate(rng, depth + 1)})"
+    if r < 0.85:
+        joiner = rng.choice(["and", "or"])
+        return f"({random_predicate(rng, depth + 1)}) {joiner} ({random_predicate(rng, depth + 1)})"
+    op = rng.choice(["==", "!="])  # boolean (in)equality: a segment mask's natural form
+    return f"({random_predicate(rng, depth + 1)}) {op} ({random_predicate(rng, depth + 1)})"
+
+
+def random_primitive(rng, lay: TokenLayout) -> dict:
+    key = list(PRIMITIVE_GENERATORS)[rng.integers(0, len(PRIMITIVE_GENERATORS))]
+    return {key: PRIMITIVE_GENERATORS[key](rng, lay)}
+
+
+def random_mask(rng, lay, depth=0) -> dict:
+    r = rng.random()
+    if depth >= 3 or r < 0.35:
+        return random_primitive(rng, lay)
+    if r < 0.6:
+        return {"any_of": [random_mask(rng, lay, depth + 1) for _ in range(rng.integers(1, 4))]}
+    if r < 0.85:
+        return {"all_of": [random_mask(rng, lay, depth + 1) for _ in range(rng.integers(1, 4))]}
+    return {"not": random_mask(rng, lay, depth + 1)}
+
+
+def random_layout(rng) -> TokenLayout:
+    text = int(rng.choice([0, 0, 3, 17]))
+    frames = int(rng.integers(1, 6))
+    order = str(rng.choice(["frame_major", "temporal_major"]))
+    anchors = int(rng.integers(0, frames + 1)) if order == "temporal_major" else 0
+    return TokenLayout(
+        frames,
+        int(rng.integers(1, 6)),
+        int(rng.integers(1, 9)),
+        text,
+        "first" if bool(rng.integers(0, 2)) else "last",
+        order,
+        anchors,
+    )
+
+
+def random_tiled_layout(rng) -> TokenLayout:
+    """A tiled layout with cubes that may not divide the video (ragged edge cubes)."""
+    frames, height, width = (int(rng.integers(1, n)) for n in (6, 7, 9))
+    cube = tuple(int(rng.integers(1, n + 1)) for n in (frames, height, width))
+    text = int(rng.choice([0, 0, 3, 17]))
+    position = "first" if rng.integers(0, 2) else "last"
+    return TokenLayout(frames, height, width, text, position).with_order(Tiled(*cube))
+
+
+def random_any_layout(rng) -> TokenLayout:
+    """Any of the three token orders (a third of the draws tiled)."""
+    return random_tiled_layout(rng) if rng.random() < 1 / 3 else random_layout(rng)
+
+
+# -- kernels at test size ------------------------------------------------------------
+
+SMALL_GEOMETRY = {"frames": 5, "height": 4, "width": 26}  # 520 video tokens: not a tile multiple
+
+
+TWO_LEVEL = {"block_q": 256, "block_kv": 512, "compute_q": 128, "compute_kv": 128}
+
+
+def scaled_spec_text(path, text_tokens=None, heads=2, tiling=None, dtype="float32") -> str:
+    """The same pattern at SMALL_GEOMETRY, `heads` heads, 128 x 128 tiles (or `tiling`), for
+    q, k, v of `dtype` (a kernel refuses any other)."""
+    spec = yaml.safe_load(path.read_text())
+    full = spec["geometry"]
+    full_video = full["frames"] * full["height"] * full["width"]
+    small = dict(full, **SMALL_GEOMETRY)
+    chunk = (spec.get("runtime") or {}).get("kv_cache", {}).get("chunk_frames")
+    if chunk:  # whole chunks of frames
+        small["frames"] = chunk * -(-small["frames"] // chunk)
+    cache = (spec.get("runtime") or {}).get("kv_cache", {})
+    if "window_frames" in cache:  # a rolling cache fitting the smaller video (it may not wrap)
+        cache["sink_frames"] = min(cache.get("sink_frames", 0), small["frames"] - chunk)
+        cache["window_frames"] = min(cache["window_frames"], small["frames"] - cache["sink_frames"])
+    small_video = small["frames"] * small["height"] * small["width"]
+    if full.get("text_tokens"):
+        small["text_tokens"] = 40 if text_tokens is None else text_tokens
+    spec["geometry"] = small
+    spec["attention"] = dict(spec["attention"], heads=heads, dtype=dtype)
+    spec["tiling"] = tiling or {"block_q": 128, "block_kv": 128}
+
+    def scale(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "prefix":  # "the first frame's tokens" at either size
+                    value["tokens"] = value["tokens"] * small_video // full_video
+                elif key == "band" and "width" in value:
+                    value["width"] = value["width"] * small_video // full_video
+                else:
+                    scale(value)
+        elif isinstance(node, list):
+            for item in node:
+                scale(item)
+
+    scale(spec.get("mask", {}))
+    scale(spec.get("patterns", {}))
+    return yaml.safe_dump(spec, sort_keys=False)
