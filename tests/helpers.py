@@ -45,8 +45,8 @@ def dense_keep(mask, layout) -> np.ndarray:
 
 
 def brute_force_kinds(keep: np.ndarray, block_q: int, block_kv: int) -> np.ndarray:
-    seq_len = keep.shape[0]
-    nq, nk = -(-seq_len // block_q), -(-seq_len // block_kv)
+    """Tile kinds of keep[q, k] (square, or a chunk's rows against every key)."""
+    nq, nk = -(-keep.shape[0] // block_q), -(-keep.shape[1] // block_kv)
     kinds = np.empty((nq, nk), np.int8)
     for i in range(nq):
         for j in range(nk):

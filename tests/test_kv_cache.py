@@ -17,7 +17,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import REPO, TOLERANCE, compile_spec_text, dense_keep, lower_mask_dict, random_mask
+from helpers import (
+    REPO,
+    TOLERANCE,
+    brute_force_kinds,
+    compile_spec_text,
+    dense_keep,
+    lower_mask_dict,
+    random_mask,
+)
 from kernel_helpers import POISONED
 from kv_cache_helpers import ONE_LEVEL, TWO_LEVEL, TWO_PATTERNS
 from svgen import ir
@@ -54,22 +62,6 @@ def chunk_keep(plan, pattern: int, position: int) -> np.ndarray:
     return dense_keep(p.mask, p.layout)[position * rows : (position + 1) * rows]
 
 
-def rectangular_kinds(keep: np.ndarray, cq: int, ckv: int) -> np.ndarray:
-    nq, nk = -(-keep.shape[0] // cq), -(-keep.shape[1] // ckv)
-    kinds = np.empty((nq, nk), np.int8)
-    for i in range(nq):
-        for j in range(nk):
-            block = keep[i * cq : (i + 1) * cq, j * ckv : (j + 1) * ckv]
-            kinds[i, j] = (
-                TileKind.FULL
-                if block.all()
-                else TileKind.BOUNDARY
-                if block.any()
-                else TileKind.EMPTY
-            )
-    return kinds
-
-
 def check_chunk_tables(mask, layout: TokenLayout, tiling: Tiling, chunk_frames: int) -> None:
     """Every chunk position's compute-block kinds, read back from its runs, equal brute force
     on the chunk's rows (the kv compute block holding padding keys runs masked: FULL there
@@ -80,7 +72,7 @@ def check_chunk_tables(mask, layout: TokenLayout, tiling: Tiling, chunk_frames: 
     rq, rk = tiling.block_q // tiling.cq, tiling.block_kv // tiling.ckv
     q_tiles, kv_tiles = -(-rows // tiling.block_q), -(-seq // tiling.block_kv)
     for position in range(layout.frames // chunk_frames):
-        want = rectangular_kinds(
+        want = brute_force_kinds(
             keep[position * rows : (position + 1) * rows], tiling.cq, tiling.ckv
         )
         if seq % tiling.ckv:

@@ -148,7 +148,7 @@ def _variants_entry(
         files[entry["variants_file"]] = data
     else:
         entry["inline_variants"] = _format_variants(runs, words)
-    names = [wording.residual_name(prefix, j) for j in range(1, len(found.variants) + 1)]
+    names = wording.residual_names(pattern, prefix)
     one_line = f"        residual_masks={pyformat.literal_tuple(names)},"
     if len(one_line) <= pyformat.LINE_LENGTH:
         entry["residual_masks_lines"] = [one_line]

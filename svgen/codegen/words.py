@@ -28,6 +28,16 @@ def residual_name(prefix: str, j: int) -> str:
     return f"{prefix}residual_mask_{j}"
 
 
+def residual_names(pattern, prefix: str) -> list[str]:
+    """The module's functions for every residual mask of a pattern (none without them)."""
+    found = pattern.residuals
+    return (
+        []
+        if found is None
+        else [residual_name(prefix, j) for j in range(1, len(found.variants) + 1)]
+    )
+
+
 def kernel_lines(plan: Plan) -> list[str]:
     """Geometry, attention, the kernel (grid, tables, target), and what its run-time calls
     add (KV-cache chunks, a selection policy)."""

@@ -23,14 +23,7 @@ def inspect_lines(plan: Plan, spec_file: str) -> list[str]:
     single = len(plan.patterns) == 1
     for index, pattern in enumerate(plan.patterns):
         title = "Pattern" if single else f"Pattern {index}, {pattern.name}"
-        residuals = (
-            [
-                words.residual_name("" if single else f"{pattern.name}_", j)
-                for j in range(1, len(pattern.residuals.variants) + 1)
-            ]
-            if pattern.residuals is not None
-            else []
-        )
+        residuals = words.residual_names(pattern, "" if single else f"{pattern.name}_")
         lines += ["", f"  {title}: {pattern.mask.describe()}"]
         lines += [f"    {line}" for line in words.pattern_lines(pattern, residuals)]
         lines.append("    Tile map:")
