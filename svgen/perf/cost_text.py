@@ -6,8 +6,11 @@ does not hold, and no other module reads it.
 
 from __future__ import annotations
 
+import dataclasses
+
 from svgen.perf.cost import CostReport, TrainingReport
 from svgen.perf.paths import PathCosts, mean_rounded
+from svgen.runtime.kinds import TileKind
 
 
 def format_report(report: CostReport, plan) -> list[str]:
@@ -216,6 +219,7 @@ def _path_lines(p: PathCosts, plan, per_tile: float, per_block: float) -> list[s
             blocks = "" if found is None else f", {found.variants[j - 1].blocks:,} blocks"
             cells.append(f"{j}: {plain} ({plain / per_block:.0f}{blocks})")
         lines.append(f"    BOUNDARY block{label}, residual masks: " + "; ".join(cells))
+    lines += _straight_lines(p, plan)
     for index, pattern in enumerate(plan.patterns[: len(p.segment_block)]):
         plain = mean_rounded([b for b, _ in p.segment_block[index]])
         padded = max(padding for _, padding in p.segment_block[index])
@@ -227,3 +231,31 @@ def _path_lines(p: PathCosts, plan, per_tile: float, per_block: float) -> list[s
     init = ", ".join(str(i) for i in p.init) if len(set(p.init)) > 1 else str(p.init[0])
     lines.append(f"    init {init}, finalize {p.finalize} (per row tile)")
     return lines
+
+
+def _straight_lines(p: PathCosts, plan) -> list[str]:
+    """Per pattern with straight-line BOUNDARY tiles (svgen.runtime.straight): each word's
+    step, against the same word through the per-block branches."""
+    t = plan.spec.tiling
+    branches = dataclasses.replace(p, straight=())
+    lines = []
+    for index, pattern in enumerate(plan.patterns[: len(p.straight)]):
+        if not p.straight[index]:
+            continue
+        label = "" if len(plan.patterns) == 1 else f" [{pattern.name}]"
+        cells = [
+            f"{word_glyphs(word, t.q_blocks_per_tile, t.kv_blocks_per_tile)} {step} "
+            f"(branches {branches.tile_cost(index, TileKind.BOUNDARY, word)})"
+            for word, _, step in p.straight[index]
+        ]
+        lines.append(f"    BOUNDARY tile{label}, straight-line words: " + "; ".join(cells))
+    return lines
+
+
+def word_glyphs(word: int, rows: int, cols: int) -> str:
+    """A blocks word as its rows of tile-map glyphs, e.g. ###+/##++ (# FULL, + BOUNDARY,
+    . EMPTY)."""
+    return "/".join(
+        "".join(TileKind((word >> (2 * (r * cols + c))) & 3).glyph for c in range(cols))
+        for r in range(rows)
+    )

@@ -23,7 +23,7 @@ import numpy as np
 from svgen.perf.paths import PathCosts, read_paths
 
 KERNEL_NAME = "svgen_attention"
-CACHE_VERSION = 5  # 5: residual_block (kernels with residual masks)
+CACHE_VERSION = 6  # 5: residual_block (kernels with residual masks); 6: straight
 
 
 # ----------------------------------------------------------------------------- the cache
@@ -124,6 +124,18 @@ def _forward_masks(module) -> tuple[str, tuple[int, ...], tuple[str, ...]]:
     return masks, residuals, (f"variants {tables.variants.dtype}",)
 
 
+def _straight_words(module) -> tuple:
+    """Per pattern, the blocks words the forward kernel runs straight-line (static tables
+    only: a module with run-time inputs is measured with them, which have none)."""
+    if module.attention.runtime.any or module.attention.select is not None:
+        return ()
+    return tuple(code.straight_words for code in module.attention.codes)
+
+
+def _straight_key(straight: tuple) -> tuple[str, ...]:
+    return tuple(f"straight {w.word} {w.avoid_padding_tile}" for words in straight for w in words)
+
+
 def measure_paths(module, target: str, *, use_cache: bool = True, progress=None) -> PathCosts:
     """Compile the generated module's kernel for `target` and read its per-path costs.
 
@@ -133,12 +145,15 @@ def measure_paths(module, target: str, *, use_cache: bool = True, progress=None)
 
     tables = module.attention.tables
     masks, residuals, variants = _forward_masks(module)
+    straight = _straight_words(module)
     key = _cache_key(
         target,
         module.SHAPE,
         masks,
         tables.slots,
-        tuple(str(t.dtype) for t in tables.piece_operands()) + variants,
+        tuple(str(t.dtype) for t in tables.piece_operands())
+        + variants
+        + _straight_key(straight),
         module.DTYPE,
         runtime=module.attention.runtime.arguments()
         + (() if module.attention.select is None else ("select",))
@@ -161,6 +176,7 @@ def measure_paths(module, target: str, *, use_cache: bool = True, progress=None)
             q_blocks_per_tile=shape.q_blocks_per_tile,
             bounded=shape.bounded_softmax,
             residuals=residuals,
+            straight=straight,
         )
 
     return _cached(key, use_cache, measure, PathCosts.from_json)
@@ -419,13 +435,16 @@ def measure_training_paths(
     tables, transposed = module.attention.tables, dkv_tables(module)
     # The forward kernel runs the residual masks; the backward ones run whole masks.
     masks, residuals, variants = _forward_masks(module)
+    straight = _straight_words(module)
     operands = tables.piece_operands() + transposed.piece_operands()
     key = _cache_key(
         target,
         module.SHAPE,
         masks,
         tables.slots * 1000 + transposed.slots,
-        tuple(str(t.dtype) for t in operands) + variants,
+        tuple(str(t.dtype) for t in operands)
+        + variants
+        + _straight_key(straight),
         module.DTYPE,
         kind="training-fused" if fused else "training",
     )
@@ -446,6 +465,7 @@ def measure_training_paths(
                 blocks,
                 bounded=bounded and name == KERNEL_NAME,
                 residuals=residuals if name == KERNEL_NAME else (),
+                straight=straight if name == KERNEL_NAME else (),
             )
             for name in names
         }

@@ -9,7 +9,9 @@ per-step branch:
     init, full, mixed[pattern 0], ..., mixed[pattern P-1], finalize
 
 and, inside each `mixed` branch of a kernel with several compute blocks per tile, one FULL and
-one BOUNDARY branch per compute block, row-major. The BOUNDARY branch of the block column that
+one BOUNDARY branch per compute block, row-major; where the pattern has straight words
+(svgen.runtime.straight), first one branch per word (its straight-line body), then one branch
+holding those per-block branches. The BOUNDARY branch of the block column that
 can hold padding keys has two variants (without and with the padding test, chosen by the kv
 tile); so does a one-block tile's `mixed` branch. Per path:
 
@@ -43,7 +45,9 @@ class PathCosts:
 
     bookkeeping: int
     full: int  # a FULL tile's step, bookkeeping included
-    mixed: tuple[int, ...]  # per pattern: a BOUNDARY tile's step with every block EMPTY
+    # per pattern: a BOUNDARY tile's step with every block EMPTY (with straight words: one
+    # whose word has no body, so it takes the per-block branches)
+    mixed: tuple[int, ...]
     # [pattern][block] = extra bundles of the block as (FULL, BOUNDARY, BOUNDARY on the kv tile
     # holding padding keys)
     block: tuple[tuple[tuple[int, int, int], ...], ...]
@@ -65,6 +69,10 @@ class PathCosts:
     # extra bundles of a BOUNDARY block running residual mask `variant`, as (plain, on the kv
     # tile holding padding keys); `block` then holds variant 0's (the whole mask).
     residual_block: tuple = ()
+    # Kernels with straight-line BOUNDARY tiles (svgen.runtime.straight): [pattern] = per
+    # straight word (word, whether the kv tile holding padding keys takes the per-block
+    # branches instead, the bundles of the whole step).
+    straight: tuple = ()
 
     def to_json(self) -> dict:
         obj = dataclasses.asdict(self)
@@ -89,6 +97,7 @@ class PathCosts:
             tuple(
                 tuple(tuple(tuple(v) for v in b) for b in p) for p in obj.get("residual_block", ())
             ),
+            tuple(tuple(tuple(w) for w in p) for p in obj.get("straight", ())),
         )
 
     def tile_cost(
@@ -106,6 +115,11 @@ class PathCosts:
             return self.mixed[pattern] + self._kind3(pattern, 0, padding)
         if len(blocks) == 1 and word == 0:  # one compute block per tile: BOUNDARY
             return self.mixed[pattern] + self._boundary(pattern, 0, padding, variants)
+        for straight_word, avoid_padding_tile, step in (
+            self.straight[pattern] if self.straight else ()
+        ):
+            if word == straight_word and not (padding and avoid_padding_tile):
+                return step
         cost = self.mixed[pattern]
         for index, (full, _, _) in enumerate(blocks):
             block_kind = (word >> (2 * index)) & 3
@@ -139,6 +153,7 @@ def read_paths(
     q_blocks_per_tile: int = 1,
     bounded: bool = False,
     residuals: tuple[int, ...] = (),
+    straight: tuple = (),
 ) -> PathCosts:
     """Map the kernel's branches onto its phases (order checked against their contents).
     residuals: per pattern, its residual masks (svgen.analysis.residuals): each BOUNDARY
@@ -150,7 +165,9 @@ def read_paths(
     padding keys: each of its blocks (q_blocks_per_tile of them) has a third branch, PADDED
     (with one compute block per tile: a phase of its own after the mixed ones).
     bounded: the kernel has every FULL / BOUNDARY phase twice (`attention.softmax: bounded`),
-    the bounded ones first: the paths of those, with the online twins' as `fallback`."""
+    the bounded ones first: the paths of those, with the online twins' as `fallback`.
+    straight: per pattern, its straight words (svgen.runtime.straight): each BOUNDARY tile's
+    branch then holds one branch per word, then one holding the per-block branches."""
     loop_branches = schedule.branches_in_loop()
     stage = min(b.depth for b in loop_branches)
     twins = 2 if segmented and compute_blocks == 1 else 1
@@ -175,6 +192,8 @@ def read_paths(
             q_blocks_per_tile,
             {b.address for other in halves if other is not half for b in other},
             residuals or (0,) * patterns,
+            # A bounded kernel's online twin has no straight bodies (svgen.runtime.forward).
+            (straight if half is halves[0] else ()) or ((),) * patterns,
         )  # fmt: skip
         for half in halves
     ]
@@ -194,6 +213,7 @@ def _read_phases(
     q_blocks_per_tile: int,
     never: set[int],
     residuals: tuple[int, ...],
+    straight: tuple,
 ) -> PathCosts:
     """`read_paths` over one set of phases: init, full, mixed..., finalize; the branches at
     `never` (a bounded kernel's other twins) are skipped on every path."""
@@ -253,6 +273,7 @@ def _read_phases(
         return [variants(b, skipped | (addresses - {b.address}), base) for b in inner]
 
     per_pattern_residual = []
+    per_pattern_straight = []
     padded_blocks: list[tuple[int, int]] = []
     if padded_phase:
         padded_blocks.append(variants(padded_tile, phases - {padded_tile.address}, bookkeeping))
@@ -266,12 +287,32 @@ def _read_phases(
         others = phases - {m.address}
         count = residuals[pattern_index]
         if compute_blocks == 1:
+            per_pattern_straight.append(())
             mixed_base.append(bookkeeping)
             costs = boundary_costs(m, others, bookkeeping, count)
             per_pattern_blocks.append(((0, *costs[0]),))
             per_pattern_residual.append((tuple(costs[1:]),))
             continue
-        inner = inside(m)
+        words = straight[pattern_index]
+        if words:  # one branch per straight word, then the per-block branches in one
+            *bodies, block_branches = inside(m)
+            if len(bodies) != len(words):
+                raise RuntimeError(
+                    f"expected {len(words)} straight-line bodies in a BOUNDARY tile, "
+                    f"found {len(bodies)}"
+                )
+            addresses = {b.address for b in bodies} | {block_branches.address}
+            per_pattern_straight.append(
+                tuple(
+                    (w.word, w.avoid_padding_tile, cost(others | (addresses - {b.address})))
+                    for w, b in zip(words, bodies)
+                )
+            )
+            others = others | {b.address for b in bodies}
+            inner = inside(block_branches)
+        else:
+            per_pattern_straight.append(())
+            inner = inside(m)
         widths = [
             per_block + (padded_column is not None and index % kv_blocks == padded_column)
             for index in range(compute_blocks)
@@ -317,6 +358,7 @@ def _read_phases(
         tuple(per_pattern_segment),
         tuple(padded_blocks),
         residual_block=tuple(per_pattern_residual) if any(residuals) else (),
+        straight=tuple(per_pattern_straight) if any(per_pattern_straight) else (),
     )
 
 

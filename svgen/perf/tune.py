@@ -21,7 +21,9 @@ exactly. So:
   3. the ranking walks the tables of every candidate with those costs (`cost.model_cycles`);
      while one of the first `confirm` rows is an estimate, the best such is compiled, its
      shape's estimates are refitted with the new point, and the rows re-ranked.
-The first choice is therefore always an exactly costed kernel; `exhaustive` compiles every
+Estimates charge every BOUNDARY tile its per-block branches: a compiled kernel runs its
+commonest blocks words straight-line (svgen.runtime.straight), a little faster, which only the
+compiled rows show. The first choice is therefore always an exactly costed kernel; `exhaustive` compiles every
 candidate (to check the estimates). Compiles are cached on disk by `svgen cost`, so the
 aligned modes of one tiling (the same mask-free code) share theirs, and a second tune costs
 no compile.

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -58,6 +59,7 @@ from svgen.runtime.interpret import settled
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
 from svgen.runtime.refine import SEGMENT_BOUNDARY
+from svgen.runtime.straight import StraightWord
 from svgen.runtime.segments import block_shifts, same_segment
 from svgen.runtime.select import PADDED
 from svgen.runtime.softmax import (
@@ -147,8 +149,12 @@ def _attention_kernel(
     with_modes: bool = False,
     ring_sink: int | None = None,
     has_variants: bool = False,
+    has_straight: bool = False,
 ):
-    """has_variants: static tables whose last scalar operand holds each piece's residual-mask
+    """has_straight: static tables, so the BOUNDARY tiles of a pattern's straight words
+    (PatternCode.straight_words, svgen.runtime.straight) run the word's straight-line body;
+    any other word takes a branch per compute block.
+    has_variants: static tables whose last scalar operand holds each piece's residual-mask
     variants (VARIANT_BITS per compute block; svgen.analysis.residuals): a BOUNDARY block of
     a pattern with residual masks runs the one its bits name.
     selected: a selection's per-row tables (svgen.runtime.select), whose PADDED blocks
@@ -328,6 +334,43 @@ def _attention_kernel(
                 functools.partial(masked, block, pattern.variant(j), bounded=bounded)
             )
 
+    def per_block(word, pattern: "PatternCode", bounded: bool):
+        """Each compute block in a branch of its own, by its kind in the word."""
+        for block in blocks:
+            block_kind = lax.shift_right_logical(word, block.bit) & KIND_MASK
+
+            @pl.when(block_kind == TileKind.FULL)
+            def _(block=block):
+                state = update(block, load(block.rows), None, bounded=bounded)
+                store(block.rows, state, bounded)
+
+            pl.when(block_kind == TileKind.BOUNDARY)(
+                functools.partial(boundary, block, pattern, bounded)
+            )
+            if segments:  # only run-time tables have such blocks
+                pl.when(block_kind == SEGMENT_BOUNDARY)(
+                    functools.partial(masked, block, pattern, True, bounded)
+                )
+            elif selected and block.ki == shape.padding_block_column:
+                pl.when(block_kind == PADDED)(
+                    functools.partial(masked, block, every_key(pattern), bounded=bounded)
+                )
+
+    def straight(straight_word: StraightWord, pattern: "PatternCode", bounded: bool):
+        """A BOUNDARY tile of a word with a body of its own (svgen.runtime.straight): per row
+        of compute blocks, its non-empty blocks one after another with the state in values,
+        as along a FULL tile, BOUNDARY ones masked by the whole mask."""
+        kinds = straight_word.kinds(shape.compute_blocks)
+        for qi in range(shape.q_blocks_per_tile):
+            row = [b for b in blocks if b.qi == qi and kinds[b.index] != TileKind.EMPTY]
+            if not row:
+                continue
+            state = load(row[0].rows)
+            for block in row:
+                masked_by = pattern if kinds[block.index] == TileKind.BOUNDARY else None
+                state = update(block, state, masked_by, bounded=bounded)
+            store(row[0].rows, state, bounded)
+
     def body_paths(bounded: bool, in_mode):
         """The FULL and BOUNDARY paths of a step, for q tiles of one softmax mode (in_mode:
         True, or the bounded kernel's traced mode test)."""
@@ -352,25 +395,22 @@ def _attention_kernel(
                     boundary(blocks[0], pattern, bounded)
                     return
                 word = view.blocks
-                for block in blocks:
-                    block_kind = lax.shift_right_logical(word, block.bit) & KIND_MASK
-
-                    @pl.when(block_kind == TileKind.FULL)
-                    def _(block=block):
-                        state = update(block, load(block.rows), None, bounded=bounded)
-                        store(block.rows, state, bounded)
-
-                    pl.when(block_kind == TileKind.BOUNDARY)(
-                        functools.partial(boundary, block, pattern, bounded)
-                    )
-                    if segments:  # only run-time tables have such blocks
-                        pl.when(block_kind == SEGMENT_BOUNDARY)(
-                            functools.partial(masked, block, pattern, True, bounded)
-                        )
-                    elif selected and block.ki == shape.padding_block_column:
-                        pl.when(block_kind == PADDED)(
-                            functools.partial(masked, block, every_key(pattern), bounded=bounded)
-                        )
+                # A bounded kernel's online twin (the fallback, rarely run) keeps the branches:
+                # each body costs compile time (svgen.runtime.straight).
+                words = pattern.straight_words if has_straight and bounded == bounded_kernel else ()
+                if not words:
+                    per_block(word, pattern, bounded)
+                    return
+                chosen = []
+                for straight_word in words:
+                    this = word == _as_int32(straight_word.word)
+                    if straight_word.avoid_padding_tile:
+                        this = this & (kv_block != shape.padding_kv_tile)
+                    pl.when(this)(functools.partial(straight, straight_word, pattern, bounded))
+                    chosen.append(this)
+                pl.when(~functools.reduce(operator.or_, chosen))(
+                    functools.partial(per_block, word, pattern, bounded)
+                )
 
             if segments and not has_blocks:
                 # One compute block per tile: the tile's kind says whether it spans segments.
@@ -431,11 +471,18 @@ class PatternCode:
     layout: TokenLayout
     query_coords: tuple[str, ...]
     residual_masks: tuple[BoundaryMask, ...] = ()
+    # The blocks words whose BOUNDARY tiles run a straight-line body (static tables only).
+    straight_words: tuple[StraightWord, ...] = ()
 
     def variant(self, j: int) -> "PatternCode":
         """The pattern as its variant j runs it (0: the whole mask)."""
         mask = self.boundary_mask if j == 0 else self.residual_masks[j - 1]
         return PatternCode(mask, self.layout, self.query_coords)
+
+
+def _as_int32(word: int) -> int:
+    """A blocks word as the int32 the kernel reads (a 16-block word fills the sign bit)."""
+    return word - (1 << 32) if word >= 1 << 31 else word
 
 
 def every_key(pattern: PatternCode) -> PatternCode:
@@ -553,6 +600,7 @@ def flat_attention(
         with_modes=with_modes,
         ring_sink=ring_sink,
         has_variants=tables.variants is not None and not per_row,
+        has_straight=not per_row,
     )
 
     def view(outer, step, table_refs):

@@ -32,6 +32,7 @@ from svgen.runtime.calls import (
 from svgen.runtime.cube import cube_dma, cube_order
 from svgen.runtime.forward import PatternCode, flat_attention
 from svgen.runtime.softmax import LOG2_E
+from svgen.runtime.straight import straight_words
 from svgen.runtime.tables import (
     LANES,
     KernelShape,
@@ -103,7 +104,13 @@ class TpuAttention(Attention):
         )
         self.slots = slots
         self.codes = [
-            PatternCode(p.boundary_mask, p.layout, tuple(p.query_coords), tuple(p.residual_masks))
+            PatternCode(
+                p.boundary_mask,
+                p.layout,
+                tuple(p.query_coords),
+                tuple(p.residual_masks),
+                straight_words(p.runs, shape, whole_mask=not p.residual_masks),
+            )
             for p in self.patterns
         ]
         self.cube_dma = cube_dma(self.layouts, shape)

@@ -255,8 +255,13 @@ class Block:
         return pl.ds(self.ki * self.shape.ckv, self.shape.ckv)
 
     @property
+    def index(self) -> int:
+        """The block's place in the tile, row-major (as in a blocks word)."""
+        return self.qi * self.shape.kv_blocks_per_tile + self.ki
+
+    @property
     def bit(self) -> int:
-        return BITS_PER_BLOCK * (self.qi * self.shape.kv_blocks_per_tile + self.ki)
+        return BITS_PER_BLOCK * self.index
 
 
 def head_operands(tables: PieceTables, head_pattern, static_pattern):
