@@ -143,12 +143,12 @@ def _straight_steps(module) -> dict[int, int]:
     """Steps of each straight word in the module's tables (on the padding tile: negative)."""
     code = module.attention.codes[0]
     shape = module.SHAPE
-    counts: dict[int, int] = {}
-    for q, kv, length, kind, word in as_runs(module._PATTERNS[0].runs).tolist():
+    counts = {w.word: 0 for w in code.straight_words}
+    for _, kv, length, kind, word in as_runs(module._PATTERNS[0].runs).tolist():
         for w in code.straight_words:
             if kind == B and word == w.word:
                 on_padding = kv <= (shape.padding_kv_tile or -1) < kv + length
-                counts[w.word] = counts.get(w.word, 0) + length - on_padding
+                counts[w.word] += length - on_padding
     return counts
 
 
@@ -173,6 +173,18 @@ def test_aligned_band(softmax, compile_text):
     assert words and all(B not in w.kinds(8) for w in words)
     assert all(_straight_steps(module).values())
     _check(plan, module, "float32", aligned=True)
+
+
+def test_sixteen_blocks_a_tile(compile_text):
+    """4 x 4 compute blocks: a word whose last block is not EMPTY fills the int32's sign bit."""
+    text = BAND.format(dtype="float32", softmax="", align="").replace(
+        "block_q: 256, block_kv: 512", "block_q: 512, block_kv: 512"
+    )
+    plan, module = compile_text(text)
+    words = module.attention.codes[0].straight_words
+    assert any(w.word >= 1 << 31 for w in words)
+    assert all(_straight_steps(module).values())
+    _check(plan, module, "float32")
 
 
 def test_a_wrong_body_is_caught(compile_text, monkeypatch):
