@@ -253,3 +253,16 @@ def test_the_model_charges_a_straight_word_its_body():
     _, _, by_path = model_cycles(paths, tables, [0], padding_tile=1)
     assert by_path["mixed"] == 2 * 90 + (20 + 30 + 31 + 62) + (20 + 30 + 51)
     assert PathCosts.from_json(paths.to_json()) == paths
+
+
+def test_the_module_names_the_words_its_kernel_runs_straight(compile_text):
+    """The docstring (and `svgen inspect`, which prints the same lines) names exactly the
+    words the imported kernel chose, with their steps."""
+    plan, module = compile_text(BAND.format(dtype="float32", softmax="", align=""))
+    words = module.attention.codes[0].straight_words
+    line = next(x for x in module.__doc__.splitlines() if "Straight-line BOUNDARY tiles" in x)
+    steps = _straight_steps(module)
+    cells = line.split(": ", 2)[2].split(", ")
+    # The docstring counts every step of a word, the padding tile's too.
+    assert [c.split(" ")[0] for c in cells] == [straight.word_glyphs(w.word, 2, 4) for w in words]
+    assert all(int(c.split(" ")[1]) >= steps[w.word] for c, w in zip(cells, words))

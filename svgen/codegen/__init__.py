@@ -532,7 +532,7 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
                 index=index,
                 name=pattern.name,
                 words=pattern.mask.describe(),
-                lines=wording.pattern_lines(pattern, [r["name"] for r in files["residuals"]]),
+                lines=wording.pattern_lines(pattern, [r["name"] for r in files["residuals"]], plan),
                 tile_map=render_tile_map(pattern.kinds),
                 layout_args=_layout_args(pattern.layout),
                 num_runs=wording.grouped(len(pattern.table.runs)),

@@ -10,7 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from svgen.analysis import Plan
+from svgen.analysis.plan import pattern_shape
 from svgen.runtime.kinds import TileKind
+from svgen.runtime.straight import straight_words, word_glyphs, word_steps
 
 
 def grouped(n: int) -> str:
@@ -162,9 +164,9 @@ def _residual_lines(pattern, names: list[str]) -> list[str]:
     return lines
 
 
-def pattern_lines(pattern, residual_names: list[str]) -> list[str]:
+def pattern_lines(pattern, residual_names: list[str], plan: Plan) -> list[str]:
     """Docstring lines of one pattern: counts, density, residual masks (named by
-    `residual_names`), visited fraction."""
+    `residual_names`), straight-line BOUNDARY tiles, visited fraction."""
     layout, grid, c = pattern.layout, pattern.grid, pattern.classification
     counts = pattern.tile_counts()
     if c.density_is_exact:
@@ -201,6 +203,7 @@ def pattern_lines(pattern, residual_names: list[str]) -> list[str]:
         f"Kept pairs{' (aligned mask)' if pattern.budget else ''}: {density}",
         *_budget_lines(pattern.budget),
         *_residual_lines(pattern, residual_names),
+        *_straight_lines(pattern, plan),
         f"Visited fraction: {pattern.visited_fraction:.4f} of tiles "
         f"({grouped(pattern.table.visited_steps)} steps doing work per head)",
     ]
@@ -210,6 +213,28 @@ def pattern_lines(pattern, residual_names: list[str]) -> list[str]:
             f"EMPTY or FULL (user predicate); they stay exact through the mask"
         )
     return lines
+
+
+def _straight_lines(pattern, plan: Plan) -> list[str]:
+    """The blocks words whose BOUNDARY tiles the TPU kernel runs straight-line on static
+    tables (svgen.runtime.straight; none on GPU, none for a selection, which always runs its
+    own tables)."""
+    if plan.gpu is not None or plan.spec.select is not None:
+        return []
+    shape = pattern_shape(plan.spec, pattern)
+    words = straight_words(pattern.table.runs, shape, whole_mask=pattern.residuals is None)
+    if not words:
+        return []
+    steps, total = word_steps(pattern.table.runs, words)
+    cells = ", ".join(
+        f"{word_glyphs(w.word, shape.q_blocks_per_tile, shape.kv_blocks_per_tile)} {grouped(n)}"
+        for w, n in zip(words, steps)
+    )
+    return [
+        f"Straight-line BOUNDARY tiles: {grouped(sum(steps))} of {grouped(total)} BOUNDARY "
+        f"steps per head run the body of their blocks word (rows of compute blocks; steps): "
+        f"{cells}"
+    ]
 
 
 def _budget_lines(budget) -> list[str]:

@@ -11,6 +11,7 @@ import dataclasses
 from svgen.perf.cost import CostReport, TrainingReport
 from svgen.perf.paths import PathCosts, mean_rounded
 from svgen.runtime.kinds import TileKind
+from svgen.runtime.straight import word_glyphs
 
 
 def format_report(report: CostReport, plan) -> list[str]:
@@ -250,12 +251,3 @@ def _straight_lines(p: PathCosts, plan) -> list[str]:
         ]
         lines.append(f"    BOUNDARY tile{label}, straight-line words: " + "; ".join(cells))
     return lines
-
-
-def word_glyphs(word: int, rows: int, cols: int) -> str:
-    """A blocks word as its rows of tile-map glyphs, e.g. ###+/##++ (# FULL, + BOUNDARY,
-    . EMPTY)."""
-    return "/".join(
-        "".join(TileKind((word >> (2 * (r * cols + c))) & 3).glyph for c in range(cols))
-        for r in range(rows)
-    )

@@ -151,9 +151,7 @@ def measure_paths(module, target: str, *, use_cache: bool = True, progress=None)
         module.SHAPE,
         masks,
         tables.slots,
-        tuple(str(t.dtype) for t in tables.piece_operands())
-        + variants
-        + _straight_key(straight),
+        tuple(str(t.dtype) for t in tables.piece_operands()) + variants + _straight_key(straight),
         module.DTYPE,
         runtime=module.attention.runtime.arguments()
         + (() if module.attention.select is None else ("select",))
@@ -442,9 +440,7 @@ def measure_training_paths(
         module.SHAPE,
         masks,
         tables.slots * 1000 + transposed.slots,
-        tuple(str(t.dtype) for t in operands)
-        + variants
-        + _straight_key(straight),
+        tuple(str(t.dtype) for t in operands) + variants + _straight_key(straight),
         module.DTYPE,
         kind="training-fused" if fused else "training",
     )

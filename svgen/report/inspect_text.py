@@ -25,7 +25,7 @@ def inspect_lines(plan: Plan, spec_file: str) -> list[str]:
         title = "Pattern" if single else f"Pattern {index}, {pattern.name}"
         residuals = words.residual_names(pattern, "" if single else f"{pattern.name}_")
         lines += ["", f"  {title}: {pattern.mask.describe()}"]
-        lines += [f"    {line}" for line in words.pattern_lines(pattern, residuals)]
+        lines += [f"    {line}" for line in words.pattern_lines(pattern, residuals, plan)]
         lines.append("    Tile map:")
         lines += [f"      {line}" for line in render_tile_map(pattern.kinds)]
     return lines

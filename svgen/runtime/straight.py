@@ -54,6 +54,23 @@ def block_kinds(word: int, compute_blocks: int) -> tuple[int, ...]:
     return tuple((word >> (BITS_PER_BLOCK * b)) & KIND_MASK for b in range(compute_blocks))
 
 
+def word_glyphs(word: int, rows: int, cols: int) -> str:
+    """A blocks word as its rows of tile-map glyphs, e.g. ###+/##++ (# FULL, + BOUNDARY,
+    . EMPTY)."""
+    kinds = block_kinds(word, rows * cols)
+    return "/".join(
+        "".join(TileKind(k).glyph for k in kinds[r * cols : (r + 1) * cols]) for r in range(rows)
+    )
+
+
+def word_steps(runs, words: tuple[StraightWord, ...]) -> tuple[list[int], int]:
+    """(steps of each word's BOUNDARY tiles, steps of every BOUNDARY tile) in a pattern's runs."""
+    runs = as_runs(runs)
+    mixed = runs[runs[:, 3] == TileKind.BOUNDARY]
+    steps = [int(mixed[mixed[:, 4] == w.word, 2].sum()) for w in words]
+    return steps, int(mixed[:, 2].sum())
+
+
 def joined_blocks(word: int, shape: KernelShape) -> int:
     """Blocks a straight body joins onto the one before them in their row: per tile, its
     non-empty blocks less its non-empty rows."""
