@@ -154,7 +154,7 @@ CASES = [  # (id, spec text)
     ("bad_dtype", _sub("dtype: bfloat16", "dtype: float16")),
     ("bad_layout", _sub("layout: frame_major", "layout: row_major")),
     ("block_not_multiple", _sub("block_q: 256", "block_q: 100")),
-    ("block_too_big", _sub("block_kv: 512", "block_kv: 8192")),
+    ("block_too_big", _sub("block_kv: 512", "block_kv: 16384")),
     ("block_bool", _sub("block_kv: 512", "block_kv: yes")),
     ("bad_name", _sub("name: demo", "name: Demo-Spec")),
     ("name_too_long", _sub("name: demo", "name: " + "a" * 65)),

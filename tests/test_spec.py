@@ -376,9 +376,9 @@ EXPECTED = {
     "bad_head_dim": "specs/demo.yaml:4:33: attention.head_dim: must be one of 64, 128, 256, got 96",
     "bad_dtype": "specs/demo.yaml:4:45: attention.dtype: must be one of bfloat16, float32, got 'float16'",
     "bad_layout": "specs/demo.yaml:5:9: layout: must be one of frame_major, temporal_major, got 'row_major'",
-    "block_not_multiple": "specs/demo.yaml:13:19: tiling.block_q: block_q must be a multiple of 128 between 128 and 4096 (TPU tiles are 8x128 and the VMEM budget), got 100",
-    "block_too_big": "specs/demo.yaml:13:34: tiling.block_kv: block_kv must be a multiple of 128 between 128 and 4096 (TPU tiles are 8x128 and the VMEM budget), got 8192",
-    "block_bool": "specs/demo.yaml:13:34: tiling.block_kv: block_kv must be a multiple of 128 between 128 and 4096 (TPU tiles are 8x128 and the VMEM budget), got a boolean (yes)",
+    "block_not_multiple": "specs/demo.yaml:13:19: tiling.block_q: block_q must be a multiple of 128 between 128 and 8192 (TPU tiles are 8x128 and the VMEM budget), got 100",
+    "block_too_big": "specs/demo.yaml:13:34: tiling.block_kv: block_kv must be a multiple of 128 between 128 and 8192 (TPU tiles are 8x128 and the VMEM budget), got 16384",
+    "block_bool": "specs/demo.yaml:13:34: tiling.block_kv: block_kv must be a multiple of 128 between 128 and 8192 (TPU tiles are 8x128 and the VMEM budget), got a boolean (yes)",
     "bad_name": "specs/demo.yaml:2:7: name: must be a spec name matching [a-z][a-z0-9_]* of at most 64 characters, got 'Demo-Spec'",
     "name_too_long": "specs/demo.yaml:2:7: name: must be a spec name matching [a-z][a-z0-9_]* of at most 64 characters, got 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'",
     "name_not_string": "specs/demo.yaml:2:7: name: must be a spec name matching [a-z][a-z0-9_]* of at most 64 characters, got an integer (42)",
@@ -506,7 +506,7 @@ def test_integer_past_the_maximum_names_the_limit():
     [
         (key, value)
         for key in ("block_q", "block_kv", "compute_q", "compute_kv")
-        for value in (-128, -1, 0, 64, 4224, 8192, 2**63, 2**64, "2.5", "true")
+        for value in (-128, -1, 0, 64, 8320, 16384, 2**63, 2**64, "2.5", "true")
     ],
 )
 def test_tiling_integers_refuse_invalid_values(key, value):

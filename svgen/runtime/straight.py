@@ -32,10 +32,10 @@ from svgen.runtime.tables import BITS_PER_BLOCK, KIND_MASK, KernelShape, as_runs
 
 # Words of a pattern that get a straight-line body: each is a body of up to 16 compute blocks
 # (twice with `softmax: bounded`), so a few: compile time grows with every one.
-MAX_WORDS = 5
+MAX_WORDS = 8
 # ... and only words that join at least this share of the pattern's non-empty blocks in
 # BOUNDARY tiles: below it a body buys nothing a cost model could see.
-MIN_JOINED_SHARE = 0.05
+MIN_JOINED_SHARE = 0.03
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,7 +36,7 @@ HEAD_DIMS = (64, 128, 256)
 ALIGN_MODES = ("exact", "superset", "subset", "nearest", "balanced")
 BLOCK_MULTIPLE = 128
 BLOCK_MIN = 128
-BLOCK_MAX = 4096
+BLOCK_MAX = 8192
 DEFAULT_BLOCK = 512
 
 #: Top-level modules besides the standard library that a spec name must not shadow: the
