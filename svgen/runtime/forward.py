@@ -356,11 +356,12 @@ def _attention_kernel(
                     functools.partial(masked, block, every_key(pattern), bounded=bounded)
                 )
 
-    def straight(straight_word: StraightWord, pattern: "PatternCode", bounded: bool):
-        """A BOUNDARY tile of a word with a body of its own (svgen.runtime.straight): per row
-        of compute blocks, its non-empty blocks one after another with the state in values,
-        as along a FULL tile, BOUNDARY ones masked by the whole mask."""
-        kinds = straight_word.kinds(shape.compute_blocks)
+    def straight(kinds: tuple[int, ...], pattern: "PatternCode | None", bounded: bool):
+        """Straight-line code over a tile's compute blocks of these kinds (row-major): per row,
+        its non-empty blocks one after another with the state in values, so the scheduler
+        overlaps one block's softmax with the next block's QK^T; BOUNDARY ones masked by the
+        whole mask. A FULL tile (every block FULL), and a BOUNDARY tile of a word with a body
+        of its own (svgen.runtime.straight)."""
         for qi in range(shape.q_blocks_per_tile):
             row = [b for b in blocks if b.qi == qi and kinds[b.index] != TileKind.EMPTY]
             if not row:
@@ -375,16 +376,10 @@ def _attention_kernel(
         """The FULL and BOUNDARY paths of a step, for q tiles of one softmax mode (in_mode:
         True, or the bounded kernel's traced mode test)."""
 
-        @pl.when(_both(active & (kind == TileKind.FULL), in_mode))
-        def full():
-            # Straight-line code over all compute blocks: the state stays in values, so the
-            # scheduler overlaps one block's softmax with the next block's QK^T.
-            for qi in range(shape.q_blocks_per_tile):
-                row_blocks = [b for b in blocks if b.qi == qi]
-                state = load(row_blocks[0].rows)
-                for block in row_blocks:
-                    state = update(block, state, None, bounded=bounded)
-                store(row_blocks[0].rows, state, bounded)
+        every_block_full = (TileKind.FULL,) * shape.compute_blocks
+        pl.when(_both(active & (kind == TileKind.FULL), in_mode))(
+            functools.partial(straight, every_block_full, None, bounded)
+        )
 
         for index, pattern in enumerate(patterns):
             is_pattern = True if len(patterns) == 1 else view.pattern == index
@@ -406,7 +401,8 @@ def _attention_kernel(
                     this = word == _as_int32(straight_word.word)
                     if straight_word.avoid_padding_tile:
                         this = this & (kv_block != shape.padding_kv_tile)
-                    pl.when(this)(functools.partial(straight, straight_word, pattern, bounded))
+                    kinds = straight_word.kinds(shape.compute_blocks)
+                    pl.when(this)(functools.partial(straight, kinds, pattern, bounded))
                     chosen.append(this)
                 pl.when(~functools.reduce(operator.or_, chosen))(
                     functools.partial(per_block, word, pattern, bounded)
