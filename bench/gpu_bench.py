@@ -44,8 +44,14 @@ module's head assignment (HEAD_PATTERN, or head h -> pattern h % patterns), jit,
                  Triton), inputs [1, seq, heads, d] prepared outside the timed call; it needs
                  seq to be a multiple of its blocks (128), so the sequence is zero-padded to a
                  multiple of 128 (padding keys are attended: the dense kernel has no mask)
+  dense cuDNN    jax.nn.dot_product_attention(implementation="cudnn"), no mask: cuDNN's fused
+                 flash attention, the fastest dense kernel JAX reaches on Hopper (GPU only; a
+                 call it refuses is noted, not fatal)
   masked XLA     jax.nn.dot_product_attention with the dense boolean mask [1, heads, seq, seq],
                  only where mask and f32 scores fit in device memory (else skipped, with a note)
+  max abs diff   svgen's output against a float32 masked softmax on the device, on 256 evenly
+                 spaced query rows of every head (every row of a smaller spec); a select
+                 spec's mask is the call's own selection, made by the module on the same q, k
 
 --interpret --tiny runs the same timing code on the CPU in Pallas interpret mode, on the specs
 scaled down to 520 video tokens (+ 40 text), 2 heads: it tests this script; its times mean
@@ -74,8 +80,10 @@ from svgen.runtime import libtpu_env
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 TINY_GEOMETRY = {"frames": 5, "height": 4, "width": 26}  # 520 video tokens
+TINY_VIDEO_TOKENS = 520
 MHA_BLOCK = 128  # BlockSizes.get_default() of jax's Pallas Triton mha (block_q = block_k)
 DEFAULT_TILES = "64x64,128x64"
+CHECKED_ROWS = 256  # query rows per head --time checks against a float32 reference
 DENSE_TIMEOUT_S = 900
 
 
@@ -438,7 +446,13 @@ def tiny_spec_text(path: pathlib.Path) -> str:
     spec = yaml.safe_load(path.read_text())
     full = spec["geometry"]
     full_video = full["frames"] * full["height"] * full["width"]
-    small = dict(full, **TINY_GEOMETRY)
+    if "kv_cache" in (spec.get("runtime") or {}):
+        # A KV-cache spec's frame counts (chunk, sink, window, the mask's frames) must still
+        # divide and fit: keep its frames and shrink each frame to as many tokens instead.
+        per_frame = TINY_VIDEO_TOKENS // full["frames"]
+        small = dict(full, height=2, width=max(1, per_frame // 2))
+    else:
+        small = dict(full, **TINY_GEOMETRY)
     small_video = small["frames"] * small["height"] * small["width"]
     if full.get("text_tokens"):
         small["text_tokens"] = 40
@@ -482,14 +496,51 @@ def gpu_modules(name: str, spec, tiles, out_dir: pathlib.Path) -> list[tuple]:
     return kernels
 
 
-def user_order_keep(pattern_plan) -> np.ndarray:
-    """keep[q, k] in the user's token order (the IR mask evaluated on every pair)."""
-    lay = pattern_plan.layout
-    c = lay.coordinates(np.arange(lay.seq_len))
-    keep = pattern_plan.mask.evaluate(c.reshape(-1, 1), c.reshape(1, -1))
-    position = np.empty(lay.seq_len, np.int64)
-    position[lay.original_index(np.arange(lay.seq_len))] = np.arange(lay.seq_len)
-    return keep[np.ix_(position, position)]
+def reference_keeps(plan, module, q, k, head_pattern, sm_scale, rows=None) -> np.ndarray:
+    """bool [heads, len(rows), seq] in user order: each head's mask on the query rows `rows`
+    (user indices; all rows when None). A select spec's (one pattern, one layout) is the
+    always-kept mask plus the compute blocks this call selects, chosen by the module's own
+    selection on these q and k (the kernel's tests check the selection itself against a
+    float64 reference)."""
+    seq = plan.patterns[0].layout.seq_len
+    rows = np.arange(seq) if rows is None else np.asarray(rows)
+
+    def keep_rows(pattern) -> np.ndarray:  # [len(rows), seq], user order both ways
+        lay = pattern.layout
+        at = lay.kernel_position.astype(np.int64)
+        cq, ck = lay.coordinates(at[rows]), lay.coordinates(at)
+        return pattern.mask.evaluate(cq.reshape(-1, 1), ck.reshape(1, -1))
+
+    select = getattr(module.attention, "select", None)
+    if select is None:
+        keeps = {p: keep_rows(plan.patterns[p]) for p in sorted(set(head_pattern.tolist()))}
+        return np.stack([keeps[p] for p in head_pattern.tolist()])
+    pattern = plan.patterns[0]
+    qk, kk = (module.attention.to_kernel_order(x) for x in (q, k))
+    amount = select.amount(None, None)  # the spec's default, as the timed call uses
+    chosen = np.asarray(select.select(qk, kk, sm_scale, amount).blocks)
+    at, shape = pattern.layout.kernel_position.astype(np.int64), module.SHAPE
+    row_block, col_block = at[rows] // shape.cq, at // shape.ckv
+    always = keep_rows(pattern)
+    return np.stack([always | c[row_block][:, col_block] for c in chosen])
+
+
+def sampled_rows_error(out, q, k, v, keeps, rows, sm_scale) -> float:
+    """max |out - reference| over the query rows `rows` of every head: float32 masked
+    softmax attention on the device, q, k, v [heads, seq, d] in user order, keeps bool
+    [heads, len(rows), seq] (reference_keeps); a row with no key is 0, as the kernel's."""
+    import jax.numpy as jnp
+
+    rows = jnp.asarray(rows)
+    qs = q[:, rows].astype(jnp.float32)
+    s = jnp.einsum("hqd,hkd->hqk", qs, k.astype(jnp.float32)) * sm_scale
+    keep = jnp.asarray(keeps)
+    s = jnp.where(keep, s, -jnp.inf)
+    top = jnp.max(s, axis=-1, keepdims=True)
+    e = jnp.where(keep, jnp.exp(s - jnp.where(jnp.isfinite(top), top, 0.0)), 0.0)
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    ref = jnp.einsum("hqk,hkd->hqd", e / jnp.where(total > 0, total, 1.0), v.astype(jnp.float32))
+    return float(jnp.max(jnp.abs(out[:, rows].astype(jnp.float32) - ref)))
 
 
 def median_ms(fn, args, runs: int, warmup: int) -> tuple[float, object]:
@@ -544,23 +595,36 @@ def time_spec(name, kernels, args, notes) -> list[dict]:
         lambda q, k, v: mha(q, k, v, None, sm_scale=sm_scale, interpret=args.interpret)
     )
     mha_ms, _ = median_ms(run_mha, (mq, mk, mv), args.runs, args.warmup)
+    tq, tk, tv = (jnp.transpose(x, (1, 0, 2))[None] for x in (q, k, v))  # [1, seq, h, d]
+    cudnn_ms = None
+    if not args.interpret:
+        run_cudnn = jax.jit(
+            lambda q, k, v: jax.nn.dot_product_attention(
+                q, k, v, scale=sm_scale, implementation="cudnn"
+            )
+        )
+        try:
+            cudnn_ms, _ = median_ms(run_cudnn, (tq, tk, tv), args.runs, args.warmup)
+        except Exception as err:  # noqa: BLE001 - a baseline that does not run is reported
+            notes.append(f"{name}: dense cuDNN failed: {type(err).__name__}: {str(err)[:200]}")
 
     need = heads * seq * seq * (4 * 3 + 1)  # f32 scores, exp, probs + the bool mask
     limit = device_memory_bytes()
-    xla_ms = xla_out = None
+    xla_ms = None
     if limit is not None and need > 0.8 * limit:
         notes.append(
             f"{name}: masked XLA skipped (needs ~{need / 2**30:,.0f} GiB, device has "
             f"{limit / 2**30:,.0f} GiB)"
         )
     else:
-        keeps = [user_order_keep(p) for p in plan.patterns]
-        mask = jnp.asarray(np.stack([keeps[p] for p in head_pattern.tolist()])[None])
-        tq, tk, tv = (jnp.transpose(x, (1, 0, 2))[None] for x in (q, k, v))  # [1, seq, h, d]
+        mask = jnp.asarray(reference_keeps(plan, module, q, k, head_pattern, sm_scale)[None])
         run_xla = jax.jit(
             lambda q, k, v, m: jax.nn.dot_product_attention(q, k, v, mask=m, scale=sm_scale)
         )
-        xla_ms, xla_out = median_ms(run_xla, (tq, tk, tv, mask), args.runs, args.warmup)
+        xla_ms, _ = median_ms(run_xla, (tq, tk, tv, mask), args.runs, args.warmup)
+        del mask
+    # the check: CHECKED_ROWS query rows (all of a small spec's) of every head
+    checked = np.unique(np.linspace(0, seq - 1, min(seq, CHECKED_ROWS)).astype(np.int64))
 
     for tile, _, module in kernels:
         run = jax.jit(
@@ -569,10 +633,9 @@ def time_spec(name, kernels, args, notes) -> list[dict]:
             )
         )
         ms, out = median_ms(run, (q, k, v, hp), args.runs, args.warmup)
-        err = None
-        if xla_out is not None:  # the sparse output checked against the masked dense one
-            ref = jnp.transpose(xla_out[0], (1, 0, 2)).astype(jnp.float32)
-            err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref)))
+        # a select module's mask is its own call's choice, at its own tile's grain
+        keeps = reference_keeps(plan, module, q, k, head_pattern, sm_scale, checked)
+        err = sampled_rows_error(out, q, k, v, keeps, checked, sm_scale)
         rows.append(
             dict(
                 spec=name,
@@ -581,6 +644,7 @@ def time_spec(name, kernels, args, notes) -> list[dict]:
                 heads=heads,
                 svgen=ms,
                 mha=mha_ms,
+                cudnn=cudnn_ms,
                 xla=xla_ms,
                 err=err,
             )
@@ -599,16 +663,20 @@ def print_timing(rows, notes, meaningless: bool) -> None:
         print()
     print(
         "| spec | seq | heads | GPU tile | svgen ms | dense mha ms | speedup vs mha "
-        "| masked XLA ms | speedup vs XLA | max abs diff vs XLA |"
+        "| dense cuDNN ms | speedup vs cuDNN "
+        "| masked XLA ms | speedup vs XLA | max abs diff vs f32 |"
     )
-    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         xla = "skipped" if r["xla"] is None else f"{r['xla']:.3f}"
         vs_xla = "-" if r["xla"] is None else f"{r['xla'] / r['svgen']:.2f}x"
         err = "-" if r["err"] is None else f"{r['err']:.1e}"
+        cudnn = "-" if r["cudnn"] is None else f"{r['cudnn']:.3f}"
+        vs_cudnn = "-" if r["cudnn"] is None else f"{r['cudnn'] / r['svgen']:.2f}x"
         print(
             f"| {r['spec']} | {r['seq']:,} | {r['heads']} | {r['tile']} | {r['svgen']:.3f} "
-            f"| {r['mha']:.3f} | {r['mha'] / r['svgen']:.2f}x | {xla} | {vs_xla} | {err} |"
+            f"| {r['mha']:.3f} | {r['mha'] / r['svgen']:.2f}x | {cudnn} | {vs_cudnn} "
+            f"| {xla} | {vs_xla} | {err} |"
         )
     print_notes(notes)
 
