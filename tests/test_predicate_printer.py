@@ -185,8 +185,9 @@ def test_clamped_windows_print_as_one_compare_each(seed):
     np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(mask, lay), err_msg=where)
 
 
-def test_a_neighborhood_prints_one_compare_per_axis():
-    """NATTEN's clamped 3 x 3 x 5 window: three unsigned compares, no other comparison."""
+def test_a_neighborhood_prints_one_compare_for_all_axes():
+    """NATTEN's clamped 3 x 3 x 5 window: one coords.windows over the three axes (the frame
+    and row windows scaled to the column's width 4), no other comparison or AND."""
     from svgen.runtime.layout import TokenLayout
 
     lay = TokenLayout(8, 8, 16)
@@ -198,5 +199,158 @@ def test_a_neighborhood_prints_one_compare_per_axis():
     _, mask = lower_mask_dict({"expr": text}, lay, 128, 128)
     fn, source = emitted_function(mask, lay)
     body = source.split("expr = ", 1)[1]
-    assert body.count("coords.within(") == 3 and "<=" not in body, source
+    assert body.count("coords.windows(") == 1 and "width=4" in body, source
+    assert "<=" not in body and "&" not in body and "within" not in body, source
+    assert "2 * k.frame" in body and "2 * k.row" in body and "(jnp.maximum" in body, source
     np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(mask, lay), err_msg=source)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_conjunctions_of_windows_print_as_one_compare(seed):
+    """Random conjunctions of windows of any widths (0 included), written as chains
+    lo <= x_k <= lo + c (lo reading the query, of either sign) or as |x_q - x_k + s| <= c,
+    on random axes and layouts, some with a divided side (not fused), plus other conjuncts:
+    the printed mask keeps the predicate's value on every pair, and two or more windows
+    without a division are one coords.windows."""
+    rng = np.random.default_rng(47_000 + seed)
+    lay = random_any_layout(rng)
+    parts, fusable = [], 0
+    for _ in range(int(rng.integers(2, 5))):
+        axis = str(rng.choice(["f", "h", "w", "i"]))
+        width = int(rng.choice([0, 1, 2, 3, 5, 8, 13, 40]))
+        divided = rng.random() < 0.2
+        key = f"{axis}_k // 2" if divided else f"{axis}_k"
+        if rng.random() < 0.5:
+            low = f"{int(rng.integers(1, 4))} * {axis}_q - {int(rng.integers(-9, 10))}"
+            if rng.random() < 0.5:
+                low = f"max(0, min({low}, {int(rng.integers(0, 5))}))"
+            parts.append(f"{low} <= {key} <= {low} + {width}")
+            fusable += not divided
+        else:
+            shift = int(rng.integers(-6, 7))
+            parts.append(f"abs({axis}_q - ({key}) + {shift}) <= {width // 2}")
+            fusable += not divided
+    if rng.random() < 0.5:
+        parts.append(str(rng.choice(["f_q != f_k", "h_k < 3", "(w_q + w_k) % 3 == 1"])))
+    text = " and ".join(parts)
+    _, mask = lower_mask_dict({"expr": text}, lay, 128, 128)
+    fn, source = emitted_function(mask, lay)
+    where = f"seed {seed}, {lay}\n{text}\n{source}"
+    np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(mask, lay), err_msg=where)
+    if fusable >= 2 and "always" not in source:  # (lowering may decide the whole mask)
+        assert source.count("coords.windows(") == 1, where
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_same_residues_print_as_one_compare(seed):
+    """(a - b) % d == 0 (or != 0), a reading the query and b the key, prints as
+    a % d == b % d: one full-block compare, no modulo of the difference; values kept on
+    every pair for divisors of all kinds and dividends of both signs."""
+    rng = np.random.default_rng(48_000 + seed)
+    lay = random_any_layout(rng)
+    axis = str(rng.choice(["f", "h", "w", "i"]))
+    d = int(rng.choice([2, 3, 4, 5, 7, 8]))
+    shift = int(rng.integers(-9, 10))
+    op = str(rng.choice(["==", "!="]))
+    text = f"({axis}_q + {shift} - 2 * {axis}_k) % {d} {op} 0"
+    _, mask = lower_mask_dict({"expr": text}, lay, 128, 128)
+    fn, source = emitted_function(mask, lay)
+    where = f"seed {seed}, {lay}\n{text}\n{source}"
+    np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(mask, lay), err_msg=where)
+    body = source.split("expr = ", 1)[1]
+    assert f" {op} " in body and body.count("k.") == 1, where  # the key side read once
+    assert "- 2 * k." not in body and "- (2 * k." not in body, where  # no difference
+
+
+def test_windows_compare_is_exact_across_int32():
+    """coords.windows against 0 <= a - b <= width on values spread over int32 (a - b
+    itself within int32)."""
+    from svgen.runtime import coords
+
+    rng = np.random.default_rng(5)
+
+    def side_values(width):
+        """a [64, 1], b [1, 64] near a common base anywhere in int32, and a few keys far
+        away (a - b up to about +-2^31: what the wrap must not confuse)."""
+        base = int(rng.integers(-(2**30), 2**30))
+        a = base + rng.integers(-8, width + 8, (64, 1))
+        b = base + rng.integers(-8, width + 8, (1, 64))
+        b[0, :4] = base + np.array([2**30, -(2**30), 2**31 - 9 - width, -(2**31) + 9])
+        b = np.clip(b, -(2**31), 2**31 - 1)
+        keep = a - b  # int64: the truth
+        return a.astype(np.int32), b.astype(np.int32), (0 <= keep) & (keep <= width)
+
+    for width in (0, 1, 6, 48, 4096):
+        a1, b1, want1 = side_values(width)
+        a2, b2, want2 = side_values(width)
+        got = np.asarray(coords.windows((a1, b1), (a2, b2), width=width))
+        np.testing.assert_array_equal(got, want1 & want2, err_msg=f"width {width}")
+        assert (want1 & want2).any() and not (want1 & want2).all()
+        one = np.asarray(coords.windows((a1, b1), width=width))
+        np.testing.assert_array_equal(one, want1, err_msg=f"width {width}")
+
+
+def test_common_width_keeps_every_window():
+    """For random widths, W and the scales: 0 <= x <= c exactly when 0 <= m x <= W."""
+    from svgen.codegen.predicate import MAX_COMMON_WIDTH, _common_width
+
+    rng = np.random.default_rng(6)
+    for _ in range(300):
+        widths = [int(c) for c in rng.integers(0, 30, int(rng.integers(2, 5)))]
+        width, scales = _common_width(widths)
+        assert max(widths) <= width <= MAX_COMMON_WIDTH
+        for c, m in zip(widths, scales):
+            x = np.arange(-3 * (c + 2), 3 * (c + 2))
+            np.testing.assert_array_equal((0 <= m * x) & (m * x <= width), (0 <= x) & (x <= c))
+    assert _common_width([MAX_COMMON_WIDTH + 1, 1]) is None
+
+
+def test_windows_whose_scaled_sides_leave_int32_stay_apart():
+    """A width-1 window over the indices of a 2M-token video beside a 1,200-wide one: the
+    index window scaled by 1,200 would pass int32, so both stay unsigned compares."""
+    from svgen.runtime.layout import TokenLayout
+
+    lay = TokenLayout(2, 1000, 1000)
+    text = "abs(h_q - h_k) <= 600 and i_k <= i_q <= i_k + 1"
+    _, mask = lower_mask_dict({"expr": text}, lay, 1024, 1024)
+    _, source = emitted_function(mask, lay)
+    assert "coords.windows(" not in source and source.count("coords.within(") == 2, source
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_conjunctions_of_equalities_print_as_one_compare(seed):
+    """Two or more equalities a == b (a reading the query, b the key) or same residues
+    (a - b) % d == 0 in one conjunction: one compare of their mixed-radix packings, values
+    kept on every pair (sides of both signs, ranges not starting at 0)."""
+    rng = np.random.default_rng(49_000 + seed)
+    lay = random_any_layout(rng)
+    parts = []
+    for _ in range(int(rng.integers(2, 4))):
+        axis = str(rng.choice(["f", "h", "w", "i"]))
+        shift = int(rng.integers(-5, 6))
+        if rng.random() < 0.5:
+            parts.append(f"({axis}_q - {axis}_k + {shift}) % {int(rng.choice([2, 3, 4]))} == 0")
+        else:
+            parts.append(f"{axis}_q // 2 + {shift} == {axis}_k // 3")
+    if rng.random() < 0.5:
+        parts.append("abs(f_q - f_k) <= 2")
+    text = " and ".join(parts)
+    _, mask = lower_mask_dict({"expr": text}, lay, 128, 128)
+    fn, source = emitted_function(mask, lay)
+    where = f"seed {seed}, {lay}\n{text}\n{source}"
+    np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(mask, lay), err_msg=where)
+    code = [line for line in source.split('"""')[-1].splitlines() if "#" not in line]
+    if "expr = " in source:  # (lowering may decide the mask, or find a built-in equal to it)
+        assert "\n".join(code).count(" == ") == 1 and "!=" not in source, where
+
+
+def test_equalities_whose_packing_passes_int32_stay_apart():
+    """Equal indices of a 2M-token video beside a column equality of 1,999 values: the
+    packing would pass int32, so two compares."""
+    from svgen.runtime.layout import TokenLayout
+
+    lay = TokenLayout(2, 1000, 1000)
+    text = "i_q == i_k and w_q + 5 == 2 * w_k"
+    _, mask = lower_mask_dict({"expr": text}, lay, 1024, 1024)
+    _, source = emitted_function(mask, lay)
+    assert source.split("expr = ", 1)[1].count(" == ") == 2, source

@@ -213,6 +213,27 @@ def keep(mask, layout: TokenLayout, q_pos, k_pos):
     return mask(TokenCoords(q_pos, layout), TokenCoords(k_pos, layout))
 
 
+# The int32 sign bit: a + _SIGN - b maps a - b in 0 .. width to _SIGN .. _SIGN + width, the
+# smallest int32 values, and any other a - b (in int32) above them, by two's complement wrap.
+_SIGN = -(2**31)
+
+
+def windows(*terms, width: int):
+    """0 <= a - b <= width for every (a, b) of `terms`, a a query-side value ([queries, 1],
+    or a scalar) and b a key-side one ([1, keys]): the signed maximum over the terms of
+    a + _SIGN - b (wrapping) against _SIGN + width, one compare for them all. Per term one
+    full-block subtract and one maximum, where a `within` each and an AND between them cost
+    one op more per term (the a + _SIGN is on the narrow side). The printer scales a window
+    0 <= x <= c to 0 <= m * x <= width (m * c <= width < m * (c + 1): the same integers x)
+    so that windows of different widths share one compare, and checks that a - b fits
+    int32 over the geometry (svgen/codegen/predicate.py)."""
+    top = None
+    for a, b in terms:
+        x = (a + _SIGN) - b
+        top = x if top is None else jnp.maximum(top, x)
+    return top <= _SIGN + width
+
+
 def within(shifted, width: int, unless=None):
     """0 <= shifted <= width, i.e. |x| <= width / 2 for shifted = x + width / 2: one unsigned
     compare (a negative value wraps above any width), two VALU ops per vreg less than
