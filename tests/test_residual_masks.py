@@ -115,6 +115,40 @@ def test_variants_only_for_static_kernels():
     assert plan.only.residuals is not None and plan.tables.variants is not None
 
 
+@pytest.mark.parametrize("foreseen", [True, False], ids=["foreseen", "found"])
+def test_a_work_limit_leaves_residual_masks_out_not_the_spec(foreseen, monkeypatch, capsys):
+    """Where classifying the mask's parts would pass MAX_PRODUCT_WORK (foreseen from the
+    classification's own work, or found on the way), the plan is the one without residual
+    masks, says why (inspect --json, the warning), and is not refused: they are a speed-up."""
+    import svgen.analysis as analysis
+
+    spec = parse_spec(_NATTEN.format(runtime=""), source="x.yaml")
+    _, _, (_, used) = analysis._pattern_plans(spec, [ir.lower(spec)], None)
+    without = analyze(spec, residual_masks=False)
+    ratio = residuals.relative_work(without.only.mask, without.only.layout)
+    assert ratio is not None and ratio > 2
+    # Room for the classification, and for the parts' work only where it is not foreseen.
+    monkeypatch.setattr(analysis, "MAX_PRODUCT_WORK", 2 * used)
+    if foreseen:  # skipped before any of the parts' classification runs
+
+        def not_run(*args):
+            raise AssertionError("residual analysis ran")
+
+        monkeypatch.setattr(residuals, "analyze", not_run)
+    else:
+        monkeypatch.setattr(residuals, "relative_work", lambda mask, layout: None)
+    plan = analyze(spec)
+    assert plan.only.residuals is None and plan.only.residuals_skipped == "MAX_PRODUCT_WORK"
+    np.testing.assert_array_equal(plan.only.table.runs, without.only.table.runs)
+    assert plan.tables.variants is None
+    np.testing.assert_array_equal(plan.tables.entries, without.tables.entries)
+    assert plan.only.summary()["residual_masks_skipped"] == "MAX_PRODUCT_WORK"
+    (warning,) = [w for w in lint.plan_warnings(plan) if "residual" in w.message]
+    assert "no residual masks" in warning.message and "MAX_PRODUCT_WORK" in warning.message
+    monkeypatch.undo()
+    assert analyze(spec).only.residuals is not None  # within the limit they are there
+
+
 # A NATTEN neighborhood (3 x 3 x 5, clamped inside the video) at a size where variants pay.
 _NATTEN = """svgen: 1
 name: small_natten

@@ -142,6 +142,8 @@ def analyze(
                 patterns = with_residuals
             except TableBudgetError:
                 pass  # residual masks are a speed-up: without their words the tables fit
+        else:  # the same tables; the plans may say why no residual masks were searched
+            patterns = with_residuals
     _check_backward_tables(spec, patterns, tiles, chip, smem_budget)
     video_frames = _video_frames(spec, patterns, progress)
     if spec.runtime.any:
@@ -301,12 +303,20 @@ def _with_residuals(
         PRODUCT_WORK.budget(MAX_PRODUCT_WORK - spent[1]),
     ):
         for plan, (kinds, blocks) in zip(patterns, tiles):
+            # Residual masks are a speed-up, the kernel exact without them: where classifying
+            # the mask's parts would pass the work limit (foreseen from the classification's
+            # own work, or found on the way), every BOUNDARY block runs the whole mask.
+            ratio = residuals.relative_work(plan.mask, plan.layout)
+            if ratio is not None and spent[1] * ratio > MAX_PRODUCT_WORK - spent[1]:
+                out.append(dataclasses.replace(plan, residuals_skipped=PRODUCT_WORK.name))
+                continue
             try:
                 found = residuals.analyze(
                     plan.mask, plan.layout, plan.compute_grid, plan.classification.kinds
                 )
             except WorkOverLimit as over:
-                raise _work_error(spec, over, plan.name, plan.mask, plan.layout) from None
+                out.append(dataclasses.replace(plan, residuals_skipped=over.work.name))
+                continue
             if found is None:
                 out.append(plan)
                 continue

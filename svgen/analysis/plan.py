@@ -46,6 +46,9 @@ class PatternPlan:
     # Residual masks of the BOUNDARY blocks (svgen.analysis.residuals); None: every BOUNDARY
     # block runs the whole mask.
     residuals: Residuals | None = None
+    # Why residual masks were not searched to the end, when a work limit stopped their
+    # analysis (the limit's name); None when they were.
+    residuals_skipped: str | None = None
 
     @property
     def compute_kinds(self) -> np.ndarray:
@@ -99,6 +102,8 @@ class PatternPlan:
             out.update(self.budget.to_json())
         if self.residuals is not None:
             out["residual_masks"] = self.residuals.summary()
+        if self.residuals_skipped is not None:
+            out["residual_masks_skipped"] = self.residuals_skipped
         return out
 
     def _density_keys(self) -> dict:

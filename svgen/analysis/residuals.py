@@ -284,3 +284,21 @@ def _mixed_ops(e) -> int:
         return inner
     mixed_args = sum(1 for a in e.args if {s.name[-1] for s in a.free_symbols} & {"q", "k"})
     return inner + max(1, mixed_args - 1)
+
+
+def relative_work(mask: ir.Node, layout: TokenLayout) -> float | None:
+    """The product-analysis work of classifying the mask's parts (analyze) relative to
+    classifying the mask itself, from the terms of their inclusion-exclusion sums (the work
+    is box pairs x terms, the box pairs the same); None when a part has no such sum (the
+    row-set analysis classifies it) or the skeleton is out of analyze's range."""
+    from svgen.analysis.axis_terms import axis_sizes, polynomial
+
+    nodes = _nodes(skeleton(mask))
+    if len(nodes) < 2 or len(nodes) > MAX_NODES:
+        return None
+    sizes = axis_sizes(layout)
+    whole = polynomial(mask, sizes)
+    parts = [polynomial(n.ir, sizes) for n in nodes[1:]]
+    if whole is None or any(p is None for p in parts):
+        return None
+    return sum(len(p) for p in parts) / max(1, len(whole))

@@ -95,7 +95,7 @@ def plan_warnings(plan) -> list[SpecWarning]:
     """Patterns that keep no pair at all (an analysis.Plan): their heads output zeros.
     Only certain findings: a user predicate whose count is a bound warns only when even the
     upper bound is zero. And TPU kernels estimated slower than the same kernel on a dense
-    mask (`_slower_than_dense`)."""
+    mask (`_slower_than_dense`), and patterns whose residual masks a work limit left out."""
     out = []
     for pattern in plan.patterns:
         term = plan.spec.pattern_mask(pattern.name)
@@ -115,6 +115,15 @@ def plan_warnings(plan) -> list[SpecWarning]:
             slower = _slower_than_dense(pattern)
             if slower is not None:
                 out.append(_at(term, f"{what}: {slower}"))
+        if pattern.residuals_skipped is not None:
+            out.append(
+                _at(
+                    term,
+                    f"{what}: no residual masks: classifying the mask's parts would pass "
+                    f"{pattern.residuals_skipped} at this size, so every BOUNDARY block runs "
+                    "the whole mask (exact, slower; docs/kernels.md, Residual masks)",
+                )
+            )
     return out
 
 
