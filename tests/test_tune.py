@@ -46,6 +46,23 @@ def test_search_space_of_a_tiled_layout_has_whole_cubes():
     assert not any(384 in (c.block_q, c.compute_q) for c in plain)
 
 
+def test_a_narrow_pattern_searches_tiles_below_512(tmp_path):
+    """A spec whose queries keep fewer than NARROW_KEYS keys each (a band of 40, 81 keys a
+    query) adds 256-wide tiles and compute blocks to the search; a wider one (a band of 800
+    and a prefix of 208: over 600 keys a query) does not."""
+    narrow = SPEC.replace("band: {width: 200}", "band: {width: 40}").replace(
+        "    - prefix: {tokens: 208}\n", ""
+    )
+    wide = SPEC.replace("band: {width: 200}", "band: {width: 800}")
+    assert "prefix" not in narrow and "800" in wide
+    for text, searched in ((narrow, True), (wide, False)):
+        result = tune.tune(str(write_spec(tmp_path, text)), measure=fake_measure([]))
+        seen = {r.candidate for r in result.rows} | {c for c, _ in result.dropped}
+        assert (Candidate(256, 512, 256, 512, "exact") in seen) == searched, text
+        assert any(c.compute_q == 256 for c in seen) == searched
+        assert tune.candidates(parse_spec(text), ["exact"])[0] == Candidate(512, 512, 512, 512)
+
+
 def test_estimates_are_exact_for_costs_of_the_modelled_form():
     points = [
         (c, synthetic_paths(c))
@@ -175,7 +192,7 @@ def test_a_small_real_tune(tmp_path):
         import sys
         from svgen import cli
         from svgen.perf import tune
-        tune.TILE_SIZES, tune.COMPUTE_SIZES = (512,), (512,)
+        tune.TILE_SIZES, tune.COMPUTE_SIZES, tune.NARROW_SIZES = (512,), (512,), ()
         sys.exit(cli.main(["tune", {str(spec)!r}, "--json"]))
     """)
     env = {**os.environ, "SVGEN_CACHE_DIR": str(tmp_path / "cache")}

@@ -63,6 +63,14 @@ COMPUTE_SIZES = (
     1024,
 )  # the MXU works near its peak on these (docs/measured.md, bench/kernel_cost.py)
 DEFAULT_CONFIRM = 3
+# A spec whose every query keeps fewer keys than this (at most, over its patterns) is narrow:
+# its queries' keys fit in less than one tile of the smallest TILE_SIZES, and the search adds
+# NARROW_SIZES to the tiles and compute blocks, where fewer of a visited tile's pairs are
+# empty. (NATTEN 3 x 7 x 7 at 75.6K tokens, 147 keys a query: 256-wide tiles model 8-35%
+# slower than 512 x 512, the step's bookkeeping outweighing the pairs saved; measured at
+# commit ba4f3f8 with `svgen cost`.)
+NARROW_KEYS = 512
+NARROW_SIZES = (256,)
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 Measure = Callable[[Plan], object]  # a plan -> its exact cost.PathCosts (compiles)
@@ -197,11 +205,14 @@ class TuneResult:
         }
 
 
-def candidates(spec: Spec, aligns: Sequence[str]) -> list[Candidate]:
-    """The search space (module docstring), the spec's own tiling first."""
+def candidates(spec: Spec, aligns: Sequence[str], narrow: bool = False) -> list[Candidate]:
+    """The search space (module docstring), the spec's own tiling first; with NARROW_SIZES
+    for a `narrow` spec (NARROW_KEYS)."""
     t = spec.tiling
     out = [Candidate(t.block_q, t.block_kv, t.cq, t.ckv, a) for a in aligns]
     tiles, computes = TILE_SIZES, COMPUTE_SIZES
+    if narrow:
+        tiles, computes = NARROW_SIZES + tiles, NARROW_SIZES + computes
     cube = _cube_tokens(spec)
     if cube:
         computes = tuple(sorted({*computes, cube}))
@@ -364,18 +375,35 @@ def _read(spec_path: str) -> str:
 
 
 def _analyze_all(text, spec_path, spec, aligns, target, smem_budget, progress):
-    """{candidate: plan} of those within the budgets, and [(candidate, why)] of the rest."""
+    """{candidate: plan} of those within the budgets, and [(candidate, why)] of the rest.
+    The spec's own tiling first: its plan says whether the spec is narrow (NARROW_KEYS)."""
     space = candidates(spec, aligns)
+    own = space[: len(aligns)]
     plans, dropped = {}, []
-    for done, c in enumerate(space, 1):
-        progress(f"analyzing {c.label()} {c.align}", done, len(space))
+
+    def analyze_one(c: Candidate, done: int, total: int) -> None:
+        progress(f"analyzing {c.label()} {c.align}", done, total)
         try:
             plans[c] = analyze(
                 candidate_spec(text, spec_path, c), smem_budget=smem_budget, target_name=target
             )
         except SpecError as err:
             dropped.append((c, err.message))
+
+    for done, c in enumerate(own, 1):
+        analyze_one(c, done, len(space))
+    if plans and _is_narrow(next(iter(plans.values()))):
+        space = candidates(spec, aligns, narrow=True)
+    rest = [c for c in space if c not in own]
+    for done, c in enumerate(rest, len(own) + 1):
+        analyze_one(c, done, len(space))
     return plans, dropped
+
+
+def _is_narrow(plan: Plan) -> bool:
+    """Every query keeps fewer than NARROW_KEYS keys, at most (NARROW_KEYS)."""
+    seq_len = plan.spec.geometry.seq_len
+    return max(p.classification.kept_pairs_upper for p in plan.patterns) < NARROW_KEYS * seq_len
 
 
 def _probe(shape: tuple[int, int], aligned: bool, plans: dict) -> Candidate:
