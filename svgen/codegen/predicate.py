@@ -328,17 +328,11 @@ class _Emitter:
 
     def _within_parts(self, e) -> tuple[str, int] | None:
         """(x + c printed, 2c) when e is |x| <= c, else None."""
-        if isinstance(e, sympy.Ge):
-            e = sympy.Le(e.args[1], e.args[0], evaluate=False)
-        if not (
-            isinstance(e, sympy.Le)
-            and isinstance(e.args[0], sympy.Abs)
-            and isinstance(e.args[1], sympy.Integer)
-            and int(e.args[1]) >= 0
-        ):
+        found = _abs_bound(e)
+        if found is None:
             return None
-        bound = int(e.args[1])
-        return _strip(self.integer(sympy.Add(e.args[0].args[0], bound))), 2 * bound
+        x, bound = found
+        return _strip(self.integer(sympy.Add(x, bound))), 2 * bound
 
     def _is_text_test(self, e):
         """is_text_x == 0/1 printed as the boolean itself."""
@@ -466,8 +460,8 @@ def _key_side_positive(a, b, width: int) -> tuple:
     return a, b
 
 
-def _abs_window(e) -> tuple | None:
-    """(a, b, 2c) for |x| <= c with x + c = a - b split by side (_split_sides)."""
+def _abs_bound(e) -> tuple | None:
+    """(x, c) when e is |x| <= c for a non-negative integer c, else None."""
     if isinstance(e, sympy.Ge):
         e = sympy.Le(e.args[1], e.args[0], evaluate=False)
     if not (
@@ -477,8 +471,16 @@ def _abs_window(e) -> tuple | None:
         and int(e.args[1]) >= 0
     ):
         return None
-    bound = int(e.args[1])
-    sides = _split_sides(e.args[0].args[0] + bound)
+    return e.args[0].args[0], int(e.args[1])
+
+
+def _abs_window(e) -> tuple | None:
+    """(a, b, 2c) for |x| <= c with x + c = a - b split by side (_split_sides)."""
+    found = _abs_bound(e)
+    if found is None:
+        return None
+    x, bound = found
+    sides = _split_sides(x + bound)
     return None if sides is None else (*sides, 2 * bound)
 
 
