@@ -320,8 +320,8 @@ def test_windows_whose_scaled_sides_leave_int32_stay_apart():
 @pytest.mark.parametrize("seed", range(12))
 def test_conjunctions_of_equalities_print_as_one_compare(seed):
     """Two or more equalities a == b (a reading the query, b the key) or same residues
-    (a - b) % d == 0 in one conjunction: one compare of their mixed-radix packings, values
-    kept on every pair (sides of both signs, ranges not starting at 0)."""
+    (a - b) % d == 0 in one conjunction: one coords.same (one compare of their mixed-radix
+    packings), values kept on every pair (sides of both signs, ranges not starting at 0)."""
     rng = np.random.default_rng(49_000 + seed)
     lay = random_any_layout(rng)
     parts = []
@@ -341,7 +341,8 @@ def test_conjunctions_of_equalities_print_as_one_compare(seed):
     np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(mask, lay), err_msg=where)
     code = [line for line in source.split('"""')[-1].splitlines() if "#" not in line]
     if "expr = " in source:  # (lowering may decide the mask, or find a built-in equal to it)
-        assert "\n".join(code).count(" == ") == 1 and "!=" not in source, where
+        body = "\n".join(code)
+        assert body.count("coords.same(") == 1 and " == " not in body and "!=" not in body, where
 
 
 def test_equalities_whose_packing_passes_int32_stay_apart():

@@ -153,7 +153,7 @@ class _Emitter:
             args = sorted(e.args, key=_print_order)
             printed = [] if isinstance(e, sympy.Or) else self._same_place(args)
             if isinstance(e, sympy.And):
-                printed += self._equalities(args)
+                printed += self._equalities(args, alone=not printed)
                 printed += self._windows(args, alone=not printed)
                 printed += self._chains(args)
             printed += [self.boolean(a) for a in args]
@@ -223,14 +223,13 @@ class _Emitter:
                 break
         return printed
 
-    def _equalities(self, args: list) -> list[str]:
+    def _equalities(self, args: list, alone: bool) -> list[str]:
         """Two or more equalities a == b among the conjuncts (removed from `args`), a reading
         the query and b the key, (a - b) % d == 0 among them as a % d == b % d, as one
-        compare of their mixed-radix packings: sum (a_i - lo_i) * base_i on the query side
-        and the same of the b_i on the key side, each a_i, b_i within [lo_i, lo_i + n_i)
-        over the geometry and base_i the product of the n_j before it (a dilated
-        neighborhood's row and column parities: one op where two compares and an AND were).
-        Left apart where the packing could pass int32."""
+        runtime.coords.same: one compare of their mixed-radix packings, each a_i - lo_i and
+        b_i - lo_i within [0, n_i) over the geometry (a dilated neighborhood's row and column
+        parities: one op where two compares and an AND were). Left apart where the packing
+        could pass int32."""
         found = []
         for x in args:
             if not isinstance(x, sympy.Eq):
@@ -242,13 +241,23 @@ class _Emitter:
             found.append((x, *pair, min(la, lb), max(ha, hb) - min(la, lb) + 1))
         if len(found) < 2 or math.prod(n for *_, n in found) > int_range.INT32_MAX:
             return []
-        query, key, base = sympy.Integer(0), sympy.Integer(0), 1
-        for x, a, b, lo, n in found:
-            query += (a - lo) * base
-            key += (b - lo) * base
-            base *= n
+        for x, *_ in found:
             args.remove(x)
-        return [f"({_strip(self.integer(query))} == {_strip(self.integer(key))})"]
+        printed = ", ".join(
+            f"({_strip(self.integer(a - lo))}, {_strip(self.integer(b - lo))}, {n})"
+            for _, a, b, lo, n in found
+        )
+        return self._call_line("same", f"coords.same({printed})", alone and not args)
+
+    def _call_line(self, name: str, call: str, whole: bool) -> list[str]:
+        """A fused conjunction's call: returned inline when it is the `whole` conjunction,
+        else on a line of its own (the formatter lays out a lone call, an argument a line)
+        and referred to by name."""
+        if whole:
+            return [call]
+        name = self.fresh(name)
+        self.lines.append(f"{name} = {call}")
+        return [name]
 
     def _windows(self, args: list, alone: bool) -> list[str]:
         """Two or more windows 0 <= a - b <= c among the conjuncts (removed from `args`), a
@@ -278,13 +287,9 @@ class _Emitter:
         printed = ", ".join(
             f"({_strip(self.integer(a))}, {_strip(self.integer(b))})" for a, b in terms
         )
-        call = f"coords.windows({printed}, width={width})"
-        if alone and not args:  # the whole conjunction
-            return [call]
-        # Else a line of its own: the formatter lays out a lone call, one window per line.
-        name = self.fresh("windows")
-        self.lines.append(f"{name} = {call}")
-        return [name]
+        return self._call_line(
+            "windows", f"coords.windows({printed}, width={width})", alone and not args
+        )
 
     def _fits_int32(self, a, b) -> bool:
         """a, b and a - b within int32 over the geometry (coords.windows wraps a + _SIGN - b,

@@ -234,6 +234,19 @@ def windows(*terms, width: int):
     return top <= _SIGN + width
 
 
+def same(*terms):
+    """a == b for every (a, b, n) of `terms`, a query-side value ([queries, 1]) and b a
+    key-side one ([1, keys]), both in [0, n): one compare of their mixed-radix packings
+    sum a_i * base_i and sum b_i * base_i (base_i the product of the n before it), built on
+    the narrow sides, where a compare each and an AND between them cost two full-block ops
+    per term. The printer checks the ranges and that the product of the n fits int32
+    (svgen/codegen/predicate.py)."""
+    query, key, base = 0, 0, 1
+    for a, b, n in terms:
+        query, key, base = query + a * base, key + b * base, base * n
+    return query == key
+
+
 def within(shifted, width: int, unless=None):
     """0 <= shifted <= width, i.e. |x| <= width / 2 for shifted = x + width / 2: one unsigned
     compare (a negative value wraps above any width), two VALU ops per vreg less than
