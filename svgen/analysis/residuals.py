@@ -30,6 +30,7 @@ import numpy as np
 import sympy
 
 from svgen import ir
+from svgen.analysis.axis_terms import axis_sizes, polynomial
 from svgen.analysis.classify import TileGrid, classify_tiles
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
@@ -291,8 +292,6 @@ def relative_work(mask: ir.Node, layout: TokenLayout) -> float | None:
     classifying the mask itself, from the terms of their inclusion-exclusion sums (the work
     is box pairs x terms, the box pairs the same); None when a part has no such sum (the
     row-set analysis classifies it) or the skeleton is out of analyze's range."""
-    from svgen.analysis.axis_terms import axis_sizes, polynomial
-
     nodes = _nodes(skeleton(mask))
     if len(nodes) < 2 or len(nodes) > MAX_NODES:
         return None

@@ -204,23 +204,15 @@ class _Emitter:
         """Pairs a <= x and x <= a + c among the conjuncts (removed from `args`), each as one
         unsigned compare 0 <= x - a <= c (runtime.coords.within): two full-block VALU ops
         instead of three, for a clamped window (NATTEN's neighborhood) read on every pair."""
+
+        def printable(x) -> bool:
+            return _mixes_sides(x) and int_range.int32_overflow(sympy.Ge(x, 0), self.domain) is None
+
         printed = []
-        lows = [(a, _non_negative(a)) for a in args]
-        for i, (first, e1) in enumerate(lows):
-            if e1 is None or first not in args or not _mixes_sides(e1):
-                continue
-            for second, e2 in lows[i + 1 :]:
-                if e2 is None or second not in args:
-                    continue
-                width = sympy.expand(e1 + e2)
-                if not (isinstance(width, sympy.Integer) and int(width) >= 0):
-                    continue
-                if int_range.int32_overflow(sympy.Ge(e1, 0), self.domain) is not None:
-                    continue
-                args.remove(first)
-                args.remove(second)
-                printed.append(f"coords.within({_strip(self.integer(e1))}, {int(width)})")
-                break
+        for first, second, x, width in _chain_pairs(args, printable):
+            args.remove(first)
+            args.remove(second)
+            printed.append(f"coords.within({_strip(self.integer(x))}, {width})")
         return printed
 
     def _equalities(self, args: list, alone: bool) -> list[str]:
@@ -302,25 +294,11 @@ class _Emitter:
     def _window_terms(self, args: list) -> list[tuple[tuple, object, object, int]]:
         """(the conjuncts, a, b, c) of each window 0 <= a - b <= c among `args`, in their
         order, a reading only the query's coordinates and b only the key's."""
-        found, used = [], set()
-        lows = [(x, _non_negative(x)) for x in args]
-        for i, (first, e1) in enumerate(lows):
-            if e1 is None or i in used:
-                continue
-            for j in range(i + 1, len(lows)):
-                second, e2 = lows[j]
-                if e2 is None or j in used:
-                    continue
-                width = sympy.expand(e1 + e2)
-                sides = _split_sides(e1)
-                if isinstance(width, sympy.Integer) and int(width) >= 0 and sides is not None:
-                    found.append(((first, second), *sides, int(width)))
-                    used |= {i, j}
-                    break
-        for i, x in enumerate(args):
-            if i in used:
-                continue
-            term = _abs_window(x)
+        pairs = _chain_pairs(args, lambda x: _split_sides(x) is not None)
+        found = [((first, second), *_split_sides(x), width) for first, second, x, width in pairs]
+        paired = {c for first, second, _, _ in pairs for c in (first, second)}
+        for x in args:
+            term = None if x in paired else _abs_window(x)
             if term is not None:
                 found.append(((x,), *term))
         return found
@@ -432,6 +410,26 @@ def _non_negative(e):
     if isinstance(e, sympy.Gt):
         return sympy.expand(e.args[0] - e.args[1] - 1)
     return None
+
+
+def _chain_pairs(args: list, accept) -> list[tuple]:
+    """(first, second, x, c) for each pair of conjuncts x >= 0 and x <= c, a window
+    a <= y <= a + c written as two comparisons (x = y - a, or its mirror a + c - y): first
+    before second in `args`, each conjunct in one pair at most, x accepted by `accept`."""
+    lows = [_non_negative(a) for a in args]
+    pairs, used = [], set()
+    for i, x in enumerate(lows):
+        if x is None or i in used or not accept(x):
+            continue
+        for j in range(i + 1, len(lows)):
+            if lows[j] is None or j in used:
+                continue
+            width = sympy.expand(x + lows[j])
+            if isinstance(width, sympy.Integer) and int(width) >= 0:
+                pairs.append((args[i], args[j], x, int(width)))
+                used |= {i, j}
+                break
+    return pairs
 
 
 def _split_sides(e) -> tuple | None:

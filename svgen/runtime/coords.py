@@ -219,8 +219,8 @@ _SIGN = -(2**31)
 
 
 def windows(*terms, width: int):
-    """0 <= a - b <= width for every (a, b) of `terms`, a a query-side value ([queries, 1],
-    or a scalar) and b a key-side one ([1, keys]): the signed maximum over the terms of
+    """0 <= a - b <= width for every (a, b) of `terms`, a a query-side value ([queries, 1])
+    and b a key-side one ([1, keys]): the signed maximum over the terms of
     a + _SIGN - b (wrapping) against _SIGN + width, one compare for them all. Per term one
     full-block subtract and one maximum, where a `within` each and an AND between them cost
     one op more per term (the a + _SIGN is on the narrow side). The printer scales a window
