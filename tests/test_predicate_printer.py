@@ -186,8 +186,9 @@ def test_clamped_windows_print_as_one_compare_each(seed):
 
 
 def test_a_neighborhood_prints_one_compare_for_all_axes():
-    """NATTEN's clamped 3 x 3 x 5 window: one coords.windows over the three axes (the frame
-    and row windows scaled to the column's width 4), no other comparison or AND."""
+    """NATTEN's clamped 3 x 3 x 5 window: one coords.fields over the three axes (the frame
+    and row windows of width 2 scaled by 3 to fill 3 bits, the column's 4 by 7 to fill 5),
+    no other comparison or AND."""
     from svgen.runtime.layout import TokenLayout
 
     lay = TokenLayout(8, 8, 16)
@@ -199,9 +200,10 @@ def test_a_neighborhood_prints_one_compare_for_all_axes():
     _, mask = lower_mask_dict({"expr": text}, lay, 128, 128)
     fn, source = emitted_function(mask, lay)
     body = source.split("expr = ", 1)[1]
-    assert body.count("coords.windows(") == 1 and "width=4" in body, source
+    assert body.count("coords.fields(") == 1 and "windows" not in body, source
     assert "<=" not in body and "&" not in body and "within" not in body, source
-    assert "2 * k.frame" in body and "2 * k.row" in body and "(jnp.maximum" in body, source
+    assert "3 * k.frame, 0, 3)" in body and "3 * k.row, 5, 3)" in body, source
+    assert "7 * k.col, 10, 5)" in body and "(3 * jnp.maximum" in body, source
     np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(mask, lay), err_msg=source)
 
 
@@ -209,9 +211,9 @@ def test_a_neighborhood_prints_one_compare_for_all_axes():
 def test_conjunctions_of_windows_print_as_one_compare(seed):
     """Random conjunctions of windows of any widths (0 included), written as chains
     lo <= x_k <= lo + c (lo reading the query, of either sign) or as |x_q - x_k + s| <= c,
-    on random axes and layouts, some with a divided side (not fused), plus other conjuncts:
-    the printed mask keeps the predicate's value on every pair, and two or more windows
-    without a division are one coords.windows."""
+    on random axes and layouts, some with a divided side, plus other conjuncts: the printed
+    mask keeps the predicate's value on every pair, and two or more windows are one fused
+    call (coords.fields, or coords.windows where the fields would not fit 32 bits)."""
     rng = np.random.default_rng(47_000 + seed)
     lay = random_any_layout(rng)
     parts, fusable = [], 0
@@ -225,11 +227,10 @@ def test_conjunctions_of_windows_print_as_one_compare(seed):
             if rng.random() < 0.5:
                 low = f"max(0, min({low}, {int(rng.integers(0, 5))}))"
             parts.append(f"{low} <= {key} <= {low} + {width}")
-            fusable += not divided
         else:
             shift = int(rng.integers(-6, 7))
             parts.append(f"abs({axis}_q - ({key}) + {shift}) <= {width // 2}")
-            fusable += not divided
+        fusable += 1
     if rng.random() < 0.5:
         parts.append(str(rng.choice(["f_q != f_k", "h_k < 3", "(w_q + w_k) % 3 == 1"])))
     text = " and ".join(parts)
@@ -237,8 +238,10 @@ def test_conjunctions_of_windows_print_as_one_compare(seed):
     fn, source = emitted_function(mask, lay)
     where = f"seed {seed}, {lay}\n{text}\n{source}"
     np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(mask, lay), err_msg=where)
-    if fusable >= 2 and "always" not in source:  # (lowering may decide the whole mask)
-        assert source.count("coords.windows(") == 1, where
+    if fusable >= 2:  # every window left reading both sides is in one call (lowering may
+        # decide a window, or the whole mask, from the geometry)
+        calls = ("coords.fields(", "coords.windows(", "coords.within(")
+        assert sum(source.count(c) for c in calls) <= 1, where
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -321,7 +324,8 @@ def test_windows_whose_scaled_sides_leave_int32_stay_apart():
 def test_conjunctions_of_equalities_print_as_one_compare(seed):
     """Two or more equalities a == b (a reading the query, b the key) or same residues
     (a - b) % d == 0 in one conjunction: one coords.same (one compare of their mixed-radix
-    packings), values kept on every pair (sides of both signs, ranges not starting at 0)."""
+    packings), or with a window beside them one coords.fields for all; values kept on every
+    pair (sides of both signs, ranges not starting at 0)."""
     rng = np.random.default_rng(49_000 + seed)
     lay = random_any_layout(rng)
     parts = []
@@ -332,7 +336,8 @@ def test_conjunctions_of_equalities_print_as_one_compare(seed):
             parts.append(f"({axis}_q - {axis}_k + {shift}) % {int(rng.choice([2, 3, 4]))} == 0")
         else:
             parts.append(f"{axis}_q // 2 + {shift} == {axis}_k // 3")
-    if rng.random() < 0.5:
+    window = rng.random() < 0.5
+    if window:
         parts.append("abs(f_q - f_k) <= 2")
     text = " and ".join(parts)
     _, mask = lower_mask_dict({"expr": text}, lay, 128, 128)
@@ -342,7 +347,9 @@ def test_conjunctions_of_equalities_print_as_one_compare(seed):
     code = [line for line in source.split('"""')[-1].splitlines() if "#" not in line]
     if "expr = " in source:  # (lowering may decide the mask, or find a built-in equal to it)
         body = "\n".join(code)
-        assert body.count("coords.same(") == 1 and " == " not in body and "!=" not in body, where
+        fused = "coords.fields(" if window else "coords.same("
+        assert body.count(fused) == 1 and " == " not in body and "!=" not in body, where
+        assert "within" not in body and "&" not in body, where
 
 
 def test_equalities_whose_packing_passes_int32_stay_apart():
@@ -355,3 +362,90 @@ def test_equalities_whose_packing_passes_int32_stay_apart():
     _, mask = lower_mask_dict({"expr": text}, lay, 1024, 1024)
     _, source = emitted_function(mask, lay)
     assert source.split("expr = ", 1)[1].count(" == ") == 2, source
+
+
+def test_field_scale_keeps_every_window():
+    """For every width, m and bits: 0 <= x <= c exactly when 0 <= m x <= 2^bits - 1, with
+    bits the fewest that allow it; a one-sided bound (width None) keeps x >= 0 over x <= hi."""
+    from svgen.codegen.predicate import _field_scale
+
+    for c in range(0, 200):
+        m, bits = _field_scale(c, 10**6)
+        x = np.arange(-3 * (c + 2), 3 * (c + 2))
+        top = (1 << bits) - 1
+        np.testing.assert_array_equal((0 <= m * x) & (m * x <= top), (0 <= x) & (x <= c))
+        for fewer in range(bits):  # no m works with fewer bits
+            t = (1 << fewer) - 1
+            assert not any(k * c <= t < k * (c + 1) for k in range(1, t + 2)), (c, fewer)
+    for hi in (0, 1, 5, 64, 1000):
+        m, bits = _field_scale(None, hi)
+        assert m == 1 and (1 << bits) - 1 >= hi and (bits == 0 or (1 << (bits - 1)) <= hi)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fields_are_exact_on_every_value_of_their_ranges(seed):
+    """coords.fields with the printer's layout (_field_layout) against the int64 truth,
+    0 <= a - b <= width per term (width None: a - b >= 0), on random term sets: windows of
+    any width, equalities and one-sided bounds, each a - b drawn over its whole declared
+    range (the extremes included, most terms in range so that a failing field is often the
+    only one), with sides anywhere in int32 (the packing wraps)."""
+    from svgen.codegen.predicate import _field_layout
+    from svgen.runtime import coords
+
+    rng = np.random.default_rng(58_000 + seed)
+    checked = 0
+    while checked < 40:
+        terms = []
+        for _ in range(int(rng.integers(2, 6))):
+            kind = rng.choice(["window", "equality", "bound"])
+            lo = int(rng.integers(-300, 1))
+            hi = int(rng.integers(max(lo, 0), 400))
+            width = {"window": int(rng.integers(0, 30)), "equality": 0, "bound": None}[kind]
+            terms.append((lo, hi, width))
+        layout = _field_layout(terms)
+        if layout is None:
+            assert sum(max(hi - lo, 1).bit_length() for lo, hi, _ in terms) > 10
+            continue
+        checked += 1
+        n = 96
+        args, want = [], np.ones((n, n), bool)
+        for (lo, hi, width), (m, shift, bits) in zip(terms, layout):
+            top = hi if width is None else min(hi, width)
+            anywhere = rng.integers(lo, hi + 1, (n, n))
+            low = max(lo, 0)
+            inside = rng.integers(low, top + 1, (n, n)) if low <= top else anywhere
+            x = np.where(rng.random((n, n)) < 0.8, inside, anywhere)
+            x[0, :4] = [lo, hi, max(lo, min(hi, -1)), max(lo, min(hi, top + 1))]
+            ok = x >= 0 if width is None else (0 <= x) & (x <= width)
+            want &= ok
+            # a query side [n, 1] and key side [1, n] with a - b = x: a = x + b, b per key
+            # near a random base (the packed sums wrap through int32)
+            base = int(rng.integers(-(2**30), 2**30))
+            b = base + rng.integers(-50, 50, (1, n))
+            a = x + b  # [n, n]: each pair's own a; fields is elementwise, so this is fine
+            args.append((m * a, m * b, shift, bits))
+        got = np.asarray(
+            coords.fields(*((a.astype(np.int32), b.astype(np.int32), s, w) for a, b, s, w in args))
+        )
+        np.testing.assert_array_equal(got, want, err_msg=f"{terms} {layout}")
+        assert want.any() and not want.all(), terms
+
+
+def test_fields_that_cannot_fit_32_bits_leave_the_widest_out():
+    """Over a 2M-token video the frame, row and column windows take 6 + 9 + 13 bits of
+    fields, and the index window's differences alone span more than 2^21: the widest term,
+    the index window, is left to the fusions after coords.fields (alone there, an unsigned
+    compare), the other three fused."""
+    from svgen.runtime.layout import TokenLayout
+
+    lay = TokenLayout(20, 100, 1000)
+    text = (
+        "abs(h_q - h_k) <= 3 and abs(w_q - w_k) <= 3 and abs(f_q - f_k) <= 1 "
+        "and i_k <= i_q <= i_k + 100000"
+    )
+    _, mask = lower_mask_dict({"expr": text}, lay, 1024, 1024)
+    _, source = emitted_function(mask, lay)
+    fields = source.split("coords.fields(", 1)[1].split("\n    )", 1)[0]
+    assert source.count("coords.fields(") == 1 and "index" not in fields, source
+    assert "q.row" in fields and "q.col" in fields and "q.frame" in fields, source
+    assert "coords.within(q.index - k.index, 100000)" in source, source

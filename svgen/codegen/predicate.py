@@ -153,6 +153,7 @@ class _Emitter:
             args = sorted(e.args, key=_print_order)
             printed = [] if isinstance(e, sympy.Or) else self._same_place(args)
             if isinstance(e, sympy.And):
+                printed += self._fields(args, alone=not printed)
                 printed += self._equalities(args, alone=not printed)
                 printed += self._windows(args, alone=not printed)
                 printed += self._chains(args)
@@ -214,6 +215,63 @@ class _Emitter:
             args.remove(second)
             printed.append(f"coords.within({_strip(self.integer(x))}, {width})")
         return printed
+
+    def _fields(self, args: list, alone: bool) -> list[str]:
+        """The conjuncts that compare a query-side and a key-side value (windows
+        0 <= a - b <= c, one-sided bounds a - b >= 0, equalities a == b and same residues) as
+        one runtime.coords.fields (removed from `args`): a subtract, an AND and a compare on
+        every pair for all of them, where each window costs a subtract and a compare, a bound
+        or an equality a compare, and an AND joins each to the next. Used where that saves an
+        op; terms whose fields would not fit 32 bits together are left to the fusions after
+        it (the widest left first)."""
+        terms = self._field_terms(args)
+        while len(terms) >= 2:
+            layout = _field_layout([t.lo, t.hi, t.width] for t in terms)
+            if layout is not None:
+                break
+            terms.remove(max(terms, key=lambda t: (_field_room(t.lo, t.hi, t.width), -t.order)))
+        else:
+            return []
+        if _separate_ops(terms) <= FIELDS_OPS:
+            return []
+        printed = []
+        for term, (scale, shift, bits) in zip(terms, layout):
+            for c in term.conjuncts:
+                args.remove(c)
+            a, b = sympy.expand(scale * term.a), sympy.expand(scale * term.b)
+            printed.append(
+                f"({_strip(self.integer(a))}, {_strip(self.integer(b))}, {shift}, {bits})"
+            )
+        return self._call_line("fields", f"coords.fields({', '.join(printed)})", alone and not args)
+
+    def _field_terms(self, args: list) -> list["_FieldTerm"]:
+        """The conjuncts coords.fields can hold, as terms 0 <= a - b <= width (width None:
+        a one-sided bound), a reading only query and b only key coordinates, each side and
+        their packing within int32's reach over the geometry."""
+        found = []
+        for conjuncts, a, b, width in self._window_terms(args):
+            found.append((conjuncts, *_key_side_positive(a, b, width), width, "window"))
+        taken = {c for t in found for c in t[0]}
+        for x in args:
+            if x in taken:
+                continue
+            if isinstance(x, sympy.Eq):
+                pair = _same_residue(x) or _split_sides(x.args[0] - x.args[1])
+                if pair is not None:
+                    found.append(((x,), *_key_side_positive(*pair, 0), 0, "equality"))
+                continue
+            low = _non_negative(x)
+            pair = None if low is None else _split_sides(low)
+            if pair is not None:
+                found.append(((x,), *pair, None, "bound"))
+        terms = []
+        for conjuncts, a, b, width, kind in found:
+            if not self._fits_int32(a, b):
+                continue
+            (la, ha), (lb, hb) = (int_range.value_range(side, self.domain) for side in (a, b))
+            order = min(args.index(c) for c in conjuncts)
+            terms.append(_FieldTerm(conjuncts, a, b, width, la - hb, ha - lb, kind, order))
+        return sorted(terms, key=lambda t: t.order)
 
     def _equalities(self, args: list, alone: bool) -> list[str]:
         """Two or more equalities a == b among the conjuncts (removed from `args`), a reading
@@ -397,6 +455,73 @@ class _Emitter:
                 f"(lax.div({shifted}, {d}) - {shift // d})" if shift else f"lax.div({shifted}, {d})"
             )
         raise TypeError(f"cannot print integer expression {e}")
+
+
+# A coords.fields call's full-block ops: a subtract, an AND and a compare.
+FIELDS_OPS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class _FieldTerm:
+    """One conjunct (or a window's two) as 0 <= a - b <= width (None: a - b >= 0), a - b in
+    lo .. hi over the geometry; kind says what printed it before (for the op count)."""
+
+    conjuncts: tuple
+    a: object
+    b: object
+    width: int | None
+    lo: int
+    hi: int
+    kind: str  # "window", "equality" or "bound"
+    order: int  # the first conjunct's place among the conjunction's, for a stable layout
+
+
+def _separate_ops(terms: list[_FieldTerm]) -> int:
+    """Full-block ops of the terms printed without coords.fields: two per window (a
+    subtract and a compare), one compare per bound, one for all the equalities (coords.same)
+    or one each, and an AND between each printed part and the next (windows fused by
+    coords.windows cost the same two per window)."""
+    kinds = [t.kind for t in terms]
+    equalities = kinds.count("equality")
+    parts = kinds.count("window") + kinds.count("bound") + min(equalities, 1)
+    return 2 * kinds.count("window") + kinds.count("bound") + min(equalities, 1) + parts - 1
+
+
+def _field_scale(width: int | None, hi: int) -> tuple[int, int]:
+    """(m, bits) with 0 <= x <= width exactly when 0 <= m * x <= 2^bits - 1 for an integer
+    x, bits the fewest: m * width <= 2^bits - 1 < m * (width + 1). width None (x >= 0, and x
+    <= hi anyway): m 1 and 2^bits - 1 >= hi."""
+    if width is None:
+        return 1, max(hi, 0).bit_length()
+    if width == 0:
+        return 1, 0
+    bits = width.bit_length()
+    while True:
+        top = (1 << bits) - 1
+        m = top // width
+        if m * (width + 1) > top:
+            return m, bits
+        bits += 1
+
+
+def _field_room(lo: int, hi: int, width: int | None) -> int:
+    """The bits a field needs: its kept bits and room above them for every m * x with x in
+    lo .. hi, so that m * x modulo 2^room is at most 2^bits - 1 only when m * x itself is
+    (0 <= m * x < 2^room, and m * x > 2^bits - 1 - 2^room)."""
+    m, bits = _field_scale(width, hi)
+    top = (1 << bits) - 1
+    return max(bits, max(m * hi, top - m * lo).bit_length())
+
+
+def _field_layout(terms) -> list[tuple[int, int, int]] | None:
+    """(m, shift, bits) per (lo, hi, width) term, the fields side by side from bit 0, or
+    None when they need more than 32 bits."""
+    layout, shift = [], 0
+    for lo, hi, width in terms:
+        m, bits = _field_scale(width, hi)
+        layout.append((m, shift, bits))
+        shift += _field_room(lo, hi, width)
+    return layout if shift <= 32 else None
 
 
 def _non_negative(e):
