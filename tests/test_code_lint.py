@@ -30,7 +30,9 @@ def test_code_and_generated_modules_are_formatted():
 
 def test_modules_of_random_masks_are_formatted(tmp_path, monkeypatch):
     """Codegen lays statements out as the formatter does (svgen.codegen.pyformat): the
-    modules of 30 random masks and layouts, long mask chains included, pass the check.
+    modules of random masks and layouts (30, or more until both a long mask chain split
+    into `& ...` / `| ...` lines and a fused call split an argument a line have appeared;
+    the fused calls took most conjunctions that once made chains), pass the check.
     User predicates come from the fixed list: pyformat splits only the shapes built-ins
     produce, and a long comparison or sum of a random `expr` is left as one line, which
     ruff would split (docs/limits.md); so are `neighborhood` and `radial`, printed as the
@@ -46,16 +48,19 @@ def test_modules_of_random_masks_are_formatted(tmp_path, monkeypatch):
     for printed_as_a_predicate in ("neighborhood", "radial"):  # as `expr`: one long line
         monkeypatch.delitem(helpers.PRIMITIVE_GENERATORS, printed_as_a_predicate)
 
-    split_chains = 0
-    for seed in range(30):
+    split_chains = split_calls = 0
+    for seed in range(120):
+        if seed >= 30 and split_chains and split_calls:
+            break
         rng = np.random.default_rng(11_000 + seed)
         lay = random_layout(rng)
         text = mask_spec_text(random_mask(rng, lay), lay, name=f"formatted_{seed}")
         for name, data in codegen.render(analyze(parse_spec(text)), "specs/x.yaml").items():
             (tmp_path / name).write_bytes(data)
-            split_chains += sum(
-                line.lstrip().startswith(("& ", "| ")) for line in data.decode().splitlines()
-            )
+            lines = data.decode().splitlines()
+            split_chains += sum(line.lstrip().startswith(("& ", "| ")) for line in lines)
+            split_calls += sum(line.endswith("coords.fields(") for line in lines)
     result = _ruff("format", "--check", "--config", str(REPO / "pyproject.toml"), str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     assert split_chains > 0, "no random mask produced a split chain: the test checks too little"
+    assert split_calls > 0, "no random mask produced a split call: the test checks too little"
