@@ -43,6 +43,12 @@ MASKS = {
     # Self-Forcing's: block-causal chunks of 2 frames counted from each video's start.
     "causal": "{all_of: [{any_of: [{first_frame: {}}, {spatial_window: {frames: 2}}]}, "
     "{block_causal: {frames: 2}}]}",
+    # An anchor or a conjunction of windows and a parity, one coords.fields whose query
+    # function reads frames: with per-video frames it is computed on each block from the
+    # shifted frames (video_frames.ShiftedFrames), so its coordinates are decoded too.
+    "fields": '{any_of: [{first_frame: {}}, {expr: "not is_text_q and not is_text_k and '
+    "abs(f_q - f_k) <= 2 and (f_q - f_k) % 2 == 0 and abs(h_q - h_k) <= 1 and "
+    'abs(w_q - w_k) <= 3"}]}',
 }
 LAYOUTS = ["frame_major", "temporal_major", "{tiled: {frames: 2, rows: 2, cols: 13}}"]
 
@@ -121,10 +127,14 @@ def renumbered(plan, ids) -> bool:
 @pytest.mark.parametrize(
     "mask, layout, dtype",
     [("anchor", lay, dt) for lay in LAYOUTS for dt in ("float32", "bfloat16")]
-    + [("causal", "frame_major", "float32"), ("causal", "temporal_major", "bfloat16")],
+    + [("causal", "frame_major", "float32"), ("causal", "temporal_major", "bfloat16")]
+    + [("fields", "frame_major", "float32"), ("fields", "temporal_major", "bfloat16")],
 )
 def test_forward_against_float64(mask, layout, dtype, tmp_path):
     plan, module = compile_spec_text(spec_text(mask, layout, dtype), tmp_path)
+    if mask == "fields":  # its query function's coordinates are decoded too
+        (pattern,) = module._PATTERNS
+        assert {"frame", "row", "col", module.boundary_mask_fields} <= set(pattern.query_coords)
     assert plan.video_frames and plan.video_frames[0] is not None
     rng = np.random.default_rng(zlib.crc32(f"{mask} {layout} {dtype}".encode()))
     seq, batch = plan.layout.seq_len, 3
@@ -359,8 +369,9 @@ def test_per_video_frames_needs_segments_and_enters_the_digest():
     assert parse_spec(explicit_off, source="a").digest == parse_spec(off, source="a").digest
 
 
-def test_gpu_forward_against_float64(tmp_path):
-    plan, module = compile_spec_text(spec_text("causal"), tmp_path, target_name="h100")
+@pytest.mark.parametrize("mask", ["causal", "fields"])
+def test_gpu_forward_against_float64(mask, tmp_path):
+    plan, module = compile_spec_text(spec_text(mask), tmp_path, target_name="h100")
     rng = np.random.default_rng(7)
     q, k, v = random_inputs(rng, 2, plan.layout.seq_len, "float32")
     ids = np.stack([late_video_ids(plan.layout), packed_ids(rng, plan.layout)])

@@ -199,11 +199,13 @@ def test_a_neighborhood_prints_one_compare_for_all_axes():
     )
     _, mask = lower_mask_dict({"expr": text}, lay, 128, 128)
     fn, source = emitted_function(mask, lay)
-    body = source.split("expr = ", 1)[1]
-    assert body.count("coords.fields(") == 1 and "windows" not in body, source
+    query, body = source.split("expr = ", 1)
+    assert body.count("coords.fields(") == body.count("q.once(boundary_mask_fields)") == 1, source
     assert "<=" not in body and "&" not in body and "within" not in body, source
-    assert "3 * k.frame, 0, 3)" in body and "3 * k.row, 5, 3)" in body, source
-    assert "7 * k.col, 10, 5)" in body and "(3 * jnp.maximum" in body, source
+    assert "(3 * k.frame, 0, 3)" in body and "(3 * k.row, 5, 3)" in body, source
+    assert "(7 * k.col, 10, 5)" in body and "jnp.maximum" not in body, source
+    assert query.startswith("def boundary_mask_fields(q):") and "coords.pack(" in query, source
+    assert "(3 * jnp.maximum(0, jnp.minimum(5, q.frame - 1)) + 6, 0)" in query, source
     np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(mask, lay), err_msg=source)
 
 
@@ -424,9 +426,8 @@ def test_fields_are_exact_on_every_value_of_their_ranges(seed):
             b = base + rng.integers(-50, 50, (1, n))
             a = x + b  # [n, n]: each pair's own a; fields is elementwise, so this is fine
             args.append((m * a, m * b, shift, bits))
-        got = np.asarray(
-            coords.fields(*((a.astype(np.int32), b.astype(np.int32), s, w) for a, b, s, w in args))
-        )
+        query = coords.pack(*((a.astype(np.int32), s) for a, _, s, _ in args))
+        got = np.asarray(coords.fields(query, *((b.astype(np.int32), s, w) for _, b, s, w in args)))
         np.testing.assert_array_equal(got, want, err_msg=f"{terms} {layout}")
         assert want.any() and not want.all(), terms
 
@@ -445,7 +446,7 @@ def test_fields_that_cannot_fit_32_bits_leave_the_widest_out():
     )
     _, mask = lower_mask_dict({"expr": text}, lay, 1024, 1024)
     _, source = emitted_function(mask, lay)
-    fields = source.split("coords.fields(", 1)[1].split("\n    )", 1)[0]
+    fields = source.split("coords.pack(", 1)[1].split("\n    )", 1)[0]
     assert source.count("coords.fields(") == 1 and "index" not in fields, source
     assert "q.row" in fields and "q.col" in fields and "q.frame" in fields, source
     assert "coords.within(q.index - k.index, 100000)" in source, source

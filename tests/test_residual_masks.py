@@ -149,12 +149,15 @@ def test_a_work_limit_leaves_residual_masks_out_not_the_spec(foreseen, monkeypat
     assert analyze(spec).only.residuals is not None  # within the limit they are there
 
 
-# A NATTEN neighborhood (3 x 3 x 5, clamped inside the video) at a size where variants pay.
+# A NATTEN neighborhood (3 x 3 x 5, clamped inside the video) or'ed with a 3 x 3 echo four
+# frames back, at a size where variants pay: each conjunction alone is one coords.fields,
+# so a block where one of them is decided runs the other alone (a neighborhood by itself
+# gets no variants: its whole mask is that one call already).
 _NATTEN = """svgen: 1
 name: small_natten
 geometry: {{frames: 8, height: 8, width: 16}}
 attention: {{heads: 2, head_dim: 128, dtype: float32}}
-mask: {{expr: "max(0, min(f_q - 1, 5)) <= f_k <= max(0, min(f_q - 1, 5)) + 2 and max(0, min(h_q - 1, 5)) <= h_k <= max(0, min(h_q - 1, 5)) + 2 and abs(w_q - w_k) <= 2"}}
+mask: {{expr: "max(0, min(f_q - 1, 5)) <= f_k <= max(0, min(f_q - 1, 5)) + 2 and max(0, min(h_q - 1, 5)) <= h_k <= max(0, min(h_q - 1, 5)) + 2 and abs(w_q - w_k) <= 2 or f_q - f_k == 4 and abs(h_q - h_k) <= 1 and abs(w_q - w_k) <= 1"}}
 tiling: {{block_q: 128, block_kv: 128}}
 {runtime}"""
 
@@ -363,3 +366,42 @@ def test_no_residual_search_where_boundary_blocks_are_a_sliver(monkeypatch):
     with pytest.raises(ZeroDivisionError):
         residuals.analyze(mask, layout, grid, kinds)
     assert len(calls) == 1
+
+
+_DECAY = """svgen: 1
+name: small_decay
+geometry: {frames: 16, height: 4, width: 16}
+attention: {heads: 2, head_dim: 128, dtype: float32}
+mask:
+  any_of:
+    - first_frame: {}
+    - spatial_window: {frames: 1}
+    - expr: "abs(f_q - f_k) <= 4 and (f_q - f_k) % 2 == 0 and abs(h_q - h_k) <= 1 and abs(w_q - w_k) <= 2"
+tiling: {block_q: 128, block_kv: 128}
+"""
+
+
+def test_query_functions_are_decoded_once_and_shared_by_the_residual_masks(compile_text):
+    """A coords.fields packing is one query function, which the kernel decodes once per q
+    tile in place of the coordinates only it reads, and which a residual mask made of that
+    conjunction alone (the frame-decay shape, on blocks where the anchor and the window
+    keep nothing) reads too instead of a copy; the kernel matches float64; a mask reading a
+    function the kernel did not decode fails loudly."""
+    import inspect
+
+    from svgen.runtime.forward import _QueryBlockCoords
+
+    plan, module = compile_text(_DECAY)
+    (pattern,) = module._PATTERNS
+    assert _with_variants(plan)
+    assert tuple(pattern.query_coords) == ("frame", module.boundary_mask_fields)
+    source = inspect.getsource(module)
+    assert source.count("_fields(q):") == 1, source
+    shared = [r for r in pattern.residual_masks if "q.once(" in inspect.getsource(r)]
+    assert shared and all("q.once(boundary_mask_fields)" in inspect.getsource(r) for r in shared), (
+        source
+    )
+    _run(plan, module, "float32")
+    coords = _QueryBlockCoords(None, ("frame",), None)
+    with pytest.raises(AttributeError, match="boundary_mask_fields was not decoded"):
+        coords.once(module.boundary_mask_fields)

@@ -34,6 +34,7 @@ from svgen.analysis.axis_terms import axis_sizes, polynomial
 from svgen.analysis.classify import TileGrid, classify_tiles
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
+from svgen.spec.expr import FloorMod, split_sides
 
 # Variants a block can name besides the whole mask: 2 bits per compute block.
 MAX_VARIANTS = 3
@@ -53,6 +54,10 @@ MAX_SHARE_PER_MASK_OP = 0.12
 # is at least this share of the kernel's block work: below it the classification of every
 # mask node (1-2 s at 1.74M tokens) would buy nothing a cost model could see.
 MIN_KERNEL_SHARE = 0.005
+# The full-block ops of a conjunction of two or more comparisons between a query-side and a
+# key-side value: the code printer packs them into bit fields, one coords.fields (a subtract,
+# an AND and a compare, the query side computed once per q tile; svgen.codegen.predicate).
+FIELDS_OPS = 3
 
 _TRUE, _FALSE, _OPEN, _UNUSED = 1, 0, 2, 3
 
@@ -279,12 +284,33 @@ def estimate_ops(mask: ir.Node) -> int:
 def _mixed_ops(e) -> int:
     if not isinstance(e, sympy.Basic) or not e.args:
         return 0
+    if isinstance(e, sympy.And):
+        fused = [a for a in e.args if _compares_sides(a)]
+        if len(fused) >= 2:  # one coords.fields for them all, then an AND per other part
+            rest = [a for a in e.args if a not in fused]
+            return FIELDS_OPS + sum(_mixed_ops(a) + 1 for a in rest)
     sides = {s.name[-1] for s in e.free_symbols}
     inner = sum(_mixed_ops(a) for a in e.args)
     if sides != {"q", "k"}:
         return inner
     mixed_args = sum(1 for a in e.args if {s.name[-1] for s in a.free_symbols} & {"q", "k"})
     return inner + max(1, mixed_args - 1)
+
+
+def _compares_sides(e) -> bool:
+    """Whether e compares a query-side and a key-side value, as the code printer fuses
+    into coords.fields: a - b against a constant (e.g. a <= b), |a - b + s| <= c, or
+    (a - b) % d == 0."""
+    if not isinstance(e, (sympy.Le, sympy.Lt, sympy.Ge, sympy.Gt, sympy.Eq)):
+        return False
+    lhs, rhs = e.args
+    if isinstance(e, sympy.Eq) and rhs == 0 and isinstance(lhs, FloorMod):
+        lhs = lhs.args[0]
+    elif isinstance(lhs, sympy.Abs) and rhs.is_Integer:
+        lhs = lhs.args[0]
+    else:
+        lhs = lhs - rhs
+    return split_sides(lhs) is not None
 
 
 def relative_work(mask: ir.Node, layout: TokenLayout) -> float | None:

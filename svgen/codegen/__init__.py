@@ -21,10 +21,10 @@ import jinja2
 import numpy as np
 
 from svgen import ir
-from svgen.analysis import Plan
+from svgen.analysis import Plan, check_vmem, query_coordinate_bound
 from svgen.codegen import pyformat
 from svgen.codegen import words as wording
-from svgen.codegen.predicate import aligned_mask, emit_mask
+from svgen.codegen.predicate import MaskSource, aligned_mask, emit_mask
 from svgen.codegen.tilemap import render_tile_map
 from svgen.runtime.kinds import TileKind
 
@@ -108,10 +108,17 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
         else:
             entry["inline_runs"] = _format_runs(runs)
         stem = name if single else f"{name}_{pattern.name}"
-        entry.update(_variants_entry(pattern, prefix, single, inline_limit, stem, files))
+        shared: dict[str, str] = {}  # one query function per packing in the pattern's masks
+        entry["source"] = (
+            aligned_mask()
+            if pattern.budget
+            else emit_mask(pattern.mask, pattern.layout, entry["mask_name"], shared)
+        )
+        entry.update(_variants_entry(pattern, prefix, single, inline_limit, stem, files, shared))
         entry.update(_chunk_entry(plan, len(patterns), stem, files))
         entry["video"] = _video_entry(plan, len(patterns), stem, files)
         patterns.append(entry)
+    plan = _with_query_values(plan, patterns)
     context = _context(plan, spec_path, patterns)
     context["select"] = _select_entry(plan, name, files)
     context["any_tables_file"] |= bool(context["select"] and context["select"]["file"])
@@ -129,10 +136,17 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
 
 
 def _variants_entry(
-    pattern, prefix: str, single: bool, inline_limit: int, stem: str, files: dict[str, bytes]
+    pattern,
+    prefix: str,
+    single: bool,
+    inline_limit: int,
+    stem: str,
+    files: dict[str, bytes],
+    shared: dict[str, str],
 ) -> dict:
     """A pattern's residual masks (svgen.analysis.residuals): their functions' names and
-    what each is, and its runs' variant words, inline or in a .npy beside the module."""
+    what each is, and its runs' variant words, inline or in a .npy beside the module.
+    shared: the query functions of the pattern's masks so far, by value (emit_mask)."""
     entry = {"variants_name": None, "inline_variants": None, "variants_file": None}
     entry["variants_sha256"] = None
     entry["residuals"] = []
@@ -149,28 +163,72 @@ def _variants_entry(
     else:
         entry["inline_variants"] = _format_variants(runs, words)
     names = wording.residual_names(pattern, prefix)
-    one_line = f"        residual_masks={pyformat.literal_tuple(names)},"
-    if len(one_line) <= pyformat.LINE_LENGTH:
-        entry["residual_masks_lines"] = [one_line]
-    else:
-        entry["residual_masks_lines"] = [
-            "        residual_masks=(",
-            *(f"            {n}," for n in names),
-            "        ),",
-        ]
+    entry["residual_masks_lines"] = _keyword_lines("residual_masks", names)
     for j, variant in enumerate(found.variants, 1):
-        source = emit_mask(variant.mask, pattern.layout)
+        name = wording.residual_name(prefix, j)
+        source = emit_mask(variant.mask, pattern.layout, name, shared)
         entry["residuals"].append(
             {
-                "name": wording.residual_name(prefix, j),
+                "name": name,
                 "words": variant.mask.describe(),
                 "blocks": wording.grouped(variant.blocks),
                 "ops": variant.ops,
                 "mask_lines": _mask_lines(source.lines),
                 "mask_result": source.result,
+                "source": source,
+                "query_functions": _query_function_entries(source),
             }
         )
     return entry
+
+
+def _query_function_entries(source: MaskSource) -> list[dict]:
+    """A mask's query functions as the template renders them (before the mask function)."""
+    return [
+        {
+            "name": f.name,
+            "doc": f"{f.owner}'s coords.fields, query side: once per q tile (TokenCoords.once).",
+            "lines": _mask_lines(f.lines),
+            "result": f.result,
+        }
+        for f in source.query_functions
+    ]
+
+
+def _query_values(entry: dict, spec) -> list[str]:
+    """What a pattern's kernel decodes once per q tile (its `query_coords`), as printed: the
+    coordinates its mask functions read, then their query functions, by name. With per-video
+    frames a query function is computed on every block instead (video_frames.ShiftedFrames),
+    from coordinates that must then be decoded too."""
+    sources = [entry["source"]] + [r["source"] for r in entry["residuals"]]
+    names = {c for s in sources for c in s.query_coords}
+    functions = [f for s in sources for f in s.query_functions]
+    if spec.runtime.per_video_frames:
+        names |= {c for f in functions for c in f.query_coords}
+    return [pyformat.string(c) for c in sorted(names)] + [f.name for f in functions]
+
+
+def _with_query_values(plan: Plan, entries: list[dict]) -> Plan:
+    """The plan, its VMEM need recounted where its patterns' query values (coordinates and
+    query functions, each a [block_q, 128] int32 buffer) outnumber what the analysis
+    assumed from the masks' query symbols (analysis.query_coordinate_bound); a SpecError,
+    with a tiling that fits, where they no longer fit the chip."""
+    if plan.vmem is None:
+        return plan
+    values = max(len(_query_values(e, plan.spec)) for e in entries)
+    assumed = max(query_coordinate_bound(p.mask) for p in plan.patterns)
+    if values <= assumed:
+        return plan
+    return dataclasses.replace(plan, vmem=check_vmem(plan.spec, plan.target, values))
+
+
+def _keyword_lines(keyword: str, items: list[str]) -> list[str]:
+    """`keyword=(items),` as an argument of tables.Pattern(...): one line when it fits, else
+    an item a line, as the formatter lays it out."""
+    one_line = f"        {keyword}={pyformat.literal_tuple(items)},"
+    if len(one_line) <= pyformat.LINE_LENGTH:
+        return [one_line]
+    return [f"        {keyword}=(", *(f"            {item}," for item in items), "        ),"]
 
 
 def _format_variants(runs: np.ndarray, words: np.ndarray) -> list[str]:
@@ -347,12 +405,16 @@ BOUNDARY_MASK_DOC = (
 
 def render_mask_function(mask, layout, name: str = "boundary_mask") -> str:
     """The source of the boundary-mask function a module of `mask` on `layout` holds (named
-    `name`), rendered by the module template's own macro: what tests run is what modules
-    contain."""
-    source = emit_mask(mask, layout)
+    `name`), with the query functions before it, rendered by the module template's own
+    macro: what tests run is what modules contain."""
+    source = emit_mask(mask, layout, owner=name)
     template = _environment().get_template("pallas_tpu/mask_function.py.j2")
     return template.module.mask_function(
-        name, BOUNDARY_MASK_DOC, _mask_lines(source.lines), source.result
+        name,
+        BOUNDARY_MASK_DOC,
+        _mask_lines(source.lines),
+        source.result,
+        _query_function_entries(source),
     )
 
 
@@ -525,7 +587,7 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
     spec = plan.spec
     patterns = []
     for index, (pattern, files) in enumerate(zip(plan.patterns, pattern_files)):
-        mask = aligned_mask() if pattern.budget else emit_mask(pattern.mask, pattern.layout)
+        mask = files["source"]
         patterns.append(
             dict(
                 files,
@@ -538,9 +600,8 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
                 num_runs=wording.grouped(len(pattern.table.runs)),
                 mask_lines=_mask_lines(mask.lines),
                 mask_result=mask.result,
-                query_coords=pyformat.literal_tuple(
-                    [pyformat.string(c) for c in mask.query_coords]
-                ),
+                query_functions=_query_function_entries(mask),
+                query_coords=_keyword_lines("query_coords", _query_values(files, spec)),
             )
         )
     return {

@@ -16,8 +16,9 @@ import re
 import sympy
 
 from svgen import ir
+from svgen.analysis.residuals import FIELDS_OPS
 from svgen.spec import int_range, primitives
-from svgen.spec.expr import SYMBOLS, FloorDiv, FloorMod
+from svgen.spec.expr import SYMBOLS, FloorDiv, FloorMod, split_sides
 from svgen.runtime.layout import TokenLayout
 
 _COORD = {"f": "frame", "h": "row", "w": "col", "i": "index"}
@@ -38,18 +39,45 @@ def _code_name(node_class: type) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class QueryFunction:
+    """A module-level function of the queries alone that a mask reads through `q.once`
+    (runtime.coords): the kernel computes it once per q tile, beside the decoded
+    coordinates, instead of on every BOUNDARY block."""
+
+    name: str
+    owner: str  # the mask function that reads it
+    lines: tuple[str, ...]  # statements, without indentation
+    result: str
+    query_coords: tuple[str, ...]  # the attributes of q it reads, sorted
+
+
+@dataclasses.dataclass(frozen=True)
 class MaskSource:
     lines: tuple[str, ...]  # statements, without indentation
     result: str  # the expression the function returns
     query_coords: tuple[str, ...]  # the attributes of q the statements read, sorted
+    query_functions: tuple[QueryFunction, ...] = ()  # what they read through q.once
 
 
-def emit_mask(mask: ir.Node, layout: TokenLayout) -> MaskSource:
-    emitter = _Emitter(layout)
+def emit_mask(
+    mask: ir.Node, layout: TokenLayout, owner: str = "boundary_mask", shared: dict | None = None
+) -> MaskSource:
+    """The statements of the mask function `owner`, its query functions named after it.
+    shared: the query functions already written for other masks of the module, by value
+    (updated): a mask whose packing is one of them reads it instead of a copy (a residual
+    mask is often a part of the whole mask)."""
+    emitter = _Emitter(layout, owner, {} if shared is None else shared)
     result = emitter.node(mask)
     code = [line for line in emitter.lines if not line.startswith("#")] + [result]
-    read = sorted({m.group(1) for line in code for m in _QUERY_ATTRIBUTE.finditer(line)})
-    return MaskSource(tuple(emitter.lines), result, tuple(read))
+    return MaskSource(
+        tuple(emitter.lines), result, _query_reads(code), tuple(emitter.query_functions)
+    )
+
+
+def _query_reads(code: list[str]) -> tuple[str, ...]:
+    """The coordinates of q that the code reads (q.once is a call, not a coordinate)."""
+    found = {m.group(1) for line in code for m in _QUERY_ATTRIBUTE.finditer(line)}
+    return tuple(sorted(found - {"once"}))
 
 
 def aligned_mask() -> MaskSource:
@@ -65,9 +93,12 @@ _QUERY_ATTRIBUTE = re.compile(r"\bq\.(\w+)")
 
 
 class _Emitter:
-    def __init__(self, layout: TokenLayout):
+    def __init__(self, layout: TokenLayout, owner: str, shared: dict):
         self.layout = layout
+        self.owner = owner
+        self.shared = shared
         self.lines: list[str] = []
+        self.query_functions: list[QueryFunction] = []
         self.taken: dict[str, int] = {}
         self.domain = int_range.coordinate_domain(
             layout.frames, layout.height, layout.width, layout.seq_len
@@ -98,7 +129,7 @@ class _Emitter:
             predicate = self._specialize(node.predicate())
             self._check_device_range(predicate, node)
             self.lines.append(f"# {node.describe()}")
-            self.lines.append(f"{name} = {_strip(self.boolean(predicate))}")
+            self.lines.append(f"{name} = {_strip(self.boolean(predicate, top=True))}")
         return name
 
     def _within_unless(self, node: ir.AnyOf) -> str | None:
@@ -144,7 +175,9 @@ class _Emitter:
 
     # -- sympy printing: every returned string is atomic or parenthesized ----------------
 
-    def boolean(self, e) -> str:
+    def boolean(self, e, top: bool = False) -> str:
+        """e printed; top: e is the whole of its line's value (a fused conjunction's call is
+        then written inline, else on a line of its own)."""
         if e is sympy.true or e is sympy.false:
             fill = "ones_like" if e is sympy.true else "zeros_like"
             return f"jnp.{fill}(k.pos, dtype=jnp.bool_)"
@@ -153,9 +186,9 @@ class _Emitter:
             args = sorted(e.args, key=_print_order)
             printed = [] if isinstance(e, sympy.Or) else self._same_place(args)
             if isinstance(e, sympy.And):
-                printed += self._fields(args, alone=not printed)
-                printed += self._equalities(args, alone=not printed)
-                printed += self._windows(args, alone=not printed)
+                printed += self._fields(args, alone=top and not printed)
+                printed += self._equalities(args, alone=top and not printed)
+                printed += self._windows(args, alone=top and not printed)
                 printed += self._chains(args)
             printed += [self.boolean(a) for a in args]
             return printed[0] if len(printed) == 1 else "(" + op.join(printed) + ")"
@@ -234,15 +267,29 @@ class _Emitter:
             return []
         if _separate_ops(terms) <= FIELDS_OPS:
             return []
-        printed = []
+        query, key = [], []
         for term, (scale, shift, bits) in zip(terms, layout):
             for c in term.conjuncts:
                 args.remove(c)
             a, b = sympy.expand(scale * term.a), sympy.expand(scale * term.b)
-            printed.append(
-                f"({_strip(self.integer(a))}, {_strip(self.integer(b))}, {shift}, {bits})"
-            )
-        return self._call_line("fields", f"coords.fields({', '.join(printed)})", alone and not args)
+            query.append(f"({_strip(self.integer(a))}, {shift})")
+            key.append(f"({_strip(self.integer(b))}, {shift}, {bits})")
+        name = self._query_function(f"coords.pack({', '.join(query)})")
+        call = f"coords.fields(q.once({name}), {', '.join(key)})"
+        return self._call_line("fields", call, alone and not args)
+
+    def _query_function(self, value: str) -> str:
+        """The name of a QueryFunction returning `value` (an expression of q alone): one
+        already written with that value, else a new one named after the mask function."""
+        if value in self.shared:
+            return self.shared[value]
+        name = self.fresh(f"{self.owner}_fields")
+        self.shared[value] = name
+        line = f"packed = {value}"
+        self.query_functions.append(
+            QueryFunction(name, self.owner, (line,), "packed", _query_reads([line]))
+        )
+        return name
 
     def _field_terms(self, args: list) -> list["_FieldTerm"]:
         """The conjuncts coords.fields can hold, as terms 0 <= a - b <= width (width None:
@@ -256,12 +303,12 @@ class _Emitter:
             if x in taken:
                 continue
             if isinstance(x, sympy.Eq):
-                pair = _same_residue(x) or _split_sides(x.args[0] - x.args[1])
+                pair = _same_residue(x) or split_sides(x.args[0] - x.args[1])
                 if pair is not None:
                     found.append(((x,), *_key_side_positive(*pair, 0), 0, "equality"))
                 continue
             low = _non_negative(x)
-            pair = None if low is None else _split_sides(low)
+            pair = None if low is None else split_sides(low)
             if pair is not None:
                 found.append(((x,), *pair, None, "bound"))
         terms = []
@@ -284,7 +331,7 @@ class _Emitter:
         for x in args:
             if not isinstance(x, sympy.Eq):
                 continue
-            pair = _same_residue(x) or _split_sides(x.args[0] - x.args[1])
+            pair = _same_residue(x) or split_sides(x.args[0] - x.args[1])
             if pair is None or not self._fits_int32(*pair):
                 continue
             (la, ha), (lb, hb) = (int_range.value_range(side, self.domain) for side in pair)
@@ -352,8 +399,8 @@ class _Emitter:
     def _window_terms(self, args: list) -> list[tuple[tuple, object, object, int]]:
         """(the conjuncts, a, b, c) of each window 0 <= a - b <= c among `args`, in their
         order, a reading only the query's coordinates and b only the key's."""
-        pairs = _chain_pairs(args, lambda x: _split_sides(x) is not None)
-        found = [((first, second), *_split_sides(x), width) for first, second, x, width in pairs]
+        pairs = _chain_pairs(args, lambda x: split_sides(x) is not None)
+        found = [((first, second), *split_sides(x), width) for first, second, x, width in pairs]
         paired = {c for first, second, _, _ in pairs for c in (first, second)}
         for x in args:
             term = None if x in paired else _abs_window(x)
@@ -457,10 +504,6 @@ class _Emitter:
         raise TypeError(f"cannot print integer expression {e}")
 
 
-# A coords.fields call's full-block ops: a subtract, an AND and a compare.
-FIELDS_OPS = 3
-
-
 @dataclasses.dataclass(frozen=True)
 class _FieldTerm:
     """One conjunct (or a window's two) as 0 <= a - b <= width (None: a - b >= 0), a - b in
@@ -557,23 +600,6 @@ def _chain_pairs(args: list, accept) -> list[tuple]:
     return pairs
 
 
-def _split_sides(e) -> tuple | None:
-    """(a, b) with e = a - b, a reading only query coordinates (and the constant) and b
-    only key ones, both read; None when a term mixes them or one side reads nothing."""
-    query, key = sympy.Integer(0), sympy.Integer(0)
-    for term in sympy.Add.make_args(sympy.expand(e)):
-        sides = {s.name[-1] for s in term.free_symbols}
-        if sides == {"k"}:
-            key -= term
-        elif sides <= {"q"}:
-            query += term
-        else:
-            return None
-    if not query.free_symbols or not key.free_symbols:
-        return None
-    return query, key
-
-
 def _divides(e) -> bool:
     return bool(e.atoms(FloorDiv, FloorMod))
 
@@ -603,12 +629,12 @@ def _abs_bound(e) -> tuple | None:
 
 
 def _abs_window(e) -> tuple | None:
-    """(a, b, 2c) for |x| <= c with x + c = a - b split by side (_split_sides)."""
+    """(a, b, 2c) for |x| <= c with x + c = a - b split by side (split_sides)."""
     found = _abs_bound(e)
     if found is None:
         return None
     x, bound = found
-    sides = _split_sides(x + bound)
+    sides = split_sides(x + bound)
     return None if sides is None else (*sides, 2 * bound)
 
 
@@ -623,7 +649,7 @@ def _same_residue(e) -> tuple | None:
         mod, zero = zero, mod
     if not (isinstance(mod, FloorMod) and zero == 0):
         return None
-    sides = _split_sides(mod.args[0])
+    sides = split_sides(mod.args[0])
     if sides is None:
         return None
     d = mod.args[1]

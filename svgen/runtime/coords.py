@@ -37,6 +37,13 @@ class TokenCoords:
         """How a coordinate leaves this object (QueryCoords turns rows into columns)."""
         return value
 
+    def once(self, function):
+        """function(self): a value of these coordinates alone that a generated mask reads
+        through here (codegen's query functions, such as a coords.fields packing), so that
+        the forward kernel, whose query coordinates are decoded once per q tile, computes it
+        there once instead of on every block (svgen.runtime.forward); here, computed now."""
+        return function(self)
+
     @property
     def pos(self):
         """The kernel positions themselves (in this object's output orientation)."""
@@ -234,14 +241,24 @@ def windows(*terms, width: int):
     return top <= _SIGN + width
 
 
-def fields(*terms):
-    """0 <= a - b < 2^bits for every (a, b, shift, bits) of `terms`, a a query-side value
-    ([queries, 1]) and b a key-side one ([1, keys]): the terms packed into bit fields,
-    query = sum a << shift and key = sum b << shift on the narrow sides, then one subtract,
-    one AND and one compare on every pair, ((query - key) & clear) == 0 with clear every
-    bit outside the fields' kept bits, however many windows, one-sided bounds and
-    equalities (bits 0) the conjunction holds (a neighborhood's three axes: three ops where
-    coords.windows costs six).
+def pack(*terms):
+    """sum value << shift over the (value, shift) of `terms` (int32, wrapping): the bit-field
+    packing coords.fields compares, for one side of its terms."""
+    packed = 0
+    for value, shift in terms:
+        packed = packed + (jnp.left_shift(value, shift) if shift else value)
+    return packed
+
+
+def fields(query, *terms):
+    """0 <= a_i - b_i < 2^bits_i for every term, with `query` the packing of the a_i (a
+    query-side value, [queries, 1]: coords.pack((a_i, shift_i), ...), which the kernel
+    computes once per q tile, see TokenCoords.once) and `terms` the (b_i, shift_i, bits_i)
+    of the key side ([1, keys]): one subtract, one AND and one compare on every pair,
+    ((query - pack(b_i, shift_i)) & clear) == 0 with clear every bit outside the fields'
+    kept bits, however many windows, one-sided bounds and equalities (bits 0) the
+    conjunction holds (a neighborhood's three axes: three ops where coords.windows costs
+    six).
 
     Why it is exact: the printer gives each field room above its kept bits for every value
     of a - b over the geometry (negative ones included), so the lowest field whose a - b is
@@ -250,11 +267,8 @@ def fields(*terms):
     wraps). Windows 0 <= x <= c are scaled to 0 <= m * x <= 2^bits - 1 (the same integers
     x) by the printer (svgen/codegen/predicate.py, _field_layout), which also proves the
     room."""
-    query, key, kept = 0, 0, 0
-    for a, b, shift, bits in terms:
-        query = query + (jnp.left_shift(a, shift) if shift else a)
-        key = key + (jnp.left_shift(b, shift) if shift else b)
-        kept |= ((1 << bits) - 1) << shift
+    key = pack(*((b, shift) for b, shift, _ in terms))
+    kept = sum(((1 << bits) - 1) << shift for _, shift, bits in terms)
     clear = ~kept & 0xFFFFFFFF
     clear = clear - (1 << 32) if clear >= 1 << 31 else clear  # as the int32 it is
     return ((query - key) & clear) == 0

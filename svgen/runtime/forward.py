@@ -87,7 +87,7 @@ class _QueryBlockCoords:
     """The query coordinates of one compute block, read from the per-q-tile VMEM copy as
     [cq, ckv] (lane-replicated, tiled across the keys: full vregs, no broadcast)."""
 
-    def __init__(self, coords_ref, names: tuple[str, ...], block: Block):
+    def __init__(self, coords_ref, names: tuple, block: Block):
         self._ref, self._names, self._block = coords_ref, names, block
 
     def __getattr__(self, name: str):
@@ -95,10 +95,18 @@ class _QueryBlockCoords:
             raise AttributeError(
                 f"query coordinate {name!r} was not decoded for this mask (decoded: {self._names})"
             )
-        value = self._ref[self._names.index(name), self._block.rows, :]
-        if name == "is_text":
-            value = value != 0
-        return lanes(value, self._block.shape.ckv)
+        value = self._read(self._names.index(name))
+        return value != 0 if name == "is_text" else value
+
+    def once(self, function):
+        """A query function's value (coords.TokenCoords.once), computed in init with the
+        coordinates: one read, where computing it here would cost its ops on every block."""
+        if function not in self._names:
+            raise AttributeError(f"query function {function.__name__} was not decoded")
+        return self._read(self._names.index(function))
+
+    def _read(self, index: int):
+        return lanes(self._ref[index, self._block.rows, :], self._block.shape.ckv)
 
 
 def _decode_query_coords(
@@ -109,14 +117,20 @@ def _decode_query_coords(
     shape: "KernelShape",
     q_first=None,
 ):
-    """Decode a q tile's query coordinates (row form) into coords_ref [n, block_q, 128].
-    q_first: a chunked call's first query token in the video (svgen.runtime.chunks)."""
+    """Decode a q tile's query coordinates (row form) into coords_ref [n, block_q, 128]: a
+    name, the coordinate; a function (a generated module's query function), its value,
+    computed in row form too and transposed once. q_first: a chunked call's first query
+    token in the video (svgen.runtime.chunks)."""
     pos = q_block * shape.block_q + lax.broadcasted_iota(jnp.int32, (1, shape.block_q), 1)
     if q_first is not None:
         pos = pos + q_first
     q = QueryCoords(pos, layout)
+    rows = TokenCoords(pos, layout)
     for index, name in enumerate(names):
-        value = getattr(q, name).astype(jnp.int32)  # [block_q, 1]
+        if callable(name):
+            value = jnp.transpose(jnp.broadcast_to(name(rows), pos.shape).astype(jnp.int32))
+        else:
+            value = getattr(q, name).astype(jnp.int32)  # [block_q, 1]
         coords_ref[index] = jnp.broadcast_to(value, (shape.block_q, LANES))
 
 

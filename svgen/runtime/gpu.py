@@ -139,6 +139,10 @@ class _QueryColumns:
                 f"(decoded: {tuple(self._values)})"
             ) from None
 
+    def once(self, function):
+        """A query function's value, computed with the coordinates before the loop."""
+        return self._values[function]
+
 
 _INT32_MAX = np.iinfo(np.int32).max
 _INT32_MIN = np.iinfo(np.int32).min
@@ -219,7 +223,9 @@ def _attention_kernel(
     columns = []
     for p in patterns:
         coords = TokenCoords(q_video[:, None], p.layout)
-        column = _QueryColumns({name: getattr(coords, name) for name in p.query_coords})
+        column = _QueryColumns(
+            {c: c(coords) if callable(c) else getattr(coords, c) for c in p.query_coords}
+        )
         columns.append(ShiftedFrames(column, q_shift[:, None]) if per_video else column)
 
     def masked(p: _PatternCode, q_coords: _QueryColumns, k_pos, k_in, scores, k_shift=None):

@@ -235,3 +235,8 @@ class ShiftedFrames:
     def __getattr__(self, name: str):
         value = getattr(self._coords, name)
         return value - self._shift if name == "frame" else value
+
+    def once(self, function):
+        """function(self), computed here: a value the wrapped coordinates computed once per
+        q tile would have read unshifted frames."""
+        return function(self)

@@ -572,3 +572,22 @@ def predicate_tokens(text: str) -> int:
 def free_symbol_names(expr: sympy.Basic) -> tuple[str, ...]:
     """The names of the free symbols of ``expr``, sorted."""
     return tuple(sorted(s.name for s in expr.free_symbols))
+
+
+def split_sides(e: sympy.Basic) -> tuple[sympy.Basic, sympy.Basic] | None:
+    """(a, b) with e = a - b, a reading only query coordinates (``*_q``, and the constant)
+    and b only key ones, both read; None when a term mixes them or one side reads nothing.
+    Such a difference is computed on the narrow sides of a block and subtracted once per
+    pair (the code printer fuses comparisons of it; the residual analysis counts them so)."""
+    query, key = sympy.Integer(0), sympy.Integer(0)
+    for term in sympy.Add.make_args(sympy.expand(e)):
+        sides = {s.name[-1] for s in term.free_symbols}
+        if sides == {"k"}:
+            key -= term
+        elif sides <= {"q"}:
+            query += term
+        else:
+            return None
+    if not query.free_symbols or not key.free_symbols:
+        return None
+    return query, key
