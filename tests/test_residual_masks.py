@@ -405,3 +405,33 @@ def test_query_functions_are_decoded_once_and_shared_by_the_residual_masks(compi
     coords = _QueryBlockCoords(None, ("frame",), None)
     with pytest.raises(AttributeError, match="boundary_mask_fields was not decoded"):
         coords.once(module.boundary_mask_fields)
+
+
+def test_query_functions_past_the_analysis_count_raise_the_vmem_need(compile_text):
+    """Five conjunctions of windows in a union: five query functions, one [block_q, 128]
+    int32 buffer each, where the analysis counted the mask's four query coordinates (frame,
+    row, column and place): the module's VMEM limit is recounted with them, and the kernel
+    runs against float64."""
+    from svgen.analysis import query_coordinate_bound
+    from svgen.runtime.vmem import kernel_vmem
+
+    conjunctions = " or ".join(
+        f"f_q - f_k == {d} and abs(h_q - h_k) <= {d % 2} and abs(w_q - w_k) <= {d}"
+        for d in (1, 2, 3, 5, 6)
+    )
+    text = (
+        "svgen: 1\nname: small_echoes\ngeometry: {frames: 16, height: 8, width: 32}\n"
+        "attention: {heads: 1, head_dim: 128, dtype: float32}\n"
+        f'mask: {{expr: "{conjunctions}"}}\n'
+        # 2048-row tiles: a query value's buffer is 1 MiB, past the limit's rounding
+        "tiling: {block_q: 2048, block_kv: 512, compute_q: 512, compute_kv: 512}\n"
+    )
+    plan, module = compile_text(text, residual_masks=False)
+    (pattern,) = module._PATTERNS
+    values = len(pattern.query_coords)
+    assert values == 5 > query_coordinate_bound(plan.only.mask), pattern.query_coords
+    t = plan.spec.tiling
+    need = kernel_vmem(t.block_q, t.block_kv, t.cq, t.ckv, 128, "float32", values)
+    assert need.total > plan.vmem.total  # the analysis's count, which the module corrects
+    assert module.VMEM_LIMIT_BYTES == need.limit()
+    _run(plan, module, "float32")
