@@ -141,6 +141,8 @@ class _QueryColumns:
 
     def once(self, function):
         """A query function's value, computed with the coordinates before the loop."""
+        if function not in self._values:
+            raise AttributeError(f"query function {function.__name__} was not decoded")
         return self._values[function]
 
 
