@@ -21,7 +21,7 @@ from svgen.perf.cost import PathCosts, model_cycles
 from svgen.spec.expr import parse_predicate
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
-from svgen.runtime.tables import PieceTables
+from svgen.runtime.tables import PieceTables, variant_bits
 from svgen.spec import SpecError, parse_spec
 
 from helpers import (
@@ -203,11 +203,17 @@ def test_kernel_with_one_block_per_tile(dtype, compile_text):
     _run(plan, module, dtype)
 
 
-@pytest.mark.parametrize("dtype,text,softmax", [("float32", 0, ""), ("bfloat16", 24, "")])
-def test_kernel_with_several_blocks_per_tile(dtype, text, softmax, compile_text):
+@pytest.mark.parametrize(
+    "dtype,text,softmax,variants", [("float32", 0, "", 3), ("bfloat16", 24, "", 8)]
+)
+def test_kernel_with_several_blocks_per_tile(dtype, text, softmax, variants, compile_text):
+    """Four compute blocks per tile: 4 bits per block in the variants words, room for 15
+    variants: the three radial bands, and with text tokens more (blocks across two bands),
+    the last numbered above 7."""
     plan, module = compile_text(_RADIAL.format(dtype=dtype, text=text, softmax=softmax))
     (pattern,) = _with_variants(plan)
-    assert len(pattern.residuals.variants) == 3
+    assert len(pattern.residuals.variants) == variants
+    assert pattern.residuals.block_variant.max() == len(pattern.residuals.variants)
     _run(plan, module, dtype)
 
 
@@ -230,8 +236,8 @@ def test_a_wrong_variant_is_caught(compile_text, monkeypatch):
     differs from the reference (so the kernel tests above can fail)."""
     analyze_residuals = residuals.analyze
 
-    def everywhere_one(mask, layout, compute, kinds):
-        found = analyze_residuals(mask, layout, compute, kinds)
+    def everywhere_one(mask, layout, compute, kinds, max_variants):
+        found = analyze_residuals(mask, layout, compute, kinds, max_variants)
         wrong = np.where(kinds == TileKind.BOUNDARY, 1, 0).astype(np.int8)
         return dataclasses.replace(found, block_variant=wrong)
 
@@ -255,7 +261,8 @@ def test_the_model_charges_each_block_its_variant():
     b = int(TileKind.BOUNDARY)
     word = b | (b << 2)
     runs = np.array([[0, 0, 1, b, word], [0, 1, 1, b, word], [0, 2, 1, b, word]])
-    variants = np.array([0, 1 | (2 << 2), 2])  # block 0 / block 1: (0, 0), (1, 2), (2, 0)
+    bits = variant_bits(2)  # 4: two compute blocks leave room
+    variants = np.array([0, 1 | (2 << bits), 2])  # block 0 / block 1: (0, 0), (1, 2), (2, 0)
     tables = PieceTables.from_runs([runs], 1, compute_blocks=2, variants_per_pattern=[variants])
     _, steps, by_path = model_cycles(paths, tables, [0])
     assert steps["mixed"] == 3
@@ -435,3 +442,19 @@ def test_query_functions_past_the_analysis_count_raise_the_vmem_need(compile_tex
     assert need.total > plan.vmem.total  # the analysis's count, which the module corrects
     assert module.VMEM_LIMIT_BYTES == need.limit()
     _run(plan, module, "float32")
+
+
+def test_variant_words_take_4_bits_only_where_the_tile_has_room():
+    """variant_bits: 4 bits per compute block up to 8 blocks a tile (32 bits), 2 beyond;
+    the analysis packs a tile's word so (8 blocks: 4 bits each, 16 blocks: 2 bits each)."""
+    from svgen.analysis.tables import variant_words
+
+    assert [variant_bits(n) for n in (1, 2, 4, 8, 9, 16)] == [4, 4, 4, 4, 2, 2]
+    for rows, cols, bits in ((2, 4, 4), (4, 4, 2)):
+        grid = TileGrid(128 * cols, 128 * rows, 128 * cols, q_len=128 * rows)  # one tile
+        compute = TileGrid(128 * cols, 128, 128, q_len=128 * rows)
+        block_variant = (np.arange(rows * cols) % (1 << bits)).reshape(rows, cols)
+        kinds = np.full((1, 1), TileKind.BOUNDARY)
+        (word,) = variant_words(block_variant, kinds, grid, compute).ravel()
+        got = [(int(word) >> (bits * i)) & ((1 << bits) - 1) for i in range(rows * cols)]
+        assert got == block_variant.ravel().tolist(), (rows, cols)

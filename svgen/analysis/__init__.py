@@ -61,6 +61,7 @@ from svgen.runtime.tables import (
     runtime_table_bytes,
     selection_superset_runs,
     static_steps,
+    variant_bits,
     walks_flat,
 )
 from svgen.spec import BLOCK_MAX, Spec, Tiling
@@ -312,7 +313,11 @@ def _with_residuals(
                 continue
             try:
                 found = residuals.analyze(
-                    plan.mask, plan.layout, plan.compute_grid, plan.classification.kinds
+                    plan.mask,
+                    plan.layout,
+                    plan.compute_grid,
+                    plan.classification.kinds,
+                    (1 << variant_bits(spec.tiling.compute_blocks)) - 1,
                 )
             except WorkOverLimit as over:
                 out.append(dataclasses.replace(plan, residuals_skipped=over.work.name))

@@ -36,9 +36,13 @@ from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
 from svgen.spec.expr import FloorMod, split_sides
 
-# Variants a block can name besides the whole mask: 2 bits per compute block.
+# Variants a block can name besides the whole mask: 2 bits per compute block, or 4 where a
+# tile has few compute blocks (svgen.runtime.tables.variant_bits): 3, or 15.
 MAX_VARIANTS = 3
-VARIANT_BITS = 2
+# The kernel tries the variants one after another (a scalar compare and a branch each), so a
+# variant past the first MAX_VARIANTS is kept only where it saves at least this many
+# full-block ops per BOUNDARY block of the pattern (a branch: ~10 bundles of a ~65-bundle op).
+MIN_SAVED_PER_BRANCH = 0.25
 # Skeletons with more nodes than this get no variants (each node is one classification).
 MAX_NODES = 48
 # A variant must save at least this many full-block operations per block over the whole
@@ -127,10 +131,15 @@ def _nodes(root: _Node) -> list[_Node]:
 
 
 def analyze(
-    mask: ir.Node, layout: TokenLayout, compute: TileGrid, kinds: np.ndarray
+    mask: ir.Node,
+    layout: TokenLayout,
+    compute: TileGrid,
+    kinds: np.ndarray,
+    max_variants: int = MAX_VARIANTS,
 ) -> Residuals | None:
     """The variants of `mask` on the BOUNDARY compute blocks of `kinds` (its classification
-    at `compute`); None when no residual saves MIN_SAVED_OPS operations."""
+    at `compute`), at most `max_variants`; None when no residual saves MIN_SAVED_OPS
+    operations."""
     root = skeleton(mask)
     nodes = _nodes(root)
     if len(nodes) < 2 or len(nodes) > MAX_NODES:
@@ -162,7 +171,9 @@ def analyze(
         if mask_ops - ops >= MIN_SAVED_OPS:
             scored.append((counts[r] * (mask_ops - ops), r, residual, ops))
     scored.sort(key=lambda s: (-s[0], s[1]))
-    chosen = scored[:MAX_VARIANTS]
+    chosen = scored[:MAX_VARIANTS] + [
+        s for s in scored[MAX_VARIANTS:max_variants] if s[0] >= MIN_SAVED_PER_BRANCH * boundary.size
+    ]
     if not chosen or sum(s[0] for s in chosen) < MIN_SAVED_SHARE * boundary.size * mask_ops:
         return None
     block_variant = np.zeros(kinds.size, np.int8)

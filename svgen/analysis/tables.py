@@ -23,7 +23,7 @@ import dataclasses
 import numpy as np
 
 from svgen.analysis.classify import TileGrid
-from svgen.runtime.tables import BITS_PER_BLOCK, KIND_MASK, VARIANT_BITS, PieceTables
+from svgen.runtime.tables import BITS_PER_BLOCK, KIND_MASK, PieceTables, variant_bits
 from svgen.runtime.kinds import TileKind
 
 DEFAULT_SMEM_BUDGET = 1 << 20  # bytes: the SMEM of one TPU v6e TensorCore
@@ -150,10 +150,10 @@ def build_runs(
 def variant_words(
     block_variant: np.ndarray, kinds: np.ndarray, grid: TileGrid, compute: TileGrid
 ) -> np.ndarray:
-    """Per tile (0 unless BOUNDARY), VARIANT_BITS per compute block, row-major inside the
+    """Per tile (0 unless BOUNDARY), variant_bits per compute block, row-major inside the
     tile as the blocks word: the residual mask each BOUNDARY block runs."""
     per_tile = _per_tile(_padded(block_variant.astype(np.int64), grid, compute, 0), grid, compute)
-    shifts = VARIANT_BITS * np.arange(per_tile.shape[2], dtype=np.int64)
+    shifts = variant_bits(per_tile.shape[2]) * np.arange(per_tile.shape[2], dtype=np.int64)
     word = (per_tile << shifts).sum(axis=2)
     return np.where(kinds == TileKind.BOUNDARY, word, 0)
 

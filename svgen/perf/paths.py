@@ -33,6 +33,7 @@ import dataclasses
 import numpy as np
 
 from svgen.runtime.kinds import TileKind
+from svgen.runtime.tables import variant_bits
 
 # svgen.runtime.refine.SEGMENT_BOUNDARY (that module imports JAX; the cost model reads
 # tables without it): a compute block across run-time segments. A test checks they agree.
@@ -133,7 +134,8 @@ class PathCosts:
 
     def _boundary(self, pattern: int, index: int, padding: bool, variants: int) -> int:
         """A BOUNDARY block: the whole mask's cost, or its residual mask's."""
-        variant = (variants >> (2 * index)) & 3
+        bits = variant_bits(len(self.block[pattern]))
+        variant = (variants >> (bits * index)) & ((1 << bits) - 1)
         if variant == 0 or not self.residual_block:  # a kernel that runs whole masks only
             return self.block[pattern][index][2 if padding else 1]
         return self.residual_block[pattern][index][variant - 1][1 if padding else 0]

@@ -73,8 +73,7 @@ from svgen.runtime.steps import EXACT_GRID, Block, StepView, grid_step, head_ope
 from svgen.runtime.tables import (
     KIND_MASK,
     LANES,
-    VARIANT_BITS,
-    VARIANT_MASK,
+    variant_bits,
     BoundaryMask,
     KernelShape,
     PieceTables,
@@ -169,7 +168,7 @@ def _attention_kernel(
     (PatternCode.straight_words, svgen.runtime.straight) run the word's straight-line body;
     any other word takes a branch per compute block.
     has_variants: static tables whose last scalar operand holds each piece's residual-mask
-    variants (VARIANT_BITS per compute block; svgen.analysis.residuals): a BOUNDARY block of
+    variants (variant_bits per compute block; svgen.analysis.residuals): a BOUNDARY block of
     a pattern with residual masks runs the one its bits name.
     selected: a selection's per-row tables (svgen.runtime.select), whose PADDED blocks
     (kind 3) run unmasked but for the keys past seq_len.
@@ -341,8 +340,9 @@ def _attention_kernel(
             masked(block, pattern, bounded=bounded)
             return
         word = table_refs[-1][view.piece].astype(jnp.int32)
-        shift = VARIANT_BITS * (block.qi * shape.kv_blocks_per_tile + block.ki)
-        variant = lax.shift_right_logical(word, shift) & VARIANT_MASK
+        bits = variant_bits(shape.compute_blocks)
+        shift = bits * (block.qi * shape.kv_blocks_per_tile + block.ki)
+        variant = lax.shift_right_logical(word, shift) & ((1 << bits) - 1)
         for j in range(len(pattern.residual_masks) + 1):
             pl.when(variant == j)(
                 functools.partial(masked, block, pattern.variant(j), bounded=bounded)

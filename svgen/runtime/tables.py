@@ -27,9 +27,20 @@ KIND_MASK = (1 << KV_BLOCK_SHIFT) - 1
 MAX_BLOCKS = 1 << (Q_BLOCK_SHIFT - KV_BLOCK_SHIFT)  # 32768 tiles per side
 BITS_PER_BLOCK = 2  # a compute block's TileKind in a tile's `blocks` word
 # A BOUNDARY compute block's residual mask in a tile's `variants` word (0: the whole mask;
-# svgen.analysis.residuals): at most 3 variants.
+# svgen.analysis.residuals): VARIANT_BITS per block, at most 3 variants, or WIDE_VARIANT_BITS
+# (15) where a tile has at most WIDE_VARIANT_BLOCKS compute blocks (see variant_bits).
 VARIANT_BITS = 2
-VARIANT_MASK = (1 << VARIANT_BITS) - 1
+WIDE_VARIANT_BITS = 4
+WIDE_VARIANT_BLOCKS = 32 // WIDE_VARIANT_BITS
+
+
+def variant_bits(compute_blocks: int) -> int:
+    """Bits per compute block in a variants word: 4 where the tile's compute blocks leave
+    room in 32 bits (a radial mask at one block per tile has more band residuals than 3),
+    else 2."""
+    return WIDE_VARIANT_BITS if compute_blocks <= WIDE_VARIANT_BLOCKS else VARIANT_BITS
+
+
 LANES = 128
 RUN_COLUMNS = 5  # q_block, kv_start, length, kind, blocks
 
@@ -152,7 +163,7 @@ class PieceTables:
     blocks: np.ndarray | None  # int8/16/32 [all pieces], None with one compute block per tile
     slots: int
     flat: bool = False  # walk the heads' pieces one after another (see the module docstring)
-    # int8/16/32 [all pieces]: the residual-mask variant of each compute block (VARIANT_BITS
+    # int8/16/32 [all pieces]: the residual-mask variant of each compute block (variant_bits
     # each), read by the forward kernel only (the backward runs whole masks); None: no
     # pattern has variants. Not among `piece_operands`: the forward kernel appends it.
     variants: np.ndarray | None = None
@@ -187,7 +198,8 @@ class PieceTables:
                     for (_, run), v in zip(split, variants_per_pattern)
                 ]
             )
-            variants = _packed_words(words, blocks_dtype(compute_blocks, VARIANT_BITS))
+            bits = variant_bits(compute_blocks)
+            variants = _packed_words(words, blocks_dtype(compute_blocks, bits))
         return cls(first, counts, entries, lengths, blocks, slots, flat, variants)
 
     @property
