@@ -13,9 +13,11 @@ every pair of the block.
 
 The kernel cannot afford one function per block, so the distinct residuals are ranked by what
 they save (blocks x full-block operations no longer evaluated, estimated from the mask's
-expression) and the best MAX_VARIANTS become variants 1.. of the generated module, each a
-function of its own; every other BOUNDARY block runs variant 0, the whole mask. The tables
-carry 2 bits per compute block saying which (svgen.runtime.tables, `variants`).
+expression) and the best become variants 1.. of the generated module, each a function of
+its own; every other BOUNDARY block runs variant 0, the whole mask. The tables carry 2 bits
+per compute block saying which, or 4 where a tile has at most 8 compute blocks
+(svgen.runtime.tables, `variants`, `variant_bits`): at most MAX_VARIANTS variants, or 15, the
+ones past MAX_VARIANTS only where they pay for the branch every BOUNDARY block then takes.
 
 Soundness: a node is folded only where its classification proves it constant (a bounded
 predicate's tiles are BOUNDARY where unproven, so they stay), and a variant is chosen for a
