@@ -61,7 +61,7 @@ from svgen.runtime.tables import (
     runtime_table_bytes,
     selection_superset_runs,
     static_steps,
-    variant_bits,
+    variant_mask,
     walks_flat,
 )
 from svgen.spec import BLOCK_MAX, Spec, Tiling
@@ -317,7 +317,7 @@ def _with_residuals(
                     plan.layout,
                     plan.compute_grid,
                     plan.classification.kinds,
-                    (1 << variant_bits(spec.tiling.compute_blocks)) - 1,
+                    variant_mask(spec.tiling.compute_blocks),
                 )
             except WorkOverLimit as over:
                 out.append(dataclasses.replace(plan, residuals_skipped=over.work.name))

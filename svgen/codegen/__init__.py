@@ -27,6 +27,7 @@ from svgen.codegen import words as wording
 from svgen.codegen.predicate import MaskSource, aligned_mask, emit_mask
 from svgen.codegen.tilemap import render_tile_map
 from svgen.runtime.kinds import TileKind
+from svgen.runtime.tables import variant_bits
 
 # 3: generated modules name the table format as `tables.KernelShape` / `tables.Pattern` /
 # `tables.load_runs`, import libtpu_env from svgen.runtime, and GPU modules no longer
@@ -114,10 +115,16 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
             if pattern.budget
             else emit_mask(pattern.mask, pattern.layout, entry["mask_name"], shared)
         )
-        entry.update(_variants_entry(pattern, prefix, single, inline_limit, stem, files, shared))
+        entry.update(
+            _variants_entry(
+                pattern, prefix, single, inline_limit, stem, files, shared, plan.spec.tiling
+            )
+        )
         entry.update(_chunk_entry(plan, len(patterns), stem, files))
         entry["video"] = _video_entry(plan, len(patterns), stem, files)
         patterns.append(entry)
+    for entry in patterns:
+        entry["query_values"] = _query_values(entry, plan.spec)
     plan = _with_query_values(plan, patterns)
     context = _context(plan, spec_path, patterns)
     context["select"] = _select_entry(plan, name, files)
@@ -143,6 +150,7 @@ def _variants_entry(
     stem: str,
     files: dict[str, bytes],
     shared: dict[str, str],
+    tiling,
 ) -> dict:
     """A pattern's residual masks (svgen.analysis.residuals): their functions' names and
     what each is, and its runs' variant words, inline or in a .npy beside the module.
@@ -154,6 +162,8 @@ def _variants_entry(
     if found is None:
         return entry
     entry["variants_name"] = "STEP_VARIANTS" if single else f"{prefix.upper()}VARIANTS"
+    bits = variant_bits(tiling.compute_blocks)
+    entry["variant_bits"] = bits  # written in hex where 4: a digit a block
     runs, words = pattern.table.runs, pattern.table.variants
     if len(runs) > inline_limit:
         data = _npy_bytes(words.astype(np.int32))
@@ -161,7 +171,7 @@ def _variants_entry(
         entry["variants_sha256"] = hashlib.sha256(data).hexdigest()
         files[entry["variants_file"]] = data
     else:
-        entry["inline_variants"] = _format_variants(runs, words)
+        entry["inline_variants"] = _format_variants(runs, words, bits)
     names = wording.residual_names(pattern, prefix)
     entry["residual_masks_lines"] = _keyword_lines("residual_masks", names)
     for j, variant in enumerate(found.variants, 1):
@@ -215,7 +225,7 @@ def _with_query_values(plan: Plan, entries: list[dict]) -> Plan:
     with a tiling that fits, where they no longer fit the chip."""
     if plan.vmem is None:
         return plan
-    values = max(len(_query_values(e, plan.spec)) for e in entries)
+    values = max(len(e["query_values"]) for e in entries)
     assumed = max(query_coordinate_bound(p.mask) for p in plan.patterns)
     if values <= assumed:
         return plan
@@ -231,12 +241,16 @@ def _keyword_lines(keyword: str, items: list[str]) -> list[str]:
     return [f"        {keyword}=(", *(f"            {item}," for item in items), "        ),"]
 
 
-def _format_variants(runs: np.ndarray, words: np.ndarray) -> list[str]:
-    """Each run's variant word, a line per q tile as the runs: 2 bits per compute block
-    (last block first, in binary), 0 when every block runs the whole mask."""
+def _format_variants(runs: np.ndarray, words: np.ndarray, bits: int) -> list[str]:
+    """Each run's variant word, a line per q tile as the runs: `bits` per compute block (last
+    block first; 2 bits in binary, 4 in hex, a digit a block), 0 when every block runs the
+    whole mask."""
     lines = []
     for q_tile in dict.fromkeys(runs[:, 0].tolist()):
-        cells = [f"{_blocks_literal(w)}," for w in words[runs[:, 0] == q_tile].tolist()]
+        cells = [
+            f"{_blocks_literal(w) if bits == 2 else _hex_literal(w)},"
+            for w in words[runs[:, 0] == q_tile].tolist()
+        ]
         lines += [
             " ".join(cells[i : i + 2 * _RUNS_PER_LINE])
             for i in range(0, len(cells), 2 * _RUNS_PER_LINE)
@@ -468,6 +482,10 @@ def _blocks_literal(word: int) -> str:
     return "0" if word == 0 else f"0b{word:b}"
 
 
+def _hex_literal(word: int) -> str:
+    return "0" if word == 0 else f"0x{word:x}"
+
+
 def _layout_args(layout) -> list[str]:
     """TokenLayout's fields by the spec's names, one per line (anchor frames and the cube
     only where they exist, so that modules of the other layouts read as they always did)."""
@@ -601,7 +619,7 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
                 mask_lines=_mask_lines(mask.lines),
                 mask_result=mask.result,
                 query_functions=_query_function_entries(mask),
-                query_coords=_keyword_lines("query_coords", _query_values(files, spec)),
+                query_coords=_keyword_lines("query_coords", files["query_values"]),
             )
         )
     return {

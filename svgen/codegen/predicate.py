@@ -262,7 +262,7 @@ class _Emitter:
             layout = _field_layout([t.lo, t.hi, t.width] for t in terms)
             if layout is not None:
                 break
-            terms.remove(max(terms, key=lambda t: (_field_room(t.lo, t.hi, t.width), -t.order)))
+            terms.remove(max(terms, key=lambda t: (_field(t.lo, t.hi, t.width)[2], -t.order)))
         else:
             return []
         if _separate_ops(terms) <= FIELDS_OPS:
@@ -303,7 +303,7 @@ class _Emitter:
             if x in taken:
                 continue
             if isinstance(x, sympy.Eq):
-                pair = _same_residue(x) or split_sides(x.args[0] - x.args[1])
+                pair = _equality_sides(x)
                 if pair is not None:
                     found.append(((x,), *_key_side_positive(*pair, 0), 0, "equality"))
                 continue
@@ -331,7 +331,7 @@ class _Emitter:
         for x in args:
             if not isinstance(x, sympy.Eq):
                 continue
-            pair = _same_residue(x) or split_sides(x.args[0] - x.args[1])
+            pair = _equality_sides(x)
             if pair is None or not self._fits_int32(*pair):
                 continue
             (la, ha), (lb, hb) = (int_range.value_range(side, self.domain) for side in pair)
@@ -525,9 +525,10 @@ def _separate_ops(terms: list[_FieldTerm]) -> int:
     or one each, and an AND between each printed part and the next (windows fused by
     coords.windows cost the same two per window)."""
     kinds = [t.kind for t in terms]
-    equalities = kinds.count("equality")
-    parts = kinds.count("window") + kinds.count("bound") + min(equalities, 1)
-    return 2 * kinds.count("window") + kinds.count("bound") + min(equalities, 1) + parts - 1
+    windows, bounds = kinds.count("window"), kinds.count("bound")
+    equalities = min(kinds.count("equality"), 1)
+    parts = windows + bounds + equalities
+    return 2 * windows + bounds + equalities + parts - 1
 
 
 def _field_scale(width: int | None, hi: int) -> tuple[int, int]:
@@ -547,13 +548,14 @@ def _field_scale(width: int | None, hi: int) -> tuple[int, int]:
         bits += 1
 
 
-def _field_room(lo: int, hi: int, width: int | None) -> int:
-    """The bits a field needs: its kept bits and room above them for every m * x with x in
-    lo .. hi, so that m * x modulo 2^room is at most 2^bits - 1 only when m * x itself is
-    (0 <= m * x < 2^room, and m * x > 2^bits - 1 - 2^room)."""
+def _field(lo: int, hi: int, width: int | None) -> tuple[int, int, int]:
+    """(m, bits, room) of a term's field (_field_scale), room the bits it takes: its kept
+    bits and room above them for every m * x with x in lo .. hi, so that m * x modulo
+    2^room is at most 2^bits - 1 only when m * x itself is (0 <= m * x < 2^room, and
+    m * x > 2^bits - 1 - 2^room)."""
     m, bits = _field_scale(width, hi)
     top = (1 << bits) - 1
-    return max(bits, max(m * hi, top - m * lo).bit_length())
+    return m, bits, max(bits, max(m * hi, top - m * lo).bit_length())
 
 
 def _field_layout(terms) -> list[tuple[int, int, int]] | None:
@@ -561,9 +563,9 @@ def _field_layout(terms) -> list[tuple[int, int, int]] | None:
     None when they need more than 32 bits."""
     layout, shift = [], 0
     for lo, hi, width in terms:
-        m, bits = _field_scale(width, hi)
+        m, bits, room = _field(lo, hi, width)
         layout.append((m, shift, bits))
-        shift += _field_room(lo, hi, width)
+        shift += room
     return layout if shift <= 32 else None
 
 
@@ -636,6 +638,12 @@ def _abs_window(e) -> tuple | None:
     x, bound = found
     sides = split_sides(x + bound)
     return None if sides is None else (*sides, 2 * bound)
+
+
+def _equality_sides(e) -> tuple | None:
+    """(a, b) for an equality a == b between a query-side and a key-side value, or a same
+    residue (a - b) % d == 0 as (a % d, b % d); None for any other."""
+    return _same_residue(e) or split_sides(e.args[0] - e.args[1])
 
 
 def _same_residue(e) -> tuple | None:

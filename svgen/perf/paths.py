@@ -33,7 +33,7 @@ import dataclasses
 import numpy as np
 
 from svgen.runtime.kinds import TileKind
-from svgen.runtime.tables import variant_bits
+from svgen.runtime.tables import variant_bits, variant_mask
 
 # svgen.runtime.refine.SEGMENT_BOUNDARY (that module imports JAX; the cost model reads
 # tables without it): a compute block across run-time segments. A test checks they agree.
@@ -134,8 +134,8 @@ class PathCosts:
 
     def _boundary(self, pattern: int, index: int, padding: bool, variants: int) -> int:
         """A BOUNDARY block: the whole mask's cost, or its residual mask's."""
-        bits = variant_bits(len(self.block[pattern]))
-        variant = (variants >> (bits * index)) & ((1 << bits) - 1)
+        blocks = len(self.block[pattern])
+        variant = (variants >> (variant_bits(blocks) * index)) & variant_mask(blocks)
         if variant == 0 or not self.residual_block:  # a kernel that runs whole masks only
             return self.block[pattern][index][2 if padding else 1]
         return self.residual_block[pattern][index][variant - 1][1 if padding else 0]

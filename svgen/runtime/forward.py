@@ -74,6 +74,7 @@ from svgen.runtime.tables import (
     KIND_MASK,
     LANES,
     variant_bits,
+    variant_mask,
     BoundaryMask,
     KernelShape,
     PieceTables,
@@ -340,9 +341,10 @@ def _attention_kernel(
             masked(block, pattern, bounded=bounded)
             return
         word = table_refs[-1][view.piece].astype(jnp.int32)
-        bits = variant_bits(shape.compute_blocks)
-        shift = bits * (block.qi * shape.kv_blocks_per_tile + block.ki)
-        variant = lax.shift_right_logical(word, shift) & ((1 << bits) - 1)
+        shift = variant_bits(shape.compute_blocks) * (
+            block.qi * shape.kv_blocks_per_tile + block.ki
+        )
+        variant = lax.shift_right_logical(word, shift) & variant_mask(shape.compute_blocks)
         for j in range(len(pattern.residual_masks) + 1):
             pl.when(variant == j)(
                 functools.partial(masked, block, pattern.variant(j), bounded=bounded)

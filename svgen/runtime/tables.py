@@ -41,6 +41,12 @@ def variant_bits(compute_blocks: int) -> int:
     return WIDE_VARIANT_BITS if compute_blocks <= WIDE_VARIANT_BLOCKS else VARIANT_BITS
 
 
+def variant_mask(compute_blocks: int) -> int:
+    """A block's field of a variants word (variant_bits ones): also the most variants a
+    pattern can have besides its whole mask (3 or 15)."""
+    return (1 << variant_bits(compute_blocks)) - 1
+
+
 LANES = 128
 RUN_COLUMNS = 5  # q_block, kv_start, length, kind, blocks
 
