@@ -222,3 +222,28 @@ def test_modes_refused_without_the_key(compile_text):
     with pytest.raises(ValueError, match="compiled without `attention.softmax: bounded`"):
         module.attention.softmax_modes(None, None, None)
     assert not module.SHAPE.bounded_softmax
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_one_bound_for_rows_of_every_norm(dtype, compile_text):
+    # The bound is the tile's: its largest row's |q| max|k|, subtracted in every row. Row 0
+    # of each q tile is long and along the keys (best score ~ +R); the others are short
+    # (1e-3 of it) or as long but against the keys (best score ~ -R): exp2(-2 R) ~ 2^-78,
+    # the case the limit is set for, beside rows whose scores all sit near 0.
+    plan, module = compile_bounded(compile_text, dtype)
+    n = plan.layout.seq_len
+    rng = np.random.default_rng(12)
+    u = rng.standard_normal(128)
+    u /= np.linalg.norm(u)
+    a = np.sqrt(softmax.BOUND_LIMIT * 0.97 / SCALE)
+    k = a * u + 1e-2 * rng.standard_normal((2, n, 128))
+    k = (k * (a / np.linalg.norm(k, axis=-1, keepdims=True))).astype(np.float32)
+    sign = np.where(np.arange(n) % 2 == 0, 1e-3, -1.0)
+    sign[::128] = 1.0  # one long row along the keys per q tile (block_q 128)
+    q = (0.999 * a * sign[None, :, None] * u).astype(np.float32)
+    q = np.broadcast_to(q, (2, n, 128)).copy()
+    v = rng.standard_normal((2, n, 128)).astype(np.float32)
+    qd, kd = (np.asarray(jnp.asarray(x, dtype).astype(jnp.float32)) for x in (q, k))
+    assert np.all(bound_of(qd, kd) <= softmax.BOUND_LIMIT)
+    assert np.all(bound_of(qd, kd) > 0.9 * softmax.BOUND_LIMIT)
+    check(plan, module, q, k, v, dtype, want_modes=1)

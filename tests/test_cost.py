@@ -58,6 +58,7 @@ def test_cost_json_on_a_small_spec(tmp_path):
     ):
         assert key in report
     assert report["target"] == "v6e" and "static" in report["model"]
+    assert "key_pass_cycles" not in report  # online: no pass over k
     paths = report["paths"]
     assert 0 < paths["bookkeeping"] < paths["full"]
     assert min(paths["init"]) > 0 and paths["finalize"] > 0 and paths["pipeline"] > 0
@@ -270,5 +271,11 @@ def test_cost_of_a_bounded_softmax_kernel(tmp_path, runtime):
     fallback = report["fallback"]
     assert report["cycles"] < fallback["cycles"] and fallback["dense_cycles"] > 0
     PathCosts.from_json(report["paths"])  # the nested twin reads back
+    # The pass over k before the kernel: 2 heads x 2,240 keys x 128 x 2 B read once at
+    # v6e's 1.64 TB/s, 1.75 GHz; not in the kernel's cycles.
+    assert report["key_pass_cycles"] == int(2 * 2240 * 128 * 2 / 1640e9 * 1.75e9) == 1223
     text = svgen(tmp_path, "cost", "small.yaml").stdout  # the schedule from the cache
     assert "softmax: bounded" in text and "every q tile online" in text
+    with_pass = (report["cycles"] + 1223) / 1.75e6
+    assert "reads k's 1.1 MB once at 1.64 TB/s): 1,223 cycles = 1 us" in text
+    assert f"the call with it: {report['cycles'] + 1223:,} cycles = {with_pass:.2f} ms" in text

@@ -62,6 +62,14 @@ class CostReport:
     # select: the per-call selection program's counts and the cycles reading q and k once
     # at HBM bandwidth (measure_select_policy, pooling_floor)
     policy: tuple[PolicyCost, int] | None = None
+    # attention.softmax: bounded: the XLA pass over k before the kernel (each row's largest
+    # key norm, svgen.runtime.softmax.key_bound), in cycles at HBM bandwidth; not in `cycles`
+    key_pass: int | None = None
+
+    @property
+    def call_cycles(self) -> int:
+        """The call: the kernel and, for a bounded softmax, its pass over k."""
+        return self.cycles + (self.key_pass or 0)
 
     @property
     def ms(self) -> float:
@@ -105,6 +113,7 @@ class CostReport:
                 }
             ),
             **({} if self.utilisation is None else {"utilisation": self.utilisation.to_json(self)}),
+            **({} if self.key_pass is None else {"key_pass_cycles": self.key_pass}),
             **(
                 {}
                 if self.select is None
@@ -335,6 +344,18 @@ def _grouped(kinds, words, variants, lengths, padding):
         yield kind, word, variant, total, pad
 
 
+def key_bytes(plan) -> int:
+    """The bytes of k over all heads, one batch element (what a pass over k reads)."""
+    a = plan.spec.attention
+    return a.heads * plan.grid.seq_len * a.head_dim * (2 if a.dtype == "bfloat16" else 4)
+
+
+def key_pass_cycles(plan) -> int:
+    """A bounded softmax's XLA pass over k (svgen.runtime.softmax.key_bound): it reads k
+    once, in cycles at the target's HBM bandwidth (its output, 512 B a head, is noise)."""
+    return int(key_bytes(plan) / plan.target.hbm_bytes_per_s * plan.target.clock_ghz * 1e9)
+
+
 def pooling_floor(plan) -> int:
     """Cycles to read q and k once at the target's HBM bandwidth (what pooling must)."""
     a = plan.spec.attention
@@ -534,6 +555,7 @@ def cost_plan(
         utilisation(plan),
         _fallback_cycles(paths, plan, head_pattern),
         None if policy is None else (policy, pooling_floor(plan)),
+        None if paths.fallback is None else key_pass_cycles(plan),
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from svgen.perf.cost import CostReport, TrainingReport
+from svgen.perf.cost import CostReport, TrainingReport, key_bytes
 from svgen.perf.paths import PathCosts, mean_rounded
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.straight import word_glyphs
@@ -71,6 +71,11 @@ def _fallback_lines(report: CostReport, plan, per_tile: float, per_block: float)
         f"    every q tile online: {cycles:,} cycles = {ms:.2f} ms per call "
         f"({cycles / report.cycles:.3f}x); dense {dense:,} cycles "
         f"({dense / report.dense_cycles:.3f}x the bounded dense kernel)",
+        f"  the pass over k the bound needs (XLA, before the kernel: reads k's "
+        f"{key_bytes(plan) / 1e6:.1f} MB once at {plan.target.hbm_bytes_per_s / 1e12:.2f} "
+        f"TB/s): {report.key_pass:,} cycles = {report.key_pass / (report.clock_ghz * 1e3):.0f} "
+        f"us; the call with it: {report.call_cycles:,} cycles = "
+        f"{report.call_cycles / (report.clock_ghz * 1e6):.2f} ms",
     ]
 
 

@@ -167,7 +167,8 @@ def read_paths(
     padding keys: each of its blocks (q_blocks_per_tile of them) has a third branch, PADDED
     (with one compute block per tile: a phase of its own after the mixed ones).
     bounded: the kernel has every FULL / BOUNDARY phase twice (`attention.softmax: bounded`),
-    the bounded ones first: the paths of those, with the online twins' as `fallback`.
+    each set inside one branch on the q tile's mode, the bounded set first: the paths of
+    those, with the online twins' as `fallback`.
     straight: per pattern, its straight words (svgen.runtime.straight): each BOUNDARY tile's
     branch then holds one branch per word, then one holding the per-block branches."""
     loop_branches = schedule.branches_in_loop()
@@ -176,11 +177,13 @@ def read_paths(
     padded_phase = padded_column is not None and compute_blocks == 1
     # full, the mixed phases (and their twins), the PADDED tile phase: once, or per twin
     body_phases = 1 + patterns * twins + padded_phase
-    sets = 1 + bounded
-    init, *bodies, finalize = _kernel_phases(
-        [b for b in loop_branches if b.depth == stage + 1], body_phases * sets - 1
-    )
-    halves = [bodies[i * body_phases : (i + 1) * body_phases] for i in range(sets)]
+    top = [b for b in loop_branches if b.depth == stage + 1]
+    if bounded:  # init, the bounded set's branch, the online set's, finalize
+        init, *sets, finalize = _kernel_phases(top, 1)
+        halves = [_phases_inside(loop_branches, s, stage + 2, body_phases) for s in sets]
+    else:
+        init, *bodies, finalize = _kernel_phases(top, body_phases - 1)
+        halves = [bodies]
     read = [
         _read_phases(
             schedule,
@@ -192,14 +195,27 @@ def read_paths(
             segmented,
             padded_column,
             q_blocks_per_tile,
-            {b.address for other in halves if other is not half for b in other},
+            {s.address for s in sets if s is not set_} if bounded else set(),
             residuals or (0,) * patterns,
             # A bounded kernel's online twin has no straight bodies (svgen.runtime.forward).
             (straight if half is halves[0] else ()) or ((),) * patterns,
         )  # fmt: skip
-        for half in halves
+        for half, set_ in zip(halves, sets if bounded else [None])
     ]
     return dataclasses.replace(read[0], fallback=read[1]) if bounded else read[0]
+
+
+def _phases_inside(loop_branches, branch, depth: int, expected: int) -> list:
+    """The `expected` phases directly inside a bounded kernel's set `branch` (at `depth`)."""
+    phases = [
+        b for b in loop_branches if b.depth == depth and branch.address < b.address < branch.target
+    ]
+    if len(phases) != expected:
+        raise RuntimeError(
+            f"expected {expected} phases in a softmax mode's branch, found {len(phases)}: "
+            "the kernel and the cost model disagree"
+        )
+    return phases
 
 
 # Long (~135 lines): its helpers close over the schedule and the phase set, so they nest here.
@@ -366,14 +382,16 @@ def _read_phases(
 
 def _kernel_phases(top: list, patterns: int) -> list:
     """init, full, mixed per pattern, finalize among the step's top-level branches: the run
-    of 2 + patterns + 1 branches whose FULL and BOUNDARY ones do matmuls (the pipeline's own
-    conditional DMA issues and waits sit around them at the same depth). `patterns`: the
-    BOUNDARY phases (twice the patterns when each has a SEGMENT_BOUNDARY twin)."""
+    of 2 + patterns + 1 branches whose FULL and BOUNDARY ones do matmuls and whose last does
+    none (the pipeline's own conditional DMA issues and waits sit around them at the same
+    depth; a bounded kernel's init does one, its rows' norms). `patterns`: the BOUNDARY
+    phases (twice the patterns when each has a SEGMENT_BOUNDARY twin); for a bounded kernel,
+    1: its two sets of phases, one branch each."""
     expected = 2 + patterns + 1
     for start in range(1, len(top) - expected + 2):
         run = top[start - 1 : start - 1 + expected]
-        if all(b.mix.get("vmatmul") for b in run[1 : 1 + 1 + patterns]) and not any(
-            b.mix.get("vmatmul") for b in (run[0], run[-1])
+        if all(b.mix.get("vmatmul") for b in run[1 : 1 + 1 + patterns]) and not run[-1].mix.get(
+            "vmatmul"
         ):
             return run
     raise RuntimeError(

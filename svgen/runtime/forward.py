@@ -437,10 +437,12 @@ def _attention_kernel(
             )
 
     if bounded_kernel:
-        # Every path twice: the bounded one first, then the online fallback (the phase order
-        # svgen.perf.paths reads). The mode is one SMEM load per step.
-        body_paths(True, mode_ref[0] != 0)
-        body_paths(False, mode_ref[0] == 0)
+        # Every path twice, each set in one branch on the tile's mode (one SMEM load a step),
+        # so that a step tests only its own set's conditions: the bounded set first, then
+        # the online fallback (the order svgen.perf.paths reads).
+        bounded_mode = mode_ref[0] != 0
+        pl.when(bounded_mode)(functools.partial(body_paths, True, True))
+        pl.when(jnp.logical_not(bounded_mode))(functools.partial(body_paths, False, True))
     else:
         body_paths(False, True)
 
