@@ -27,8 +27,9 @@ NAME_RE = re.compile(r"[a-z][a-z0-9_]*\Z")
 SPEC_VERSION = 1
 LAYOUTS = (FRAME_MAJOR, TEMPORAL_MAJOR)  # the `layout:` names; tiled is {tiled: {...}}
 DTYPES = ("bfloat16", "float32")
-#: attention.softmax: the online softmax (a running row max), or a bound of each row's scores
-#: from the norms of q and k where it is small enough, online elsewhere (svgen.runtime.forward).
+#: attention.softmax: the online softmax (a running row max), or a bound of each q tile's
+#: scores from the norms of q and k where it is small enough, online elsewhere
+#: (svgen.runtime.softmax).
 SOFTMAX_MODES = ("online", "bounded")
 HEAD_DIMS = (64, 128, 256)
 #: How `tiling.align` rounds the mask to whole compute blocks (svgen.analysis.align says how
