@@ -450,3 +450,95 @@ def test_fields_that_cannot_fit_32_bits_leave_the_widest_out():
     assert source.count("coords.fields(") == 1 and "index" not in fields, source
     assert "q.row" in fields and "q.col" in fields and "q.frame" in fields, source
     assert "coords.within(q.index - k.index, 100000)" in source, source
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_strict_windows_print_as_one_compare(seed):
+    """|x| < c is |x| <= c - 1 on integers (c 0: never): written either way round, with
+    sides that sum several coordinates (Radial Attention's place 80 * h + w), alone, in a
+    conjunction and in a union, the printed mask keeps the predicate's value on every pair;
+    a window alone whose side sums several coordinates is one subtract of the two sides, the
+    query side a query function (q.once), and one unsigned compare: no abs."""
+    rng = np.random.default_rng(53_000 + seed)
+    lay = random_any_layout(rng)
+    scale = int(rng.integers(1, 20))
+    place = f"{scale} * (h_q - h_k) + w_q - w_k"
+    if rng.random() < 0.3:
+        place = f"{scale} * (f_q - f_k) + h_q - h_k + {int(rng.integers(-5, 6))}"
+    bound = int(rng.choice([0, 1, 2, 5, 17, 60]))
+    window = f"abs({place}) < {bound}" if rng.random() < 0.5 else f"{bound} > abs({place})"
+    form = seed % 3
+    text = (
+        window,
+        f"{window} and abs(f_q - f_k) < {int(rng.integers(1, 4))}",
+        f"f_k < 1 or {window}",
+    )[form]
+    _, mask = lower_mask_dict({"expr": text}, lay, 128, 128)
+    fn, source = emitted_function(mask, lay)
+    where = f"seed {seed}, {lay}\n{text}\n{source}"
+    np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(mask, lay), err_msg=where)
+    body = source.split("def boundary_mask(q, k):", 1)[1]
+    if form == 0 and bound > 0 and "coords.within(" in body:
+        assert "jnp.abs" not in body and "q.once(boundary_mask_side) - (" in body, where
+    if form == 1 and "coords.fields(" not in body and "coords.windows(" not in body:
+        assert "jnp.abs" not in body or "h_q" not in text, where
+
+
+def test_a_radial_band_window_prints_as_one_subtract_and_compare():
+    """abs(16 * (h_q - h_k) + w_q - w_k) < 20 on 16-wide frames: the place 16 * h + w of the
+    query once per q tile, the key's shifted by 19 on the block's row, then one compare
+    against 38 (0 <= x + 19 <= 38)."""
+    from svgen.runtime.layout import TokenLayout
+
+    lay = TokenLayout(4, 6, 16)
+    _, mask = lower_mask_dict({"expr": "abs(16 * (h_q - h_k) + w_q - w_k) < 20"}, lay, 128, 128)
+    fn, source = emitted_function(mask, lay)
+    query, body = source.split("def boundary_mask(q, k):", 1)
+    assert "side = 16 * q.row + q.col" in query, source
+    assert "coords.within(q.once(boundary_mask_side) - (16 * k.row + k.col - 19), 38)" in body
+    assert "jnp.abs" not in body and "<" not in body.split("expr = ", 1)[1], source
+    np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(mask, lay), err_msg=source)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_complements_of_other_disjuncts_are_dropped(seed):
+    """A or (not A and B) prints as A or B (Radial Attention's bands: |df| <= 1 or 2 <= |df|
+    and ...): on integers not x <= c is x >= c + 1, written any way round; the printed mask
+    keeps the predicate's value on every pair, without the complement where it was one."""
+    rng = np.random.default_rng(61_000 + seed)
+    lay = random_any_layout(rng)
+    c = int(rng.integers(0, 4))
+    a = str(
+        rng.choice(
+            [f"abs(f_q - f_k) <= {c}", f"abs(f_q - f_k) < {c + 1}", f"{c} >= abs(f_q - f_k)"]
+        )
+    )
+    complement = str(
+        rng.choice(
+            [f"{c + 1} <= abs(f_q - f_k)", f"abs(f_q - f_k) > {c}", f"abs(f_q - f_k) >= {c + 1}"]
+        )
+    )
+    if seed % 4 == 3:  # not a complement: kept
+        complement = f"abs(f_q - f_k) >= {c + 2}"
+    text = f"{a} or {complement} and abs(h_q - h_k) <= 2 or w_k < 2"
+    _, mask = lower_mask_dict({"expr": text}, lay, 128, 128)
+    fn, source = emitted_function(mask, lay)
+    where = f"seed {seed}, {lay}\n{text}\n{source}"
+    np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(mask, lay), err_msg=where)
+    if seed % 4 != 3:  # the complement's bound is gone (c + 1 <= |df| is printed with abs)
+        assert "<= jnp.abs(" not in source and "jnp.abs(k.frame - q.frame) >" not in source, where
+
+
+def test_absorb_complements():
+    from svgen.spec.expr import SYMBOLS, absorb_complements
+    import sympy
+
+    x = sympy.Abs(SYMBOLS["f_q"] - SYMBOLS["f_k"])
+    y = SYMBOLS["h_k"]
+    a = sympy.Le(x, 1)
+    assert absorb_complements([a, sympy.And(sympy.Ge(x, 2), y < 3)]) == [a, y < 3]
+    assert absorb_complements([a, sympy.And(sympy.Gt(x, 1), y < 3)]) == [a, y < 3]
+    assert absorb_complements([a, sympy.And(sympy.Le(2, x), y < 3)]) == [a, y < 3]
+    kept = sympy.And(sympy.Ge(x, 3), y < 3)  # x >= 3 is no complement of x <= 1
+    assert absorb_complements([a, kept]) == [a, kept]
+    assert absorb_complements([sympy.Lt(y, 4), sympy.And(sympy.Ge(y, 4), a)]) == [sympy.Lt(y, 4), a]

@@ -197,7 +197,7 @@ def _query_function_entries(source: MaskSource) -> list[dict]:
     return [
         {
             "name": f.name,
-            "doc": f"{f.owner}'s coords.fields, query side: once per q tile (TokenCoords.once).",
+            "doc": f"{f.owner}'s {f.reader}, query side: once per q tile (TokenCoords.once).",
             "lines": _mask_lines(f.lines),
             "result": f.result,
         }

@@ -18,7 +18,7 @@ import sympy
 from svgen import ir
 from svgen.analysis.residuals import FIELDS_OPS
 from svgen.spec import int_range, primitives
-from svgen.spec.expr import SYMBOLS, FloorDiv, FloorMod, split_sides
+from svgen.spec.expr import SYMBOLS, FloorDiv, FloorMod, absorb_complements, split_sides
 from svgen.runtime.layout import TokenLayout
 
 _COORD = {"f": "frame", "h": "row", "w": "col", "i": "index"}
@@ -49,6 +49,7 @@ class QueryFunction:
     lines: tuple[str, ...]  # statements, without indentation
     result: str
     query_coords: tuple[str, ...]  # the attributes of q it reads, sorted
+    reader: str = "coords.fields"  # the call whose query side it is
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +184,8 @@ class _Emitter:
             return f"jnp.{fill}(k.pos, dtype=jnp.bool_)"
         if isinstance(e, (sympy.And, sympy.Or)):
             op = " & " if isinstance(e, sympy.And) else " | "
-            args = sorted(e.args, key=_print_order)
+            args = e.args if isinstance(e, sympy.And) else absorb_complements(e.args)
+            args = sorted(args, key=_print_order)
             printed = [] if isinstance(e, sympy.Or) else self._same_place(args)
             if isinstance(e, sympy.And):
                 printed += self._fields(args, alone=top and not printed)
@@ -278,16 +280,18 @@ class _Emitter:
         call = f"coords.fields(q.once({name}), {', '.join(key)})"
         return self._call_line("fields", call, alone and not args)
 
-    def _query_function(self, value: str) -> str:
+    def _query_function(self, value: str, reader: str = "coords.fields") -> str:
         """The name of a QueryFunction returning `value` (an expression of q alone): one
-        already written with that value, else a new one named after the mask function."""
+        already written with that value, else a new one named after the mask function and
+        the call that reads it (`reader`: coords.fields' packing, coords.within's side)."""
         if value in self.shared:
             return self.shared[value]
-        name = self.fresh(f"{self.owner}_fields")
+        stem, result = ("fields", "packed") if reader == "coords.fields" else ("side", "side")
+        name = self.fresh(f"{self.owner}_{stem}")
         self.shared[value] = name
-        line = f"packed = {value}"
+        line = f"{result} = {value}"
         self.query_functions.append(
-            QueryFunction(name, self.owner, (line,), "packed", _query_reads([line]))
+            QueryFunction(name, self.owner, (line,), result, _query_reads([line]), reader)
         )
         return name
 
@@ -415,12 +419,32 @@ class _Emitter:
         return None if parts is None else f"coords.within({parts[0]}, {parts[1]})"
 
     def _within_parts(self, e) -> tuple[str, int] | None:
-        """(x + c printed, 2c) when e is |x| <= c, else None."""
+        """(x + c printed, 2c) when e is |x| <= c (or |x| < c + 1), else None."""
         found = _abs_bound(e)
         if found is None:
             return None
         x, bound = found
-        return _strip(self.integer(sympy.Add(x, bound))), 2 * bound
+        shifted, width = sympy.Add(x, bound), 2 * bound
+        grouped = self._grouped_sides(shifted, width)
+        return grouped or _strip(self.integer(shifted)), width
+
+    def _grouped_sides(self, shifted, width: int) -> str | None:
+        """x printed as query side - key side for 0 <= x <= width where a side sums several
+        coordinates (Radial Attention's place 80 * h + w): the query side is a query
+        function (q.once: once per q tile), the key side a row of the block, so every pair
+        pays one subtract where x printed term by term paid one per term after the first
+        of the other side (and the 0 <= x <= width compare after it, as before). None where
+        each side is one term: printed as it was."""
+        sides = split_sides(shifted)
+        if sides is None or not self._fits_int32(*sides):
+            return None
+        a, b = _key_side_positive(*sides, width)
+        constant, query = sympy.expand(a).as_coeff_Add()
+        terms = [len(sympy.Add.make_args(side)) for side in (query, b)]
+        if max(terms) < 2:
+            return None
+        name = self._query_function(_strip(self.integer(query)), reader="coords.within")
+        return f"q.once({name}) - {self.integer(sympy.expand(b - constant))}"
 
     def _is_text_test(self, e):
         """is_text_x == 0/1 printed as the boolean itself."""
@@ -617,17 +641,19 @@ def _key_side_positive(a, b, width: int) -> tuple:
 
 
 def _abs_bound(e) -> tuple | None:
-    """(x, c) when e is |x| <= c for a non-negative integer c, else None."""
-    if isinstance(e, sympy.Ge):
-        e = sympy.Le(e.args[1], e.args[0], evaluate=False)
+    """(x, c) when e is |x| <= c for a non-negative integer c, or |x| < c + 1 (x is an
+    integer: every coordinate and every value computed from them is), else None."""
+    if isinstance(e, (sympy.Ge, sympy.Gt)):
+        flipped = sympy.Le if isinstance(e, sympy.Ge) else sympy.Lt
+        e = flipped(e.args[1], e.args[0], evaluate=False)
     if not (
-        isinstance(e, sympy.Le)
+        isinstance(e, (sympy.Le, sympy.Lt))
         and isinstance(e.args[0], sympy.Abs)
         and isinstance(e.args[1], sympy.Integer)
-        and int(e.args[1]) >= 0
     ):
         return None
-    return e.args[0].args[0], int(e.args[1])
+    bound = int(e.args[1]) - isinstance(e, sympy.Lt)
+    return None if bound < 0 else (e.args[0].args[0], bound)
 
 
 def _abs_window(e) -> tuple | None:

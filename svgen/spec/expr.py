@@ -591,3 +591,47 @@ def split_sides(e: sympy.Basic) -> tuple[sympy.Basic, sympy.Basic] | None:
     if not query.free_symbols or not key.free_symbols:
         return None
     return query, key
+
+
+def absorb_complements(args) -> list:
+    """The disjuncts `args` of a union with every conjunct that is the integer complement of
+    another disjunct dropped: A or (not A and B) is A or B, and on integers not |x| <= 1 is
+    |x| >= 2 (Radial Attention's bands, each bounded below where the band before it ends).
+    Only comparisons of an expression with an integer are matched."""
+    args = list(args)
+    alone = {_integer_comparison(a) for a in args} - {None}
+    if not alone:
+        return args
+    out = []
+    for a in args:
+        if isinstance(a, sympy.And):
+            kept = [c for c in a.args if _integer_complement(c) not in alone]
+            if len(kept) < len(a.args):
+                a = sympy.And(*kept) if kept else sympy.true
+        out.append(a)
+    return out
+
+
+def _integer_comparison(e) -> tuple | None:
+    """e as (x, lo, hi): lo <= x <= hi with one of them None, for e comparing an expression
+    x with an integer either way round (x integer-valued: < c is <= c - 1); else None."""
+    if not isinstance(e, (sympy.Le, sympy.Lt, sympy.Ge, sympy.Gt)):
+        return None
+    lhs, rhs = e.args
+    upper = isinstance(e, (sympy.Le, sympy.Lt))  # lhs below rhs
+    strict = isinstance(e, (sympy.Lt, sympy.Gt))
+    if isinstance(lhs, sympy.Integer) and not isinstance(rhs, sympy.Integer):
+        lhs, rhs, upper = rhs, lhs, not upper
+    if not isinstance(rhs, sympy.Integer) or isinstance(lhs, sympy.Integer):
+        return None
+    c = int(rhs)
+    return (lhs, None, c - strict) if upper else (lhs, c + strict, None)
+
+
+def _integer_complement(e) -> tuple | None:
+    """The complement of e (_integer_comparison's form): x <= c is not x >= c + 1."""
+    found = _integer_comparison(e)
+    if found is None:
+        return None
+    x, lo, hi = found
+    return (x, hi + 1, None) if lo is None else (x, None, lo - 1)
