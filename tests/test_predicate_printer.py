@@ -542,3 +542,37 @@ def test_absorb_complements():
     kept = sympy.And(sympy.Ge(x, 3), y < 3)  # x >= 3 is no complement of x <= 1
     assert absorb_complements([a, kept]) == [a, kept]
     assert absorb_complements([sympy.Lt(y, 4), sympy.And(sympy.Ge(y, 4), a)]) == [sympy.Lt(y, 4), a]
+
+
+def test_nested_bounds_of_one_difference_merge():
+    """x <= a or x <= b is x <= max(a, b), each way round, strict or not: nested windows of
+    one difference (a radial mask written without its bands' lower bounds) print as one."""
+    import sympy
+
+    from svgen.spec.expr import SYMBOLS, absorb_complements
+
+    x = sympy.Abs(80 * (SYMBOLS["h_q"] - SYMBOLS["h_k"]) + SYMBOLS["w_q"] - SYMBOLS["w_k"])
+    y = SYMBOLS["f_k"]
+    assert absorb_complements([sympy.Lt(x, 900), sympy.Lt(x, 450), y < 1]) == [
+        sympy.Lt(x, 900),
+        y < 1,
+    ]
+    assert absorb_complements([sympy.Le(x, 449), sympy.Gt(900, x)]) == [sympy.Gt(900, x)]
+    assert absorb_complements([sympy.Ge(y, 3), sympy.Gt(y, 5)]) == [sympy.Ge(y, 3)]
+    both = [sympy.Ge(y, 3), sympy.Le(y, 1)]  # opposite ways: both kept
+    assert absorb_complements(both) == both
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_unions_of_nested_windows_print_as_the_oracle(seed):
+    rng = np.random.default_rng(67_000 + seed)
+    lay = random_any_layout(rng)
+    widths = rng.integers(0, 40, size=int(rng.integers(2, 4)))
+    place = f"{int(rng.integers(1, 20))} * (h_q - h_k) + w_q - w_k"
+    text = " or ".join(f"abs({place}) < {int(w)}" for w in widths) + " or f_k < 1"
+    _, mask = lower_mask_dict({"expr": text}, lay, 128, 128)
+    fn, source = emitted_function(mask, lay)
+    where = f"seed {seed}, {lay}\n{text}\n{source}"
+    np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(mask, lay), err_msg=where)
+    if widths.max() > 0 and "q.once(" in source:
+        assert source.count("coords.within(") == 1, where

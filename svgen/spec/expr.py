@@ -594,11 +594,13 @@ def split_sides(e: sympy.Basic) -> tuple[sympy.Basic, sympy.Basic] | None:
 
 
 def absorb_complements(args) -> list:
-    """The disjuncts `args` of a union with every conjunct that is the integer complement of
-    another disjunct dropped: A or (not A and B) is A or B, and on integers not |x| <= 1 is
-    |x| >= 2 (Radial Attention's bands, each bounded below where the band before it ends).
-    Only comparisons of an expression with an integer are matched."""
-    args = list(args)
+    """The disjuncts `args` of a union, simplified as the code printer and the residual
+    analysis read them: bounds of one expression the same way round merged into the loosest
+    (x <= a or x <= b is x <= max(a, b)), then every conjunct that is the integer complement
+    of another disjunct dropped: A or (not A and B) is A or B, and on integers not |x| <= 1
+    is |x| >= 2 (Radial Attention's bands, each bounded below where the band before it
+    ends). Only comparisons of an expression with an integer are matched."""
+    args = _merge_nested_bounds(list(args))
     alone = {_integer_comparison(a) for a in args} - {None}
     if not alone:
         return args
@@ -610,6 +612,23 @@ def absorb_complements(args) -> list:
                 a = sympy.And(*kept) if kept else sympy.true
         out.append(a)
     return out
+
+
+def _merge_nested_bounds(args: list) -> list:
+    """Disjuncts bounding one expression the same way merged into the loosest: x <= a or
+    x <= b is x <= max(a, b) (nested windows |dp| < 900 or |dp| < 450)."""
+    loosest: dict = {}
+    for a in args:
+        found = _integer_comparison(a)
+        if found is not None:
+            x, lo, hi = found
+            key = (x, lo is None)
+            bound = hi if lo is None else lo
+            best = loosest.get(key)
+            if best is None or (bound > best[1] if lo is None else bound < best[1]):
+                loosest[key] = (a, bound)
+    keep = {id(a) for a, _ in loosest.values()}
+    return [a for a in args if _integer_comparison(a) is None or id(a) in keep]
 
 
 def _integer_comparison(e) -> tuple | None:
