@@ -32,6 +32,25 @@ def test_search_space():
     assert {c.align for c in space} == {"exact", "balanced"}
 
 
+def test_wide_searches_8192_wide_kv_tiles(tmp_path):
+    """--wide adds 8192-wide kv tiles (never q tiles) to the search, within 16 blocks a tile;
+    without it none is tried; through the command line too."""
+    spec = parse_spec(SPEC)
+    plain = tune.candidates(spec, ["exact"])
+    wide = tune.candidates(spec, ["exact"], wide=True)
+    assert not any(8192 in (c.block_q, c.block_kv) for c in plain)
+    assert set(plain) < set(wide)
+    added = set(wide) - set(plain)
+    assert Candidate(2048, 8192, 1024, 1024, "exact") in added
+    assert Candidate(1024, 8192, 1024, 512, "exact") in added
+    assert all(c.block_kv == 8192 and c.block_q < 8192 and c.blocks <= 16 for c in added)
+    result = tune.tune(str(write_spec(tmp_path, SPEC)), measure=fake_measure([]), wide=True)
+    seen = {r.candidate for r in result.rows} | {c for c, _ in result.dropped}
+    assert any(c.block_kv == 8192 for c in seen)
+    args = cli._parser().parse_args(["tune", "--wide", "spec.yaml"])
+    assert args.wide and not cli._parser().parse_args(["tune", "spec.yaml"]).wide
+
+
 def test_search_space_of_a_tiled_layout_has_whole_cubes():
     """Cubes of 3 x 8 x 16 = 384 tokens (STA's are 6 x 8 x 8): tiles of 1, 2, 4 and 8 cubes
     with one-cube compute blocks join the powers of two; compute blocks divide their tiles."""

@@ -172,6 +172,12 @@ def _add_tune(sub) -> None:
         action="store_true",
         help="compile every candidate (slow: checks the estimates)",
     )
+    p.add_argument(
+        "--wide",
+        action="store_true",
+        help="also try 8192-wide kv tiles (half the grid steps of 4096-wide ones; each such "
+        "kernel compiles in minutes)",
+    )
     add_budget(p)
     p.set_defaults(run=tune_spec)
 

@@ -28,6 +28,7 @@ def tune_spec(args) -> int:
             smem_budget=args.smem_budget,
             confirm=args.confirm,
             exhaustive=args.exhaustive,
+            wide=args.wide,
             progress=progress,
         )
     finally:

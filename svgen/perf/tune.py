@@ -1,7 +1,8 @@
 """`svgen tune`: pick a spec's tiles (and align mode) with the `svgen cost` model.
 
-The search space: DMA tiles q x kv from TILE_SIZES, compute blocks from COMPUTE_SIZES that
-divide them (at most 16 per tile), the spec's own tiling, times the align modes asked for.
+The search space: DMA tiles q x kv from TILE_SIZES (kv tiles also of WIDE_KV_SIZES with
+`--wide`), compute blocks from COMPUTE_SIZES that divide them (at most 16 per tile), the
+spec's own tiling, times the align modes asked for.
 When every head uses one tiled layout whose cube is a multiple of 128 tokens, tiles of 1, 2,
 4 and 8 cubes and compute blocks of one cube join them: whole cubes make a cube window's
 blocks FULL or EMPTY, which powers of two cut (STA's 6 x 8 x 8 cubes are 384 tokens).
@@ -71,6 +72,11 @@ DEFAULT_CONFIRM = 3
 # commit ba4f3f8 with `svgen cost`.)
 NARROW_KEYS = 512
 NARROW_SIZES = (256,)
+# `wide` (svgen tune --wide): kv tiles of this width too. They halve the grid steps of
+# 4096-wide ones (the blog spec with a bounded softmax and `align: balanced`: 3.259x over
+# dense Splash's best at 2048 x 8192 against 3.230x at 2048 x 4096, bench/kernel_cost.py
+# --blog), but each such kernel compiles in 3-4 minutes here, so they are asked for.
+WIDE_KV_SIZES = (8192,)
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 Measure = Callable[[Plan], object]  # a plan -> its exact cost.PathCosts (compiles)
@@ -205,9 +211,11 @@ class TuneResult:
         }
 
 
-def candidates(spec: Spec, aligns: Sequence[str], narrow: bool = False) -> list[Candidate]:
+def candidates(
+    spec: Spec, aligns: Sequence[str], narrow: bool = False, wide: bool = False
+) -> list[Candidate]:
     """The search space (module docstring), the spec's own tiling first; with NARROW_SIZES
-    for a `narrow` spec (NARROW_KEYS)."""
+    for a `narrow` spec (NARROW_KEYS), and kv tiles of WIDE_KV_SIZES where asked (`wide`)."""
     t = spec.tiling
     out = [Candidate(t.block_q, t.block_kv, t.cq, t.ckv, a) for a in aligns]
     tiles, computes = TILE_SIZES, COMPUTE_SIZES
@@ -217,8 +225,9 @@ def candidates(spec: Spec, aligns: Sequence[str], narrow: bool = False) -> list[
     if cube:
         computes = tuple(sorted({*computes, cube}))
         tiles = tuple(sorted({*tiles, *(cube * m for m in (1, 2, 4, 8) if cube * m <= BLOCK_MAX)}))
+    kv_tiles = tuple(sorted({*tiles, *WIDE_KV_SIZES})) if wide else tiles
     for bq in tiles:
-        for bkv in tiles:
+        for bkv in kv_tiles:
             for cq in (c for c in computes if c <= bq and bq % c == 0):
                 for ckv in (c for c in computes if c <= bkv and bkv % c == 0):
                     if (bq // cq) * (bkv // ckv) > MAX_COMPUTE_BLOCKS:
@@ -257,10 +266,12 @@ def tune(
     smem_budget: int = DEFAULT_SMEM_BUDGET,
     confirm: int = DEFAULT_CONFIRM,
     exhaustive: bool = False,
+    wide: bool = False,
     measure: Measure | None = None,
     progress: Progress | None = None,
 ) -> TuneResult:
-    """Rank the search space of the spec at `spec_path` (module docstring)."""
+    """Rank the search space of the spec at `spec_path` (module docstring); `wide`: with
+    kv tiles of WIDE_KV_SIZES."""
     start = time.perf_counter()
     text = _read(spec_path)
     spec = parse_spec(text, source=spec_path)
@@ -271,7 +282,9 @@ def tune(
     if measure is None:
         measure = _compile_measure(spec_path)
     progress = progress or (lambda what, done, total: None)
-    plans, dropped = _analyze_all(text, spec_path, spec, aligns, target, smem_budget, progress)
+    plans, dropped = _analyze_all(
+        text, spec_path, spec, aligns, target, smem_budget, progress, wide
+    )
     if not plans:
         raise SpecError(
             "no candidate tiling fits the SMEM and VMEM budgets", file=spec_path, key="tiling"
@@ -374,10 +387,10 @@ def _read(spec_path: str) -> str:
         ) from None
 
 
-def _analyze_all(text, spec_path, spec, aligns, target, smem_budget, progress):
+def _analyze_all(text, spec_path, spec, aligns, target, smem_budget, progress, wide=False):
     """{candidate: plan} of those within the budgets, and [(candidate, why)] of the rest.
     The spec's own tiling first: its plan says whether the spec is narrow (NARROW_KEYS)."""
-    space = candidates(spec, aligns)
+    space = candidates(spec, aligns, wide=wide)
     own = space[: len(aligns)]
     plans, dropped = {}, []
 
@@ -393,7 +406,7 @@ def _analyze_all(text, spec_path, spec, aligns, target, smem_budget, progress):
     for done, c in enumerate(own, 1):
         analyze_one(c, done, len(space))
     if plans and _is_narrow(next(iter(plans.values()))):
-        space = candidates(spec, aligns, narrow=True)
+        space = candidates(spec, aligns, narrow=True, wide=wide)
     rest = [c for c in space if c not in own]
     for done, c in enumerate(rest, len(own) + 1):
         analyze_one(c, done, len(space))
