@@ -529,19 +529,19 @@ def test_complements_of_other_disjuncts_are_dropped(seed):
         assert "<= jnp.abs(" not in source and "jnp.abs(k.frame - q.frame) >" not in source, where
 
 
-def test_absorb_complements():
-    from svgen.spec.expr import SYMBOLS, absorb_complements
+def test_simplify_union_drops_complements():
+    from svgen.spec.expr import SYMBOLS, simplify_union
     import sympy
 
     x = sympy.Abs(SYMBOLS["f_q"] - SYMBOLS["f_k"])
     y = SYMBOLS["h_k"]
     a = sympy.Le(x, 1)
-    assert absorb_complements([a, sympy.And(sympy.Ge(x, 2), y < 3)]) == [a, y < 3]
-    assert absorb_complements([a, sympy.And(sympy.Gt(x, 1), y < 3)]) == [a, y < 3]
-    assert absorb_complements([a, sympy.And(sympy.Le(2, x), y < 3)]) == [a, y < 3]
+    assert simplify_union([a, sympy.And(sympy.Ge(x, 2), y < 3)]) == [a, y < 3]
+    assert simplify_union([a, sympy.And(sympy.Gt(x, 1), y < 3)]) == [a, y < 3]
+    assert simplify_union([a, sympy.And(sympy.Le(2, x), y < 3)]) == [a, y < 3]
     kept = sympy.And(sympy.Ge(x, 3), y < 3)  # x >= 3 is no complement of x <= 1
-    assert absorb_complements([a, kept]) == [a, kept]
-    assert absorb_complements([sympy.Lt(y, 4), sympy.And(sympy.Ge(y, 4), a)]) == [sympy.Lt(y, 4), a]
+    assert simplify_union([a, kept]) == [a, kept]
+    assert simplify_union([sympy.Lt(y, 4), sympy.And(sympy.Ge(y, 4), a)]) == [sympy.Lt(y, 4), a]
 
 
 def test_nested_bounds_of_one_difference_merge():
@@ -549,18 +549,18 @@ def test_nested_bounds_of_one_difference_merge():
     one difference (a radial mask written without its bands' lower bounds) print as one."""
     import sympy
 
-    from svgen.spec.expr import SYMBOLS, absorb_complements
+    from svgen.spec.expr import SYMBOLS, simplify_union
 
     x = sympy.Abs(80 * (SYMBOLS["h_q"] - SYMBOLS["h_k"]) + SYMBOLS["w_q"] - SYMBOLS["w_k"])
     y = SYMBOLS["f_k"]
-    assert absorb_complements([sympy.Lt(x, 900), sympy.Lt(x, 450), y < 1]) == [
+    assert simplify_union([sympy.Lt(x, 900), sympy.Lt(x, 450), y < 1]) == [
         sympy.Lt(x, 900),
         y < 1,
     ]
-    assert absorb_complements([sympy.Le(x, 449), sympy.Gt(900, x)]) == [sympy.Gt(900, x)]
-    assert absorb_complements([sympy.Ge(y, 3), sympy.Gt(y, 5)]) == [sympy.Ge(y, 3)]
+    assert simplify_union([sympy.Le(x, 449), sympy.Gt(900, x)]) == [sympy.Gt(900, x)]
+    assert simplify_union([sympy.Ge(y, 3), sympy.Gt(y, 5)]) == [sympy.Ge(y, 3)]
     both = [sympy.Ge(y, 3), sympy.Le(y, 1)]  # opposite ways: both kept
-    assert absorb_complements(both) == both
+    assert simplify_union(both) == both
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -36,7 +36,7 @@ from svgen.analysis.axis_terms import axis_sizes, polynomial
 from svgen.analysis.classify import TileGrid, classify_tiles
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
-from svgen.spec.expr import FloorMod, absorb_complements, split_sides
+from svgen.spec.expr import FloorMod, abs_upper_bound, simplify_union, split_sides
 
 # Variants a block can name besides the whole mask: 2 bits per compute block, or 4 where a
 # tile has few compute blocks (svgen.runtime.tables.variant_bits): 3, or 15.
@@ -303,7 +303,8 @@ def estimate_ops(mask: ir.Node) -> int:
 def _mixed_ops(e) -> int:
     if not isinstance(e, sympy.Basic) or not e.args:
         return 0
-    if _abs_upper_bound(e) and _compares_sides(e):
+    window = abs_upper_bound(e)
+    if window is not None and split_sides(window[0]) is not None:
         return WITHIN_OPS
     if isinstance(e, sympy.And):
         fused = [a for a in e.args if _compares_sides(a)]
@@ -311,7 +312,7 @@ def _mixed_ops(e) -> int:
             rest = [a for a in e.args if a not in fused]
             return FIELDS_OPS + sum(_mixed_ops(a) + 1 for a in rest)
     if isinstance(e, sympy.Or):  # as the code printer writes it
-        e = sympy.Or(*absorb_complements(e.args), evaluate=False)
+        e = sympy.Or(*simplify_union(e.args), evaluate=False)
     sides = {s.name[-1] for s in e.free_symbols}
     inner = sum(_mixed_ops(a) for a in e.args)
     if sides != {"q", "k"}:
@@ -329,24 +330,11 @@ def _compares_sides(e) -> bool:
     lhs, rhs = e.args
     if isinstance(e, sympy.Eq) and rhs == 0 and isinstance(lhs, FloorMod):
         lhs = lhs.args[0]
-    elif _abs_upper_bound(e):
-        lhs = (lhs if isinstance(lhs, sympy.Abs) else rhs).args[0]
-    elif e.has(sympy.Abs):
-        return False  # |x| >= c: no window (and a difference inside Abs mixes sides)
-    else:
+    elif (window := abs_upper_bound(e)) is not None:
+        lhs = window[0]
+    else:  # |x| >= c is no window: x inside the Abs mixes the sides, split_sides refuses it
         lhs = lhs - rhs
     return split_sides(lhs) is not None
-
-
-def _abs_upper_bound(e) -> bool:
-    """Whether e is |x| <= c or |x| < c (written either way round) for an integer c."""
-    if isinstance(e, (sympy.Le, sympy.Lt)):
-        lhs, rhs = e.args
-    elif isinstance(e, (sympy.Ge, sympy.Gt)):
-        rhs, lhs = e.args
-    else:
-        return False
-    return isinstance(lhs, sympy.Abs) and rhs.is_Integer
 
 
 def relative_work(mask: ir.Node, layout: TokenLayout) -> float | None:

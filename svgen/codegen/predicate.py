@@ -18,7 +18,14 @@ import sympy
 from svgen import ir
 from svgen.analysis.residuals import FIELDS_OPS
 from svgen.spec import int_range, primitives
-from svgen.spec.expr import SYMBOLS, FloorDiv, FloorMod, absorb_complements, split_sides
+from svgen.spec.expr import (
+    SYMBOLS,
+    FloorDiv,
+    FloorMod,
+    abs_upper_bound,
+    simplify_union,
+    split_sides,
+)
 from svgen.runtime.layout import TokenLayout
 
 _COORD = {"f": "frame", "h": "row", "w": "col", "i": "index"}
@@ -184,7 +191,7 @@ class _Emitter:
             return f"jnp.{fill}(k.pos, dtype=jnp.bool_)"
         if isinstance(e, (sympy.And, sympy.Or)):
             op = " & " if isinstance(e, sympy.And) else " | "
-            args = e.args if isinstance(e, sympy.And) else absorb_complements(e.args)
+            args = e.args if isinstance(e, sympy.And) else simplify_union(e.args)
             args = sorted(args, key=_print_order)
             printed = [] if isinstance(e, sympy.Or) else self._same_place(args)
             if isinstance(e, sympy.And):
@@ -420,7 +427,7 @@ class _Emitter:
 
     def _within_parts(self, e) -> tuple[str, int] | None:
         """(x + c printed, 2c) when e is |x| <= c (or |x| < c + 1), else None."""
-        found = _abs_bound(e)
+        found = abs_upper_bound(e)
         if found is None:
             return None
         x, bound = found
@@ -640,25 +647,9 @@ def _key_side_positive(a, b, width: int) -> tuple:
     return a, b
 
 
-def _abs_bound(e) -> tuple | None:
-    """(x, c) when e is |x| <= c for a non-negative integer c, or |x| < c + 1 (x is an
-    integer: every coordinate and every value computed from them is), else None."""
-    if isinstance(e, (sympy.Ge, sympy.Gt)):
-        flipped = sympy.Le if isinstance(e, sympy.Ge) else sympy.Lt
-        e = flipped(e.args[1], e.args[0], evaluate=False)
-    if not (
-        isinstance(e, (sympy.Le, sympy.Lt))
-        and isinstance(e.args[0], sympy.Abs)
-        and isinstance(e.args[1], sympy.Integer)
-    ):
-        return None
-    bound = int(e.args[1]) - isinstance(e, sympy.Lt)
-    return None if bound < 0 else (e.args[0].args[0], bound)
-
-
 def _abs_window(e) -> tuple | None:
     """(a, b, 2c) for |x| <= c with x + c = a - b split by side (split_sides)."""
-    found = _abs_bound(e)
+    found = abs_upper_bound(e)
     if found is None:
         return None
     x, bound = found

@@ -353,7 +353,12 @@ def key_bytes(plan) -> int:
 def key_pass_cycles(plan) -> int:
     """A bounded softmax's XLA pass over k (svgen.runtime.softmax.key_bound): it reads k
     once, in cycles at the target's HBM bandwidth (its output, 512 B a head, is noise)."""
-    return int(key_bytes(plan) / plan.target.hbm_bytes_per_s * plan.target.clock_ghz * 1e9)
+    return _hbm_cycles(plan, key_bytes(plan))
+
+
+def _hbm_cycles(plan, nbytes: int) -> int:
+    """Cycles to move `nbytes` at the target's HBM bandwidth (whole cycles, rounded down)."""
+    return int(nbytes / plan.target.hbm_bytes_per_s * plan.target.clock_ghz * 1e9)
 
 
 def pooling_floor(plan) -> int:
@@ -361,7 +366,7 @@ def pooling_floor(plan) -> int:
     a = plan.spec.attention
     size = 2 if a.dtype == "bfloat16" else 4
     qk_bytes = 2 * a.heads * plan.layout.seq_len * a.head_dim * size
-    return int(qk_bytes / plan.target.hbm_bytes_per_s * plan.target.clock_ghz * 1e9)
+    return _hbm_cycles(plan, qk_bytes)
 
 
 def model_chunks(paths: PathCosts, plan, head_pattern) -> "ChunkReport":

@@ -52,7 +52,7 @@ def bounded_init(q_scaled, key_bound_ref, mode_ref, q_block, q_rows: int, shape:
     otherwise. Rows past q_rows (garbage past the array) count as 0.
 
     The rows' squared norms come from the MXU, lane-major (ones [8, d] x squares^T): a lane
-    reduction of each row on the XLU cost 1,982 against 1,329 bundles for the whole init
+    reduction of each row on the XLU cost 1,982 against 1,323 bundles for the whole init
     (v6e, the blog spec's 2048-row tiles). The squares go in as bf16, each within 2^-9 of
     its value, all positive: R is within 2^-10 of |q_row| max|k|, which the limit's margin
     covers (an exponent off by at most 0.04)."""

@@ -593,7 +593,7 @@ def split_sides(e: sympy.Basic) -> tuple[sympy.Basic, sympy.Basic] | None:
     return query, key
 
 
-def absorb_complements(args) -> list:
+def simplify_union(args) -> list:
     """The disjuncts `args` of a union, simplified as the code printer and the residual
     analysis read them: bounds of one expression the same way round merged into the loosest
     (x <= a or x <= b is x <= max(a, b)), then every conjunct that is the integer complement
@@ -629,6 +629,19 @@ def _merge_nested_bounds(args: list) -> list:
                 loosest[key] = (a, bound)
     keep = {id(a) for a, _ in loosest.values()}
     return [a for a in args if _integer_comparison(a) is None or id(a) in keep]
+
+
+def abs_upper_bound(e) -> tuple | None:
+    """(x, c) when e is |x| <= c for an integer c >= 0, or |x| < c + 1, written either way
+    round (x integer-valued, as every coordinate and value computed from them is); else
+    None: a window 0 <= x + c <= 2c, as the code printer and the residual analysis read it."""
+    found = _integer_comparison(e)
+    if found is None:
+        return None
+    x, lo, hi = found
+    if lo is not None or not isinstance(x, sympy.Abs) or hi < 0:
+        return None
+    return x.args[0], hi
 
 
 def _integer_comparison(e) -> tuple | None:
