@@ -456,7 +456,7 @@ def _check_backward_tables(spec: Spec, patterns, tiles, chip: Target, smem_budge
         f"the backward (dk, dv and dq) tables need {need:,} bytes of SMEM, over {smem_budget:,}: use "
         f"larger tiles (the backward walk of the transposed tables; tiling {t.block_q} x {t.block_kv})",
         file=spec.source,
-        key="tiling",
+        key=spec.tiling_source(spec.tiling_chip),
     )
 
 
@@ -675,7 +675,7 @@ def check_vmem(spec: Spec, chip: Target, query_coords: int = 0):
         f"over the {available / MIB:.0f} MiB a kernel may use on {chip.name} "
         f"({chip.vmem_bytes / MIB:.0f} MiB per TensorCore); {hint}",
         file=spec.source,
-        key="tiling",
+        key=spec.tiling_source(spec.tiling_chip),
     )
 
 
@@ -717,5 +717,5 @@ def _over_budget_error(spec: Spec, patterns, err, smem_budget) -> SpecError:
         f"{grid.block_q} x {grid.block_kv} tiles, over the SMEM budget of {smem_budget:,} bytes "
         f"(--smem-budget); {hint}",
         file=spec.source,
-        key="tiling",
+        key=spec.tiling_source(spec.tiling_chip),
     )

@@ -268,6 +268,11 @@ class Plan:
             "num_kv_blocks": self.grid.num_kv_blocks,
             "align": self.spec.tiling.align,
         }
+        if self.spec.tilings:  # a spec that names a chip's own tiling: which is in effect
+            out["tiling_chip"] = self.target.name
+            out["tiling_from"] = (
+                f"tiling.{self.spec.tiling_chip}" if self.spec.tiling_chip else "tiling"
+            )
         if len(self.patterns) == 1:
             single = self.only.summary()
             out.update(

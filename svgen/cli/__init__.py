@@ -16,11 +16,13 @@ import argparse
 import os
 import sys
 
+from svgen.cli.bench import bench_specs, parse_tiling, tune_measured
 from svgen.cli.compile import compile_specs
 from svgen.cli.cost import NO_LIBTPU, cost_spec
 from svgen.cli.cost import libtpu_installed as _libtpu_installed
 from svgen.cli.inspect import inspect_spec
 from svgen.cli.messages import EXIT_BAD_INPUT, located
+from svgen.analysis.targets import TARGETS
 from svgen.cli.options import OUT_DEFAULT, add_budget, positive_int
 from svgen.cli.progress import Progress as _Progress  # noqa: F401 - tests import it from here
 from svgen.cli.schema import print_schema
@@ -52,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_inspect(sub)
     _add_cost(sub)
     _add_tune(sub)
+    _add_bench(sub)
     _add_schema(sub)
     return parser
 
@@ -178,8 +181,106 @@ def _add_tune(sub) -> None:
         help="also try 8192-wide kv tiles (half the grid steps of 4096-wide ones; each such "
         "kernel compiles in minutes)",
     )
+    p.add_argument(
+        "--measure",
+        action="store_true",
+        help="time candidate tilings on the attached TPU instead of ranking them with the "
+        "model (a candidate that fails to compile or run is infeasible); measurements are "
+        "cached per chip, versions, spec and tiling; --apply writes the winner under "
+        "tiling.<chip>",
+    )
+    p.add_argument(
+        "--backward",
+        action="store_true",
+        help="with --measure: time forward + backward (jax.grad), for a spec used in training",
+    )
+    p.add_argument(
+        "--budget",
+        type=positive_int,
+        default=540,
+        metavar="SECONDS",
+        help="with --measure: start no new candidate after this many seconds (default 540)",
+    )
+    p.add_argument(
+        "--iters",
+        type=positive_int,
+        default=5,
+        metavar="N",
+        help="with --measure: timed calls per candidate, after one warm-up (default 5)",
+    )
+    p.add_argument("--interpret", action="store_true", help=argparse.SUPPRESS)
     add_budget(p)
-    p.set_defaults(run=tune_spec)
+    p.set_defaults(run=_tune)
+
+
+def _tune(args) -> int:
+    if args.measure:
+        if args.align or args.exhaustive or args.wide:
+            print(
+                "svgen: error: --measure times the spec's own align mode only, with no "
+                "estimates: --align, --exhaustive and --wide belong to the model's search",
+                file=sys.stderr,
+            )
+            return EXIT_BAD_INPUT
+        args.target = args.target if args.target_given else None
+        return tune_measured(args)
+    return tune_spec(args)
+
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="time specs' kernels on the attached TPU beside Splash Attention (dense at its "
+        "best blocks, and given the same mask), checked against a float32 reference",
+    )
+    p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files (YAML)")
+    p.add_argument("--backward", action="store_true", help="also time jax.grad through q, k, v")
+    p.add_argument("--json", metavar="FILE", help="write every figure as JSON")
+    p.add_argument(
+        "--target",
+        choices=sorted(TARGETS),
+        help="the spec's tiling for this chip (default: the attached chip's; another chip "
+        "than the attached one is refused)",
+    )
+    p.add_argument(
+        "--iters",
+        type=positive_int,
+        default=10,
+        metavar="N",
+        help="timed calls, the median reported (default 10)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        metavar="N",
+        help="calls after the first, untimed (default 2)",
+    )
+    p.add_argument(
+        "--check-rows",
+        type=int,
+        default=256,
+        metavar="N",
+        help="query rows per head checked against the float32 reference (default 256; 0: none)",
+    )
+    p.add_argument(
+        "--tiling",
+        type=parse_tiling,
+        metavar="BQxBKV[/CQxCKV]",
+        help="time this tiling instead of the spec's (such as 1024x1024)",
+    )
+    p.add_argument("--no-splash", action="store_true", help="time svgen alone")
+    p.add_argument(
+        "--splash-blocks",
+        type=positive_int,
+        nargs=3,
+        default=[1024, 1024, 512],
+        metavar=("Q", "KV", "KV_COMPUTE"),
+        help="Splash's blocks given the mask (default 1024 1024 512, its best measured on v5e)",
+    )
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
+    p.add_argument("--interpret", action="store_true", help=argparse.SUPPRESS)
+    p.set_defaults(run=bench_specs)
 
 
 def _add_schema(sub) -> None:

@@ -21,7 +21,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+class _StoreGiven(argparse.Action):
+    """Stores the value and records that it was given (`target_given`): `svgen tune
+    --measure` tells a --target the user wrote from the default one."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.target_given = True
+
+
 def add_budget(p: argparse.ArgumentParser, gpu: bool = False) -> None:
+    p.set_defaults(target_given=False)
     p.add_argument(
         "--smem-budget",
         type=positive_int,
@@ -44,6 +54,7 @@ def add_budget(p: argparse.ArgumentParser, gpu: bool = False) -> None:
         "--target",
         choices=sorted(TARGETS),
         default=DEFAULT_TARGET,
+        action=_StoreGiven,
         help=f"the TPU the kernel is for: its VMEM decides which tilings fit "
         f"(default {DEFAULT_TARGET})",
     )

@@ -1,5 +1,7 @@
 """`svgen tune`: rank a spec's tilings (and align modes) with the cost model; `--apply`
-rewrites the spec's tiling with the first choice, in place and only the tiling."""
+rewrites the spec's tiling with the first choice, in place and only the tiling: the tiling
+that was tuned, `tiling.<target>` where the spec names the --target chip, else the plain
+keys (`apply_chip`)."""
 
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ from svgen.spec.errors import SpecError
 def tune_spec(args) -> int:
     from svgen.perf import tune
 
+    chip = None
     if args.apply:  # before minutes of tuning: the spec can be rewritten at all
-        _rewritable(pathlib.Path(args.spec))
+        chip = apply_chip(pathlib.Path(args.spec), args.target)
+        _rewritable(pathlib.Path(args.spec), chip)
     progress = TuneProgress(quiet=False)
     try:
         result = tune.tune(
@@ -39,29 +43,50 @@ def tune_spec(args) -> int:
         for line in tune.summary_lines(result) + [""] + tune.format_table(result):
             print(line)
     if args.apply:
-        _apply_tiling(args.spec, result.choice.candidate, quiet=args.json)
+        _apply_tiling(args.spec, result.choice.candidate, quiet=args.json, chip=chip)
     return 0
 
 
-def _apply_tiling(spec_file: str, candidate, quiet: bool) -> None:
+def apply_chip(path: pathlib.Path, target: str) -> str | None:
+    """Where `svgen tune --apply` writes the first choice for `target`: the tiling that was
+    tuned, so `target` when the spec names that chip's own tiling (`tiling.<target>`), else
+    None (the plain keys, every chip not named)."""
+    return load_spec(path, chip=target).tiling_chip
+
+
+def apply_measured(
+    spec_file: str, tiling: tuple[int, int, int, int], align: str, chip: str
+) -> None:
+    """`svgen tune --measure --apply`: the measured winner (block_q, block_kv, compute_q,
+    compute_kv) under `tiling.<chip>`, created where the spec has none; `align` is the
+    spec's own (every chip's, left as it is)."""
+    from svgen.perf.tune import Candidate
+
+    _apply_tiling(spec_file, Candidate(*tiling, align), quiet=False, chip=chip)
+
+
+def _apply_tiling(spec_file: str, candidate, quiet: bool, chip: str | None = None) -> None:
     """Rewrite the spec's tiling in place (atomically, only once the new text reads back as
-    the same spec with the chosen tiling), and say what changed."""
+    the same spec with the chosen tiling), and say what changed. `chip`: write under
+    `tiling.<chip>` (None: the plain keys)."""
     path = pathlib.Path(spec_file)
-    text, changes = _rewritten(path, candidate)
+    text, changes = _rewritten(path, candidate, chip)
+    where = "tiling" if chip is None else f"tiling.{chip}"
     if not changes:
-        print(f"svgen: {spec_file}: tiling unchanged (already the first choice)", file=sys.stderr)
+        print(f"svgen: {spec_file}: {where} unchanged (already the first choice)", file=sys.stderr)
         return
-    _rewritable(path)  # still, after the tuning
+    _rewritable(path, chip)  # still, after the tuning
     write_all({path: text.encode("utf-8")})
     print(f"svgen: {spec_file}: tiling " + "; ".join(changes), file=sys.stderr)
 
 
-def _rewritable(path: pathlib.Path) -> None:
+def _rewritable(path: pathlib.Path, chip: str | None = None) -> None:
     """Refuse a spec that `--apply` could not or should not rewrite: one that cannot be
     read, or is read-only (no write permission bit: a read-only file is the user's word,
     which root's access would override), in a folder that takes no new file (the rewrite is
-    a temporary file and a rename), or whose `tiling` the rewrite cannot change alone."""
-    spec = load_spec(path)
+    a temporary file and a rename), or whose `tiling` (`tiling.<chip>` where `chip` is
+    given) the rewrite cannot change alone."""
+    spec = load_spec(path, chip=chip)
     try:
         mode = path.stat().st_mode
     except OSError as exc:
@@ -79,12 +104,14 @@ def _rewritable(path: pathlib.Path) -> None:
     from svgen.perf.tune import Candidate
 
     t = spec.tiling
-    _rewritten(path, Candidate(t.block_q, t.block_kv, t.cq, t.ckv, t.align))
+    _rewritten(path, Candidate(t.block_q, t.block_kv, t.cq, t.ckv, t.align), chip)
 
 
-def _rewritten(path: pathlib.Path, candidate) -> tuple[str, list[str]]:
-    """The spec's text with `candidate`'s tiling, and the changes in words; a SpecError when
-    the new text would not read back as the same spec with that tiling."""
+def _rewritten(path: pathlib.Path, candidate, chip: str | None = None) -> tuple[str, list[str]]:
+    """The spec's text with `candidate`'s tiling (under `tiling.<chip>` where `chip` is
+    given), and the changes in words; a SpecError when the new text would not read back as
+    the same spec with that tiling for `chip` (every other chip's unchanged but for align,
+    which is every chip's)."""
     from svgen.spec import parse_spec
     from svgen.perf.tune import rewrite_tiling
 
@@ -92,10 +119,10 @@ def _rewritten(path: pathlib.Path, candidate) -> tuple[str, list[str]]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeError) as exc:
         raise SpecError(f"cannot read the spec file: {exc}", file=str(path)) from None
-    old = parse_spec(text, source=str(path))
-    new_text, changes = rewrite_tiling(text, candidate, source=str(path))
+    old = parse_spec(text, source=str(path), chip=chip)
+    new_text, changes = rewrite_tiling(text, candidate, source=str(path), chip=chip)
     try:
-        new = parse_spec(new_text, source=str(path))
+        new = parse_spec(new_text, source=str(path), chip=chip)
     except SpecError:  # about the rewritten text, not the user's: say what happened instead
         new = None
     t = new.tiling if new is not None else None
@@ -109,19 +136,32 @@ def _rewritten(path: pathlib.Path, candidate) -> tuple[str, list[str]]:
     if (
         t is None
         or (t.block_q, t.block_kv, t.cq, t.ckv, t.align) != want
-        or _without_tiling(old) != _without_tiling(new)
+        or (chip is not None and new.tiling_chip != chip)
+        or _without_tiling(old, chip) != _without_tiling(new, chip)
     ):
+        where = "tiling" if chip is None else f"tiling.{chip}"
         raise SpecError(
-            "--apply could not rewrite the tiling alone (the rewritten spec reads back "
-            "differently); write tiling's keys out in full, then run again",
+            f"--apply could not rewrite the tiling alone (the rewritten spec reads back "
+            f"differently); write {where}'s keys out in full, then run again",
             file=str(path),
-            key="tiling",
+            key=where,
         )
     return new_text, changes
 
 
-def _without_tiling(spec):
-    """What a spec says besides its tiling (for --apply's check that only the tiling moved)."""
+def _without_tiling(spec, chip: str | None = None):
+    """What a spec says besides the tiling --apply rewrites (the plain keys', or `chip`'s
+    own) and align (every chip's), for --apply's check that only that tiling moved."""
     import dataclasses
 
-    return dataclasses.replace(spec, tiling=None, digest="")
+    def sizes(t):
+        return None if t is None else dataclasses.replace(t, align="exact")
+
+    return dataclasses.replace(
+        spec,
+        tiling=None,
+        digest="",
+        tiling_chip=None,
+        plain_tiling=None if chip is None else sizes(spec.tiling_for(None)),
+        tilings=tuple((name, sizes(t)) for name, t in spec.tilings if name != chip),
+    )

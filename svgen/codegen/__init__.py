@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import importlib.resources
 import io
+import pathlib
 import re
 import shlex
 import textwrap
@@ -432,8 +433,18 @@ def render_mask_function(mask, layout, name: str = "boundary_mask") -> str:
     )
 
 
+def _templates():
+    """The installed `svgen.templates` package; from a checkout that is only on PYTHONPATH
+    (not installed, as on a TPU machine the repository was copied to), the top-level
+    templates/ folder beside svgen/ that pyproject.toml installs under that name."""
+    try:
+        return importlib.resources.files("svgen.templates")
+    except ModuleNotFoundError:
+        return pathlib.Path(__file__).resolve().parents[2] / "templates"
+
+
 def _environment() -> jinja2.Environment:
-    templates = importlib.resources.files("svgen.templates")
+    templates = _templates()
     return jinja2.Environment(
         loader=jinja2.FunctionLoader(lambda name: templates.joinpath(name).read_text()),
         undefined=jinja2.StrictUndefined,

@@ -104,6 +104,17 @@ def _select_lines(plan: Plan) -> list[str]:
     return [f"Selection: at most {grouped(plan.select_steps())} grid steps per head, per call"]
 
 
+def _tiling_from(plan: Plan) -> str:
+    """Where the tiling in effect is written, for a spec that names a chip's own
+    (`tiling.<chip>`); nothing for a spec that names none."""
+    spec = plan.spec
+    if spec.tiling_chip is not None:
+        return f" (tiling.{spec.tiling_chip})"
+    if spec.tilings:
+        return f" (the plain tiling: no tiling.{plan.target.name})"
+    return ""
+
+
 def _kernel_words(plan: Plan) -> list[str]:
     """The docstring's Kernel line(s): the TPU grid and SMEM tables, or the GPU launch."""
     if plan.gpu is None:
@@ -111,7 +122,8 @@ def _kernel_words(plan: Plan) -> list[str]:
             f"Kernel: {_grid_steps_words(plan)}, pieces of up to "
             f"{plan.tables.slots} kv tile(s); tables {grouped(plan.table_bytes)} bytes of SMEM "
             f"(scalar prefetch)",
-            f"Target: {plan.target.name}; VMEM {_mib(plan.vmem.total)} (scoped limit "
+            f"Target: {plan.target.name}{_tiling_from(plan)}; VMEM {_mib(plan.vmem.total)} "
+            f"(scoped limit "
             f"{_mib(plan.vmem.limit())})",
         ]
         if plan.spec.attention.softmax == "bounded":

@@ -441,7 +441,7 @@ def check_costable(plan) -> None:
             f"{t.block_q} x {t.block_kv} tiles), which libtpu compiles without the grid loop "
             f"the model reads: nothing to model (cost a longer sequence or smaller tiles)",
             file=plan.spec.source,
-            key="tiling",
+            key=plan.spec.tiling_source(plan.spec.tiling_chip),
         )
 
 
@@ -467,7 +467,9 @@ def _vmem_refusal(plan):
         if _VMEM_OOM not in str(err):
             raise
         raise KernelOutOfVmem(
-            _vmem_message(plan, str(err)), file=plan.spec.source, key="tiling"
+            _vmem_message(plan, str(err)),
+            file=plan.spec.source,
+            key=plan.spec.tiling_source(plan.spec.tiling_chip),
         ) from None
 
 

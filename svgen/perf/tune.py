@@ -55,7 +55,7 @@ from svgen.spec import (
     Spec,
     parse_spec,
 )
-from svgen.analysis.targets import DEFAULT_TARGET
+from svgen.analysis.targets import DEFAULT_TARGET, TARGETS
 from svgen.perf.paths import PathCosts, mean
 
 TILE_SIZES = (512, 1024, 2048, 4096)
@@ -252,7 +252,8 @@ def _cube_tokens(spec: Spec) -> int | None:
 
 def candidate_spec(spec_text: str, source: str, c: Candidate) -> Spec:
     """The spec with this candidate's tiling, read as `svgen compile` reads a file (every
-    check of the spec reader applies)."""
+    check of the spec reader applies); the candidate's is its only tiling (the chips' own,
+    `tiling.<chip>`, go with the rest of `tiling`)."""
     data = yaml.safe_load(spec_text)
     data["tiling"] = {**c.tiling(), "compute_q": c.compute_q, "compute_kv": c.compute_kv}
     return parse_spec(yaml.safe_dump(data, sort_keys=False), source=source)
@@ -270,11 +271,12 @@ def tune(
     measure: Measure | None = None,
     progress: Progress | None = None,
 ) -> TuneResult:
-    """Rank the search space of the spec at `spec_path` (module docstring); `wide`: with
-    kv tiles of WIDE_KV_SIZES."""
+    """Rank the search space of the spec at `spec_path` (module docstring), read for
+    `target` (its own tiling, `tiling.<target>`, where the spec names it); `wide`: with kv
+    tiles of WIDE_KV_SIZES."""
     start = time.perf_counter()
     text = _read(spec_path)
-    spec = parse_spec(text, source=spec_path)
+    spec = parse_spec(text, source=spec_path, chip=target if target in TARGETS else None)
     aligns = tuple(aligns or (spec.tiling.align,))
     for mode in aligns:
         if mode not in ALIGN_MODES:
@@ -635,15 +637,23 @@ def summary_lines(result: TuneResult) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- --apply
-def rewrite_tiling(text: str, c: Candidate, source: str = "<string>") -> tuple[str, list[str]]:
+def rewrite_tiling(
+    text: str, c: Candidate, source: str = "<string>", chip: str | None = None
+) -> tuple[str, list[str]]:
     """The spec text with the candidate's tiling, through a round-trip YAML parser (comments,
     key order and flow style kept), and what changed, in words. Keys the file has are set;
     missing ones are added only when they matter (compute blocks other than the whole tile,
     an align mode other than exact).
 
-    A `tiling` mapping that is a YAML anchor or alias (`tiling: &t {...}` with `gpu: *t`)
-    is refused: the rewrite would change every key sharing it (the GPU's tiles would get
-    compute blocks). Anchored scalars inside it are fine: a new value replaces the alias."""
+    `chip` (a TPU target's name): the candidate's sizes go under `tiling.<chip>` (that chip's
+    own tiling; a flow mapping of the keys that matter when the spec has none yet, and
+    `tiling:` itself when missing), its align at the plain `tiling.align` (every chip's:
+    align changes the mask); the changes name them `<chip>.block_q`, ... and `align`.
+
+    A `tiling` mapping (or `tiling.<chip>`) that is a YAML anchor or alias (`tiling: &t
+    {...}` with `gpu: *t`) is refused: the rewrite would change every key sharing it (the
+    GPU's tiles would get compute blocks). Anchored scalars inside it are fine: a new value
+    replaces the alias."""
     import io
 
     from ruamel.yaml import YAML
@@ -665,30 +675,47 @@ def rewrite_tiling(text: str, c: Candidate, source: str = "<string>") -> tuple[s
     }
     needed = c.tiling()
     tiling = data.get("tiling")
-    if isinstance(tiling, CommentedMap) and tiling.anchor.value is not None:
-        line, column = data.lc.key("tiling")
-        raise SpecError(
-            f"--apply does not rewrite a tiling written with a YAML anchor or alias "
-            f"(&{tiling.anchor.value}): it would change every key that shares it; write "
-            f"tiling's keys out in full, then run again",
-            file=source,
-            line=line + 1,
-            column=column + 1,
-            key="tiling",
-        )
-    changes = []
+    _refuse_anchor(tiling, data, "tiling", source)
     if not isinstance(tiling, dict):
         tiling = CommentedMap()
         tiling.fa.set_flow_style()
         data["tiling"] = tiling
+    changes = []
+    sizes, prefix = tiling, ""
+    if chip is not None:
+        sizes, prefix = tiling.get(chip), f"{chip}."
+        _refuse_anchor(sizes, tiling, f"tiling.{chip}", source)
+        if not isinstance(sizes, dict):
+            sizes = CommentedMap()
+            sizes.fa.set_flow_style()
+            tiling[chip] = sizes
     for key, value in wanted.items():
-        if key in tiling:
-            if tiling[key] != value:
-                changes.append(f"{key}: {tiling[key]} -> {value}")
-                tiling[key] = value
+        where, shown = (tiling, key) if key == "align" else (sizes, prefix + key)
+        if key in where:
+            if where[key] != value:
+                changes.append(f"{shown}: {where[key]} -> {value}")
+                where[key] = value
         elif key in needed:
-            changes.append(f"{key}: (not given) -> {value}")
-            tiling[key] = value
+            changes.append(f"{shown}: (not given) -> {value}")
+            where[key] = value
     out = io.StringIO()
     rt.dump(data, out)
     return out.getvalue(), changes
+
+
+def _refuse_anchor(mapping, parent, path: str, source: str) -> None:
+    """A SpecError when ``mapping`` (``parent``'s value at the last key of ``path``) is a
+    YAML anchor: rewriting it would change every key that shares it."""
+    from ruamel.yaml.comments import CommentedMap
+
+    if isinstance(mapping, CommentedMap) and mapping.anchor.value is not None:
+        line, column = parent.lc.key(path.rpartition(".")[2])
+        raise SpecError(
+            f"--apply does not rewrite a tiling written with a YAML anchor or alias "
+            f"(&{mapping.anchor.value}): it would change every key that shares it; write "
+            f"{path}'s keys out in full, then run again",
+            file=source,
+            line=line + 1,
+            column=column + 1,
+            key=path,
+        )

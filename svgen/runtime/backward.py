@@ -72,6 +72,23 @@ def _dot(a, b, contract_a: int, contract_b: int):
 
 # One function on purpose (~100 lines): the step walk both backward kernels share, with its
 # pl.when branches over one set of refs (see the forward kernel's _attention_kernel).
+def backward_vmem_limit(shape) -> int | None:
+    """The scoped VMEM limit of the dq and dk/dv kernels: twice the forward's (each holds a
+    row and a column tile of q, k, v and dO plus f32 accumulators, about twice the forward
+    kernel's buffers), at least BACKWARD_VMEM_FLOOR and at most BACKWARD_VMEM_CAP. Without
+    it a v5e compiles them under its 16 MiB default, which the blog spec's 2048 x 4096 dk/dv
+    kernel exceeds there (docs/measured.md). None (the compiler's default) for a
+    hand-built shape without a forward limit."""
+    if shape.vmem_limit_bytes is None:
+        return None
+    return min(BACKWARD_VMEM_CAP, max(BACKWARD_VMEM_FLOOR, 2 * shape.vmem_limit_bytes))
+
+
+# The floor is v6e's default scoped limit; the cap leaves room on v7x (64 MiB a core).
+BACKWARD_VMEM_FLOOR = 32 * 1024 * 1024
+BACKWARD_VMEM_CAP = 48 * 1024 * 1024
+
+
 def _walk(
     kernel_body,
     *,
@@ -164,7 +181,8 @@ def _walk(
         grid_spec=grid_spec,
         out_shape=[jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outputs],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary", "arbitrary")
+            dimension_semantics=("parallel", "arbitrary", "arbitrary"),
+            vmem_limit_bytes=backward_vmem_limit(shape),
         ),
         interpret=interpret,
         name=name,

@@ -18,7 +18,7 @@ The package, by part (each imports only those above it):
     canonical   the canonical JSON a spec's digest hashes
     nodes       reading YAML nodes with located errors (`Reader`)
     masks       mask trees, the patterns' dependency order, mask sizes
-    sections    geometry, attention, tiling, gpu, runtime, select, layout, heads
+    sections    geometry, attention, tiling (per chip too), gpu, runtime, select, layout, heads
     loader      `parse_spec`, `load_spec`: the bounded YAML loader and the whole spec
     schema      the JSON Schema of the language (`svgen schema`)
 What later stages use is re-exported here: `from svgen.spec import load_spec, Spec, ...`.
@@ -45,6 +45,7 @@ from svgen.spec.model import (
     NAME_RE,
     SOFTMAX_MODES,
     SPEC_VERSION,
+    TPU_CHIPS,
     Attention,
     Candidate,
     GpuTiling,
@@ -61,6 +62,7 @@ from svgen.spec.sections import (
     ATTENTION_KEYS,
     ATTENTION_REQUIRED,
     CANDIDATE_KEYS,
+    CHIP_TILING_KEYS,
     GEOMETRY_KEYS,
     GEOMETRY_MINIMUMS,
     GPU_BLOCKS,
@@ -91,6 +93,7 @@ __all__ = [
     "BLOCK_MIN",
     "BLOCK_MULTIPLE",
     "CANDIDATE_KEYS",
+    "CHIP_TILING_KEYS",
     "Candidate",
     "DEFAULT_BLOCK",
     "DTYPES",
@@ -130,6 +133,7 @@ __all__ = [
     "TOP_KEYS",
     "TOP_K_KEYS",
     "TOP_P_KEYS",
+    "TPU_CHIPS",
     "Tiling",
     "TokenLayout",
     "canonical_json",

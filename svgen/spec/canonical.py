@@ -135,6 +135,19 @@ def _with_select(obj: dict, select: Select | None) -> dict:
     return obj
 
 
+def _with_chip_tilings(obj: dict, spec: Spec) -> dict:
+    # Only when the spec names a chip (`tiling.<chip>`), so the digests of specs without one
+    # stay what they were. "tiling" is the tiling in effect (the chip's the spec was read
+    # for), so modules of two chips with different tilings differ; the plain keys' and each
+    # chip's are the rest of what the spec says.
+    if spec.tilings:
+        obj["chip_tilings"] = {
+            "plain": _tiling_json(spec.tiling_for(None)),
+            "chips": {name: _tiling_json(t) for name, t in spec.tilings},
+        }
+    return obj
+
+
 def _canonical_dumps(obj: dict) -> str:
     return json.dumps(
         obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
@@ -154,7 +167,10 @@ def canonical_json(spec: Spec) -> str:
         spec.tiling,
     )
     return _canonical_dumps(
-        _with_select(_with_runtime(_with_gpu(obj, spec.gpu), spec.runtime), spec.select)
+        _with_chip_tilings(
+            _with_select(_with_runtime(_with_gpu(obj, spec.gpu), spec.runtime), spec.select),
+            spec,
+        )
     )
 
 

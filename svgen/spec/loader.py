@@ -31,6 +31,7 @@ from svgen.spec.model import (
     Runtime,
     SPEC_VERSION,
     Spec,
+    TPU_CHIPS,
     Tiling,
 )
 from svgen.spec.nodes import MISSING, Reader, abbreviate, key_text, show_int
@@ -47,7 +48,7 @@ from svgen.spec.sections import (
     read_layout,
     read_runtime,
     read_select,
-    read_tiling,
+    read_tilings,
 )
 
 # ----------------------------------------------------------------------------- entry points
@@ -175,8 +176,13 @@ def _compose(text: str, source: str) -> Node | None:
             loader.dispose()
 
 
-def parse_spec(text: str, *, source: str = "<string>") -> Spec:
-    """Parse and validate a spec from YAML text; ``source`` names it in errors."""
+def parse_spec(text: str, *, source: str = "<string>", chip: str | None = None) -> Spec:
+    """Parse and validate a spec from YAML text; ``source`` names it in errors. ``chip`` (a
+    name of TPU_CHIPS): `tiling` is that chip's own tiling (`tiling.<chip>`) where the spec
+    names it, else the plain keys'; None: the plain keys'. Every chip's tiling is checked
+    whichever is chosen, so that a spec read for one chip reads for every other."""
+    if chip is not None and chip not in TPU_CHIPS:
+        raise ValueError(f"unknown chip {chip!r}; one of {', '.join(TPU_CHIPS)}")
     source = str(source)
     root = _compose(text, source)
     if root is None:
@@ -227,20 +233,19 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
             geometry,
         )
 
-    tiling = Tiling(DEFAULT_BLOCK, DEFAULT_BLOCK)
+    plain, chip_tilings = Tiling(DEFAULT_BLOCK, DEFAULT_BLOCK), ()
     if "tiling" in top:
-        tiling = read_tiling(r, top["tiling"][1], "tiling")
-    check_tile_grid(
-        r,
-        (top.get("tiling") or top["geometry"])[1],
-        "tiling",
-        geometry,
-        tiling,
-        len(heads.candidates) if heads is not None else 1,
-    )
+        plain, chip_tilings = read_tilings(r, top["tiling"][1], "tiling")
+    # (where it is written, its node, the tiling): the plain keys', then each chip's own.
+    tilings = [("tiling", (top.get("tiling") or top["geometry"])[1], plain)]
+    for named, chip_tiling in chip_tilings:
+        tilings.append((f"tiling.{named}", _chip_node(top["tiling"][1], named), chip_tiling))
+    patterns_count = len(heads.candidates) if heads is not None else 1
+    for path, node, each in tilings:
+        check_tile_grid(r, node, path, geometry, each, patterns_count)
 
     gpu = read_gpu(r, top["gpu"][1], "gpu") if "gpu" in top else None
-    runtime = _read_runtime(r, top, geometry, tiling, layout, heads)
+    runtime = _read_runtime(r, top, geometry, tilings, layout, heads)
 
     select = None
     if "select" in top:
@@ -256,14 +261,22 @@ def parse_spec(text: str, *, source: str = "<string>") -> Spec:
         mask=mask,
         patterns=tuple(patterns),
         heads=heads,
-        tiling=tiling,
+        tiling=dict(chip_tilings).get(chip, plain),
         source=source,
         digest="",  # computed from the spec itself, the one route (svgen.spec.canonical)
         gpu=gpu,
         runtime=runtime,
         select=select,
+        tilings=chip_tilings,
+        tiling_chip=chip if chip in dict(chip_tilings) else None,
+        plain_tiling=plain if chip in dict(chip_tilings) else None,
     )
     return dataclasses.replace(spec, digest=spec_digest(spec))
+
+
+def _chip_node(node: MappingNode, chip: str) -> Node:
+    """The value node of ``chip``'s key in the `tiling` mapping ``node``."""
+    return next(v for k, v in node.value if k.value == chip)
 
 
 def _check_version(r: Reader, root, top: dict) -> None:
@@ -327,17 +340,20 @@ def _read_patterns(r: Reader, top: dict, masks: MaskReader) -> list[tuple[str, M
     return patterns
 
 
-def _read_runtime(r: Reader, top: dict, geometry, tiling, layout, heads) -> Runtime:
-    """The run-time inputs, with the KV-cache checks that need the layout, heads and tiling."""
+def _read_runtime(r: Reader, top: dict, geometry, tilings, layout, heads) -> Runtime:
+    """The run-time inputs, with the KV-cache checks that need the layout, heads and every
+    tiling (``tilings``: (where it is written, its node, the tiling), the plain keys' first)."""
     runtime = Runtime()
     if "runtime" in top:
         runtime = read_runtime(r, top["runtime"][1], "runtime", geometry)
         if runtime.kv_cache:
             check_kv_cache_layouts(r, top["runtime"][1], layout, heads)
-            check_chunk_grain(
-                r, top["runtime"][1], geometry, tiling, runtime,
-                len(heads.candidates) if heads is not None else 1,
-            )  # fmt: skip
+            for path, _, tiling in tilings:
+                check_chunk_grain(
+                    r, top["runtime"][1], geometry, tiling, runtime,
+                    len(heads.candidates) if heads is not None else 1, path,
+                )  # fmt: skip
+            tiling = tilings[0][2]  # align is the plain keys' (every chip's)
             if tiling.aligned:
                 raise r.error(
                     top["runtime"][1],
@@ -348,8 +364,8 @@ def _read_runtime(r: Reader, top: dict, geometry, tiling, layout, heads) -> Runt
     return runtime
 
 
-def load_spec(path: str | os.PathLike) -> Spec:
-    """Read and parse the spec file at ``path``."""
+def load_spec(path: str | os.PathLike, chip: str | None = None) -> Spec:
+    """Read and parse the spec file at ``path``; ``chip``: whose tiling (parse_spec)."""
     source = os.fspath(path)
     try:
         with open(source, "rb") as fh:
@@ -368,4 +384,4 @@ def load_spec(path: str | os.PathLike) -> Spec:
         raise SpecError(
             f"the spec file is not valid UTF-8 (byte {exc.start})", file=source
         ) from None
-    return parse_spec(text, source=source)
+    return parse_spec(text, source=source, chip=chip)

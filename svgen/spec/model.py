@@ -35,6 +35,10 @@ HEAD_DIMS = (64, 128, 256)
 #: How `tiling.align` rounds the mask to whole compute blocks (svgen.analysis.align says how
 #: each mode decides); "exact" keeps the mask as written.
 ALIGN_MODES = ("exact", "superset", "subset", "nearest", "balanced")
+#: The TPU chips a spec may give a tiling of their own (`tiling: {v5e: {...}}`): the names
+#: of svgen.analysis.targets.TARGETS, in its order (a test keeps them equal; the spec reader
+#: imports no later stage).
+TPU_CHIPS = ("v5e", "v6e", "v7x")
 BLOCK_MULTIPLE = 128
 BLOCK_MIN = 128
 BLOCK_MAX = 8192
@@ -264,16 +268,36 @@ class Spec:
     mask: MaskTerm | None  # one pattern for every head; None when ``heads`` is given
     patterns: tuple[tuple[str, MaskTerm], ...]  # sorted by name
     heads: HeadPatterns | None  # patterns per head; None when ``mask`` is given
-    tiling: Tiling
+    tiling: Tiling  # the tiling in effect: the chip's own (tiling.<chip>) or the plain one
     source: str  # the path string as given
     digest: str  # sha256 hex of canonical_json(spec)
     gpu: GpuTiling | None = None  # the `gpu` section; None: not given (GpuTiling's defaults)
     runtime: Runtime = Runtime()  # the `runtime` section (all False: not given)
     select: Select | None = None  # the `select` section; None: a static mask
+    # The chips' own tilings (tiling.<chip>), in TPU_CHIPS order, each with the plain align;
+    # (): the spec names no chip.
+    tilings: tuple[tuple[str, Tiling], ...] = ()
+    # The chip whose own tiling `tiling` is (the spec was read for that chip and names it);
+    # None: `tiling` is the plain keys' (the tiling of every chip not named).
+    tiling_chip: str | None = None
+    # The plain keys' tiling when `tiling` is a chip's own; None: it is `tiling`.
+    plain_tiling: Tiling | None = None
 
     @property
     def gpu_tiling(self) -> GpuTiling:
         return self.gpu or GpuTiling()
+
+    def tiling_for(self, chip: str | None) -> Tiling:
+        """The tiling the spec gives ``chip``: its own (tiling.<chip>) if the spec names it,
+        else the plain keys' (None: the plain keys')."""
+        for name, tiling in self.tilings:
+            if name == chip:
+                return tiling
+        return self.tiling if self.plain_tiling is None else self.plain_tiling
+
+    def tiling_source(self, chip: str | None) -> str:
+        """Where ``chip``'s tiling is written: ``tiling.<chip>`` or ``tiling`` (the plain keys)."""
+        return f"tiling.{chip}" if chip in dict(self.tilings) else "tiling"
 
     def head_patterns(self) -> HeadPatterns:
         """``heads``, or for a ``mask`` spec its one implicit candidate named ``"mask"`` on every head."""

@@ -165,8 +165,22 @@ def _tiling() -> dict:
             "become FULL or EMPTY (exact: no rounding)",
         },
     }
+    chip = {key: keys[key] for key in spec.CHIP_TILING_KEYS}
+    for name in spec.TPU_CHIPS:
+        keys[name] = _section(
+            spec.CHIP_TILING_KEYS,
+            chip,
+            (),
+            f"{name}'s own tiling, in place of the plain keys' when compiling for {name} "
+            "(none of them inherited; align is every chip's: tiling.align)",
+        )
     return _section(
-        spec.TILING_KEYS, keys, (), "tiles and the compute blocks inside them", nullable=True
+        spec.TILING_KEYS + spec.TPU_CHIPS,
+        keys,
+        (),
+        "tiles and the compute blocks inside them: the plain keys for every chip, a chip's "
+        "key (v5e, ...) for that chip's own",
+        nullable=True,
     )
 
 

@@ -38,6 +38,7 @@ from svgen.spec.model import (
     Runtime,
     SOFTMAX_MODES,
     Select,
+    TPU_CHIPS,
     Tiling,
 )
 from svgen.spec.nodes import MISSING, Reader, join_path, show_int
@@ -73,6 +74,9 @@ GEOMETRY_MINIMUMS = {"frames": 1, "height": 1, "width": 1, "text_tokens": 0}
 ATTENTION_KEYS = ("heads", "head_dim", "dtype", "softmax")
 ATTENTION_REQUIRED = ("heads", "head_dim", "dtype")
 TILING_KEYS = ("block_q", "block_kv", "compute_q", "compute_kv", "align")
+#: The keys of a chip's own tiling (`tiling: {v5e: {...}}`): align is every chip's (it
+#: changes the mask, which must not depend on the chip).
+CHIP_TILING_KEYS = ("block_q", "block_kv", "compute_q", "compute_kv")
 MAX_COMPUTE_BLOCKS = 16  # per tile: their kinds fit one int32 of SMEM (2 bits each)
 HEADS_KEYS = ("candidates", "assign")
 GPU_KEYS = ("block_q", "block_kv", "num_warps", "num_stages")
@@ -190,9 +194,49 @@ def _read_block(r: Reader, node: Node, path: str, key: str) -> int:
 
 
 def read_tiling(r: Reader, node: Node, path: str) -> Tiling:
+    """The plain keys' tiling (the whole of a `tiling` that names no chip)."""
+    return read_tilings(r, node, path)[0]
+
+
+def read_tilings(r: Reader, node: Node, path: str) -> tuple[Tiling, tuple[tuple[str, Tiling], ...]]:
+    """The plain keys' tiling (every chip not named), and each named chip's own
+    (`tiling.<chip>`: block and compute sizes only, the plain align), in TPU_CHIPS order."""
     if is_null(r, node, path):
-        return Tiling(DEFAULT_BLOCK, DEFAULT_BLOCK)
-    e = r.mapping(node, path, TILING_KEYS)
+        return Tiling(DEFAULT_BLOCK, DEFAULT_BLOCK), ()
+    e = r.mapping(node, path, TILING_KEYS + TPU_CHIPS)
+    sizes = _tiling_sizes(r, e, path)
+    align = "exact"
+    if "align" in e:
+        align = r.choice(e["align"][1], join_path(path, "align"), ALIGN_MODES)
+    plain = _checked_tiling(r, e, path, Tiling(**sizes, align=align))
+    chips = []
+    for chip in TPU_CHIPS:
+        if chip in e:
+            chips.append((chip, _read_chip_tiling(r, e[chip][1], join_path(path, chip), align)))
+    return plain, tuple(chips)
+
+
+def _read_chip_tiling(r: Reader, node: Node, path: str, align: str) -> Tiling:
+    """`tiling.<chip>`: a mapping of block and compute sizes (read_tiling's checks and
+    defaults; none inherited from the plain keys), with the plain ``align``."""
+    chip = path.rpartition(".")[2]
+    what = f"a mapping {{block_q, block_kv, compute_q, compute_kv}} ({chip}'s own tiling)"
+    if not isinstance(node, MappingNode):
+        raise r.error(node, path, f"must be {what}, got {r.describe(node)}")
+    for knode, _ in node.value:
+        if isinstance(knode, ScalarNode) and knode.value == "align":
+            raise r.error(
+                knode,
+                join_path(path, "align"),
+                "align is set once for all chips, at tiling.align: it changes the mask, which "
+                "must not depend on the chip",
+            )
+    e = r.mapping(node, path, CHIP_TILING_KEYS)
+    return _checked_tiling(r, e, path, Tiling(**_tiling_sizes(r, e, path), align=align))
+
+
+def _tiling_sizes(r: Reader, e: dict, path: str) -> dict[str, int]:
+    """A tiling's block and compute sizes from its mapping's entries (defaults filled in)."""
     vals = {}
     for key in ("block_q", "block_kv"):
         vals[key] = (
@@ -211,9 +255,11 @@ def read_tiling(r: Reader, node: Node, path: str) -> Tiling:
                 f"into whole compute blocks, got {value}",
             )
         vals[key] = value
-    if "align" in e:
-        vals["align"] = r.choice(e["align"][1], join_path(path, "align"), ALIGN_MODES)
-    tiling = Tiling(**vals)
+    return vals
+
+
+def _checked_tiling(r: Reader, e: dict, path: str, tiling: Tiling) -> Tiling:
+    """``tiling``, refused past MAX_COMPUTE_BLOCKS compute blocks per tile."""
     if tiling.compute_blocks > MAX_COMPUTE_BLOCKS:
         key = "compute_kv" if "compute_kv" in e else "compute_q"
         raise r.error(
@@ -416,13 +462,21 @@ def check_kv_cache_layouts(r: Reader, node: Node, layout, heads) -> None:
 
 
 def check_chunk_grain(
-    r: Reader, node: Node, geometry: TokenLayout, tiling: Tiling, runtime: Runtime, patterns: int
+    r: Reader,
+    node: Node,
+    geometry: TokenLayout,
+    tiling: Tiling,
+    runtime: Runtime,
+    patterns: int,
+    tiling_path: str = "tiling",
 ) -> None:
     """The chunks' tables come from one classification of the sequence in row blocks of
     gcd(compute_q, chunk tokens) (svgen.analysis.chunks): its grid must fit MAX_TILE_PAIRS,
     as the full sequence's does, before any of it is allocated. A rolling cache's come from
     every row against the cache's key pieces (its compute kv blocks, cut at the ring's two
-    edges): rows x pieces must fit it too."""
+    edges): rows x pieces must fit it too. ``tiling_path``: where ``tiling`` is written (a
+    chip's own, `tiling.<chip>`, is named in the message)."""
+    which = "" if tiling_path == "tiling" else f"with {tiling_path}: "
     rows = runtime.chunk_frames * geometry.tokens_per_frame
     if runtime.rolling:
         cache = runtime.cache_frames(geometry.frames) * geometry.tokens_per_frame
@@ -431,7 +485,7 @@ def check_chunk_grain(
             raise r.error(
                 node,
                 "runtime.kv_cache",
-                f"classifying every chunk position of the rolling cache ({cache:,} keys in "
+                f"{which}classifying every chunk position of the rolling cache ({cache:,} keys in "
                 f"compute blocks of {tiling.ckv}) takes {need:,} row-block pairs, more than "
                 f"{MAX_TILE_PAIRS:,} (MAX_TILE_PAIRS); use a larger compute_kv or a smaller "
                 "window_frames",
@@ -443,7 +497,7 @@ def check_chunk_grain(
         raise r.error(
             node,
             "runtime.kv_cache",
-            f"chunks of {rows:,} tokens start {grain} row(s) apart from the compute_q of "
+            f"{which}chunks of {rows:,} tokens start {grain} row(s) apart from the compute_q of "
             f"{tiling.cq} (their gcd): classifying every chunk position takes "
             f"{need:,} block pairs, more than {MAX_TILE_PAIRS:,} (MAX_TILE_PAIRS); choose "
             "chunk_frames or compute_q so that chunk_frames x height x width shares a larger "

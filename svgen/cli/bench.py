@@ -1,0 +1,180 @@
+"""`svgen bench`: time specs' kernels on the attached TPU beside Splash Attention (dense at its
+best blocks, and given the same mask), in one process; and `svgen tune --measure`, which
+picks a tiling by timing candidates there (svgen.perf.chip_bench, svgen.perf.measured_tune).
+
+Both need a TPU: without one they say so in one line and exit 2. Progress goes to stderr, a
+line per item; the table to stdout; `--json FILE` writes every figure with the chip, the
+versions, the commit and each spec's digest.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+import time
+
+from svgen.cli.files import write_all
+from svgen.cli.messages import EXIT_BAD_INPUT
+
+NO_CHIP = "svgen {command} times kernels on an attached TPU, and there is none: {why}"
+
+
+def _chip(command: str, args) -> str | None:
+    """The chip to time on (None after printing why there is none)."""
+    from svgen.perf import chip_bench
+
+    try:
+        chip = chip_bench.attached_chip() if not args.interpret else "cpu-interpret"
+    except chip_bench.NoChip as exc:
+        print("svgen: error: " + NO_CHIP.format(command=command, why=exc), file=sys.stderr)
+        return None
+    if args.target is not None and args.target != chip and not args.interpret:
+        print(
+            f"svgen: error: --target {args.target} asks for another chip than the attached "
+            f"one ({chip}): a measurement is only of the chip it ran on",
+            file=sys.stderr,
+        )
+        return None
+    return chip
+
+
+def _progress(quiet: bool):
+    start = time.monotonic()
+
+    def line(text: str) -> None:
+        if not quiet:
+            print(
+                f"svgen bench [{time.monotonic() - start:6.1f} s] {text}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    return line
+
+
+def parse_tiling(text: str) -> tuple[int, int, int, int]:
+    """`BQxBKV` or `BQxBKV/CQxCKV` (an argparse type)."""
+    import argparse
+
+    try:
+        tile, _, compute = text.partition("/")
+        bq, bkv = (int(x) for x in tile.split("x"))
+        cq, ckv = (int(x) for x in compute.split("x")) if compute else (bq, bkv)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected BQxBKV or BQxBKV/CQxCKV (such as 1024x1024), got {text!r}"
+        ) from None
+    return bq, bkv, cq, ckv
+
+
+def _load(path: str, target: str, tiling):
+    """The spec read for `target`, with `tiling` in place of its own where given (checked as
+    the spec reader checks a tiling, by reading the spec again with it)."""
+    from svgen.perf import measured_tune
+    from svgen.spec import load_spec
+
+    spec = load_spec(path, chip=target)
+    return spec if tiling is None else measured_tune.with_tiling(spec, tiling)
+
+
+def bench_specs(args) -> int:
+    from svgen.perf import chip_bench
+
+    chip = _chip("bench", args)
+    if chip is None:
+        return EXIT_BAD_INPUT
+    target = args.target or (chip if chip != "cpu-interpret" else "v5e")
+    specs = [_load(path, target, args.tiling) for path in args.specs]  # every spec read first
+    options = chip_bench.Options(
+        warmup=args.warmup,
+        iters=args.iters,
+        backward=args.backward,
+        check_rows=args.check_rows,
+        splash=not args.no_splash,
+        splash_blocks=tuple(args.splash_blocks),
+        interpret=args.interpret,
+    )
+    env = chip_bench.versions()
+    dense = chip_bench.SplashDense(None if args.interpret else chip_bench.cache_dir())
+    progress = _progress(args.quiet)
+    results = []
+    for spec in specs:
+        results.append(
+            chip_bench.bench_spec(spec, target, options, progress=progress, dense=dense, env=env)
+        )
+    for line in chip_bench.format_table(results, chip):
+        print(line)
+    if args.json:
+        report = {
+            "chip": chip,
+            "versions": env,
+            "commit": chip_bench.commit(),
+            "options": {
+                "warmup": options.warmup,
+                "iters": options.iters,
+                "check_rows": options.check_rows,
+                "splash_blocks": list(options.splash_blocks),
+            },
+            "results": results,
+        }
+        write_all({pathlib.Path(args.json): (json.dumps(report, indent=1) + "\n").encode()})
+    failed = [
+        r["spec"]
+        for r in results
+        for key in ("svgen_forward", "splash_mask_forward")
+        if r.get(key, {}).get("ok") is False
+    ]
+    if failed:
+        print(
+            f"svgen: error: outputs off the float32 reference: {', '.join(failed)}", file=sys.stderr
+        )
+        return 1
+    return 0
+
+
+def tune_measured(args) -> int:
+    """`svgen tune --measure`."""
+    from svgen.perf import chip_bench, measured_tune
+
+    chip = _chip("tune --measure", args)
+    if chip is None:
+        return EXIT_BAD_INPUT
+    target = args.target or (chip if chip != "cpu-interpret" else "v5e")
+    spec = _load(args.spec, target, None)
+    options = chip_bench.Options(
+        warmup=1, iters=args.iters, check_rows=64, interpret=args.interpret
+    )
+    trials = measured_tune.tune(
+        spec,
+        target,
+        backward=args.backward,
+        budget_s=args.budget,
+        options=options,
+        progress=_progress(False),
+        use_cache=not args.interpret,
+    )
+    if args.json:
+        print(json.dumps([_trial_json(t) for t in trials], indent=1))
+    else:
+        for line in measured_tune.format_table(trials, chip, args.backward):
+            print(line)
+    best = next((t for t in trials if t.ms is not None), None)
+    if best is None:
+        print("svgen: error: no candidate tiling compiled and ran", file=sys.stderr)
+        return 1
+    if args.apply:
+        from svgen.cli.tune import apply_measured
+
+        apply_measured(args.spec, best.tiling, spec.tiling.align, target)
+    return 0
+
+
+def _trial_json(t) -> dict:
+    return {
+        "tiling": dict(zip(("block_q", "block_kv", "compute_q", "compute_kv"), t.tiling)),
+        "ms": t.ms,
+        "per_direction_ms": t.per_direction,
+        "error": t.error,
+        "cached": t.cached,
+    }

@@ -1,0 +1,619 @@
+"""Timing generated kernels on an attached TPU, beside Splash Attention in the same process:
+the engine of `svgen bench` and `svgen tune --measure`.
+
+For one spec and one tiling, `bench_spec`:
+
+1. compiles the spec for the chip (svgen.analysis + svgen.codegen, into a temporary folder)
+   and imports the module;
+2. draws q, k, v (normal, the spec's dtype, [heads, seq, head_dim], each head already in its
+   pattern's kernel order, so no permutation is timed on either side);
+3. times the module's forward call (and with `backward`, jax.grad of the outputs' sum
+   through q, k, v): the first call (compile included) alone, then `warmup` calls, then the
+   median of `iters` calls;
+4. times Splash given the same mask (svgen.perf.splash_mask) at `splash_blocks`, and dense
+   Splash at the best of `DENSE_BLOCKS` (searched once per shape and process, and cached on
+   disk per chip, jax and libtpu version);
+5. checks svgen's and the masked Splash's outputs on `check_rows` sampled query rows of every
+   head against a float32 reference on the same device, whose mask comes from the IR oracle
+   (svgen.ir), not from the printed code both kernels' masks come from.
+
+Everything a measurement depends on is injected: `clock` (a function returning seconds) and
+`interpret` (Pallas's interpreter, for CPU tests), so the logic is tested without a chip;
+speed is only ever measured on one (`attached_chip`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+from typing import Callable
+
+import numpy as np
+
+#: Splash's dense blocks searched (block_q, block_kv, block_kv_compute): its defaults and the
+#: best measured on a v5e (docs/measured.md); 2048 x 2048 needs more than v5e's default
+#: scoped VMEM and is recorded as infeasible there.
+DENSE_BLOCKS = ((2048, 1024, 1024), (1024, 1024, 512), (1024, 1024, 1024), (512, 512, 512))
+#: Splash's blocks given a mask: the best of those measured on a v5e for the blog mask.
+MASK_BLOCKS = (1024, 1024, 512)
+CHECK_ROWS = 256
+#: Largest |svgen - reference| accepted on a sampled row (outputs are convex combinations of
+#: v's rows; bf16 rounding of p and o stays well below this on normal inputs).
+TOLERANCE = {"bfloat16": 2e-2, "float32": 1e-4}
+#: device_kind prefixes -> svgen's target names.
+CHIP_KINDS = (("TPU v5 lite", "v5e"), ("TPU v5e", "v5e"), ("TPU v6", "v6e"), ("TPU7x", "v7x"))
+
+
+class NoChip(RuntimeError):
+    """No TPU is attached (the message says what JAX sees instead)."""
+
+
+def attached_chip() -> str:
+    """svgen's name of the attached TPU (v5e, v6e, v7x); NoChip when there is none."""
+    import jax
+
+    try:
+        devices = jax.devices("tpu")
+    except RuntimeError:
+        seen = ", ".join(sorted({d.platform for d in jax.devices()}))
+        raise NoChip(f"JAX sees no TPU here (its devices: {seen})") from None
+    kind = devices[0].device_kind
+    for prefix, name in CHIP_KINDS:
+        if kind.startswith(prefix):
+            return name
+    raise NoChip(f"the attached TPU ({kind!r}) is not one svgen has a target for")
+
+
+def versions() -> dict:
+    """What a measurement depends on besides the kernel: jax, jaxlib, libtpu, the device."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import jax
+
+    out = {"jax": jax.__version__}
+    for package in ("jaxlib", "libtpu", "libtpu-nightly"):
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            pass
+    device = jax.devices()[0]
+    out["device_kind"] = device.device_kind
+    out["platform"] = device.platform
+    return out
+
+
+def commit() -> str | None:
+    """The svgen checkout's commit (with '+' when the tree has changes), or None."""
+    import subprocess
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+" if dirty else "")
+
+
+# ----------------------------------------------------------------------------- timing
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    first_s: float  # the first call, tracing and compiling included
+    median_s: float
+    min_s: float
+    runs: int
+
+    def to_json(self) -> dict:
+        return {
+            "first_call_s": round(self.first_s, 3),
+            "median_ms": round(self.median_s * 1e3, 3),
+            "min_ms": round(self.min_s * 1e3, 3),
+            "runs": self.runs,
+        }
+
+
+def time_calls(fn, args, *, warmup: int, iters: int, clock: Callable[[], float]):
+    """(Timing, the first call's output): each call waited for with block_until_ready."""
+    import jax
+
+    start = clock()
+    out = jax.block_until_ready(fn(*args))
+    first = clock() - start
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(iters):
+        start = clock()
+        jax.block_until_ready(fn(*args))
+        times.append(clock() - start)
+    return Timing(first, statistics.median(times), min(times), iters), out
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    warmup: int = 2
+    iters: int = 10
+    backward: bool = False
+    check_rows: int = CHECK_ROWS
+    splash: bool = True  # time Splash beside svgen (tune --measure leaves it out)
+    splash_blocks: tuple[int, int, int] = MASK_BLOCKS
+    dense_blocks: tuple[tuple[int, int, int], ...] = DENSE_BLOCKS
+    interpret: bool = False  # Pallas's interpreter: CPU tests only
+    seed: int = 0
+
+
+# ----------------------------------------------------------------------------- the module
+def compile_module(spec, target: str, folder: pathlib.Path):
+    """(plan, imported module) of `spec` compiled for `target` into `folder`."""
+    from svgen import codegen
+    from svgen.analysis import analyze
+
+    plan = analyze(spec, target_name=target)
+    folder.mkdir(parents=True, exist_ok=True)
+    for filename, data in codegen.render(plan, spec.source).items():
+        (folder / filename).write_bytes(data)
+    path = folder / codegen.module_filename(spec.name, plan.backend)
+    name = f"_svgen_bench_{spec.name}_{hashlib.sha256(str(folder).encode()).hexdigest()[:8]}"
+    loader_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[name] = module
+    loader_spec.loader.exec_module(module)
+    return plan, module
+
+
+def draw_inputs(module, seed: int):
+    """q, k, v: normal [heads, seq, head_dim] in the module's dtype."""
+    import jax
+    import jax.numpy as jnp
+
+    keys = jax.random.split(jax.random.key(seed), 3)
+    shape = (int(module.HEADS), int(module.SEQ_LEN), int(module.HEAD_DIM))
+    dtype = jnp.dtype(module.DTYPE)
+    return tuple(jax.random.normal(key, shape, jnp.float32).astype(dtype) for key in keys)
+
+
+def svgen_forward(module, assignment, interpret: bool):
+    import jax
+    import numpy as np
+
+    heads = np.asarray(assignment, np.int32)
+
+    def forward(q, k, v):
+        return module.attention(
+            q, k, v, head_pattern=heads, token_order="kernel", interpret=interpret
+        )
+
+    return jax.jit(forward)
+
+
+def gradient_of(forward):
+    """jax.grad of the f32 sum of `forward`'s output through q, k and v, jitted."""
+    import jax
+    import jax.numpy as jnp
+
+    def loss(q, k, v):
+        return jnp.sum(forward(q, k, v).astype(jnp.float32))
+
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+
+
+# ----------------------------------------------------------------------------- the check
+def sampled_rows(seq_len: int, count: int, seed: int) -> np.ndarray:
+    """`count` distinct query positions, the first and last among them, sorted."""
+    rng = np.random.default_rng(seed + 1)
+    count = min(count, seq_len)
+    inner = rng.choice(np.arange(1, seq_len - 1), size=max(0, count - 2), replace=False)
+    return np.unique(np.concatenate([[0, seq_len - 1], inner]).astype(np.int64))
+
+
+def reference_rows(plan, assignment, q, k, v, rows: np.ndarray):
+    """float32 [heads, len(rows), head_dim] on q's device: the masked softmax of the sampled
+    rows, each head's mask from the IR oracle in its pattern's kernel order (rows without a
+    kept key are 0, as svgen's kernel makes them)."""
+    import jax.numpy as jnp
+
+    seq = q.shape[-2]
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    keeps = {}
+    out = []
+    for head, p in enumerate(assignment):
+        if p not in keeps:
+            pattern = plan.patterns[p]
+            qc = pattern.layout.coordinates(rows).reshape(-1, 1)
+            kc = pattern.layout.coordinates(np.arange(seq)).reshape(1, -1)
+            keeps[p] = jnp.asarray(pattern.mask.evaluate(qc, kc))
+        keep = keeps[p]
+        qh = q[head, rows].astype(jnp.float32)
+        s = (qh @ k[head].astype(jnp.float32).T) * scale
+        s = jnp.where(keep, s, -jnp.inf)
+        m = jnp.max(s, axis=-1, keepdims=True)
+        m = jnp.where(jnp.isfinite(m), m, 0.0)
+        e = jnp.where(keep, jnp.exp(s - m), 0.0)
+        denom = jnp.sum(e, axis=-1, keepdims=True)
+        p_ = e / jnp.where(denom > 0, denom, 1.0)
+        out.append(p_ @ v[head].astype(jnp.float32))
+    return jnp.stack(out)
+
+
+def max_error(out, reference, rows: np.ndarray) -> float:
+    """max |out[:, rows] - reference| (inf when anything is not finite)."""
+    import jax.numpy as jnp
+
+    got = jnp.asarray(out)[:, rows].astype(jnp.float32)
+    err = jnp.max(jnp.abs(got - reference))
+    finite = bool(jnp.all(jnp.isfinite(got)))
+    return float(err) if finite else float("inf")
+
+
+# ----------------------------------------------------------------------------- Splash
+def pad_tokens(x, padded: int):
+    import jax.numpy as jnp
+
+    extra = padded - x.shape[-2]
+    return x if extra == 0 else jnp.pad(x, ((0, 0), (0, extra), (0, 0)))
+
+
+def splash_call(kernel, seq_len: int, padded: int, scale: float, backward: bool):
+    """A jitted call of a Splash kernel on [heads, seq, d] inputs: pads the tokens, scales q
+    (Splash takes scores as given: svgen's default scale 1 / sqrt(d), applied inside the
+    timed call as svgen applies it inside its own), drops the padding rows."""
+    import jax
+    import jax.numpy as jnp
+
+    def forward(q, k, v):
+        qs = pad_tokens(q * jnp.asarray(scale, q.dtype), padded)
+        out = kernel(qs, pad_tokens(k, padded), pad_tokens(v, padded))
+        return out[:, :seq_len]
+
+    return gradient_of(forward) if backward else jax.jit(forward)
+
+
+@dataclasses.dataclass
+class SplashDense:
+    """Dense Splash's best blocks per (chip, versions, shape, direction): searched in this
+    process once, remembered on disk (a later process reuses the blocks, and re-times them)."""
+
+    cache_dir: pathlib.Path | None
+    found: dict = dataclasses.field(default_factory=dict)
+
+    def _file(self) -> pathlib.Path | None:
+        return None if self.cache_dir is None else self.cache_dir / "splash_dense.json"
+
+    def _load(self) -> dict:
+        path = self._file()
+        try:
+            return json.loads(path.read_text()) if path is not None else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _store(self, key: str, blocks) -> None:
+        path = self._file()
+        if path is None:
+            return
+        data = self._load()
+        data[key] = list(blocks)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+
+    def best(self, key: str, candidates, time_blocks, progress) -> dict:
+        """{'blocks', 'timing', 'tried'}: the fastest of `candidates` (or the cached best,
+        re-timed), time_blocks(blocks) -> Timing raising on a compile failure."""
+        if key in self.found:
+            return self.found[key]
+        cached = self._load().get(key)
+        tried = []
+        order = [tuple(cached)] if cached else list(candidates)
+        for blocks in order:
+            progress(f"dense Splash {blocks[0]}/{blocks[1]}/{blocks[2]}")
+            try:
+                timing = time_blocks(blocks)
+            except Exception as exc:  # a candidate that does not compile is infeasible
+                tried.append({"blocks": list(blocks), "error": _short(exc)})
+                continue
+            tried.append({"blocks": list(blocks), **timing.to_json(), "_t": timing})
+        ok = [t for t in tried if "error" not in t]
+        if not ok:
+            result = {"blocks": None, "timing": None, "tried": _public(tried)}
+        else:
+            winner = min(ok, key=lambda t: t["_t"].median_s)
+            result = {
+                "blocks": tuple(winner["blocks"]),
+                "timing": winner["_t"],
+                "tried": _public(tried),
+            }
+            if not cached:
+                self._store(key, result["blocks"])
+        self.found[key] = result
+        return result
+
+
+def _public(tried):
+    return [{k: v for k, v in t.items() if k != "_t"} for t in tried]
+
+
+def _short(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+    lines = [line for line in text if line.strip()]
+    vmem = [line for line in lines if "vmem" in line.lower()]
+    return (vmem or lines or ["(no message)"])[0][:300]
+
+
+def cache_dir() -> pathlib.Path:
+    base = os.environ.get("SVGEN_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "svgen"
+    )
+    return pathlib.Path(base) / "bench"
+
+
+# ----------------------------------------------------------------------------- one spec
+def bench_spec(
+    spec,
+    target: str,
+    options: Options,
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+    progress: Callable[[str], None] = lambda line: None,
+    dense: SplashDense | None = None,
+    env: dict | None = None,
+) -> dict:
+    """Time `spec` (a loaded Spec, its tiling the one to time) on the default device; a JSON
+    object of what was measured (see the module docstring)."""
+    from svgen.perf.splash_mask import head_patterns
+
+    result: dict = {
+        "spec": spec.name,
+        "source": spec.source,
+        "spec_digest": spec.digest,
+        "target": target,
+        "tiling": _tiling_json(spec.tiling),
+    }
+    with tempfile.TemporaryDirectory(prefix="svgen-bench-") as folder:
+        progress(f"{spec.name}: compile for {target}")
+        plan, module = compile_module(spec, target, pathlib.Path(folder))
+        assignment = head_patterns(module)
+        result["head_patterns"] = [plan.patterns[p].name for p in assignment]
+        q, k, v = draw_inputs(module, options.seed)
+        rows = sampled_rows(int(module.SEQ_LEN), options.check_rows, options.seed)
+        reference = None
+        checked = options.check_rows > 0 and getattr(module, "SELECT", None) is None
+        if checked:
+            reference = reference_rows(plan, assignment, q, k, v, rows)
+        forward = svgen_forward(module, assignment, options.interpret)
+        directions = ["forward"] + (["backward"] if options.backward else [])
+        for direction in directions:
+            fn = forward if direction == "forward" else gradient_of(forward)
+            progress(f"{spec.name}: svgen {direction}")
+            try:
+                timing, out = time_calls(
+                    fn, (q, k, v), warmup=options.warmup, iters=options.iters, clock=clock
+                )
+            except Exception as exc:
+                result[f"svgen_{direction}"] = {"error": _short(exc)}
+                continue
+            entry = timing.to_json()
+            if direction == "backward":
+                del out  # three sequence-long gradients: not kept while Splash runs
+            if direction == "forward" and reference is not None:
+                entry["max_error"] = max_error(out, reference, rows)
+                entry["ok"] = entry["max_error"] <= TOLERANCE[str(module.DTYPE)]
+            result[f"svgen_{direction}"] = entry
+        if options.splash:
+            _bench_splash(
+                result,
+                module,
+                plan,
+                assignment,
+                (q, k, v),
+                rows,
+                reference,
+                options,
+                clock,
+                progress,
+                dense or SplashDense(None),
+                env or {},
+                target,
+            )
+    return result
+
+
+def _bench_splash(
+    result,
+    module,
+    plan,
+    assignment,
+    qkv,
+    rows,
+    reference,
+    options,
+    clock,
+    progress,
+    dense,
+    env,
+    target,
+):
+    from svgen.perf import splash_mask
+
+    seq, heads, d = int(module.SEQ_LEN), int(module.HEADS), int(module.HEAD_DIM)
+    scale = 1.0 / float(np.sqrt(d))
+    directions = ["forward"] + (["backward"] if options.backward else [])
+    selecting = getattr(module, "SELECT", None) is not None
+    for direction in directions:
+        backward = direction == "backward"
+
+        def time_dense(blocks, backward=backward):
+            padded = splash_mask.padded_length(seq, *blocks)
+            kernel = splash_mask.make_splash(
+                splash_mask.full_mask(heads, padded), blocks, backward, options.interpret
+            )
+            fn = splash_call(kernel, seq, padded, scale, backward)
+            return time_calls(fn, qkv, warmup=options.warmup, iters=options.iters, clock=clock)[0]
+
+        # The backward is timed at the forward's best blocks (a search there costs minutes
+        # of chip time: Splash's backward compiles are its slowest).
+        candidates = options.dense_blocks
+        if backward and result["splash_dense_forward"].get("blocks"):
+            first = tuple(result["splash_dense_forward"]["blocks"])
+            candidates = (first,) + tuple(b for b in options.dense_blocks if b != first)
+        key = json.dumps([target, env, heads, seq, d, str(module.DTYPE), direction])
+        best = dense.best(key, candidates, time_dense, progress)
+        result[f"splash_dense_{direction}"] = {
+            "blocks": list(best["blocks"]) if best["blocks"] else None,
+            **(best["timing"].to_json() if best["timing"] else {"error": "no block size compiled"}),
+            "tried": best["tried"],
+        }
+        if selecting:
+            result[f"splash_mask_{direction}"] = {
+                "error": "not timed: this spec chooses blocks per call (select), a mask Splash "
+                "cannot be given ahead of time"
+            }
+            continue
+        blocks = options.splash_blocks
+        progress(f"{result['spec']}: Splash given the mask ({direction})")
+        try:
+            padded = splash_mask.padded_length(seq, *blocks)
+            start = time.perf_counter()
+            mask = splash_mask.splash_mask(module, padded, assignment)
+            built = time.perf_counter() - start
+            timing, out, fused = _time_masked_splash(
+                mask, blocks, backward, (seq, padded, scale), qkv, options, clock
+            )
+        except Exception as exc:
+            result[f"splash_mask_{direction}"] = {"blocks": list(blocks), "error": _short(exc)}
+            continue
+        entry = {"blocks": list(blocks), "mask_build_s": round(built, 2), **timing.to_json()}
+        if backward:
+            entry["fused_backward"] = fused
+        if not backward and reference is not None:
+            entry["max_error"] = max_error(out, reference, rows)
+            entry["ok"] = entry["max_error"] <= TOLERANCE[str(module.DTYPE)]
+        result[f"splash_mask_{direction}"] = entry
+    _speedups(result, directions)
+
+
+def _time_masked_splash(mask, blocks, backward, sizes, qkv, options, clock):
+    """(Timing, output, fused): Splash's backward fused where it fits the chip, else its two
+    kernels (the fused one keeps a dq per kv block, which a long sequence can overflow)."""
+    from svgen.perf import splash_mask
+
+    seq, padded, scale = sizes
+    error = None
+    for fused in (True, False) if backward else (False,):
+        kernel = splash_mask.make_splash(mask, blocks, backward, options.interpret, fused=fused)
+        fn = splash_call(kernel, seq, padded, scale, backward)
+        try:
+            timing, out = time_calls(
+                fn, qkv, warmup=options.warmup, iters=options.iters, clock=clock
+            )
+        except Exception as exc:
+            error = exc
+            continue
+        return timing, out, fused
+    raise error
+
+
+def _speedups(result: dict, directions) -> None:
+    for direction in directions:
+        mine = result.get(f"svgen_{direction}", {}).get("median_ms")
+        for peer in ("splash_dense", "splash_mask"):
+            theirs = result.get(f"{peer}_{direction}", {}).get("median_ms")
+            if mine and theirs:
+                result[f"speedup_vs_{peer}_{direction}"] = round(theirs / mine, 3)
+
+
+def _tiling_json(t) -> dict:
+    return {
+        "block_q": t.block_q,
+        "block_kv": t.block_kv,
+        "compute_q": t.cq,
+        "compute_kv": t.ckv,
+        "align": t.align,
+    }
+
+
+# ----------------------------------------------------------------------------- the table
+def format_table(results: list[dict], chip: str) -> list[str]:
+    """Markdown rows: one per (spec, direction)."""
+    lines = [
+        f"| spec ({chip}) | tiling | direction | svgen ms | first call s | dense Splash ms "
+        "(blocks) | Splash given the mask ms | vs dense | vs same mask | max error |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        t = r["tiling"]
+        tiling = f"{t['block_q']}x{t['block_kv']}"
+        if (t["compute_q"], t["compute_kv"]) != (t["block_q"], t["block_kv"]):
+            tiling += f" / {t['compute_q']}x{t['compute_kv']}"
+        if t["align"] != "exact":
+            tiling += f" {t['align']}"
+        for direction in ("forward", "backward"):
+            mine = r.get(f"svgen_{direction}")
+            if mine is None:
+                continue
+            dense = r.get(f"splash_dense_{direction}", {})
+            masked = r.get(f"splash_mask_{direction}", {})
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        r["spec"],
+                        tiling,
+                        direction,
+                        _ms(mine),
+                        f"{mine['first_call_s']:.1f}" if "first_call_s" in mine else "-",
+                        _ms(dense)
+                        + (
+                            f" ({'/'.join(map(str, dense['blocks']))})"
+                            if dense.get("blocks")
+                            else ""
+                        ),
+                        _ms(masked),
+                        _x(r.get(f"speedup_vs_splash_dense_{direction}")),
+                        _x(r.get(f"speedup_vs_splash_mask_{direction}")),
+                        _err(mine, masked),
+                    ]
+                )
+                + " |"
+            )
+    return lines
+
+
+def _ms(entry: dict) -> str:
+    if not entry:
+        return "-"
+    if "error" in entry:
+        return "failed: " + entry["error"][:60]
+    return f"{entry['median_ms']:.2f}"
+
+
+def _x(value) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _err(mine: dict, masked: dict) -> str:
+    parts = []
+    for label, entry in (("svgen", mine), ("Splash", masked)):
+        if "max_error" in entry:
+            parts.append(f"{label} {entry['max_error']:.1e}{'' if entry['ok'] else ' FAIL'}")
+    return ", ".join(parts) or "-"

@@ -1,0 +1,193 @@
+"""`svgen tune --measure`: a spec's tiling chosen by timing candidates on the attached TPU.
+
+The static model (svgen.perf.tune) ranks tilings differently from a v5e (docs/measured.md:
+it chose 2048 x 4096 two-level tiles that the chip runs 2.4x slower than 1024 x 1024 ones),
+so here nothing is ranked by it: each candidate is compiled for the chip and timed
+(svgen.perf.chip_bench, without Splash), forward and, for a spec used in training, forward
+plus backward. A candidate that fails to compile or to run, or whose output misses the
+float32 reference on sampled rows, is infeasible, never slow. Each measurement is cached on
+disk under (chip, jax/libtpu versions, spec digest, tiling, direction), so tuning again after
+an interruption times only what is missing. A budget of seconds stops the search between
+candidates; what was not timed is listed as such.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Callable
+
+from svgen.perf import chip_bench
+
+#: (block_q, block_kv, compute_q, compute_kv), in the order they are timed: one-level tiles
+#: first (on a v5e they ran 1.2-5x faster than two-level ones, docs/measured.md), the
+#: largest square one first.
+MEASURED_TILINGS = (
+    (1024, 1024, 1024, 1024),
+    (512, 1024, 512, 1024),
+    (1024, 512, 1024, 512),
+    (512, 512, 512, 512),
+    (2048, 1024, 2048, 1024),
+    (1024, 2048, 1024, 2048),
+    (512, 1024, 512, 512),
+    (1024, 2048, 1024, 1024),
+    (2048, 2048, 1024, 1024),
+)
+DEFAULT_BUDGET_S = 540.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    tiling: tuple[int, int, int, int]
+    ms: float | None  # the median over directions' sum (forward, or forward + backward)
+    per_direction: dict
+    error: str | None = None
+    cached: bool = False
+
+    def label(self) -> str:
+        bq, bkv, cq, ckv = self.tiling
+        tile = f"{bq}x{bkv}"
+        return tile if (cq, ckv) == (bq, bkv) else f"{tile} / {cq}x{ckv}"
+
+
+def candidates(spec) -> list[tuple[int, int, int, int]]:
+    """The spec's own tiling, then MEASURED_TILINGS, without repeats or tilings whose tiles
+    are longer than the padded sequence needs (one tile would hold it all twice)."""
+    t = spec.tiling
+    own = (t.block_q, t.block_kv, t.cq, t.ckv)
+    seq = spec.geometry.seq_len
+    out = []
+    for tiling in (own, *MEASURED_TILINGS):
+        if tiling in out:
+            continue
+        if tiling != own and min(tiling[0], tiling[1]) >= 2 * max(seq, 128):
+            continue
+        out.append(tiling)
+    return out
+
+
+def _cache_file():
+    return chip_bench.cache_dir() / "measured.json"
+
+
+def _load_cache() -> dict:
+    try:
+        return json.loads(_cache_file().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _store(key: str, value: dict) -> None:
+    path = _cache_file()
+    data = _load_cache()
+    data[key] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def with_tiling(spec, tiling: tuple[int, int, int, int]):
+    """The spec with another tiling (its align kept); its digest names the spec, the tiling
+    is part of every cache key beside it."""
+    from svgen.spec import Tiling
+
+    bq, bkv, cq, ckv = tiling
+    return dataclasses.replace(
+        spec,
+        tiling=Tiling(
+            bq, bkv, cq if cq != bq else None, ckv if ckv != bkv else None, spec.tiling.align
+        ),
+    )
+
+
+def tune(
+    spec,
+    chip: str,
+    *,
+    backward: bool,
+    budget_s: float = DEFAULT_BUDGET_S,
+    options: chip_bench.Options | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+    progress: Callable[[str], None] = lambda line: None,
+    env: dict | None = None,
+    use_cache: bool = True,
+) -> list[Trial]:
+    """Every candidate's Trial, fastest first, infeasible and untimed ones last."""
+    options = options or chip_bench.Options(warmup=1, iters=5, check_rows=64)
+    options = dataclasses.replace(options, backward=backward, splash=False)
+    env = env if env is not None else chip_bench.versions()
+    cache = _load_cache() if use_cache else {}
+    start = time.monotonic()
+    trials = []
+    tilings = candidates(spec)
+    for i, tiling in enumerate(tilings):
+        key = json.dumps([chip, env, spec.digest, list(tiling), backward])
+        label = Trial(tiling, None, {}).label()
+        if key in cache:
+            trials.append(
+                Trial(
+                    tiling,
+                    cache[key]["ms"],
+                    cache[key]["per_direction"],
+                    cache[key].get("error"),
+                    cached=True,
+                )
+            )
+            continue
+        if time.monotonic() - start > budget_s:
+            trials.append(
+                Trial(tiling, None, {}, f"not timed: the {budget_s:.0f} s budget ran out")
+            )
+            continue
+        progress(f"[{i + 1}/{len(tilings)}] {spec.name} {label}")
+        trial = _trial(spec, tiling, chip, options, clock)
+        trials.append(trial)
+        if use_cache and not (trial.error or "").startswith("not timed"):
+            _store(
+                key, {"ms": trial.ms, "per_direction": trial.per_direction, "error": trial.error}
+            )
+    return sorted(trials, key=lambda t: (t.ms is None, t.ms or 0.0))
+
+
+def _trial(spec, tiling, chip, options, clock) -> Trial:
+    from svgen.spec.errors import SpecError
+
+    try:
+        result = chip_bench.bench_spec(with_tiling(spec, tiling), chip, options, clock=clock)
+    except SpecError as exc:  # the compiler refuses the tiling (VMEM, SMEM, tile grid)
+        return Trial(tiling, None, {}, f"refused by svgen: {exc}")
+    per = {}
+    total = 0.0
+    for direction in ("forward", "backward"):
+        entry = result.get(f"svgen_{direction}")
+        if entry is None:
+            continue
+        if "error" in entry:
+            return Trial(tiling, None, per, f"{direction}: {entry['error']}")
+        if entry.get("ok") is False:
+            return Trial(
+                tiling,
+                None,
+                per,
+                f"{direction}: output off the reference (max error {entry['max_error']:.2e})",
+            )
+        per[direction] = entry["median_ms"]
+        total = entry["median_ms"]  # backward's call runs the forward too
+    return Trial(tiling, total, per)
+
+
+def format_table(trials: list[Trial], chip: str, backward: bool) -> list[str]:
+    what = "forward + backward" if backward else "forward"
+    lines = [f"| tiling | {what} ms on {chip} | |", "|---|---:|---|"]
+    best = next((t.ms for t in trials if t.ms is not None), None)
+    for t in trials:
+        if t.ms is None:
+            lines.append(f"| {t.label()} | - | {t.error} |")
+        else:
+            note = "cached" if t.cached else ""
+            rel = f"{t.ms / best:.2f}x the best" if best else ""
+            lines.append(f"| {t.label()} | {t.ms:.2f} | {', '.join(x for x in (rel, note) if x)} |")
+    return lines

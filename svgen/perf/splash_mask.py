@@ -1,0 +1,176 @@
+"""Splash Attention given the same mask as a generated module: what `svgen bench` times svgen
+against.
+
+A user without svgen would hand Splash Attention (jax.experimental.pallas.ops.tpu
+.splash_attention) their mask as a `Mask` object, and Splash would cut it into blocks, keep
+the all-true and all-false ones as flags and load the partial ones from HBM. This module
+builds that object from a generated module: one `PackedKeep` per pattern, its bits the
+module's own mask (`coords.keep` of each pattern's `boundary_mask`, the same function the
+module's profiling and reference paths use) on every pair of kernel positions, computed on
+the default device a strip of rows at a time and kept bit-packed on the host (75,776² pairs
+take 718 MB). Heads get their pattern's object, so Splash's deduplication sees one mask per
+pattern; tokens are in each head's kernel order (what svgen's kernel runs on, and what a
+user keeping activations in that order would give Splash).
+
+Padding: Splash needs the sequence to be a multiple of its blocks; padded positions keep no
+pair (their query rows come out as whatever Splash makes of an empty row, and are dropped).
+
+Nothing here is timed and nothing runs on a TPU by necessity: on a CPU host the strips run
+under XLA's CPU backend (the tests check the bits against the IR oracle, brute force).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
+
+#: Query rows per device evaluation: [rows, padded] bools in flight.
+STRIP_ROWS = 512
+
+
+def padded_length(seq_len: int, *blocks: int) -> int:
+    """The smallest multiple of every block size that holds `seq_len` tokens."""
+    step = int(np.lcm.reduce(np.asarray(blocks, np.int64)))
+    return -(-seq_len // step) * step
+
+
+def keep_strip_function(pattern, seq_len: int, padded: int, rows: int):
+    """A jitted f(first_row) -> uint8 [rows, padded / 8]: the pattern's mask on rows
+    first_row .. first_row + rows against every key, bit-packed along keys (big-endian bits,
+    as np.packbits), False wherever a position is padding."""
+    import jax
+    import jax.numpy as jnp
+
+    from svgen.runtime import coords
+
+    def strip(first_row):
+        q_pos = first_row + jnp.arange(rows, dtype=jnp.int32).reshape(rows, 1)
+        k_pos = jnp.arange(padded, dtype=jnp.int32).reshape(1, padded)
+        # Padding positions are clamped into the sequence before the mask reads their
+        # coordinates (a mask may divide or index by them), then cleared.
+        q_in = jnp.minimum(q_pos, seq_len - 1)
+        k_in = jnp.minimum(k_pos, seq_len - 1)
+        keep = coords.keep(pattern.boundary_mask, pattern.layout, q_in, k_in)
+        keep = jnp.broadcast_to(keep, (rows, padded)) & (q_pos < seq_len) & (k_pos < seq_len)
+        return jnp.packbits(keep, axis=-1)
+
+    return jax.jit(strip)
+
+
+def packed_keep_bits(pattern, seq_len: int, padded: int, strip_rows: int = STRIP_ROWS):
+    """uint8 [padded, padded / 8]: the pattern's whole mask in kernel order, bit-packed."""
+    if padded % 8:
+        raise ValueError(f"the padded length must be a multiple of 8, got {padded}")
+    rows = min(strip_rows, padded)
+    strip = keep_strip_function(pattern, seq_len, padded, rows)
+    out = np.empty((padded, padded // 8), np.uint8)
+    for first in range(0, padded, rows):
+        block = np.asarray(strip(np.int32(first)))
+        out[first : first + rows] = block[: padded - first]
+    return out
+
+
+class PackedKeep(mask_lib.Mask):
+    """A Splash `Mask` over a bit-packed keep[q, k] (one pattern, kernel order). Splash asks
+    for blocks by slices; each comes unpacked. Equal only to itself, so heads that share the
+    object share Splash's mask processing and partial blocks."""
+
+    def __init__(self, name: str, bits: np.ndarray):
+        if bits.ndim != 2 or bits.dtype != np.uint8 or bits.shape[1] * 8 != bits.shape[0]:
+            raise ValueError(f"expected uint8 [n, n / 8] bits, got {bits.dtype} {bits.shape}")
+        self.name = name
+        self.bits = bits
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.bits.shape[0], self.bits.shape[0])
+
+    def __getitem__(self, idx) -> np.ndarray:
+        rows, cols = idx
+        n = self.shape[0]
+        r0, r1 = _bounds(rows, n)
+        c0, c1 = _bounds(cols, n)
+        byte0, byte1 = c0 // 8, -(-c1 // 8)
+        unpacked = np.unpackbits(self.bits[r0:r1, byte0:byte1], axis=-1)
+        return unpacked[:, c0 - 8 * byte0 : c1 - 8 * byte0].astype(np.bool_)
+
+    def __eq__(self, other: object) -> bool:
+        return other is self
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        return f"PackedKeep({self.name!r}, {self.shape[0]} x {self.shape[1]})"
+
+
+def _bounds(index, size: int) -> tuple[int, int]:
+    if isinstance(index, (int, np.integer)):
+        return int(index), int(index) + 1
+    if not isinstance(index, slice) or index.step not in (None, 1):
+        raise NotImplementedError(f"PackedKeep takes unit-step slices, got {index!r}")
+    start, stop, _ = index.indices(size)
+    return start, stop
+
+
+def head_patterns(module) -> tuple[int, ...]:
+    """Each head's pattern index: the module's static assignment, else (patterns chosen at
+    run time) pattern i % patterns for head i, so that every pattern is timed."""
+    static = getattr(module, "HEAD_PATTERN", None)
+    if static is not None:
+        return tuple(int(p) for p in static)
+    count = len(module.PATTERNS)
+    return tuple(h % count for h in range(module.HEADS))
+
+
+def splash_mask(module, padded: int, assignment: tuple[int, ...]):
+    """A Splash `MultiHeadMask` [heads, padded, padded] of the module's mask, each head its
+    pattern's in that pattern's kernel order."""
+    masks = _pattern_masks(module, padded, tuple(sorted(set(assignment))))
+    return mask_lib.MultiHeadMask([masks[p] for p in assignment])
+
+
+def _pattern_masks(module, padded: int, used: tuple[int, ...]) -> dict[int, PackedKeep]:
+    patterns = module.attention.patterns
+    return {
+        p: PackedKeep(patterns[p].name, packed_keep_bits(patterns[p], int(module.SEQ_LEN), padded))
+        for p in used
+    }
+
+
+@functools.cache
+def _splash():
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel
+
+    return splash_attention_kernel
+
+
+def make_splash(
+    mask, blocks: tuple[int, int, int], backward: bool, interpret: bool = False, fused: bool = True
+):
+    """Splash's multi-head kernel for `mask` at blocks (block_q, block_kv, block_kv_compute);
+    with `backward`, its fused dq/dk/dv kernel at the same blocks (the faster of its two
+    backward kernels on a v5e: 622 against 760 ms dense, ../docs/measured.md)."""
+    splash = _splash()
+    bq, bkv, bkvc = blocks
+    extra = {}
+    if backward:
+        extra = dict(
+            block_q_dkv=bq,
+            block_kv_dkv=bkv,
+            block_kv_dkv_compute=bkvc,
+            use_fused_bwd_kernel=fused,
+        )
+        if not fused:
+            extra.update(block_q_dq=bq, block_kv_dq=bkv)
+    sizes = splash.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkvc, **extra)
+    return splash.make_splash_mha(
+        mask, head_shards=1, q_seq_shards=1, block_sizes=sizes, interpret=interpret
+    )
+
+
+def full_mask(heads: int, padded: int):
+    return mask_lib.MultiHeadMask([mask_lib.FullMask((padded, padded)) for _ in range(heads)])
