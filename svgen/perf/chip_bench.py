@@ -397,7 +397,8 @@ def bench_spec(
         q, k, v = draw_inputs(module, options.seed)
         rows = sampled_rows(int(module.SEQ_LEN), options.check_rows, options.seed)
         reference = None
-        checked = options.check_rows > 0 and getattr(module, "SELECT", None) is None
+        # A select spec chooses blocks per call: its output is not the mask's alone.
+        checked = options.check_rows > 0 and spec.select is None
         if checked:
             reference = reference_rows(plan, assignment, q, k, v, rows)
         forward = svgen_forward(module, assignment, options.interpret)
@@ -458,7 +459,7 @@ def _bench_splash(
     seq, heads, d = int(module.SEQ_LEN), int(module.HEADS), int(module.HEAD_DIM)
     scale = 1.0 / float(np.sqrt(d))
     directions = ["forward"] + (["backward"] if options.backward else [])
-    selecting = getattr(module, "SELECT", None) is not None
+    selecting = plan.spec.select is not None
     for direction in directions:
         backward = direction == "backward"
 

@@ -52,14 +52,14 @@ class Trial:
         return tile if (cq, ckv) == (bq, bkv) else f"{tile} / {cq}x{ckv}"
 
 
-def candidates(spec) -> list[tuple[int, int, int, int]]:
+def candidates(spec, tilings=MEASURED_TILINGS) -> list[tuple[int, int, int, int]]:
     """The spec's own tiling, then MEASURED_TILINGS, without repeats or tilings whose tiles
     are longer than the padded sequence needs (one tile would hold it all twice)."""
     t = spec.tiling
     own = (t.block_q, t.block_kv, t.cq, t.ckv)
     seq = spec.geometry.seq_len
     out = []
-    for tiling in (own, *MEASURED_TILINGS):
+    for tiling in (own, *tilings):
         if tiling in out:
             continue
         if tiling != own and min(tiling[0], tiling[1]) >= 2 * max(seq, 128):
@@ -114,6 +114,8 @@ def tune(
     progress: Callable[[str], None] = lambda line: None,
     env: dict | None = None,
     use_cache: bool = True,
+    tilings=MEASURED_TILINGS,
+    own: bool = True,
 ) -> list[Trial]:
     """Every candidate's Trial, fastest first, infeasible and untimed ones last."""
     options = options or chip_bench.Options(warmup=1, iters=5, check_rows=64)
@@ -122,7 +124,7 @@ def tune(
     cache = _load_cache() if use_cache else {}
     start = time.monotonic()
     trials = []
-    tilings = candidates(spec)
+    tilings = candidates(spec, tilings)[0 if own else 1 :]
     for i, tiling in enumerate(tilings):
         key = json.dumps([chip, env, spec.digest, list(tiling), backward])
         label = Trial(tiling, None, {}).label()

@@ -1,0 +1,156 @@
+"""svgen bench and svgen tune --measure on a CPU: the Splash mask svgen builds from a spec
+against brute force, the timing logic with an injected clock, the bench of a small spec in
+Pallas's interpreter (outputs checked against the float32 reference), the tuner's handling
+of infeasible candidates and its budget, and the refusal without a TPU."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from helpers import dense_keep
+from svgen.analysis import analyze
+from svgen.perf import chip_bench, measured_tune, splash_mask
+from svgen.spec import parse_spec
+
+MIXED = """
+svgen: 1
+name: tiny_mixed
+geometry: {frames: 4, height: 8, width: 12, text_tokens: 40}
+attention: {heads: 3, head_dim: 128, dtype: bfloat16}
+layout: frame_major
+patterns:
+  spatial:
+    any_of:
+      - first_frame: {frames: 1}
+      - spatial_window: {frames: 1}
+  temporal:
+    any_of:
+      - first_frame: {frames: 1}
+      - temporal_stride: {rows: 0, cols: 0}
+heads:
+  candidates:
+    - {pattern: spatial}
+    - {pattern: temporal, layout: temporal_major}
+  assign: runtime
+tiling: {block_q: 128, block_kv: 128}
+"""
+
+
+def test_splash_mask_is_the_spec_mask_in_kernel_order(compile_text):
+    plan, module = compile_text(MIXED)
+    seq = int(module.SEQ_LEN)
+    padded = splash_mask.padded_length(seq, 128, 256)
+    assert padded % 256 == 0 and padded >= seq
+    assignment = splash_mask.head_patterns(module)
+    assert assignment == (0, 1, 0)  # patterns chosen at run time: every pattern timed
+    mask = splash_mask.splash_mask(module, padded, assignment)
+    assert mask.shape == (3, padded, padded)
+    assert mask.masks[0] is mask.masks[2]  # one object per pattern: Splash deduplicates
+    for head, p in enumerate(assignment):
+        want = np.zeros((padded, padded), bool)
+        want[:seq, :seq] = dense_keep(plan.patterns[p].mask, plan.patterns[p].layout)
+        got = mask[head, :, :]
+        np.testing.assert_array_equal(got, want)
+        # Splash asks for blocks by slices, unaligned to bytes too
+        np.testing.assert_array_equal(
+            mask.masks[p][(slice(128, 256), slice(13, 200))], want[128:256, 13:200]
+        )
+    assert not mask[0, seq:, :].any() and not mask[0, :, seq:].any()
+
+
+def test_time_calls_reports_first_call_and_median_from_the_clock():
+    ticks = itertools.count()
+    clock = lambda: float(next(ticks)) ** 2  # noqa: E731  - each interval longer than the last
+    calls = []
+    timing, out = chip_bench.time_calls(
+        lambda x: calls.append(x) or np.asarray(x), (7,), warmup=2, iters=3, clock=clock
+    )
+    assert len(calls) == 1 + 2 + 3 and int(out) == 7
+    # first call: 0 -> 1 (1 s); timed calls: clock 2->3, 4->5, 6->7 (5, 9, 13 s)
+    assert timing.first_s == 1 and timing.median_s == 9 and timing.min_s == 5
+
+
+def test_bench_spec_in_the_interpreter_checks_outputs_and_computes_speedups():
+    spec = parse_spec(MIXED, source="tiny.yaml")
+    ticks = itertools.count()
+    options = chip_bench.Options(
+        warmup=0,
+        iters=1,
+        interpret=True,
+        check_rows=48,
+        splash_blocks=(128, 128, 128),
+        dense_blocks=((128, 128, 128), (99999, 128, 128)),
+    )
+    result = chip_bench.bench_spec(spec, "v5e", options, clock=lambda: float(next(ticks)))
+    assert result["head_patterns"] == ["spatial", "temporal", "spatial"]
+    for key in ("svgen_forward", "splash_mask_forward"):
+        assert result[key]["ok"] is True, result[key]
+        assert result[key]["max_error"] < 2e-2
+    dense = result["splash_dense_forward"]
+    assert dense["blocks"] == [128, 128, 128]
+    # a block size that cannot be built is recorded as infeasible, not as slow
+    assert any("error" in t for t in dense["tried"])
+    assert result["speedup_vs_splash_mask_forward"] == pytest.approx(
+        result["splash_mask_forward"]["median_ms"] / result["svgen_forward"]["median_ms"], rel=1e-3
+    )
+    table = chip_bench.format_table([result], "cpu")
+    assert table[2].startswith("| tiny_mixed | 128x128 | forward |")
+
+
+def test_a_wrong_output_is_caught(monkeypatch):
+    """The check can fail: a kernel whose rows are off the reference is flagged."""
+    spec = parse_spec(MIXED, source="tiny.yaml")
+    real = chip_bench.svgen_forward
+
+    def broken(module, assignment, interpret):
+        fn = real(module, assignment, interpret)
+        return lambda q, k, v: fn(q, k, v) + 0.5
+
+    monkeypatch.setattr(chip_bench, "svgen_forward", broken)
+    options = chip_bench.Options(warmup=0, iters=1, interpret=True, check_rows=16, splash=False)
+    result = chip_bench.bench_spec(spec, "v5e", options)
+    assert result["svgen_forward"]["ok"] is False
+
+
+def test_measured_tune_records_infeasible_candidates_and_keeps_its_budget(monkeypatch, tmp_path):
+    monkeypatch.setenv("SVGEN_CACHE_DIR", str(tmp_path))
+    spec = parse_spec(MIXED, source="tiny.yaml")
+    times = {(128, 128): 5.0, (256, 256): 3.0}
+
+    def fake_bench(spec, target, options, clock=None):
+        t = spec.tiling
+        if (t.block_q, t.block_kv) == (512, 512):
+            return {"svgen_forward": {"error": "CompileTimeScopedVmemOom"}}
+        return {"svgen_forward": {"median_ms": times.get((t.block_q, t.block_kv), 9.0), "ok": True}}
+
+    monkeypatch.setattr(chip_bench, "bench_spec", fake_bench)
+    tilings = ((256, 256, 256, 256), (512, 512, 512, 512))
+    trials = measured_tune.tune(spec, "v5e", backward=False, env={}, tilings=tilings)
+    assert [t.tiling[:2] for t in trials] == [(256, 256), (128, 128), (512, 512)]
+    assert trials[-1].ms is None and "VmemOom" in trials[-1].error
+    again = measured_tune.tune(spec, "v5e", backward=False, env={}, tilings=tilings)
+    assert all(t.cached for t in again)  # cached per chip, versions, digest, tiling
+    spent = measured_tune.tune(spec, "v5e", backward=True, env={}, tilings=tilings, budget_s=-1)
+    assert all(t.ms is None and "budget" in t.error for t in spent)
+
+
+def test_bench_without_a_tpu_is_one_line_and_exit_2(capsys):
+    from svgen.cli import main
+
+    assert main(["bench", "specs/wan21_720p_band.yaml"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "attached TPU" in err[0]
+    assert main(["tune", "--measure", "specs/wan21_720p_band.yaml"]) == 2
+
+
+def test_tiling_option_is_checked():
+    from svgen.cli.bench import parse_tiling
+    import argparse
+
+    assert parse_tiling("1024x1024") == (1024, 1024, 1024, 1024)
+    assert parse_tiling("512x1024/512x512") == (512, 1024, 512, 512)
+    with pytest.raises(argparse.ArgumentTypeError, match="BQxBKV"):
+        parse_tiling("1024")
