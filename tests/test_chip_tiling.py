@@ -90,7 +90,11 @@ def test_a_chip_tiling_inherits_nothing_but_align():
 
 
 def test_a_spec_without_chip_keys_reads_the_same_for_every_chip():
-    text = (REPO / "specs" / "wan21_720p_spatial.yaml").read_text()
+    import re
+
+    shipped = (REPO / "specs" / "wan21_720p_spatial.yaml").read_text()
+    text = re.sub(r", v5e: \{[^}]*\}", "", shipped)  # the shipped spec without its chip key
+    assert text != shipped
     plain = parse_spec(text)
     assert plain.tilings == ()
     for chip in TPU_CHIPS:
@@ -247,7 +251,9 @@ def test_digests_of_specs_without_chip_keys_are_unchanged():
         module = (REPO / "generated" / f"{spec.name}.py").read_text()
         header = codegen.parse_header(module)
         assert header is not None and header.spec_digest == spec.digest, path.name
-        assert {load_spec(path, chip=c).digest for c in TPU_CHIPS} == {spec.digest}
+        assert load_spec(path, chip="v6e").digest == spec.digest  # the plain tiling is v6e's
+        if not spec.tilings:
+            assert {load_spec(path, chip=c).digest for c in TPU_CHIPS} == {spec.digest}
 
 
 def test_the_digest_covers_the_chip_tilings_and_the_one_in_effect():
