@@ -95,21 +95,16 @@ def commit() -> str | None:
     import subprocess
 
     root = pathlib.Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str:
+        run = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True
+        )
+        return run.stdout.strip()
+
     try:
-        head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
     return head + ("+" if dirty else "")
