@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from helpers import dense_keep
-from svgen.analysis import analyze
 from svgen.perf import chip_bench, measured_tune, splash_mask
 from svgen.spec import parse_spec
 
