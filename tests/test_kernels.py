@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from svgen.runtime.reference import masked_attention_reference
+from svgen.runtime.tables import KernelShape
+from svgen.runtime.vmem import row_sum_on_mxu
 
-from helpers import MASK_SPECS, TOLERANCE, TWO_LEVEL, dense_keep, scaled_spec_text
+from helpers import MASK_SPECS, REPO, TOLERANCE, TWO_LEVEL, dense_keep, scaled_spec_text
 from kernel_helpers import POISONED, check_per_head, mixed_inputs
 
 
@@ -65,6 +67,39 @@ def test_shipped_spec_two_level_tiles(spec_path, dtype, compile_text):
     head_pattern = np.arange(2) % len(plan.patterns)
     out = module.attention(q, k, v, head_pattern=head_pattern, interpret=POISONED)
     check_per_head(plan, out, q, k, v, head_pattern, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("tiling", [None, TWO_LEVEL], ids=["one_level", "two_level"])
+def test_v5e_kernel_sums_rows_across_lanes(tiling, dtype, compile_text):
+    """On v5e (128-wide MXUs) head_dim 128 takes the row sum across lanes, not from [V | 1]:
+    the module says so, and its outputs match the float64 reference on every pattern."""
+    text = scaled_spec_text(REPO / "specs" / "wan21_720p_mixed.yaml", tiling=tiling, dtype=dtype)
+    plan, module = compile_text(text, target_name="v5e")
+    assert module.MXU_WIDTH == 128 and not module.SHAPE.row_sum_on_mxu
+    q, k, v = mixed_inputs(plan, dtype, seed=5, heads=2)
+    head_pattern = np.arange(2) % len(plan.patterns)
+    out = module.attention(q, k, v, head_pattern=head_pattern, interpret=POISONED)
+    check_per_head(plan, out, q, k, v, head_pattern, dtype)
+
+
+@pytest.mark.parametrize(
+    "head_dim,mxu_width,on_mxu",
+    [
+        (128, 256, True),
+        (384, 256, True),
+        (64, 256, False),
+        (256, 256, False),
+        (128, 128, False),
+        (64, 128, False),
+        (256, 128, False),
+    ],
+)
+def test_row_sum_on_the_mxu_only_where_a_pass_has_room(head_dim, mxu_width, on_mxu):
+    assert row_sum_on_mxu(head_dim, mxu_width) is on_mxu
+    shape = KernelShape(1024, 1024, 512, 512, head_dim, 1, mxu_width=mxu_width)
+    assert shape.row_sum_on_mxu is on_mxu
+    assert shape.acc_width == head_dim + (128 if on_mxu else 0)
 
 
 def test_two_level_tiles_with_multi_tile_pieces(compile_text):

@@ -651,6 +651,7 @@ def check_vmem(spec: Spec, chip: Target, query_coords: int = 0):
             spec.attention.head_dim,
             spec.attention.dtype,
             query_coords,
+            chip.mxu_width,
         )
 
     need = _spec_vmem(t.block_q, t.block_kv, t.cq, t.ckv)

@@ -593,6 +593,7 @@ def _constants(plan: Plan) -> list[tuple[str, str]]:
             ("TARGET", pyformat.string(plan.target.name)),
             ("VMEM_LIMIT_BYTES", str(plan.vmem.limit())),
             ("TENSOR_CORES", str(plan.target.cores_per_chip)),
+            ("MXU_WIDTH", str(plan.target.mxu_width)),
         ]
         + _chunk_constants(plan)
     )

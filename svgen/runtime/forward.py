@@ -523,6 +523,7 @@ def _vmem_limit(shape: KernelShape, dtype, query_coords: int, ids: bool = False)
         shape.head_dim,
         jnp.dtype(dtype).name,
         query_coords,
+        shape.mxu_width,
     )
     if ids:
         need = dataclasses.replace(

@@ -18,6 +18,7 @@ import numpy as np
 
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import ComputeBlocks, TokenLayout
+from svgen.runtime.vmem import row_sum_on_mxu
 
 SMEM_BUDGET = 1 << 20  # bytes: one TPU TensorCore's SMEM, as the compiler assumes
 Q_BLOCK_SHIFT = 17
@@ -255,6 +256,7 @@ class KernelShape(ComputeBlocks):
     # The spec's `attention.softmax: bounded`: each q tile whose score bound is small enough
     # runs without a running max (svgen.runtime.forward, "bounded max"); the others online.
     bounded_softmax: bool = False
+    mxu_width: int = 256  # of the target chip: decides where the row sum comes from
 
     @property
     def padding_kv_tile(self) -> int | None:
@@ -268,8 +270,8 @@ class KernelShape(ComputeBlocks):
 
     @property
     def row_sum_on_mxu(self) -> bool:
-        """True when [V | 1] costs no extra MXU pass: head_dim fills half a 256-wide pass."""
-        return self.head_dim % 256 == 128
+        """True when [V | 1] costs no extra MXU pass (svgen.runtime.vmem.row_sum_on_mxu)."""
+        return row_sum_on_mxu(self.head_dim, self.mxu_width)
 
     @property
     def acc_width(self) -> int:

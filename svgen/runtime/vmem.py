@@ -46,10 +46,12 @@ def lanes(width: int) -> int:
     return -(-width // LANES) * LANES
 
 
-def row_sum_on_mxu(head_dim: int) -> bool:
-    """True when the kernel gets the row sum l from the PV matmul ([V | 1]: head_dim fills
-    half of a 256-wide pass, svgen.runtime.tables.KernelShape), else from a cross-lane sum."""
-    return head_dim % 256 == 128
+def row_sum_on_mxu(head_dim: int, mxu_width: int = 256) -> bool:
+    """True when the kernel gets the row sum l from the PV matmul ([V | 1]), else from a
+    cross-lane sum: [V | 1] is free only where head_dim leaves a 128-lane gap in its last MXU
+    pass (head_dim 128 on a 256-wide MXU); on a 128-wide MXU (v5e) the ones column is a pass
+    of its own, which the chip showed costs more than the lane sum."""
+    return mxu_width > LANES and head_dim % mxu_width == mxu_width - LANES
 
 
 def kernel_vmem(
@@ -60,16 +62,17 @@ def kernel_vmem(
     head_dim: int,
     dtype: str,
     query_coords: int = 0,
+    mxu_width: int = 256,
 ) -> VmemNeed:
     """The VMEM the generated kernel needs (mirrors `svgen.runtime.forward`'s buffers).
 
     `query_coords`: how many query coordinates a boundary mask reads (each kept
-    lane-replicated, [block_q, 128] int32). The tests AOT-compile tilings across head dims,
+    lane-replicated, [block_q, 128] int32). `mxu_width`: the target's (row_sum_on_mxu). The tests AOT-compile tilings across head dims,
     dtypes and compute blocks at the limit derived from this (tests/test_aot_tpu.py).
     """
     item = ITEMSIZE[dtype]
     d = lanes(head_dim)
-    on_mxu = row_sum_on_mxu(head_dim)
+    on_mxu = row_sum_on_mxu(head_dim, mxu_width)
     # q, k, v, o blocks double-buffered. (The training forward's lse output, f32 [1, block_q]
     # in 8 sublanes, 128 KiB at block_q 2048, is left to the limit's margin.)
     pipeline = 2 * item * d * (2 * block_q + 2 * block_kv)

@@ -1,0 +1,151 @@
+"""A kernel change, before and after, on the attached TPU, in one process.
+
+    python bench/kernel_ab.py SPEC[@BQxBKV[/CQxCKV]]... --set NAME=VALUE... [--backward]
+        [--iters N] [--json FILE] [--target CHIP] [--interpret]
+
+"After" is the module `svgen compile` writes today for the chip; "before" is the same module
+with the named constants set back (for example `--set MXU_WIDTH=256`: the row sum from
+[V | 1], as every chip ran it before v5e learned to take it across lanes). The two are
+timed in turn, each the median of `--iters` calls after two warm-ups (first calls timed
+alone), both checked on sampled rows against a float32 reference. Splash given the same mask
+and dense Splash at its best blocks are timed beside them by `svgen bench`'s engine
+(svgen.perf.chip_bench). A table goes to stdout; `--json` keeps every figure, saved after
+each spec, with the chip, versions and commit.
+
+Without a TPU it stops with one line (exit 2), unless `--interpret` (Pallas's interpreter
+on the CPU: checks the script, times nothing that means anything).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import pathlib
+import re
+import sys
+import tempfile
+import time
+
+from svgen.cli.bench import parse_tiling
+from svgen.perf import chip_bench, measured_tune
+from svgen.perf.splash_mask import head_patterns
+from svgen.spec import load_spec
+
+
+def parse_item(text: str):
+    path, _, tiling = text.partition("@")
+    return path, (parse_tiling(tiling) if tiling else None)
+
+
+def parse_setting(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE (a module constant), got {text!r}")
+    return name, value
+
+
+def import_as(path: pathlib.Path, name: str):
+    loader_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[name] = module
+    loader_spec.loader.exec_module(module)
+    return module
+
+
+def before_module(spec, target: str, settings, folder: pathlib.Path):
+    """The module compiled for `target` with each NAME = VALUE line of `settings` rewritten
+    (an unknown name is an error: a typo must not time the same module twice)."""
+    from svgen import codegen
+
+    plan, _ = chip_bench.compile_module(spec, target, folder)
+    path = folder / codegen.module_filename(spec.name, plan.backend)
+    text = path.read_text()
+    for name, value in settings:
+        text, count = re.subn(rf"^{name} = .*$", f"{name} = {value}", text, flags=re.M)
+        if count != 1:
+            raise SystemExit(f"kernel_ab: the module has no constant {name}")
+    before = folder / f"before_{path.name}"
+    before.write_text(text)
+    return plan, import_as(before, f"_kernel_ab_before_{spec.name}_{abs(hash(str(folder)))}")
+
+
+def time_before(spec, target, settings, options, progress) -> dict:
+    with tempfile.TemporaryDirectory(prefix="kernel-ab-") as folder:
+        plan, module = before_module(spec, target, settings, pathlib.Path(folder))
+        assignment = head_patterns(module)
+        q, k, v = chip_bench.draw_inputs(module, options.seed)
+        rows = chip_bench.sampled_rows(int(module.SEQ_LEN), options.check_rows, options.seed)
+        reference = chip_bench.reference_rows(plan, assignment, q, k, v, rows)
+        forward = chip_bench.svgen_forward(module, assignment, options.interpret)
+        result = {}
+        for direction in ["forward"] + (["backward"] if options.backward else []):
+            fn = forward if direction == "forward" else chip_bench.gradient_of(forward)
+            progress(f"{spec.name}: before {direction}")
+            timing, out = chip_bench.time_calls(
+                fn, (q, k, v), warmup=options.warmup, iters=options.iters, clock=time.perf_counter
+            )
+            entry = timing.to_json()
+            if direction == "forward" and spec.select is None:  # select: not the mask alone
+                entry["max_error"] = chip_bench.max_error(out, reference, rows)
+            result[direction] = entry
+        return result
+
+
+def row(result: dict, direction: str) -> str:
+    before = result["before"][direction]["median_ms"]
+    after = result.get(f"svgen_{direction}", {}).get("median_ms")
+    masked = result.get(f"splash_mask_{direction}", {}).get("median_ms")
+    gain = f"{before / after:.3f}x" if after else "-"
+    fmt = lambda x: f"{x:.2f}" if isinstance(x, (int, float)) else "-"  # noqa: E731
+    return f"| {result['spec']} | {direction} | {fmt(before)} | {fmt(after)} | {gain} | {fmt(masked)} |"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("items", nargs="+", type=parse_item, metavar="SPEC[@TILING]")
+    parser.add_argument(
+        "--set", dest="settings", type=parse_setting, action="append", required=True
+    )
+    parser.add_argument("--backward", action="store_true")
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--json", type=pathlib.Path)
+    parser.add_argument("--target", default=None, help="the chip to compile for (--interpret only)")
+    parser.add_argument("--interpret", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        chip = (args.target or "v5e") if args.interpret else chip_bench.attached_chip()
+    except chip_bench.NoChip as exc:
+        print(f"kernel_ab: no TPU attached ({exc})", file=sys.stderr)
+        return 2
+    options = chip_bench.Options(
+        iters=args.iters, backward=args.backward, interpret=args.interpret, splash=True
+    )
+    start = time.monotonic()
+
+    def progress(line: str) -> None:
+        print(f"kernel_ab [{time.monotonic() - start:6.1f} s] {line}", file=sys.stderr, flush=True)
+
+    report = {"chip": chip, "settings_before": dict(args.settings), "specs": []}
+    report.update(chip_bench.versions() if not args.interpret else {})
+    report["commit"] = chip_bench.commit()
+    dense = chip_bench.SplashDense(chip_bench.cache_dir() if not args.interpret else None)
+    for path, tiling in args.items:
+        spec = load_spec(path, chip=chip)
+        if tiling is not None:
+            spec = measured_tune.with_tiling(spec, tiling)
+        result = chip_bench.bench_spec(spec, chip, options, progress=progress, dense=dense)
+        result["before"] = time_before(spec, chip, args.settings, options, progress)
+        report["specs"].append(result)
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    print("| spec | direction | before ms | after ms | before / after | Splash given the mask ms |")
+    print("|---|---|---:|---:|---:|---:|")
+    for result in report["specs"]:
+        for direction in ["forward"] + (["backward"] if args.backward else []):
+            print(row(result, direction))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
