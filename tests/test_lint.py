@@ -97,3 +97,42 @@ def test_a_mask_that_keeps_nothing_warns(mask, warns):
     if warns:
         assert found[0].message.startswith("the mask keeps no pair")
         assert found[0].key == f"mask.{next(iter(mask))}"
+
+
+def _tiled_spec(frames: int, height: int) -> str:
+    return f"""
+svgen: 1
+name: sta
+geometry: {{frames: {frames}, height: {height}, width: 16}}
+attention: {{heads: 1, head_dim: 128, dtype: float32}}
+layout: {{tiled: {{frames: 2, rows: 4, cols: 16}}}}
+mask: {{cube_window: {{cube_frames: 2, cube_rows: 4, cube_cols: 16, frames: 1, rows: 1, cols: 0}}}}
+tiling: {{block_q: 128, block_kv: 128}}
+"""
+
+
+def test_ragged_cubes_warn_with_their_cost_and_what_divides():
+    """Cubes of 2 x 4 x 16 (128 tokens, one a tile) on 5 x 9 x 16: frames and rows leave
+    smaller last cubes, which straddle tiles; on 4 x 8 x 16 they divide and nothing warns."""
+    plan = analyze(parse_spec(_tiled_spec(5, 9), source="specs/sta.yaml"))
+    (warning,) = [w for w in lint.plan_warnings(plan) if w.key == "layout.tiled"]
+    counts = plan.patterns[0].tile_counts()
+    visited = counts["full"] + counts["boundary"]
+    assert counts["boundary"] >= lint.RAGGED_BOUNDARY_SHARE * visited
+    assert warning.file == "specs/sta.yaml"
+    assert "(frames 5 = 2 x 2 + 1; rows 9 = 2 x 4 + 1)" in warning.message
+    assert f"{counts['boundary']:,} of {visited:,} visited tiles" in warning.message
+    assert (
+        "Cube sizes that divide: frames 5; rows 3 or 9; or a video of 6 x 12 x 16"
+        in warning.message
+    )
+    divided = analyze(parse_spec(_tiled_spec(4, 8), source="specs/sta.yaml"))
+    assert divided.patterns[0].tile_counts()["boundary"] == 0
+    assert lint.plan_warnings(divided) == []
+
+
+def test_divisors_near_a_cube_size():
+    assert lint._divisors_near(33, 6) == [3, 11]
+    assert lint._divisors_near(45, 8) == [5, 9]
+    assert lint._divisors_near(7, 4) == [7]  # a prime: only the whole axis
+    assert lint._divisors_near(12, 13) == [12]

@@ -22,7 +22,7 @@ from svgen.spec import primitives
 from svgen.analysis import residuals
 from svgen.spec.errors import locate
 from svgen.runtime.kinds import TileKind
-from svgen.runtime.layout import TokenLayout
+from svgen.runtime.layout import TILED, TokenLayout
 from svgen.spec import IMPLICIT_PATTERN, MaskTerm, Spec
 
 __all__ = ["SpecWarning", "spec_warnings", "plan_warnings", "EXTENT_LIMITS"]
@@ -124,7 +124,67 @@ def plan_warnings(plan) -> list[SpecWarning]:
                     "the whole mask (exact, slower; docs/kernels.md, Residual masks)",
                 )
             )
+    for candidate, pattern in zip(plan.spec.head_patterns().candidates, plan.patterns):
+        ragged = _ragged_cubes(pattern)
+        if ragged is None:
+            continue
+        w = candidate.where if plan.spec.heads is not None else None
+        if w is None:  # the spec's own layout
+            out.append(SpecWarning(ragged, file=plan.spec.source, key="layout.tiled"))
+        else:  # a head candidate's (its layout, or the spec's it inherits)
+            message = f"pattern {pattern.name!r} in its layout: {ragged}"
+            out.append(SpecWarning(message, w.file, w.line, w.column, w.key))
     return out
+
+
+# Ragged cubes are worth a warning where they turn at least this share of the visited tiles
+# BOUNDARY (STA's 6 x 8 x 8 cubes on 33 x 45 x 80: 70%; on 30 x 48 x 80, which they divide: 0%).
+RAGGED_BOUNDARY_SHARE = 0.25
+
+
+def _ragged_cubes(pattern) -> str | None:
+    """Why a tiled layout's cubes that do not divide the video cost speed, and what divides;
+    None where they divide, or leave most visited tiles FULL anyway."""
+    g = pattern.layout
+    if g.order != TILED:
+        return None
+    axes = [
+        (name, size, cube)
+        for name, size, cube in (
+            ("frames", g.frames, g.cube_frames),
+            ("rows", g.height, g.cube_rows),
+            ("cols", g.width, g.cube_cols),
+        )
+        if size % cube
+    ]
+    counts = pattern.tile_counts()
+    visited = counts["full"] + counts["boundary"]
+    if not axes or counts["boundary"] < RAGGED_BOUNDARY_SHARE * max(visited, 1):
+        return None
+    rest = "; ".join(f"{n} {size} = {size // c} x {c} + {size % c}" for n, size, c in axes)
+    divide = "; ".join(
+        f"{n} {' or '.join(map(str, _divisors_near(size, c)))}" for n, size, c in axes
+    )
+    whole = {n: -(-size // c) * c for n, size, c in axes}
+    padded = " x ".join(
+        str(whole.get(n, size))
+        for n, size in (("frames", g.frames), ("rows", g.height), ("cols", g.width))
+    )
+    return (
+        f"cubes of {g.cube_frames} x {g.cube_rows} x {g.cube_cols} do not divide the video's "
+        f"{g.frames} x {g.height} x {g.width} ({rest}): the last cubes of those axes are smaller, "
+        f"so cubes straddle tiles and {counts['boundary']:,} of {visited:,} visited tiles "
+        f"({counts['boundary'] / visited:.0%}) are BOUNDARY, each computing the mask per element. "
+        f"Cube sizes that divide: {divide}; or a video of {padded} (padded frames or places)"
+    )
+
+
+def _divisors_near(size: int, cube: int) -> list[int]:
+    """The divisors of `size` nearest `cube` from below and from above (the sides that exist)."""
+    divisors = [d for d in range(2, size + 1) if size % d == 0]
+    below = [d for d in divisors if d < cube]
+    above = [d for d in divisors if d > cube]
+    return ([below[-1]] if below else []) + ([above[0]] if above else [])
 
 
 # The speed estimate behind the slower-than-dense warning, in units of a FULL 512 x 512 compute
