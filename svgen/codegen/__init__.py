@@ -342,9 +342,9 @@ def _select_entry(plan: Plan, stem: str, files: dict[str, bytes]) -> dict | None
         "doc_lines": textwrap.wrap(
             "Blocks chosen per call from q and k (the spec's `select`): the mask above is "
             f"always kept; besides it, {_select_words(select, most)}. Candidates: the compute "
-            f"blocks that {ir.lower(plan.spec, select.candidate).describe()} touches; a chosen block is "
-            f"attended whole. Scores: {_score_words(select)}. No gradient flows through the "
-            "selection.",
+            f"blocks that {ir.lower(plan.spec, select.candidate).describe()} touches; a chosen "
+            f"block is attended whole. Scores: {_score_words(select)}. No gradient flows through "
+            "the selection.",
             width=92,
         ),
         "num_runs": wording.grouped(len(runs)),
