@@ -157,7 +157,10 @@ def _maybe(rng, hi) -> dict:
 
 
 def _spatial_window(rng, lay):
-    params = {"frames": int(rng.integers(0, lay.frames))}
+    frames = int(rng.integers(0, lay.frames))
+    # The widest window is written without `frames` (every frame: the same mask), so the
+    # random masks cover both forms and draw the same numbers as before.
+    params = {} if frames == lay.frames - 1 else {"frames": frames}
     for key, size in (("rows", lay.height), ("cols", lay.width)):
         params.update({key: v for v in _maybe(rng, size).values()})
     return params

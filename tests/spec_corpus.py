@@ -187,7 +187,6 @@ CASES = [  # (id, spec text)
     ("prefix_missing_tokens", _sub("{band: {width: 3}}", "{prefix: {}}")),
     ("prefix_zero", _sub("{band: {width: 3}}", "{prefix: {tokens: 0}}")),
     ("stride_zero", _sub("{band: {width: 3}}", "{temporal_stride: {stride: 0}}")),
-    ("spatial_window_missing_frames", _sub("{frames: 1, rows: 1, cols: 2}", "{rows: 1, cols: 2}")),
     ("first_frame_zero", _sub("first_frame: {frames: 1}", "first_frame: {frames: 0}")),
     ("text_with_params", _sub("{band: {width: 3}}", "{text: {tokens: 3}}")),
     ("causal_frames_scalar", _sub("{band: {width: 3}}", "{causal_frames: 3}")),

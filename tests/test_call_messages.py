@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
 import pydoc
 import subprocess
 import sys
@@ -172,6 +173,69 @@ def _start_jax(module_path: str) -> subprocess.CompletedProcess:
         text=True,
         timeout=300,
     )
+
+
+# A user's CPU script that imports svgen first but JAX starts before the (small) generated
+# module is imported: what keeps libtpu quiet is svgen's own import. argv: the module's path,
+# and "svgen" or "-" (the control: no svgen import before JAX starts).
+SVGEN_THEN_JAX_THEN_MODULE = """
+import importlib.util, sys
+if sys.argv[2] == "svgen":
+    import svgen  # noqa: F401
+import jax, jax.numpy as jnp
+q = jnp.ones((1, 2, 256, 128), jnp.float32)  # JAX's backends (and libtpu) start here
+spec = importlib.util.spec_from_file_location("small", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+out = module.attention(q, q, q, interpret=True)
+print(jax.devices()[0].platform, out.shape, bool(jnp.all(jnp.isfinite(out))))
+"""
+
+
+def _run_script(module_path, first: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", SVGEN_THEN_JAX_THEN_MODULE, str(module_path), first],
+        env=unprepared_environment(),  # a user's script: svgen's variables not set
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_importing_svgen_quiets_libtpu_for_a_script_that_runs_jax_first(tmp_path):
+    """Importing svgen (any of it) sets libtpu's no-chip variables, so a script that runs JAX
+    before it imports a generated module (whose own import is then too late) prints none of
+    libtpu's warnings, and runs the module on the CPU."""
+    from helpers import compile_spec_text
+
+    _, module = compile_spec_text(SPEC.replace("DTYPE", "float32"), tmp_path)
+    quiet = _run_script(module.__file__, "svgen")
+    assert quiet.returncode == 0, quiet.stderr[-3000:]
+    assert quiet.stdout.split() == ["cpu", "(1,", "2,", "256,", "128)", "True"]
+    assert not [w for w in LIBTPU_WARNINGS if w in quiet.stderr], quiet.stderr
+    if importlib.util.find_spec("libtpu") is not None and not libtpu_env._tpu_chips_attached():
+        # The control: without the svgen import the same script prints them (the module's
+        # import comes after JAX started), so the test above is not vacuous.
+        noisy = _run_script(module.__file__, "-")
+        assert noisy.returncode == 0, noisy.stderr[-3000:]
+        assert "worker hostname" in noisy.stderr
+
+
+def test_importing_svgen_on_a_tpu_host_sets_nothing(monkeypatch):
+    """On a TPU VM svgen's import changes no variable: libtpu learns its slice itself, and
+    its lock keeps two processes off the same chips (the package's import runs quiet())."""
+    import svgen
+
+    names = (*libtpu_env.SHARING, *libtpu_env.NO_CHIP)
+    # A copy of the environment without them, put back after the test whatever it sets.
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k not in names})
+    monkeypatch.setattr(libtpu_env, "_tpu_chips_attached", lambda: True)
+    importlib.reload(svgen)
+    assert not [n for n in names if n in os.environ]
+    monkeypatch.setattr(libtpu_env, "_tpu_chips_attached", lambda: False)
+    importlib.reload(svgen)  # the control: without chips, the import does set them
+    assert [n for n in libtpu_env.NO_CHIP if n in os.environ] == list(libtpu_env.NO_CHIP)
 
 
 def test_generated_module_prepares_libtpu_before_jax_starts():

@@ -82,6 +82,62 @@ def test_random_specs_through_the_whole_analysis(seed):
     assert plan.density == pytest.approx(keep.mean())
 
 
+def _window_brute_force(lay: TokenLayout, rows, cols) -> np.ndarray:
+    """keep[q, k] of "both video, |dh| <= rows, |dw| <= cols, any frame" read off the
+    layout's coordinates, without the IR (None: unbounded)."""
+    c = lay.coordinates(np.arange(lay.seq_len))
+    q, k = c.reshape(-1, 1), c.reshape(1, -1)
+    keep = ~q.is_text & ~k.is_text
+    for a, b, bound in ((q.row, k.row, rows), (q.col, k.col, cols)):
+        if bound is not None:
+            keep = keep & (np.abs(a - b) <= bound)
+    return keep
+
+
+WINDOWS_WITHOUT_FRAMES = [({"rows": 1, "cols": 2}, 1, 2), ({"cols": 0}, None, 0), ({}, None, None)]
+
+
+@pytest.mark.parametrize("params, rows, cols", WINDOWS_WITHOUT_FRAMES)
+@pytest.mark.parametrize("order", ["frame_major", "temporal_major"])
+def test_spatial_window_without_frames_spans_every_frame(params, rows, cols, order):
+    """`frames` omitted means every frame (docs/spec.md): the lowered mask keeps what a brute
+    force over the coordinates keeps, and its tiles are classified exactly."""
+    lay = TokenLayout(6, 3, 5, 11, "first", order)
+    _, node = lower_mask_dict({"spatial_window": params}, lay, 128, 128)
+    keep = _window_brute_force(lay, rows, cols)
+    np.testing.assert_array_equal(dense_keep(node, lay), keep)
+    for bq, bkv in ((8, 8), (16, 24)):
+        got = classify_tiles(node, lay, TileGrid(lay.seq_len, bq, bkv))
+        assert got.density_is_exact
+        _check(got.kinds, got.kept_pairs, keep, brute_force_kinds(keep, bq, bkv), exact=True)
+
+
+def _combinations(window: dict) -> list[dict]:
+    return [
+        {"any_of": [{"spatial_window": {"rows": 0, **window}}, {"first_frame": {}}]},
+        {"all_of": [{"spatial_window": {"rows": 1, **window}}, {"causal_frames": {}}]},
+        {"any_of": [{"spatial_window": window or None}, {"text": {}}]},
+    ]
+
+
+@pytest.mark.parametrize(
+    "mask, widest",
+    list(zip(_combinations({}), _combinations({"frames": 6}))),
+    ids=["or_first_frame", "and_causal", "or_text"],
+)
+def test_spatial_window_without_frames_equals_the_widest_window_in_combinations(mask, widest):
+    """In combinations too, omitting `frames` keeps exactly what frames: F - 1 keeps, and
+    the whole analysis classifies it exactly (text first, 7 frames)."""
+    lay = TokenLayout(7, 6, 10, 40, "first")
+    spec, node = lower_mask_dict(mask, lay, 128, 128)
+    keep = dense_keep(node, lay)
+    np.testing.assert_array_equal(keep, dense_keep(lower_mask_dict(widest, lay, 128, 128)[1], lay))
+    plan = analyze(spec)
+    assert plan.classification.density_is_exact
+    expected = brute_force_kinds(keep, 128, 128)
+    _check(plan.kinds, plan.classification.kept_pairs, keep, expected, exact=True)
+
+
 BLOCK_CAUSAL_MASKS = [
     {"block_causal": {"frames": 2}},
     {"any_of": [{"block_causal": {"frames": 3}}, {"text": {}}]},

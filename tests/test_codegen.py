@@ -39,6 +39,28 @@ def test_emitted_mask_equals_the_oracle(seed):
     assert not any("//" in line or "%" in line for line in code)  # lax.div / lax.rem only
 
 
+@pytest.mark.parametrize(
+    "mask, widest",
+    [
+        ({"spatial_window": {"rows": 1}}, {"spatial_window": {"frames": 4, "rows": 1}}),
+        ({"spatial_window": None}, {"spatial_window": {"frames": 4}}),
+        (
+            {"any_of": [{"spatial_window": {"cols": 2}}, {"first_frame": {}}]},
+            {"any_of": [{"spatial_window": {"frames": 4, "cols": 2}}, {"first_frame": {}}]},
+        ),
+    ],
+    ids=["rows", "null", "or_first_frame"],
+)
+def test_emitted_spatial_window_without_frames_spans_every_frame(mask, widest):
+    """`frames` omitted: the emitted line keeps what the same window with frames: F - 1
+    keeps (every frame), text pairs included."""
+    lay = TokenLayout(5, 4, 6, 16, "last")
+    fn, text = emitted_function(lower_mask_dict(mask, lay, 128, 128)[1], lay)
+    keep = emitted_keep(fn, lay)
+    np.testing.assert_array_equal(keep, dense_keep(lower_mask_dict(widest, lay, 128, 128)[1], lay))
+    assert keep.any() and not keep.all(), text
+
+
 def _module_and_mask_sources(plan, spec_path: str) -> tuple[str, list[str]]:
     """(the module codegen renders for ``plan``, the source emitted_function gives of each
     exact pattern's mask, named as the module names it; aligned patterns have none)."""

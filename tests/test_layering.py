@@ -25,7 +25,9 @@ heavy = (
     "svgen.perf",
     "svgen.report",
 )
-shared = ("svgen.runtime", "svgen.runtime.layout")
+# The token layout every stage shares, and libtpu_env (os only), which svgen's own import
+# runs so that libtpu stays quiet in a user's script (svgen/__init__.py).
+shared = ("svgen.runtime", "svgen.runtime.layout", "svgen.runtime.libtpu_env")
 print(" ".join(sorted(m for m in sys.modules if m.startswith(heavy) and m not in shared)))
 """
 

@@ -85,6 +85,23 @@ def test_valid_specs_of_the_spec_tests_are_valid(text):
     VALIDATOR.validate(_document(text))
 
 
+@pytest.mark.parametrize(
+    "mask, select",
+    [
+        ("{spatial_window: {rows: 1}}", ""),
+        ("{spatial_window: }", ""),
+        ("{causal_frames: }", "select: {candidate: {text: }, top_k: {k: 3}}"),
+        ("{causal_frames: }", "select: {candidate: {text: }, top_p: {p: 0.5, min: 1}}"),
+    ],
+)
+def test_keys_with_defaults_may_be_left_out(mask, select):
+    """spatial_window's frames (every frame) and select's max (the candidate's bound): the
+    schema accepts what the reader accepts."""
+    text = MINIMAL.replace("mask: {causal_frames: }", f"mask: {mask}\n{select}")
+    parse_spec(text)
+    VALIDATOR.validate(_document(text))
+
+
 EXPRESSIBLE = [(c, t) for c, t in CASES if c not in NOT_EXPRESSIBLE]
 INEXPRESSIBLE = [(c, t) for c, t in CASES if c in NOT_EXPRESSIBLE]
 

@@ -6,6 +6,8 @@ layout, the spec's refusals, and the v6e AOT compile."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,7 +15,7 @@ import pytest
 
 from svgen.spec.errors import SpecError
 from svgen.runtime import select as sel
-from svgen.spec import parse_spec
+from svgen.spec import MAX_SELECT_BLOCKS, parse_spec
 
 from helpers import SELECT_SPECS, TWO_LEVEL, dense_keep, scaled_spec_text
 from kernel_helpers import POISONED
@@ -376,7 +378,9 @@ def test_a_module_without_select_refuses_top_k(compile_text):
     [
         ("top_k: {k: 2, max: 4}\n  top_p: {p: 0.5, max: 4}", "select", "exactly one of"),
         ("top_k: {k: 5, max: 4}", "select.top_k.k", "at most 4"),
-        ("top_k: {k: 2}", "select.top_k", "max"),
+        ("top_k: {max: 4}", "select.top_k", "'k'"),
+        ("top_k: {k: 40000}", "select.top_k.k", "MAX_SELECT_BLOCKS"),
+        ("top_p: {p: 0.5, min: 40000}", "select.top_p.min", "MAX_SELECT_BLOCKS"),
         ("top_p: {p: 1.5, max: 4}", "select.top_p.p", "in 0 .. 1"),
         ("top_p: {p: 0.5, min: 5, max: 4}", "select.top_p.min", "at most 4"),
         ("top_k: {k: 2, max: 40000}", "select.top_k.max", "MAX_SELECT_BLOCKS"),
@@ -386,6 +390,54 @@ def test_bad_select_sections_are_refused_at_their_key(rule, key, message):
     with pytest.raises(SpecError, match=message) as err:
         parse_spec(spec_text(rule), source="s.yaml")
     assert err.value.key == key and err.value.line is not None
+
+
+@pytest.mark.parametrize("target", ["v6e", "h100"])
+@pytest.mark.parametrize("rule", ["top_k: {k: 2}", "top_p: {p: 0.5, min: 1}"])
+def test_without_max_the_candidate_bounds_the_selection(compile_text, rule, target):
+    """No `max`: the policy's bound is the most selectable blocks any row of the module
+    has (read here from the module's own Selection), so it clamps nothing: the selection
+    equals the reference without a bound, and an amount past every row's candidates
+    selects each row's every one (the documented meaning)."""
+    plan, module = compile_text(spec_text(rule, name=f"no_max_{target}"), target_name=target)
+    select = module.attention.select
+    most = int(select.selectable.sum(axis=1).max())
+    assert select.policy.max_blocks == most
+    if plan.gpu is None:  # `svgen inspect --json` (a GPU plan's summary has no select key)
+        assert plan.summary()["select"]["max_blocks"] == most
+    assert 1 < most < sel.MAX_COMPARED_COLUMNS, "a bound worth testing, on the compared path"
+    unbounded = dataclasses.replace(select.policy, max_blocks=MAX_SELECT_BLOCKS)
+    rng = np.random.default_rng(21)
+    scores = _scores(rng, (2,) + select.selectable.shape, specials=False)
+    amounts = (1, most - 1, most, 10 * most) if select.policy.rule == sel.TOP_K else (0.3, 1.0)
+    for amount in amounts:
+        got = np.asarray(
+            sel.select_blocks(jnp.asarray(scores), select.selectable, select.policy, amount)
+        )
+        want = sel.reference_selection(scores, select.selectable, unbounded, amount)
+        np.testing.assert_array_equal(got, want, err_msg=str(amount))
+    everything = sel.select_blocks(
+        jnp.asarray(scores), select.selectable, select.policy, amounts[-1]
+    )
+    np.testing.assert_array_equal(
+        np.asarray(everything), np.broadcast_to(select.selectable, scores.shape)
+    )
+    assert f"at most {most} blocks per row (the spec gives no max" in " ".join(
+        module.__doc__.split()
+    )
+
+
+def test_without_max_the_kernel_attends_every_candidate_block(compile_text):
+    """top_k past the candidate's widest row, no `max`: the kernel attends the mask and
+    every selectable block (float64 reference under exactly that mask)."""
+    plan, module = compile_text(spec_text("top_k: {k: 1}", name="no_max_kernel"))
+    select = module.attention.select
+    q, k, v = _inputs(np.random.default_rng(22), (2,), module.SEQ_LEN, module.HEAD_DIM)
+    amount = 4 * int(select.selectable.sum(axis=1).max())
+    want, chosen = _reference(plan, module, q, k, v, amount)
+    np.testing.assert_array_equal(chosen, np.broadcast_to(select.selectable, chosen.shape))
+    out = np.asarray(module.attention(q, k, v, interpret=POISONED, top_k=amount))
+    np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)
 
 
 def test_select_refuses_heads_and_runtime_inputs():

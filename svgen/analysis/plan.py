@@ -16,8 +16,11 @@ from svgen.runtime.layout import TokenLayout
 from svgen.runtime.tables import (
     KernelShape,
     PieceTables,
+    compute_block_kinds,
+    selectable_blocks,
     selection_superset_runs,
     static_steps,
+    tile_grid,
 )
 from svgen.runtime.kinds import TileKind
 from svgen.spec import GpuTiling, Spec
@@ -254,6 +257,20 @@ class Plan:
         runs = selection_superset_runs(self.only.table.runs, self.candidate_runs, shape)
         return static_steps(runs)
 
+    def select_max_blocks(self) -> int:
+        """select: the most blocks a call selects per compute block row. The spec's `max`;
+        without one, the most selectable blocks any row has (the candidate's bound, so it
+        clamps nothing), and never below `min` (a policy's min <= max, as a given max is)."""
+        select = self.spec.select
+        if select.max_blocks is not None:
+            return select.max_blocks
+        shape = pattern_shape(self.spec, self.only)
+        grid = tile_grid(shape)
+        always = compute_block_kinds(self.only.table.runs, *grid)
+        candidate = compute_block_kinds(self.candidate_runs, *grid)
+        per_row = selectable_blocks(always, candidate, shape).sum(axis=1)
+        return max(int(per_row.max(initial=0)), select.min_blocks)
+
     def summary(self) -> dict:
         """The `svgen inspect --json` object (v1 keys unchanged for single-pattern specs)."""
         out = {
@@ -334,7 +351,7 @@ class Plan:
                 "rule": select.rule,
                 "default": select.default,
                 "min_blocks": select.min_blocks,
-                "max_blocks": select.max_blocks,
+                "max_blocks": self.select_max_blocks(),
                 "max_grid_steps": self.select_steps(),
             }
         if self.chunk_runs:

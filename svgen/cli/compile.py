@@ -15,7 +15,7 @@ from svgen import codegen
 from svgen.analysis import DEFAULT_SMEM_BUDGET, Plan
 from svgen.analysis.targets import DEFAULT_TARGET
 from svgen.cli.check import check_generated
-from svgen.cli.files import check_folder, write_all
+from svgen.cli.files import check_folder, header_root, write_all
 from svgen.cli.messages import EXIT_BAD_INPUT, located, print_warnings
 from svgen.cli.options import OUT_DEFAULT
 from svgen.cli.ownership import collisions
@@ -106,20 +106,21 @@ def _write(rendered: dict[pathlib.Path, bytes], quiet: bool) -> None:
 
 
 def _spec_path_for_header(spec_file: str, out_dir: pathlib.Path) -> str:
-    """The spec's path relative to the output directory's parent (the repository root).
-
-    Not relative to the working directory: the files must not depend on where svgen ran."""
-    rel = os.path.relpath(pathlib.Path(spec_file).resolve(), out_dir.resolve().parent)
+    """The spec's path relative to the header's root (files.header_root: the repository
+    root, where the Regenerate line runs). Not relative to the working directory: the files
+    must not depend on where svgen ran."""
+    rel = os.path.relpath(pathlib.Path(spec_file).resolve(), header_root(out_dir))
     return pathlib.PurePath(rel).as_posix()
 
 
 def _regenerate_options(args, out_dir: pathlib.Path) -> list[str]:
     """The options a generated header's Regenerate line repeats: those that change the files
-    and differ from their defaults. Like the spec path, `--out` is relative to the output
-    directory's parent, where the line's command is meant to run."""
+    and differ from their defaults. Like the spec path, `--out` is relative to the header's
+    root, where the line's command is meant to run."""
     options = []
-    if out_dir.resolve().name != OUT_DEFAULT:
-        options += ["--out", out_dir.resolve().name]
+    out = pathlib.PurePath(os.path.relpath(out_dir.resolve(), header_root(out_dir))).as_posix()
+    if out != OUT_DEFAULT:
+        options += ["--out", out]
     if args.target != DEFAULT_TARGET:
         options += ["--target", args.target]
     if args.smem_budget != DEFAULT_SMEM_BUDGET:

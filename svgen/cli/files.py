@@ -19,6 +19,19 @@ def check_folder(path: pathlib.Path, option: str) -> None:
         raise SpecError(f"{option}: {path} must be a folder, but it is a file{what}")
 
 
+def header_root(out_dir: pathlib.Path) -> pathlib.Path:
+    """The folder a generated header's paths are relative to, where its Regenerate line
+    runs: the repository root (the nearest folder at or above the output directory holding
+    `.git`), else the output directory's parent. A function of the output directory only,
+    never of where svgen runs, so the files are the same from any working folder; for
+    `generated/` at a repository's top (the shipped modules) both rules give that top."""
+    out = out_dir.resolve()
+    for folder in (out, *out.parents):
+        if (folder / ".git").exists():  # a folder, or a file in a worktree or submodule
+            return folder
+    return out.parent
+
+
 def check_file_target(path: pathlib.Path, option: str) -> None:
     """An output file `path` can be written: its folder exists, and it is not a folder."""
     parent = path.parent

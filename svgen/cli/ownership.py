@@ -7,6 +7,7 @@ from __future__ import annotations
 import pathlib
 
 from svgen import codegen
+from svgen.cli.files import header_root
 
 
 def collisions(
@@ -65,13 +66,13 @@ def _owners(path: pathlib.Path, out_dir: pathlib.Path) -> list[pathlib.Path] | N
     None for a module without svgen's header (not a generated file)."""
     if path.suffix == ".py":
         header = codegen.parse_header(path.read_text(errors="replace"))
-        return None if header is None else [out_dir.resolve().parent / header.spec_path]
+        return None if header is None else [header_root(out_dir) / header.spec_path]
     quoted, found = f'"{path.name}"', []
     for module in sorted(out_dir.glob("*.py")):
         text = module.read_text(errors="replace")
         header = codegen.parse_header(text)
         if header is not None and quoted in text:
-            found.append(out_dir.resolve().parent / header.spec_path)
+            found.append(header_root(out_dir) / header.spec_path)
     return found
 
 
@@ -86,6 +87,6 @@ def orphans(out_dir: pathlib.Path, expected: set[pathlib.Path]) -> list[str]:
         if path in expected:
             continue
         header = codegen.parse_header(path.read_text(errors="replace"))
-        if header and not (out_dir.resolve().parent / header.spec_path).exists():
+        if header and not (header_root(out_dir) / header.spec_path).exists():
             found.append(f"{path}: stale (its spec {header.spec_path} no longer exists)")
     return found

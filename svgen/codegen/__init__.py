@@ -332,19 +332,19 @@ def _select_entry(plan: Plan, stem: str, files: dict[str, bytes]) -> dict | None
     select = plan.spec.select
     if select is None:
         return None
-    runs = plan.candidate_runs
+    runs, most = plan.candidate_runs, plan.select_max_blocks()
     entry = {
         "policy": (
             f"select.SelectPolicy({pyformat.string(select.rule)}, {select.default!r}, "
-            f"{select.min_blocks}, {select.max_blocks}"
+            f"{select.min_blocks}, {most}"
             + (f", sampled_rows={select.sampled_rows})" if select.sampled_rows else ")")
         ),
         "doc_lines": textwrap.wrap(
             "Blocks chosen per call from q and k (the spec's `select`): the mask above is "
-            f"always kept; besides it, {_select_words(select)}. Candidates: the compute blocks "
-            f"that {ir.lower(plan.spec, select.candidate).describe()} touches; a chosen block is "
-            f"attended whole. Scores: {_score_words(select)}. No gradient flows through the "
-            "selection.",
+            f"always kept; besides it, {_select_words(select, most)}. Candidates: the compute "
+            f"blocks that {ir.lower(plan.spec, select.candidate).describe()} touches; a chosen "
+            f"block is attended whole. Scores: {_score_words(select)}. No gradient flows through "
+            "the selection.",
             width=92,
         ),
         "num_runs": wording.grouped(len(runs)),
@@ -371,9 +371,12 @@ def _score_words(select) -> str:
     return "mean-pooled q . mean-pooled k per compute block, scaled by sm_scale"
 
 
-def _select_words(select) -> str:
-    """The policy in a sentence (the module docstring's)."""
-    bounds = f"at least {select.min_blocks} and at most {select.max_blocks} blocks per row"
+def _select_words(select, max_blocks: int) -> str:
+    """The policy in a sentence (the module docstring's); max_blocks: the spec's `max`, or
+    the candidate's bound when it gives none (Plan.select_max_blocks)."""
+    bounds = f"at least {select.min_blocks} and at most {max_blocks} blocks per row"
+    if select.max_blocks is None:
+        bounds += " (the spec gives no max: the most selectable blocks of any row)"
     if select.rule == "top_k":
         return (
             "top_k: per compute block row, the k best candidate blocks "

@@ -83,7 +83,7 @@ class FirstFrame:
 class SpatialWindow:
     """Both video, |df| <= frames, |dh| <= rows, |dw| <= cols (None = unbounded)."""
 
-    frames: int
+    frames: int | None
     rows: int | None
     cols: int | None
 
@@ -104,7 +104,10 @@ class SpatialWindow:
         )
 
     def describe(self):
-        parts = [f"|frame difference| <= {self.frames}"]
+        if self.frames is None:
+            parts = ["any frame difference"]
+        else:  # the words of committed modules' comments: unchanged
+            parts = [f"|frame difference| <= {self.frames}"]
         if self.rows is not None:
             parts.append(f"|row difference| <= {self.rows}")
         if self.cols is not None:

@@ -130,6 +130,8 @@ def _with_select(obj: dict, select: Select | None) -> dict:
                 "max": select.max_blocks,
             },
         }
+        if select.max_blocks is None:  # declared only: the digests of specs with max stay
+            del obj["select"][select.rule]["max"]
         if select.sampled_rows:
             obj["select"]["sampled_rows"] = select.sampled_rows
     return obj

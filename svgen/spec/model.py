@@ -173,13 +173,15 @@ class Select:
     """The `select` section: blocks chosen per call from the activations
     (svgen.runtime.select). `candidate` bounds what can be chosen (the compute blocks it
     touches); `rule` is top_k (default: k blocks per compute block row) or top_p (default:
-    the mass p), each clamped to [min_blocks, max_blocks] per row."""
+    the mass p), each clamped to [min_blocks, max_blocks] per row. max_blocks None: the
+    spec gave no `max`, and the candidate bounds the selection (svgen.analysis.plan's
+    Plan.select_max_blocks resolves it)."""
 
     candidate: MaskTerm
     rule: str
     default: float
     min_blocks: int
-    max_blocks: int
+    max_blocks: int | None
     where: Location | None = field(default=None, compare=False, hash=False)
     # Block scores from this many sampled query rows per compute block row (their attention
     # mass per block); 0: mean pooling of q and k (svgen.runtime.select).

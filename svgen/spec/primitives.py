@@ -190,7 +190,11 @@ BUILTINS = (
         "spatial_window",
         "both video, |f_q-f_k| <= frames, |h_q-h_k| <= rows, |w_q-w_k| <= cols",
         params=(
-            Param("frames", "largest frame difference", required=True, within=FRAME_DIFFERENCE),
+            Param(
+                "frames",
+                "largest frame difference (omitted: every frame)",
+                within=FRAME_DIFFERENCE,
+            ),
             Param("rows", "largest row difference (omitted: unbounded)", within=ROW_DIFFERENCE),
             Param("cols", "largest column difference (omitted: unbounded)", within=COL_DIFFERENCE),
         ),

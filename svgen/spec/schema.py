@@ -217,12 +217,16 @@ def _select() -> dict:
 
     bounds = {
         "min": blocks("the least blocks selected per compute block row (default 0)", 0),
-        "max": blocks("the most blocks selected per compute block row", 1),
+        "max": blocks(
+            "the most blocks selected per compute block row (default: the most the "
+            "candidate offers any row)",
+            1,
+        ),
     }
     top_k = _section(
         spec.TOP_K_KEYS,
         {"k": blocks("blocks per row unless the call gives top_k= (at most max)", 0), **bounds},
-        ("k", "max"),
+        ("k",),
         "keep the k best-scoring candidate blocks per compute block row",
     )
     top_p = _section(
@@ -236,7 +240,7 @@ def _select() -> dict:
             },
             **bounds,
         },
-        ("p", "max"),
+        ("p",),
         "keep the fewest best candidate blocks per row whose softmax mass of pooled scores "
         "reaches p",
     )

@@ -346,25 +346,7 @@ def read_select(r: Reader, node: Node, path: str, masks: "MaskReader") -> Select
         raise r.error(at, path, "give exactly one of top_k and top_p")
     rule = rules[0]
     candidate = masks.read_mask(e["candidate"][1], join_path(path, "candidate"))
-    rpath = join_path(path, rule)
-    amount_key = "k" if rule == "top_k" else "p"
-    rnode = e[rule][1]
-    v = r.mapping(rnode, rpath, TOP_K_KEYS if rule == "top_k" else TOP_P_KEYS)
-    r.require(rnode, rpath, v, (amount_key, "max"))
-    limit = f"MAX_SELECT_BLOCKS, {MAX_SELECT_BLOCKS}"
-    most = r.integer(v["max"][1], join_path(rpath, "max"), 1, MAX_SELECT_BLOCKS, limit)
-    least = 0
-    if "min" in v:
-        least = r.integer(v["min"][1], join_path(rpath, "min"), 0, most, f"{rpath}.max")
-    anode, apath = v[amount_key][1], join_path(rpath, amount_key)
-    if rule == "top_k":
-        default = float(r.integer(anode, apath, 0, most, f"{rpath}.max"))
-    else:
-        value = r.scalar(anode, apath) if isinstance(anode, ScalarNode) else MISSING
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not ok or not 0.0 <= float(value) <= 1.0:
-            raise r.error(anode, apath, f"must be a number in 0 .. 1, got {r.describe(anode)}")
-        default = float(value)
+    default, least, most = _read_amounts(r, e[rule][1], join_path(path, rule), rule)
     sampled = 0
     if "sampled_rows" in e:
         limit = f"MAX_SAMPLED_ROWS, {MAX_SAMPLED_ROWS}"
@@ -372,6 +354,30 @@ def read_select(r: Reader, node: Node, path: str, masks: "MaskReader") -> Select
             e["sampled_rows"][1], join_path(path, "sampled_rows"), 1, MAX_SAMPLED_ROWS, limit
         )
     return Select(candidate, rule, default, least, most, r.location(node, path), sampled)
+
+
+def _read_amounts(r: Reader, node: Node, path: str, rule: str) -> tuple[float, int, int | None]:
+    """top_k: {k, min, max} / top_p: {p, min, max} -> (k or p, min, max). Without `max`
+    (None) the candidate bounds the selection (the analysis resolves it), so `k` and `min`
+    are measured against MAX_SELECT_BLOCKS instead."""
+    amount_key = "k" if rule == "top_k" else "p"
+    v = r.mapping(node, path, TOP_K_KEYS if rule == "top_k" else TOP_P_KEYS)
+    r.require(node, path, v, (amount_key,))
+    most, bound = None, (MAX_SELECT_BLOCKS, f"MAX_SELECT_BLOCKS, {MAX_SELECT_BLOCKS}")
+    if "max" in v:
+        most = r.integer(v["max"][1], join_path(path, "max"), 1, *bound)
+        bound = (most, f"{path}.max")
+    least = 0
+    if "min" in v:
+        least = r.integer(v["min"][1], join_path(path, "min"), 0, *bound)
+    anode, apath = v[amount_key][1], join_path(path, amount_key)
+    if rule == "top_k":
+        return float(r.integer(anode, apath, 0, *bound)), least, most
+    value = r.scalar(anode, apath) if isinstance(anode, ScalarNode) else MISSING
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not 0.0 <= float(value) <= 1.0:
+        raise r.error(anode, apath, f"must be a number in 0 .. 1, got {r.describe(anode)}")
+    return float(value), least, most
 
 
 def check_select(r: Reader, node: Node, heads, runtime: Runtime) -> None:
