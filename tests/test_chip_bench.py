@@ -60,6 +60,13 @@ def test_splash_mask_is_the_spec_mask_in_kernel_order(compile_text):
     assert not mask[0, seq:, :].any() and not mask[0, :, seq:].any()
 
 
+def test_padding_past_twice_the_sequence_is_refused():
+    assert splash_mask.padded_length(424, 128, 128, 128) == 512
+    assert splash_mask.padded_length(424, 2048, 1024, 1024) == 2048  # one block: allowed
+    with pytest.raises(ValueError, match="pad 424 tokens to 12,799,872"):
+        splash_mask.padded_length(424, 99999, 128, 128)
+
+
 def test_time_calls_reports_first_call_and_median_from_the_clock():
     ticks = itertools.count()
     clock = lambda: float(next(ticks)) ** 2  # noqa: E731  - each interval longer than the last
@@ -90,8 +97,10 @@ def test_bench_spec_in_the_interpreter_checks_outputs_and_computes_speedups():
         assert result[key]["max_error"] < 2e-2
     dense = result["splash_dense_forward"]
     assert dense["blocks"] == [128, 128, 128]
-    # a block size that cannot be built is recorded as infeasible, not as slow
-    assert any("error" in t for t in dense["tried"])
+    # a block size that cannot be built is recorded as infeasible, not as slow, and one that
+    # would pad the sequence to millions of tokens is refused before Splash scans its mask
+    (infeasible,) = [t for t in dense["tried"] if "error" in t]
+    assert infeasible["blocks"] == [99999, 128, 128] and "would pad" in infeasible["error"]
     assert result["speedup_vs_splash_mask_forward"] == pytest.approx(
         result["splash_mask_forward"]["median_ms"] / result["svgen_forward"]["median_ms"], rel=1e-3
     )

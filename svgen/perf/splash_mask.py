@@ -32,9 +32,18 @@ STRIP_ROWS = 512
 
 
 def padded_length(seq_len: int, *blocks: int) -> int:
-    """The smallest multiple of every block size that holds `seq_len` tokens."""
+    """The smallest multiple of every block size that holds `seq_len` tokens. Block sizes
+    whose least common multiple would more than double the tokens (or the largest block) are
+    refused with a ValueError, before Splash builds a mask of that size: (99999, 128, 128)
+    would pad 424 tokens to 12.8M, whose mask Splash then scans for minutes."""
     step = int(np.lcm.reduce(np.asarray(blocks, np.int64)))
-    return -(-seq_len // step) * step
+    padded = -(-seq_len // step) * step
+    if padded > 2 * max(seq_len, *blocks):
+        raise ValueError(
+            f"Splash blocks {'/'.join(map(str, blocks))} would pad {seq_len:,} tokens to "
+            f"{padded:,} (their least common multiple is {step:,})"
+        )
+    return padded
 
 
 def keep_strip_function(pattern, seq_len: int, padded: int, rows: int):
