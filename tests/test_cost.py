@@ -84,6 +84,11 @@ def test_cost_json_on_a_small_spec(tmp_path):
     # A second run reads the cached per-path costs: no compile, the same numbers.
     again = svgen(tmp_path, "cost", "small.yaml", "--json")
     assert json.loads(again.stdout)["cycles"] == report["cycles"]
+    # Every figure is labelled as the model's, in JSON and in words.
+    assert "not a measurement" in report["estimate"] and "svgen bench" in report["estimate"]
+    text = svgen(tmp_path, "cost", "small.yaml").stdout.splitlines()
+    assert text[1].startswith("  every figure below is an estimate from libtpu's static schedule")
+    assert any("at this spec's tiling, 256 x 512" in line for line in text), text
 
 
 def test_cost_backward_on_a_small_spec(tmp_path):

@@ -38,6 +38,15 @@ from svgen.perf.measure import (
 from svgen.perf.paths import SEGMENT_BOUNDARY, PathCosts
 
 
+#: What every figure of `svgen cost` and `svgen tune` is, said beside them: the static model
+#: has not been calibrated against a chip, and the chip contradicted it (docs/measured.md).
+MODEL_CAVEAT = (
+    "an estimate from libtpu's static schedule, not a measurement: on a TPU v5e it came out "
+    "several times low and ranked tilings differently from the chip (docs/measured.md); "
+    "time a spec on a chip with `svgen bench`"
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class CostReport:
     target: str
@@ -82,6 +91,7 @@ class CostReport:
 
     def to_json(self) -> dict:
         return {
+            "estimate": MODEL_CAVEAT,
             "target": self.target,
             "clock_ghz": self.clock_ghz,
             "cycles": self.cycles,

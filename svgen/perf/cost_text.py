@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from svgen.perf.cost import CostReport, TrainingReport, key_bytes
+from svgen.perf.cost import MODEL_CAVEAT, CostReport, TrainingReport, key_bytes
 from svgen.perf.paths import PathCosts, mean_rounded
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.straight import word_glyphs
@@ -21,6 +21,7 @@ def format_report(report: CostReport, plan) -> list[str]:
     lines = [
         f"{plan.spec.name}: static cost model on {report.target} (libtpu's schedule; no DMA "
         f"stalls; clock {report.clock_ghz} GHz assumed)",
+        f"  every figure below is {MODEL_CAVEAT}",
         f"  tiles {t.block_q} x {t.block_kv}, compute blocks {t.cq} x {t.ckv}; "
         f"VMEM {report.vmem_bytes / 2**20:.1f} MiB, SMEM tables {report.smem_bytes:,} B",
         "  bundles per grid step (per 512x512-equivalent in brackets):",
@@ -41,7 +42,8 @@ def format_report(report: CostReport, plan) -> list[str]:
         lines.append(
             f"  the same kernel on a dense mask: {report.dense_cycles:,} cycles = "
             f"{report.dense_cycles / (report.clock_ghz * 1e6):.2f} ms "
-            f"({report.dense_cycles / report.cycles:.2f}x this kernel's time)"
+            f"({report.dense_cycles / report.cycles:.2f}x this kernel's time; at this spec's "
+            f"tiling, {t.block_q} x {t.block_kv}: a dense kernel may be faster at other tiles)"
         )
     if report.fallback is not None:
         lines += _fallback_lines(report, plan, per_tile, per_block)

@@ -194,8 +194,11 @@ class TuneResult:
         return min(compiled)
 
     def to_json(self) -> dict:
+        from svgen.perf.cost import MODEL_CAVEAT
+
         ref = self.dense_reference
         return {
+            "estimate": MODEL_CAVEAT,
             "spec": self.spec.name,
             "target": self.target,
             "seconds": self.seconds,
@@ -612,6 +615,8 @@ def _per_pattern(row: dict, key: str) -> str:
 
 
 def summary_lines(result: TuneResult) -> list[str]:
+    from svgen.perf.cost import MODEL_CAVEAT
+
     c = result.choice
     lines = [
         f"{result.spec.name}: {len(result.rows)} candidates costed on {result.target} "
@@ -622,6 +627,8 @@ def summary_lines(result: TuneResult) -> list[str]:
         f"candidates, {result.dense_reference:,} cycles",
         f"first choice: {c.candidate.label()}, align {c.candidate.align}: "
         f"{c.ms:.2f} ms (static model)",
+        f"every figure here is {MODEL_CAVEAT}; `svgen tune --measure` times the candidates on "
+        "an attached TPU",
     ]
     reasons: dict[str, int] = {}
     for _, why in result.dropped:
