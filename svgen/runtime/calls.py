@@ -428,6 +428,12 @@ class Attention:
     ):
         self.shape, self.patterns, self.tables = shape, tuple(patterns), tables
         self.default_head_pattern, self.dtype = default_head_pattern, dtype
+        if kv_cache is not None and (runtime.any or select is not None):
+            # A chunked call has no path for them: every call would drop them silently.
+            raise ValueError(
+                "runtime.kv_cache: a chunked call takes no run-time segments, text lengths "
+                "or selection (the spec reader refuses them beside kv_cache)"
+            )
         self.runtime, self.kv_cache, self.select = runtime, kv_cache, select
         self.layouts, self.layout_of_pattern = distinct_layouts(self.patterns)
         # A chunked call's shape: with a rolling cache the kv side is the cache, not the
@@ -467,6 +473,9 @@ class Attention:
     ):
         amount = select_policy.call_amount(self.select, top_k, top_p)
         if q_frame_offset is not None:
+            # Before the chunk's own checks: a chunked module declares no run-time inputs
+            # (__init__), so any given here is refused as the full-sequence call refuses it.
+            segments.check_declared(self.runtime, segment_ids, text_lengths)
             return self._chunked(
                 q, k, v, q_frame_offset, head_pattern, interpret, sm_scale, token_order
             )
