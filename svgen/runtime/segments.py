@@ -174,11 +174,12 @@ def declared_signature(
 ) -> None:
     """Let help(attention) show only the run-time inputs its module declares (kv_cache: the
     chunked calls' q_frame_offset, svgen.runtime.chunks; select_rule: the selection policy's
-    top_k or top_p, svgen.runtime.select)."""
+    top_k or top_p and return_selection, svgen.runtime.select)."""
     signature = inspect.signature(attention)
     declared = set(inputs.arguments()) | ({"q_frame_offset"} if kv_cache else set())
-    declared |= {select_rule} if select_rule else set()
-    undeclared = {"segment_ids", "text_lengths", "q_frame_offset", "top_k", "top_p"} - declared
+    declared |= {select_rule, "return_selection"} if select_rule else set()
+    every = {"segment_ids", "text_lengths", "q_frame_offset", "top_k", "top_p", "return_selection"}
+    undeclared = every - declared
     attention.__signature__ = signature.replace(
         parameters=[p for p in signature.parameters.values() if p.name not in undeclared]
     )
