@@ -250,6 +250,70 @@ def test_bad_chunked_calls_are_refused(tmp_path):
     assert "q_frame_offset" not in inspect.signature(static.attention).parameters
 
 
+# Run-time inputs a chunked call has no path for (the spec reader refuses them beside
+# kv_cache): each was once dropped silently, the output equal to the call without it.
+UNUSED_BY_A_CHUNK = [
+    ("segment_ids", lambda seq: np.full(seq, -1, np.int32), "segments"),  # all padding
+    ("segment_ids", lambda seq: np.zeros(5, np.float64), "segments"),  # wrong dtype, shape
+    ("text_lengths", lambda seq: np.int32(-7), "text_lengths"),
+]
+
+
+@pytest.mark.parametrize("name, make, key", UNUSED_BY_A_CHUNK, ids=["padding", "f64", "text"])
+def test_a_chunked_call_refuses_run_time_inputs_as_the_full_call_does(tmp_path, name, make, key):
+    """A chunked call given segment ids or text lengths refuses them with the words of the
+    module's full-sequence call, concrete offset or traced, on TPU and on GPU."""
+    text = SPEC % dict(dtype="float32", tiling=ONE_LEVEL)
+    plan, module = compile_spec_text(text, tmp_path)
+    _, gpu = compile_spec_text(text, tmp_path / "gpu", target_name="h100")
+    seq, rows = plan.layout.seq_len, module.attention.kv_cache.rows
+    chunk, cache = jnp.zeros((2, rows, 64)), jnp.zeros((2, seq, 64))
+    given = {name: make(seq)}
+    with pytest.raises(TypeError) as full:
+        module.attention(cache, cache, cache, interpret=True, **given)
+    assert f"compiled without `runtime: {{{key}: true}}`" in str(full.value)
+    calls = [
+        lambda: module.attention(chunk, cache, cache, q_frame_offset=2, interpret=True, **given),
+        lambda: jax.jit(
+            lambda f: module.attention(
+                chunk, cache, cache, q_frame_offset=f, interpret=True, **given
+            )
+        )(jnp.int32(2)),
+        lambda: gpu.attention(chunk, cache, cache, q_frame_offset=2, interpret=True, **given),
+    ]
+    for call in calls:
+        with pytest.raises(TypeError) as chunked:
+            call()
+        assert str(chunked.value) == str(full.value)
+
+
+def test_a_chunked_module_with_inputs_it_cannot_use_is_refused(tmp_path):
+    """A module built by hand with kv_cache beside run-time segments or a selection (the
+    spec reader refuses both pairs) would drop them in every chunked call: refused."""
+    from svgen.runtime import kernel, segments
+    from svgen.runtime import select as sel
+
+    _, module = compile_spec_text(SPEC % dict(dtype="float32", tiling=ONE_LEVEL), tmp_path)
+    parts = dict(
+        shape=module.SHAPE,
+        patterns=module._PATTERNS,
+        slots=module.SLOTS_PER_PIECE,
+        default_head_pattern=module.HEAD_PATTERN,
+        kv_cache=module.attention.kv_cache,
+    )
+    policy = sel.SelectPolicy(sel.TOP_K, 1, 0, 1)
+    selection = sel.Selection(
+        policy, module.SHAPE, module.STEP_RUNS, module.STEP_RUNS, module.SLOTS_PER_PIECE
+    )
+    for extra in (
+        dict(runtime=segments.RuntimeInputs(segments=True)),
+        dict(runtime=segments.RuntimeInputs(text_lengths=True)),
+        dict(select=selection),
+    ):
+        with pytest.raises(ValueError, match="a chunked call takes no run-time segments"):
+            kernel.make_attention(**extra, **parts)
+
+
 def test_help_shows_the_chunked_call(tmp_path):
     plan, module = compile_spec_text(SPEC % dict(dtype="float32", tiling=ONE_LEVEL), tmp_path)
     assert "q_frame_offset" in inspect.signature(module.attention).parameters

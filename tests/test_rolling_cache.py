@@ -300,6 +300,37 @@ def test_bad_ring_calls_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "name, value, key",
+    [
+        ("segment_ids", np.full(8 * 160, -1, np.int32), "segments"),
+        ("segment_ids", np.zeros(5, np.float64), "segments"),
+        ("text_lengths", np.int32(-7), "text_lengths"),
+    ],
+    ids=["padding", "f64", "text"],
+)
+def test_a_ring_call_refuses_run_time_inputs_as_the_full_call_does(tmp_path, name, value, key):
+    """Segment ids or text lengths given to a rolling-cache call were once dropped silently:
+    refused with the words of the module's full-sequence call, concrete offset or traced."""
+    plan, module = compile_spec_text(
+        SPEC % dict(dtype="float32", tiling=TWO_LEVEL, window=4), tmp_path
+    )
+    chunk, ring = jnp.zeros((2, 320, 64), jnp.float32), jnp.zeros((2, 800, 64), jnp.float32)
+    whole = jnp.zeros((2, plan.layout.seq_len, 64), jnp.float32)
+    with pytest.raises(TypeError) as full:
+        module.attention(whole, whole, whole, interpret=True, **{name: value})
+    assert f"compiled without `runtime: {{{key}: true}}`" in str(full.value)
+
+    def call(offset):
+        given = {name: value}
+        return module.attention(chunk, ring, ring, q_frame_offset=offset, interpret=True, **given)
+
+    for run in (lambda: call(2), lambda: jax.jit(call)(jnp.int32(2))):
+        with pytest.raises(TypeError) as chunked:
+            run()
+        assert str(chunked.value) == str(full.value)
+
+
+@pytest.mark.parametrize(
     "cache, message",
     [
         ("{chunk_frames: 2, sink_frames: 1}", "runtime.kv_cache.sink_frames: needs window_frames"),

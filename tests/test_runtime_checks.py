@@ -1,11 +1,14 @@
-"""Run-time argument checks at the call: wrong head_pattern, wrong arrays, wrong dtype."""
+"""Run-time argument checks at the call: wrong head_pattern, wrong arrays, wrong dtype, and
+every keyword a module does not declare refused."""
+
+import inspect
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import REPO, scaled_spec_text
+from helpers import REPO, TWO_LEVEL, scaled_spec_text
 from kernel_helpers import POISONED, mixed_inputs
 
 
@@ -117,3 +120,58 @@ def test_more_heads_than_the_spec_says_how_to_run_them(compile_text):
         module.attention(q, k, v, interpret=True)
     out = module.attention(q, k, v, head_pattern=np.zeros(3, np.int32), interpret=POISONED)
     assert np.asarray(out).shape == q.shape and np.isfinite(np.asarray(out)).all()
+
+
+# -- every run-time keyword is used or refused ------------------------------------------------
+
+# attention()'s keywords that every module uses; the others only some modules declare.
+ALWAYS_USED = {"head_pattern", "interpret", "sm_scale", "token_order"}
+# A value of each optional keyword; refusals come before any shape check.
+OPTIONAL_VALUES = {
+    "segment_ids": np.zeros(1, np.int32),
+    "text_lengths": np.int32(0),
+    "q_frame_offset": 0,
+    "top_k": 1,
+    "top_p": 0.5,
+    "return_selection": True,
+}
+RUNTIME_INPUTS = "runtime: {segments: true, text_lengths: true}\n"
+MODULES = [
+    ("self_forcing_chunks", None, ""),
+    ("self_forcing_rolling", None, ""),
+    ("wan21_720p_select", TWO_LEVEL, ""),
+    ("hunyuan_720p_text", None, RUNTIME_INPUTS),
+    ("wan21_720p_band", None, ""),
+]
+
+
+@pytest.mark.parametrize("name, tiling, extra", MODULES, ids=[m[0] for m in MODULES])
+def test_every_keyword_a_module_does_not_declare_is_refused(compile_text, name, tiling, extra):
+    """Issue 44: nothing accepted silently. Each keyword of attention() beyond the ones every
+    module uses is in the module's signature (its spec declares it) or refused, naming
+    itself, by the full-sequence call and, where the module has one, by the chunked call."""
+    from svgen.runtime.calls import Attention
+
+    keywords = set(inspect.signature(Attention.__call__).parameters) - {"self", "q", "k", "v"}
+    assert keywords - ALWAYS_USED == set(OPTIONAL_VALUES), "a new keyword: add it here"
+    text = scaled_spec_text(REPO / "specs" / f"{name}.yaml", tiling=tiling) + extra
+    _, module = compile_text(text)
+    declared = set(inspect.signature(module.attention).parameters)
+    assert ALWAYS_USED <= declared
+    q = jnp.zeros((2, module.SEQ_LEN, module.HEAD_DIM), jnp.float32)
+    calls = [lambda **given: module.attention(q, q, q, interpret=True, **given)]
+    cache = module.attention.kv_cache
+    if cache is not None:
+        chunk = jnp.zeros((2, cache.rows, module.HEAD_DIM), jnp.float32)
+        ring = jnp.zeros((2, cache.cache_tokens, module.HEAD_DIM), jnp.float32)
+        calls.append(
+            lambda **given: module.attention(
+                chunk, ring, ring, q_frame_offset=0, interpret=True, **given
+            )
+        )
+    undeclared = set(OPTIONAL_VALUES) - declared
+    assert undeclared, "every module leaves some keyword out"
+    for keyword in sorted(undeclared):
+        for call in calls:
+            with pytest.raises(TypeError, match=f"^{keyword}: "):
+                call(**{keyword: OPTIONAL_VALUES[keyword]})

@@ -152,17 +152,21 @@ def test_scores_of_minus_infinity_still_rank_and_never_outrank_finite_ones():
 # -- the kernels -----------------------------------------------------------------------------
 
 
-def _reference(plan, module, q, k, v, amount):
-    """float64 attention (user order) under the mask a call selects, and the selection,
-    both built here: pooled scores in each head's kernel order, reference_selection."""
-    pattern = plan.patterns[0]
-    layout, shape, select = pattern.layout, module.SHAPE, module.attention.select
-    lead = q.shape[:-2]
+def _kernel_order64(plan, q, k, v):
+    """q, k, v as float64 [rows, seq, d] in the head's kernel order (rows = batch * heads)."""
+    layout = plan.patterns[0].layout
     flat = [
         np.asarray(jnp.asarray(x, jnp.float32), np.float64).reshape((-1,) + x.shape[-2:])
         for x in (q, k, v)
     ]
-    qk, kk, vk = (layout.to_kernel(x, np) for x in flat)
+    return [layout.to_kernel(x, np) for x in flat]
+
+
+def _reference(plan, module, q, k, v, amount):
+    """float64 attention (user order) under the mask a call selects, and the selection,
+    both built here: pooled scores in each head's kernel order, reference_selection."""
+    shape, select = module.SHAPE, module.attention.select
+    qk, kk, _ = _kernel_order64(plan, q, k, v)
     rows_b, cols_b = select.selectable.shape
     scale = 1.0 / np.sqrt(q.shape[-1])
     if select.policy.sampled_rows:
@@ -175,6 +179,16 @@ def _reference(plan, module, q, k, v, amount):
     chosen = sel.reference_selection(
         scores.astype(np.float32), select.selectable, select.policy, amount
     )
+    return _attention_under(plan, module, q, k, v, chosen), chosen
+
+
+def _attention_under(plan, module, q, k, v, chosen):
+    """float64 attention (user order, q's shape) under the mask and the selected blocks
+    `chosen` (bool [rows, row blocks, col blocks], kernel order)."""
+    pattern, shape = plan.patterns[0], module.SHAPE
+    layout = pattern.layout
+    qk, kk, vk = _kernel_order64(plan, q, k, v)
+    scale = 1.0 / np.sqrt(q.shape[-1])
     always = dense_keep(pattern.mask, layout)
     n = layout.seq_len
     row_of, col_of = np.arange(n) // shape.cq, np.arange(n) // shape.ckv
@@ -184,7 +198,7 @@ def _reference(plan, module, q, k, v, amount):
         s = np.where(keep, qk[r] @ kk[r].T * scale, -np.inf)
         p = np.exp(s - s.max(axis=1, keepdims=True))
         out[r] = (p / p.sum(axis=1, keepdims=True)) @ vk[r]
-    return layout.from_kernel(out, np).reshape(lead + q.shape[-2:]), chosen
+    return layout.from_kernel(out, np).reshape(q.shape)
 
 
 def _sampled_scores(q, k, shape, rows_b, cols_b, scale, per_block) -> np.ndarray:
@@ -360,8 +374,24 @@ def test_call_arguments_are_checked(compile_text):
         module.attention(q, q, q, interpret=True, top_k=1.5)
     with pytest.raises(ValueError, match="scalar"):
         module.attention(q, q, q, interpret=True, top_k=np.array([1, 2]))
+    with pytest.raises(TypeError, match="top_k must be a number, got a bool"):
+        module.attention(q, q, q, interpret=True, top_k=True)
+    with pytest.raises(TypeError, match="traced top_k must have an integer dtype"):
+        jax.jit(lambda n: module.attention(q, q, q, interpret=True, top_k=n))(jnp.float32(2.7))
+    for flag in (1, "yes", None, jnp.asarray(True)):
+        with pytest.raises(TypeError, match="return_selection must be True or False"):
+            module.attention(q, q, q, interpret=True, return_selection=flag)
     signature = str(__import__("inspect").signature(module.attention))
     assert "top_k" in signature and "top_p" not in signature
+    assert "return_selection=False" in signature
+    assert "With return_selection=True, (o, selected)" in module.attention.__doc__
+
+
+def test_top_p_is_no_bool(compile_text):
+    _, module = compile_text(spec_text(TOP_P, name="p_bool"))
+    q = jnp.zeros((2, module.SEQ_LEN, module.HEAD_DIM), jnp.float32)
+    with pytest.raises(TypeError, match="top_p must be a number, got a bool"):
+        module.attention(q, q, q, interpret=True, top_p=np.bool_(True))
 
 
 def test_a_module_without_select_refuses_top_k(compile_text):
@@ -371,6 +401,9 @@ def test_a_module_without_select_refuses_top_k(compile_text):
     q = jnp.zeros((2, module.SEQ_LEN, module.HEAD_DIM), jnp.float32)
     with pytest.raises(TypeError, match="without a `select:` policy"):
         module.attention(q, q, q, interpret=True, top_k=2)
+    with pytest.raises(TypeError, match="return_selection: .*without a `select:` policy"):
+        module.attention(q, q, q, interpret=True, return_selection=True)
+    assert "return_selection" not in __import__("inspect").signature(module.attention).parameters
 
 
 @pytest.mark.parametrize(
@@ -465,12 +498,13 @@ def test_gpu_forward_matches_float64_under_the_selected_mask(compile_text, rule,
     assert module.attention.select.selectable.shape == (22, 22)  # 1,400 tokens / 64
     q, k, v = _inputs(np.random.default_rng(14), (2, 2), module.SEQ_LEN, module.HEAD_DIM)
     kwargs = {module.attention.select.policy.rule: amount}
-    out = np.asarray(
-        jax.jit(lambda q, k, v: module.attention(q, k, v, interpret=True, **kwargs))(q, k, v)
-    )
+    out, selected = jax.jit(
+        lambda q, k, v: module.attention(q, k, v, interpret=True, return_selection=True, **kwargs)
+    )(q, k, v)
     want, chosen = _reference(plan, module, q, k, v, amount)
     assert chosen.any()
-    np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(out), want, atol=2e-5, rtol=0)
+    np.testing.assert_array_equal(np.asarray(selected).reshape(chosen.shape), chosen)
 
 
 def test_gpu_selection_lowers_for_cuda(compile_text):
@@ -570,6 +604,129 @@ def test_vmap_gives_each_element_its_own_amount(compile_text):
     for b, n in enumerate((1, 3)):
         alone = module.attention(q[b], k[b], v[b], interpret=POISONED, top_k=n)
         np.testing.assert_array_equal(np.asarray(mapped[b]), np.asarray(alone))
+
+
+# -- what a call selected (return_selection) and traced amounts out of range -----------------
+
+TILED = "{tiled: {frames: 1, rows: 5, cols: 8}}"
+
+
+def _rule64(plan, module, q, k, amount):
+    """(chosen, margin): the selection rule as its documentation states it, in float64 and
+    written here (not svgen's reference_selection): per block row, the selectable blocks
+    ranked by mean-pooled q . k * sm_scale in each head's kernel order, highest first;
+    top_k keeps k, top_p the fewest whose softmax mass over the row's selectable blocks
+    reaches p; the count clamped to [min, max] and to the selectable blocks. margin: the
+    least gap between the last chosen and the first left-out score, and between a
+    cumulative mass and p (for top_p), which must dwarf float32 rounding for the kernel's
+    float32 choice to be this one."""
+    select, shape = module.attention.select, module.SHAPE
+    policy = select.policy
+    qk, kk, _ = _kernel_order64(plan, q, k, k)
+    rows_b, cols_b = select.selectable.shape
+    pq, pk = _pool(qk, shape.cq, rows_b), _pool(kk, shape.ckv, cols_b)
+    scores = np.einsum("rqd,rkd->rqk", pq, pk) / np.sqrt(q.shape[-1])
+    chosen, margin = np.zeros(scores.shape, bool), np.inf
+    for r, i in np.ndindex(scores.shape[:2]):
+        columns = np.flatnonzero(select.selectable[i])
+        if columns.size == 0:
+            continue
+        ranked = sorted(columns, key=lambda c: -scores[r, i, c])
+        best = scores[r, i, ranked]
+        if policy.rule == sel.TOP_K:
+            count = amount
+        else:
+            mass = np.exp(best - best.max()) / np.exp(best - best.max()).sum()
+            before = np.cumsum(mass) - mass
+            count = int(np.sum(before < amount))
+            margin = min(margin, np.abs(before - amount).min())
+        count = min(max(count, policy.min_blocks), policy.max_blocks, len(ranked))
+        if 0 < count < len(ranked):
+            margin = min(margin, best[count - 1] - best[count])
+        chosen[r, i, ranked[:count]] = True
+    return chosen, margin
+
+
+@pytest.mark.parametrize(
+    "rule, layout, amount, jit",
+    [(TOP_K, "frame_major", 2, False), (TOP_P, "frame_major", 0.6, False), (TOP_K, TILED, 3, True)],
+    ids=["top_k", "top_p", "tiled_top_k_jit"],
+)
+def test_return_selection_gives_the_blocks_the_rule_chooses(
+    compile_text, rule, layout, amount, jit
+):
+    """attention(..., return_selection=True) -> (o, selected): selected bool [batch, heads,
+    row blocks, col blocks] in each head's kernel order, equal to the float64 rule; o bit
+    for bit the call's without it, and float64 attention under the mask and those blocks
+    (NaN-poisoned interpret mode)."""
+    plan, module = compile_text(spec_text(rule, layout=layout, name="ret"))
+    select = module.attention.select
+    q, k, v = _inputs(np.random.default_rng(15), (2, 2), module.SEQ_LEN, module.HEAD_DIM)
+    want, margin = _rule64(plan, module, q, k, amount)
+    assert margin > 1e-4, "a decision within float32 rounding: pick another seed"
+    assert want.any() and (want != select.selectable).any(), "the rule chose all or nothing"
+
+    def call(q, k, v, amount, return_selection=False):
+        kwargs = {select.policy.rule: amount, "return_selection": return_selection}
+        return module.attention(q, k, v, interpret=POISONED, **kwargs)
+
+    run = jax.jit(call, static_argnames="return_selection") if jit else call
+    out, selected = run(q, k, v, amount, return_selection=True)
+    assert selected.dtype == jnp.bool_ and selected.shape == (2, 2) + select.selectable.shape
+    np.testing.assert_array_equal(np.asarray(selected).reshape(want.shape), want)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(run(q, k, v, amount)))
+    np.testing.assert_allclose(
+        np.asarray(out), _attention_under(plan, module, q, k, v, want), atol=2e-5, rtol=0
+    )
+
+
+def test_traced_top_p_out_of_range_selects_min_or_every_finite_block():
+    """A traced p cannot raise: NaN or below 0 selects `min` blocks per row (as p = 0),
+    above 1 every selectable block of finite score, the count clamped to [min, max]
+    (docs/runtime.md)."""
+    rng = np.random.default_rng(21)
+    rows, cols = 9, 13
+    selectable = rng.random((rows, cols)) < 0.6
+    policy = sel.SelectPolicy(sel.TOP_P, 0.5, 3, 5)
+    scores = _scores(rng, (3, rows, cols), specials=False)
+    scores[rng.random(scores.shape) < 0.35] = -np.inf
+    available = np.broadcast_to(selectable.sum(-1), scores.shape[:-1])
+    finite = (selectable & np.isfinite(scores)).sum(-1)
+    run = jax.jit(lambda p: sel.select_blocks(jnp.asarray(scores), selectable, policy, p))
+    at_zero = np.asarray(run(jnp.float32(0.0)))
+    np.testing.assert_array_equal(at_zero.sum(-1), np.minimum(policy.min_blocks, available))
+    for p in (np.nan, -1.0, -np.inf):
+        np.testing.assert_array_equal(np.asarray(run(jnp.float32(p))), at_zero)
+    most = np.minimum(np.clip(finite, policy.min_blocks, policy.max_blocks), available)
+    assert (finite > policy.max_blocks).any() and (finite < policy.min_blocks).any()
+    for p in (2.0, np.inf):
+        got = np.asarray(run(jnp.float32(p)))
+        np.testing.assert_array_equal(got.sum(-1), most)
+        every = (finite <= policy.max_blocks)[..., None] & selectable & np.isfinite(scores)
+        assert np.all(got[every]), "a block of finite score left out"
+
+
+def test_traced_top_p_out_of_range_in_a_call(compile_text):
+    """Under jax.jit (one compile), min 0 and max every block column: a traced p of NaN or -1
+    attends the mask alone, 2.0 every candidate block, against float64."""
+    plan, module = compile_text(spec_text("top_p: {p: 0.5, min: 0, max: 12}", name="wild_p"))
+    select = module.attention.select
+    assert select.selectable.sum(-1).max() <= 12
+    q, k, v = _inputs(np.random.default_rng(16), (2,), module.SEQ_LEN, module.HEAD_DIM)
+    run = jax.jit(
+        lambda q, k, v, p: module.attention(
+            q, k, v, interpret=POISONED, top_p=p, return_selection=True
+        )
+    )
+    nothing = np.zeros((2,) + select.selectable.shape, bool)
+    every = np.broadcast_to(select.selectable, nothing.shape)
+    for p, want in ((np.nan, nothing), (-1.0, nothing), (2.0, every)):
+        out, selected = run(q, k, v, jnp.float32(p))
+        np.testing.assert_array_equal(np.asarray(selected), want, err_msg=f"p = {p}")
+        np.testing.assert_allclose(
+            np.asarray(out), _attention_under(plan, module, q, k, v, want), atol=2e-5, rtol=0
+        )
+    assert run._cache_size() == 1
 
 
 @pytest.mark.parametrize("per_block", [1, 8, 128], ids=["one_row", "eight_rows", "every_row"])

@@ -87,9 +87,12 @@ def attention_doc(
     extra, runtime_lines = _runtime_inputs_doc(runtime, text_tokens, n)
     if kv_cache is not None:
         extra += ", q_frame_offset=None"
+    returns = "Returns o, of q's shape and dtype; a query whose mask keeps no key gets zeros."
     if select is not None:
-        extra += f", {select.policy.rule}=None"
-        runtime_lines += _select_doc(select.policy, shape)
+        extra += f", {select.policy.rule}=None, return_selection=False"
+        # The selection's own grain: a GPU kernel built from a TPU module keeps the TPU's.
+        runtime_lines += _select_doc(select.policy, select.shape)
+        returns += _selection_returns_doc(select.shape)
     if kv_cache is not None:
         runtime_lines += _kv_cache_doc(kv_cache, n, d, backend)
     return f"""attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None, token_order="user"{extra})
@@ -112,7 +115,7 @@ token_order: "user", or "kernel": q, k, v already in each head's kernel order, a
     returned in it (attention.to_kernel_order(x, head_pattern=...) and
     attention.from_kernel_order(y, ...) convert), so nothing is permuted around the kernel.
 {runtime_lines}
-Returns o, of q's shape and dtype; a query whose mask keeps no key gets zeros.
+{returns}
 {grads}
 """
 
@@ -144,19 +147,39 @@ def _runtime_inputs_doc(runtime: segments.RuntimeInputs, text_tokens: int, n: in
 
 
 def _select_doc(policy, shape: KernelShape) -> str:
-    """The lines of a selection policy's amount argument (top_k or top_p)."""
+    """The lines of a selection policy's amount argument (top_k or top_p) and of
+    return_selection."""
+    least, most = policy.min_blocks, policy.max_blocks
+    # Traced amounts cannot raise (Selection.amount checks concrete ones): say what they do.
     if policy.rule == "top_k":
         amount = (
             f"int [] (may be traced): kv blocks per compute block row (None: {int(policy.default)})"
         )
+        traced = f"A traced k cannot raise: below 0 selects {least} blocks."
     else:
         amount = f"float [] in 0 .. 1 (may be traced): the mass to reach (None: {policy.default})"
-    return f"""{policy.rule}: {amount}, clamped to
-    {policy.min_blocks} .. {policy.max_blocks}. Each call scores the candidate region's compute blocks
-    ({shape.cq} x {shape.ckv} tokens) by mean-pooled q . k and attends the chosen ones whole, on
-    top of the mask (svgen.runtime.select); a NaN or +inf score always selects its block. One
-    compile for every value; gradients hold the selection fixed.
+        traced = (
+            f"A traced\n    p cannot raise: NaN or below 0 selects {least} blocks, above 1 every "
+            f"selectable block of\n    finite score (up to {most})."
+        )
+    return f"""{policy.rule}: {amount}.
+    Per compute block row, the count of chosen blocks is clamped to {least} .. {most}. {traced}
+    Each call scores the candidate region's compute blocks ({shape.cq} x {shape.ckv} tokens) by
+    mean-pooled q . k and attends the chosen ones whole, on top of the mask
+    (svgen.runtime.select); a NaN or +inf score always selects its block. One compile for
+    every value; gradients hold the selection fixed.
+return_selection: True: the call returns (o, selected) (see Returns).
 """
+
+
+def _selection_returns_doc(shape: KernelShape) -> str:
+    """The Returns paragraph's words on return_selection (a select module only)."""
+    return f"""
+With return_selection=True, (o, selected): selected is bool [..., heads, row blocks, column
+    blocks] (q's leading dimensions), True where the call chose that block of {shape.cq} x
+    {shape.ckv} tokens (in each head's kernel order) on top of the mask; the mask's own blocks
+    are not in it. attention.select.selectable (bool [row blocks, column blocks]) is what it
+    could choose from."""
 
 
 def _kv_cache_doc(kv_cache: "chunks.KvCache", n: int, d: int, backend: str) -> str:
@@ -398,14 +421,15 @@ class StaticCall:
 class Attention:
     """A generated module's `attention(q, k, v, *, head_pattern=None, interpret=False,
     sm_scale=None, token_order="user"[, segment_ids=None][, text_lengths=None][,
-    q_frame_offset=None][, top_k= | top_p=])`, TPU and GPU alike.
+    q_frame_offset=None][, top_k= | top_p=, return_selection=False])`, TPU and GPU alike.
 
     What every backend shares lives here: the call's checks, each head's pattern and layout,
     the dispatch of a KV-cache chunk's call (q_frame_offset), the moves between the user's
     and the kernel's token order (`to_kernel_order`, `from_kernel_order`), and the docstring
     and signature `help(module.attention)` shows. A backend (svgen.runtime.kernel's
     `TpuAttention`, svgen.runtime.gpu's `GpuAttention`) runs its kernel: `_static_call`
-    (the whole sequence), `_chunk_call` (one chunk's rows), `_order_mover`.
+    (the whole sequence: o and the call's selection, svgen.runtime.select.Selected or None),
+    `_chunk_call` (one chunk's rows), `_order_mover`.
 
     Public attributes: `tables` (the kernel's static tables), `runtime`, `kv_cache` and
     `select` (the spec's run-time inputs, chunks and selection policy, or their absence).
@@ -428,6 +452,12 @@ class Attention:
     ):
         self.shape, self.patterns, self.tables = shape, tuple(patterns), tables
         self.default_head_pattern, self.dtype = default_head_pattern, dtype
+        if kv_cache is not None and (runtime.any or select is not None):
+            # A chunked call has no path for them: every call would drop them silently.
+            raise ValueError(
+                "runtime.kv_cache: a chunked call takes no run-time segments, text lengths "
+                "or selection (the spec reader refuses them beside kv_cache)"
+            )
         self.runtime, self.kv_cache, self.select = runtime, kv_cache, select
         self.layouts, self.layout_of_pattern = distinct_layouts(self.patterns)
         # A chunked call's shape: with a rolling cache the kv side is the cache, not the
@@ -464,9 +494,14 @@ class Attention:
         q_frame_offset=None,
         top_k=None,
         top_p=None,
+        return_selection=False,
     ):
         amount = select_policy.call_amount(self.select, top_k, top_p)
+        select_policy.check_return_selection(self.select, return_selection)
         if q_frame_offset is not None:
+            # Before the chunk's own checks: a chunked module declares no run-time inputs
+            # (__init__), so any given here is refused as the full-sequence call refuses it.
+            segments.check_declared(self.runtime, segment_ids, text_lengths)
             return self._chunked(
                 q, k, v, q_frame_offset, head_pattern, interpret, sm_scale, token_order
             )
@@ -477,7 +512,10 @@ class Attention:
         call = StaticCall(
             head_pattern, interpret, sm_scale, token_order, segment_ids, text_lengths, amount
         )
-        return self._static_call(q, k, v, call)
+        out, chosen = self._static_call(q, k, v, call)
+        if not return_selection:
+            return out
+        return out, chosen.blocks.reshape(q.shape[:-2] + chosen.blocks.shape[-2:])
 
     def resolved(self, head_pattern, heads: int):
         """(static_pattern, head_pattern, head_layout) of a call: the head -> pattern

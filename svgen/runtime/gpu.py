@@ -524,7 +524,7 @@ class GpuAttention(Attention):
             return x.reshape((-1,) + x.shape[-2:])
 
         qk, kk = to_kernel(q), to_kernel(k)
-        selection = None
+        chosen = selection = None
         if self.select is not None:
             chosen = self.select.select(qk, kk, float(call.sm_scale), call.amount)
             selection = self.select.gpu_tables(
@@ -548,7 +548,7 @@ class GpuAttention(Attention):
         out = out.reshape(lead + (self.shape.seq_len, self.shape.head_dim))
         if mover is not None:
             out = mover(out, to_kernel=False)
-        return poison_unknown_patterns(out, call.head_pattern, len(self.patterns))
+        return poison_unknown_patterns(out, call.head_pattern, len(self.patterns)), chosen
 
     def _chunk_call(self, q, k, v, head_pattern, position, defined, interpret, sm_scale):
         kv_cache = self.kv_cache

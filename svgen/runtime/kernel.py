@@ -65,7 +65,8 @@ class TpuAttention(Attention):
     kv_cache: the spec's KV-cache chunks (svgen.runtime.chunks): a call with q_frame_offset
     attends one chunk of queries against the whole sequence's keys and values.
     select: the spec's selection policy (svgen.runtime.select): every call chooses blocks
-    of the candidate region from its q and k (top_k= / top_p= override the spec's amount).
+    of the candidate region from its q and k (top_k= / top_p= override the spec's amount;
+    return_selection=True returns the chosen blocks beside o).
 
     Besides `Attention`'s attributes: `cube_dma` (svgen.runtime.cube, or None) and
     `permute_kernel` (whether the permute kernel moves the heads between orders).
@@ -172,6 +173,7 @@ class TpuAttention(Attention):
             return x.reshape((-1,) + x.shape[-2:])
 
         qk, kk = to_kernel(q), to_kernel(k)
+        chosen = self._chosen_blocks(qk, kk, box_dma, call.sm_scale, call.amount)
         out = self._differentiable(
             qk,
             kk,
@@ -183,11 +185,11 @@ class TpuAttention(Attention):
             float(call.sm_scale),
             box_dma,
             ids,
-            self._chosen_blocks(qk, kk, box_dma, call.sm_scale, call.amount),
+            chosen,
         )
         out = out.reshape(lead + (self.shape.seq_len, self.shape.head_dim))
         out = out if mover is None else mover(out, to_kernel=False)
-        return poison_unknown_patterns(out, call.head_pattern, len(self.patterns))
+        return poison_unknown_patterns(out, call.head_pattern, len(self.patterns)), chosen
 
     def _call_ids(self, segment_ids, text_lengths, batch: int | None):
         """The call's ids per layout (segments.CallIds [batch, layouts, seq]), or None when

@@ -109,19 +109,10 @@ def check_call_inputs(
     expected); concrete text lengths are also checked against the spec's text tokens.
     batch: the leading dimension of q (None: q has none)."""
     seq = layout.seq_len
+    check_declared(inputs, segment_ids, text_lengths)
     if segment_ids is not None:
-        if not inputs.segments:
-            raise TypeError(
-                "segment_ids: this module was compiled without `runtime: {segments: true}` "
-                "in its spec; add it and run svgen compile again"
-            )
         _check_int32("segment_ids", segment_ids, ((seq,),) + (((batch, seq),) if batch else ()))
     if text_lengths is not None:
-        if not inputs.text_lengths:
-            raise TypeError(
-                "text_lengths: this module was compiled without `runtime: {text_lengths: "
-                "true}` in its spec; add it and run svgen compile again"
-            )
         _check_int32("text_lengths", text_lengths, ((),) + (((batch,),) if batch else ()))
         if not isinstance(text_lengths, jax.core.Tracer):
             values = np.asarray(text_lengths)
@@ -130,6 +121,20 @@ def check_call_inputs(
                     f"text_lengths must lie in 0 .. {layout.text_tokens} (the spec's text "
                     f"tokens), got values {int(values.min())} .. {int(values.max())}"
                 )
+
+
+def check_declared(inputs: RuntimeInputs, segment_ids, text_lengths) -> None:
+    """Refuse a run-time input the module's spec does not declare (TypeError saying what to
+    add), whatever its value: the module has no path that would use it."""
+    for name, value, key, declared in (
+        ("segment_ids", segment_ids, "segments", inputs.segments),
+        ("text_lengths", text_lengths, "text_lengths", inputs.text_lengths),
+    ):
+        if value is not None and not declared:
+            raise TypeError(
+                f"{name}: this module was compiled without `runtime: {{{key}: true}}` in its "
+                "spec; add it and run svgen compile again"
+            )
 
 
 def _check_int32(name: str, x, shapes: tuple[tuple[int, ...], ...]) -> None:
@@ -169,11 +174,12 @@ def declared_signature(
 ) -> None:
     """Let help(attention) show only the run-time inputs its module declares (kv_cache: the
     chunked calls' q_frame_offset, svgen.runtime.chunks; select_rule: the selection policy's
-    top_k or top_p, svgen.runtime.select)."""
+    top_k or top_p and return_selection, svgen.runtime.select)."""
     signature = inspect.signature(attention)
     declared = set(inputs.arguments()) | ({"q_frame_offset"} if kv_cache else set())
-    declared |= {select_rule} if select_rule else set()
-    undeclared = {"segment_ids", "text_lengths", "q_frame_offset", "top_k", "top_p"} - declared
+    declared |= {select_rule, "return_selection"} if select_rule else set()
+    every = {"segment_ids", "text_lengths", "q_frame_offset", "top_k", "top_p", "return_selection"}
+    undeclared = every - declared
     attention.__signature__ = signature.replace(
         parameters=[p for p in signature.parameters.values() if p.name not in undeclared]
     )

@@ -18,11 +18,15 @@ Per call, in jnp under jit (no host round trip; k and p may be traced, one compi
      mask does not already keep whole): top_k keeps the k best; top_p keeps the fewest
      best blocks whose softmax mass (over the row's selectable scores) reaches p; either
      clamped to the policy's [min, max] and to the row's selectable blocks (a -inf score
-     has no mass: only `min` can bring it in). Ranking is by score, highest first; ties
-     go to the lower kv block (rows of up to MAX_COMPARED_COLUMNS blocks compare every
-     pair, longer ones sort: the same order). A NaN or +inf score is always
-     selected (on top of the count, its mass left out of top_p): bad activations reach the
-     output as they would in dense attention, never silently dropped or masked away;
+     has no mass: only `min` can bring it in). Traced amounts are not checked: a p that
+     is NaN or below 0 counts no block (so `min` are selected), one above 1 every ranked
+     block of finite score; a k below 0 gives `min` (docs/runtime.md). Ranking is by
+     score, highest first; ties go to the lower kv block (rows of up to
+     MAX_COMPARED_COLUMNS blocks compare every pair, longer ones sort: the same order). A
+     NaN or +inf score is always selected (on top of the count, its mass left out of
+     top_p): bad activations reach the output as they would in dense attention, never
+     silently dropped or masked away. A call with return_selection=True returns the
+     selected blocks (`Selected.blocks`, per head) beside o;
   4. the selected blocks raise the static always-kept kinds (svgen.runtime.refine's words):
      a selected block is FULL, or, where it holds the end of the keys, the kind 3 (PADDED,
      the value SEGMENT_BOUNDARY has in segment tables), which the forward kernel runs
@@ -440,6 +444,7 @@ class Selection:
         if value is None:
             value = self.policy.default
         dtype = jnp.int32 if self.policy.rule == TOP_K else jnp.float32
+        self._check_amount_dtype(value)
         if not isinstance(value, jax.core.Tracer):
             array = np.asarray(value)
             if array.shape != () or not np.isfinite(array).all():
@@ -451,6 +456,20 @@ class Selection:
         elif jnp.shape(value) != ():
             raise ValueError(f"{self.policy.rule} must be a scalar, got shape {jnp.shape(value)}")
         return jnp.asarray(value, dtype)
+
+    def _check_amount_dtype(self, value) -> None:
+        """No bool amount (True is no count and no mass), and no traced float k: the cast to
+        int32 would truncate it (a concrete one is checked to be whole instead)."""
+        rule = self.policy.rule
+        kind = np.asarray(value).dtype if not hasattr(value, "dtype") else np.dtype(value.dtype)
+        if kind == np.bool_:
+            raise TypeError(f"{rule} must be a number, got a bool")
+        traced = isinstance(value, jax.core.Tracer)
+        if rule == TOP_K and traced and not jnp.issubdtype(kind, jnp.integer):
+            raise TypeError(
+                f"a traced top_k must have an integer dtype (int32), got {kind}: casting it "
+                "would truncate it"
+            )
 
 
 def call_amount(select: "Selection | None", top_k, top_p):
@@ -464,6 +483,22 @@ def call_amount(select: "Selection | None", top_k, top_p):
             )
         return None
     return select.amount(top_k, top_p)
+
+
+def check_return_selection(select: "Selection | None", return_selection) -> None:
+    """A call's return_selection: a Python bool (it decides what the call returns, so it
+    cannot be traced), True only for a module with a selection policy."""
+    if not isinstance(return_selection, (bool, np.bool_)):
+        raise TypeError(
+            "return_selection must be True or False (it decides whether the call returns "
+            f"(o, selected) or o), got {type(return_selection).__name__} {return_selection!r}"
+        )
+    if return_selection and select is None:
+        raise TypeError(
+            "return_selection: this module was compiled without a `select:` policy in its "
+            "spec, so a call selects nothing (it attends its mask); add one and run svgen "
+            "compile again"
+        )
 
 
 def reference_selection(scores: np.ndarray, selectable: np.ndarray, policy: SelectPolicy, amount):
