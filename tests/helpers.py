@@ -7,6 +7,7 @@ not this module's, loads JAX). The helpers that need JAX or Pallas are in kernel
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import itertools
 import os
@@ -118,6 +119,28 @@ def unprepared_environment() -> dict[str, str]:
     return {
         k: v for k, v in os.environ.items() if k not in (*libtpu_env.SHARING, *libtpu_env.NO_CHIP)
     }
+
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def literals_past_int32(source: str) -> list[int]:
+    """The integer literals of Python `source` outside int32, a negated literal with its sign
+    (the printer writes negative constants as `(-5)`): a generated module computes in
+    int32, and JAX refuses a Python int past it at the first call (OverflowError)."""
+    tree = ast.parse(source)
+    negated = {
+        id(node.operand)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            value = -node.value if id(node) in negated else node.value
+            if not INT32_MIN <= value <= INT32_MAX:
+                found.append(value)
+    return found
 
 
 def import_file(path: pathlib.Path):
