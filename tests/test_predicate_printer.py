@@ -167,6 +167,28 @@ def test_the_issue_44_packing_compiles_and_runs(compile_text):
     check_per_head(plan, out, q, k, v, [0], "float32")
 
 
+def test_packed_sides_fit_int32_over_the_geometry(compile_text):
+    """A window of width 443 over indices (a - b in -208,167 .. 5,974,718 on the geometry),
+    scaled by m = 591 into an 18-bit field with 32 bits of room beside two fields without
+    room: its literals fit, but m * a reached 3,531,058,338 on the last query. The packing
+    wrapped to the right answer, but every value a module computes is to be one the
+    printer's int32 checks cover (issue 44): the window stays out of the fields."""
+    from svgen.runtime.layout import TokenLayout
+
+    from helpers import mask_spec_text, packed_sides_past_int32
+
+    lay = TokenLayout(1, 1, 64)
+    text = (
+        "-2883497 <= 49067 * i_q - 49067 * i_k <= -2883054"
+        " and f_q == f_k and h_q == h_k and (i_q + i_k) % 3 != 5"
+    )
+    _, module = compile_text(mask_spec_text({"expr": text}, lay))
+    assert packed_sides_past_int32(module) == []
+    _, mask = lower_mask_dict({"expr": text}, lay, 128, 128)
+    fn, source = emitted_function(mask, lay)
+    np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(mask, lay), source)
+
+
 def test_fields_without_room_take_no_shift():
     """A field whose a - b is 0 on every pair (an equality of one-column frames) has no
     bits; after a 32-bit field it was printed shifted by 32, past an int32's bits. It adds
