@@ -7,11 +7,13 @@ not this module's, loads JAX). The helpers that need JAX or Pallas are in kernel
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import itertools
 import os
 import pathlib
 import sys
+import types
 from fractions import Fraction
 
 import numpy as np
@@ -35,6 +37,7 @@ MASK_SPECS = [p for p in SPECS if p not in SELECT_SPECS]
 MIXED_SPECS = ["wan21_720p_mixed", "hunyuan_720p_mixed", "cogvideox_mixed"]
 _module_counter = itertools.count()
 TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1  # what a generated module computes in
 GRAD_TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2}
 
 
@@ -118,6 +121,111 @@ def unprepared_environment() -> dict[str, str]:
     return {
         k: v for k, v in os.environ.items() if k not in (*libtpu_env.SHARING, *libtpu_env.NO_CHIP)
     }
+
+
+def literals_past_int32(source: str) -> list[int]:
+    """The integer literals of Python `source` outside int32, a negated literal with its sign
+    (the printer writes negative constants as `(-5)`): a generated module computes in
+    int32, and JAX refuses a Python int past it at the first call (OverflowError)."""
+    tree = ast.parse(source)
+    negated = {
+        id(node.operand)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            value = -node.value if id(node) in negated else node.value
+            if not INT32_MIN <= value <= INT32_MAX:
+                found.append(value)
+    return found
+
+
+def packed_sides_past_int32(module) -> list[str]:
+    """Where a generated module's mask functions hand coords.pack, fields, same or windows a
+    value outside int32 on some token of their pattern's geometry: each function run on
+    every token at once (queries and keys the same tokens, so every value of a query-side
+    or key-side term is met), with NumPy's int64 for jnp and lax and a recording coords, so
+    the values are exact where int32 would wrap. coords.same's mixed-radix packings are
+    checked too; the other calls' sums wrap by design (runtime/coords.py)."""
+    calls = _PackedCalls()
+    namespace = dict(vars(module), coords=calls, jnp=_NUMPY_JNP, lax=_NUMPY_LAX)
+    for name, value in vars(module).items():  # the functions, reading the stand-ins
+        if isinstance(value, types.FunctionType) and value.__module__ == module.__name__:
+            namespace[name] = types.FunctionType(value.__code__, namespace, name)
+    found = []
+    for pattern in module._PATTERNS:
+        tokens = _Tokens(pattern.layout)
+        for mask in (pattern.boundary_mask, *pattern.residual_masks):
+            calls.values.clear()
+            namespace[mask.__name__](tokens, tokens)
+            for call, value in calls.values:
+                lo, hi = int(np.min(value)), int(np.max(value))
+                if lo < INT32_MIN or hi > INT32_MAX:
+                    found.append(f"{mask.__name__}: coords.{call} term takes {lo} .. {hi}")
+    return found
+
+
+class _Tokens:
+    """Every token of a layout as a generated mask reads q or k (TokenCoords' attributes),
+    int64 [seq_len]."""
+
+    def __init__(self, layout: TokenLayout):
+        self.pos = np.arange(layout.seq_len)
+        c = layout.coordinates(self.pos)
+        self.frame, self.row, self.col, self.index = c.frame, c.row, c.col, c.index
+        self.place = c.row * layout.width + c.col
+        self.is_text, self.is_text_int = c.is_text, c.is_text.astype(np.int64)
+
+    def once(self, function):
+        return function(self)
+
+
+class _PackedCalls:
+    """runtime.coords' fused calls, recording each packed value (name, int64 array) and
+    answering an array of the tokens' shape (what the mask does with it does not matter)."""
+
+    def __init__(self):
+        self.values: list[tuple[str, np.ndarray]] = []
+
+    def _take(self, call: str, values) -> np.ndarray:
+        values = [np.asarray(v, np.int64) for v in values]
+        self.values += [(call, v) for v in values]
+        return np.zeros(np.broadcast_shapes(*(v.shape for v in values)), bool)
+
+    def pack(self, *terms):
+        return self._take("pack", [value for value, _ in terms])
+
+    def fields(self, query, *terms):  # the query's terms: coords.pack's
+        return self._take("fields", [key for key, _, _ in terms])
+
+    def windows(self, *terms, width):
+        return self._take("windows", [side for term in terms for side in term])
+
+    def same(self, *terms):
+        query, key, base = 0, 0, 1
+        for a, b, n in terms:
+            a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+            query, key, base = query + a * base, key + b * base, base * n
+        return self._take("same", [side for a, b, _ in terms for side in (a, b)] + [query, key])
+
+    def within(self, shifted, width, unless=None):
+        return np.zeros(np.shape(shifted), bool)
+
+
+_NUMPY_JNP = types.SimpleNamespace(
+    abs=np.abs,
+    minimum=np.minimum,
+    maximum=np.maximum,
+    right_shift=np.right_shift,
+    bitwise_and=np.bitwise_and,
+    ones_like=np.ones_like,
+    zeros_like=np.zeros_like,
+    bool_=np.bool_,
+)
+# lax.div and lax.rem truncate toward zero (the printer makes their dividends non-negative)
+_NUMPY_LAX = types.SimpleNamespace(div=lambda x, d: np.sign(x) * (np.abs(x) // d), rem=np.fmod)
 
 
 def import_file(path: pathlib.Path):

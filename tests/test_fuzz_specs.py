@@ -6,6 +6,8 @@ module's kernel and its gradients against float64 in NaN-poisoned interpret mode
 
 from __future__ import annotations
 
+import pathlib
+
 import numpy as np
 import pytest
 import yaml
@@ -16,13 +18,18 @@ from svgen.runtime.reference import masked_attention_reference
 from svgen.spec import ALIGN_MODES, parse_spec
 
 from helpers import (
+    INT32_MAX,
     TOLERANCE,
     aligned_user_keep,
     brute_force_align,
     brute_force_kinds,
     check_budget,
     dense_keep,
+    literals_past_int32,
+    mask_spec_text,
+    packed_sides_past_int32,
     random_mask,
+    random_predicate,
     user_order_keep,
 )
 from kernel_helpers import POISONED, check_grads, check_per_head, mixed_inputs
@@ -54,9 +61,9 @@ def random_geometry(rng) -> TokenLayout:
     return lay.with_order("temporal_major" if r < 2 / 3 else "frame_major")
 
 
-def random_spec(rng) -> tuple[str, str]:
-    """(spec text, align mode) of a random mask on a random geometry and tiling (tiles of one
-    or two compute blocks of 128 or 256 per side)."""
+def random_spec(rng, mask=random_mask) -> tuple[str, str]:
+    """(spec text, align mode) of a random mask (drawn by `mask(rng, geometry)`) on a random
+    geometry and tiling (tiles of one or two compute blocks of 128 or 256 per side)."""
     geometry = random_geometry(rng)
     cq, ckv = (int(rng.choice([128, 256])) for _ in range(2))
     tiling = {
@@ -80,7 +87,7 @@ def random_spec(rng) -> tuple[str, str]:
         },
         "attention": {"heads": 2, "head_dim": 128, "dtype": "float32"},
         "layout": _layout_key(geometry),
-        "mask": random_mask(rng, geometry),
+        "mask": mask(rng, geometry),
         "tiling": tiling,
     }
     return yaml.safe_dump(spec, sort_keys=False), mode
@@ -138,3 +145,66 @@ def _check_against(out, q, k, v, keep) -> None:
         err = np.max(np.abs(out[head] - ref)) / max(np.max(np.abs(ref)), 1e-30)
         assert err <= TOLERANCE["float32"], err
         assert np.all(out[head][~keep.any(axis=1)] == 0.0)
+
+
+# -- int32 reach: nothing compiles that cannot run (issue 44) ------------------------------
+
+
+@pytest.mark.parametrize("seed", range(CASES))
+def test_modules_compute_within_int32(seed, compile_text):
+    """Every compiled module of the fuzzed specs (the ones above, same seeds, and as many
+    aimed at the fused forms' reach, _packing_spec) prints no integer literal past int32,
+    and every value its mask functions pack (the terms of coords.pack, fields, same and
+    windows) fits int32 on every token of its geometry, computed exactly: JAX refuses a
+    literal past int32 at a module's first call, and a packed value past it is one the
+    printer's int32 checks did not cover. (Reverting issue 44's printer fix fails a
+    quarter of the seeds.)"""
+    fuzzed, _ = random_spec(np.random.default_rng(70_000 + seed))
+    for text in (fuzzed, _packing_spec(np.random.default_rng(44_000 + seed))):
+        _, module = compile_text(text)
+        where = f"seed {seed}\n{text}"
+        assert literals_past_int32(pathlib.Path(module.__file__).read_text()) == [], where
+        assert packed_sides_past_int32(module) == [], where
+
+
+def _packing_spec(rng) -> str:
+    """A spec whose expr holds a conjunction coords.fields packs (2-4 windows, one-sided
+    bounds and equalities, each between a query-side and a key-side value), inside a
+    random predicate (which keeps lowering from reading the windows as built-ins), on a
+    small geometry whose axes often hold one value. On such an axis the difference is 0 on
+    every pair, so a side's scale may be anything up to int32 and the field's scale
+    (about twice the window's width at most) multiplies it past: issue 44's defect."""
+    frames, height, width = (int(rng.choice([1, 1, 2, 5])) for _ in range(3))
+    order = str(rng.choice(["frame_major", "temporal_major"]))
+    lay = TokenLayout(frames, height, width, int(rng.choice([0, 0, 5])), "first", order)
+    terms = " and ".join(_packed_term(rng, lay) for _ in range(int(rng.integers(2, 5))))
+    negated = "not " if rng.random() < 0.5 else ""
+    expr = f"({random_predicate(rng, 1)}) or {negated}({terms})"
+    return mask_spec_text({"expr": expr}, lay)
+
+
+def _packed_term(rng, lay: TokenLayout) -> str:
+    """One conjunct coords.fields can hold, on an axis of one value 70% of the time where
+    the geometry has one: scale * (x_q - x_k) within a window of width up to 2^16 (as a
+    chain, or |x - s| <= c), a one-sided bound, or an equality."""
+    extents = {"f": lay.frames, "h": lay.height, "w": lay.width, "i": lay.seq_len}
+    flat = [a for a in "fhw" if extents[a] == 1]
+    axis = str(rng.choice(flat if flat and rng.random() < 0.7 else list(extents)))
+    kind = rng.random()
+    if kind < 0.25:
+        return f"{axis}_q == {axis}_k" if rng.random() < 0.5 else f"abs({axis}_q - {axis}_k) < 1"
+    extent = extents[axis]
+    width = _log_uniform(rng, 1, 2**16)
+    scale = _log_uniform(rng, 1 if extent > 1 else 2**12, INT32_MAX // (4 * extent))
+    low = scale * int(rng.integers(1 - extent, extent)) - int(rng.integers(0, width + 1))
+    x = f"{scale} * {axis}_q - {scale} * {axis}_k"
+    if kind < 0.6:
+        return f"{low} <= {x} <= {low + width}"
+    if kind < 0.85:
+        return f"abs({x} - {low + width // 2}) <= {width // 2}"
+    return f"{x} {rng.choice(['>=', '<='])} {low}"
+
+
+def _log_uniform(rng, lo: int, hi: int) -> int:
+    """An integer in lo .. hi, its logarithm uniform (small and large alike)."""
+    return int(2 ** rng.uniform(np.log2(lo), np.log2(hi)))

@@ -351,6 +351,35 @@ def test_masks_per_video_frames_cannot_take_are_refused(mask, message):
     )
 
 
+def test_the_documented_refusal_and_built_in_reading_hold():
+    """docs/runtime.md's `expr` examples under per_video_frames say what svgen does (issue
+    44: it quoted `f_k < 2` as refused, which compiles on a geometry without text): the
+    quoted refusal is refused with and without text tokens, with the reason the page gives,
+    and `f_k < 2` without text is read as first_frame: {frames: 2} (per video, as that
+    built-in is tested above), with text refused (a text key's frame 0 passes it)."""
+    import re
+
+    from helpers import REPO
+    from svgen import ir
+    from svgen.analysis import analyze
+
+    page = (REPO / "docs" / "runtime.md").read_text()
+    quoted = re.search(r"`the mask expr: (.+?): reads absolute frame numbers \.\.\.`", page)
+    assert quoted is not None, "docs/runtime.md quotes no per_video_frames refusal"
+    no_text = spec_text().replace("text_tokens: 40", "text_tokens: 0")
+    no_text = no_text.replace("text_lengths: true, ", "")
+    for text in (spec_text, lambda mask: no_text.replace(MASKS["anchor"], mask)):
+        with pytest.raises(SpecError, match="reads absolute frame numbers") as err:
+            analyze(parse_spec(text(f"{{expr: '{quoted.group(1)}'}}"), source="s.yaml"))
+        assert err.value.key == "runtime.per_video_frames"
+    assert "`f_k < 2` is `first_frame: {frames: 2}`" in " ".join(page.split())
+    spec = parse_spec(no_text.replace(MASKS["anchor"], "{expr: 'f_k < 2'}"), source="s.yaml")
+    assert ir.lower(spec) == ir.FirstFrame(2)
+    assert analyze(spec).video_frames
+    with pytest.raises(SpecError, match="f_k < 2: reads absolute frame numbers"):
+        analyze(parse_spec(spec_text("{expr: 'f_k < 2'}"), source="s.yaml"))
+
+
 def test_masks_that_mean_the_same_at_every_start_need_no_tables(tmp_path):
     guarded = "{expr: 'abs(f_q - f_k) <= 1 and not is_text_q and not is_text_k'}"
     for mask in (guarded, "{any_of: [{spatial_window: {frames: 1}}, {text: {}}]}"):

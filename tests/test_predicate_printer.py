@@ -112,6 +112,100 @@ def test_predicates_just_inside_int32_are_accepted_and_exact():
     np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(node, lay), source)
 
 
+# Issue 44: fused forms whose printed literals left int32, though every value of the user's
+# predicate fits: compile accepted the spec and the kernel raised OverflowError at its first
+# call. (geometry, expr, what was printed)
+PAST_INT32_FORMS = [
+    # a window 0 <= x <= 247,891 scaled by m = 8,663 into a 31-bit coords.fields field, its
+    # sides m * (786,432 * f + 266,982) (the int32 check covered the sides, not m times them)
+    (
+        (1, 1, 1),
+        "(((f_q + 1) // 3) - ((f_k + 1) // 3) > -1 and abs((min(i_k, 8)) - (min(i_q, 8))) <= 2)"
+        " or not ((abs(f_k - f_q) < 1) and (786432 * f_q) - (786432 * f_k) >= -266982"
+        " and (786432 * f_q) - (786432 * f_k) <= -19091)",
+        "6812860416 * q.frame + 2312865066",
+    ),
+    # |x| <= c as coords.within(x + c, 2c): x + c's constant 4,000,000,000
+    (
+        (1, 1, 256),
+        "abs(i_q - i_k + 2000000000) <= 2000000000 and f_q <= f_k",
+        "q.index + 4000000000 - k.index",
+    ),
+    # a chain as coords.within(x, c), c 4,100,000,000 (an unsigned width there, but a literal
+    # past int32 all the same)
+    (
+        (1, 1, 256),
+        "i_q - i_k >= -2000000000 and i_q - i_k <= 2100000000 and f_q < 3",
+        "4100000000",
+    ),
+]
+
+
+@pytest.mark.parametrize("geometry,text,printed", PAST_INT32_FORMS, ids=range(3))
+def test_fused_forms_print_no_literal_past_int32(geometry, text, printed):
+    """Each is printed in a form whose literals fit int32 (the plain compares where the
+    fused form's would not), and keeps the predicate's value on every pair."""
+    from svgen.runtime.layout import TokenLayout
+
+    from helpers import literals_past_int32
+
+    lay = TokenLayout(*geometry)
+    _, mask = lower_mask_dict({"expr": text}, lay, 128, 128)
+    fn, source = emitted_function(mask, lay)
+    assert printed not in source and literals_past_int32(source) == [], source
+    np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(mask, lay), source)
+
+
+def test_the_issue_44_packing_compiles_and_runs(compile_text):
+    """The spec of issue 44's defect 2 (1 x 1 x 1): its module's first call ran into the
+    packing's literal and raised; it runs, and agrees with float64."""
+    from kernel_helpers import POISONED, check_per_head, mixed_inputs
+
+    plan, module = compile_text(_kernel_spec(PAST_INT32_FORMS[0][1], 1, 1, 1))
+    q, k, v = mixed_inputs(plan, "float32", seed=44, heads=1)
+    out = module.attention(q, k, v, interpret=POISONED)
+    check_per_head(plan, out, q, k, v, [0], "float32")
+
+
+def test_packed_sides_fit_int32_over_the_geometry(compile_text):
+    """A window of width 443 over indices (a - b in -208,167 .. 5,974,718 on the geometry),
+    scaled by m = 591 into an 18-bit field with 32 bits of room beside two fields without
+    room: its literals fit, but m * a reached 3,531,058,338 on the last query. The packing
+    wrapped to the right answer, but every value a module computes is to be one the
+    printer's int32 checks cover (issue 44): the window stays out of the fields."""
+    from svgen.runtime.layout import TokenLayout
+
+    from helpers import mask_spec_text, packed_sides_past_int32
+
+    lay = TokenLayout(1, 1, 64)
+    text = (
+        "-2883497 <= 49067 * i_q - 49067 * i_k <= -2883054"
+        " and f_q == f_k and h_q == h_k and (i_q + i_k) % 3 != 5"
+    )
+    _, module = compile_text(mask_spec_text({"expr": text}, lay))
+    assert packed_sides_past_int32(module) == []
+    _, mask = lower_mask_dict({"expr": text}, lay, 128, 128)
+    fn, source = emitted_function(mask, lay)
+    np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(mask, lay), source)
+
+
+def test_fields_without_room_take_no_shift():
+    """A field whose a - b is 0 on every pair (an equality of one-column frames) has no
+    bits; after a 32-bit field it was printed shifted by 32, past an int32's bits. It adds
+    nothing to the difference wherever it sits, so it sits at bit 0."""
+    from svgen.codegen.predicate import _field_layout
+    from svgen.runtime.layout import TokenLayout
+
+    wide = (-2139095040, 2139095040, None)  # 8388608 * (h_q - h_k) >= 0: 32 bits of room
+    assert [shift for _, shift, _ in _field_layout([wide, (0, 0, 0)])] == [0, 0]
+    lay = TokenLayout(1, 256, 1)
+    text = "8388608 * h_q - 8388608 * h_k >= 0 and w_q == w_k and w_q >= w_k and w_q + 1 >= w_k + 1"
+    _, mask = lower_mask_dict({"expr": text}, lay, 128, 128)
+    fn, source = emitted_function(mask, lay)
+    assert "coords.fields(" in source and ", 32" not in source, source
+    np.testing.assert_array_equal(emitted_keep(fn, lay), dense_keep(mask, lay), source)
+
+
 def _kernel_spec(expr: str, frames: int, height: int, width: int) -> str:
     """A one-head spec of `expr` (in a union with the first frame when there are frames
     after it)."""

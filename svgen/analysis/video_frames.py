@@ -13,8 +13,10 @@ shifting the video frames it reads leaves it unchanged in each of the three case
 be (video-video, text query, text key; a text token's frame stays 0), decided by sympy
 substitution: its frames must cancel. Two built-ins are *anchored* at frame 0 and get closed
 forms instead: first_frame (keys of frames < s + n) and block_causal (chunks counted from s).
-Anything else anchored (an expr such as `f_k < 2`, a cube window several frames deep, `not`
-around an anchored term) is refused at compile time, with the term named.
+An `expr` lowering reads as one of them is one of them (`f_k < 2` without text tokens is
+first_frame 2). Anything else anchored (an expr such as `f_q + f_k <= 3`, or `f_k < 2` with
+text tokens, a cube window several frames deep, `not` around an anchored term) is refused at
+compile time, with the term named.
 
 What the compiler derives (`video_frame_plan`):
   * the *superset* M+ = the union of M_s over every start: each anchored leaf replaced by

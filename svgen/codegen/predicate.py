@@ -253,6 +253,8 @@ class _Emitter:
 
         printed = []
         for first, second, x, width in _chain_pairs(args, printable):
+            if width > int_range.INT32_MAX:  # a literal past int32: left as two compares
+                continue
             args.remove(first)
             args.remove(second)
             printed.append(f"coords.within({_strip(self.integer(x))}, {width})")
@@ -305,7 +307,8 @@ class _Emitter:
     def _field_terms(self, args: list) -> list["_FieldTerm"]:
         """The conjuncts coords.fields can hold, as terms 0 <= a - b <= width (width None:
         a one-sided bound), a reading only query and b only key coordinates, each side and
-        their packing within int32's reach over the geometry."""
+        their packing within int32's reach over the geometry: a - b, and the sides scaled
+        to their field (m * a and m * b, printed; m reaches about 2 * width)."""
         found = []
         for conjuncts, a, b, width in self._window_terms(args):
             found.append((conjuncts, *_key_side_positive(a, b, width), width, "window"))
@@ -327,6 +330,9 @@ class _Emitter:
             if not self._fits_int32(a, b):
                 continue
             (la, ha), (lb, hb) = (int_range.value_range(side, self.domain) for side in (a, b))
+            m, _ = _field_scale(width, ha - lb)
+            if not self._sides_fit_int32(sympy.expand(m * a), sympy.expand(m * b)):
+                continue
             order = min(args.index(c) for c in conjuncts)
             terms.append(_FieldTerm(conjuncts, a, b, width, la - hb, ha - lb, kind, order))
         return sorted(terms, key=lambda t: t.order)
@@ -402,10 +408,16 @@ class _Emitter:
     def _fits_int32(self, a, b) -> bool:
         """a, b and a - b within int32 over the geometry (coords.windows wraps a + _SIGN - b,
         which is exact when a - b is an int32)."""
-        if int_range.int32_overflow(sympy.Le(a, b, evaluate=False), self.domain) is not None:
+        if not self._sides_fit_int32(a, b):
             return False
         lo, hi = int_range.value_range(sympy.expand(a - b), self.domain)
         return int_range.INT32_MIN <= lo and hi <= int_range.INT32_MAX
+
+    def _sides_fit_int32(self, *values) -> bool:
+        """Every value, each of its sub-expressions and its literals within int32 over the
+        geometry: a fused form prints them as they are, and a Python int past int32 in a
+        generated module makes JAX raise OverflowError at its first call."""
+        return all(int_range.int32_overflow(v, self.domain) is None for v in values)
 
     def _window_terms(self, args: list) -> list[tuple[tuple, object, object, int]]:
         """(the conjuncts, a, b, c) of each window 0 <= a - b <= c among `args`, in their
@@ -432,6 +444,8 @@ class _Emitter:
             return None
         x, bound = found
         shifted, width = sympy.Add(x, bound), 2 * bound
+        if not self._sides_fit_int32(shifted, sympy.Integer(width)):
+            return None  # x + c or 2c leaves int32 where x and c do not: printed with abs
         grouped = self._grouped_sides(shifted, width)
         return grouped or _strip(self.integer(shifted)), width
 
@@ -591,11 +605,14 @@ def _field(lo: int, hi: int, width: int | None) -> tuple[int, int, int]:
 
 def _field_layout(terms) -> list[tuple[int, int, int]] | None:
     """(m, shift, bits) per (lo, hi, width) term, the fields side by side from bit 0, or
-    None when they need more than 32 bits."""
+    None when they need more than 32 bits. A field without room (a - b is 0 on every pair)
+    adds nothing to the difference at any shift: it takes shift 0, never one past the
+    word's 31 (the next free bit may be 32, and an int32 shift by 32 is no shift to
+    rely on)."""
     layout, shift = [], 0
     for lo, hi, width in terms:
         m, bits, room = _field(lo, hi, width)
-        layout.append((m, shift, bits))
+        layout.append((m, shift if room else 0, bits))
         shift += room
     return layout if shift <= 32 else None
 
