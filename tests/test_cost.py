@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from svgen.perf import cost
 from svgen.perf.cost import PathCosts, model_cycles
 from svgen.runtime.tables import PieceTables
 from svgen.runtime.kinds import TileKind
@@ -233,6 +234,11 @@ def test_cost_of_a_select_spec_bounds_the_call(tmp_path):
     work = {b: bounds[b]["steps"]["full"] + bounds[b]["steps"]["mixed"] for b in ("none", "all")}
     assert work["all"] > work["none"]
     assert report["dense_cycles"] > bounds["all"]["cycles"]
+    # At the spec's own k = 2 on blocks drawn from random activations: between the bounds.
+    sampled = bounds["sampled"]
+    assert bounds["none"]["cycles"] < sampled["cycles"] < bounds["all"]["cycles"]
+    work["sampled"] = sampled["steps"]["full"] + sampled["steps"]["mixed"]
+    assert work["none"] <= work["sampled"] <= work["all"]
     # The selection program before the kernel (pooling, scores, top-k, tables), counted in
     # libtpu's bundles, pooling charged at least the HBM time of reading q and k once.
     policy = bounds["policy"]
@@ -253,6 +259,28 @@ def test_cost_of_a_select_spec_bounds_the_call(tmp_path):
         f"selection per call (pooling, block scores, top_k, tables; XLA programs before the kernel): {policy['cycles']:,} cycles"
         in text
     )
+    assert "at the spec's own top_k = 2, on the blocks it selects from normal random q" in text
+    assert f"{sampled['cycles']:,} cycles" in text
+
+
+def test_sampled_selection_takes_k_selectable_blocks_a_row(compile_text):
+    """The blocks `svgen cost` models a select spec's own amount on: k per compute block row
+    (fewer where fewer can be chosen), only selectable ones, the same for the same seed."""
+    text = SMALL.replace("name: small_cost", "name: small_sampled") + (
+        "select:\n  candidate: {spatial_window: {frames: 2}}\n  top_k: {k: 3}\n"
+    )
+    plan, module = compile_text(text)
+    chooser = module.attention.select
+    picked = cost.sampled_selection(plan, chooser)
+    heads = plan.spec.attention.heads
+    assert picked.shape == (heads,) + chooser.selectable.shape
+    assert not (picked & ~chooser.selectable).any()
+    per_row = np.minimum(3, chooser.selectable.sum(axis=1))
+    np.testing.assert_array_equal(
+        picked.sum(axis=2), np.broadcast_to(per_row, (heads, len(per_row)))
+    )
+    np.testing.assert_array_equal(picked, cost.sampled_selection(plan, chooser))
+    assert not np.array_equal(picked, cost.sampled_selection(plan, chooser, seed=1))
 
 
 @pytest.mark.parametrize("runtime", ["", "runtime: {segments: true}\n"])

@@ -541,6 +541,7 @@ def cost_plan(
                     )
                 trained = _model_training(training_paths, plan, module)
             policy = None
+            chooser = getattr(module.attention, "select", None)
             if plan.spec.select is not None:
                 policy = measure_select_policy(
                     module, plan.target.name, use_cache=use_cache, progress=progress
@@ -568,7 +569,7 @@ def cost_plan(
         len(head_pattern),
         trained,
         None if chunk_paths is None else model_chunks(chunk_paths, plan, head_pattern),
-        None if plan.spec.select is None else model_select(paths, plan),
+        None if plan.spec.select is None else model_select(paths, plan, chooser),
         utilisation(plan),
         _fallback_cycles(paths, plan, head_pattern),
         None if policy is None else (policy, pooling_floor(plan)),
@@ -584,11 +585,13 @@ def _fallback_cycles(paths: PathCosts, plan, head_pattern) -> tuple[int, int] | 
     return cycles, dense_cycles(paths.fallback, plan)
 
 
-def model_select(paths: PathCosts, plan) -> dict:
+def model_select(paths: PathCosts, plan, chooser=None) -> dict:
     """A select spec's call at its two bounds: nothing selected (the mask's blocks, walked
     per head as a selection's tables are) and every selectable block selected (a FULL
     block, PADDED where it holds the end of the keys): {bound: (cycles, steps)}. What a
-    call costs in between depends on its activations (bench/select_cost.py)."""
+    call costs in between depends on its activations (bench/select_cost.py); with the
+    module's `chooser` (attention.select), also "sampled": the call at the spec's own amount
+    on the blocks it selects from normal random q and k (`sampled_selection`)."""
     from svgen.runtime.tables import (
         PieceTables,
         compute_block_kinds,
@@ -605,15 +608,46 @@ def model_select(paths: PathCosts, plan) -> dict:
     chosen = np.full(always.shape, int(TileKind.FULL), np.int8)
     if shape.seq_len % shape.ckv:
         chosen[:, shape.seq_len // shape.ckv] = SEGMENT_BOUNDARY  # PADDED
-    out = {}
-    for bound, blocks in (("none", always), ("all", np.where(selectable, chosen, always))):
+    heads = plan.spec.attention.heads
+
+    def walk(blocks, heads_walking: int):
         runs = runs_of_blocks(blocks.astype(np.int8), *grid)
         tables = PieceTables.from_runs([runs], plan.tables.slots, shape.compute_blocks, False)
-        cycles, steps, _ = model_cycles(
-            paths, tables, [0] * plan.spec.attention.heads, padding_tile(plan)
-        )
-        out[bound] = (cycles, steps)
+        cycles, steps, _ = model_cycles(paths, tables, [0] * heads_walking, padding_tile(plan))
+        return cycles, steps
+
+    out = {
+        "none": walk(always, heads),
+        "all": walk(np.where(selectable, chosen, always), heads),
+    }
+    if chooser is not None:
+        per_head = [
+            walk(np.where(picked & selectable, chosen, always), 1)
+            for picked in sampled_selection(plan, chooser)
+        ]
+        steps = {kind: sum(st[kind] for _, st in per_head) for kind in per_head[0][1]}
+        out["sampled"] = (sum(c for c, _ in per_head), steps)
     return out
+
+
+def sampled_selection(plan, chooser, seed: int = 0) -> np.ndarray:
+    """bool [heads, row blocks, col blocks]: what a call at the spec's own amount selects
+    from q and k of independent standard normal tokens. Their compute-block means are normal
+    with variance 1 / block, so they are drawn directly (no sequence-long inputs); rows of
+    random activations score alike, so a top_p call selects more than real activations do."""
+    from svgen.runtime.select import reference_selection
+
+    rng = np.random.default_rng(seed)
+    rows, cols = chooser.selectable.shape
+    heads, d = plan.spec.attention.heads, plan.spec.attention.head_dim
+    cq, ckv = plan.spec.tiling.cq, plan.spec.tiling.ckv
+    q = rng.standard_normal((heads, rows, d)) / np.sqrt(cq)
+    k = rng.standard_normal((heads, cols, d)) / np.sqrt(ckv)
+    scores = np.einsum("hrd,hcd->hrc", q, k) / np.sqrt(d)
+    policy = chooser.policy
+    return reference_selection(
+        scores.astype(np.float32), chooser.selectable, policy, policy.default
+    )
 
 
 def _model_training(paths: TrainingPaths, plan, module) -> TrainingReport:

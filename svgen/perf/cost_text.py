@@ -107,6 +107,15 @@ def _select_lines(report: CostReport, plan) -> list[str]:
         f"    every candidate block selected: {every:,} cycles = {ms(every):.2f} ms "
         f"({all_steps['full'] + all_steps['mixed']:,} steps with work)",
     ]
+    if "sampled" in report.select:
+        cycles, steps = report.select["sampled"]
+        select = plan.spec.select
+        lines.append(
+            f"    at the spec's own {select.rule} = {select.default:g}, on the blocks it selects "
+            f"from normal random q and k (seed 0; real activations select differently): "
+            f"{cycles:,} cycles = {ms(cycles):.2f} ms "
+            f"({steps['full'] + steps['mixed']:,} steps with work)"
+        )
     if report.dense_cycles:
         lines.append(
             f"    dense / every-selected: {report.dense_cycles / every:.2f}x; dense / "
