@@ -85,6 +85,19 @@ def test_cost_json_on_a_small_spec(tmp_path):
     # A second run reads the cached per-path costs: no compile, the same numbers.
     again = svgen(tmp_path, "cost", "small.yaml", "--json")
     assert json.loads(again.stdout)["cycles"] == report["cycles"]
+    # Dense at its best for the geometry: the spec's own tiling and those of DENSE_TILINGS
+    # that fit 2,240 tokens, each the model of a spec that keeps every pair at that tiling.
+    best = report["dense_best"]
+    assert best["tilings_modelled"] == 3 and best["cycles"] <= report["dense_cycles"]
+    bq, bkv, cq, ckv = best["tiling"]
+    dense = (
+        SMALL.split("mask:")[0].replace("name: small_cost", "name: small_dense")
+        + "mask: {prefix: {tokens: 2240}}\n"
+        + f"tiling: {{block_q: {bq}, block_kv: {bkv}, compute_q: {cq}, compute_kv: {ckv}}}\n"
+    )
+    (tmp_path / "dense.yaml").write_text(dense)
+    alone = json.loads(svgen(tmp_path, "cost", "dense.yaml", "--json").stdout)
+    assert alone["cycles"] == best["cycles"]
     # Every figure is labelled as the model's, in JSON and in words.
     assert "not a measurement" in report["estimate"] and "svgen bench" in report["estimate"]
     text = svgen(tmp_path, "cost", "small.yaml").stdout.splitlines()

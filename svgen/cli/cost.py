@@ -33,7 +33,12 @@ def cost_spec(args) -> int:
     progress = None if args.json else (lambda message: print(f"  {message}", file=sys.stderr))
     try:
         report = cost.cost_plan(
-            plan, args.spec, use_cache=not args.no_cache, progress=progress, training=args.backward
+            plan,
+            args.spec,
+            use_cache=not args.no_cache,
+            progress=progress,
+            training=args.backward,
+            dense_search=True,
         )
     except NoGridLoop as err:  # a kernel check_costable let through: still no traceback
         raise SpecError(

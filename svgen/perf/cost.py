@@ -74,6 +74,10 @@ class CostReport:
     # attention.softmax: bounded: the XLA pass over k before the kernel (each row's largest
     # key norm, svgen.runtime.softmax.key_bound), in cycles at HBM bandwidth; not in `cycles`
     key_pass: int | None = None
+    # The dense kernel (every pair kept) at the fastest of the spec's own tiling and
+    # DENSE_TILINGS, by the model: (tiling (bq, bkv, cq, ckv), cycles, tilings modelled);
+    # None: not searched
+    dense_best: tuple[tuple[int, int, int, int], int, int] | None = None
 
     @property
     def call_cycles(self) -> int:
@@ -124,6 +128,18 @@ class CostReport:
             ),
             **({} if self.utilisation is None else {"utilisation": self.utilisation.to_json(self)}),
             **({} if self.key_pass is None else {"key_pass_cycles": self.key_pass}),
+            **(
+                {}
+                if self.dense_best is None
+                else {
+                    "dense_best": {
+                        "tiling": list(self.dense_best[0]),
+                        "cycles": self.dense_best[1],
+                        "ms": self.dense_best[1] / (self.clock_ghz * 1e6),
+                        "tilings_modelled": self.dense_best[2],
+                    }
+                }
+            ),
             **(
                 {}
                 if self.select is None
@@ -507,10 +523,12 @@ def cost_plan(
     progress=None,
     training: bool = False,
     chunks: bool = True,
+    dense_search: bool = False,
 ) -> CostReport:
     """Render the plan's module, compile its kernel for the plan's target, model one call;
     `training`: also the forward + backward kernels of a jax.grad call (one more compile);
-    `chunks`: also a runtime.kv_cache module's chunked call (one more compile)."""
+    `chunks`: also a runtime.kv_cache module's chunked call (one more compile);
+    `dense_search`: also the dense kernel at DENSE_TILINGS (a compile each, `dense_best`)."""
     import importlib.util
     import sys
     import tempfile
@@ -556,6 +574,10 @@ def cost_plan(
             sys.modules.pop(name, None)
     head_pattern = model_head_pattern(plan)
     cycles, steps, by_path = model_cycles(paths, plan.tables, head_pattern, padding_tile(plan))
+    dense = dense_cycles(paths, plan)
+    best = None
+    if dense_search:
+        best = dense_best(plan, spec_path, dense, use_cache=use_cache, progress=progress)
     return CostReport(
         plan.target.name,
         plan.target.clock_ghz,
@@ -563,7 +585,7 @@ def cost_plan(
         steps,
         cycles,
         by_path,
-        dense_cycles(paths, plan),
+        dense,
         plan.vmem.total,
         plan.table_bytes,
         len(head_pattern),
@@ -574,7 +596,63 @@ def cost_plan(
         _fallback_cycles(paths, plan, head_pattern),
         None if policy is None else (policy, pooling_floor(plan)),
         None if paths.fallback is None else key_pass_cycles(plan),
+        best,
     )
+
+
+#: Tilings `svgen cost` models the dense kernel at besides the spec's own, so that a spec is
+#: compared with dense at its best for the geometry, not at the spec's tiles (small tiles
+#: slow a dense kernel more than a sparse one). The larger ones are what `svgen tune` picks
+#: for dense-like masks on v6e; each is a compile the first time (cached after).
+DENSE_TILINGS = (
+    (1024, 1024, 1024, 1024),
+    (2048, 2048, 1024, 1024),
+    (2048, 4096, 1024, 1024),
+)
+
+
+def dense_best(plan, spec_path: str, own_cycles: int, *, use_cache=True, progress=None):
+    """(tiling, cycles, tilings modelled): the dense kernel (a mask keeping every pair, the
+    plan's geometry, heads, head_dim, dtype and target) at the fastest of the spec's own
+    tiling (`own_cycles`) and those of DENSE_TILINGS that fit the sequence and the chip."""
+    t = plan.spec.tiling
+    own = (t.block_q, t.block_kv, t.cq, t.ckv)
+    best, modelled = (own, own_cycles), 1
+    seq = plan.spec.geometry.seq_len
+    for tiling in DENSE_TILINGS:
+        if tiling == own or max(tiling[:2]) > seq:
+            continue
+        try:
+            dense_plan = _dense_plan(plan, tiling)
+        except SpecError:  # over the chip's VMEM or SMEM at this tiling: not a candidate
+            continue
+        if progress:
+            progress(f"the dense kernel at {tiling[0]} x {tiling[1]} / {tiling[2]} x {tiling[3]}")
+        report = cost_plan(dense_plan, spec_path, use_cache=use_cache, chunks=False)
+        modelled += 1
+        if report.cycles < best[1]:
+            best = (tiling, report.cycles)
+    return best + (modelled,)
+
+
+def _dense_plan(plan, tiling):
+    """The plan of a spec keeping every pair, at the plan's geometry and attention."""
+    from svgen.analysis import analyze
+    from svgen.spec import parse_spec
+
+    g, a = plan.spec.geometry, plan.spec.attention
+    text = (
+        "svgen: 1\n"
+        f"name: {plan.spec.name}_dense\n"
+        f"geometry: {{frames: {g.frames}, height: {g.height}, width: {g.width}, "
+        f"text_tokens: {g.text_tokens}, text_position: {g.text_position}}}\n"
+        f"attention: {{heads: {a.heads}, head_dim: {a.head_dim}, dtype: {a.dtype}}}\n"
+        f"mask: {{prefix: {{tokens: {g.seq_len}}}}}\n"
+        f"tiling: {{block_q: {tiling[0]}, block_kv: {tiling[1]}, "
+        f"compute_q: {tiling[2]}, compute_kv: {tiling[3]}}}\n"
+    )
+    spec = parse_spec(text, source=f"<the dense kernel of {plan.spec.name}>")
+    return analyze(spec, target_name=plan.target.name)
 
 
 def _fallback_cycles(paths: PathCosts, plan, head_pattern) -> tuple[int, int] | None:

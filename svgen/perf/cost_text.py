@@ -43,7 +43,15 @@ def format_report(report: CostReport, plan) -> list[str]:
             f"  the same kernel on a dense mask: {report.dense_cycles:,} cycles = "
             f"{report.dense_cycles / (report.clock_ghz * 1e6):.2f} ms "
             f"({report.dense_cycles / report.cycles:.2f}x this kernel's time; at this spec's "
-            f"tiling, {t.block_q} x {t.block_kv}: a dense kernel may be faster at other tiles)"
+            f"tiling, {t.block_q} x {t.block_kv})"
+        )
+    if report.dense_best is not None:
+        (bq, bkv, cq, ckv), cycles, modelled = report.dense_best
+        lines.append(
+            f"  the dense kernel at its best of {modelled} tiling(s) for this "
+            f"geometry ({bq} x {bkv} / {cq} x {ckv}): {cycles:,} cycles = "
+            f"{cycles / (report.clock_ghz * 1e6):.2f} ms ({cycles / report.cycles:.2f}x this "
+            "kernel's time)"
         )
     if report.fallback is not None:
         lines += _fallback_lines(report, plan, per_tile, per_block)
