@@ -441,7 +441,7 @@ def test_inspect_of_a_spec_without_chip_keys_has_no_tiling_source(tmp_path, caps
 
 
 def test_a_refusal_of_the_chips_tiling_points_at_it(tmp_path, capsys):
-    path = _spec_file(tmp_path, _with_v5e("  v5e: {block_q: 4096, block_kv: 4096}\n"))
+    path = _spec_file(tmp_path, _with_v5e("  v5e: {block_q: 8192, block_kv: 8192}\n"))
     out = tmp_path / "out"
     assert cli.main(["compile", str(path), "--target", "v5e", "--out", str(out), "-q"]) == 2
     err = capsys.readouterr().err

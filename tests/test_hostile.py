@@ -640,7 +640,10 @@ def test_tune_apply_never_writes_a_rewrite_that_changes_more_than_the_tiling(
     monkeypatch.setattr(
         tune,
         "rewrite_tiling",
-        lambda text, c, source: (real(text, c, source)[0].replace("width: 1}", "width: 2}"), ["x"]),
+        lambda text, c, source, chip=None: (
+            real(text, c, source, chip)[0].replace("width: 1}", "width: 2}"),
+            ["x"],
+        ),
     )
     spec = _write(project, "drift", SMALL + "mask: {band: {width: 1}}\n" + TILING)
     line = _error_line(_refused(project, capsys, ["tune", str(spec), "--apply"], "reads back"))

@@ -82,11 +82,13 @@ def kernel_vmem(
         + item * block_q * d  # the scaled q tile
         + INTERNAL_SCRATCH
     )
-    spills = _spills(block_q, block_kv, compute_q, compute_kv, d, item, on_mxu)
+    spills = _spills(block_q, block_kv, compute_q, compute_kv, d, item, on_mxu, mxu_width)
     return VmemNeed(pipeline, scratch, spills)
 
 
-def _spills(block_q, block_kv, compute_q, compute_kv, d: int, item: int, on_mxu: bool) -> int:
+def _spills(
+    block_q, block_kv, compute_q, compute_kv, d: int, item: int, on_mxu: bool, mxu_width: int = 256
+) -> int:
     """The stack libtpu's v6e schedule needs, an envelope of what it reported (its scoped size
     less the buffers above) over 1-16 compute blocks a tile, and never less than one compute
     block's f32 scores:
@@ -102,10 +104,15 @@ def _spills(block_q, block_kv, compute_q, compute_kv, d: int, item: int, on_mxu:
     * f32: the HIGHEST-precision matmuls split q, k and v into bf16 parts, about 9 bytes per
       element of the tiles' operands, on top of 2.5 bytes per score element of a block (row
       sum on the MXU) or of the tile (across lanes): 3.5-8.8 MiB at head_dim 128, 3.2-14.3 at
-      64 and 8.3 at 256, over 1024 x 1024 to 2048 x 2048 tiles.
+      64 and 8.3 at 256, over 1024 x 1024 to 2048 x 2048 tiles;
+    * v5e (128-wide MXUs), whose kernels sum rows across lanes at every head_dim: libtpu's
+      v5e schedule keeps more of the tile, 3.7 bytes per tile element at 2048 x 4096 tiles of
+      1024 x 512 blocks (bf16, head_dim 128: 41.01 MiB scoped against 41 asked for with 3),
+      so 4 there.
     """
     block, tile = compute_q * compute_kv, block_q * block_kv
     if item == 4:  # (8 bytes a block element: what this model counted before, its floor)
         scores = block if on_mxu else tile
         return max(8 * block, int(9 * d * (block_q + 2 * block_kv) + 2.5 * scores))
-    return 6 * block if on_mxu else max(4 * block, 3 * tile)
+    per_tile = 4 if mxu_width == LANES else 3
+    return 6 * block if on_mxu else max(4 * block, per_tile * tile)
