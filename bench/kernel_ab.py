@@ -92,13 +92,18 @@ def time_before(spec, target, settings, options, progress) -> dict:
         return result
 
 
+def ms(value) -> str:
+    return f"{value:.2f}" if isinstance(value, (int, float)) else "-"
+
+
 def row(result: dict, direction: str) -> str:
     before = result["before"][direction]["median_ms"]
     after = result.get(f"svgen_{direction}", {}).get("median_ms")
     masked = result.get(f"splash_mask_{direction}", {}).get("median_ms")
     gain = f"{before / after:.3f}x" if after else "-"
-    fmt = lambda x: f"{x:.2f}" if isinstance(x, (int, float)) else "-"  # noqa: E731
-    return f"| {result['spec']} | {direction} | {fmt(before)} | {fmt(after)} | {gain} | {fmt(masked)} |"
+    return (
+        f"| {result['spec']} | {direction} | {ms(before)} | {ms(after)} | {gain} | {ms(masked)} |"
+    )
 
 
 def main(argv=None) -> int:

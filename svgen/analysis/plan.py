@@ -257,6 +257,15 @@ class Plan:
         runs = selection_superset_runs(self.only.table.runs, self.candidate_runs, shape)
         return static_steps(runs)
 
+    def select_blocks(self) -> tuple[np.ndarray, np.ndarray]:
+        """select: (the mask's kind of each compute block, int8; which blocks a call may
+        select, bool), both [row blocks, column blocks] in kernel order."""
+        shape = pattern_shape(self.spec, self.only)
+        grid = tile_grid(shape)
+        always = compute_block_kinds(self.only.table.runs, *grid)
+        candidate = compute_block_kinds(self.candidate_runs, *grid)
+        return always, selectable_blocks(always, candidate, shape)
+
     def select_max_blocks(self) -> int:
         """select: the most blocks a call selects per compute block row. The spec's `max`;
         without one, the most selectable blocks any row has (the candidate's bound, so it
@@ -264,11 +273,7 @@ class Plan:
         select = self.spec.select
         if select.max_blocks is not None:
             return select.max_blocks
-        shape = pattern_shape(self.spec, self.only)
-        grid = tile_grid(shape)
-        always = compute_block_kinds(self.only.table.runs, *grid)
-        candidate = compute_block_kinds(self.candidate_runs, *grid)
-        per_row = selectable_blocks(always, candidate, shape).sum(axis=1)
+        per_row = self.select_blocks()[1].sum(axis=1)
         return max(int(per_row.max(initial=0)), select.min_blocks)
 
     def summary(self) -> dict:

@@ -67,12 +67,12 @@ def _owners(path: pathlib.Path, out_dir: pathlib.Path) -> list[pathlib.Path] | N
     if path.suffix == ".py":
         header = codegen.parse_header(path.read_text(errors="replace"))
         return None if header is None else [header_root(out_dir) / header.spec_path]
-    quoted, found = f'"{path.name}"', []
+    quoted, found, root = f'"{path.name}"', [], header_root(out_dir)
     for module in sorted(out_dir.glob("*.py")):
         text = module.read_text(errors="replace")
         header = codegen.parse_header(text)
         if header is not None and quoted in text:
-            found.append(header_root(out_dir) / header.spec_path)
+            found.append(root / header.spec_path)
     return found
 
 
@@ -82,11 +82,11 @@ def _same_file(a: pathlib.Path, b: str) -> bool:
 
 def orphans(out_dir: pathlib.Path, expected: set[pathlib.Path]) -> list[str]:
     """Generated modules whose spec no longer exists."""
-    found = []
+    found, root = [], header_root(out_dir)
     for path in sorted(out_dir.glob("*.py")):
         if path in expected:
             continue
         header = codegen.parse_header(path.read_text(errors="replace"))
-        if header and not (header_root(out_dir) / header.spec_path).exists():
+        if header and not (root / header.spec_path).exists():
             found.append(f"{path}: stale (its spec {header.spec_path} no longer exists)")
     return found

@@ -39,7 +39,7 @@ from svgen.perf.paths import SEGMENT_BOUNDARY, PathCosts
 
 
 #: What every figure of `svgen cost` and `svgen tune` is, said beside them: the static model
-#: has not been calibrated against a chip, and the chip contradicted it (docs/measured.md).
+#: is not calibrated to a chip, and this is its error measured on one (docs/measured.md).
 MODEL_CAVEAT = (
     "an estimate from libtpu's static schedule, not a measurement: on a TPU v5e the chip took "
     "1.09-1.14x its figures in 23 of 25 one-level tilings of the shipped specs, 4.3-5.0x in "
@@ -671,19 +671,12 @@ def model_select(paths: PathCosts, plan, chooser=None) -> dict:
     call costs in between depends on its activations (bench/select_cost.py); with the
     module's `chooser` (attention.select), also "sampled": the call at the spec's own amount
     on the blocks it selects from normal random q and k (`sampled_selection`)."""
-    from svgen.runtime.tables import (
-        PieceTables,
-        compute_block_kinds,
-        runs_of_blocks,
-        selectable_blocks,
-        tile_grid,
-    )
+    from svgen.runtime.tables import PieceTables, runs_of_blocks, tile_grid
     from svgen.analysis.plan import pattern_shape
 
     shape = pattern_shape(plan.spec, plan.only)
     grid = tile_grid(shape)
-    always = compute_block_kinds(plan.only.table.runs, *grid)
-    selectable = selectable_blocks(always, compute_block_kinds(plan.candidate_runs, *grid), shape)
+    always, selectable = plan.select_blocks()
     chosen = np.full(always.shape, int(TileKind.FULL), np.int8)
     if shape.seq_len % shape.ckv:
         chosen[:, shape.seq_len // shape.ckv] = SEGMENT_BOUNDARY  # PADDED
@@ -701,8 +694,7 @@ def model_select(paths: PathCosts, plan, chooser=None) -> dict:
     }
     if chooser is not None:
         per_head = [
-            walk(np.where(picked & selectable, chosen, always), 1)
-            for picked in sampled_selection(plan, chooser)
+            walk(np.where(picked, chosen, always), 1) for picked in sampled_selection(plan, chooser)
         ]
         steps = {kind: sum(st[kind] for _, st in per_head) for kind in per_head[0][1]}
         out["sampled"] = (sum(c for c, _ in per_head), steps)

@@ -67,8 +67,9 @@ def kernel_vmem(
     """The VMEM the generated kernel needs (mirrors `svgen.runtime.forward`'s buffers).
 
     `query_coords`: how many query coordinates a boundary mask reads (each kept
-    lane-replicated, [block_q, 128] int32). `mxu_width`: the target's (row_sum_on_mxu). The tests AOT-compile tilings across head dims,
-    dtypes and compute blocks at the limit derived from this (tests/test_aot_tpu.py).
+    lane-replicated, [block_q, 128] int32). `mxu_width`: the target's (row_sum_on_mxu). The
+    tests AOT-compile tilings across head dims, dtypes and compute blocks at the limit derived
+    from this (tests/test_aot_tpu.py).
     """
     item = ITEMSIZE[dtype]
     d = lanes(head_dim)
@@ -87,7 +88,7 @@ def kernel_vmem(
 
 
 def _spills(
-    block_q, block_kv, compute_q, compute_kv, d: int, item: int, on_mxu: bool, mxu_width: int = 256
+    block_q, block_kv, compute_q, compute_kv, d: int, item: int, on_mxu: bool, mxu_width: int
 ) -> int:
     """The stack libtpu's v6e schedule needs, an envelope of what it reported (its scoped size
     less the buffers above) over 1-16 compute blocks a tile, and never less than one compute
