@@ -162,3 +162,52 @@ def test_tiling_option_is_checked():
     assert parse_tiling("512x1024/512x512") == (512, 1024, 512, 512)
     with pytest.raises(argparse.ArgumentTypeError, match="BQxBKV"):
         parse_tiling("1024")
+
+
+def test_remembered_dense_blocks_that_now_fail_are_searched_again(tmp_path):
+    """Blocks cached by an earlier process (another libtpu, another backward kernel) that
+    no longer compile must not leave dense Splash reported as unable to run."""
+    dense = chip_bench.SplashDense(tmp_path)
+    dense._store("key", (2048, 1024, 1024))
+    timings = {(1024, 1024, 512): 0.2, (512, 512, 512): 0.3}
+
+    def time_blocks(blocks):
+        if blocks not in timings:
+            raise RuntimeError("RESOURCE_EXHAUSTED: CompileTimeScopedVmemOom")
+        return chip_bench.Timing(1.0, timings[blocks], timings[blocks], 1)
+
+    candidates = ((2048, 1024, 1024), (1024, 1024, 512), (512, 512, 512))
+    best = chip_bench.SplashDense(tmp_path).best("key", candidates, time_blocks, lambda line: None)
+    assert best["blocks"] == (1024, 1024, 512)
+    assert [t["blocks"] for t in best["tried"]] == [list(b) for b in candidates]
+    assert "error" in best["tried"][0]
+    # and the new winner is what the next process starts from
+    assert chip_bench.SplashDense(tmp_path)._load()["key"] == [1024, 1024, 512]
+
+
+def test_bench_json_keeps_what_was_measured_when_a_later_spec_fails(tmp_path, monkeypatch):
+    """`--json` is rewritten after each spec: a run stopped part way (a time limit on the
+    chip, a spec that breaks) keeps the specs already timed, marked incomplete."""
+    import json
+
+    from svgen.cli import main
+
+    spec_file = tmp_path / "tiny.yaml"
+    spec_file.write_text(MIXED)
+    out = tmp_path / "bench.json"
+    calls = []
+
+    def fake_bench(spec, target, options, **_):
+        calls.append(spec.name)
+        if len(calls) == 2:
+            raise RuntimeError("the chip went away")
+        return {"spec": spec.name, "svgen_forward": {"median_ms": 1.0, "ok": True}}
+
+    monkeypatch.setattr(chip_bench, "bench_spec", fake_bench)
+    monkeypatch.setattr(chip_bench, "commit", lambda: "abc1234")
+    args = ["bench", str(spec_file), str(spec_file), "--interpret", "--json", str(out)]
+    with pytest.raises(RuntimeError, match="went away"):
+        main(args)
+    report = json.loads(out.read_text())
+    assert report["complete"] is False and report["commit"] == "abc1234"
+    assert [r["spec"] for r in report["results"]] == ["tiny_mixed"]

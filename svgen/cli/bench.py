@@ -99,17 +99,15 @@ def bench_specs(args) -> int:
     dense = chip_bench.SplashDense(None if args.interpret else chip_bench.cache_dir())
     progress = _progress(args.quiet)
     results = []
-    for spec in specs:
-        results.append(
-            chip_bench.bench_spec(spec, target, options, progress=progress, dense=dense, env=env)
-        )
-    for line in chip_bench.format_table(results, chip):
-        print(line)
-    if args.json:
+
+    def save(complete: bool) -> None:
+        # Rewritten after every spec (atomically): a run stopped part way, by a time limit
+        # or a chip that fails, keeps what it measured; "complete" says whether it finished.
         report = {
             "chip": chip,
             "versions": env,
             "commit": chip_bench.commit(),
+            "complete": complete,
             "options": {
                 "warmup": options.warmup,
                 "iters": options.iters,
@@ -119,6 +117,17 @@ def bench_specs(args) -> int:
             "results": results,
         }
         write_all({pathlib.Path(args.json): (json.dumps(report, indent=1) + "\n").encode()})
+
+    for spec in specs:
+        results.append(
+            chip_bench.bench_spec(spec, target, options, progress=progress, dense=dense, env=env)
+        )
+        if args.json:
+            save(complete=False)
+    for line in chip_bench.format_table(results, chip):
+        print(line)
+    if args.json:
+        save(complete=True)
     failed = [
         r["spec"]
         for r in results

@@ -319,15 +319,23 @@ class SplashDense:
             return self.found[key]
         cached = self._load().get(key)
         tried = []
-        order = [tuple(cached)] if cached else list(candidates)
-        for blocks in order:
-            progress(f"dense Splash {blocks[0]}/{blocks[1]}/{blocks[2]}")
-            try:
-                timing = time_blocks(blocks)
-            except Exception as exc:  # a candidate that does not compile is infeasible
-                tried.append({"blocks": list(blocks), "error": _short(exc)})
-                continue
-            tried.append({"blocks": list(blocks), **timing.to_json(), "_t": timing})
+
+        def run(order):
+            for blocks in order:
+                progress(f"dense Splash {blocks[0]}/{blocks[1]}/{blocks[2]}")
+                try:
+                    timing = time_blocks(blocks)
+                except Exception as exc:  # a candidate that does not compile is infeasible
+                    tried.append({"blocks": list(blocks), "error": _short(exc)})
+                    continue
+                tried.append({"blocks": list(blocks), **timing.to_json(), "_t": timing})
+
+        run([tuple(cached)] if cached else list(candidates))
+        if cached and "error" in tried[0]:
+            # Remembered blocks that fail now (another libtpu, another backward kernel):
+            # search again rather than report dense Splash as unable to run.
+            cached = None
+            run([tuple(b) for b in candidates if list(b) != tried[0]["blocks"]])
         ok = [t for t in tried if "error" not in t]
         if not ok:
             result = {"blocks": None, "timing": None, "tried": _public(tried)}

@@ -1,0 +1,58 @@
+"""bench/paths_on_chip.py on a CPU: the table rewrites that isolate each path, and one run of
+the script in Pallas's interpreter (the shipped variant checked against the reference)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+sys.path.insert(0, "bench")
+import paths_on_chip  # noqa: E402
+
+TINY = """
+svgen: 1
+name: tiny_band
+geometry: {frames: 4, height: 8, width: 16}
+attention: {heads: 2, head_dim: 128, dtype: bfloat16}
+mask:
+  any_of:
+    - first_frame: {frames: 1}
+    - band: {width: 100}
+tiling: {block_q: 128, block_kv: 128}
+"""
+
+RUNS = np.array([(0, 0, 2, 2, 0), (0, 2, 1, 1, 0b0110), (1, 1, 3, 1, 0b1001)])
+
+
+def test_unmasked_runs_every_boundary_tile_as_full_on_the_same_walk():
+    runs = paths_on_chip.rewritten_runs(RUNS, "unmasked", q_tiles=2, kv_tiles=4)
+    assert runs[:, :3].tolist() == RUNS[:, :3].tolist()
+    assert runs[:, 3].tolist() == [2, 2, 2] and runs[:, 4].tolist() == [0, 0, 0]
+
+
+def test_steps_keeps_the_walk_and_computes_nothing():
+    runs = paths_on_chip.rewritten_runs(RUNS, "steps", q_tiles=2, kv_tiles=4)
+    assert runs[:, :3].tolist() == RUNS[:, :3].tolist()
+    assert runs[:, 3].tolist() == [0, 0, 0]
+
+
+def test_dense_visits_every_tile_as_full():
+    runs = paths_on_chip.rewritten_runs(RUNS, "dense", q_tiles=2, kv_tiles=4)
+    assert runs.tolist() == [[0, 0, 4, 2, 0], [1, 0, 4, 2, 0]]
+
+
+def test_the_script_in_the_interpreter(tmp_path, capsys):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY)
+    out = tmp_path / "paths.json"
+    args = [str(spec), "--interpret", "--iters", "1", "--check-rows", "32", "--json", str(out)]
+    assert paths_on_chip.main(args) == 0
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["shipped"]["max_error"] < 2e-2
+    for variant in paths_on_chip.VARIANTS:
+        assert result[variant]["median_ms"] > 0, variant
+    tiles = result["tiles"]
+    assert tiles["grid_tiles"] == 2 * 4 * 4 and 0 < tiles["full"] + tiles["boundary"] < 32
+    assert "| tiny_band | 128x128/128x128 |" in capsys.readouterr().out
