@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 
+import jax
 import numpy as np
 
 from svgen.cli.bench import parse_tiling
@@ -119,6 +120,7 @@ def bench_item(spec, chip: str, variants, options, progress) -> dict:
         for variant in variants:
             attention = variant_attention(module, variant)
 
+            @jax.jit
             def forward(q, k, v, attention=attention):
                 return attention(
                     q, k, v, head_pattern=heads, token_order="kernel", interpret=options.interpret

@@ -312,9 +312,13 @@ class SplashDense:
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
         os.replace(tmp, path)
 
-    def best(self, key: str, candidates, time_blocks, progress) -> dict:
+    def best(
+        self, key: str, candidates, time_blocks, progress, first_that_runs: bool = False
+    ) -> dict:
         """{'blocks', 'timing', 'tried'}: the fastest of `candidates` (or the cached best,
-        re-timed), time_blocks(blocks) -> Timing raising on a compile failure."""
+        re-timed), time_blocks(blocks) -> Timing raising on a compile failure.
+        first_that_runs: stop at the first candidate that runs (the backward: each of
+        Splash's backward compiles costs tens of seconds of chip time)."""
         if key in self.found:
             return self.found[key]
         cached = self._load().get(key)
@@ -322,6 +326,8 @@ class SplashDense:
 
         def run(order):
             for blocks in order:
+                if first_that_runs and any("error" not in t for t in tried):
+                    return
                 progress(f"dense Splash {blocks[0]}/{blocks[1]}/{blocks[2]}")
                 try:
                     timing = time_blocks(blocks)
@@ -468,11 +474,11 @@ def _bench_splash(
 
         def time_dense(blocks, backward=backward):
             padded = splash_mask.padded_length(seq, *blocks)
-            kernel = splash_mask.make_splash(
-                splash_mask.full_mask(heads, padded), blocks, backward, options.interpret
-            )
-            fn = splash_call(kernel, seq, padded, scale, backward)
-            return time_calls(fn, qkv, warmup=options.warmup, iters=options.iters, clock=clock)[0]
+            mask = splash_mask.full_mask(heads, padded)
+            # Fused where it fits, else Splash's two backward kernels (the fused one keeps a
+            # dq per kv block: 28.9 GB at 75,600 tokens and 1024-key blocks on a v5e).
+            sizes = (seq, padded, scale)
+            return _time_masked_splash(mask, blocks, backward, sizes, qkv, options, clock)[0]
 
         # The backward is timed at the forward's best blocks (a search there costs minutes
         # of chip time: Splash's backward compiles are its slowest).
@@ -481,7 +487,7 @@ def _bench_splash(
             first = tuple(result["splash_dense_forward"]["blocks"])
             candidates = (first,) + tuple(b for b in options.dense_blocks if b != first)
         key = json.dumps([target, env, heads, seq, d, str(module.DTYPE), direction])
-        best = dense.best(key, candidates, time_dense, progress)
+        best = dense.best(key, candidates, time_dense, progress, first_that_runs=backward)
         result[f"splash_dense_{direction}"] = {
             "blocks": list(best["blocks"]) if best["blocks"] else None,
             **(best["timing"].to_json() if best["timing"] else {"error": "no block size compiled"}),
