@@ -134,6 +134,7 @@ def main(argv=None) -> int:
     report = {"chip": chip, "settings_before": dict(args.settings), "specs": []}
     report.update(chip_bench.versions() if not args.interpret else {})
     report["commit"] = chip_bench.commit()
+    report["source_digest"] = chip_bench.source_digest()
     dense = chip_bench.SplashDense(chip_bench.cache_dir() if not args.interpret else None)
     for path, tiling in args.items:
         spec = load_spec(path, chip=chip)

@@ -218,7 +218,12 @@ def main(argv=None) -> int:
             f"paths_on_chip [{time.monotonic() - start:6.1f} s] {line}", file=sys.stderr, flush=True
         )
 
-    report = {"chip": chip, "commit": chip_bench.commit(), "results": []}
+    report = {
+        "chip": chip,
+        "commit": chip_bench.commit(),
+        "source_digest": chip_bench.source_digest(),
+        "results": [],
+    }
     report.update({} if args.interpret else {"versions": chip_bench.versions()})
     for path, tiling in args.items:
         spec = load_spec(path, chip=chip)

@@ -22,8 +22,16 @@ libtpu_env.prepare()
 from svgen.perf import chip_bench, measured_tune  # noqa: E402
 from svgen.spec import load_spec  # noqa: E402
 
-#: One-level tiles only: on a v5e every two-level tiling measured so far ran 1.2-5x slower.
-CANDIDATES = ((1024, 1024, 1024, 1024), (512, 1024, 512, 512), (512, 512, 512, 512))
+#: 1024 x 1024 tiles of two compute blocks first (on a v5e 1.10x faster than one block,
+#: docs/measured.md), then one-level tiles: tiles of four or more compute blocks ran 1.2-5x
+#: slower there.
+CANDIDATES = (
+    (1024, 1024, 1024, 512),
+    (1024, 1024, 512, 1024),
+    (1024, 1024, 1024, 1024),
+    (512, 1024, 512, 512),
+    (512, 512, 512, 512),
+)
 
 
 def main() -> int:

@@ -211,3 +211,21 @@ def test_bench_json_keeps_what_was_measured_when_a_later_spec_fails(tmp_path, mo
     report = json.loads(out.read_text())
     assert report["complete"] is False and report["commit"] == "abc1234"
     assert [r["spec"] for r in report["results"]] == ["tiny_mixed"]
+
+
+def test_source_digest_names_the_code_and_changes_with_it(tmp_path):
+    assert len(chip_bench.source_digest()) == 16
+    (tmp_path / "svgen" / "runtime").mkdir(parents=True)
+    (tmp_path / "templates").mkdir()
+    kernel = tmp_path / "svgen" / "runtime" / "softmax.py"
+    kernel.write_text("x = 1\n")
+    (tmp_path / "templates" / "module.py.j2").write_text("{{ x }}\n")
+    before = chip_bench.source_digest(tmp_path)
+    assert chip_bench.source_digest(tmp_path) == before
+    (tmp_path / "notes.txt").write_text("not source\n")  # outside svgen/ and templates/
+    assert chip_bench.source_digest(tmp_path) == before
+    kernel.write_text("x = 2\n")
+    after_kernel = chip_bench.source_digest(tmp_path)
+    assert after_kernel != before
+    (tmp_path / "templates" / "module.py.j2").write_text("{{ y }}\n")
+    assert chip_bench.source_digest(tmp_path) != after_kernel

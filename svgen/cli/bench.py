@@ -107,6 +107,7 @@ def bench_specs(args) -> int:
             "chip": chip,
             "versions": env,
             "commit": chip_bench.commit(),
+            "source_digest": chip_bench.source_digest(),
             "complete": complete,
             "options": {
                 "warmup": options.warmup,

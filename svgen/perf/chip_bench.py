@@ -110,6 +110,20 @@ def commit() -> str | None:
     return head + ("+" if dirty else "")
 
 
+def source_digest(root: pathlib.Path | None = None) -> str:
+    """sha256 (first 16 hex digits) of svgen's own source: its Python modules and templates.
+    It names the code that ran where `commit` cannot: a copy of the tree whose git metadata
+    is stale or absent (a TPU host sent the working tree, say) reports an older commit."""
+    root = root or pathlib.Path(__file__).resolve().parents[2]
+    digest = hashlib.sha256()
+    files = sorted([*root.glob("svgen/**/*.py"), *root.glob("templates/**/*")])
+    for path in files:
+        if path.is_file():
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 # ----------------------------------------------------------------------------- timing
 @dataclasses.dataclass(frozen=True)
 class Timing:
