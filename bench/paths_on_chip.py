@@ -7,8 +7,9 @@ rewritten to isolate each path, all in one process.
 Variants of one compiled module (same tiling, same grid walk):
 
   shipped   the module as `svgen compile` writes it (its output checked on sampled rows);
-  unmasked  every BOUNDARY tile run as FULL: no mask computed, same steps and tiles
-            (shipped - unmasked = what computing and applying the mask costs);
+  unmasked  every BOUNDARY compute block run as FULL, EMPTY ones still skipped: no mask
+            computed, same steps, tiles and blocks (shipped - unmasked = what computing
+            and applying the mask costs);
   steps     every visited tile's kind set to EMPTY: the grid walks the same steps and DMAs
             the same blocks, each q tile is initialized and finalized, and nothing else
             (the bookkeeping and data-movement floor of this walk);
@@ -53,15 +54,28 @@ def rewritten_runs(runs, variant: str, q_tiles: int, kv_tiles: int) -> np.ndarra
     """The pattern's runs [n, 5] as the variant walks them (see the module docstring)."""
     runs = tables.as_runs(runs).copy()
     if variant == "unmasked":
-        boundary = runs[:, 3] == BOUNDARY
-        runs[boundary, 3] = FULL
-        runs[boundary, 4] = 0
+        for i in np.flatnonzero(runs[:, 3] == BOUNDARY):
+            runs[i, 3], runs[i, 4] = unmasked_word(int(runs[i, 4]))
     elif variant == "steps":
         runs[:, 3] = EMPTY
         runs[:, 4] = 0
     elif variant == "dense":
         runs = np.array([(q, 0, kv_tiles, FULL, 0) for q in range(q_tiles)], np.int64)
     return runs
+
+
+def unmasked_word(blocks: int) -> tuple[int, int]:
+    """(kind, blocks) of a BOUNDARY tile run unmasked: each BOUNDARY compute block of its
+    word made FULL, its EMPTY blocks still skipped (a word of FULL blocks only, or a tile
+    of one compute block, becomes a FULL tile)."""
+    if blocks == 0:
+        return FULL, 0
+    fields, word = [], blocks
+    while word:
+        fields.append(word & ((1 << tables.BITS_PER_BLOCK) - 1))
+        word >>= tables.BITS_PER_BLOCK
+    fields = [FULL if kind == BOUNDARY else kind for kind in fields]
+    return BOUNDARY, sum(kind << (tables.BITS_PER_BLOCK * i) for i, kind in enumerate(fields))
 
 
 def variant_attention(module, variant: str):

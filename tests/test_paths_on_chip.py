@@ -26,10 +26,16 @@ tiling: {block_q: 128, block_kv: 128}
 RUNS = np.array([(0, 0, 2, 2, 0), (0, 2, 1, 1, 0b0110), (1, 1, 3, 1, 0b1001)])
 
 
-def test_unmasked_runs_every_boundary_tile_as_full_on_the_same_walk():
+def test_unmasked_runs_every_boundary_block_as_full_on_the_same_walk():
     runs = paths_on_chip.rewritten_runs(RUNS, "unmasked", q_tiles=2, kv_tiles=4)
     assert runs[:, :3].tolist() == RUNS[:, :3].tolist()
-    assert runs[:, 3].tolist() == [2, 2, 2] and runs[:, 4].tolist() == [0, 0, 0]
+    # blocks 0b0110 = [BOUNDARY, BOUNDARY] -> [FULL, FULL]: 0b1010, its EMPTY blocks (none
+    # here) still skipped; 0b1001 = [BOUNDARY, FULL] -> [FULL, FULL]
+    assert runs[:, 3].tolist() == [2, 1, 1]
+    assert runs[:, 4].tolist() == [0, 0b1010, 0b1010]
+    # an EMPTY block stays EMPTY, so the variant computes no more blocks than the spec
+    assert paths_on_chip.unmasked_word(0b100001) == (1, 0b100010)
+    assert paths_on_chip.unmasked_word(0) == (2, 0)
 
 
 def test_steps_keeps_the_walk_and_computes_nothing():
