@@ -118,10 +118,8 @@ def main(argv=None) -> int:
     parser.add_argument("--target", default=None, help="the chip to compile for (--interpret only)")
     parser.add_argument("--interpret", action="store_true")
     args = parser.parse_args(argv)
-    try:
-        chip = (args.target or "v5e") if args.interpret else chip_bench.attached_chip()
-    except chip_bench.NoChip as exc:
-        print(f"kernel_ab: no TPU attached ({exc})", file=sys.stderr)
+    chip = chip_bench.script_chip("kernel_ab", args.interpret, args.target)
+    if chip is None:
         return 2
     options = chip_bench.Options(
         iters=args.iters, backward=args.backward, interpret=args.interpret, splash=True

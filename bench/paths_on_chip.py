@@ -34,8 +34,8 @@ import time
 
 import jax
 import numpy as np
+from kernel_ab import parse_item
 
-from svgen.cli.bench import parse_tiling
 from svgen.perf import chip_bench, measured_tune
 from svgen.perf.splash_mask import head_patterns
 from svgen.runtime import tables
@@ -43,11 +43,6 @@ from svgen.spec import load_spec
 
 VARIANTS = ("shipped", "unmasked", "steps", "dense")
 EMPTY, BOUNDARY, FULL = 0, 1, 2
-
-
-def parse_item(text: str):
-    path, _, tiling = text.partition("@")
-    return path, (parse_tiling(tiling) if tiling else None)
 
 
 def rewritten_runs(runs, variant: str, q_tiles: int, kv_tiles: int) -> np.ndarray:
@@ -214,10 +209,8 @@ def main(argv=None) -> int:
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
-    try:
-        chip = (args.target or "v5e") if args.interpret else chip_bench.attached_chip()
-    except chip_bench.NoChip as exc:
-        print(f"paths_on_chip: no TPU attached ({exc})", file=sys.stderr)
+    chip = chip_bench.script_chip("paths_on_chip", args.interpret, args.target)
+    if chip is None:
         return 2
     options = chip_bench.Options(
         iters=args.iters,

@@ -72,6 +72,18 @@ def attached_chip() -> str:
     raise NoChip(f"the attached TPU ({kind!r}) is not one svgen has a target for")
 
 
+def script_chip(script: str, interpret: bool, target: str | None) -> str | None:
+    """The chip a bench script times on: the attached TPU's, or with `interpret` (Pallas's
+    interpreter on the CPU) `target` or v5e; None, after one line on stderr, without a TPU."""
+    if interpret:
+        return target or "v5e"
+    try:
+        return attached_chip()
+    except NoChip as exc:
+        print(f"{script}: no TPU attached ({exc})", file=sys.stderr)
+        return None
+
+
 def versions() -> dict:
     """What a measurement depends on besides the kernel: jax, jaxlib, libtpu, the device."""
     from importlib.metadata import PackageNotFoundError, version
