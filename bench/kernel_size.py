@@ -1,0 +1,58 @@
+"""The size of a spec's forward kernel program on a TPU: its final bundles, as libtpu
+compiles it for the target on this host (AOT, no chip needed).
+
+    python bench/kernel_size.py SPEC[@BQxBKV[/CQxCKV]]... [--target v5e]
+
+On a TPU v5e the chip ran every kernel of up to 43K bundles within 1.09-1.14x of the static
+model, and every one of 71K or more 1.3-6.3x slower than the model or than the same tiling's
+dense kernel (docs/measured.md, "Kernel size"). A program that large likely no longer fits
+the core's instruction memory. Straight-line bodies, residual-mask variants and patterns all
+add code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import tempfile
+import time
+
+from kernel_ab import parse_item
+
+from svgen.perf import chip_bench, measure, measured_tune
+from svgen.spec import load_spec
+
+
+def kernel_bundles(spec, target: str) -> int:
+    """The forward kernel's final bundles, compiled for `target`."""
+    with tempfile.TemporaryDirectory(prefix="kernel-size-") as folder:
+        _, module = chip_bench.compile_module(spec, target, pathlib.Path(folder))
+        return len(measure._compile(module, target).bundles)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("items", nargs="+", type=parse_item, metavar="SPEC[@TILING]")
+    parser.add_argument("--target", default="v5e", choices=("v5e", "v6e", "v7x"))
+    args = parser.parse_args(argv)
+    print("| spec | tiling | forward kernel bundles |")
+    print("|---|---|---:|")
+    for path, tiling in args.items:
+        spec = load_spec(path, chip=args.target)
+        if tiling is not None:
+            spec = measured_tune.with_tiling(spec, tiling)
+        start = time.monotonic()
+        bundles = kernel_bundles(spec, args.target)
+        t = spec.tiling
+        name = f"{t.block_q}x{t.block_kv}/{t.cq}x{t.ckv}"
+        print(f"| {spec.name} | {name} | {bundles:,} |", flush=True)
+        print(
+            f"kernel_size: {spec.name} compiled in {time.monotonic() - start:.0f} s",
+            file=sys.stderr,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
