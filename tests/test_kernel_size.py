@@ -9,43 +9,14 @@ sys.path.insert(0, "bench")
 import kernel_size  # noqa: E402
 
 from svgen.spec import parse_spec  # noqa: E402
+from test_chip_bench import MIXED  # noqa: E402
 
-ONE = """
-svgen: 1
-name: tiny_one
-geometry: {frames: 4, height: 8, width: 16}
-attention: {heads: 2, head_dim: 128, dtype: bfloat16}
-mask:
-  any_of:
-    - first_frame: {frames: 1}
-    - spatial_window: {frames: 1}
-tiling: {block_q: 128, block_kv: 128}
-"""
-
-TWO = """
-svgen: 1
-name: tiny_two
-geometry: {frames: 4, height: 8, width: 16}
-attention: {heads: 2, head_dim: 128, dtype: bfloat16}
-patterns:
-  spatial:
-    any_of:
-      - first_frame: {frames: 1}
-      - spatial_window: {frames: 1}
-  temporal:
-    any_of:
-      - first_frame: {frames: 1}
-      - temporal_stride: {rows: 0, cols: 0}
-heads:
-  candidates:
-    - {pattern: spatial}
-    - {pattern: temporal, layout: temporal_major}
-  assign: runtime
-tiling: {block_q: 128, block_kv: 128}
-"""
+# The same module with one pattern: its temporal candidate left out.
+ONE = MIXED.replace("    - {pattern: temporal, layout: temporal_major}\n", "")
 
 
 def test_a_second_pattern_makes_a_larger_program():
+    assert ONE != MIXED
     one = kernel_size.kernel_bundles(parse_spec(ONE, source="one.yaml"), "v5e")
-    two = kernel_size.kernel_bundles(parse_spec(TWO, source="two.yaml"), "v5e")
+    two = kernel_size.kernel_bundles(parse_spec(MIXED, source="two.yaml"), "v5e")
     assert 0 < one < two
