@@ -20,3 +20,25 @@ def test_a_second_pattern_makes_a_larger_program():
     one = kernel_size.kernel_bundles(parse_spec(ONE, source="one.yaml"), "v5e")
     two = kernel_size.kernel_bundles(parse_spec(MIXED, source="two.yaml"), "v5e")
     assert 0 < one < two
+
+
+def test_svgen_cost_reads_the_program_and_warns_past_what_the_chip_ran_well():
+    from svgen.perf.cost import PROGRAM_BUNDLES_MEASURED, program_caveat
+
+    fine, slow = PROGRAM_BUNDLES_MEASURED
+    assert program_caveat(0) is None and program_caveat(fine) is None
+    assert "2.1-5.0x" in program_caveat(slow) and f"{slow:,} bundles" in program_caveat(slow)
+    assert "not measured" in program_caveat(fine + 1)
+
+
+def test_svgen_cost_reports_the_program_size_it_compiled(tmp_path, capsys):
+    import json
+
+    from svgen.cli import main
+
+    spec = tmp_path / "one.yaml"
+    spec.write_text(ONE)
+    assert main(["cost", str(spec), "--json", "--no-cache", "--target", "v5e"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    expected = kernel_size.kernel_bundles(parse_spec(ONE, source="one.yaml"), "v5e")
+    assert report["paths"]["program"] == expected > 0

@@ -47,6 +47,28 @@ MODEL_CAVEAT = (
     "`svgen bench`"
 )
 
+#: Kernel programs measured on a TPU v5e (docs/measured.md, "Kernel size"): every kernel of
+#: at most the first number of bundles ran at 1.09-1.14x the static model, every one of at
+#: least the second 2.1-5.0x over it. The model does not see a program's size.
+PROGRAM_BUNDLES_MEASURED = (43_224, 71_080)
+
+
+def program_caveat(bundles: int) -> str | None:
+    """What the chip showed for a program this large, or None (not read, or small enough)."""
+    fine, slow = PROGRAM_BUNDLES_MEASURED
+    if bundles <= fine:
+        return None
+    seen = (
+        f"programs of {slow:,} bundles or more ran 2.1-5.0x over this model's figure"
+        if bundles >= slow
+        else f"programs of {fine:,} to {slow:,} bundles were not measured, larger ones ran "
+        "2.1-5.0x over this model's figure"
+    )
+    return (
+        f"the kernel's program is {bundles:,} bundles: on a TPU v5e {seen} (docs/measured.md, "
+        "Kernel size); time it with `svgen bench`, or take a smaller tiling"
+    )
+
 
 @dataclasses.dataclass(frozen=True)
 class CostReport:

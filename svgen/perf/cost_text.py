@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from svgen.perf.cost import MODEL_CAVEAT, CostReport, TrainingReport, key_bytes
+from svgen.perf.cost import (
+    MODEL_CAVEAT,
+    CostReport,
+    TrainingReport,
+    key_bytes,
+    program_caveat,
+)
 from svgen.perf.paths import PathCosts, mean_rounded
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.straight import word_glyphs
@@ -209,7 +215,11 @@ def _training_lines(training: TrainingReport, plan, clock_ghz: float, per_tile, 
 
 def _path_lines(p: PathCosts, plan, per_tile: float, per_block: float) -> list[str]:
     """One kernel's per-path bundles (see svgen.perf.paths)."""
-    lines = [
+    lines = [f"    program: {p.program:,} bundles"] if p.program else []
+    caveat = program_caveat(p.program)
+    if caveat:
+        lines.append(f"    warning: {caveat}")
+    lines += [
         f"    bookkeeping (skipped step) {p.bookkeeping}",
         f"    FULL tile                  {p.full} ({(p.full - p.bookkeeping) / per_tile:.0f} "
         f"body + {p.bookkeeping / per_tile:.0f} bookkeeping)",

@@ -23,7 +23,7 @@ import numpy as np
 from svgen.perf.paths import PathCosts, read_paths
 
 KERNEL_NAME = "svgen_attention"
-CACHE_VERSION = 6  # 5: residual_block (kernels with residual masks); 6: straight
+CACHE_VERSION = 7  # 5: residual_block (kernels with residual masks); 6: straight; 7: program
 
 
 # ----------------------------------------------------------------------------- the cache

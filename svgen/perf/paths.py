@@ -74,6 +74,10 @@ class PathCosts:
     # straight word (word, whether the kv tile holding padding keys takes the per-block
     # branches instead, the bundles of the whole step).
     straight: tuple = ()
+    # The whole kernel program's bundles (0: not read, as for the tuner's interpolated
+    # paths). On a v5e, large programs ran far slower than their paths add up to
+    # (svgen.perf.cost.PROGRAM_BUNDLES_MEASURED).
+    program: int = 0
 
     def to_json(self) -> dict:
         obj = dataclasses.asdict(self)
@@ -99,6 +103,7 @@ class PathCosts:
                 tuple(tuple(tuple(v) for v in b) for b in p) for p in obj.get("residual_block", ())
             ),
             tuple(tuple(tuple(w) for w in p) for p in obj.get("straight", ())),
+            program=obj.get("program", 0),
         )
 
     def tile_cost(
@@ -202,7 +207,8 @@ def read_paths(
         )  # fmt: skip
         for half, set_ in zip(halves, sets if bounded else [None])
     ]
-    return dataclasses.replace(read[0], fallback=read[1]) if bounded else read[0]
+    paths = dataclasses.replace(read[0], fallback=read[1]) if bounded else read[0]
+    return dataclasses.replace(paths, program=len(schedule.bundles))
 
 
 def _phases_inside(loop_branches, branch, depth: int, expected: int) -> list:
