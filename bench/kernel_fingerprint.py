@@ -1,0 +1,206 @@
+"""A digest of every kernel a spec's module traces: what a refactor of the kernels must leave
+unchanged, checked on this host (no TPU, no libtpu compile).
+
+    python bench/kernel_fingerprint.py SPEC... [--target v5e] [--json FILE] [--compare FILE]
+
+For each spec the module is compiled into a temporary folder and its calls are traced with
+jax.make_jaxpr: the forward call (with the spec's run-time inputs, traced, where it has
+them), jax.grad through it, a KV-cache chunk's call and its gradient (specs with a KV
+cache) and `softmax_modes` (`softmax: bounded`). Each Pallas kernel of a trace (svgen's
+kernels, the permute kernel, a selection's programs) is one line: its name and the sha256 of
+its kernel jaxpr with its parameters (grid, block specs, compiler parameters), source
+locations removed. Two trees whose digests agree lower the same kernels to Mosaic, so their
+chip times are the same: a pure restructuring of svgen.runtime proves itself this way
+(record the digests before, compare after), and a kernel change shows which kernels it
+touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import pathlib
+import re
+import sys
+import tempfile
+
+# A kernel's source location as Pallas names it ("kernel at /path/forward.py:147"), and the
+# file:line references jaxpr printing may add: they move with any edit.
+_LOCATION = re.compile(r"\s+at\s+[^\s,)]+:\d+|[\w./-]+\.py:\d+(?::\d+)?")
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(_LOCATION.sub("", text).encode()).hexdigest()[:16]
+
+
+def pallas_kernels(closed_jaxpr) -> list[tuple[str, str]]:
+    """(kernel name, digest) of every pallas_call in a traced program, in trace order."""
+    found: list[tuple[str, str]] = []
+
+    def visit(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pallas_call":
+                info = eqn.params.get("name_and_src_info")
+                name = getattr(info, "name", None) or str(eqn.params.get("name", "pallas_call"))
+                text = "\n".join(
+                    f"{key}={_describe(eqn.params[key])}"
+                    for key in sorted(eqn.params)
+                    if key not in ("name_and_src_info", "debug", "cost_estimate")
+                )
+                found.append((name, _digest(text)))
+                continue
+            for sub in _subjaxprs(eqn.params):
+                visit(sub)
+
+    visit(closed_jaxpr.jaxpr)
+    return found
+
+
+# Fields that name where an operand came from or hold callables: not the kernel.
+_NOT_THE_KERNEL = {"origin", "debug", "get_grid_indices", "local_grid_env"}
+
+
+def _describe(value) -> str:
+    """A grid mapping's every field (its block mappings' index-map jaxprs included, which its
+    repr leaves out), recursively; anything else as printed."""
+    import dataclasses
+
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(_describe(v) for v in value) + ")"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = (
+            f"{f.name}={_describe(getattr(value, f.name))}"
+            for f in dataclasses.fields(value)
+            if f.name not in _NOT_THE_KERNEL
+        )
+        return f"{type(value).__name__}(" + ", ".join(fields) + ")"
+    return str(value)
+
+
+def _subjaxprs(params):
+    from jax.extend import core
+
+    for value in params.values():
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        for v in values:
+            if isinstance(v, core.ClosedJaxpr):
+                yield v.jaxpr
+            elif isinstance(v, core.Jaxpr):
+                yield v
+
+
+def _calls(module):
+    """(call name, function, argument shapes) of every call the module supports."""
+    import jax
+    import jax.numpy as jnp
+
+    attention = module.attention
+    heads, seq, d = int(module.HEADS), int(module.SEQ_LEN), int(module.HEAD_DIM)
+    dtype = jnp.dtype(module.DTYPE)
+    qkv = jax.ShapeDtypeStruct((heads, seq, d), dtype)
+    hp = jax.ShapeDtypeStruct((heads,), jnp.int32)
+    names = attention.runtime.arguments()
+    runtime_shapes = {"segment_ids": (seq,), "text_lengths": ()}
+    runtime = tuple(jax.ShapeDtypeStruct(runtime_shapes[n], jnp.int32) for n in names)
+
+    def forward(q, k, v, hp, *ids):
+        return attention(q, k, v, head_pattern=hp, **dict(zip(names, ids)))
+
+    def loss(q, k, v, hp, *ids):
+        return jnp.sum(forward(q, k, v, hp, *ids).astype(jnp.float32))
+
+    yield "forward", forward, (qkv, qkv, qkv, hp, *runtime)
+    yield "grad", jax.grad(loss, argnums=(0, 1, 2)), (qkv, qkv, qkv, hp, *runtime)
+    if attention.kv_cache is not None:
+        chunk = attention.chunk_shape
+        rows = attention.kv_cache.rows
+        q_chunk = jax.ShapeDtypeStruct((heads, rows, d), dtype)
+        kv = jax.ShapeDtypeStruct((heads, chunk.seq_len, d), dtype)
+        offset = jax.ShapeDtypeStruct((), jnp.int32)
+
+        def chunk_call(q, k, v, f):
+            return attention(q, k, v, q_frame_offset=f)
+
+        def chunk_loss(q, k, v, f):
+            return jnp.sum(chunk_call(q, k, v, f).astype(jnp.float32))
+
+        yield "chunk", chunk_call, (q_chunk, kv, kv, offset)
+        yield "chunk grad", jax.grad(chunk_loss, argnums=(0, 1, 2)), (q_chunk, kv, kv, offset)
+    if module.SHAPE.bounded_softmax:
+
+        def modes(q, k, v, hp):
+            return attention.softmax_modes(q, k, v, head_pattern=hp)
+
+        yield "softmax_modes", modes, (qkv, qkv, qkv, hp)
+
+
+def fingerprint(spec, target: str) -> dict[str, list[tuple[str, str]]]:
+    """Per call of the spec's module, its kernels' (name, digest)."""
+    import jax
+
+    from svgen.perf import chip_bench
+
+    with tempfile.TemporaryDirectory(prefix="svgen-fingerprint-") as folder:
+        _, module = chip_bench.compile_module(spec, target, pathlib.Path(folder))
+        return {
+            call: pallas_kernels(jax.make_jaxpr(function)(*args))
+            for call, function, args in _calls(module)
+        }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("specs", nargs="+", type=pathlib.Path, metavar="SPEC")
+    parser.add_argument("--target", default="v5e", choices=("v5e", "v6e", "v7x"))
+    parser.add_argument("--json", type=pathlib.Path, help="also write the digests here")
+    parser.add_argument(
+        "--compare",
+        type=pathlib.Path,
+        help="a --json file of an earlier tree: list every kernel whose digest differs, exit 1",
+    )
+    args = parser.parse_args(argv)
+
+    from svgen.spec import load_spec
+
+    report = {}
+    print("| spec | call | kernel | digest |")
+    print("|---|---|---|---|")
+    for path in args.specs:
+        spec = load_spec(path, chip=args.target)
+        calls = fingerprint(spec, args.target)
+        report[str(path)] = calls
+        for call, kernels in calls.items():
+            for name, digest in kernels:
+                print(f"| {spec.name} | {call} | {name} | {digest} |", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    if args.compare:
+        changed = differences(json.loads(args.compare.read_text()), report)
+        for line in changed:
+            print(f"kernel_fingerprint: {line}", file=sys.stderr)
+        print(
+            f"kernel_fingerprint: {len(changed)} difference(s) from {args.compare}",
+            file=sys.stderr,
+        )
+        return 1 if changed else 0
+    return 0
+
+
+def differences(before: dict, after: dict) -> list[str]:
+    """Each spec of `after` and call whose kernels (names and digests, in order) differ from
+    `before`'s, or that only one of the two has (JSON turns the (name, digest) pairs into
+    lists: compared as such). Specs `after` did not trace are not compared."""
+    lines = []
+    for spec in sorted(after):
+        old, new = before.get(spec, {}), after.get(spec, {})
+        for call in sorted(set(old) | set(new)):
+            a = [list(k) for k in old.get(call, [])]
+            b = [list(k) for k in new.get(call, [])]
+            if a != b:
+                lines.append(f"{spec} {call}: {a} -> {b}")
+    return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())
