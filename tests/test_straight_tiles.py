@@ -13,7 +13,7 @@ import pytest
 
 from svgen.analysis import residuals
 from svgen.perf.cost import PathCosts, model_cycles
-from svgen.runtime import forward, straight
+from svgen.runtime import straight
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.reference import masked_attention_reference
 from svgen.runtime.tables import KernelShape, PieceTables, as_runs
@@ -219,14 +219,6 @@ tiling: {block_q: 256, block_kv: 512, compute_q: 128, compute_kv: 128}
     assert all(B not in w.kinds(8) for w in code.straight_words)
     assert all(_straight_steps(module).values())
     _check(plan, module, "float32")
-
-
-def test_kernels_with_run_time_tables_take_no_straight_path():
-    """Only static calls read the straight words: a call's own tables may hold any word."""
-    import inspect
-
-    source = inspect.getsource(forward.flat_attention)
-    assert "has_straight=not per_row" in source
 
 
 # -- the model ----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ walks tables with NumPy and is tested on hand-made `PathCosts` without compiling
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -21,8 +22,11 @@ import pathlib
 import numpy as np
 
 from svgen.perf.paths import PathCosts, read_paths
+from svgen.runtime.variant import backward_branches
 
 KERNEL_NAME = "svgen_attention"
+# The format of the cached costs (PathCosts and its kin); what the kernels trace is in the key by
+# its source (kernel_sources), so an edit to a kernel needs no bump here.
 CACHE_VERSION = 7  # 5: residual_block (kernels with residual masks); 6: straight; 7: program
 
 
@@ -47,29 +51,10 @@ def _cache_key(
     import jax
     import jaxlib
 
-    from svgen.runtime import (
-        backward,
-        calls,
-        chunks,
-        coords,
-        cube,
-        forward,
-        kernel,
-        layout,
-        ring,
-        segments,
-        select,
-        softmax,
-        steps,
-    )
-
-    # The kernel bodies and the wrapper around them, the step reader, the coordinate
-    # decoding and the run-time maps they trace (and the selection programs
-    # measure_select_policy counts).
-    sources = (forward, steps, cube, softmax, kernel, calls, coords, layout, backward)
-    kernel_source = b"".join(
-        pathlib.Path(m.__file__).read_bytes() for m in sources + (segments, chunks, ring, select)
-    )
+    # Everything the kernels trace: every svgen module the TPU attention imports,
+    # transitively (its kernel bodies, the step reader, the coordinate decoding, the
+    # run-time maps, the selection programs measure_select_policy counts).
+    kernel_source = b"".join(path.read_bytes() for path in kernel_sources())
     text = json.dumps(
         [
             CACHE_VERSION,
@@ -90,6 +75,55 @@ def _cache_key(
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+# The module a generated TPU module's attention comes from: the root of what its kernels trace.
+KERNEL_ROOT = "svgen.runtime.kernel"
+
+
+@functools.cache
+def kernel_sources(root: str = KERNEL_ROOT) -> tuple[pathlib.Path, ...]:
+    """The files of `root` and of every svgen module it imports, transitively, in name order:
+    read from their import statements (those inside functions too), so that no edit to what
+    a kernel traces keeps a cached cost."""
+    package = pathlib.Path(__file__).resolve().parents[1]  # svgen/
+    seen: dict[str, pathlib.Path] = {}
+    todo = [root]
+    while todo:
+        name = todo.pop()
+        path = _module_file(package, name)
+        if path is None or name in seen:
+            continue
+        seen[name] = path
+        todo.extend(_svgen_imports(path, package))
+        # Importing svgen.a.b runs svgen's and svgen.a's __init__ first.
+        todo.extend(name.rsplit(".", n)[0] for n in range(1, name.count(".") + 1))
+    return tuple(seen[name] for name in sorted(seen))
+
+
+def _module_file(package: pathlib.Path, name: str) -> pathlib.Path | None:
+    """svgen.a.b's file (a module or a package's __init__), None where there is none."""
+    parts = name.split(".")[1:]
+    base = package.joinpath(*parts)
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _svgen_imports(path: pathlib.Path, package: pathlib.Path) -> list[str]:
+    """The svgen modules `path` imports: `import svgen.x`, `from svgen.x import y` (y a
+    module or a name of svgen.x)."""
+    import ast
+
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names if a.name.split(".")[0] == "svgen"]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "svgen":
+            names.append(node.module)
+            names += [f"{node.module}.{a.name}" for a in node.names]
+    return [n for n in names if _module_file(package, n) is not None]
+
+
 def _cached(key: str, use_cache: bool, measure, from_json):
     """The costs cached under `key`, else `measure()`'s, written atomically for next time."""
     path = _cache_dir() / f"{key}.json"
@@ -106,10 +140,9 @@ def _cached(key: str, use_cache: bool, measure, from_json):
 
 
 # ----------------------------------------------------------------------------- a call
-def _forward_masks(module) -> tuple[str, tuple[int, ...], tuple[str, ...]]:
+def _forward_masks(module) -> tuple[str, tuple[str, ...]]:
     """What the forward kernel's schedule depends on of its masks: the source of every
-    pattern's mask and residual masks (the cache key), per pattern how many residual masks
-    its BOUNDARY blocks branch to (`read_paths`), and the variants table's dtype (key)."""
+    pattern's mask and residual masks, and the variants table's dtype (the cache key)."""
     import inspect
 
     tables = module.attention.tables
@@ -119,21 +152,16 @@ def _forward_masks(module) -> tuple[str, tuple[int, ...], tuple[str, ...]]:
         for mask in (p.boundary_mask, *p.residual_masks)
     )
     if tables.variants is None:
-        return masks, (0,) * len(module._PATTERNS), ()
-    residuals = tuple(len(p.residual_masks) for p in module._PATTERNS)
-    return masks, residuals, (f"variants {tables.variants.dtype}",)
+        return masks, ()
+    return masks, (f"variants {tables.variants.dtype}",)
 
 
-def _straight_words(module) -> tuple:
-    """Per pattern, the blocks words the forward kernel runs straight-line (static tables
-    only: a module with run-time inputs is measured with them, which have none)."""
-    if module.attention.runtime.any or module.attention.select is not None:
-        return ()
-    return tuple(code.straight_words for code in module.attention.codes)
-
-
-def _straight_key(straight: tuple) -> tuple[str, ...]:
-    return tuple(f"straight {w.word} {w.avoid_padding_tile}" for words in straight for w in words)
+def _branches_key(branches) -> tuple[str, ...]:
+    """The cache key's part for the kernel's branch structure (svgen.runtime.variant)."""
+    words = tuple(
+        f"straight {w.word} {w.avoid_padding_tile}" for ws in branches.straight for w in ws
+    )
+    return words + (f"residuals {list(branches.residuals)}",) * any(branches.residuals)
 
 
 def measure_paths(module, target: str, *, use_cache: bool = True, progress=None) -> PathCosts:
@@ -144,14 +172,14 @@ def measure_paths(module, target: str, *, use_cache: bool = True, progress=None)
     """
 
     tables = module.attention.tables
-    masks, residuals, variants = _forward_masks(module)
-    straight = _straight_words(module)
+    masks, variants = _forward_masks(module)
+    branches = module.attention.forward_branches(module.attention.call_tables_source())
     key = _cache_key(
         target,
         module.SHAPE,
         masks,
         tables.slots,
-        tuple(str(t.dtype) for t in tables.piece_operands()) + variants + _straight_key(straight),
+        tuple(str(t.dtype) for t in tables.piece_operands()) + variants + _branches_key(branches),
         module.DTYPE,
         runtime=module.attention.runtime.arguments()
         + (() if module.attention.select is None else ("select",))
@@ -162,20 +190,7 @@ def measure_paths(module, target: str, *, use_cache: bool = True, progress=None)
     def measure() -> PathCosts:
         if progress:
             progress(f"compiling {module.__name__} for {target} (libtpu)")
-        schedule = _compile(module, target)
-        shape, select = module.SHAPE, module.attention.select
-        padded = select is not None and shape.padding_kv_tile is not None
-        return read_paths(
-            schedule,
-            len(module._PATTERNS),
-            shape.compute_blocks,
-            segmented=module.attention.runtime.any,
-            padded_column=shape.padding_block_column if padded else None,
-            q_blocks_per_tile=shape.q_blocks_per_tile,
-            bounded=shape.bounded_softmax,
-            residuals=residuals,
-            straight=straight,
-        )
+        return read_paths(_compile(module, target), branches)
 
     return _cached(key, use_cache, measure, PathCosts.from_json)
 
@@ -253,12 +268,8 @@ def measure_chunk_paths(module, target: str, *, use_cache: bool = True, progress
     def measure() -> PathCosts:
         if progress:
             progress(f"compiling {module.__name__}'s chunked call for {target} (libtpu)")
-        schedule = _compile_chunk(module, target)
         return read_paths(
-            schedule,
-            len(module._PATTERNS),
-            module.SHAPE.compute_blocks,
-            bounded=module.SHAPE.bounded_softmax,
+            _compile_chunk(module, target), module.attention.forward_branches("chunk")
         )
 
     return _cached(key, use_cache, measure, PathCosts.from_json)
@@ -431,16 +442,19 @@ def measure_training_paths(
 
     fused = backward.FUSED_DQ if fused is None else fused
     tables, transposed = module.attention.tables, dkv_tables(module)
-    # The forward kernel runs the residual masks; the backward ones run whole masks.
-    masks, residuals, variants = _forward_masks(module)
-    straight = _straight_words(module)
+    # The forward kernel runs the residual masks; the backward ones run whole masks. The
+    # gradient's forward is a call without run-time inputs: static tables or a selection's.
+    masks, variants = _forward_masks(module)
+    source = "static" if module.attention.select is None else "selection"
+    forward = module.attention.forward_branches(source)
+    dkv = backward_branches(module.SHAPE, len(module._PATTERNS))
     operands = tables.piece_operands() + transposed.piece_operands()
     key = _cache_key(
         target,
         module.SHAPE,
         masks,
         tables.slots * 1000 + transposed.slots,
-        tuple(str(t.dtype) for t in operands) + variants + _straight_key(straight),
+        tuple(str(t.dtype) for t in operands) + variants + _branches_key(forward),
         module.DTYPE,
         kind="training-fused" if fused else "training",
     )
@@ -452,17 +466,8 @@ def measure_training_paths(
             )
         names = [KERNEL_NAME, f"{KERNEL_NAME}_dkv"] + ([] if fused else [f"{KERNEL_NAME}_dq"])
         schedules = _compile_training(module, target, names, fused)
-        patterns, blocks = len(module._PATTERNS), module.SHAPE.compute_blocks
-        bounded = module.SHAPE.bounded_softmax  # the forward kernel's twins (not the backward's)
         read = {
-            name: read_paths(
-                schedules[name],
-                patterns,
-                blocks,
-                bounded=bounded and name == KERNEL_NAME,
-                residuals=residuals if name == KERNEL_NAME else (),
-                straight=straight if name == KERNEL_NAME else (),
-            )
+            name: read_paths(schedules[name], forward if name == KERNEL_NAME else dkv)
             for name in names
         }
         return TrainingPaths(

@@ -34,6 +34,7 @@ import numpy as np
 
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.tables import variant_bits, variant_mask
+from svgen.runtime.variant import Branches
 
 # svgen.runtime.refine.SEGMENT_BOUNDARY (that module imports JAX; the cost model reads
 # tables without it): a compute block across run-time segments. A test checks they agree.
@@ -151,18 +152,10 @@ class PathCosts:
         return costs[index][1 if padding else 0]
 
 
-def read_paths(
-    schedule,
-    patterns: int,
-    compute_blocks: int,
-    segmented: bool = False,
-    padded_column: int | None = None,
-    q_blocks_per_tile: int = 1,
-    bounded: bool = False,
-    residuals: tuple[int, ...] = (),
-    straight: tuple = (),
-) -> PathCosts:
+def read_paths(schedule, branches: Branches) -> PathCosts:
     """Map the kernel's branches onto its phases (order checked against their contents).
+    `branches`: what the kernel emits (svgen.runtime.variant.Branches, from the kernel's
+    variant), which this reads as follows.
     residuals: per pattern, its residual masks (svgen.analysis.residuals): each BOUNDARY
     block's branch then holds one branch per variant, the whole mask's first.
     segmented: the kernel reads run-time tables, so every BOUNDARY tile of one compute
@@ -176,12 +169,14 @@ def read_paths(
     those, with the online twins' as `fallback`.
     straight: per pattern, its straight words (svgen.runtime.straight): each BOUNDARY tile's
     branch then holds one branch per word, then one holding the per-block branches."""
+    patterns, compute_blocks = branches.patterns, branches.compute_blocks
+    segmented, padded_column = branches.segmented, branches.padded_column
+    bounded, residuals, straight = branches.bounded, branches.residuals, branches.straight
+    q_blocks_per_tile = branches.q_blocks_per_tile
     loop_branches = schedule.branches_in_loop()
     stage = min(b.depth for b in loop_branches)
-    twins = 2 if segmented and compute_blocks == 1 else 1
-    padded_phase = padded_column is not None and compute_blocks == 1
     # full, the mixed phases (and their twins), the PADDED tile phase: once, or per twin
-    body_phases = 1 + patterns * twins + padded_phase
+    body_phases = len(branches.phases())
     top = [b for b in loop_branches if b.depth == stage + 1]
     if bounded:  # init, the bounded set's branch, the online set's, finalize
         init, *sets, finalize = _kernel_phases(top, 1)

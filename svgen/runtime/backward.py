@@ -60,14 +60,18 @@ FUSED_DQ = True
 # ----------------------------------------------------------------------------- tables
 # ----------------------------------------------------------------------------- kernels
 def _dot(a, b, contract_a: int, contract_b: int):
+    """a . b over a's axis contract_a and b's contract_b (2-D each), f32 [a's other, b's other]."""
     precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
-    return lax.dot_general(
+    out = lax.dot_general(
         a,
         b,
         (((contract_a,), (contract_b,)), ((), ())),
         preferred_element_type=jnp.float32,
         precision=precision,
     )
+    assert a.shape[contract_a] == b.shape[contract_b], (a.shape, b.shape)
+    assert out.shape == (a.shape[1 - contract_a], b.shape[1 - contract_b]), out.shape
+    return out
 
 
 # One function on purpose (~100 lines): the step walk both backward kernels share, with its

@@ -59,7 +59,6 @@ from svgen.runtime.interpret import settled
 from svgen.runtime.kinds import TileKind
 from svgen.runtime.layout import TokenLayout
 from svgen.runtime.refine import SEGMENT_BOUNDARY
-from svgen.runtime.straight import StraightWord
 from svgen.runtime.segments import block_shifts, same_segment
 from svgen.runtime.select import PADDED
 from svgen.runtime.softmax import (
@@ -75,10 +74,10 @@ from svgen.runtime.tables import (
     LANES,
     variant_bits,
     variant_mask,
-    BoundaryMask,
     KernelShape,
     PieceTables,
 )
+from svgen.runtime.variant import ForwardVariant, KernelRefs, Operand, PatternCode, TableWalk
 from svgen.runtime.video_frames import ShiftedFrames
 from svgen.runtime.vmem import kernel_vmem
 
@@ -140,358 +139,338 @@ def _both(condition, in_mode):
     return condition if in_mode is True else condition & in_mode
 
 
-# One function on purpose (~290 lines): a Pallas kernel body. Its paths (init, FULL, BOUNDARY,
-# residual, padding, finalize) are pl.when branches closing over the same refs and carried
-# scratch; split into functions they would pass ~20 refs and flags each, and the branch
-# structure libtpu schedules (svgen cost's paths) would no longer read top to bottom.
-def _attention_kernel(
-    *refs,
-    shape: KernelShape,
-    heads: int,
-    num_tables: int,
-    patterns: tuple["PatternCode", ...],
-    single: int | None,
-    has_lengths: bool,
-    has_blocks: bool,
-    flat: bool,
-    q_scale: float,
-    with_lse: bool = False,
-    segments: bool = False,
-    chunked: int = 0,
-    selected: bool = False,
-    q_rows: int = 0,
-    with_modes: bool = False,
-    ring_sink: int | None = None,
-    has_variants: bool = False,
-    has_straight: bool = False,
-):
-    """has_straight: static tables, so the BOUNDARY tiles of a pattern's straight words
-    (PatternCode.straight_words, svgen.runtime.straight) run the word's straight-line body;
-    any other word takes a branch per compute block.
-    has_variants: static tables whose last scalar operand holds each piece's residual-mask
-    variants (variant_bits per compute block; svgen.analysis.residuals): a BOUNDARY block of
-    a pattern with residual masks runs the one its bits name.
-    selected: a selection's per-row tables (svgen.runtime.select), whose PADDED blocks
-    (kind 3) run unmasked but for the keys past seq_len.
-    segments: run-time tables; the inputs then end with the query and key ids (with
-    per-video frames, each token's frame shift in their second row), read by
-    SEGMENT_BOUNDARY blocks only (each transposes its [1, cq] query ids: 473 bundles per
-    1024 x 1024 block, against 899 per q tile for a lane-replicated copy made in init, which
-    every q tile would pay; v6e, svgen cost). chunked: a KV-cache chunk's call over that
-    many rows (batch * heads): per-row tables too; the last scalar operand holds per row the
-    chunk's first token in the video, then per row whether its output is defined.
-    ring_sink: a chunk's call against a rolling cache whose sink ends at this token: the
-    last scalar operand then also holds per row the ring's wrap and its two key shifts
-    (KvCache.ring_scalars, svgen.runtime.chunks), and shape.seq_len is the cache's length.
-    q_rows: the rows of q (shape.bounded_softmax: rows past them are left out of the bound).
-    with_modes: a last output, per row and q tile the tile's softmax mode (1: bounded), for
-    `attention.softmax_modes` (a diagnostic; the kernels a model runs have no such output).
-    shape.bounded_softmax: an input after v holds each row's key-norm bound (`key_bound`),
-    and every FULL / BOUNDARY path has a bounded twin, chosen per q tile (see `BOUND_LIMIT`).
-    """
-    bounded_kernel = shape.bounded_softmax
-    num_inputs = 3 + bounded_kernel + 2 * segments
-    (
-        # prefetched scalars (SMEM): head_pattern, first_piece, num_pieces, entries, ...
-        table_refs,
-        # inputs (VMEM blocks): q, k, v[, key bound [1, 128]][, query ids [1, block_q], key
-        # ids [1, block_kv]]
-        (q_ref, k_ref, v_ref, *id_refs),
-        # outputs: o[, lse (base 2, for the backward pass)]
-        outputs,
-        # scratch, carried across the steps of one q tile: m, [acc | l] (or acc and l), the
-        # scaled q tile[, query coordinates]
-        scratch,
-    ) = (
-        refs[:num_tables],
-        refs[num_tables : num_tables + num_inputs],
-        refs[num_tables + num_inputs : num_tables + num_inputs + 1 + with_lse + with_modes],
-        refs[num_tables + num_inputs + 1 + with_lse + with_modes :],
-    )
-    o_ref = outputs[0]
-    key_bound_ref = id_refs.pop(0) if bounded_kernel else None
-    if len(q_ref.shape) == 4:  # cube DMA: each [a, b, c, d] box read as [cube tokens, d]
-        q_ref, k_ref, v_ref, o_ref = (BoxRows(ref) for ref in (q_ref, k_ref, v_ref, o_ref))
-    m_scratch, acc_scratch, *rest = scratch
-    l_scratch = None if shape.row_sum_on_mxu else rest.pop(0)
-    q_scaled = rest.pop(0)
-    # bounded kernels: the q tile's mode (1: bounded max), an SMEM scalar set in init.
-    mode_ref = rest.pop() if bounded_kernel else None
-    coords_ref = rest.pop(0) if rest else None
-    view, kind, q_block, kv_block, active, is_first, is_last = grid_step(
-        table_refs,
-        heads,
-        single,
-        has_lengths,
-        has_blocks,
-        flat,
-        per_row=bool(segments or chunked or selected),
-    )
-    # A chunked call's last scalar operand (svgen.runtime.chunks).
-    q_first = table_refs[-1][view.row] if chunked else None
-    blocks = [
-        Block(qi, ki, shape)
-        for qi in range(shape.q_blocks_per_tile)
-        for ki in range(shape.kv_blocks_per_tile)
-    ]
-
-    @pl.when(is_first)
-    def init():
-        # q scaled once per q tile by sm_scale * log2(e): scores come out in base 2 (exp2,
-        # no per-score multiply), and the wrapper makes no pass over q for it.
-        q_scaled[...] = (q_ref[...].astype(jnp.float32) * q_scale).astype(q_scaled.dtype)
-        if bounded_kernel:
-            m_scratch[...] = bounded_init(q_scaled, key_bound_ref, mode_ref, q_block, q_rows, shape)
-        else:
-            m_scratch[...] = jnp.full(m_scratch.shape, MASK_VALUE, jnp.float32)
-        acc_scratch[...] = jnp.zeros(acc_scratch.shape, jnp.float32)
-        if l_scratch is not None:
-            l_scratch[...] = jnp.zeros(l_scratch.shape, jnp.float32)
-        for index, p in enumerate(patterns):
-            if not p.query_coords:
-                continue
-            decode = functools.partial(
-                _decode_query_coords, coords_ref, p.query_coords, p.layout, q_block, shape, q_first
-            )
-            if len(patterns) == 1:
-                decode()
-            else:
-                pl.when(view.pattern == index)(decode)
-
-    def load(rows):
-        return (
-            m_scratch[rows, :],
-            acc_scratch[rows, :],
-            None if l_scratch is None else l_scratch[rows, :],
-        )
-
-    def store(rows, state, bounded: bool = False):
-        if not bounded:  # a bounded tile's m is its fixed bound
-            m_scratch[rows, :] = state[0]
-        acc_scratch[rows, :] = state[1]
-        if l_scratch is not None:
-            l_scratch[rows, :] = state[2]
-
-    def keep_of(block: Block, pattern: "PatternCode", padding: bool, segmented: bool):
-        k_pos = (
-            kv_block * shape.block_kv
-            + block.ki * shape.ckv
-            + lax.broadcasted_iota(jnp.int32, (1, shape.ckv), 1)
-        )
-        k_video = k_pos
-        if ring_sink is not None:  # a rolling cache's slot -> the video token it holds
-            k_video = chunks.slot_keys(k_pos, ring_sink, table_refs[-1], chunked, view.row)
-        q = _QueryBlockCoords(coords_ref, pattern.query_coords, block)
-        k = TokenCoords(k_video, pattern.layout)
-        shifts = block_shifts(id_refs, block.rows, block.cols) if segmented else None
-        if shifts is not None:  # per-video frames: counted from each token's video segment
-            q, k = ShiftedFrames(q, shifts[0]), ShiftedFrames(k, shifts[1])
-        keep = jnp.broadcast_to(pattern.boundary_mask(q, k), (shape.cq, shape.ckv))
-        if segmented:  # the block spans run-time segments: only pairs of one segment
-            keep = keep & same_segment(id_refs, block.rows, block.cols)
-        # Padding keys are never attended, whatever the predicate says about them.
-        return keep & (k_pos < shape.seq_len) if padding else keep
-
-    def update(
-        block: Block,
-        state,
-        pattern: "PatternCode | None",
-        padding: bool = False,
-        segmented: bool = False,
-        bounded: bool = False,
-    ):
-        keep = None if pattern is None else keep_of(block, pattern, padding, segmented)
-        v = v_ref[block.cols, :]
-        if padding:
-            # Keys past the sequence lie outside the operands: the DMA leaves whatever was
-            # in VMEM there. Their probabilities are 0, but 0 * NaN is not: zero those rows.
-            row = (
-                kv_block * shape.block_kv
-                + block.ki * shape.ckv
-                + lax.broadcasted_iota(jnp.int32, (shape.ckv, 1), 0)
-            )
-            v = jnp.where(row < shape.seq_len, v, jnp.zeros_like(v))
-        return softmax_step(
-            state, q_scaled[block.rows, :], k_ref[block.cols, :], v, keep, shape, bounded
-        )
-
-    def masked(
-        block: Block, pattern: "PatternCode", segmented: bool = False, bounded: bool = False
-    ):
-        """A BOUNDARY block. Only one block column of one kv tile holds padding keys (and
-        never a FULL block: the tables make it BOUNDARY); the test costs a full-block VALU
-        op and a vreg store per vreg (1,846 bundles against 1,520 without, temporal-major
-        1024 x 512), so the others run without it. segmented: a SEGMENT_BOUNDARY block of
-        run-time tables (it also tests the segment ids)."""
-
-        def run(padding: bool):
-            state = update(block, load(block.rows), pattern, padding, segmented, bounded)
-            store(block.rows, state, bounded)
-
-        if shape.padding_kv_tile is None or block.ki != shape.padding_block_column:
-            run(False)
-            return
-        pl.when(kv_block != shape.padding_kv_tile)(functools.partial(run, False))
-        pl.when(kv_block == shape.padding_kv_tile)(functools.partial(run, True))
-
-    def boundary(block: Block, pattern: "PatternCode", bounded: bool):
-        """A BOUNDARY block: its residual mask where the tables name one (a branch per
-        variant, the whole mask first), else the whole mask."""
-        if not (has_variants and pattern.residual_masks):
-            masked(block, pattern, bounded=bounded)
-            return
-        word = table_refs[-1][view.piece].astype(jnp.int32)
-        shift = variant_bits(shape.compute_blocks) * (
-            block.qi * shape.kv_blocks_per_tile + block.ki
-        )
-        variant = lax.shift_right_logical(word, shift) & variant_mask(shape.compute_blocks)
-        for j in range(len(pattern.residual_masks) + 1):
-            pl.when(variant == j)(
-                functools.partial(masked, block, pattern.variant(j), bounded=bounded)
-            )
-
-    def per_block(word, pattern: "PatternCode", bounded: bool):
-        """Each compute block in a branch of its own, by its kind in the word."""
-        for block in blocks:
-            block_kind = lax.shift_right_logical(word, block.bit) & KIND_MASK
-
-            @pl.when(block_kind == TileKind.FULL)
-            def _(block=block):
-                state = update(block, load(block.rows), None, bounded=bounded)
-                store(block.rows, state, bounded)
-
-            pl.when(block_kind == TileKind.BOUNDARY)(
-                functools.partial(boundary, block, pattern, bounded)
-            )
-            if segments:  # only run-time tables have such blocks
-                pl.when(block_kind == SEGMENT_BOUNDARY)(
-                    functools.partial(masked, block, pattern, True, bounded)
-                )
-            elif selected and block.ki == shape.padding_block_column:
-                pl.when(block_kind == PADDED)(
-                    functools.partial(masked, block, every_key(pattern), bounded=bounded)
-                )
-
-    def straight(kinds: tuple[int, ...], pattern: "PatternCode | None", bounded: bool):
-        """Straight-line code over a tile's compute blocks of these kinds (row-major): per row,
-        its non-empty blocks one after another with the state in values, so the scheduler
-        overlaps one block's softmax with the next block's QK^T; BOUNDARY ones masked by the
-        whole mask. A FULL tile (every block FULL), and a BOUNDARY tile of a word with a body
-        of its own (svgen.runtime.straight)."""
-        for qi in range(shape.q_blocks_per_tile):
-            row = [b for b in blocks if b.qi == qi and kinds[b.index] != TileKind.EMPTY]
-            if not row:
-                continue
-            state = load(row[0].rows)
-            for block in row:
-                masked_by = pattern if kinds[block.index] == TileKind.BOUNDARY else None
-                state = update(block, state, masked_by, bounded=bounded)
-            store(row[0].rows, state, bounded)
-
-    def body_paths(bounded: bool, in_mode):
-        """The FULL and BOUNDARY paths of a step, for q tiles of one softmax mode (in_mode:
-        True, or the bounded kernel's traced mode test)."""
-
-        every_block_full = (TileKind.FULL,) * shape.compute_blocks
-        pl.when(_both(active & (kind == TileKind.FULL), in_mode))(
-            functools.partial(straight, every_block_full, None, bounded)
-        )
-
-        for index, pattern in enumerate(patterns):
-            is_pattern = True if len(patterns) == 1 else view.pattern == index
-
-            @pl.when(_both(active & (kind == TileKind.BOUNDARY) & is_pattern, in_mode))
-            def mixed():
-                if not has_blocks:  # one compute block per tile: it is BOUNDARY
-                    boundary(blocks[0], pattern, bounded)
-                    return
-                word = view.blocks
-                # A bounded kernel's online twin (the fallback, rarely run) keeps the branches:
-                # each body costs compile time (svgen.runtime.straight).
-                words = pattern.straight_words if has_straight and bounded == bounded_kernel else ()
-                if not words:
-                    per_block(word, pattern, bounded)
-                    return
-                chosen = []
-                for straight_word in words:
-                    this = word == _as_int32(straight_word.word)
-                    if straight_word.avoid_padding_tile:
-                        this = this & (kv_block != shape.padding_kv_tile)
-                    kinds = straight_word.kinds(shape.compute_blocks)
-                    pl.when(this)(functools.partial(straight, kinds, pattern, bounded))
-                    chosen.append(this)
-                pl.when(~functools.reduce(operator.or_, chosen))(
-                    functools.partial(per_block, word, pattern, bounded)
-                )
-
-            if segments and not has_blocks:
-                # One compute block per tile: the tile's kind says whether it spans segments.
-                pl.when(_both(active & (kind == SEGMENT_BOUNDARY) & is_pattern, in_mode))(
-                    functools.partial(masked, blocks[0], pattern, True, bounded)
-                )
-
-        if selected and not has_blocks and shape.padding_kv_tile is not None:
-            # A selected tile of one compute block holding the end of the keys.
-            pl.when(_both(active & (kind == PADDED), in_mode))(
-                functools.partial(masked, blocks[0], every_key(patterns[0]), bounded=bounded)
-            )
-
-    if bounded_kernel:
-        # Every path twice, each set in one branch on the tile's mode (one SMEM load a step),
-        # so that a step tests only its own set's conditions: the bounded set first, then
-        # the online fallback (the order svgen.perf.paths reads).
-        bounded_mode = mode_ref[0] != 0
-        pl.when(bounded_mode)(functools.partial(body_paths, True, True))
-        pl.when(jnp.logical_not(bounded_mode))(functools.partial(body_paths, False, True))
-    else:
-        body_paths(False, True)
-
-    @pl.when(is_last)
-    def finalize():
-        # Rows that saw no allowed key (m still MASK_VALUE) are 0, never NaN.
-        seen = m_scratch[...] > 0.5 * MASK_VALUE
-        l = (
-            acc_scratch[:, shape.head_dim : shape.head_dim + LANES]
-            if l_scratch is None
-            else l_scratch[...]
-        )
-        if bounded_kernel:
-            # A bounded tile's m is its bound, never MASK_VALUE: a row with no allowed key
-            # has l == 0 there (every exp2 underflowed to 0), and only there (BOUND_LIMIT).
-            seen = seen & (l > 0.0)
-        inv = jnp.where(seen, 1.0 / jnp.where(seen, l, 1.0), 0.0)
-        if chunked:
-            # NaN rows where a traced offset was no chunk start or a traced head_pattern no
-            # pattern, written here, once per q tile: any elementwise pass over the chunk's
-            # o after the kernel costs ~45 bundles in every grid step of it (v6e, svgen
-            # cost: 327 against 282 per skipped step).
-            inv = jnp.where(table_refs[-1][chunked + view.row] != 0, inv, jnp.nan)
-        o_ref[...] = (acc_scratch[:, : shape.head_dim] * lanes(inv, shape.head_dim)).astype(
-            o_ref.dtype
-        )
-        if with_lse:  # lane-major [1, block_q]: what the backward kernels broadcast
-            lse = jnp.where(seen, m_scratch[...] + jnp.log2(jnp.where(seen, l, 1.0)), EMPTY_ROW_LSE)
-            outputs[1][...] = jnp.transpose(lse[:, :1])
-        if with_modes:
-            outputs[-1][...] = jnp.full(outputs[-1].shape, mode_ref[0], jnp.int32)
+# ------------------------------------------------------------------------------ the kernel
+# The body is a sequence of pl.when branches (init, the FULL and BOUNDARY paths, finalize;
+# svgen.runtime.variant.Branches says their order, which svgen.perf.paths reads in libtpu's
+# schedule). Each phase is a function of the step below; its variant holds every static
+# choice, its refs are unpacked by name from the variant's operands.
 
 
 @dataclasses.dataclass(frozen=True)
-class PatternCode:
-    """What the kernel body needs of a pattern: its mask, layout and decoded query coords,
-    and the residual masks its BOUNDARY blocks may run instead of the mask."""
+class _Step:
+    """One grid step: the kernel's variant and refs, and where the tables put the step."""
 
-    boundary_mask: BoundaryMask
-    layout: TokenLayout
-    query_coords: tuple[str, ...]
-    residual_masks: tuple[BoundaryMask, ...] = ()
-    # The blocks words whose BOUNDARY tiles run a straight-line body (static tables only).
-    straight_words: tuple[StraightWord, ...] = ()
+    variant: ForwardVariant
+    refs: KernelRefs
+    view: StepView
+    kind: object  # the tile's kind (TileKind, or kind 3: SEGMENT_BOUNDARY / PADDED)
+    q_block: object
+    kv_block: object
+    active: object  # the step is inside its piece (its slot within the piece's length)
+    is_first: object  # first step of its q tile
+    is_last: object  # last step of its q tile
+    q_first: object  # a chunk's call: the chunk's first query token in the video
+    blocks: tuple[Block, ...]  # the tile's compute blocks, row-major
 
-    def variant(self, j: int) -> "PatternCode":
-        """The pattern as its variant j runs it (0: the whole mask)."""
-        mask = self.boundary_mask if j == 0 else self.residual_masks[j - 1]
-        return PatternCode(mask, self.layout, self.query_coords)
+    @property
+    def shape(self) -> KernelShape:
+        return self.variant.shape
+
+
+def _attention_kernel(*refs, variant: ForwardVariant):
+    """The forward kernel: refs in the order of variant.operands() (svgen.runtime.variant)."""
+    r = variant.unpack(refs)
+    if variant.cube is not None:  # cube DMA: each [a, b, c, d] box read as [cube tokens, d]
+        r = dataclasses.replace(r, q=BoxRows(r.q), k=BoxRows(r.k), v=BoxRows(r.v), o=BoxRows(r.o))
+    walk, shape = variant.walk, variant.shape
+    view, kind, q_block, kv_block, active, is_first, is_last = grid_step(
+        r.tables,
+        walk.heads,
+        walk.single,
+        walk.has_lengths,
+        walk.has_blocks,
+        walk.flat,
+        per_row=walk.per_row,
+    )
+    step = _Step(
+        variant,
+        r,
+        view,
+        kind,
+        q_block,
+        kv_block,
+        active,
+        is_first,
+        is_last,
+        # A chunked call's last scalar operand (svgen.runtime.chunks).
+        r.last_scalar[view.row] if variant.chunked else None,
+        tuple(
+            Block(qi, ki, shape)
+            for qi in range(shape.q_blocks_per_tile)
+            for ki in range(shape.kv_blocks_per_tile)
+        ),
+    )
+    pl.when(is_first)(functools.partial(_init, step))
+    if variant.bounded:
+        # Every path twice, each set in one branch on the tile's mode (one SMEM load a step),
+        # so that a step tests only its own set's conditions: the bounded set first, then
+        # the online fallback (the order svgen.perf.paths reads).
+        bounded_mode = r.mode[0] != 0
+        pl.when(bounded_mode)(functools.partial(_body_paths, step, True, True))
+        pl.when(jnp.logical_not(bounded_mode))(functools.partial(_body_paths, step, False, True))
+    else:
+        _body_paths(step, False, True)
+    pl.when(is_last)(functools.partial(_finalize, step))
+
+
+def _init(step: _Step):
+    """First step of a q tile: scale q, reset the softmax state, decode query coordinates."""
+    variant, r, shape = step.variant, step.refs, step.shape
+    # q scaled once per q tile by sm_scale * log2(e): scores come out in base 2 (exp2,
+    # no per-score multiply), and the wrapper makes no pass over q for it.
+    r.q_scaled[...] = (r.q[...].astype(jnp.float32) * variant.q_scale).astype(r.q_scaled.dtype)
+    if variant.bounded:
+        r.m[...] = bounded_init(
+            r.q_scaled, r.key_bound, r.mode, step.q_block, variant.q_rows, shape
+        )
+    else:
+        r.m[...] = jnp.full(r.m.shape, MASK_VALUE, jnp.float32)
+    r.acc[...] = jnp.zeros(r.acc.shape, jnp.float32)
+    if r.l is not None:
+        r.l[...] = jnp.zeros(r.l.shape, jnp.float32)
+    for index, p in enumerate(variant.patterns):
+        if not p.query_coords:
+            continue
+        decode = functools.partial(
+            _decode_query_coords,
+            r.coords,
+            p.query_coords,
+            p.layout,
+            step.q_block,
+            shape,
+            step.q_first,
+        )
+        if len(variant.patterns) == 1:
+            decode()
+        else:
+            pl.when(step.view.pattern == index)(decode)
+
+
+def _load(step: _Step, rows):
+    r = step.refs
+    return r.m[rows, :], r.acc[rows, :], None if r.l is None else r.l[rows, :]
+
+
+def _store(step: _Step, rows, state, bounded: bool = False):
+    r = step.refs
+    if not bounded:  # a bounded tile's m is its fixed bound
+        r.m[rows, :] = state[0]
+    r.acc[rows, :] = state[1]
+    if r.l is not None:
+        r.l[rows, :] = state[2]
+
+
+def _key_positions(step: _Step, block: Block, shape: tuple[int, int]):
+    """The block's key positions, int32 of `shape` ([1, ckv] or [ckv, 1])."""
+    axis = 1 if shape[0] == 1 else 0
+    return (
+        step.kv_block * step.shape.block_kv
+        + block.ki * step.shape.ckv
+        + lax.broadcasted_iota(jnp.int32, shape, axis)
+    )
+
+
+def _keep_of(step: _Step, block: Block, pattern: PatternCode, padding: bool, segmented: bool):
+    """bool [cq, ckv]: the pairs of a BOUNDARY block the pattern keeps."""
+    variant, r, shape = step.variant, step.refs, step.shape
+    k_pos = _key_positions(step, block, (1, shape.ckv))
+    k_video = k_pos
+    if variant.ring_sink is not None:  # a rolling cache's slot -> the video token it holds
+        k_video = chunks.slot_keys(
+            k_pos, variant.ring_sink, r.last_scalar, variant.chunked, step.view.row
+        )
+    q = _QueryBlockCoords(r.coords, pattern.query_coords, block)
+    k = TokenCoords(k_video, pattern.layout)
+    shifts = block_shifts(r.id_refs, block.rows, block.cols) if segmented else None
+    if shifts is not None:  # per-video frames: counted from each token's video segment
+        q, k = ShiftedFrames(q, shifts[0]), ShiftedFrames(k, shifts[1])
+    keep = jnp.broadcast_to(pattern.boundary_mask(q, k), (shape.cq, shape.ckv))
+    if segmented:  # the block spans run-time segments: only pairs of one segment
+        keep = keep & same_segment(r.id_refs, block.rows, block.cols)
+    # Padding keys are never attended, whatever the predicate says about them.
+    return keep & (k_pos < shape.seq_len) if padding else keep
+
+
+def _update(
+    step: _Step,
+    block: Block,
+    state,
+    pattern: PatternCode | None,
+    padding: bool = False,
+    segmented: bool = False,
+    bounded: bool = False,
+):
+    """One compute block's softmax update of `state`; pattern None: FULL, no mask."""
+    r, shape = step.refs, step.shape
+    keep = None if pattern is None else _keep_of(step, block, pattern, padding, segmented)
+    v = r.v[block.cols, :]
+    if padding:
+        # Keys past the sequence lie outside the operands: the DMA leaves whatever was
+        # in VMEM there. Their probabilities are 0, but 0 * NaN is not: zero those rows.
+        row = _key_positions(step, block, (shape.ckv, 1))
+        v = jnp.where(row < shape.seq_len, v, jnp.zeros_like(v))
+    return softmax_step(
+        state, r.q_scaled[block.rows, :], r.k[block.cols, :], v, keep, shape, bounded
+    )
+
+
+def _masked(
+    step: _Step, block: Block, pattern: PatternCode, segmented: bool = False, bounded: bool = False
+):
+    """A BOUNDARY block. Only one block column of one kv tile holds padding keys (and never
+    a FULL block: the tables make it BOUNDARY); the test costs a full-block VALU op and a
+    vreg store per vreg (1,846 bundles against 1,520 without, temporal-major 1024 x 512), so
+    the others run without it. segmented: a SEGMENT_BOUNDARY block of run-time tables (it
+    also tests the segment ids)."""
+    shape = step.shape
+
+    def run(padding: bool):
+        state = _update(step, block, _load(step, block.rows), pattern, padding, segmented, bounded)
+        _store(step, block.rows, state, bounded)
+
+    if shape.padding_kv_tile is None or block.ki != shape.padding_block_column:
+        run(False)
+        return
+    pl.when(step.kv_block != shape.padding_kv_tile)(functools.partial(run, False))
+    pl.when(step.kv_block == shape.padding_kv_tile)(functools.partial(run, True))
+
+
+def _boundary(step: _Step, block: Block, pattern: PatternCode, bounded: bool):
+    """A BOUNDARY block: its residual mask where the tables name one (a branch per variant,
+    the whole mask first), else the whole mask."""
+    shape = step.shape
+    if not (step.variant.has_variants and pattern.residual_masks):
+        _masked(step, block, pattern, bounded=bounded)
+        return
+    word = step.refs.last_scalar[step.view.piece].astype(jnp.int32)
+    shift = variant_bits(shape.compute_blocks) * (block.qi * shape.kv_blocks_per_tile + block.ki)
+    variant = lax.shift_right_logical(word, shift) & variant_mask(shape.compute_blocks)
+    for j in range(len(pattern.residual_masks) + 1):
+        pl.when(variant == j)(
+            functools.partial(_masked, step, block, pattern.variant(j), bounded=bounded)
+        )
+
+
+def _full_block(step: _Step, block: Block, bounded: bool):
+    state = _update(step, block, _load(step, block.rows), None, bounded=bounded)
+    _store(step, block.rows, state, bounded)
+
+
+def _per_block(step: _Step, word, pattern: PatternCode, bounded: bool):
+    """Each compute block in a branch of its own, by its kind in the word."""
+    variant = step.variant
+    for block in step.blocks:
+        block_kind = lax.shift_right_logical(word, block.bit) & KIND_MASK
+        pl.when(block_kind == TileKind.FULL)(functools.partial(_full_block, step, block, bounded))
+        pl.when(block_kind == TileKind.BOUNDARY)(
+            functools.partial(_boundary, step, block, pattern, bounded)
+        )
+        if variant.segments:  # only run-time tables have such blocks
+            pl.when(block_kind == SEGMENT_BOUNDARY)(
+                functools.partial(_masked, step, block, pattern, True, bounded)
+            )
+        elif variant.selected and block.ki == step.shape.padding_block_column:
+            pl.when(block_kind == PADDED)(
+                functools.partial(_masked, step, block, every_key(pattern), bounded=bounded)
+            )
+
+
+def _straight(step: _Step, kinds: tuple[int, ...], pattern: PatternCode | None, bounded: bool):
+    """Straight-line code over a tile's compute blocks of these kinds (row-major): per row, its
+    non-empty blocks one after another with the state in values, so the scheduler overlaps one
+    block's softmax with the next block's QK^T; BOUNDARY ones masked by the whole mask. A FULL
+    tile (every block FULL), and a BOUNDARY tile of a word with a body of its own
+    (svgen.runtime.straight)."""
+    for qi in range(step.shape.q_blocks_per_tile):
+        row = [b for b in step.blocks if b.qi == qi and kinds[b.index] != TileKind.EMPTY]
+        if not row:
+            continue
+        state = _load(step, row[0].rows)
+        for block in row:
+            masked_by = pattern if kinds[block.index] == TileKind.BOUNDARY else None
+            state = _update(step, block, state, masked_by, bounded=bounded)
+        _store(step, row[0].rows, state, bounded)
+
+
+def _mixed(step: _Step, pattern: PatternCode, bounded: bool):
+    """A BOUNDARY tile of this pattern: its word's straight-line body where it has one, else
+    a branch per compute block."""
+    variant = step.variant
+    if not variant.walk.has_blocks:  # one compute block per tile: it is BOUNDARY
+        _boundary(step, step.blocks[0], pattern, bounded)
+        return
+    word = step.view.blocks
+    # A bounded kernel's online twin (the fallback, rarely run) keeps the branches: each
+    # body costs compile time (svgen.runtime.straight).
+    straight_here = variant.has_straight and bounded == variant.bounded
+    words = pattern.straight_words if straight_here else ()
+    if not words:
+        _per_block(step, word, pattern, bounded)
+        return
+    chosen = []
+    for straight_word in words:
+        this = word == _as_int32(straight_word.word)
+        if straight_word.avoid_padding_tile:
+            this = this & (step.kv_block != step.shape.padding_kv_tile)
+        kinds = straight_word.kinds(step.shape.compute_blocks)
+        pl.when(this)(functools.partial(_straight, step, kinds, pattern, bounded))
+        chosen.append(this)
+    pl.when(~functools.reduce(operator.or_, chosen))(
+        functools.partial(_per_block, step, word, pattern, bounded)
+    )
+
+
+def _body_paths(step: _Step, bounded: bool, in_mode):
+    """The FULL and BOUNDARY paths of a step, for q tiles of one softmax mode (in_mode: True,
+    or the bounded kernel's traced mode test), in the order of variant.Branches.phases."""
+    variant, shape, view, kind, active = step.variant, step.shape, step.view, step.kind, step.active
+    every_block_full = (TileKind.FULL,) * shape.compute_blocks
+    pl.when(_both(active & (kind == TileKind.FULL), in_mode))(
+        functools.partial(_straight, step, every_block_full, None, bounded)
+    )
+    for index, pattern in enumerate(variant.patterns):
+        is_pattern = True if len(variant.patterns) == 1 else view.pattern == index
+        pl.when(_both(active & (kind == TileKind.BOUNDARY) & is_pattern, in_mode))(
+            functools.partial(_mixed, step, pattern, bounded)
+        )
+        if variant.segments and not variant.walk.has_blocks:
+            # One compute block per tile: the tile's kind says whether it spans segments.
+            pl.when(_both(active & (kind == SEGMENT_BOUNDARY) & is_pattern, in_mode))(
+                functools.partial(_masked, step, step.blocks[0], pattern, True, bounded)
+            )
+    if variant.selected and not variant.walk.has_blocks and shape.padding_kv_tile is not None:
+        # A selected tile of one compute block holding the end of the keys.
+        pl.when(_both(active & (kind == PADDED), in_mode))(
+            functools.partial(
+                _masked, step, step.blocks[0], every_key(variant.patterns[0]), bounded=bounded
+            )
+        )
+
+
+def _finalize(step: _Step):
+    """Last step of a q tile: o = acc / l (0 where no key was allowed, never NaN), lse."""
+    variant, r, shape = step.variant, step.refs, step.shape
+    # Rows that saw no allowed key (m still MASK_VALUE) are 0, never NaN.
+    seen = r.m[...] > 0.5 * MASK_VALUE
+    l = r.acc[:, shape.head_dim : shape.head_dim + LANES] if r.l is None else r.l[...]  # noqa: E741
+    if variant.bounded:
+        # A bounded tile's m is its bound, never MASK_VALUE: a row with no allowed key
+        # has l == 0 there (every exp2 underflowed to 0), and only there (BOUND_LIMIT).
+        seen = seen & (l > 0.0)
+    inv = jnp.where(seen, 1.0 / jnp.where(seen, l, 1.0), 0.0)
+    if variant.chunked:
+        # NaN rows where a traced offset was no chunk start or a traced head_pattern no
+        # pattern, written here, once per q tile: any elementwise pass over the chunk's
+        # o after the kernel costs ~45 bundles in every grid step of it (v6e, svgen
+        # cost: 327 against 282 per skipped step).
+        defined = r.last_scalar[variant.chunked + step.view.row]
+        inv = jnp.where(defined != 0, inv, jnp.nan)
+    r.o[...] = (r.acc[:, : shape.head_dim] * lanes(inv, shape.head_dim)).astype(r.o.dtype)
+    if r.lse is not None:  # lane-major [1, block_q]: what the backward kernels broadcast
+        lse = jnp.where(seen, r.m[...] + jnp.log2(jnp.where(seen, l, 1.0)), EMPTY_ROW_LSE)
+        r.lse[...] = jnp.transpose(lse[:, :1])
+    if r.modes is not None:
+        r.modes[...] = jnp.full(r.modes.shape, r.mode[0], jnp.int32)
 
 
 def _as_int32(word: int) -> int:
@@ -532,8 +511,8 @@ def _vmem_limit(shape: KernelShape, dtype, query_coords: int, ids: bool = False)
     return max(shape.vmem_limit_bytes or 0, need.limit())
 
 
-# Long on purpose (~180 lines): the pallas_call's operands, block specs and scratch are one
-# list whose order the kernel body unpacks; building it in one place keeps the two in step.
+# Long (~150 lines): the call's operands by table source, the variant, and the index maps its
+# operands name (closures over the walk: they run in the grid's scalar prologue).
 def flat_attention(
     q,
     k,
@@ -594,41 +573,43 @@ def flat_attention(
         call_tables, q_ids, kv_ids = call
         operands = call_tables.scalar_operands(head_pattern)
         steps, single, id_inputs = call_tables.steps, None, (q_ids, kv_ids)
-    has_lengths, has_blocks = tables.lengths is not None, tables.blocks is not None
-    query_coords = max(len(p.query_coords) for p in patterns)
-    kernel = functools.partial(
-        _attention_kernel,
+    variant = ForwardVariant(
         shape=shape,
-        heads=heads,
-        num_tables=len(operands),
         patterns=tuple(patterns),
-        single=single,
-        has_lengths=has_lengths,
-        has_blocks=has_blocks,
-        flat=flat,
+        walk=TableWalk(
+            heads,
+            single,
+            has_lengths=tables.lengths is not None,
+            has_blocks=tables.blocks is not None,
+            flat=flat,
+            per_row=per_row,
+        ),
+        tables=_tables_of(call, chunk, selection),
+        num_tables=len(operands),
+        dtype=jnp.dtype(q.dtype).name,
         q_scale=q_scale,
         with_lse=with_lse,
-        segments=call is not None,
-        chunked=q.shape[0] if chunk is not None else 0,
-        selected=selection is not None,
-        q_rows=q.shape[1] if q.ndim == 3 else 0,
         with_modes=with_modes,
+        q_rows=q.shape[1] if q.ndim == 3 else 0,
+        chunk_rows=q.shape[0] if chunk is not None else 0,
         ring_sink=ring_sink,
-        has_variants=tables.variants is not None and not per_row,
-        has_straight=not per_row,
+        cube=None if cubes is None else cubes.cube,
+        id_rows=id_inputs[0].shape[1] if call is not None else 0,  # 2: ids and frame shifts
+        variants_table=tables.variants is not None,
     )
 
     def view(outer, step, table_refs):
+        walk = variant.walk
         return StepView(
             table_refs,
-            heads,
+            walk.heads,
             outer,
             step,
-            single,
-            has_lengths,
-            has_blocks,
-            flat,
-            per_row=per_row,
+            walk.single,
+            walk.has_lengths,
+            walk.has_blocks,
+            walk.flat,
+            per_row=walk.per_row,
         )
 
     def block_index(row, tile):
@@ -645,11 +626,7 @@ def flat_attention(
     def row_index_map(outer, step, slot, *table_refs):
         return view(outer, step, table_refs).row, 0, 0
 
-    def lse_index_map(outer, step, slot, *table_refs):
-        at = view(outer, step, table_refs)
-        return at.row, 0, at.q_block
-
-    def mode_index_map(outer, step, slot, *table_refs):
+    def q_tile_index_map(outer, step, slot, *table_refs):
         at = view(outer, step, table_refs)
         return at.row, 0, at.q_block
 
@@ -657,44 +634,25 @@ def flat_attention(
         at = view(outer, step, table_refs)
         return at.row, 0, at.kv_block(slot)
 
-    d = shape.head_dim
-    q_block = (None, shape.block_q, d) if cubes is None else (None, *cubes.cube, d)
-    kv_block = (None, shape.block_kv, d) if cubes is None else q_block
-    scratch = [
-        pltpu.VMEM((shape.block_q, LANES), jnp.float32),
-        pltpu.VMEM((shape.block_q, shape.acc_width), jnp.float32),
-    ]
-    if not shape.row_sum_on_mxu:
-        scratch.append(pltpu.VMEM((shape.block_q, LANES), jnp.float32))
-    scratch.append(pltpu.VMEM((shape.block_q, d), q.dtype))
-    if query_coords:
-        scratch.append(pltpu.VMEM((query_coords, shape.block_q, LANES), jnp.int32))
-    bound_inputs, bound_specs = (), []
-    if shape.bounded_softmax:
-        scratch.append(pltpu.SMEM((1,), jnp.int32))  # the q tile's mode (last: see the kernel)
-        bound_inputs = (key_bound(k),)
-        bound_specs = [pl.BlockSpec((None, 1, LANES), row_index_map)]
-    id_specs = []
-    if call is not None:
-        id_rows = id_inputs[0].shape[1]  # 2: ids and frame shifts (per-video frames)
-        id_specs = [
-            pl.BlockSpec((None, id_rows, shape.block_q), lse_index_map),
-            pl.BlockSpec((None, id_rows, shape.block_kv), kv_ids_index_map),
-        ]
+    index_maps = {
+        "q": q_index_map,
+        "kv": kv_index_map,
+        "row": row_index_map,
+        "q_tile": q_tile_index_map,
+        "kv_ids": kv_ids_index_map,
+    }
+    declared = variant.operands()
+
+    def specs(role: str) -> list:
+        return [pl.BlockSpec(o.block, index_maps[o.index_map]) for o in declared if o.role == role]
+
+    bound_inputs = (key_bound(k),) if shape.bounded_softmax else ()
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=len(operands),
         grid=(q.shape[0] // heads if flat else q.shape[0], steps, tables.slots),
-        in_specs=[
-            pl.BlockSpec(q_block, q_index_map),
-            pl.BlockSpec(kv_block, kv_index_map),
-            pl.BlockSpec(kv_block, kv_index_map),
-        ]
-        + bound_specs
-        + id_specs,
-        out_specs=[pl.BlockSpec(q_block, q_index_map)]
-        + ([pl.BlockSpec((None, 1, shape.block_q), lse_index_map)] if with_lse else [])
-        + ([pl.BlockSpec((None, 1, LANES), mode_index_map)] if with_modes else []),
-        scratch_shapes=scratch,
+        in_specs=specs("input"),
+        out_specs=specs("output"),
+        scratch_shapes=[_scratch(o) for o in declared if o.role == "scratch"],
     )
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)] + (
         [jax.ShapeDtypeStruct((q.shape[0], 1, _lse_length(q, shape, chunk)), jnp.float32)]
@@ -705,18 +663,35 @@ def flat_attention(
         q_tiles = -(-q.shape[1] // shape.block_q)
         out_shape.append(jax.ShapeDtypeStruct((q.shape[0], 1, q_tiles * LANES), jnp.int32))
     outputs = pl.pallas_call(
-        kernel,
+        functools.partial(_attention_kernel, variant=variant),
         grid_spec=grid_spec,
         out_shape=out_shape,
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
-            vmem_limit_bytes=_vmem_limit(shape, q.dtype, query_coords, ids=call is not None),
+            vmem_limit_bytes=_vmem_limit(
+                shape, q.dtype, variant.query_coords, ids=call is not None
+            ),
         ),
         interpret=interpret,
         name="svgen_attention",  # the kernel's name in profiles and libtpu dumps
     )(*operands, q, k, v, *bound_inputs, *id_inputs)
     outputs = [settled(x, interpret) for x in outputs]
     return tuple(outputs) if with_lse or with_modes else outputs[0]
+
+
+def _tables_of(call, chunk, selection) -> str:
+    """Where a call's tables come from (svgen.runtime.variant.Tables)."""
+    if selection is not None:
+        return "selection"
+    if chunk is not None:
+        return "chunk"
+    return "static" if call is None else "segments"
+
+
+def _scratch(operand: Operand):
+    """A scratch buffer of the variant (svgen.runtime.variant.Operand)."""
+    memory = pltpu.SMEM if operand.memory == "smem" else pltpu.VMEM
+    return memory(operand.shape, jnp.dtype(operand.dtype))
 
 
 def _lse_length(q, shape: KernelShape, chunk) -> int:

@@ -30,9 +30,10 @@ from svgen.runtime.calls import (
     poison_unknown_patterns,
 )
 from svgen.runtime.cube import cube_dma, cube_order
-from svgen.runtime.forward import PatternCode, flat_attention
+from svgen.runtime.forward import flat_attention
 from svgen.runtime.softmax import LOG2_E
 from svgen.runtime.straight import straight_words
+from svgen.runtime.variant import Branches, PatternCode, Tables, forward_branches
 from svgen.runtime.tables import (
     LANES,
     KernelShape,
@@ -391,6 +392,20 @@ class TpuAttention(Attention):
         core = jax.custom_vjp(chunks.rows_folded(forward))
         core.defvjp(forward_rule, backward_rule)
         return core(q, k, v, head_pattern, position, defined)
+
+    # ------------------------------------------------------------------ the kernel's shape
+    def forward_branches(self, tables: Tables = "static") -> Branches:
+        """The branches of this module's forward kernel in a call whose tables come from
+        `tables` (svgen.runtime.variant): what the cost model reads in its schedule."""
+        shape = self.chunk_shape if tables == "chunk" else self.shape
+        return forward_branches(shape, tuple(self.codes), tables, self.tables.variants is not None)
+
+    def call_tables_source(self) -> Tables:
+        """Where the tables of this module's whole-sequence call come from when it is given
+        every run-time input it takes: a selection's, run-time segments', or static."""
+        if self.select is not None:
+            return "selection"
+        return "segments" if self.runtime.any else "static"
 
     # ------------------------------------------------------------------ diagnostics
     def softmax_modes(self, q, k, v, *, head_pattern=None, interpret=False, sm_scale=None):

@@ -62,6 +62,7 @@ def bounded_init(q_scaled, key_bound_ref, mode_ref, q_block, q_rows: int, shape:
     sums = lax.dot_general(
         ones, squares, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
     )  # [8, block_q]: every sublane the same
+    assert sums.shape == (8, q.shape[0]), (sums.shape, q.shape)
     if q_rows:
         row = q_block * shape.block_q + lax.broadcasted_iota(jnp.int32, sums.shape, 1)
         sums = jnp.where(row < q_rows, sums, 0.0)
@@ -87,6 +88,7 @@ def softmax_step(state, q, k, v, keep, shape: "KernelShape", bounded: bool = Fal
     scores = lax.dot_general(
         q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32, precision=precision
     )
+    assert scores.shape == (shape.cq, shape.ckv), (scores.shape, q.shape, k.shape)
     if keep is not None:
         scores = jnp.where(keep, scores, MASK_VALUE)
     m_next = m_prev if bounded else jnp.maximum(m_prev, jnp.max(scores, axis=1, keepdims=True))
@@ -110,6 +112,7 @@ def softmax_step(state, q, k, v, keep, shape: "KernelShape", bounded: bool = Fal
         preferred_element_type=jnp.float32,
         precision=precision,
     )
+    assert pv.shape == acc_prev.shape, (pv.shape, acc_prev.shape)  # [cq, acc_width]
     if bounded:
         return m_next, acc_prev + pv, l_next
     acc_next = lanes(alpha, shape.acc_width) * acc_prev + pv

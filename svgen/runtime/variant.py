@@ -1,0 +1,304 @@
+"""The forward kernel declared once: every static choice of one `svgen_attention` kernel as one
+frozen object (NumPy only, so that the cost model reads it without JAX).
+
+`ForwardVariant` names what used to be a row of keyword switches on the kernel body and its
+call builder. From it follow
+
+* the kernel's operands, in the order the pallas_call passes them (`operands`): the scalar
+  tables prefetched into SMEM, the VMEM inputs, the outputs and the scratch, each by name.
+  The kernel body unpacks its refs by these names (`unpack`); the call builder makes its
+  BlockSpecs and scratch from the same list (svgen.runtime.forward.flat_attention), so the
+  two cannot drift apart;
+* the kernel's branches, in the order the body emits them (`branches`): what the cost model
+  reads in libtpu's schedule (svgen.perf.paths) instead of a parallel list of flags.
+
+A new kernel path is a field here, its operands or branches below, and its phase function in
+svgen.runtime.forward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from svgen.runtime.layout import TokenLayout
+from svgen.runtime.straight import StraightWord
+from svgen.runtime.tables import BoundaryMask, KernelShape
+
+# Where a call's tables come from: the module's static piece tables, a call's run-time
+# segments (svgen.runtime.segments), a KV-cache chunk (svgen.runtime.chunks) or a selection
+# (svgen.runtime.select). All but the first are read per row (batch x head).
+Tables = Literal["static", "segments", "chunk", "selection"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PatternCode:
+    """What the kernel body needs of a pattern: its mask, layout and decoded query coords,
+    and the residual masks its BOUNDARY blocks may run instead of the mask."""
+
+    boundary_mask: BoundaryMask
+    layout: TokenLayout
+    query_coords: tuple[str, ...]
+    residual_masks: tuple[BoundaryMask, ...] = ()
+    # The blocks words whose BOUNDARY tiles run a straight-line body (static tables only).
+    straight_words: tuple[StraightWord, ...] = ()
+
+    def variant(self, j: int) -> "PatternCode":
+        """The pattern as its variant j runs it (0: the whole mask)."""
+        mask = self.boundary_mask if j == 0 else self.residual_masks[j - 1]
+        return PatternCode(mask, self.layout, self.query_coords)
+
+
+@dataclasses.dataclass(frozen=True)
+class TableWalk:
+    """How a grid step finds its entry in the SMEM tables (svgen.runtime.steps.StepView)."""
+
+    heads: int
+    # The piece count when there is one pattern: static, or EXACT_GRID (see StepView).
+    single: int | None
+    has_lengths: bool  # a piece-length table: pieces of several tiles (slots > 1)
+    has_blocks: bool  # a blocks word per entry: tiles of several compute blocks
+    flat: bool  # one global step list over every head (grid axis 0: the batch)
+    per_row: bool  # tables per row (batch x head), not per head
+
+
+@dataclasses.dataclass(frozen=True)
+class Operand:
+    """One ref of the kernel, by name. role: scalar (prefetched into SMEM), input, output,
+    scratch. index_map (inputs and outputs): which of the call builder's index maps places
+    its block, and block: the block's shape (None: a squeezed dimension). shape and dtype: a
+    scratch buffer's; memory: its space (vmem, smem)."""
+
+    name: str
+    role: Literal["scalar", "input", "output", "scratch"]
+    index_map: str = ""
+    block: tuple[int | None, ...] = ()
+    shape: tuple[int, ...] = ()
+    dtype: str = ""
+    memory: str = "vmem"
+
+
+@dataclasses.dataclass(frozen=True)
+class Branches:
+    """The kernel's branches in the order the body emits them, as the cost model reads them
+    (svgen.perf.paths.read_paths). Per step:
+
+        init, full, mixed[0] (+ its segment twin), ..., mixed[P-1] (+ twin)[, padded], finalize
+
+    with a bounded kernel's full..padded twice, each set in one branch on the q tile's mode
+    (the bounded set first). Inside a mixed branch of a tile of several compute blocks: one
+    branch per straight word, then (in one branch when there are words) per compute block
+    its FULL and BOUNDARY branches and, in segment tables, a SEGMENT_BOUNDARY one, in
+    selections a PADDED one on the padding column; inside a BOUNDARY block, one branch per
+    residual variant (the whole mask first), and inside that the two padding twins on the
+    padding column."""
+
+    patterns: int
+    compute_blocks: int
+    q_blocks_per_tile: int
+    segmented: bool  # SEGMENT_BOUNDARY blocks (and one-block tiles' twins)
+    padded_column: int | None  # a selection's block column that can hold padding keys
+    bounded: bool
+    residuals: tuple[int, ...]  # per pattern, its residual masks
+    straight: tuple[tuple[StraightWord, ...], ...]  # per pattern, its straight words
+
+    def phases(self) -> tuple[str, ...]:
+        """The top-level phases of one set, by name (a bounded kernel has two such sets
+        between init and finalize)."""
+        twins = self.segmented and self.compute_blocks == 1
+        mixed = []
+        for p in range(self.patterns):
+            mixed.append(f"mixed[{p}]")
+            if twins:
+                mixed.append(f"segment[{p}]")
+        padded = ("padded",) if self.padded_column is not None and self.compute_blocks == 1 else ()
+        return ("full", *mixed, *padded)
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardVariant:
+    """Every static choice of one forward kernel: what its body traces and its call passes."""
+
+    shape: KernelShape
+    patterns: tuple[PatternCode, ...]
+    walk: TableWalk
+    tables: Tables
+    # Scalar operands: the walk's and tables' own, then (static tables with residual masks)
+    # the variants word per piece, or (a chunk) the per-row scalars: the kernel reads
+    # either as the last scalar operand.
+    num_tables: int
+    dtype: str  # of q, k, v and o
+    q_scale: float  # sm_scale * log2(e): q is scaled by it in init
+    with_lse: bool = False  # an lse output (the backward pass's residual)
+    with_modes: bool = False  # a softmax-mode output (attention.softmax_modes)
+    q_rows: int = 0  # rows of q (bounded softmax: rows past them left out of the bound)
+    chunk_rows: int = 0  # a chunk's call: its rows (batch x heads)
+    ring_sink: int | None = None  # a chunk against a rolling cache whose sink ends here
+    # Cube DMA: q, k, v, o in the user's order [rows, frames, height, width, d], each tile
+    # read as a box of this shape (svgen.runtime.cube); None: [rows, seq, d] tiles.
+    cube: tuple[int, int, int] | None = None
+    id_rows: int = 0  # run-time ids: rows of each id block (2 with per-video frame shifts)
+    # The static tables hold a residual-mask variants word per piece (their last operand).
+    variants_table: bool = False
+
+    # ---------------------------------------------------------------- derived choices
+    @property
+    def bounded(self) -> bool:
+        return self.shape.bounded_softmax
+
+    @property
+    def segments(self) -> bool:
+        return self.tables == "segments"
+
+    @property
+    def selected(self) -> bool:
+        return self.tables == "selection"
+
+    @property
+    def chunked(self) -> int:
+        """A chunk's rows (0: not a chunk's call)."""
+        return self.chunk_rows if self.tables == "chunk" else 0
+
+    @property
+    def has_variants(self) -> bool:
+        """Static tables with residual-mask variants (their last scalar operand)."""
+        return self.tables == "static" and self.variants_table
+
+    @property
+    def has_straight(self) -> bool:
+        """Straight-line BOUNDARY bodies: static tables only."""
+        return self.tables == "static"
+
+    @property
+    def query_coords(self) -> int:
+        """Query coordinates decoded per q tile: the most any pattern needs."""
+        return max(len(p.query_coords) for p in self.patterns)
+
+    # ---------------------------------------------------------------- operands
+    def operands(self) -> tuple[Operand, ...]:
+        """Every ref of the kernel in pallas_call order: scalars, inputs, outputs, scratch."""
+        shape, lanes, d = self.shape, 128, self.shape.head_dim
+        q_block = (None, shape.block_q, d) if self.cube is None else (None, *self.cube, d)
+        kv_block = (None, shape.block_kv, d) if self.cube is None else q_block
+        scalars = [Operand(f"table{i}", "scalar") for i in range(self.num_tables)]
+        inputs = [
+            Operand("q", "input", "q", q_block),
+            Operand("k", "input", "kv", kv_block),
+            Operand("v", "input", "kv", kv_block),
+        ]
+        if self.bounded:
+            inputs.append(Operand("key_bound", "input", "row", (None, 1, lanes)))
+        if self.segments:
+            inputs += [
+                Operand("q_ids", "input", "q_tile", (None, self.id_rows, shape.block_q)),
+                Operand("kv_ids", "input", "kv_ids", (None, self.id_rows, shape.block_kv)),
+            ]
+        outputs = [Operand("o", "output", "q", q_block)]
+        if self.with_lse:  # lane-major [1, block_q]: what the backward kernels broadcast
+            outputs.append(Operand("lse", "output", "q_tile", (None, 1, shape.block_q)))
+        if self.with_modes:  # the q tile's mode in its 128 lanes
+            outputs.append(Operand("modes", "output", "q_tile", (None, 1, lanes)))
+        scratch = [
+            Operand("m", "scratch", shape=(shape.block_q, lanes), dtype="float32"),
+            Operand("acc", "scratch", shape=(shape.block_q, shape.acc_width), dtype="float32"),
+        ]
+        if not shape.row_sum_on_mxu:
+            scratch.append(Operand("l", "scratch", shape=(shape.block_q, lanes), dtype="float32"))
+        scratch.append(
+            Operand("q_scaled", "scratch", shape=(shape.block_q, shape.head_dim), dtype=self.dtype)
+        )
+        if self.query_coords:
+            coords = (self.query_coords, shape.block_q, lanes)
+            scratch.append(Operand("coords", "scratch", shape=coords, dtype="int32"))
+        if self.bounded:  # the q tile's softmax mode, set in init
+            scratch.append(Operand("mode", "scratch", shape=(1,), dtype="int32", memory="smem"))
+        return (*scalars, *inputs, *outputs, *scratch)
+
+    def unpack(self, refs) -> "KernelRefs":
+        """The kernel body's refs by name (KernelRefs), in the order of `operands`."""
+        operands = self.operands()
+        if len(refs) != len(operands):
+            raise ValueError(
+                f"the forward kernel got {len(refs)} refs, its variant declares "
+                f"{len(operands)}: {[o.name for o in operands]}"
+            )
+        named = {o.name: r for o, r in zip(operands, refs) if o.role != "scalar"}
+        return KernelRefs(tables=tuple(refs[: self.num_tables]), **named)
+
+    # ---------------------------------------------------------------- branches
+    @property
+    def branches(self) -> Branches:
+        """The branch structure the body emits (see Branches)."""
+        return forward_branches(self.shape, self.patterns, self.tables, self.variants_table)
+
+
+def forward_branches(
+    shape: KernelShape, patterns: tuple[PatternCode, ...], tables: Tables, variants_table: bool
+) -> Branches:
+    """The forward kernel's branches for a call whose tables come from `tables`:
+    variants_table, whether the module's static tables hold residual-mask variants. A
+    module's cost model asks this of the call it compiles (svgen.perf.measure)."""
+    static = tables == "static"
+    padded = tables == "selection" and shape.padding_kv_tile is not None
+    return Branches(
+        patterns=len(patterns),
+        compute_blocks=shape.compute_blocks,
+        q_blocks_per_tile=shape.q_blocks_per_tile,
+        segmented=tables == "segments",
+        padded_column=shape.padding_block_column if padded else None,
+        bounded=shape.bounded_softmax,
+        # residual-mask variants and straight-line bodies: static tables only
+        residuals=tuple(
+            len(p.residual_masks) if static and variants_table else 0 for p in patterns
+        ),
+        straight=tuple(p.straight_words if static else () for p in patterns),
+    )
+
+
+def backward_branches(shape: KernelShape, patterns: int) -> Branches:
+    """The branches of the backward kernels (svgen.runtime.backward: the dq walk and the
+    dk/dv walk): init, full, mixed per pattern, finalize, and in a mixed branch per compute
+    block its FULL and BOUNDARY branches; no twins, no variants, no straight bodies."""
+    return Branches(
+        patterns=patterns,
+        compute_blocks=shape.compute_blocks,
+        q_blocks_per_tile=1,
+        segmented=False,
+        padded_column=None,
+        bounded=False,
+        residuals=(0,) * patterns,
+        straight=((),) * patterns,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelRefs:
+    """The forward kernel's refs by name (ForwardVariant.operands); those its variant does not
+    declare are None."""
+
+    tables: tuple
+    q: object
+    k: object
+    v: object
+    o: object
+    m: object
+    acc: object
+    q_scaled: object
+    key_bound: object = None
+    q_ids: object = None
+    kv_ids: object = None
+    lse: object = None
+    modes: object = None
+    l: object = None  # noqa: E741 (the softmax's row sum: its name in every paper)
+    coords: object = None
+    mode: object = None
+
+    @property
+    def last_scalar(self):
+        """The last scalar operand: residual-mask variants, or a chunk's per-row scalars."""
+        return self.tables[-1]
+
+    @property
+    def id_refs(self) -> tuple:
+        """Run-time ids: (query ids, key ids), or () without them."""
+        return () if self.q_ids is None else (self.q_ids, self.kv_ids)

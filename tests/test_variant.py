@@ -1,0 +1,140 @@
+"""The forward kernel declared once (svgen.runtime.variant): the kernel unpacks its refs by the
+variant's names and the call builder passes exactly the variant's operands; the branches the
+cost model reads come from the variant for each source of tables; the cost cache key covers
+every module the kernels import."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from svgen.perf import measure
+from svgen.runtime import forward
+from svgen.runtime.variant import ForwardVariant, TableWalk
+
+from helpers import REPO
+
+# A band with a prefix sink at a small size (tests/test_straight_tiles.py): straight words,
+# and the last kv tile holds padding keys.
+BAND = """\
+svgen: 1
+name: variant_band
+geometry: {frames: 5, height: 8, width: 15}
+attention: {heads: 2, head_dim: 128, dtype: float32}
+layout: frame_major
+mask:
+  any_of:
+    - band: {width: 150}
+    - prefix: {tokens: 100}
+tiling: {block_q: 256, block_kv: 512, compute_q: 128, compute_kv: 128}
+"""
+
+
+def _variant(module, **fields) -> ForwardVariant:
+    walk = TableWalk(2, None, has_lengths=False, has_blocks=True, flat=False, per_row=True)
+    base = dict(
+        shape=module.SHAPE,
+        patterns=tuple(module.attention.codes),
+        walk=walk,
+        tables="static",
+        num_tables=4,
+        dtype="float32",
+        q_scale=0.125,
+    )
+    return ForwardVariant(**{**base, **fields})
+
+
+def test_operands_are_named_in_call_order_and_unpacked_by_name(compile_text):
+    _, module = compile_text(BAND)
+    bounded = dataclasses.replace(module.SHAPE, bounded_softmax=True)
+    variant = _variant(
+        module, shape=bounded, tables="segments", id_rows=1, with_lse=True, with_modes=True
+    )
+    names = [o.name for o in variant.operands()]
+    assert names == (
+        ["table0", "table1", "table2", "table3", "q", "k", "v", "key_bound", "q_ids", "kv_ids"]
+        + ["o", "lse", "modes", "m", "acc", "q_scaled", "coords", "mode"]
+    )  # no l: the row sum rides on the MXU at head_dim 128
+    refs = variant.unpack([f"ref {name}" for name in names])
+    assert (refs.q, refs.kv_ids, refs.lse, refs.mode) == (
+        "ref q",
+        "ref kv_ids",
+        "ref lse",
+        "ref mode",
+    )
+    assert refs.tables == ("ref table0", "ref table1", "ref table2", "ref table3")
+    assert refs.l is None and refs.coords == "ref coords"
+    with pytest.raises(ValueError, match="got 17 refs, its variant declares 18"):
+        variant.unpack(names[:-1])
+    plain = _variant(module)
+    assert [o.name for o in plain.operands()][4:] == [
+        "q",
+        "k",
+        "v",
+        "o",
+        "m",
+        "acc",
+        "q_scaled",
+        "coords",
+    ]
+
+
+def test_the_call_passes_the_kernel_exactly_its_variants_operands(compile_text, monkeypatch):
+    _, module = compile_text(BAND)
+    seen = []
+    real = forward._attention_kernel
+
+    def recording(*refs, variant):
+        seen.append((variant, len(refs)))
+        return real(*refs, variant=variant)
+
+    monkeypatch.setattr(forward, "_attention_kernel", recording)
+    x = jax.ShapeDtypeStruct((2, module.SEQ_LEN, 128), jnp.float32)
+
+    def loss(q, k, v):
+        return jnp.sum(module.attention(q, k, v))
+
+    jax.make_jaxpr(jax.grad(loss))(x, x, x)
+    (variant, count), *_ = seen
+    assert count == len(variant.operands()) and variant.with_lse
+    assert variant.tables == "static" and variant.branches.straight[0]
+
+
+def test_branches_follow_the_source_of_the_tables(compile_text):
+    _, module = compile_text(BAND)
+    static = module.attention.forward_branches("static")
+    assert static.straight[0] and static.phases() == ("full", "mixed[0]")
+    for source in ("segments", "chunk", "selection"):
+        # a call's own tables may hold any word: no straight bodies, no residual variants
+        branches = module.attention.forward_branches(source)
+        assert branches.straight == ((),) and branches.residuals == (0,)
+    assert module.attention.forward_branches("segments").segmented
+    selection = module.attention.forward_branches("selection")
+    assert selection.padded_column == module.SHAPE.padding_block_column is not None
+
+
+def test_the_cost_cache_key_covers_every_module_the_kernels_import():
+    """Each svgen module that importing the TPU attention loads is in the cache key's sources
+    (a fresh process: the suite's own imports would hide a missing one)."""
+    script = (
+        "import sys, svgen.runtime.kernel; "
+        "print('\\n'.join(m for m in sys.modules if m.split('.')[0] == 'svgen'))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True
+    )
+    loaded = {m for m in done.stdout.split() if m != "svgen"}
+    sources = {str(p.relative_to(REPO)) for p in measure.kernel_sources()}
+    files = {m.replace(".", "/") + ".py" for m in loaded}
+    missing = {
+        f for f in files if f not in sources and f.replace(".py", "/__init__.py") not in sources
+    }
+    assert not missing, missing
+    assert "svgen/runtime/variant.py" in sources and "svgen/runtime/vmem.py" in sources
