@@ -5,7 +5,7 @@ unchanged, checked on this host (no TPU, no libtpu compile).
 
 For each spec the module is compiled into a temporary folder and its calls are traced with
 jax.make_jaxpr: the forward call (with the spec's run-time inputs, traced, where it has
-them), jax.grad through it, a KV-cache chunk's call and its gradient (specs with a KV
+them), jax.grad through it (with dq fused into the dk/dv walk, and in its own kernel), a KV-cache chunk's call and its gradient (specs with a KV
 cache) and `softmax_modes` (`softmax: bounded`). Each Pallas kernel of a trace (svgen's
 kernels, the permute kernel, a selection's programs) is one line: its name and the sha256 of
 its kernel jaxpr with its parameters (grid, block specs, compiler parameters), source
@@ -111,7 +111,19 @@ def _calls(module):
         return jnp.sum(forward(q, k, v, hp, *ids).astype(jnp.float32))
 
     yield "forward", forward, (qkv, qkv, qkv, hp, *runtime)
-    yield "grad", jax.grad(loss, argnums=(0, 1, 2)), (qkv, qkv, qkv, hp, *runtime)
+    grad = jax.grad(loss, argnums=(0, 1, 2))
+    yield "grad", grad, (qkv, qkv, qkv, hp, *runtime)
+
+    def grad_unfused(*args):  # the dq kernel of its own (backward.FUSED_DQ, read when traced)
+        from svgen.runtime import backward
+
+        fused, backward.FUSED_DQ = backward.FUSED_DQ, False
+        try:
+            return grad(*args)
+        finally:
+            backward.FUSED_DQ = fused
+
+    yield "grad, dq unfused", grad_unfused, (qkv, qkv, qkv, hp, *runtime)
     if attention.kv_cache is not None:
         chunk = attention.chunk_shape
         rows = attention.kv_cache.rows

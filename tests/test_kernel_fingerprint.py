@@ -22,8 +22,10 @@ def _trace():
 def test_digests_are_stable_and_cover_every_call_of_the_module():
     first, second = _trace(), _trace()
     assert first == second
-    assert sorted(first) == ["forward", "grad", "softmax_modes"]
+    assert sorted(first) == ["forward", "grad", "grad, dq unfused", "softmax_modes"]
     assert [name for name, _ in first["grad"]] == ["svgen_attention", "svgen_attention_dkv"]
+    unfused = [name for name, _ in first["grad, dq unfused"]]
+    assert unfused == ["svgen_attention", "svgen_attention_dq", "svgen_attention_dkv"]
     # the forward of grad saves lse: another kernel than the plain forward
     assert first["grad"][0][1] != first["forward"][0][1]
 

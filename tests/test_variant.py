@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import pytest
 
 from svgen.perf import measure
-from svgen.runtime import forward
-from svgen.runtime.variant import ForwardVariant, TableWalk
+from svgen.runtime import backward, forward
+from svgen.runtime.variant import BackwardVariant, ForwardVariant, TableWalk
 
 from helpers import REPO
 
@@ -104,6 +104,47 @@ def test_the_call_passes_the_kernel_exactly_its_variants_operands(compile_text, 
     (variant, count), *_ = seen
     assert count == len(variant.operands()) and variant.with_lse
     assert variant.tables == "static" and variant.branches.straight[0]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_backward_kernels_get_exactly_their_variants_operands(compile_text, monkeypatch, fused):
+    _, module = compile_text(BAND)
+    seen = {}
+    for name in ("_dq_kernel", "_dkv_kernel"):
+        real = getattr(backward, name)
+
+        def recording(*refs, variant, real=real):
+            seen[variant.kernel] = (variant, len(refs))
+            return real(*refs, variant=variant)
+
+        monkeypatch.setattr(backward, name, recording)
+    monkeypatch.setattr(backward, "FUSED_DQ", fused)
+    x = jax.ShapeDtypeStruct((2, module.SEQ_LEN, 128), jnp.float32)
+    jax.make_jaxpr(jax.grad(lambda q, k, v: jnp.sum(module.attention(q, k, v))))(x, x, x)
+    assert sorted(seen) == (["dkv"] if fused else ["dkv", "dq"])
+    for variant, count in seen.values():
+        assert count == len(variant.operands())
+    dkv = seen["dkv"][0]
+    assert dkv.fused_dq == fused and (dkv.shape.block_q, dkv.shape.block_kv) == (512, 256)
+    names = [o.name for o in dkv.operands() if o.role != "scalar"]
+    assert names[:6] == ["k", "v", "q", "do", "lse", "delta"]  # keys are the walk's rows
+    assert ("dq_hbm" in names) == fused and ("dq_sems" in names) == fused
+
+
+def test_backward_refs_by_name(compile_text):
+    _, module = compile_text(BAND)
+    walk = TableWalk(2, None, has_lengths=False, has_blocks=True, flat=False, per_row=True)
+    variant = BackwardVariant(
+        "dkv", module.SHAPE, tuple(module.attention.codes), walk, 3, 0.1, True, id_rows=2
+    )
+    names = [o.name for o in variant.operands()]
+    refs = variant.unpack(names)
+    assert refs.id_refs == ("row_ids", "col_ids") and refs.dq_hbm == "dq_hbm"
+    assert refs.tables == ("table0", "table1", "table2") and refs.dq is None
+    # the two ids blocks are two rows high (ids and per-video frame shifts)
+    assert {o.block[1] for o in variant.operands() if o.name.endswith("_ids")} == {2}
+    with pytest.raises(ValueError, match="the dkv kernel got"):
+        variant.unpack(names[1:])
 
 
 def test_branches_follow_the_source_of_the_tables(compile_text):

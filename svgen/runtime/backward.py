@@ -38,7 +38,16 @@ from svgen.runtime.kinds import TileKind
 from svgen.runtime.refine import SEGMENT_BOUNDARY
 from svgen.runtime.segments import block_shifts, same_segment
 from svgen.runtime.softmax import LOG2_E
-from svgen.runtime.steps import EXACT_GRID, Block, StepView, grid_step, head_operands, lanes
+from svgen.runtime.steps import (
+    EXACT_GRID,
+    Block,
+    StepView,
+    grid_step,
+    head_operands,
+    lanes,
+    scratch_buffer,
+)
+from svgen.runtime.variant import BackwardVariant, TableWalk
 from svgen.runtime.video_frames import ShiftedFrames
 from svgen.runtime.tables import (  # noqa: F401
     KIND_MASK,
@@ -57,7 +66,6 @@ from svgen.runtime.tables import (  # noqa: F401
 FUSED_DQ = True
 
 
-# ----------------------------------------------------------------------------- tables
 # ----------------------------------------------------------------------------- kernels
 def _dot(a, b, contract_a: int, contract_b: int):
     """a . b over a's axis contract_a and b's contract_b (2-D each), f32 [a's other, b's other]."""
@@ -74,8 +82,6 @@ def _dot(a, b, contract_a: int, contract_b: int):
     return out
 
 
-# One function on purpose (~100 lines): the step walk both backward kernels share, with its
-# pl.when branches over one set of refs (see the forward kernel's _attention_kernel).
 def backward_vmem_limit(shape) -> int | None:
     """The scoped VMEM limit of the dq and dk/dv kernels: twice the forward's (each holds a
     row and a column tile of q, k, v and dO plus f32 accumulators, about twice the forward
@@ -95,30 +101,26 @@ BACKWARD_VMEM_CAP = 48 * 1024 * 1024
 
 def _walk(
     kernel_body,
+    variant_of,
     *,
     tables: PieceTables,
     head_pattern,
     static_pattern,
-    shape,
     inputs,
-    in_blocks,
     outputs,
-    scratch,
     interpret,
     name,
-    out_blocks=None,
     aliases=None,
     call=None,
     chunk=None,
 ):
-    """One pallas_call over `tables` (forward or transposed) for every head: the grid and
-    index maps of the forward kernel; `in_blocks` / `outputs` say per operand whether it is
-    indexed by the step's row tile ("row"), column tile ("col") or is a lane-major
-    [rows, 1, padded] row vector indexed by the row ("row_vec") or column ("col_vec") tile.
-    call: run-time segments' CallTables (svgen.runtime.segments), which replace `tables`'
-    pieces (`tables` still says slots, lengths and blocks); per-head walk. chunk: a KV-cache
-    chunk's (CallTables, first query token and defined flag per row, exact walk), as the
-    forward kernel takes it (svgen.runtime.chunks)."""
+    """One pallas_call over `tables` (forward or transposed) for every head, with the forward
+    kernel's grid. variant_of(walk, num_tables): the kernel's BackwardVariant
+    (svgen.runtime.variant), whose operands say each input's and output's block and index
+    map, and the scratch. call: run-time segments' CallTables (svgen.runtime.segments), which
+    replace `tables`' pieces (`tables` still says slots, lengths and blocks); per-head walk.
+    chunk: a KV-cache chunk's (CallTables, first query token and defined flag per row, exact
+    walk), as the forward kernel takes it (svgen.runtime.chunks)."""
     heads = int(head_pattern.shape[0])
     flat = tables.flat and call is None and chunk is None
     if chunk is not None:
@@ -132,39 +134,44 @@ def _walk(
     else:
         operands = call.scalar_operands(head_pattern)
         steps, single = call.steps, None
-    has_lengths, has_blocks = tables.lengths is not None, tables.blocks is not None
     per_row = call is not None or chunk is not None
+    walk = TableWalk(
+        heads,
+        single,
+        has_lengths=tables.lengths is not None,
+        has_blocks=tables.blocks is not None,
+        flat=flat,
+        per_row=per_row,
+    )
+    variant = variant_of(walk, len(operands))
 
     def view(outer, step, refs):
-        return StepView(refs, heads, outer, step, single, has_lengths, has_blocks, flat, per_row)
+        return StepView(
+            refs,
+            heads,
+            outer,
+            step,
+            walk.single,
+            walk.has_lengths,
+            walk.has_blocks,
+            walk.flat,
+            walk.per_row,
+        )
 
-    def spec(kind: str, d: int, height: int = 1):
-        if kind == "any":  # left in HBM: the kernel moves it with its own DMAs
-            return pl.BlockSpec(memory_space=pl.ANY)
-
+    def index_map_of(kind: str):
         def index_map(outer, step, slot, *refs):
             at = view(outer, step, refs)
             tile = at.q_block if kind.startswith("row") else at.kv_block(slot)
             return (at.row, 0, tile) if kind.endswith("vec") else (at.row, tile, 0)
 
-        size = shape.block_q if kind.startswith("row") else shape.block_kv
-        block = (None, height, size) if kind.endswith("vec") else (None, size, d)
-        return pl.BlockSpec(block, index_map)
+        return index_map
 
-    d = shape.head_dim
-    body = functools.partial(
-        kernel_body,
-        shape=shape,
-        heads=heads,
-        num_tables=len(operands),
-        num_inputs=len(inputs),
-        single=single,
-        has_lengths=has_lengths,
-        has_blocks=has_blocks,
-        flat=flat,
-        per_row=per_row,
-        **({} if chunk is None else {"chunked": True}),
-    )
+    def spec(operand):
+        if operand.index_map == "any":  # left in HBM: the kernel moves it with its own DMAs
+            return pl.BlockSpec(memory_space=pl.ANY)
+        return pl.BlockSpec(operand.block, index_map_of(operand.index_map))
+
+    declared = variant.operands()
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=len(operands),
         grid=(
@@ -172,21 +179,17 @@ def _walk(
             steps,
             tables.slots,
         ),
-        # vectors: lse and D one row high, ids one or two (per-video frames' shifts)
-        in_specs=[
-            spec(kind, d, x.shape[1] if kind.endswith("vec") else 1)
-            for kind, x in zip(in_blocks, inputs)
-        ],
-        out_specs=[spec(kind, d) for kind in (out_blocks or ("row",) * len(outputs))],
-        scratch_shapes=scratch,
+        in_specs=[spec(o) for o in declared if o.role == "input"],
+        out_specs=[spec(o) for o in declared if o.role == "output"],
+        scratch_shapes=[scratch_buffer(o) for o in declared if o.role == "scratch"],
     )
     outputs = pl.pallas_call(
-        body,
+        functools.partial(kernel_body, variant=variant),
         grid_spec=grid_spec,
         out_shape=[jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outputs],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
-            vmem_limit_bytes=backward_vmem_limit(shape),
+            vmem_limit_bytes=backward_vmem_limit(variant.shape),
         ),
         interpret=interpret,
         name=name,
@@ -231,28 +234,25 @@ def _run_blocks(view, kind, active, blocks, shape, masks, update, segments: bool
             )
 
 
-def _dq_kernel(
-    *refs,
-    shape,
-    heads,
-    num_tables,
-    num_inputs,
-    single,
-    has_lengths,
-    has_blocks,
-    flat,
-    patterns,
-    sm_scale,
-    per_row=False,
-):
-    """per_row: run-time segments; the inputs end with the query and key ids."""
-    q_ref, k_ref, v_ref, do_ref, lse_ref, d_ref, *id_refs = refs[
-        num_tables : num_tables + num_inputs
-    ]
-    dq_ref = refs[num_tables + num_inputs]
-    acc, lse_col, d_col = refs[num_tables + num_inputs + 1 :]
+def _dq_kernel(*refs, variant: BackwardVariant):
+    """dq of each q tile: refs in the order of variant.operands() (svgen.runtime.variant)."""
+    r = variant.unpack(refs)
+    shape, walk, patterns, sm_scale = (
+        variant.shape,
+        variant.walk,
+        variant.patterns,
+        variant.sm_scale,
+    )
+    q_ref, k_ref, v_ref, do_ref, lse_ref, d_ref = r.q, r.k, r.v, r.do, r.lse, r.delta
+    id_refs, dq_ref, acc, lse_col, d_col = r.id_refs, r.dq, r.acc, r.lse_col, r.delta_col
     view, kind, q_tile, kv_tile, active, is_first, is_last = grid_step(
-        refs[:num_tables], heads, single, has_lengths, has_blocks, flat, per_row
+        r.tables,
+        walk.heads,
+        walk.single,
+        walk.has_lengths,
+        walk.has_blocks,
+        walk.flat,
+        walk.per_row,
     )
     blocks = [
         Block(qi, ki, shape)
@@ -287,27 +287,11 @@ def _dq_kernel(
         dq_ref[...] = (acc[...] * sm_scale).astype(dq_ref.dtype)
 
 
-# One function on purpose (~105 lines): a Pallas kernel body (dk, dv), pl.when branches over
+# One function on purpose (~90 lines): a Pallas kernel body (dk, dv), pl.when branches over
 # the same refs and carried accumulators.
-def _dkv_kernel(
-    *refs,
-    shape,
-    heads,
-    num_tables,
-    num_inputs,
-    single,
-    has_lengths,
-    has_blocks,
-    flat,
-    patterns,
-    sm_scale,
-    fused_dq=False,
-    per_row=False,
-    chunked=False,
-    with_ids=False,
-    ring=None,
-):
-    """shape is transposed: rows (block_q, cq) are keys, columns queries.
+def _dkv_kernel(*refs, variant: BackwardVariant):
+    """dk, dv of each kv tile: refs in the order of variant.operands(); variant.shape is
+    transposed: rows (block_q, cq) are keys, columns queries.
 
     fused_dq: also dq, accumulated in HBM (f32, unscaled): each step with work reads its
     query tile's dq (the DMA overlaps the step's matmuls), adds ds^T k of its blocks and
@@ -315,29 +299,37 @@ def _dkv_kernel(
     TensorCore; other cores walk other rows) never race. One pass of the scores instead of
     two: 5 matmuls per block against the separate kernels' 3 + 4.
 
-    per_row: per-row tables (run-time segments, a selection, a chunk); with_ids: run-time
-    segments' key and query ids follow the six inputs. chunked: a
-    KV-cache chunk's walk (per-row tables; the last table holds each row's first query token
-    in the video, svgen.runtime.chunks). ring: (sink end, rows) of a chunk's walk against a
-    rolling cache: the last table then also holds the ring's wrap and key shifts per row,
-    which map the cache's slots to video keys in masked blocks (chunks.slot_keys)."""
-    k_ref, v_ref, q_ref, do_ref, lse_ref, d_ref = refs[num_tables : num_tables + 6]
-    id_refs = refs[num_tables + 6 : num_tables + 8] if with_ids else ()
-    outs = refs[num_tables + num_inputs :]
-    dk_ref, dv_ref = outs[:2]
-    if fused_dq:
-        dq_hbm, dk_acc, dv_acc, dq_step, dq_buf, dq_sems = outs[2:]
-    else:
-        dk_acc, dv_acc = outs[2:]
-    view, kind, kv_tile, q_tile, active, is_first, is_last = grid_step(
-        refs[:num_tables], heads, single, has_lengths, has_blocks, flat, per_row
+    walk.per_row: per-row tables (run-time segments, a selection, a chunk); id_rows:
+    run-time segments' key and query ids. chunked: a KV-cache chunk's walk (per-row tables;
+    the last table holds each row's first query token in the video, svgen.runtime.chunks).
+    ring: (sink end, rows) of a chunk's walk against a rolling cache: the last table then
+    also holds the ring's wrap and key shifts per row, which map the cache's slots to video
+    keys in masked blocks (chunks.slot_keys)."""
+    r = variant.unpack(refs)
+    shape, walk, patterns, fused_dq = (
+        variant.shape,
+        variant.walk,
+        variant.patterns,
+        variant.fused_dq,
     )
-    q_first = refs[num_tables - 1][view.row] if chunked else None
+    k_ref, v_ref, q_ref, do_ref, lse_ref, d_ref = r.k, r.v, r.q, r.do, r.lse, r.delta
+    id_refs, dk_ref, dv_ref, dk_acc, dv_acc = r.id_refs, r.dk, r.dv, r.dk_acc, r.dv_acc
+    dq_hbm, dq_step, dq_buf, dq_sems = r.dq_hbm, r.dq_step, r.dq_buf, r.dq_sems
+    view, kind, kv_tile, q_tile, active, is_first, is_last = grid_step(
+        r.tables,
+        walk.heads,
+        walk.single,
+        walk.has_lengths,
+        walk.has_blocks,
+        walk.flat,
+        walk.per_row,
+    )
+    q_first = r.tables[-1][view.row] if variant.chunked else None
     key_map = None
-    if ring is not None:  # a rolling cache's slots -> video keys, in masked blocks
-        sink, rows = ring
+    if variant.ring is not None:  # a rolling cache's slots -> video keys, in masked blocks
+        sink, rows = variant.ring
         key_map = functools.partial(
-            chunks.slot_keys, sink=sink, scalars=refs[num_tables - 1], rows=rows, row=view.row
+            chunks.slot_keys, sink=sink, scalars=r.tables[-1], rows=rows, row=view.row
         )
     blocks = [
         Block(ki, qi, shape)
@@ -425,8 +417,7 @@ def _keep_t(pattern, kv_tile, q_tile, block, shape, q_first=None, key_map=None, 
     return jnp.broadcast_to(pattern.boundary_mask(q, k), (shape.cq, shape.ckv))
 
 
-# ----------------------------------------------------------------------------- the call# Long on purpose (~85 lines): the two pallas_calls' operand lists, which their kernel bodies
-# unpack in this order.
+# ----------------------------------------------------------------------------- the call
 def backward(
     q_scaled,
     k,
@@ -466,7 +457,6 @@ def backward(
     delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)  # D = rowsum
     delta = jnp.pad(delta, ((0, 0), (0, q_pad)))[:, None, :]
     qp, kp, vp, dop = zero_q(q_scaled), zero(k), zero(v), zero_q(do)
-    d = shape.head_dim
     common = dict(head_pattern=head_pattern, static_pattern=static_pattern, interpret=interpret)
     fwd_call = dkv_call = None
     ids = ()
@@ -495,20 +485,16 @@ def backward(
     if fused_dq:
         dk, dv, dq = walk_dkv(fused_dq=True)
         return (dq[:, :q_len] * sm_scale).astype(qp.dtype), dk[:, cut], dv[:, cut]
+    id_rows = ids[0].shape[1] if ids else 0  # 2: ids and per-video frame shifts
     dq = _walk(
-        functools.partial(_dq_kernel, patterns=patterns, sm_scale=sm_scale),
+        _dq_kernel,
+        lambda walk, num_tables: BackwardVariant(
+            "dq", shape, tuple(patterns), walk, num_tables, sm_scale, id_rows=id_rows
+        ),
         tables=forward_tables,
-        shape=shape,
         inputs=(qp, kp, vp, dop, lse, delta, *ids),
-        in_blocks=("row", "col", "col", "row", "row_vec", "row_vec")
-        + ("row_vec", "col_vec")[: len(ids)],
         call=fwd_call,
         outputs=(qp,),
-        scratch=[
-            pltpu.VMEM((shape.block_q, d), jnp.float32),
-            pltpu.VMEM((shape.block_q, LANES), jnp.float32),
-            pltpu.VMEM((shape.block_q, LANES), jnp.float32),
-        ],
         name="svgen_attention_dq",
         **common,
     )[0]
@@ -538,45 +524,35 @@ def _dkv_walk(
     """The walk of the transposed tables: (dk, dv), and with fused_dq also dq (f32, unscaled,
     accumulated in an HBM buffer aliased from zeros). call, ids: run-time segments (the
     call's transposed tables; query and key ids). ring_sink: a rolling cache's chunk."""
-    d = shape.head_dim
-    t_shape = transposed_shape(shape)
-    inputs, in_blocks = (
-        (kp, vp, qp, dop, lse, delta),
-        ("row", "row", "col", "col", "col_vec", "col_vec"),
-    )
+    inputs = (kp, vp, qp, dop, lse, delta)
     if ids:  # keys are the rows here
-        inputs, in_blocks = inputs + (ids[1], ids[0]), in_blocks + ("row_vec", "col_vec")
-    outputs, out_blocks, aliases = (kp, vp), ("row", "row"), {}
-    scratch = [pltpu.VMEM((t_shape.block_q, d), jnp.float32) for _ in range(2)]  # dk, dv
+        inputs = inputs + (ids[1], ids[0])
+    outputs, aliases = (kp, vp), {}
     if fused_dq:
         dq_zero = jnp.zeros(qp.shape, jnp.float32)
-        inputs, in_blocks = inputs + (dq_zero,), in_blocks + ("any",)
-        outputs, out_blocks = outputs + (dq_zero,), out_blocks + ("any",)
+        inputs, outputs = inputs + (dq_zero,), outputs + (dq_zero,)
         aliases = {len(inputs) - 1: len(outputs) - 1}
-        scratch += [
-            pltpu.VMEM((t_shape.block_kv, d), jnp.float32),  # this step's dq contribution
-            pltpu.VMEM((t_shape.block_kv, d), jnp.float32),  # the q tile's dq from HBM
-            pltpu.SemaphoreType.DMA((2,)),
-        ]
+    ring = None if ring_sink is None else (ring_sink, kp.shape[0])
     return _walk(
-        functools.partial(
-            _dkv_kernel,
-            patterns=patterns,
-            sm_scale=sm_scale,
+        _dkv_kernel,
+        lambda walk, num_tables: BackwardVariant(
+            "dkv",
+            transposed_shape(shape),
+            tuple(patterns),
+            walk,
+            num_tables,
+            sm_scale,
             fused_dq=fused_dq,
-            with_ids=bool(ids),
-            ring=None if ring_sink is None else (ring_sink, kp.shape[0]),
+            id_rows=ids[0].shape[1] if ids else 0,
+            chunked=chunk is not None,
+            ring=ring,
         ),
         tables=dkv_tables,
         call=call,
         chunk=chunk,
-        shape=t_shape,
         inputs=inputs,
-        in_blocks=in_blocks,
         outputs=outputs,
-        out_blocks=out_blocks,
         aliases=aliases,
-        scratch=scratch,
         name="svgen_attention_dkv",
         **common,
     )

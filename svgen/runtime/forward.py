@@ -68,7 +68,15 @@ from svgen.runtime.softmax import (
     key_bound,
     softmax_step,
 )
-from svgen.runtime.steps import EXACT_GRID, Block, StepView, grid_step, head_operands, lanes
+from svgen.runtime.steps import (
+    EXACT_GRID,
+    Block,
+    StepView,
+    grid_step,
+    head_operands,
+    lanes,
+    scratch_buffer,
+)
 from svgen.runtime.tables import (
     KIND_MASK,
     LANES,
@@ -77,7 +85,7 @@ from svgen.runtime.tables import (
     KernelShape,
     PieceTables,
 )
-from svgen.runtime.variant import ForwardVariant, KernelRefs, Operand, PatternCode, TableWalk
+from svgen.runtime.variant import ForwardVariant, KernelRefs, PatternCode, TableWalk
 from svgen.runtime.video_frames import ShiftedFrames
 from svgen.runtime.vmem import kernel_vmem
 
@@ -652,7 +660,7 @@ def flat_attention(
         grid=(q.shape[0] // heads if flat else q.shape[0], steps, tables.slots),
         in_specs=specs("input"),
         out_specs=specs("output"),
-        scratch_shapes=[_scratch(o) for o in declared if o.role == "scratch"],
+        scratch_shapes=[scratch_buffer(o) for o in declared if o.role == "scratch"],
     )
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)] + (
         [jax.ShapeDtypeStruct((q.shape[0], 1, _lse_length(q, shape, chunk)), jnp.float32)]
@@ -686,12 +694,6 @@ def _tables_of(call, chunk, selection) -> str:
     if chunk is not None:
         return "chunk"
     return "static" if call is None else "segments"
-
-
-def _scratch(operand: Operand):
-    """A scratch buffer of the variant (svgen.runtime.variant.Operand)."""
-    memory = pltpu.SMEM if operand.memory == "smem" else pltpu.VMEM
-    return memory(operand.shape, jnp.dtype(operand.dtype))
 
 
 def _lse_length(q, shape: KernelShape, chunk) -> int:

@@ -291,3 +291,13 @@ def head_operands(tables: PieceTables, head_pattern, static_pattern):
         step_head.astype(step_head_dtype(heads)),
         step_piece.astype(piece_index_dtype(tables)),
     ), steps
+
+
+def scratch_buffer(operand):
+    """A kernel's scratch buffer as its variant declares it (svgen.runtime.variant.Operand)."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    if operand.memory == "dma_semaphore":
+        return pltpu.SemaphoreType.DMA(operand.shape)
+    memory = pltpu.SMEM if operand.memory == "smem" else pltpu.VMEM
+    return memory(operand.shape, jnp.dtype(operand.dtype))

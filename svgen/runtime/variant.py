@@ -302,3 +302,122 @@ class KernelRefs:
     def id_refs(self) -> tuple:
         """Run-time ids: (query ids, key ids), or () without them."""
         return () if self.q_ids is None else (self.q_ids, self.kv_ids)
+
+
+# ------------------------------------------------------------------------------ backward
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardVariant:
+    """Every static choice of one backward kernel (svgen.runtime.backward): the dq walk of
+    the forward tables, or the dk/dv walk of the transposed ones (rows are keys there, and
+    `shape` is the transposed shape it walks)."""
+
+    kernel: Literal["dq", "dkv"]
+    shape: KernelShape
+    patterns: tuple[PatternCode, ...]
+    walk: TableWalk
+    num_tables: int
+    sm_scale: float
+    fused_dq: bool = False  # dk/dv: dq accumulated in an HBM buffer too
+    id_rows: int = 0  # run-time segments' ids: rows of each id block (0: none)
+    chunked: bool = False  # a chunk's walk: its last scalar operand holds per-row scalars
+    ring: tuple[int, int] | None = None  # a rolling cache's chunk: (sink end, rows)
+
+    def operands(self) -> tuple[Operand, ...]:
+        """Every ref in pallas_call order. Index maps: `row` / `col` tiles of the walk
+        ([rows, tile, d] blocks), `row_vec` / `col_vec` lane-major vectors ([rows, 1 or 2,
+        tile]), `any`: left in HBM for the kernel's own DMAs."""
+        shape, lanes, d = self.shape, 128, self.shape.head_dim
+
+        def tile(name, index_map, role="input", height=1):
+            size = shape.block_q if index_map.startswith("row") else shape.block_kv
+            vector = index_map.endswith("vec")
+            block = (None, height, size) if vector else (None, size, d)
+            return Operand(name, role, index_map, block)
+
+        scalars = [Operand(f"table{i}", "scalar") for i in range(self.num_tables)]
+        if self.kernel == "dq":
+            inputs = [tile("q", "row"), tile("k", "col"), tile("v", "col"), tile("do", "row")]
+        else:
+            inputs = [tile("k", "row"), tile("v", "row"), tile("q", "col"), tile("do", "col")]
+        side = "row" if self.kernel == "dq" else "col"  # where the queries are
+        inputs += [tile("lse", f"{side}_vec"), tile("delta", f"{side}_vec")]
+        if self.id_rows:  # the ids of the walk's rows, then of its columns
+            inputs += [
+                tile("row_ids", "row_vec", height=self.id_rows),
+                tile("col_ids", "col_vec", height=self.id_rows),
+            ]
+        if self.kernel == "dq":
+            outputs = [tile("dq", "row", "output")]
+            scratch = [
+                Operand("acc", "scratch", shape=(shape.block_q, d), dtype="float32"),
+                Operand("lse_col", "scratch", shape=(shape.block_q, lanes), dtype="float32"),
+                Operand("delta_col", "scratch", shape=(shape.block_q, lanes), dtype="float32"),
+            ]
+            return (*scalars, *inputs, *outputs, *scratch)
+        outputs = [tile("dk", "row", "output"), tile("dv", "row", "output")]
+        scratch = [
+            Operand("dk_acc", "scratch", shape=(shape.block_q, d), dtype="float32"),
+            Operand("dv_acc", "scratch", shape=(shape.block_q, d), dtype="float32"),
+        ]
+        if self.fused_dq:  # an f32 dq buffer in HBM, aliased from a zero input
+            inputs.append(Operand("dq_zero", "input", "any"))
+            outputs.append(Operand("dq_hbm", "output", "any"))
+            scratch += [
+                # this step's dq contribution, and the q tile's dq read from HBM
+                Operand("dq_step", "scratch", shape=(shape.block_kv, d), dtype="float32"),
+                Operand("dq_buf", "scratch", shape=(shape.block_kv, d), dtype="float32"),
+                Operand("dq_sems", "scratch", shape=(2,), memory="dma_semaphore"),
+            ]
+        return (*scalars, *inputs, *outputs, *scratch)
+
+    def unpack(self, refs) -> "BackwardRefs":
+        """The kernel body's refs by name (BackwardRefs), in the order of `operands`."""
+        operands = self.operands()
+        if len(refs) != len(operands):
+            raise ValueError(
+                f"the {self.kernel} kernel got {len(refs)} refs, its variant declares "
+                f"{len(operands)}: {[o.name for o in operands]}"
+            )
+        named = {o.name: r for o, r in zip(operands, refs) if o.role != "scalar"}
+        named.pop("dq_zero", None)  # aliased to dq_hbm: the kernel reads and writes that
+        return BackwardRefs(tables=tuple(refs[: self.num_tables]), **named)
+
+    @property
+    def branches(self) -> Branches:
+        return backward_branches(self.shape, len(self.patterns))
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardRefs:
+    """A backward kernel's refs by name (BackwardVariant.operands); those its variant does
+    not declare are None. row_ids / col_ids: the ids of the walk's rows and columns (queries
+    and keys in the dq walk, keys and queries in the dk/dv walk)."""
+
+    tables: tuple
+    q: object
+    k: object
+    v: object
+    do: object
+    lse: object
+    delta: object
+    row_ids: object = None
+    col_ids: object = None
+    dq: object = None
+    acc: object = None
+    lse_col: object = None
+    delta_col: object = None
+    dk: object = None
+    dv: object = None
+    dk_acc: object = None
+    dv_acc: object = None
+    dq_hbm: object = None
+    dq_step: object = None
+    dq_buf: object = None
+    dq_sems: object = None
+
+    @property
+    def id_refs(self) -> tuple:
+        """Run-time ids: (the rows', the columns'), or () without them."""
+        return () if self.row_ids is None else (self.row_ids, self.col_ids)
