@@ -35,7 +35,7 @@ HEADS = {
 def measure(head: str, frames: int, order: str) -> dict:
     mask = HEADS[head]
     layout = TokenLayout(
-        frames, 45, 80, 0, "last", order, ir.anchor_frames(mask) if order == "temporal_major" else 0
+        frames, 45, 80, 0, "last", order, mask.anchor_frames() if order == "temporal_major" else 0
     )
     return _classified(head, mask, layout, TileGrid(layout.seq_len, 512, 512))
 

@@ -155,7 +155,7 @@ def test_block_causal_against_brute_force(mask, text_position, order):
     lay = TokenLayout(7, 3, 5, 11, text_position, order)
     _, node = lower_mask_dict(mask, lay, 128, 128)
     if order == "temporal_major":
-        lay = TokenLayout(7, 3, 5, 11, text_position, order, ir.anchor_frames(node))
+        lay = TokenLayout(7, 3, 5, 11, text_position, order, node.anchor_frames())
     keep = dense_keep(node, lay)
     for bq, bkv in ((8, 8), (16, 24), (32, 16)):
         got = classify_tiles(node, lay, TileGrid(lay.seq_len, bq, bkv))
@@ -279,7 +279,6 @@ def _random_frame_invariant(rng, lay, depth=0):
 
 @pytest.mark.parametrize("seed", range(60))
 def test_frame_invariant_fast_path_matches_brute_force(seed):
-    from svgen.analysis import classify
 
     rng = np.random.default_rng(9000 + seed)
     lay = TokenLayout(
@@ -287,7 +286,7 @@ def test_frame_invariant_fast_path_matches_brute_force(seed):
     )
     bq, bkv = int(rng.choice([8, 16, 40, 64])), int(rng.choice([8, 16, 24]))
     mask = ir.simplify(_random_frame_invariant(rng, lay))
-    assert classify.is_frame_invariant(mask)
+    assert mask.frame_invariant()
     got = classify_tiles(mask, lay, TileGrid(lay.seq_len, bq, bkv))
     keep = dense_keep(mask, lay)
     _check(got.kinds, got.kept_pairs, keep, brute_force_kinds(keep, bq, bkv), exact=True)

@@ -121,6 +121,8 @@ def test_ir_node_exists_and_is_what_the_spec_lowers_to(key):
     assert isinstance(p.node_class, type), f"{key}: no IR node"
     for method in ("evaluate", "predicate", "describe"):
         assert callable(getattr(p.node_class, method, None)), f"{key}: no {method}"
+    # the facts the analysis reads of it (safe defaults where it declares none)
+    assert issubclass(p.node_class, ir.NodeFacts), f"{key}: its node does not inherit NodeFacts"
     assert dataclasses.is_dataclass(p.node_class) and p.node_class.__hash__ is not None
     _, node = _example_spec(key)
     assert isinstance(node, p.node_class), (key, node)
@@ -204,7 +206,7 @@ def test_registering_twice_or_removing_a_builtin_is_refused():
 
 # Step 1: the IR node, its oracle written from the documented meaning.
 @dataclasses.dataclass(frozen=True)
-class CausalBand:
+class CausalBand(ir.NodeFacts):
     """0 <= i_q - i_k <= width (positions in the layout's order): a sliding causal window."""
 
     width: int

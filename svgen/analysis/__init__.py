@@ -28,7 +28,7 @@ import numpy as np
 from svgen import ir
 from svgen.analysis import axis_terms, chunks, residuals, rowsets, video_frames
 from svgen.analysis.align import PairBudget, align_classification
-from svgen.analysis.classify import Classification, TileGrid, classify_tiles, is_frame_invariant
+from svgen.analysis.classify import Classification, TileGrid, classify_tiles
 from svgen.analysis.plan import PatternPlan, Plan, VideoFramePlan, pattern_shape
 from svgen.runtime.ring import RingCache
 from svgen.analysis.tables import (
@@ -94,7 +94,7 @@ __all__ = [
 
 def choose_layout(spec: Spec, order: str, mask: ir.Node) -> TokenLayout:
     g = spec.geometry
-    anchors = 0 if order == FRAME_MAJOR else min(ir.anchor_frames(mask), g.frames)
+    anchors = 0 if order == FRAME_MAJOR else min(mask.anchor_frames(), g.frames)
     return g.with_order(order, anchors)
 
 
@@ -352,7 +352,7 @@ def _row_set_rows(spec: Spec, mask: ir.Node, layout: TokenLayout) -> int:
         layout.text_tokens == 0
         and layout.frames > 1
         and layout.order == FRAME_MAJOR
-        and is_frame_invariant(mask)
+        and mask.frame_invariant()
         and spec.tiling.align == "exact"
     ):
         return layout.tokens_per_frame

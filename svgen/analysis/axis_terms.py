@@ -61,40 +61,19 @@ class Term:
 ONE = Term(ALL_PAIRS, frozenset())
 
 
-def _near(axis: str, radius: int | None) -> set:
-    return set() if radius is None else {(axis, "near", radius)}
+# The token classes a node's axis_term names (svgen.ir.NodeFacts.axis_term).
+_CLASSES = {
+    "video_pair": VIDEO_PAIR,
+    "any_query_video_key": ANY_QUERY_VIDEO_KEY,
+    "text_involved": TEXT_INVOLVED,
+}
 
 
 def _atom(node) -> Term | None:
-    """The conjunction a primitive is, or None when it is not one of the per-axis kind."""
-    if isinstance(node, ir.FirstFrame):
-        return Term(ANY_QUERY_VIDEO_KEY, frozenset({("f", "below", node.frames)}))
-    if isinstance(node, ir.SpatialWindow):
-        parts = _near("f", node.frames) | _near("h", node.rows) | _near("w", node.cols)
-        return Term(VIDEO_PAIR, frozenset(parts))
-    if isinstance(node, ir.TemporalStride):
-        parts = _near("h", node.rows) | _near("w", node.cols) | _near("f", node.frames)
-        if node.stride > 1:
-            parts.add(("f", "stride", node.stride))
-        return Term(VIDEO_PAIR, frozenset(parts))
-    if isinstance(node, ir.CausalFrames):
-        return Term(VIDEO_PAIR, frozenset({("f", "causal", 0)}))
-    if isinstance(node, ir.BlockCausal):
-        return Term(VIDEO_PAIR, frozenset({("f", "block", node.frames)}))
-    if isinstance(node, ir.Text):
-        return Term(TEXT_INVOLVED, frozenset())
-    if isinstance(node, ir.CubeWindow):
-        return Term(
-            VIDEO_PAIR,
-            frozenset(
-                {
-                    ("f", "cube", (node.cube_frames, node.frames)),
-                    ("h", "cube", (node.cube_rows, node.rows)),
-                    ("w", "cube", (node.cube_cols, node.cols)),
-                }
-            ),
-        )
-    return None
+    """The conjunction a primitive is (its axis_term), or None when it is not one of the
+    per-axis kind."""
+    term = node.axis_term()
+    return None if term is None else Term(_CLASSES[term[0]], term[1])
 
 
 Polynomial = dict  # Term -> integer coefficient: the mask's indicator as a signed sum

@@ -120,7 +120,7 @@ def classify_tiles(
         layout.text_tokens == 0
         and layout.frames > 1
         and layout.order == FRAME_MAJOR
-        and is_frame_invariant(mask)
+        and mask.frame_invariant()
         and not count_pairs
     ):
         return _classify_frame_invariant(mask, layout, grid, progress)
@@ -237,19 +237,6 @@ def _tile_kinds(full: np.ndarray, touched: np.ndarray) -> np.ndarray:
     return np.where(
         full, TileKind.FULL, np.where(touched, TileKind.BOUNDARY, TileKind.EMPTY)
     ).astype(np.int8)
-
-
-def is_frame_invariant(node: ir.Node) -> bool:
-    """True when, for video queries, the allowed keys never depend on the query's frame."""
-    if isinstance(node, (ir.Always, ir.FirstFrame, ir.Prefix, ir.Text)):
-        return True
-    if isinstance(node, ir.TemporalStride):
-        return node.frames is None and node.stride == 1
-    if isinstance(node, (ir.AnyOf, ir.AllOf)):
-        return all(map(is_frame_invariant, node.children))
-    if isinstance(node, ir.Not):
-        return is_frame_invariant(node.child)
-    return False
 
 
 PREFIX_ROWS_PER_BLOCK = 1024

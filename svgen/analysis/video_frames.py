@@ -11,8 +11,9 @@ windows, causal_frames, cube windows one frame deep) and the ones that read no f
 (band, prefix, text: positions stay the packed sequence's). An `expr` is invariant when
 shifting the video frames it reads leaves it unchanged in each of the three cases a pair can
 be (video-video, text query, text key; a text token's frame stays 0), decided by sympy
-substitution: its frames must cancel. Two built-ins are *anchored* at frame 0 and get closed
-forms instead: first_frame (keys of frames < s + n) and block_causal (chunks counted from s).
+substitution: its frames must cancel. Each node says which it is (its NodeFacts's
+shift_invariant, svgen.ir). Two built-ins are *anchored* at frame 0 and get closed forms
+instead: first_frame (keys of frames < s + n) and block_causal (chunks counted from s).
 An `expr` lowering reads as one of them is one of them (`f_k < 2` without text tokens is
 first_frame 2). Anything else anchored (an expr such as `f_q + f_k <= 3`, or `f_k < 2` with
 text tokens, a cube window several frames deep, `not` around an anchored term) is refused at
@@ -34,23 +35,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import sympy
 
 from svgen import ir
-from svgen.spec.expr import SYMBOLS
 
-__all__ = ["NotPerVideo", "FrameTree", "frame_tree", "superset", "is_shift_invariant"]
-
-# Built-ins whose masks read frames only as f_q - f_k of two video tokens, or no frame at all.
-_INVARIANT_NODES = (
-    ir.Always,
-    ir.SpatialWindow,
-    ir.TemporalStride,
-    ir.Band,
-    ir.Prefix,
-    ir.Text,
-    ir.CausalFrames,
-)
+__all__ = ["NotPerVideo", "FrameTree", "frame_tree", "superset"]
 
 
 class NotPerVideo(ValueError):
@@ -60,40 +48,6 @@ class NotPerVideo(ValueError):
         super().__init__(f"{node.describe()}: {why}")
         self.node = node
         self.why = why
-
-
-def is_shift_invariant(node) -> bool:
-    """Whether `node` means the same at every segment start (see the module docstring)."""
-    if isinstance(node, _INVARIANT_NODES):
-        return True
-    if isinstance(node, ir.BlockCausal):
-        return node.frames == 1
-    if isinstance(node, ir.CubeWindow):
-        return node.cube_frames == 1
-    if isinstance(node, ir.Predicate):
-        return _predicate_is_invariant(node.expr)
-    if isinstance(node, (ir.AnyOf, ir.AllOf)):
-        return all(is_shift_invariant(c) for c in node.children)
-    if isinstance(node, ir.Not):
-        return is_shift_invariant(node.child)
-    return False  # first_frame, and anything registered later: anchored until shown otherwise
-
-
-def _predicate_is_invariant(expr) -> bool:
-    """Shift every video frame the predicate reads by a fresh s: in each case of a pair
-    (video-video, text query, text key) s must cancel. Sound: if s survives sympy's automatic
-    simplification the term is treated as anchored, never the other way round."""
-    f_q, f_k = SYMBOLS["f_q"], SYMBOLS["f_k"]
-    if not ({f_q, f_k} & expr.free_symbols):
-        return True
-    s = sympy.Symbol("per_video_shift", integer=True, nonnegative=True)
-    text_q, text_k = SYMBOLS["is_text_q"], SYMBOLS["is_text_k"]
-    cases = (
-        {text_q: 0, text_k: 0, f_q: f_q + s, f_k: f_k + s},
-        {text_q: 1, text_k: 0, f_q: 0, f_k: f_k + s},
-        {text_q: 0, text_k: 1, f_q: f_q + s, f_k: 0},
-    )
-    return all(s not in expr.subs(case, simultaneous=True).free_symbols for case in cases)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +68,7 @@ def frame_tree(node) -> FrameTree:
         return ("group", len(groups) - 1)
 
     def walk(n) -> tuple:
-        return group(n) if is_shift_invariant(n) else anchored(n)
+        return group(n) if n.shift_invariant() else anchored(n)
 
     def anchored(n) -> tuple:
         """A term known not to be invariant: a leaf in closed form, or a combination."""
@@ -124,7 +78,7 @@ def frame_tree(node) -> FrameTree:
             return ("block_causal", n.frames)
         if isinstance(n, (ir.AnyOf, ir.AllOf)):
             op = "any_of" if isinstance(n, ir.AnyOf) else "all_of"
-            invariant = [is_shift_invariant(c) for c in n.children]
+            invariant = [c.shift_invariant() for c in n.children]
             fixed = [c for c, inv in zip(n.children, invariant) if inv]
             parts = []
             if fixed:  # the invariant members: one group, one table
@@ -153,7 +107,7 @@ def _why_not(node) -> str:
 
 def superset(node, frames: int):
     """M+: the union of the mask over every segment start (see the module docstring)."""
-    if is_shift_invariant(node):
+    if node.shift_invariant():
         return node
     if isinstance(node, ir.FirstFrame):
         reach = ir.AnyOf((ir.CausalFrames(), ir.SpatialWindow(node.frames - 1, None, None)))

@@ -5,7 +5,10 @@ Each node knows three things about itself:
     straight from the documented semantics (tests check everything else against it);
   * `predicate()`: the same predicate as a sympy boolean over the coordinate symbols of
     `svgen.spec.expr`; code generation prints it as the boundary-tile mask;
-  * `describe()`: the pattern in words, for the generated docstring.
+  * `describe()`: the pattern in words, for the generated docstring;
+and, through `NodeFacts`, what the analysis may assume of it (its anchor frames, whether it
+depends on the query's frame or on a segment's start, whether it keeps text pairs, its
+per-axis form), with safe defaults for a node that declares none.
 Tile classification of nodes lives in `svgen.analysis`, which finds each node's row sets
 through the primitive registry, `svgen.spec.primitives`.
 
@@ -33,6 +36,7 @@ from svgen.ir.nodes import (
     FirstFrame,
     Neighborhood,
     Node,
+    NodeFacts,
     Not,
     Predicate,
     Prefix,
@@ -49,7 +53,6 @@ from svgen.ir.recognize import (
     recognize_window,
 )
 from svgen.ir.lower import (
-    anchor_frames,
     lower,
 )
 
@@ -65,6 +68,7 @@ __all__ = [
     "MAX_TABULATED_FRAMES",
     "Neighborhood",
     "Node",
+    "NodeFacts",
     "Not",
     "Predicate",
     "Prefix",
@@ -72,7 +76,6 @@ __all__ = [
     "SpatialWindow",
     "TemporalStride",
     "Text",
-    "anchor_frames",
     "band_width_from_density",
     "evaluate_sympy",
     "lower",

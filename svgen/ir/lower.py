@@ -9,7 +9,7 @@ from svgen.spec.errors import SpecError
 from svgen.spec.expr import parse_predicate
 from svgen.spec import MaskTerm, Spec, dependency_order, pattern_graph
 
-from svgen.ir.nodes import AllOf, AnyOf, BlockCausal, FirstFrame, Node, Not, simplify
+from svgen.ir.nodes import AllOf, BlockCausal, Node, simplify
 from svgen.ir.recognize import recognize_builtins
 
 
@@ -32,17 +32,6 @@ def lower(spec: Spec, term: MaskTerm | None = None) -> Node:
         # whatever the mask says of later ones (they are not in the cache yet).
         node = AllOf((node, BlockCausal(spec.runtime.chunk_frames)))
     return simplify(node)
-
-
-def anchor_frames(node: Node) -> int:
-    """The most leading frames any first_frame in `node` attends (0 if none)."""
-    if isinstance(node, FirstFrame):
-        return node.frames
-    if isinstance(node, (AnyOf, AllOf)):
-        return max(map(anchor_frames, node.children))
-    if isinstance(node, Not):
-        return anchor_frames(node.child)
-    return 0
 
 
 def _pattern_order(term: MaskTerm, patterns: dict[str, MaskTerm]) -> list[str]:

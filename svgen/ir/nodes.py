@@ -45,8 +45,48 @@ def _near(a: np.ndarray, b: np.ndarray, bound: int | None) -> np.ndarray:
     )
 
 
+class NodeFacts:
+    """What the analysis may assume of a mask node, declared with its semantics instead of
+    in isinstance chains across the compiler. Every built-in node inherits this; a primitive
+    overrides the facts that hold for it. The defaults are the safe answers: a node that
+    declares nothing is analyzed the general way (row sets, no per-axis form), is taken to
+    depend on the query's frame and on the segment's start, attends no anchor frames and may
+    keep pairs with text tokens."""
+
+    def anchor_frames(self) -> int:
+        """The most leading frames a first_frame in the node attends (0: none); a
+        temporal-major layout keeps that many frames first."""
+        return 0
+
+    def frame_invariant(self) -> bool:
+        """For video queries, the allowed keys never depend on the query's frame."""
+        return False
+
+    def shift_invariant(self) -> bool:
+        """The node means the same at every segment start under per-video frame numbering
+        (svgen.analysis.video_frames): it reads frames only as f_q - f_k of two video tokens,
+        or none at all."""
+        return False
+
+    def excludes_text(self) -> bool:
+        """The node keeps no pair with a text token."""
+        return False
+
+    def axis_term(self) -> tuple[str, frozenset] | None:
+        """The node as one conjunction of per-axis constraints (svgen.analysis.axis_terms):
+        (its token classes: "video_pair", "any_query_video_key" or "text_involved", its
+        constraints as (axis, kind, parameter) triples), or None when it is not of that
+        kind."""
+        return None
+
+
+def _near_axes(**radii) -> set:
+    """(axis, "near", radius) for each bounded axis radius."""
+    return {(axis, "near", r) for axis, r in radii.items() if r is not None}
+
+
 @dataclasses.dataclass(frozen=True)
-class Always:
+class Always(NodeFacts):
     """Every pair (value=True) or none (value=False)."""
 
     value: bool
@@ -60,9 +100,18 @@ class Always:
     def describe(self):
         return "every pair" if self.value else "no pair"
 
+    def frame_invariant(self) -> bool:
+        return True
+
+    def shift_invariant(self) -> bool:
+        return True
+
+    def excludes_text(self) -> bool:
+        return not self.value
+
 
 @dataclasses.dataclass(frozen=True)
-class FirstFrame:
+class FirstFrame(NodeFacts):
     """k is a video token of the first `frames` frames (any query, text queries included)."""
 
     frames: int
@@ -78,9 +127,18 @@ class FirstFrame:
     def describe(self):
         return f"every query attends the first {self.frames} frame(s)"
 
+    def anchor_frames(self) -> int:
+        return self.frames
+
+    def frame_invariant(self) -> bool:
+        return True
+
+    def axis_term(self):
+        return "any_query_video_key", frozenset({("f", "below", self.frames)})
+
 
 @dataclasses.dataclass(frozen=True)
-class SpatialWindow:
+class SpatialWindow(NodeFacts):
     """Both video, |df| <= frames, |dh| <= rows, |dw| <= cols (None = unbounded)."""
 
     frames: int | None
@@ -114,9 +172,18 @@ class SpatialWindow:
             parts.append(f"|column difference| <= {self.cols}")
         return "spatial window: video pairs with " + ", ".join(parts)
 
+    def shift_invariant(self) -> bool:
+        return True
+
+    def excludes_text(self) -> bool:
+        return True
+
+    def axis_term(self):
+        return "video_pair", frozenset(_near_axes(f=self.frames, h=self.rows, w=self.cols))
+
 
 @dataclasses.dataclass(frozen=True)
-class TemporalStride:
+class TemporalStride(NodeFacts):
     """Both video, |dh| <= rows, |dw| <= cols, df = 0 mod stride, |df| <= frames."""
 
     rows: int
@@ -155,9 +222,24 @@ class TemporalStride:
         stride = "" if self.stride == 1 else f", frame difference divisible by {self.stride}"
         return f"temporal: video pairs at {where}, {frames}{stride}"
 
+    def frame_invariant(self) -> bool:
+        return self.frames is None and self.stride == 1
+
+    def shift_invariant(self) -> bool:
+        return True
+
+    def excludes_text(self) -> bool:
+        return True
+
+    def axis_term(self):
+        parts = _near_axes(h=self.rows, w=self.cols, f=self.frames)
+        if self.stride > 1:
+            parts.add(("f", "stride", self.stride))
+        return "video_pair", frozenset(parts)
+
 
 @dataclasses.dataclass(frozen=True)
-class Band:
+class Band(NodeFacts):
     """|i_q - i_k| <= width, i = position in the layout's order (text included)."""
 
     width: int
@@ -179,9 +261,12 @@ class Band:
     def describe(self):
         return f"band: |position difference| <= {self.width}"
 
+    def shift_invariant(self) -> bool:
+        return True
+
 
 @dataclasses.dataclass(frozen=True)
-class Prefix:
+class Prefix(NodeFacts):
     """The key's position in the layout's order is < tokens."""
 
     tokens: int
@@ -197,9 +282,15 @@ class Prefix:
     def describe(self):
         return f"every query attends the first {self.tokens} positions"
 
+    def frame_invariant(self) -> bool:
+        return True
+
+    def shift_invariant(self) -> bool:
+        return True
+
 
 @dataclasses.dataclass(frozen=True)
-class Text:
+class Text(NodeFacts):
     """q or k is a text token."""
 
     def evaluate(self, q, k):
@@ -211,9 +302,18 @@ class Text:
     def describe(self):
         return "text tokens attend and are attended globally"
 
+    def frame_invariant(self) -> bool:
+        return True
+
+    def shift_invariant(self) -> bool:
+        return True
+
+    def axis_term(self):
+        return "text_involved", frozenset()
+
 
 @dataclasses.dataclass(frozen=True)
-class CausalFrames:
+class CausalFrames(NodeFacts):
     """Both video and f_k <= f_q."""
 
     def evaluate(self, q, k):
@@ -225,9 +325,18 @@ class CausalFrames:
     def describe(self):
         return "causal over frames: video keys of the same or earlier frames"
 
+    def shift_invariant(self) -> bool:
+        return True
+
+    def excludes_text(self) -> bool:
+        return True
+
+    def axis_term(self):
+        return "video_pair", frozenset({("f", "causal", 0)})
+
 
 @dataclasses.dataclass(frozen=True)
-class BlockCausal:
+class BlockCausal(NodeFacts):
     """Both video and f_k // frames <= f_q // frames: causal over chunks of `frames` frames,
     every frame of a chunk attending the whole chunk (CausVid, Self-Forcing). Text tokens
     are not involved; `any_of` with `text: {}` gives them global attention."""
@@ -251,9 +360,18 @@ class BlockCausal:
             f"or earlier chunks"
         )
 
+    def shift_invariant(self) -> bool:
+        return self.frames == 1  # chunks of one frame: f_k <= f_q, a difference
+
+    def excludes_text(self) -> bool:
+        return True
+
+    def axis_term(self):
+        return "video_pair", frozenset({("f", "block", self.frames)})
+
 
 @dataclasses.dataclass(frozen=True)
-class CubeWindow:
+class CubeWindow(NodeFacts):
     """Both video, and the keys' cube within `frames` x `rows` x `cols` cubes of the query's:
     tokens grouped into cubes of cube_frames x cube_rows x cube_cols (aligned to frame, row
     and column 0), |f_q // a - f_k // a| <= frames and likewise for rows and columns. The
@@ -295,9 +413,21 @@ class CubeWindow:
             f"cubes (frames / rows / columns)"
         )
 
+    def shift_invariant(self) -> bool:
+        return self.cube_frames == 1  # deeper cubes are aligned to frame 0
+
+    def axis_term(self):
+        return "video_pair", frozenset(
+            {
+                ("f", "cube", (self.cube_frames, self.frames)),
+                ("h", "cube", (self.cube_rows, self.rows)),
+                ("w", "cube", (self.cube_cols, self.cols)),
+            }
+        )
+
 
 @dataclasses.dataclass(frozen=True)
-class Predicate:
+class Predicate(NodeFacts):
     """A user `expr`, parsed by svgen.spec.expr into sympy; `source` is the user's text."""
 
     source: str
@@ -313,6 +443,23 @@ class Predicate:
 
     def describe(self):
         return f"expr: {self.source}"
+
+    def shift_invariant(self) -> bool:
+        """Shift every video frame the predicate reads by a fresh s: in each case of a pair
+        (video-video, text query, text key; a text token's frame stays 0) s must cancel.
+        Sound: if s survives sympy's automatic simplification the term counts as anchored,
+        never the other way round."""
+        f_q, f_k = _S["f_q"], _S["f_k"]
+        if not ({f_q, f_k} & self.expr.free_symbols):
+            return True
+        s = sympy.Symbol("per_video_shift", integer=True, nonnegative=True)
+        text_q, text_k = _S["is_text_q"], _S["is_text_k"]
+        cases = (
+            {text_q: 0, text_k: 0, f_q: f_q + s, f_k: f_k + s},
+            {text_q: 1, text_k: 0, f_q: 0, f_k: f_k + s},
+            {text_q: 0, text_k: 1, f_q: f_q + s, f_k: 0},
+        )
+        return all(s not in self.expr.subs(case, simultaneous=True).free_symbols for case in cases)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -406,7 +553,7 @@ class Radial(_LoweredPredicate):
 
 
 @dataclasses.dataclass(frozen=True)
-class AnyOf:
+class AnyOf(NodeFacts):
     children: tuple["Node", ...]
 
     def evaluate(self, q, k):
@@ -418,9 +565,21 @@ class AnyOf:
     def describe(self):
         return "any of: " + "; ".join(c.describe() for c in self.children)
 
+    def anchor_frames(self) -> int:
+        return max(c.anchor_frames() for c in self.children)
+
+    def frame_invariant(self) -> bool:
+        return all(c.frame_invariant() for c in self.children)
+
+    def shift_invariant(self) -> bool:
+        return all(c.shift_invariant() for c in self.children)
+
+    def excludes_text(self) -> bool:
+        return all(c.excludes_text() for c in self.children)
+
 
 @dataclasses.dataclass(frozen=True)
-class AllOf:
+class AllOf(NodeFacts):
     children: tuple["Node", ...]
 
     def evaluate(self, q, k):
@@ -432,9 +591,21 @@ class AllOf:
     def describe(self):
         return "all of: " + "; ".join(c.describe() for c in self.children)
 
+    def anchor_frames(self) -> int:
+        return max(c.anchor_frames() for c in self.children)
+
+    def frame_invariant(self) -> bool:
+        return all(c.frame_invariant() for c in self.children)
+
+    def shift_invariant(self) -> bool:
+        return all(c.shift_invariant() for c in self.children)
+
+    def excludes_text(self) -> bool:
+        return any(c.excludes_text() for c in self.children)
+
 
 @dataclasses.dataclass(frozen=True)
-class Not:
+class Not(NodeFacts):
     child: "Node"
 
     def evaluate(self, q, k):
@@ -445,6 +616,15 @@ class Not:
 
     def describe(self):
         return f"not ({self.child.describe()})"
+
+    def anchor_frames(self) -> int:
+        return self.child.anchor_frames()
+
+    def frame_invariant(self) -> bool:
+        return self.child.frame_invariant()
+
+    def shift_invariant(self) -> bool:
+        return self.child.shift_invariant()
 
 
 class Node(Protocol):

@@ -177,22 +177,11 @@ def _recognize_and(terms, geometry, video: bool) -> Node | None:
         children.append(_window_node(windows, geometry))
     if None in children:
         return None
-    if not video and not _excludes_text(AllOf(tuple(children))):
+    if not video and not AllOf(tuple(children)).excludes_text():
         children.append(SpatialWindow(geometry.frames - 1, None, None))  # video pairs only
     if not children:  # guards alone, and every pair is a video pair
         return Always(True)
     return AllOf(tuple(children)) if len(children) > 1 else children[0]
-
-
-def _excludes_text(node: Node) -> bool:
-    """True when the node keeps no pair with a text token."""
-    if isinstance(node, (SpatialWindow, TemporalStride, CausalFrames, BlockCausal)):
-        return True
-    if isinstance(node, AllOf):
-        return any(map(_excludes_text, node.children))
-    if isinstance(node, AnyOf):
-        return all(map(_excludes_text, node.children))
-    return isinstance(node, Always) and not node.value
 
 
 def _frame_relation(e, frames: int) -> Node | None:
