@@ -2,12 +2,14 @@
 
 import ast
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from svgen import codegen, ir
 from svgen.analysis import analyze, query_coordinate_bound
+from svgen.codegen import backends
 from svgen.codegen.predicate import emit_mask
 from svgen.codegen.tilemap import render_tile_map
 from svgen.runtime.layout import TokenLayout
@@ -127,7 +129,7 @@ def test_shipped_modules_parse_and_carry_a_valid_header(spec_path):
 
 
 def test_large_tables_go_to_a_checked_npy_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(codegen, "MAX_INLINE_RUNS", 4)
+    monkeypatch.setitem(backends.BACKENDS, "tpu", replace(backends.TPU, max_inline_runs=4))
     plan = analyze(load_spec(REPO / "specs" / "wan21_720p_spatial.yaml"))
     files = codegen.render(plan, "specs/wan21_720p_spatial.yaml")
     assert sorted(files) == ["wan21_720p_spatial.py", "wan21_720p_spatial_tables.npy"]

@@ -462,9 +462,12 @@ def _two_patterns(a: str, b: str) -> str:
 @pytest.fixture
 def table_files(monkeypatch):
     """Every pattern's runs in a .npy beside the module (as past 4,096 runs)."""
-    from svgen import codegen
+    import dataclasses
 
-    monkeypatch.setattr(codegen, "MAX_INLINE_RUNS", 0)
+    from svgen.codegen import backends
+
+    tpu = dataclasses.replace(backends.TPU, max_inline_runs=0)
+    monkeypatch.setitem(backends.BACKENDS, "tpu", tpu)
 
 
 def test_table_file_names_never_collide_in_one_compile(project, capsys, table_files):

@@ -25,6 +25,7 @@ from svgen import ir
 from svgen.analysis import Plan, check_vmem, query_coordinate_bound
 from svgen.codegen import pyformat
 from svgen.codegen import words as wording
+from svgen.codegen.backends import backend_of
 from svgen.codegen.predicate import MaskSource, aligned_mask, emit_mask
 from svgen.codegen.tilemap import render_tile_map
 from svgen.runtime.kinds import TileKind
@@ -34,11 +35,6 @@ from svgen.runtime.tables import variant_bits
 # `tables.load_runs`, import libtpu_env from svgen.runtime, and GPU modules no longer
 # import the TPU kernel.
 FORMAT_VERSION = 3
-# Above this many runs the step table goes to a .npy file beside the module. A GPU module's
-# runs are at its small classification tiles, a line or two per q tile: readable inline up to
-# a few thousand q tiles (the shipped one: 4,797 runs over 1,182 q tiles).
-MAX_INLINE_RUNS = 4096
-MAX_INLINE_GPU_RUNS = 8192
 _RUNS_PER_LINE = 6
 
 _HEADER_RE = re.compile(
@@ -87,6 +83,7 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
     `options` are the `svgen compile` arguments besides it that the header's Regenerate line
     must repeat (an output directory, a target...) to produce these files again."""
     name = module_stem(plan.spec.name, plan.backend)
+    backend = backend_of(plan)
     files: dict[str, bytes] = {}
     single = len(plan.patterns) == 1
     patterns = []
@@ -101,7 +98,7 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
             "tables_file": None,
             "tables_sha256": None,
         }
-        inline_limit = MAX_INLINE_RUNS if plan.gpu is None else MAX_INLINE_GPU_RUNS
+        inline_limit = backend.max_inline_runs
         if len(runs) > inline_limit:
             data = _npy_bytes(runs.astype(np.int32))
             filename = tables_filename(name if single else f"{name}_{pattern.name}")
@@ -137,7 +134,7 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
         for t in (p["video"]["superset"], *p["video"]["groups"])
     )
     context["any_tables_file"] |= any(p["variants_file"] for p in patterns)
-    body = _environment().get_template("pallas_tpu/module.py.j2").render(context)
+    body = _environment().get_template(backend.template).render(context)
     header = _header(spec_path, options, plan.spec.digest, body)
     files[f"{name}.py"] = (header + body).encode()
     return dict(sorted(files.items()))
@@ -268,7 +265,7 @@ def _chunk_entry(plan: Plan, index: int, stem: str, files: dict[str, bytes]) -> 
     prefix = "" if len(plan.patterns) == 1 else f"{plan.patterns[index].name.upper()}_"
     entry["chunk_runs_name"] = f"{prefix}CHUNK_RUNS"
     entry["num_chunk_runs"] = wording.grouped(len(runs))
-    if len(runs) > MAX_INLINE_RUNS:
+    if len(runs) > backend_of(plan).max_inline_runs:
         data = _npy_bytes(runs.astype(np.int32))
         filename = chunks_filename(stem)
         files[filename] = data
@@ -290,7 +287,7 @@ def _video_entry(plan: Plan, index: int, stem: str, files: dict[str, bytes]) -> 
 
     def table(name: str, runs: np.ndarray, suffix: str) -> dict:
         entry = {"name": name, "num_runs": wording.grouped(len(runs)), "inline": None, "file": None}
-        if len(runs) > MAX_INLINE_RUNS:
+        if len(runs) > backend_of(plan).max_inline_runs:
             data = _npy_bytes(runs.astype(np.int32))
             entry["file"] = f"{stem}_{suffix}.npy"
             entry["sha256"] = hashlib.sha256(data).hexdigest()
@@ -351,7 +348,7 @@ def _select_entry(plan: Plan, stem: str, files: dict[str, bytes]) -> dict | None
         "inline_runs": None,
         "file": None,
     }
-    if len(runs) > MAX_INLINE_RUNS:
+    if len(runs) > backend_of(plan).max_inline_runs:
         data = _npy_bytes(runs.astype(np.int32))
         entry["file"] = candidate_filename(stem)
         entry["sha256"] = hashlib.sha256(data).hexdigest()
@@ -426,7 +423,7 @@ def render_mask_function(mask, layout, name: str = "boundary_mask") -> str:
     `name`), with the query functions before it, rendered by the module template's own
     macro: what tests run is what modules contain."""
     source = emit_mask(mask, layout, owner=name)
-    template = _environment().get_template("pallas_tpu/mask_function.py.j2")
+    template = _environment().get_template("common/mask_function.py.j2")
     return template.module.mask_function(
         name,
         BOUNDARY_MASK_DOC,
@@ -539,7 +536,7 @@ def _runtime_imports(plan: Plan, patterns: list[dict]) -> str:
     # The table format (KernelShape, Pattern, load_runs), libtpu's environment (quiet on a
     # host without a TPU), and the backend that builds `attention`: the TPU kernel's front
     # door, or the GPU kernel (which needs nothing of the TPU one).
-    names = {"tables", "libtpu_env", "gpu" if plan.gpu is not None else "kernel"}
+    names = {"tables", *backend_of(plan).runtime_modules}
     lines = [
         line
         for p in patterns
@@ -571,33 +568,12 @@ def _constants(plan: Plan) -> list[tuple[str, str]]:
         ("HEAD_DIM", str(spec.attention.head_dim)),
         ("DTYPE", pyformat.string(spec.attention.dtype)),
     ]
-    if plan.gpu is not None:
-        return (
-            common
-            + attention
-            + [
-                ("TARGET", pyformat.string(plan.target.name)),
-                ("GPU_BLOCK_Q", str(plan.gpu.block_q)),
-                ("GPU_BLOCK_KV", str(plan.gpu.block_kv)),
-                ("NUM_WARPS", str(plan.gpu.num_warps)),
-                ("NUM_STAGES", str(plan.gpu.num_stages)),
-            ]
-            + _chunk_constants(plan)
-        )
+    backend = backend_of(plan)
     return (
         common
-        + [
-            ("COMPUTE_Q", str(plan.patterns[0].compute_grid.block_q)),
-            ("COMPUTE_KV", str(plan.patterns[0].compute_grid.block_kv)),
-        ]
+        + backend.tiling_constants(plan)
         + attention
-        + [
-            ("SLOTS_PER_PIECE", str(plan.tables.slots)),
-            ("TARGET", pyformat.string(plan.target.name)),
-            ("VMEM_LIMIT_BYTES", str(plan.vmem.limit())),
-            ("TENSOR_CORES", str(plan.target.cores_per_chip)),
-            ("MXU_WIDTH", str(plan.target.mxu_width)),
-        ]
+        + backend.kernel_constants(plan)
         + _chunk_constants(plan)
     )
 
@@ -627,7 +603,9 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
                 index=index,
                 name=pattern.name,
                 words=pattern.mask.describe(),
-                lines=wording.pattern_lines(pattern, [r["name"] for r in files["residuals"]], plan),
+                lines=wording.pattern_lines(
+                    pattern, [r["name"] for r in files["residuals"]], plan, backend_of(plan)
+                ),
                 tile_map=render_tile_map(pattern.kinds),
                 layout_args=_layout_args(pattern.layout),
                 num_runs=wording.grouped(len(pattern.table.runs)),
@@ -641,11 +619,10 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
         "name": spec.name,
         "spec_path": spec_path,
         "single": len(plan.patterns) == 1,
-        "summary": wording.kernel_lines(plan),
+        "summary": wording.kernel_lines(plan, backend_of(plan)),
         "heads": wording.heads_words(plan),
         "patterns": patterns,
         "constants": _constants(plan),
-        "gpu": plan.gpu is not None,
         "bounded_softmax": spec.attention.softmax == "bounded",
         # some head's kernel order is not the user's: attention(..., token_order="kernel")
         "reorders": any(not p.layout.is_identity for p in plan.patterns),

@@ -40,9 +40,9 @@ def residual_names(pattern, prefix: str) -> list[str]:
     )
 
 
-def kernel_lines(plan: Plan) -> list[str]:
-    """Geometry, attention, the kernel (grid, tables, target), and what its run-time calls
-    add (KV-cache chunks, a selection policy)."""
+def kernel_lines(plan: Plan, backend) -> list[str]:
+    """Geometry, attention, then what `backend` (the plan's svgen.codegen.backends.Backend)
+    says of its kernel (grid, tables, target, and what its run-time calls add)."""
     spec, layout, grid = plan.spec, plan.layout, plan.grid
     text_where = f", {spec.geometry.text_position}" if layout.text_tokens else ""
     summary = [
@@ -51,11 +51,8 @@ def kernel_lines(plan: Plan) -> list[str]:
         f"{text_where}; seq_len {grouped(layout.seq_len)} (padded to {grouped(grid.padded_seq_len)})",
         f"Attention: {spec.attention.heads} heads x head_dim {spec.attention.head_dim}, "
         f"{spec.attention.dtype}",
-        *_kernel_words(plan),
     ]
-    if plan.gpu is not None:  # its launch: one program per q tile, worded in the Kernel line
-        return summary
-    return summary + _chunk_lines(plan) + _select_lines(plan)
+    return summary + backend.kernel_words(plan)
 
 
 def heads_words(plan: Plan) -> str:
@@ -115,39 +112,6 @@ def _tiling_from(plan: Plan) -> str:
     return ""
 
 
-def _kernel_words(plan: Plan) -> list[str]:
-    """The docstring's Kernel line(s): the TPU grid and SMEM tables, or the GPU launch."""
-    if plan.gpu is None:
-        lines = [
-            f"Kernel: {_grid_steps_words(plan)}, pieces of up to "
-            f"{plan.tables.slots} kv tile(s); tables {grouped(plan.table_bytes)} bytes of SMEM "
-            f"(scalar prefetch)",
-            f"Target: {plan.target.name}{_tiling_from(plan)}; VMEM {_mib(plan.vmem.total)} "
-            f"(scoped limit "
-            f"{_mib(plan.vmem.limit())})",
-        ]
-        if plan.spec.attention.softmax == "bounded":
-            lines.append(
-                "Softmax: bounded max per q tile where every row's |q| * max |k| is within "
-                "svgen.runtime.softmax.BOUND_LIMIT, else online (attention.softmax_modes "
-                "tells which)"
-            )
-        return lines
-    gpu, tables, grid = plan.gpu, plan.tables, plan.grid
-    lines = [
-        f"Kernel: GPU (Pallas Triton) for {plan.target.description}: one program per q tile "
-        f"and head, {grouped(tables.num_q_tiles)} q tiles of {gpu.block_q} x kv tiles of "
-        f"{gpu.block_kv}, {gpu.num_warps} warps, {gpu.num_stages} stages; CSR tables "
-        f"{grouped(tables.nbytes)} bytes",
-    ]
-    if (grid.block_q, grid.block_kv) != (gpu.block_q, gpu.block_kv):
-        lines.append(
-            f"Classified at {grid.block_q} x {grid.block_kv} tiles (the GPU tiles' grid would "
-            f"exceed MAX_TILE_PAIRS); each GPU tile has the kind of the tile it lies in"
-        )
-    return lines
-
-
 def _grid_steps_words(plan: Plan) -> str:
     if not plan.tables.flat:
         return f"{grouped(plan.grid_steps)} grid steps per head"
@@ -176,9 +140,10 @@ def _residual_lines(pattern, names: list[str]) -> list[str]:
     return lines
 
 
-def pattern_lines(pattern, residual_names: list[str], plan: Plan) -> list[str]:
+def pattern_lines(pattern, residual_names: list[str], plan: Plan, backend) -> list[str]:
     """Docstring lines of one pattern: counts, density, residual masks (named by
-    `residual_names`), straight-line BOUNDARY tiles, visited fraction."""
+    `residual_names`), straight-line BOUNDARY tiles, visited fraction (what `backend`, the
+    plan's svgen.codegen.backends.Backend, does per visited tile)."""
     layout, grid, c = pattern.layout, pattern.grid, pattern.classification
     counts = pattern.tile_counts()
     if c.density_is_exact:
@@ -217,7 +182,7 @@ def pattern_lines(pattern, residual_names: list[str], plan: Plan) -> list[str]:
         *_residual_lines(pattern, residual_names),
         *_straight_lines(pattern, plan),
         f"Visited fraction: {pattern.visited_fraction:.4f} of tiles "
-        f"({grouped(pattern.table.visited_steps)} steps doing work per head)",
+        f"({grouped(pattern.table.visited_steps)} {backend.visits} per head)",
     ]
     if c.unproven_tiles:
         lines.append(
@@ -231,7 +196,7 @@ def _straight_lines(pattern, plan: Plan) -> list[str]:
     """The blocks words whose BOUNDARY tiles the TPU kernel runs straight-line on static
     tables (svgen.runtime.straight; none on GPU, none for a selection, which always runs its
     own tables)."""
-    if plan.gpu is not None or plan.spec.select is not None:
+    if plan.backend != "tpu" or plan.spec.select is not None:
         return []
     shape = pattern_shape(plan.spec, pattern)
     words = straight_words(pattern.table.runs, shape, whole_mask=pattern.residuals is None)

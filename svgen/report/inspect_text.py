@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from svgen.analysis import Plan
 from svgen.codegen import words
+from svgen.codegen.backends import backend_of
 from svgen.codegen.tilemap import render_tile_map
 
 
@@ -18,14 +19,15 @@ def inspect_lines(plan: Plan, spec_file: str) -> list[str]:
     """The whole text report: the kernel, how heads get their pattern, then per pattern its
     statistics and tile map, as the module's docstring says them."""
     lines = [f"{plan.spec.name} ({spec_file})"]
-    lines += [f"  {line}" for line in words.kernel_lines(plan)]
+    backend = backend_of(plan)
+    lines += [f"  {line}" for line in words.kernel_lines(plan, backend)]
     lines.append(f"  Heads: {words.heads_words(plan)}")
     single = len(plan.patterns) == 1
     for index, pattern in enumerate(plan.patterns):
         title = "Pattern" if single else f"Pattern {index}, {pattern.name}"
         residuals = words.residual_names(pattern, "" if single else f"{pattern.name}_")
         lines += ["", f"  {title}: {pattern.mask.describe()}"]
-        lines += [f"    {line}" for line in words.pattern_lines(pattern, residuals, plan)]
+        lines += [f"    {line}" for line in words.pattern_lines(pattern, residuals, plan, backend)]
         lines.append("    Tile map:")
         lines += [f"      {line}" for line in render_tile_map(pattern.kinds)]
     return lines

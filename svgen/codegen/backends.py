@@ -1,0 +1,145 @@
+"""The compile side of each backend: what a plan of that backend contributes to its module.
+
+A generated module is the shared template (templates/common/module.py.j2) and the spec's
+data; a backend adds its template (the blocks it fills), the svgen.runtime module that
+builds `attention`, its constants, how many runs it keeps inline, and the lines its
+docstring says about the kernel. The run-time side of each backend is its `Attention`
+(svgen.runtime.kernel, svgen.runtime.gpu); the analysis plans for either (analysis.analyze).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from svgen.analysis import Plan
+from svgen.codegen import pyformat
+from svgen.codegen.words import (
+    _chunk_lines,
+    _grid_steps_words,
+    _mib,
+    _select_lines,
+    _tiling_from,
+    grouped,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """One backend's compile side (see the module docstring)."""
+
+    name: str  # "tpu", "gpu": Plan.backend
+    template: str  # the module template, extending common/module.py.j2
+    # The svgen.runtime modules its module imports besides the shared ones (tables, ...).
+    runtime_modules: tuple[str, ...]
+    # Above this many runs a table goes to a .npy file beside the module.
+    max_inline_runs: int
+    # Its constants (NAME, literal): after the tiles' (SEQ_LEN ... BLOCK_KV), and after the
+    # attention's (HEADS, HEAD_DIM, DTYPE).
+    tiling_constants: Callable[[Plan], list[tuple[str, str]]]
+    kernel_constants: Callable[[Plan], list[tuple[str, str]]]
+    # The docstring's lines on the kernel (after geometry and attention).
+    kernel_words: Callable[[Plan], list[str]]
+    # What the kernel does per visited tile of a head, in the docstring's Visited line.
+    visits: str
+
+
+def _tpu_tiling(plan: Plan) -> list[tuple[str, str]]:
+    """The TPU kernel's compute blocks."""
+    compute = plan.patterns[0].compute_grid
+    return [("COMPUTE_Q", str(compute.block_q)), ("COMPUTE_KV", str(compute.block_kv))]
+
+
+def _tpu_kernel(plan: Plan) -> list[tuple[str, str]]:
+    """Its walk's piece length and the chip's facts."""
+    return [
+        ("SLOTS_PER_PIECE", str(plan.tables.slots)),
+        ("TARGET", pyformat.string(plan.target.name)),
+        ("VMEM_LIMIT_BYTES", str(plan.vmem.limit())),
+        ("TENSOR_CORES", str(plan.target.cores_per_chip)),
+        ("MXU_WIDTH", str(plan.target.mxu_width)),
+    ]
+
+
+def _tpu_words(plan: Plan) -> list[str]:
+    """The grid and SMEM tables, the target and VMEM, the softmax, and what its run-time
+    calls add (KV-cache chunks, a selection policy)."""
+    lines = [
+        f"Kernel: {_grid_steps_words(plan)}, pieces of up to "
+        f"{plan.tables.slots} kv tile(s); tables {grouped(plan.table_bytes)} bytes of SMEM "
+        f"(scalar prefetch)",
+        f"Target: {plan.target.name}{_tiling_from(plan)}; VMEM {_mib(plan.vmem.total)} "
+        f"(scoped limit "
+        f"{_mib(plan.vmem.limit())})",
+    ]
+    if plan.spec.attention.softmax == "bounded":
+        lines.append(
+            "Softmax: bounded max per q tile where every row's |q| * max |k| is within "
+            "svgen.runtime.softmax.BOUND_LIMIT, else online (attention.softmax_modes "
+            "tells which)"
+        )
+    return lines + _chunk_lines(plan) + _select_lines(plan)
+
+
+def _gpu_words(plan: Plan) -> list[str]:
+    """Its launch (one program per q tile, which is also how its chunks and selections run)
+    and its CSR tables."""
+    gpu, tables, grid = plan.gpu, plan.tables, plan.grid
+    lines = [
+        f"Kernel: GPU (Pallas Triton) for {plan.target.description}: one program per q tile "
+        f"and head, {grouped(tables.num_q_tiles)} q tiles of {gpu.block_q} x kv tiles of "
+        f"{gpu.block_kv}, {gpu.num_warps} warps, {gpu.num_stages} stages; CSR tables "
+        f"{grouped(tables.nbytes)} bytes",
+    ]
+    if (grid.block_q, grid.block_kv) != (gpu.block_q, gpu.block_kv):
+        lines.append(
+            f"Classified at {grid.block_q} x {grid.block_kv} tiles (the GPU tiles' grid would "
+            f"exceed MAX_TILE_PAIRS); each GPU tile has the kind of the tile it lies in"
+        )
+    return lines
+
+
+def _no_constants(plan: Plan) -> list[tuple[str, str]]:
+    return []
+
+
+def _gpu_kernel(plan: Plan) -> list[tuple[str, str]]:
+    """The GPU kernel's launch: its tiles, warps and stages."""
+    return [
+        ("TARGET", pyformat.string(plan.target.name)),
+        ("GPU_BLOCK_Q", str(plan.gpu.block_q)),
+        ("GPU_BLOCK_KV", str(plan.gpu.block_kv)),
+        ("NUM_WARPS", str(plan.gpu.num_warps)),
+        ("NUM_STAGES", str(plan.gpu.num_stages)),
+    ]
+
+
+TPU = Backend(
+    name="tpu",
+    template="pallas_tpu/module.py.j2",
+    # libtpu_env: quiet where no TPU is attached (the module's first statement)
+    runtime_modules=("kernel", "libtpu_env"),
+    max_inline_runs=4096,
+    tiling_constants=_tpu_tiling,
+    kernel_constants=_tpu_kernel,
+    kernel_words=_tpu_words,
+    visits="steps doing work",
+)
+GPU = Backend(
+    name="gpu",
+    template="pallas_triton/module.py.j2",
+    runtime_modules=("gpu",),
+    # Its runs are at its small classification tiles, a line or two per q tile: readable
+    # inline up to a few thousand q tiles (the shipped one: 4,797 runs over 1,182 q tiles).
+    max_inline_runs=8192,
+    tiling_constants=_no_constants,
+    kernel_constants=_gpu_kernel,
+    kernel_words=_gpu_words,
+    visits="tiles computed",
+)
+BACKENDS = {b.name: b for b in (TPU, GPU)}
+
+
+def backend_of(plan: Plan) -> Backend:
+    """The compile side of the plan's backend."""
+    return BACKENDS[plan.backend]
