@@ -59,21 +59,6 @@ def check_batched(plan, out, q, k, v, head_pattern, dtype):
 # -- numerics in interpret mode ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spec_path", MASK_SPECS, ids=lambda p: p.stem)
-def test_shipped_spec_scaled_down(spec_path, compile_text):
-    """Every shipped spec at 520 video tokens (+ text): not a multiple of the 64 x 64 GPU
-    tiles, every pattern on some head, head_pattern traced."""
-    plan, module = compile_text(scaled_spec_text(spec_path))
-    attention = gpu.gpu_attention_of(module)
-    for index in range(len(plan.patterns)):  # the masked path is exercised
-        assert (attention.tables.kinds(index) == TileKind.BOUNDARY).any()
-    q, k, v = mixed_inputs(plan, "float32", seed=zlib.crc32(spec_path.stem.encode()), heads=2)
-    head_pattern = np.arange(2) % len(plan.patterns)
-    out = run_traced(attention, q, k, v, head_pattern)
-    assert out.shape == q.shape and out.dtype == q.dtype
-    check_per_head(plan, out, q, k, v, head_pattern, "float32")
-
-
 @pytest.mark.parametrize("name", MIXED_SPECS)
 def test_mixed_heads_bfloat16_with_batch(name, compile_text):
     """Frame-major and temporal-major heads in one call, text none / first / last, bf16,
@@ -153,41 +138,6 @@ def test_full_tile_past_the_end_masks_padding_keys():
     out = np.asarray(attention(q, k, v, interpret=True))
     ref = masked_attention_reference(q, k, v, np.ones((200, 200), bool))
     assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) <= 1e-5
-
-
-def test_rows_without_keys_are_zero(compile_text):
-    """Text queries see nothing under a pure spatial window: exactly 0, never NaN."""
-    text = """
-svgen: 1
-name: lonely_text
-geometry: {frames: 3, height: 4, width: 30, text_tokens: 70, text_position: first}
-attention: {heads: 2, head_dim: 64, dtype: float32}
-mask: {spatial_window: {frames: 0, rows: 1}}
-tiling: {block_q: 128, block_kv: 128}
-"""
-    plan, module = compile_text(text)
-    attention = gpu.gpu_attention_of(module)
-    q, k, v = mixed_inputs(plan, "float32", seed=3, heads=2)
-    out = attention(q, k, v, interpret=True)
-    keep = dense_keep(plan.mask, plan.layout)
-    assert (~keep.any(axis=1)).sum() == 70
-    check_per_head(plan, out, q, k, v, [0, 0], "float32")
-
-
-def test_empty_mask_gives_zeros(compile_text):
-    text = """
-svgen: 1
-name: nothing
-geometry: {frames: 2, height: 3, width: 40}
-attention: {heads: 1, head_dim: 128, dtype: float32}
-mask: {all_of: [{first_frame: {frames: 1}}, {not: {first_frame: {frames: 1}}}]}
-tiling: {block_q: 128, block_kv: 128}
-"""
-    _, module = compile_text(text)
-    attention = gpu.gpu_attention_of(module)
-    assert attention.tables.visited(0) == 0
-    q = np.random.default_rng(0).standard_normal((1, 240, 128)).astype(np.float32)
-    assert np.all(np.asarray(attention(q, q, q, interpret=True)) == 0.0)
 
 
 @pytest.mark.parametrize("seed", range(4))

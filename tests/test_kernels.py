@@ -1,4 +1,5 @@
-"""Every shipped spec's kernel, at a scaled-down geometry, against a float64 dense reference.
+"""The TPU kernel's own behavior, at scaled-down geometries, against a float64 dense reference
+(what every backend must do, the shipped specs scaled down among it, is test_kernel_base.py).
 
 Interpret mode runs the Pallas TPU kernel on the CPU with NaN-initialized buffers
 (InterpretParams(uninitialized_memory="nan")): an output row the kernel never writes stays
@@ -40,18 +41,6 @@ def run_and_compare(plan, module, dtype, seed, batch=None):
     no_keys = ~keep.any(axis=1)
     assert np.all(out[..., no_keys, :] == 0.0)
     return keep
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("spec_path", MASK_SPECS, ids=lambda p: p.stem)
-def test_shipped_spec_scaled_down(spec_path, dtype, compile_text):
-    plan, module = compile_text(scaled_spec_text(spec_path, dtype=dtype))
-    for pattern in plan.patterns:
-        assert pattern.tile_counts()["boundary"] > 0  # the masked path is exercised
-    q, k, v = mixed_inputs(plan, dtype, seed=zlib.crc32(spec_path.stem.encode()), heads=2)
-    head_pattern = np.arange(2) % len(plan.patterns)  # every pattern on some head
-    out = module.attention(q, k, v, head_pattern=head_pattern, interpret=POISONED)
-    check_per_head(plan, out, q, k, v, head_pattern, dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -114,38 +103,6 @@ tiling: {block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}
     plan, module = compile_text(text, smem_budget=140)
     assert plan.tables.slots > 1 and plan.tables.blocks is not None
     run_and_compare(plan, module, "float32", seed=12)
-
-
-def test_rows_without_keys_are_zero_and_batch_dims_work(compile_text):
-    """Text queries see nothing under a pure spatial window: their rows must be exactly 0."""
-    text = """
-svgen: 1
-name: lonely_text
-geometry: {frames: 3, height: 4, width: 30, text_tokens: 70, text_position: first}
-attention: {heads: 2, head_dim: 128, dtype: float32}
-mask: {spatial_window: {frames: 0, rows: 1}}
-tiling: {block_q: 128, block_kv: 128}
-"""
-    plan, module = compile_text(text)
-    keep = run_and_compare(plan, module, "float32", seed=3, batch=2)
-    assert (~keep.any(axis=1)).sum() == 70
-
-
-def test_empty_mask_gives_zeros(compile_text):
-    text = """
-svgen: 1
-name: nothing
-geometry: {frames: 2, height: 3, width: 40}
-attention: {heads: 1, head_dim: 128, dtype: float32}
-mask: {all_of: [{first_frame: {frames: 1}}, {not: {first_frame: {frames: 1}}}]}
-tiling: {block_q: 128, block_kv: 128}
-"""
-    plan, module = compile_text(text)
-    assert plan.tile_counts()["empty"] == plan.kinds.size
-    rng = np.random.default_rng(0)
-    q = rng.standard_normal((1, 240, 128)).astype(np.float32)
-    out = np.asarray(module.attention(q, q, q, interpret=POISONED))
-    assert np.all(out == 0.0)
 
 
 def test_pieces_longer_than_one_tile(compile_text):
