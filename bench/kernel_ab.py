@@ -1,11 +1,15 @@
 """A kernel change, before and after, on the attached TPU, in one process.
 
-    python bench/kernel_ab.py SPEC[@BQxBKV[/CQxCKV]]... --set NAME=VALUE... [--backward]
-        [--iters N] [--json FILE] [--target CHIP] [--interpret]
+    python bench/kernel_ab.py SPEC[@BQxBKV[/CQxCKV]]... [--set NAME=VALUE]...
+        [--runtime MODULE.NAME=VALUE]... [--backward] [--iters N] [--json FILE]
+        [--target CHIP] [--interpret]
 
 "After" is the module `svgen compile` writes today for the chip; "before" is the same module
 with the named constants set back (for example `--set MXU_WIDTH=256`: the row sum from
-[V | 1], as every chip ran it before v5e learned to take it across lanes). The two are
+[V | 1], as every chip ran it before v5e learned to take it across lanes), and with the named
+svgen.runtime constants set while it is imported and traced (for example `--runtime
+straight.MAX_WORDS=2`: two straight-line BOUNDARY bodies a pattern instead of eight, a smaller
+kernel program). The two are
 timed in turn, each the median of `--iters` calls after two warm-ups (first calls timed
 alone), both checked on sampled rows against a float32 reference. Splash given the same mask
 and dense Splash at its best blocks are timed beside them by `svgen bench`'s engine
@@ -19,6 +23,8 @@ on the CPU: checks the script, times nothing that means anything).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import importlib.util
 import json
 import pathlib
@@ -43,6 +49,42 @@ def parse_setting(text: str) -> tuple[str, str]:
     if not sep or not re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE (a module constant), got {text!r}")
     return name, value
+
+
+def parse_runtime_setting(text: str) -> tuple[str, str, object]:
+    """MODULE.NAME=VALUE: a constant of svgen.runtime.MODULE and a Python literal."""
+    import ast
+
+    target, sep, value = text.partition("=")
+    module, dot, name = target.partition(".")
+    if not (
+        sep and dot and re.fullmatch(r"[a-z_]+", module) and re.fullmatch(r"[A-Z][A-Z0-9_]*", name)
+    ):
+        raise argparse.ArgumentTypeError(
+            f"expected MODULE.NAME=VALUE (a constant of svgen.runtime.MODULE), got {text!r}"
+        )
+    try:
+        return module, name, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        raise argparse.ArgumentTypeError(f"{text!r}: the value must be a Python literal") from None
+
+
+@contextlib.contextmanager
+def runtime_overrides(settings):
+    """svgen.runtime constants set to the given values inside the block, restored after (an
+    unknown module or constant is an error: a typo must not time the same kernel twice)."""
+    saved = []
+    try:
+        for module_name, name, value in settings:
+            module = importlib.import_module(f"svgen.runtime.{module_name}")
+            if not hasattr(module, name):
+                raise SystemExit(f"svgen.runtime.{module_name} has no constant {name}")
+            saved.append((module, name, getattr(module, name)))
+            setattr(module, name, value)
+        yield
+    finally:
+        for module, name, value in reversed(saved):
+            setattr(module, name, value)
 
 
 def import_as(path: pathlib.Path, name: str):
@@ -70,8 +112,11 @@ def before_module(spec, target: str, settings, folder: pathlib.Path):
     return plan, import_as(before, f"_kernel_ab_before_{spec.name}_{abs(hash(str(folder)))}")
 
 
-def time_before(spec, target, settings, options, progress) -> dict:
-    with tempfile.TemporaryDirectory(prefix="kernel-ab-") as folder:
+def time_before(spec, target, settings, options, progress, runtime=()) -> dict:
+    """The "before" module timed: its constants `settings`, and the svgen.runtime constants
+    `runtime` in force while it is imported and traced (its kernels are traced in the first
+    calls, under the overrides too)."""
+    with tempfile.TemporaryDirectory(prefix="kernel-ab-") as folder, runtime_overrides(runtime):
         plan, module = before_module(spec, target, settings, pathlib.Path(folder))
         assignment = head_patterns(module)
         q, k, v = chip_bench.draw_inputs(module, options.seed)
@@ -109,8 +154,9 @@ def row(result: dict, direction: str) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("items", nargs="+", type=parse_item, metavar="SPEC[@TILING]")
+    parser.add_argument("--set", dest="settings", type=parse_setting, action="append", default=[])
     parser.add_argument(
-        "--set", dest="settings", type=parse_setting, action="append", required=True
+        "--runtime", dest="runtime", type=parse_runtime_setting, action="append", default=[]
     )
     parser.add_argument("--backward", action="store_true")
     parser.add_argument("--iters", type=int, default=10)
@@ -118,6 +164,8 @@ def main(argv=None) -> int:
     parser.add_argument("--target", default=None, help="the chip to compile for (--interpret only)")
     parser.add_argument("--interpret", action="store_true")
     args = parser.parse_args(argv)
+    if not args.settings and not args.runtime:
+        parser.error("nothing to compare: give --set NAME=VALUE or --runtime MODULE.NAME=VALUE")
     chip = chip_bench.script_chip("kernel_ab", args.interpret, args.target)
     if chip is None:
         return 2
@@ -129,7 +177,12 @@ def main(argv=None) -> int:
     def progress(line: str) -> None:
         print(f"kernel_ab [{time.monotonic() - start:6.1f} s] {line}", file=sys.stderr, flush=True)
 
-    report = {"chip": chip, "settings_before": dict(args.settings), "specs": []}
+    report = {
+        "chip": chip,
+        "settings_before": dict(args.settings),
+        "runtime_before": {f"{m}.{n}": v for m, n, v in args.runtime},
+        "specs": [],
+    }
     report.update(chip_bench.versions() if not args.interpret else {})
     report["commit"] = chip_bench.commit()
     report["source_digest"] = chip_bench.source_digest()
@@ -139,7 +192,9 @@ def main(argv=None) -> int:
         if tiling is not None:
             spec = measured_tune.with_tiling(spec, tiling)
         result = chip_bench.bench_spec(spec, chip, options, progress=progress, dense=dense)
-        result["before"] = time_before(spec, chip, args.settings, options, progress)
+        result["before"] = time_before(
+            spec, chip, args.settings, options, progress, tuple(args.runtime)
+        )
         report["specs"].append(result)
         if args.json:
             args.json.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")

@@ -2,6 +2,10 @@
 compiles it for the target on this host (AOT, no chip needed).
 
     python bench/kernel_size.py SPEC[@BQxBKV[/CQxCKV]]... [--target v5e]
+        [--runtime MODULE.NAME=VALUE]...
+
+--runtime sets a constant of svgen.runtime.MODULE while each module is imported and compiled
+(for example straight.MAX_WORDS=2: at most two straight-line BOUNDARY bodies a pattern).
 
 On a TPU v5e the chip ran every kernel of up to 43K bundles within 1.09-1.14x of the static
 model, and every one of 71K or more 1.3-6.3x slower than the model or than the same tiling's
@@ -18,15 +22,16 @@ import sys
 import tempfile
 import time
 
-from kernel_ab import parse_item
+from kernel_ab import parse_item, parse_runtime_setting, runtime_overrides
 
 from svgen.perf import chip_bench, measure, measured_tune
 from svgen.spec import load_spec
 
 
-def kernel_bundles(spec, target: str) -> int:
-    """The forward kernel's final bundles, compiled for `target`."""
-    with tempfile.TemporaryDirectory(prefix="kernel-size-") as folder:
+def kernel_bundles(spec, target: str, runtime=()) -> int:
+    """The forward kernel's final bundles, compiled for `target` (`runtime`: svgen.runtime
+    constants in force meanwhile, as kernel_ab takes them)."""
+    with tempfile.TemporaryDirectory(prefix="kernel-size-") as folder, runtime_overrides(runtime):
         _, module = chip_bench.compile_module(spec, target, pathlib.Path(folder))
         return len(measure._compile(module, target).bundles)
 
@@ -35,6 +40,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("items", nargs="+", type=parse_item, metavar="SPEC[@TILING]")
     parser.add_argument("--target", default="v5e", choices=("v5e", "v6e", "v7x"))
+    parser.add_argument("--runtime", type=parse_runtime_setting, action="append", default=[])
     args = parser.parse_args(argv)
     print("| spec | tiling | forward kernel bundles |")
     print("|---|---|---:|")
@@ -43,7 +49,7 @@ def main(argv=None) -> int:
         if tiling is not None:
             spec = measured_tune.with_tiling(spec, tiling)
         start = time.monotonic()
-        bundles = kernel_bundles(spec, args.target)
+        bundles = kernel_bundles(spec, args.target, tuple(args.runtime))
         t = spec.tiling
         name = f"{t.block_q}x{t.block_kv}/{t.cq}x{t.ckv}"
         print(f"| {spec.name} | {name} | {bundles:,} |", flush=True)

@@ -44,6 +44,15 @@ from svgen.runtime.tables import (
 )
 
 
+# Residual masks (svgen.analysis.residuals): where the compiler found them, a BOUNDARY block
+# runs the part of its pattern's mask that is not decided on it. Chosen by the static model;
+# on a TPU v5e the modules that have them compile to the largest programs, which ran 2-5x
+# over the model (docs/measured.md, "Kernel size"). False builds every module's kernel
+# without them (whole masks, as `analyze(..., residual_masks=False)` would), for
+# `bench/kernel_ab.py --runtime kernel.RESIDUAL_MASKS=False` to time the two on the chip.
+RESIDUAL_MASKS = True
+
+
 class TpuAttention(Attention):
     """`attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None,
     token_order="user"[, segment_ids=None][, text_lengths=None][, q_frame_offset=None])` on
@@ -87,12 +96,14 @@ class TpuAttention(Attention):
         kv_cache: chunks.KvCache | None = None,
         select: "select_policy.Selection | None" = None,
     ):
+        # Each pattern's residual masks, where they are in use (RESIDUAL_MASKS).
+        residuals = [tuple(p.residual_masks) if RESIDUAL_MASKS else () for p in patterns]
         tables = PieceTables.from_runs(
             [p.runs for p in patterns],
             slots,
             shape.compute_blocks,
             walks_flat(len(patterns), shape.tensor_cores),
-            [p.run_variants if p.residual_masks else None for p in patterns],
+            [p.run_variants if r else None for p, r in zip(patterns, residuals)],
         )
         super().__init__(
             shape,
@@ -110,10 +121,10 @@ class TpuAttention(Attention):
                 p.boundary_mask,
                 p.layout,
                 tuple(p.query_coords),
-                tuple(p.residual_masks),
-                straight_words(p.runs, shape, whole_mask=not p.residual_masks),
+                r,
+                straight_words(p.runs, shape, whole_mask=not r),
             )
-            for p in self.patterns
+            for p, r in zip(self.patterns, residuals)
         ]
         self.cube_dma = cube_dma(self.layouts, shape)
         # Temporal-major heads: one Pallas pass per tensor (svgen.runtime.permute) instead of

@@ -1,0 +1,90 @@
+"""bench/kernel_ab.py's settings on a CPU: the svgen.runtime constants it sets for the "before"
+kernel (parsed strictly, set while that module is built and traced, restored after), and one
+run of the script in Pallas's interpreter whose "before" runs fewer straight-line bodies."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import pytest
+
+sys.path.insert(0, "bench")
+import kernel_ab  # noqa: E402
+
+from svgen.runtime import kernel, straight  # noqa: E402
+
+from helpers import REPO  # noqa: E402
+from kernel_helpers import POISONED, check_per_head, mixed_inputs  # noqa: E402
+
+# A band with a prefix sink at a small size: 2 x 4 compute blocks a tile, straight words.
+BAND = """\
+svgen: 1
+name: ab_band
+geometry: {frames: 5, height: 8, width: 15}
+attention: {heads: 2, head_dim: 128, dtype: float32}
+layout: frame_major
+mask:
+  any_of:
+    - band: {width: 150}
+    - prefix: {tokens: 100}
+tiling: {block_q: 256, block_kv: 512, compute_q: 128, compute_kv: 128}
+"""
+
+
+def test_runtime_settings_are_parsed_strictly():
+    assert kernel_ab.parse_runtime_setting("straight.MAX_WORDS=2") == ("straight", "MAX_WORDS", 2)
+    assert kernel_ab.parse_runtime_setting("backward.FUSED_DQ=False")[2] is False
+    for bad in (
+        "MAX_WORDS=2",
+        "straight.max_words=2",
+        "straight.MAX_WORDS",
+        "straight.X=os.system",
+    ):
+        with pytest.raises(argparse.ArgumentTypeError):
+            kernel_ab.parse_runtime_setting(bad)
+
+
+def test_overrides_hold_inside_the_block_only_and_refuse_unknown_names(compile_text):
+    with kernel_ab.runtime_overrides([("straight", "MAX_WORDS", 0)]):
+        assert straight.MAX_WORDS == 0
+        _, module = compile_text(BAND)
+        assert module.attention.codes[0].straight_words == ()
+    assert straight.MAX_WORDS == 8
+    _, module = compile_text(BAND)
+    assert module.attention.codes[0].straight_words  # today's kernel has bodies
+    with pytest.raises(SystemExit, match="has no constant MAX_WORD"):
+        with kernel_ab.runtime_overrides([("straight", "MAX_WORD", 0)]):
+            pass
+    assert straight.MAX_WORDS == 8
+
+
+def test_a_run_in_the_interpreter_times_before_and_after(tmp_path, capsys):
+    (tmp_path / "band.yaml").write_text(BAND)
+    out = tmp_path / "ab.json"
+    argv = [str(tmp_path / "band.yaml"), "--runtime", "straight.MAX_WORDS=0", "--iters", "1"]
+    assert kernel_ab.main(argv + ["--interpret", "--target", "v5e", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["runtime_before"] == {"straight.MAX_WORDS": 0}
+    (result,) = report["specs"]
+    assert result["before"]["forward"]["max_error"] < 1e-4  # checked against the reference
+    assert result["svgen_forward"]["ok"] is True
+    assert "| ab_band | forward |" in capsys.readouterr().out
+    assert straight.MAX_WORDS == 8
+
+
+def test_without_residual_masks_every_boundary_block_runs_the_whole_mask(compile_text):
+    """kernel.RESIDUAL_MASKS=False (what kernel_ab times against today's kernel): no variants
+    table, no residual branches, and the output still the mask's."""
+    text = (REPO / "bench" / "specs" / "features" / "residual.yaml").read_text()
+    _, module = compile_text(text)
+    assert module.attention.tables.variants is not None and module.attention.codes[0].residual_masks
+    with kernel_ab.runtime_overrides([("kernel", "RESIDUAL_MASKS", False)]):
+        plan, module = compile_text(text)
+    assert kernel.RESIDUAL_MASKS is True
+    assert module.attention.tables.variants is None
+    assert module.attention.codes[0].residual_masks == ()
+    q, k, v = mixed_inputs(plan, "float32", seed=5, heads=2)
+    out = module.attention(q, k, v, interpret=POISONED)
+    check_per_head(plan, out, q, k, v, [0, 0], "float32")
