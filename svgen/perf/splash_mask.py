@@ -83,25 +83,29 @@ def packed_keep_bits(pattern, seq_len: int, padded: int, strip_rows: int = STRIP
 
 
 class PackedKeep(mask_lib.Mask):
-    """A Splash `Mask` over a bit-packed keep[q, k] (one pattern, kernel order). Splash asks
-    for blocks by slices; each comes unpacked. Equal only to itself, so heads that share the
-    object share Splash's mask processing and partial blocks."""
+    """A Splash `Mask` over a bit-packed keep[q, k] (one pattern, kernel order; square, or
+    with `cols` keys a rectangle: a chunk's rows against every key). Splash asks for blocks
+    by slices; each comes unpacked. Equal only to itself, so heads that share the object
+    share Splash's mask processing and partial blocks."""
 
-    def __init__(self, name: str, bits: np.ndarray):
-        if bits.ndim != 2 or bits.dtype != np.uint8 or bits.shape[1] * 8 != bits.shape[0]:
-            raise ValueError(f"expected uint8 [n, n / 8] bits, got {bits.dtype} {bits.shape}")
+    def __init__(self, name: str, bits: np.ndarray, cols: int | None = None):
+        cols = bits.shape[0] if cols is None else cols
+        if bits.ndim != 2 or bits.dtype != np.uint8 or bits.shape[1] != -(-cols // 8):
+            raise ValueError(
+                f"expected uint8 [rows, {cols} / 8] bits, got {bits.dtype} {bits.shape}"
+            )
         self.name = name
         self.bits = bits
+        self._cols = cols
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (self.bits.shape[0], self.bits.shape[0])
+        return (self.bits.shape[0], self._cols)
 
     def __getitem__(self, idx) -> np.ndarray:
         rows, cols = idx
-        n = self.shape[0]
-        r0, r1 = _bounds(rows, n)
-        c0, c1 = _bounds(cols, n)
+        r0, r1 = _bounds(rows, self.shape[0])
+        c0, c1 = _bounds(cols, self.shape[1])
         byte0, byte1 = c0 // 8, -(-c1 // 8)
         unpacked = np.unpackbits(self.bits[r0:r1, byte0:byte1], axis=-1)
         return unpacked[:, c0 - 8 * byte0 : c1 - 8 * byte0].astype(np.bool_)

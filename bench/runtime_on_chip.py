@@ -1,0 +1,316 @@
+"""svgen's run-time features on the attached TPU, each against what a user would run instead,
+in one process.
+
+    python bench/runtime_on_chip.py [--chunks SPEC] [--packed SPEC --videos N]
+        [--positions P,...] [--blocks BQ,BKV,BKVC] [--iters N] [--json FILE]
+        [--target CHIP] [--interpret]
+
+--chunks SPEC (a spec with `runtime.kv_cache` on a contiguous cache): one chunk step of
+Self-Forcing-style generation per chunk position, the chunk's queries against the keys of
+the whole video: svgen's chunked call (`attention(q_chunk, k, v, q_frame_offset=...)`)
+against Splash given the same rectangular mask (the chunk's rows against every key, the
+module's own mask function, block-causal rule included) and dense Splash on the same
+rectangle.
+
+--packed SPEC (a spec with `runtime.segments`): a batch of N videos packed into one sequence
+(contiguous segments of equal length): svgen's call with `segment_ids` against Splash given
+the spec's mask with Splash's own segment ids, and dense Splash with segment ids.
+
+Each row: the median of --iters calls after two warm-ups (first calls timed alone); svgen's
+output and Splash's (given the same mask) compared on every row. A table goes to stdout;
+--json keeps every figure with the chip, versions, commit and source digest. Without a TPU
+it stops with one line (exit 2), unless --interpret (Pallas's interpreter on the CPU: checks
+the script, times nothing that means anything).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from svgen.perf import chip_bench
+from svgen.perf.splash_mask import PackedKeep, make_splash
+from svgen.spec import load_spec
+
+
+# ----------------------------------------------------------------------------- masks
+def rect_keep_bits(pattern, q_first: int, rows: int, shape: tuple[int, int], seq_len: int):
+    """uint8 [padded rows, padded keys / 8]: the pattern's mask for queries q_first ..
+    q_first + rows - 1 (kernel order) against keys 0 .. seq_len - 1, bit-packed along keys;
+    padding rows and keys keep nothing."""
+    import jax
+    import jax.numpy as jnp
+
+    from svgen.runtime import coords
+
+    padded_rows, padded_keys = shape
+
+    @jax.jit
+    def strip(first):
+        q_pos = first + jnp.arange(256, dtype=jnp.int32).reshape(256, 1)
+        k_pos = jnp.arange(padded_keys, dtype=jnp.int32).reshape(1, padded_keys)
+        q_in = jnp.minimum(q_pos, q_first + rows - 1)
+        k_in = jnp.minimum(k_pos, seq_len - 1)
+        keep = coords.keep(pattern.boundary_mask, pattern.layout, q_in, k_in)
+        real = (q_pos < q_first + rows) & (k_pos < seq_len)
+        return jnp.packbits(jnp.broadcast_to(keep, real.shape) & real, axis=-1)
+
+    out = np.zeros((padded_rows, padded_keys // 8), np.uint8)
+    for start in range(0, padded_rows, 256):
+        block = np.asarray(strip(np.int32(q_first + start)))
+        out[start : start + 256] = block[: padded_rows - start]
+    return out
+
+
+def _multiple(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+# ----------------------------------------------------------------------------- timing
+def _splash_fn(mask_lib, masks, blocks, interpret, rows, keys, scale, segments=None):
+    """A jitted Splash call on [heads, rows, d] queries against [heads, keys, d] keys: pads
+    both to the mask's shape, scales q, drops the padding rows."""
+    import jax
+    import jax.numpy as jnp
+
+    kernel = make_splash(mask_lib.MultiHeadMask(masks), blocks, False, interpret)
+    padded_rows, padded_keys = masks[0].shape
+
+    def call(q, k, v):
+        q = chip_bench.pad_tokens(q * jnp.asarray(scale, q.dtype), padded_rows)
+        k, v = (chip_bench.pad_tokens(x, padded_keys) for x in (k, v))
+        out = kernel(q, k, v) if segments is None else kernel(q, k, v, segment_ids=segments)
+        return out[:, :rows]
+
+    return jax.jit(call)
+
+
+def _time(fn, args, options, progress, label) -> tuple[dict, object]:
+    progress(label)
+    try:
+        timing, out = chip_bench.time_calls(
+            fn, args, warmup=options.warmup, iters=options.iters, clock=time.perf_counter
+        )
+    except Exception as exc:  # a kernel that does not compile or run: recorded, not fatal
+        return {"error": chip_bench._short(exc)}, None
+    return timing.to_json(), out
+
+
+def _difference(a, b) -> float | None:
+    if a is None or b is None:
+        return None
+    a, b = (np.asarray(x, np.float32) for x in (a, b))
+    return float(np.max(np.abs(a - b)))
+
+
+# ----------------------------------------------------------------------------- chunks
+def bench_chunks(spec, chip, options, positions, blocks, progress) -> dict:
+    import jax
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
+
+    with tempfile.TemporaryDirectory(prefix="runtime-on-chip-") as folder:
+        plan, module = chip_bench.compile_module(spec, chip, pathlib.Path(folder))
+        attention = module.attention
+        kv_cache = attention.kv_cache
+        if kv_cache is None or kv_cache.ring_sink is not None:
+            raise SystemExit(f"{spec.name}: --chunks takes a spec with a contiguous KV cache")
+        if not plan.layout.is_identity:
+            raise SystemExit(f"{spec.name}: --chunks takes a frame-major spec (token order)")
+        q, k, v = chip_bench.draw_inputs(module, options.seed)
+        rows, seq = kv_cache.rows, int(module.SEQ_LEN)
+        frames = plan.spec.runtime.chunk_frames
+        scale = 1.0 / float(np.sqrt(int(module.HEAD_DIM)))
+        shape = (_multiple(rows, blocks[0]), _multiple(seq, int(np.lcm(blocks[1], blocks[2]))))
+        pattern = attention.patterns[0]
+        chunks = []
+        for position in positions:
+            first = position * rows
+            q_chunk = q[:, first : first + rows]
+            entry = {"position": position, "rows": rows, "keys": seq}
+            svgen_fn = jax.jit(
+                lambda q, k, v, f=position * frames: attention(
+                    q, k, v, q_frame_offset=f, interpret=options.interpret
+                )
+            )
+            entry["svgen"], mine = _time(
+                svgen_fn, (q_chunk, k, v), options, progress, f"chunk {position}: svgen"
+            )
+            bits = rect_keep_bits(pattern, first, rows, shape, seq)
+            keep = PackedKeep(f"chunk {position}", bits, shape[1])
+            masks = [keep] * int(module.HEADS)
+            splash = _splash_fn(mask_lib, masks, blocks, options.interpret, rows, seq, scale)
+            entry["splash_mask"], theirs = _time(
+                splash, (q_chunk, k, v), options, progress, f"chunk {position}: Splash, mask"
+            )
+            entry["max_difference"] = _difference(mine, theirs)
+            full = [mask_lib.FullMask(shape)] * int(module.HEADS)
+            dense = _splash_fn(mask_lib, full, blocks, options.interpret, rows, seq, scale)
+            entry["splash_dense"], _ = _time(
+                dense, (q_chunk, k, v), options, progress, f"chunk {position}: Splash, dense"
+            )
+            entry["kept_fraction"] = float(np.unpackbits(bits).mean() * np.prod(shape))
+            entry["kept_fraction"] /= rows * seq
+            chunks.append(entry)
+            del q_chunk, mine, theirs
+        return {"spec": spec.name, "kind": "chunks", "blocks": list(blocks), "chunks": chunks}
+
+
+# ----------------------------------------------------------------------------- packed
+def bench_packed(spec, chip, options, videos: int, blocks, progress) -> dict:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
+
+    from svgen.perf import splash_mask
+
+    with tempfile.TemporaryDirectory(prefix="runtime-on-chip-") as folder:
+        plan, module = chip_bench.compile_module(spec, chip, pathlib.Path(folder))
+        if "segment_ids" not in module.attention.runtime.arguments():
+            raise SystemExit(f"{spec.name}: --packed takes a spec with runtime.segments")
+        if len(plan.patterns) != 1 or not plan.layout.is_identity:
+            raise SystemExit(f"{spec.name}: --packed takes one frame-major pattern")
+        q, k, v = chip_bench.draw_inputs(module, options.seed)
+        seq, heads = int(module.SEQ_LEN), int(module.HEADS)
+        ids = np.minimum(np.arange(seq) * videos // seq, videos - 1).astype(np.int32)
+        scale = 1.0 / float(np.sqrt(int(module.HEAD_DIM)))
+        padded = splash_mask.padded_length(seq, *blocks)
+        # Padding tokens: a segment of their own, whose keys no real query sees.
+        padded_ids = jnp.asarray(np.concatenate([ids, np.full(padded - seq, videos, np.int32)]))
+        segments = sk.SegmentIds(q=padded_ids, kv=padded_ids)
+        result = {"spec": spec.name, "kind": "packed", "videos": videos, "tokens": seq}
+        result["blocks"] = list(blocks)
+        svgen_fn = jax.jit(
+            lambda q, k, v: module.attention(q, k, v, segment_ids=ids, interpret=options.interpret)
+        )
+        result["svgen"], mine = _time(svgen_fn, (q, k, v), options, progress, "packed: svgen")
+        masks = list(splash_mask.splash_mask(module, padded, (0,) * heads).masks)
+        splash = _splash_fn(mask_lib, masks, blocks, options.interpret, seq, seq, scale, segments)
+        result["splash_mask"], theirs = _time(
+            splash, (q, k, v), options, progress, "packed: Splash, mask + segment ids"
+        )
+        result["max_difference"] = _difference(mine, theirs)
+        full = [mask_lib.FullMask((padded, padded))] * heads
+        dense = _splash_fn(mask_lib, full, blocks, options.interpret, seq, seq, scale, segments)
+        result["splash_dense"], _ = _time(
+            dense, (q, k, v), options, progress, "packed: Splash, dense + segment ids"
+        )
+        return result
+
+
+# ----------------------------------------------------------------------------- the table
+def _ms(entry: dict) -> str:
+    return f"{entry['median_ms']:.2f}" if "median_ms" in entry else "failed"
+
+
+def _ratio(theirs: dict, mine: dict) -> str:
+    if "median_ms" not in theirs or "median_ms" not in mine:
+        return "-"
+    return f"{theirs['median_ms'] / mine['median_ms']:.2f}x"
+
+
+def table(results: list[dict]) -> list[str]:
+    lines = [
+        "| spec | call | svgen ms | Splash, same mask ms | Splash, dense ms | vs same mask | vs dense | max diff |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        calls = (
+            [(f"chunk {c['position']}", c) for c in r["chunks"]]
+            if r["kind"] == "chunks"
+            else [(f"{r['videos']} videos packed", r)]
+        )
+        for name, c in calls:
+            diff = "-" if c["max_difference"] is None else f"{c['max_difference']:.1e}"
+            lines.append(
+                f"| {r['spec']} | {name} | {_ms(c['svgen'])} | {_ms(c['splash_mask'])} | "
+                f"{_ms(c['splash_dense'])} | {_ratio(c['splash_mask'], c['svgen'])} | "
+                f"{_ratio(c['splash_dense'], c['svgen'])} | {diff} |"
+            )
+    return lines
+
+
+def _blocks(text: str) -> tuple[int, int, int]:
+    try:
+        blocks = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        blocks = ()
+    if len(blocks) != 3 or any(b < 128 or b % 128 for b in blocks):
+        raise argparse.ArgumentTypeError(f"expected BQ,BKV,BKVC, multiples of 128, got {text!r}")
+    return blocks
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--chunks", type=pathlib.Path)
+    parser.add_argument("--packed", type=pathlib.Path)
+    parser.add_argument("--videos", type=int, default=4)
+    parser.add_argument("--positions", help="chunk positions, comma-separated (default: all)")
+    parser.add_argument(
+        "--blocks",
+        type=_blocks,
+        default=chip_bench.MASK_BLOCKS,
+        help="Splash's block_q,block_kv,block_kv_compute (default: svgen bench's for a mask)",
+    )
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--json", type=pathlib.Path)
+    parser.add_argument("--target", default=None, help="the chip to compile for (--interpret only)")
+    parser.add_argument("--interpret", action="store_true")
+    args = parser.parse_args(argv)
+    if args.chunks is None and args.packed is None:
+        parser.error("nothing to time: give --chunks SPEC and/or --packed SPEC")
+    if args.videos < 1:
+        parser.error("--videos must be at least 1")
+    chip = chip_bench.script_chip("runtime_on_chip", args.interpret, args.target)
+    if chip is None:
+        return 2
+    options = chip_bench.Options(iters=args.iters, interpret=args.interpret)
+    start = time.monotonic()
+
+    def progress(line: str) -> None:
+        print(
+            f"runtime_on_chip [{time.monotonic() - start:6.1f} s] {line}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    report = {
+        "chip": chip,
+        "commit": chip_bench.commit(),
+        "source_digest": chip_bench.source_digest(),
+    }
+    report.update(chip_bench.versions() if not args.interpret else {})
+    report["results"] = []
+
+    def save() -> None:
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+
+    if args.chunks is not None:
+        spec = load_spec(args.chunks, chip=chip)
+        count = spec.geometry.frames // spec.runtime.chunk_frames
+        positions = (
+            range(count) if args.positions is None else [int(p) for p in args.positions.split(",")]
+        )
+        if any(not 0 <= p < count for p in positions):
+            parser.error(f"--positions: {spec.name} has chunk positions 0 .. {count - 1}")
+        chunks = bench_chunks(spec, chip, options, list(positions), args.blocks, progress)
+        report["results"].append(chunks)
+        save()
+    if args.packed is not None:
+        spec = load_spec(args.packed, chip=chip)
+        packed = bench_packed(spec, chip, options, args.videos, args.blocks, progress)
+        report["results"].append(packed)
+        save()
+    print("\n".join(table(report["results"])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
