@@ -2,7 +2,7 @@
 in one process.
 
     python bench/runtime_on_chip.py [--chunks SPEC] [--packed SPEC --videos N]
-        [--positions P,...] [--blocks BQ,BKV,BKVC] [--iters N] [--json FILE]
+        [--select SPEC] [--positions P,...] [--blocks BQ,BKV,BKVC] [--iters N] [--json FILE]
         [--target CHIP] [--interpret]
 
 --chunks SPEC (a spec with `runtime.kv_cache` on a contiguous cache): one chunk step of
@@ -15,6 +15,11 @@ rectangle.
 --packed SPEC (a spec with `runtime.segments`): a batch of N videos packed into one sequence
 (contiguous segments of equal length): svgen's call with `segment_ids` against Splash given
 the spec's mask with Splash's own segment ids, and dense Splash with segment ids.
+
+--select SPEC (a spec with `select`): svgen's call, which chooses blocks from q and k and runs
+them, against what a user can give Splash ahead of time: the superset of every choice (the
+mask and every block the candidate region lets a call choose), and dense Splash. Outputs
+differ by design (Splash runs more pairs): not compared.
 
 Each row: the median of --iters calls after two warm-ups (first calls timed alone); svgen's
 output and Splash's (given the same mask) compared on every row. A table goes to stdout;
@@ -65,6 +70,35 @@ def rect_keep_bits(pattern, q_first: int, rows: int, shape: tuple[int, int], seq
     for start in range(0, padded_rows, 256):
         block = np.asarray(strip(np.int32(q_first + start)))
         out[start : start + 256] = block[: padded_rows - start]
+    return out
+
+
+def superset_keep_bits(module, padded: int) -> np.ndarray:
+    """uint8 [padded, padded / 8]: a selection module's mask or any block its candidate region
+    lets a call choose (kernel order, bit-packed along keys; padding keeps nothing)."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    from svgen.runtime import coords
+
+    attention, seq = module.attention, int(module.SEQ_LEN)
+    pattern, shape = attention.patterns[0], attention.shape
+    selectable = jnp.asarray(attention.select.selectable)
+
+    @jax.jit
+    def strip(first):
+        q_pos = first + jnp.arange(256, dtype=jnp.int32).reshape(256, 1)
+        k_pos = jnp.arange(padded, dtype=jnp.int32).reshape(1, padded)
+        q_in, k_in = jnp.minimum(q_pos, seq - 1), jnp.minimum(k_pos, seq - 1)
+        keep = coords.keep(pattern.boundary_mask, pattern.layout, q_in, k_in)
+        chosen = selectable[lax.div(q_in, shape.cq), lax.div(k_in, shape.ckv)]
+        real = (q_pos < seq) & (k_pos < seq)
+        return jnp.packbits((jnp.broadcast_to(keep, real.shape) | chosen) & real, axis=-1)
+
+    out = np.zeros((padded, padded // 8), np.uint8)
+    for start in range(0, padded, 256):
+        out[start : start + 256] = np.asarray(strip(np.int32(start)))[: padded - start]
     return out
 
 
@@ -204,6 +238,40 @@ def bench_packed(spec, chip, options, videos: int, blocks, progress) -> dict:
         return result
 
 
+# ----------------------------------------------------------------------------- select
+def bench_select(spec, chip, options, blocks, progress) -> dict:
+    import jax
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
+
+    from svgen.perf import splash_mask
+
+    with tempfile.TemporaryDirectory(prefix="runtime-on-chip-") as folder:
+        plan, module = chip_bench.compile_module(spec, chip, pathlib.Path(folder))
+        if module.attention.select is None or not plan.layout.is_identity:
+            raise SystemExit(f"{spec.name}: --select takes a frame-major spec with `select`")
+        q, k, v = chip_bench.draw_inputs(module, options.seed)
+        seq, heads = int(module.SEQ_LEN), int(module.HEADS)
+        scale = 1.0 / float(np.sqrt(int(module.HEAD_DIM)))
+        padded = splash_mask.padded_length(seq, *blocks)
+        result = {"spec": spec.name, "kind": "select", "blocks": list(blocks)}
+        svgen_fn = jax.jit(lambda q, k, v: module.attention(q, k, v, interpret=options.interpret))
+        result["svgen"], _ = _time(svgen_fn, (q, k, v), options, progress, "select: svgen")
+        bits = superset_keep_bits(module, padded)
+        result["superset_kept_fraction"] = float(np.unpackbits(bits).mean()) * padded**2 / seq**2
+        masks = [PackedKeep("select superset", bits)] * heads
+        splash = _splash_fn(mask_lib, masks, blocks, options.interpret, seq, seq, scale)
+        result["splash_mask"], _ = _time(
+            splash, (q, k, v), options, progress, "select: Splash, the superset of choices"
+        )
+        full = [mask_lib.FullMask((padded, padded))] * heads
+        dense = _splash_fn(mask_lib, full, blocks, options.interpret, seq, seq, scale)
+        result["splash_dense"], _ = _time(
+            dense, (q, k, v), options, progress, "select: Splash, dense"
+        )
+        result["max_difference"] = None  # different pairs by design
+        return result
+
+
 # ----------------------------------------------------------------------------- the table
 def _ms(entry: dict) -> str:
     return f"{entry['median_ms']:.2f}" if "median_ms" in entry else "failed"
@@ -221,11 +289,12 @@ def table(results: list[dict]) -> list[str]:
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        calls = (
-            [(f"chunk {c['position']}", c) for c in r["chunks"]]
-            if r["kind"] == "chunks"
-            else [(f"{r['videos']} videos packed", r)]
-        )
+        if r["kind"] == "chunks":
+            calls = [(f"chunk {c['position']}", c) for c in r["chunks"]]
+        elif r["kind"] == "packed":
+            calls = [(f"{r['videos']} videos packed", r)]
+        else:  # Splash's column: the superset of every choice
+            calls = [("select (Splash: superset)", r)]
         for name, c in calls:
             diff = "-" if c["max_difference"] is None else f"{c['max_difference']:.1e}"
             lines.append(
@@ -251,6 +320,7 @@ def main(argv=None) -> int:
     parser.add_argument("--chunks", type=pathlib.Path)
     parser.add_argument("--packed", type=pathlib.Path)
     parser.add_argument("--videos", type=int, default=4)
+    parser.add_argument("--select", type=pathlib.Path)
     parser.add_argument("--positions", help="chunk positions, comma-separated (default: all)")
     parser.add_argument(
         "--blocks",
@@ -263,8 +333,8 @@ def main(argv=None) -> int:
     parser.add_argument("--target", default=None, help="the chip to compile for (--interpret only)")
     parser.add_argument("--interpret", action="store_true")
     args = parser.parse_args(argv)
-    if args.chunks is None and args.packed is None:
-        parser.error("nothing to time: give --chunks SPEC and/or --packed SPEC")
+    if args.chunks is None and args.packed is None and args.select is None:
+        parser.error("nothing to time: give --chunks, --packed or --select SPEC")
     if args.videos < 1:
         parser.error("--videos must be at least 1")
     chip = chip_bench.script_chip("runtime_on_chip", args.interpret, args.target)
@@ -307,6 +377,10 @@ def main(argv=None) -> int:
         spec = load_spec(args.packed, chip=chip)
         packed = bench_packed(spec, chip, options, args.videos, args.blocks, progress)
         report["results"].append(packed)
+        save()
+    if args.select is not None:
+        spec = load_spec(args.select, chip=chip)
+        report["results"].append(bench_select(spec, chip, options, args.blocks, progress))
         save()
     print("\n".join(table(report["results"])))
     return 0

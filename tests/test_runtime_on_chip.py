@@ -1,6 +1,7 @@
-"""bench/runtime_on_chip.py on a CPU, in Pallas's interpreter: a chunk step and a packed batch
-of small specs, svgen's output against Splash's given the same mask (and segment ids), and
-the rectangular mask it hands Splash against brute force."""
+"""bench/runtime_on_chip.py on a CPU, in Pallas's interpreter: a chunk step, a packed batch and
+a selection call of small specs, svgen's output against Splash's given the same mask (and
+segment ids), and the masks it hands Splash (a chunk's rectangle, a selection's superset)
+against brute force."""
 
 from __future__ import annotations
 
@@ -44,6 +45,31 @@ runtime: {segments: true}
 """
 
 
+SELECT = """
+svgen: 1
+name: tiny_select
+geometry: {frames: 4, height: 8, width: 16}
+attention: {heads: 2, head_dim: 128, dtype: float32}
+layout: frame_major
+mask:
+  any_of:
+    - first_frame: {frames: 1}
+    - spatial_window: {frames: 0}
+select:
+  candidate: {spatial_window: {frames: 2}}
+  top_k: {k: 1}
+tiling: {block_q: 128, block_kv: 128}
+"""
+
+
+def test_the_select_superset_is_the_mask_and_every_selectable_block(compile_text):
+    plan, module = compile_text(SELECT)
+    bits = runtime_on_chip.superset_keep_bits(module, 512)
+    keep = PackedKeep("superset", bits)[0:512, 0:512]
+    selectable = np.kron(module.attention.select.selectable, np.ones((128, 128), bool))
+    np.testing.assert_array_equal(keep, dense_keep(plan.mask, plan.layout) | selectable)
+
+
 def test_the_chunk_mask_is_the_modules_mask_on_the_chunks_rows(compile_text):
     plan, module = compile_text(CHUNKS)
     pattern = module.attention.patterns[0]
@@ -63,9 +89,14 @@ def test_chunk_steps_and_a_packed_batch_in_the_interpreter(tmp_path, capsys):
     out = tmp_path / "runtime.json"
     argv = ["--chunks", str(tmp_path / "chunks.yaml"), "--positions", "0,2"]
     argv += ["--packed", str(tmp_path / "packed.yaml"), "--videos", "2"]
+    (tmp_path / "select.yaml").write_text(SELECT)
+    argv += ["--select", str(tmp_path / "select.yaml")]
     argv += ["--blocks", "128,128,128", "--iters", "1", "--interpret", "--target", "v5e"]
     assert runtime_on_chip.main(argv + ["--json", str(out)]) == 0
-    chunks, packed = json.loads(out.read_text())["results"]
+    chunks, packed, select = json.loads(out.read_text())["results"]
+    for kernel in ("svgen", "splash_mask", "splash_dense"):
+        assert "median_ms" in select[kernel], (kernel, select[kernel])
+    assert 0 < select["superset_kept_fraction"] < 1
     assert [c["position"] for c in chunks["chunks"]] == [0, 2]
     for entry in chunks["chunks"] + [packed]:
         for kernel in ("svgen", "splash_mask", "splash_dense"):
@@ -73,3 +104,4 @@ def test_chunk_steps_and_a_packed_batch_in_the_interpreter(tmp_path, capsys):
         assert entry["max_difference"] < 1e-4  # svgen and Splash agree on every row
     table = capsys.readouterr().out
     assert "| tiny_chunks | chunk 2 |" in table and "| tiny_packed | 2 videos packed |" in table
+    assert "| tiny_select | select (Splash: superset) |" in table
