@@ -27,7 +27,17 @@ def test_wheel_contains_the_templates(tmp_path):
     assert result.returncode == 0, result.stderr
     (wheel,) = tmp_path.glob("svgen-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "svgen/templates/pallas_tpu/module.py.j2" in names
+    templates = {
+        f"svgen/templates/{name}"
+        for name in (
+            "common/module.py.j2",
+            "common/mask_function.py.j2",
+            "common/arguments.py.j2",
+            "pallas_tpu/module.py.j2",
+            "pallas_triton/module.py.j2",
+        )
+    }
+    assert templates <= set(names), templates - set(names)  # every backend's, and the shared
     assert "svgen/runtime/kernel.py" in names
     assert {
         "svgen/analysis/gpu_specs/h100_sxm.txtpb",
