@@ -41,11 +41,11 @@ from svgen.runtime.softmax import LOG2_E
 from svgen.runtime.steps import (
     EXACT_GRID,
     Block,
-    StepView,
-    grid_step,
     head_operands,
     lanes,
     scratch_buffer,
+    walk_step,
+    walk_view,
 )
 from svgen.runtime.variant import BackwardVariant, TableWalk
 from svgen.runtime.video_frames import ShiftedFrames
@@ -146,17 +146,7 @@ def _walk(
     variant = variant_of(walk, len(operands))
 
     def view(outer, step, refs):
-        return StepView(
-            refs,
-            heads,
-            outer,
-            step,
-            walk.single,
-            walk.has_lengths,
-            walk.has_blocks,
-            walk.flat,
-            walk.per_row,
-        )
+        return walk_view(refs, walk, outer, step)
 
     def index_map_of(kind: str):
         def index_map(outer, step, slot, *refs):
@@ -245,15 +235,7 @@ def _dq_kernel(*refs, variant: BackwardVariant):
     )
     q_ref, k_ref, v_ref, do_ref, lse_ref, d_ref = r.q, r.k, r.v, r.do, r.lse, r.delta
     id_refs, dq_ref, acc, lse_col, d_col = r.id_refs, r.dq, r.acc, r.lse_col, r.delta_col
-    view, kind, q_tile, kv_tile, active, is_first, is_last = grid_step(
-        r.tables,
-        walk.heads,
-        walk.single,
-        walk.has_lengths,
-        walk.has_blocks,
-        walk.flat,
-        walk.per_row,
-    )
+    view, kind, q_tile, kv_tile, active, is_first, is_last = walk_step(r.tables, walk)
     blocks = [
         Block(qi, ki, shape)
         for qi in range(shape.q_blocks_per_tile)
@@ -315,15 +297,7 @@ def _dkv_kernel(*refs, variant: BackwardVariant):
     k_ref, v_ref, q_ref, do_ref, lse_ref, d_ref = r.k, r.v, r.q, r.do, r.lse, r.delta
     id_refs, dk_ref, dv_ref, dk_acc, dv_acc = r.id_refs, r.dk, r.dv, r.dk_acc, r.dv_acc
     dq_hbm, dq_step, dq_buf, dq_sems = r.dq_hbm, r.dq_step, r.dq_buf, r.dq_sems
-    view, kind, kv_tile, q_tile, active, is_first, is_last = grid_step(
-        r.tables,
-        walk.heads,
-        walk.single,
-        walk.has_lengths,
-        walk.has_blocks,
-        walk.flat,
-        walk.per_row,
-    )
+    view, kind, kv_tile, q_tile, active, is_first, is_last = walk_step(r.tables, walk)
     q_first = r.tables[-1][view.row] if variant.chunked else None
     key_map = None
     if variant.ring is not None:  # a rolling cache's slots -> video keys, in masked blocks

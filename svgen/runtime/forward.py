@@ -72,10 +72,11 @@ from svgen.runtime.steps import (
     EXACT_GRID,
     Block,
     StepView,
-    grid_step,
     head_operands,
     lanes,
     scratch_buffer,
+    walk_step,
+    walk_view,
 )
 from svgen.runtime.tables import (
     KIND_MASK,
@@ -181,15 +182,7 @@ def _attention_kernel(*refs, variant: ForwardVariant):
     if variant.cube is not None:  # cube DMA: each [a, b, c, d] box read as [cube tokens, d]
         r = dataclasses.replace(r, q=BoxRows(r.q), k=BoxRows(r.k), v=BoxRows(r.v), o=BoxRows(r.o))
     walk, shape = variant.walk, variant.shape
-    view, kind, q_block, kv_block, active, is_first, is_last = grid_step(
-        r.tables,
-        walk.heads,
-        walk.single,
-        walk.has_lengths,
-        walk.has_blocks,
-        walk.flat,
-        per_row=walk.per_row,
-    )
+    view, kind, q_block, kv_block, active, is_first, is_last = walk_step(r.tables, walk)
     step = _Step(
         variant,
         r,
@@ -607,18 +600,7 @@ def flat_attention(
     )
 
     def view(outer, step, table_refs):
-        walk = variant.walk
-        return StepView(
-            table_refs,
-            walk.heads,
-            outer,
-            step,
-            walk.single,
-            walk.has_lengths,
-            walk.has_blocks,
-            walk.flat,
-            per_row=walk.per_row,
-        )
+        return walk_view(table_refs, variant.walk, outer, step)
 
     def block_index(row, tile):
         return (row, tile, 0) if cubes is None else (row, *cubes.box(tile), 0)

@@ -301,3 +301,32 @@ def scratch_buffer(operand):
         return pltpu.SemaphoreType.DMA(operand.shape)
     memory = pltpu.SMEM if operand.memory == "smem" else pltpu.VMEM
     return memory(operand.shape, jnp.dtype(operand.dtype))
+
+
+def walk_view(table_refs, walk, outer, step) -> StepView:
+    """The StepView of a kernel's walk (svgen.runtime.variant.TableWalk) at grid indices
+    (outer, step): what its index maps read."""
+    return StepView(
+        table_refs,
+        walk.heads,
+        outer,
+        step,
+        walk.single,
+        walk.has_lengths,
+        walk.has_blocks,
+        walk.flat,
+        walk.per_row,
+    )
+
+
+def walk_step(table_refs, walk):
+    """grid_step for a kernel's walk (svgen.runtime.variant.TableWalk)."""
+    return grid_step(
+        table_refs,
+        walk.heads,
+        walk.single,
+        walk.has_lengths,
+        walk.has_blocks,
+        walk.flat,
+        walk.per_row,
+    )
