@@ -569,3 +569,19 @@ def scaled_spec_text(path, text_tokens=None, heads=2, tiling=None, dtype="float3
     scale(spec.get("mask", {}))
     scale(spec.get("patterns", {}))
     return yaml.safe_dump(spec, sort_keys=False)
+
+
+# A band with a prefix sink at a small size (as the blog spec): 2 x 4 compute blocks a tile,
+# so its BOUNDARY tiles have straight-line words, and the last kv tile holds padding keys.
+STRAIGHT_BAND = """\
+svgen: 1
+name: {name}
+geometry: {{frames: 5, height: 8, width: 15}}
+attention: {{heads: 2, head_dim: 128, dtype: float32}}
+layout: frame_major
+mask:
+  any_of:
+    - band: {{width: 150}}
+    - prefix: {{tokens: 100}}
+tiling: {{block_q: 256, block_kv: 512, compute_q: 128, compute_kv: 128}}
+"""

@@ -15,22 +15,10 @@ import kernel_ab  # noqa: E402
 
 from svgen.runtime import kernel, straight  # noqa: E402
 
-from helpers import REPO  # noqa: E402
+from helpers import REPO, STRAIGHT_BAND  # noqa: E402
 from kernel_helpers import POISONED, check_per_head, mixed_inputs  # noqa: E402
 
-# A band with a prefix sink at a small size: 2 x 4 compute blocks a tile, straight words.
-BAND = """\
-svgen: 1
-name: ab_band
-geometry: {frames: 5, height: 8, width: 15}
-attention: {heads: 2, head_dim: 128, dtype: float32}
-layout: frame_major
-mask:
-  any_of:
-    - band: {width: 150}
-    - prefix: {tokens: 100}
-tiling: {block_q: 256, block_kv: 512, compute_q: 128, compute_kv: 128}
-"""
+BAND = STRAIGHT_BAND.format(name="ab_band")
 
 
 def test_runtime_settings_are_parsed_strictly():

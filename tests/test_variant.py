@@ -18,22 +18,9 @@ from svgen.perf import measure
 from svgen.runtime import backward, forward
 from svgen.runtime.variant import BackwardVariant, ForwardVariant, TableWalk
 
-from helpers import REPO
+from helpers import REPO, STRAIGHT_BAND
 
-# A band with a prefix sink at a small size (tests/test_straight_tiles.py): straight words,
-# and the last kv tile holds padding keys.
-BAND = """\
-svgen: 1
-name: variant_band
-geometry: {frames: 5, height: 8, width: 15}
-attention: {heads: 2, head_dim: 128, dtype: float32}
-layout: frame_major
-mask:
-  any_of:
-    - band: {width: 150}
-    - prefix: {tokens: 100}
-tiling: {block_q: 256, block_kv: 512, compute_q: 128, compute_kv: 128}
-"""
+BAND = STRAIGHT_BAND.format(name="variant_band")
 
 
 def _variant(module, **fields) -> ForwardVariant:

@@ -552,8 +552,23 @@ class Radial(_LoweredPredicate):
         return cls(words, expr)
 
 
+class _Combination(NodeFacts):
+    """any_of / all_of: facts that hold when they hold for every child."""
+
+    children: tuple
+
+    def anchor_frames(self) -> int:
+        return max(c.anchor_frames() for c in self.children)
+
+    def frame_invariant(self) -> bool:
+        return all(c.frame_invariant() for c in self.children)
+
+    def shift_invariant(self) -> bool:
+        return all(c.shift_invariant() for c in self.children)
+
+
 @dataclasses.dataclass(frozen=True)
-class AnyOf(NodeFacts):
+class AnyOf(_Combination):
     children: tuple["Node", ...]
 
     def evaluate(self, q, k):
@@ -565,21 +580,12 @@ class AnyOf(NodeFacts):
     def describe(self):
         return "any of: " + "; ".join(c.describe() for c in self.children)
 
-    def anchor_frames(self) -> int:
-        return max(c.anchor_frames() for c in self.children)
-
-    def frame_invariant(self) -> bool:
-        return all(c.frame_invariant() for c in self.children)
-
-    def shift_invariant(self) -> bool:
-        return all(c.shift_invariant() for c in self.children)
-
     def excludes_text(self) -> bool:
         return all(c.excludes_text() for c in self.children)
 
 
 @dataclasses.dataclass(frozen=True)
-class AllOf(NodeFacts):
+class AllOf(_Combination):
     children: tuple["Node", ...]
 
     def evaluate(self, q, k):
@@ -590,15 +596,6 @@ class AllOf(NodeFacts):
 
     def describe(self):
         return "all of: " + "; ".join(c.describe() for c in self.children)
-
-    def anchor_frames(self) -> int:
-        return max(c.anchor_frames() for c in self.children)
-
-    def frame_invariant(self) -> bool:
-        return all(c.frame_invariant() for c in self.children)
-
-    def shift_invariant(self) -> bool:
-        return all(c.shift_invariant() for c in self.children)
 
     def excludes_text(self) -> bool:
         return any(c.excludes_text() for c in self.children)

@@ -135,14 +135,7 @@ def _walk(
         operands = call.scalar_operands(head_pattern)
         steps, single = call.steps, None
     per_row = call is not None or chunk is not None
-    walk = TableWalk(
-        heads,
-        single,
-        has_lengths=tables.lengths is not None,
-        has_blocks=tables.blocks is not None,
-        flat=flat,
-        per_row=per_row,
-    )
+    walk = TableWalk.of(tables, heads, single, flat, per_row)
     variant = variant_of(walk, len(operands))
 
     def view(outer, step, refs):

@@ -577,14 +577,7 @@ def flat_attention(
     variant = ForwardVariant(
         shape=shape,
         patterns=tuple(patterns),
-        walk=TableWalk(
-            heads,
-            single,
-            has_lengths=tables.lengths is not None,
-            has_blocks=tables.blocks is not None,
-            flat=flat,
-            per_row=per_row,
-        ),
+        walk=TableWalk.of(tables, heads, single, flat, per_row),
         tables=_tables_of(call, chunk, selection),
         num_tables=len(operands),
         dtype=jnp.dtype(q.dtype).name,

@@ -61,6 +61,13 @@ class TableWalk:
     flat: bool  # one global step list over every head (grid axis 0: the batch)
     per_row: bool  # tables per row (batch x head), not per head
 
+    @classmethod
+    def of(cls, tables, heads: int, single: int | None, flat: bool, per_row: bool) -> "TableWalk":
+        """The walk of a call over `tables` (svgen.runtime.tables.PieceTables: whether it has
+        piece lengths and blocks words)."""
+        has_lengths, has_blocks = tables.lengths is not None, tables.blocks is not None
+        return cls(heads, single, has_lengths, has_blocks, flat, per_row)
+
 
 @dataclasses.dataclass(frozen=True)
 class Operand:
@@ -216,14 +223,8 @@ class ForwardVariant:
 
     def unpack(self, refs) -> "KernelRefs":
         """The kernel body's refs by name (KernelRefs), in the order of `operands`."""
-        operands = self.operands()
-        if len(refs) != len(operands):
-            raise ValueError(
-                f"the forward kernel got {len(refs)} refs, its variant declares "
-                f"{len(operands)}: {[o.name for o in operands]}"
-            )
-        named = {o.name: r for o, r in zip(operands, refs) if o.role != "scalar"}
-        return KernelRefs(tables=tuple(refs[: self.num_tables]), **named)
+        tables, named = _named_refs("forward", self.operands(), refs)
+        return KernelRefs(tables=tables, **named)
 
     # ---------------------------------------------------------------- branches
     @property
@@ -269,6 +270,18 @@ def backward_branches(shape: KernelShape, patterns: int) -> Branches:
         residuals=(0,) * patterns,
         straight=((),) * patterns,
     )
+
+
+def _named_refs(kernel: str, operands: tuple[Operand, ...], refs) -> tuple[tuple, dict]:
+    """(the scalar refs, the others by name) of a kernel whose refs are `operands`; a
+    ValueError naming them all when the counts differ."""
+    if len(refs) != len(operands):
+        raise ValueError(
+            f"the {kernel} kernel got {len(refs)} refs, its variant declares "
+            f"{len(operands)}: {[o.name for o in operands]}"
+        )
+    scalars = tuple(r for o, r in zip(operands, refs) if o.role == "scalar")
+    return scalars, {o.name: r for o, r in zip(operands, refs) if o.role != "scalar"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -374,15 +387,9 @@ class BackwardVariant:
 
     def unpack(self, refs) -> "BackwardRefs":
         """The kernel body's refs by name (BackwardRefs), in the order of `operands`."""
-        operands = self.operands()
-        if len(refs) != len(operands):
-            raise ValueError(
-                f"the {self.kernel} kernel got {len(refs)} refs, its variant declares "
-                f"{len(operands)}: {[o.name for o in operands]}"
-            )
-        named = {o.name: r for o, r in zip(operands, refs) if o.role != "scalar"}
+        tables, named = _named_refs(self.kernel, self.operands(), refs)
         named.pop("dq_zero", None)  # aliased to dq_hbm: the kernel reads and writes that
-        return BackwardRefs(tables=tuple(refs[: self.num_tables]), **named)
+        return BackwardRefs(tables=tables, **named)
 
     @property
     def branches(self) -> Branches:
