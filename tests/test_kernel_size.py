@@ -58,3 +58,7 @@ def test_svgen_cost_reads_the_program_and_warns_past_what_the_chip_ran_well():
     assert program_caveat(0) is None and program_caveat(fine) is None
     assert "2.1-5.0x" in program_caveat(slow) and f"{slow:,} bundles" in program_caveat(slow)
     assert "not measured" in program_caveat(fine + 1)
+    assert "kernel_ab" not in program_caveat(slow)
+    both = program_caveat(slow, residual_masks=True, straight_words=True)
+    assert "--runtime kernel.RESIDUAL_MASKS=False / straight.MAX_WORDS=0" in both
+    assert "straight" not in program_caveat(slow, residual_masks=True)

@@ -53,8 +53,12 @@ MODEL_CAVEAT = (
 PROGRAM_BUNDLES_MEASURED = (43_224, 71_080)
 
 
-def program_caveat(bundles: int) -> str | None:
-    """What the chip showed for a program this large, or None (not read, or small enough)."""
+def program_caveat(
+    bundles: int, residual_masks: bool = False, straight_words: bool = False
+) -> str | None:
+    """What the chip showed for a program this large, or None (not read, or small enough);
+    residual_masks / straight_words: the kernel has them, the code the static model chose
+    that makes programs large (docs/measured.md, "Which code makes the large programs")."""
     fine, slow = PROGRAM_BUNDLES_MEASURED
     if bundles <= fine:
         return None
@@ -64,9 +68,23 @@ def program_caveat(bundles: int) -> str | None:
         else f"programs of {fine:,} to {slow:,} bundles were not measured, larger ones ran "
         "2.1-5.0x over this model's figure"
     )
+    without = [
+        setting
+        for setting, present in (
+            ("kernel.RESIDUAL_MASKS=False", residual_masks),
+            ("straight.MAX_WORDS=0", straight_words),
+        )
+        if present
+    ]
+    smaller = (
+        f"; `bench/kernel_ab.py --runtime {' / '.join(without)}` times it without the code "
+        "that makes it large"
+        if without
+        else ""
+    )
     return (
         f"the kernel's program is {bundles:,} bundles: on a TPU v5e {seen} (docs/measured.md, "
-        "Kernel size); time it with `svgen bench`, or take a smaller tiling"
+        f"Kernel size); time it with `svgen bench`, or take a smaller tiling{smaller}"
     )
 
 

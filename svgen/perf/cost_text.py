@@ -216,7 +216,7 @@ def _training_lines(training: TrainingReport, plan, clock_ghz: float, per_tile, 
 def _path_lines(p: PathCosts, plan, per_tile: float, per_block: float) -> list[str]:
     """One kernel's per-path bundles (see svgen.perf.paths)."""
     lines = [f"    program: {p.program:,} bundles"] if p.program else []
-    caveat = program_caveat(p.program)
+    caveat = program_caveat(p.program, bool(p.residual_block), bool(p.straight))
     if caveat:
         lines.append(f"    warning: {caveat}")
     lines += [
