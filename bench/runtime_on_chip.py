@@ -40,66 +40,26 @@ import time
 import numpy as np
 
 from svgen.perf import chip_bench
-from svgen.perf.splash_mask import PackedKeep, make_splash
+from svgen.perf.splash_mask import PackedKeep, make_splash, packed_keep, pattern_keep
 from svgen.spec import load_spec
 
 
 # ----------------------------------------------------------------------------- masks
-def rect_keep_bits(pattern, q_first: int, rows: int, shape: tuple[int, int], seq_len: int):
-    """uint8 [padded rows, padded keys / 8]: the pattern's mask for queries q_first ..
-    q_first + rows - 1 (kernel order) against keys 0 .. seq_len - 1, bit-packed along keys;
-    padding rows and keys keep nothing."""
-    import jax
-    import jax.numpy as jnp
-
-    from svgen.runtime import coords
-
-    padded_rows, padded_keys = shape
-
-    @jax.jit
-    def strip(first):
-        q_pos = first + jnp.arange(256, dtype=jnp.int32).reshape(256, 1)
-        k_pos = jnp.arange(padded_keys, dtype=jnp.int32).reshape(1, padded_keys)
-        q_in = jnp.minimum(q_pos, q_first + rows - 1)
-        k_in = jnp.minimum(k_pos, seq_len - 1)
-        keep = coords.keep(pattern.boundary_mask, pattern.layout, q_in, k_in)
-        real = (q_pos < q_first + rows) & (k_pos < seq_len)
-        return jnp.packbits(jnp.broadcast_to(keep, real.shape) & real, axis=-1)
-
-    out = np.zeros((padded_rows, padded_keys // 8), np.uint8)
-    for start in range(0, padded_rows, 256):
-        block = np.asarray(strip(np.int32(q_first + start)))
-        out[start : start + 256] = block[: padded_rows - start]
-    return out
-
-
 def superset_keep_bits(module, padded: int) -> np.ndarray:
     """uint8 [padded, padded / 8]: a selection module's mask or any block its candidate region
     lets a call choose (kernel order, bit-packed along keys; padding keeps nothing)."""
-    import jax
     import jax.numpy as jnp
     from jax import lax
 
-    from svgen.runtime import coords
-
     attention, seq = module.attention, int(module.SEQ_LEN)
-    pattern, shape = attention.patterns[0], attention.shape
+    shape, mask = attention.shape, pattern_keep(attention.patterns[0])
     selectable = jnp.asarray(attention.select.selectable)
 
-    @jax.jit
-    def strip(first):
-        q_pos = first + jnp.arange(256, dtype=jnp.int32).reshape(256, 1)
-        k_pos = jnp.arange(padded, dtype=jnp.int32).reshape(1, padded)
-        q_in, k_in = jnp.minimum(q_pos, seq - 1), jnp.minimum(k_pos, seq - 1)
-        keep = coords.keep(pattern.boundary_mask, pattern.layout, q_in, k_in)
-        chosen = selectable[lax.div(q_in, shape.cq), lax.div(k_in, shape.ckv)]
-        real = (q_pos < seq) & (k_pos < seq)
-        return jnp.packbits((jnp.broadcast_to(keep, real.shape) | chosen) & real, axis=-1)
+    def keep(q_pos, k_pos):
+        chosen = selectable[lax.div(q_pos, shape.cq), lax.div(k_pos, shape.ckv)]
+        return mask(q_pos, k_pos) | chosen
 
-    out = np.zeros((padded, padded // 8), np.uint8)
-    for start in range(0, padded, 256):
-        out[start : start + 256] = np.asarray(strip(np.int32(start)))[: padded - start]
-    return out
+    return packed_keep(keep, 0, seq, seq, (padded, padded))
 
 
 def _multiple(n: int, step: int) -> int:
@@ -175,7 +135,7 @@ def bench_chunks(spec, chip, options, positions, blocks, progress) -> dict:
             entry["svgen"], mine = _time(
                 svgen_fn, (q_chunk, k, v), options, progress, f"chunk {position}: svgen"
             )
-            bits = rect_keep_bits(pattern, first, rows, shape, seq)
+            bits = packed_keep(pattern_keep(pattern), first, rows, seq, shape)
             keep = PackedKeep(f"chunk {position}", bits, shape[1])
             masks = [keep] * int(module.HEADS)
             splash = _splash_fn(mask_lib, masks, blocks, options.interpret, rows, seq, scale)

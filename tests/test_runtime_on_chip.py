@@ -14,7 +14,7 @@ sys.path.insert(0, "bench")
 import runtime_on_chip  # noqa: E402
 
 from helpers import dense_keep  # noqa: E402
-from svgen.perf.splash_mask import PackedKeep  # noqa: E402
+from svgen.perf.splash_mask import PackedKeep, packed_keep, pattern_keep  # noqa: E402
 
 CHUNKS = """
 svgen: 1
@@ -74,7 +74,7 @@ def test_the_chunk_mask_is_the_modules_mask_on_the_chunks_rows(compile_text):
     plan, module = compile_text(CHUNKS)
     pattern = module.attention.patterns[0]
     rows, seq = 256, plan.layout.seq_len
-    bits = runtime_on_chip.rect_keep_bits(pattern, 256, rows, (384, 896), seq)
+    bits = packed_keep(pattern_keep(pattern), 256, rows, seq, (384, 896))
     keep = PackedKeep("chunk 1", bits, 896)[0:384, 0:896]
     want = dense_keep(plan.mask, plan.layout)[256:512]
     assert keep.shape == (384, 896)

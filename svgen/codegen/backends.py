@@ -14,14 +14,7 @@ from typing import Callable
 
 from svgen.analysis import Plan
 from svgen.codegen import pyformat
-from svgen.codegen.words import (
-    _chunk_lines,
-    _grid_steps_words,
-    _mib,
-    _select_lines,
-    _tiling_from,
-    grouped,
-)
+from svgen.codegen.words import gpu_kernel_words, tpu_kernel_words
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,44 +54,6 @@ def _tpu_kernel(plan: Plan) -> list[tuple[str, str]]:
     ]
 
 
-def _tpu_words(plan: Plan) -> list[str]:
-    """The grid and SMEM tables, the target and VMEM, the softmax, and what its run-time
-    calls add (KV-cache chunks, a selection policy)."""
-    lines = [
-        f"Kernel: {_grid_steps_words(plan)}, pieces of up to "
-        f"{plan.tables.slots} kv tile(s); tables {grouped(plan.table_bytes)} bytes of SMEM "
-        f"(scalar prefetch)",
-        f"Target: {plan.target.name}{_tiling_from(plan)}; VMEM {_mib(plan.vmem.total)} "
-        f"(scoped limit "
-        f"{_mib(plan.vmem.limit())})",
-    ]
-    if plan.spec.attention.softmax == "bounded":
-        lines.append(
-            "Softmax: bounded max per q tile where every row's |q| * max |k| is within "
-            "svgen.runtime.softmax.BOUND_LIMIT, else online (attention.softmax_modes "
-            "tells which)"
-        )
-    return lines + _chunk_lines(plan) + _select_lines(plan)
-
-
-def _gpu_words(plan: Plan) -> list[str]:
-    """Its launch (one program per q tile, which is also how its chunks and selections run)
-    and its CSR tables."""
-    gpu, tables, grid = plan.gpu, plan.tables, plan.grid
-    lines = [
-        f"Kernel: GPU (Pallas Triton) for {plan.target.description}: one program per q tile "
-        f"and head, {grouped(tables.num_q_tiles)} q tiles of {gpu.block_q} x kv tiles of "
-        f"{gpu.block_kv}, {gpu.num_warps} warps, {gpu.num_stages} stages; CSR tables "
-        f"{grouped(tables.nbytes)} bytes",
-    ]
-    if (grid.block_q, grid.block_kv) != (gpu.block_q, gpu.block_kv):
-        lines.append(
-            f"Classified at {grid.block_q} x {grid.block_kv} tiles (the GPU tiles' grid would "
-            f"exceed MAX_TILE_PAIRS); each GPU tile has the kind of the tile it lies in"
-        )
-    return lines
-
-
 def _no_constants(plan: Plan) -> list[tuple[str, str]]:
     return []
 
@@ -122,7 +77,7 @@ TPU = Backend(
     max_inline_runs=4096,
     tiling_constants=_tpu_tiling,
     kernel_constants=_tpu_kernel,
-    kernel_words=_tpu_words,
+    kernel_words=tpu_kernel_words,
     visits="steps doing work",
 )
 GPU = Backend(
@@ -134,7 +89,7 @@ GPU = Backend(
     max_inline_runs=8192,
     tiling_constants=_no_constants,
     kernel_constants=_gpu_kernel,
-    kernel_words=_gpu_words,
+    kernel_words=gpu_kernel_words,
     visits="tiles computed",
 )
 BACKENDS = {b.name: b for b in (TPU, GPU)}

@@ -112,6 +112,45 @@ def _tiling_from(plan: Plan) -> str:
     return ""
 
 
+def tpu_kernel_words(plan: Plan) -> list[str]:
+    """The TPU kernel's docstring lines (svgen.codegen.backends): the grid and SMEM tables,
+    the target and VMEM, the softmax, and what its run-time calls add (KV-cache chunks, a
+    selection policy)."""
+    lines = [
+        f"Kernel: {_grid_steps_words(plan)}, pieces of up to "
+        f"{plan.tables.slots} kv tile(s); tables {grouped(plan.table_bytes)} bytes of SMEM "
+        f"(scalar prefetch)",
+        f"Target: {plan.target.name}{_tiling_from(plan)}; VMEM {_mib(plan.vmem.total)} "
+        f"(scoped limit "
+        f"{_mib(plan.vmem.limit())})",
+    ]
+    if plan.spec.attention.softmax == "bounded":
+        lines.append(
+            "Softmax: bounded max per q tile where every row's |q| * max |k| is within "
+            "svgen.runtime.softmax.BOUND_LIMIT, else online (attention.softmax_modes "
+            "tells which)"
+        )
+    return lines + _chunk_lines(plan) + _select_lines(plan)
+
+
+def gpu_kernel_words(plan: Plan) -> list[str]:
+    """The GPU kernel's docstring lines (svgen.codegen.backends): its launch (one program
+    per q tile, which is also how its chunks and selections run) and its CSR tables."""
+    gpu, tables, grid = plan.gpu, plan.tables, plan.grid
+    lines = [
+        f"Kernel: GPU (Pallas Triton) for {plan.target.description}: one program per q tile "
+        f"and head, {grouped(tables.num_q_tiles)} q tiles of {gpu.block_q} x kv tiles of "
+        f"{gpu.block_kv}, {gpu.num_warps} warps, {gpu.num_stages} stages; CSR tables "
+        f"{grouped(tables.nbytes)} bytes",
+    ]
+    if (grid.block_q, grid.block_kv) != (gpu.block_q, gpu.block_kv):
+        lines.append(
+            f"Classified at {grid.block_q} x {grid.block_kv} tiles (the GPU tiles' grid would "
+            f"exceed MAX_TILE_PAIRS); each GPU tile has the kind of the tile it lies in"
+        )
+    return lines
+
+
 def _grid_steps_words(plan: Plan) -> str:
     if not plan.tables.flat:
         return f"{grouped(plan.grid_steps)} grid steps per head"

@@ -54,7 +54,7 @@ def _cache_key(
     # Everything the kernels trace: every svgen module the TPU attention imports,
     # transitively (its kernel bodies, the step reader, the coordinate decoding, the
     # run-time maps, the selection programs measure_select_policy counts).
-    kernel_source = b"".join(path.read_bytes() for path in kernel_sources())
+    kernel_source = kernel_source_digest()
     text = json.dumps(
         [
             CACHE_VERSION,
@@ -67,7 +67,7 @@ def _cache_key(
             dtype,
             jax.__version__,
             jaxlib.__version__,
-            hashlib.sha256(kernel_source).hexdigest(),
+            kernel_source,
         ]
         + ([list(runtime)] if runtime else []),
         sort_keys=True,
@@ -97,6 +97,13 @@ def kernel_sources(root: str = KERNEL_ROOT) -> tuple[pathlib.Path, ...]:
         # Importing svgen.a.b runs svgen's and svgen.a's __init__ first.
         todo.extend(name.rsplit(".", n)[0] for n in range(1, name.count(".") + 1))
     return tuple(seen[name] for name in sorted(seen))
+
+
+@functools.cache
+def kernel_source_digest() -> str:
+    """sha256 of kernel_sources()' contents: read once a process (a tuning run asks the cache
+    for many candidates)."""
+    return hashlib.sha256(b"".join(path.read_bytes() for path in kernel_sources())).hexdigest()
 
 
 def _module_file(package: pathlib.Path, name: str) -> pathlib.Path | None:
@@ -443,10 +450,11 @@ def measure_training_paths(
     fused = backward.FUSED_DQ if fused is None else fused
     tables, transposed = module.attention.tables, dkv_tables(module)
     # The forward kernel runs the residual masks; the backward ones run whole masks. The
-    # gradient's forward is a call without run-time inputs: static tables or a selection's.
+    # gradient's forward is a call without run-time inputs (_compile_training).
     masks, variants = _forward_masks(module)
-    source = "static" if module.attention.select is None else "selection"
-    forward = module.attention.forward_branches(source)
+    forward = module.attention.forward_branches(
+        module.attention.call_tables_source(runtime_inputs=False)
+    )
     dkv = backward_branches(module.SHAPE, len(module._PATTERNS))
     operands = tables.piece_operands() + transposed.piece_operands()
     key = _cache_key(

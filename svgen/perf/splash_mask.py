@@ -46,40 +46,55 @@ def padded_length(seq_len: int, *blocks: int) -> int:
     return padded
 
 
-def keep_strip_function(pattern, seq_len: int, padded: int, rows: int):
-    """A jitted f(first_row) -> uint8 [rows, padded / 8]: the pattern's mask on rows
-    first_row .. first_row + rows against every key, bit-packed along keys (big-endian bits,
-    as np.packbits), False wherever a position is padding."""
+def pattern_keep(pattern):
+    """keep(q_pos, k_pos) -> bool: the pattern's mask on kernel positions (coords.keep of its
+    `boundary_mask`, as the module's profiling and reference paths read it)."""
+    from svgen.runtime import coords
+
+    return functools.partial(coords.keep, pattern.boundary_mask, pattern.layout)
+
+
+def packed_keep(
+    keep,
+    first_row: int,
+    rows: int,
+    keys: int,
+    shape: tuple[int, int],
+    strip_rows: int = STRIP_ROWS,
+) -> np.ndarray:
+    """uint8 [shape[0], shape[1] / 8]: keep(q_pos, k_pos) (int32 [r, 1] and [1, k] -> bool)
+    for the queries first_row .. first_row + rows - 1 (row i of the result is query
+    first_row + i) against the keys 0 .. keys - 1, bit-packed along keys (big-endian bits, as
+    np.packbits), computed on the default device a strip of rows at a time. Rows and keys past
+    those keep nothing; positions are clamped into range before `keep` reads them (a mask may
+    divide or index by them)."""
     import jax
     import jax.numpy as jnp
 
-    from svgen.runtime import coords
+    padded_rows, padded_keys = shape
+    if padded_keys % 8:
+        raise ValueError(f"the padded keys must be a multiple of 8, got {padded_keys}")
+    strip_rows = min(strip_rows, padded_rows)
+    last_row = first_row + rows - 1
 
-    def strip(first_row):
-        q_pos = first_row + jnp.arange(rows, dtype=jnp.int32).reshape(rows, 1)
-        k_pos = jnp.arange(padded, dtype=jnp.int32).reshape(1, padded)
-        # Padding positions are clamped into the sequence before the mask reads their
-        # coordinates (a mask may divide or index by them), then cleared.
-        q_in = jnp.minimum(q_pos, seq_len - 1)
-        k_in = jnp.minimum(k_pos, seq_len - 1)
-        keep = coords.keep(pattern.boundary_mask, pattern.layout, q_in, k_in)
-        keep = jnp.broadcast_to(keep, (rows, padded)) & (q_pos < seq_len) & (k_pos < seq_len)
-        return jnp.packbits(keep, axis=-1)
+    @jax.jit
+    def strip(first):
+        q_pos = first + jnp.arange(strip_rows, dtype=jnp.int32).reshape(strip_rows, 1)
+        k_pos = jnp.arange(padded_keys, dtype=jnp.int32).reshape(1, padded_keys)
+        kept = keep(jnp.minimum(q_pos, last_row), jnp.minimum(k_pos, keys - 1))
+        real = (q_pos <= last_row) & (k_pos < keys)
+        return jnp.packbits(jnp.broadcast_to(kept, real.shape) & real, axis=-1)
 
-    return jax.jit(strip)
+    out = np.empty((padded_rows, padded_keys // 8), np.uint8)
+    for start in range(0, padded_rows, strip_rows):
+        block = np.asarray(strip(np.int32(first_row + start)))
+        out[start : start + strip_rows] = block[: padded_rows - start]
+    return out
 
 
 def packed_keep_bits(pattern, seq_len: int, padded: int, strip_rows: int = STRIP_ROWS):
     """uint8 [padded, padded / 8]: the pattern's whole mask in kernel order, bit-packed."""
-    if padded % 8:
-        raise ValueError(f"the padded length must be a multiple of 8, got {padded}")
-    rows = min(strip_rows, padded)
-    strip = keep_strip_function(pattern, seq_len, padded, rows)
-    out = np.empty((padded, padded // 8), np.uint8)
-    for first in range(0, padded, rows):
-        block = np.asarray(strip(np.int32(first)))
-        out[first : first + rows] = block[: padded - first]
-    return out
+    return packed_keep(pattern_keep(pattern), 0, seq_len, seq_len, (padded, padded), strip_rows)
 
 
 class PackedKeep(mask_lib.Mask):

@@ -553,7 +553,8 @@ def flat_attention(
             "softmax modes: the kernel was compiled without attention.softmax: bounded"
         )
     heads = int(head_pattern.shape[0])
-    per_row = call is not None or chunk is not None or selection is not None
+    source = _tables_of(call, chunk, selection)
+    per_row = source != "static"  # a call's own tables: per row, never the flat walk
     flat = tables.flat and not per_row
     if selection is not None:
         operands = selection.scalar_operands(head_pattern)
@@ -578,7 +579,7 @@ def flat_attention(
         shape=shape,
         patterns=tuple(patterns),
         walk=TableWalk.of(tables, heads, single, flat, per_row),
-        tables=_tables_of(call, chunk, selection),
+        tables=source,
         num_tables=len(operands),
         dtype=jnp.dtype(q.dtype).name,
         q_scale=q_scale,

@@ -411,12 +411,13 @@ class TpuAttention(Attention):
         shape = self.chunk_shape if tables == "chunk" else self.shape
         return forward_branches(shape, tuple(self.codes), tables, self.tables.variants is not None)
 
-    def call_tables_source(self) -> Tables:
+    def call_tables_source(self, runtime_inputs: bool = True) -> Tables:
         """Where the tables of this module's whole-sequence call come from when it is given
-        every run-time input it takes: a selection's, run-time segments', or static."""
+        every run-time input it takes (runtime_inputs=False: none): a selection's, run-time
+        segments', or static."""
         if self.select is not None:
             return "selection"
-        return "segments" if self.runtime.any else "static"
+        return "segments" if runtime_inputs and self.runtime.any else "static"
 
     # ------------------------------------------------------------------ diagnostics
     def softmax_modes(self, q, k, v, *, head_pattern=None, interpret=False, sm_scale=None):

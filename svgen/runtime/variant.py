@@ -169,12 +169,11 @@ class ForwardVariant:
     @property
     def has_variants(self) -> bool:
         """Static tables with residual-mask variants (their last scalar operand)."""
-        return self.tables == "static" and self.variants_table
+        return reads_variants(self.tables, self.variants_table)
 
     @property
     def has_straight(self) -> bool:
-        """Straight-line BOUNDARY bodies: static tables only."""
-        return self.tables == "static"
+        return runs_straight(self.tables)
 
     @property
     def query_coords(self) -> int:
@@ -233,13 +232,25 @@ class ForwardVariant:
         return forward_branches(self.shape, self.patterns, self.tables, self.variants_table)
 
 
+def reads_variants(tables: Tables, variants_table: bool) -> bool:
+    """Whether a call's BOUNDARY blocks pick residual-mask variants: static tables that hold
+    them (a call's own tables carry no variants word)."""
+    return tables == "static" and variants_table
+
+
+def runs_straight(tables: Tables) -> bool:
+    """Whether a call runs straight-line BOUNDARY bodies: static tables only (a call's own
+    tables may hold any blocks word)."""
+    return tables == "static"
+
+
 def forward_branches(
     shape: KernelShape, patterns: tuple[PatternCode, ...], tables: Tables, variants_table: bool
 ) -> Branches:
     """The forward kernel's branches for a call whose tables come from `tables`:
     variants_table, whether the module's static tables hold residual-mask variants. A
     module's cost model asks this of the call it compiles (svgen.perf.measure)."""
-    static = tables == "static"
+    variants, straight = reads_variants(tables, variants_table), runs_straight(tables)
     padded = tables == "selection" and shape.padding_kv_tile is not None
     return Branches(
         patterns=len(patterns),
@@ -248,11 +259,8 @@ def forward_branches(
         segmented=tables == "segments",
         padded_column=shape.padding_block_column if padded else None,
         bounded=shape.bounded_softmax,
-        # residual-mask variants and straight-line bodies: static tables only
-        residuals=tuple(
-            len(p.residual_masks) if static and variants_table else 0 for p in patterns
-        ),
-        straight=tuple(p.straight_words if static else () for p in patterns),
+        residuals=tuple(len(p.residual_masks) if variants else 0 for p in patterns),
+        straight=tuple(p.straight_words if straight else () for p in patterns),
     )
 
 
