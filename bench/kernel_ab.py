@@ -1,19 +1,21 @@
 """A kernel change, before and after, on the attached TPU, in one process.
 
     python bench/kernel_ab.py SPEC[@BQxBKV[/CQxCKV]]... [--set NAME=VALUE]...
-        [--runtime MODULE.NAME=VALUE]... [--backward] [--iters N] [--json FILE]
-        [--target CHIP] [--interpret]
+        [--runtime MODULE.NAME=VALUE]... [--variant MODULE.NAME=VALUE[,...]]...
+        [--backward] [--iters N] [--no-splash] [--json FILE] [--target CHIP] [--interpret]
 
 "After" is the module `svgen compile` writes today for the chip; "before" is the same module
 with the named constants set back (for example `--set MXU_WIDTH=256`: the row sum from
 [V | 1], as every chip ran it before v5e learned to take it across lanes), and with the named
 svgen.runtime constants set while it is imported and traced (for example `--runtime
 straight.MAX_WORDS=2`: two straight-line BOUNDARY bodies a pattern instead of eight, a smaller
-kernel program). The two are
+kernel program). Each `--variant` is one more "before", its svgen.runtime constants
+comma-separated (`--variant straight.MAX_WORDS=0 --variant straight.MAX_WORDS=2`: two kernels
+against today's in one process, today's compiled once). They are
 timed in turn, each the median of `--iters` calls after two warm-ups (first calls timed
 alone), both checked on sampled rows against a float32 reference. Splash given the same mask
 and dense Splash at its best blocks are timed beside them by `svgen bench`'s engine
-(svgen.perf.chip_bench). A table goes to stdout; `--json` keeps every figure, saved after
+(svgen.perf.chip_bench), unless `--no-splash`. A table goes to stdout; `--json` keeps every figure, saved after
 each spec, with the chip, versions and commit.
 
 Without a TPU it stops with one line (exit 2), unless `--interpret` (Pallas's interpreter
@@ -67,6 +69,15 @@ def parse_runtime_setting(text: str) -> tuple[str, str, object]:
         return module, name, ast.literal_eval(value)
     except (ValueError, SyntaxError):
         raise argparse.ArgumentTypeError(f"{text!r}: the value must be a Python literal") from None
+
+
+def parse_variant(text: str) -> tuple:
+    """MODULE.NAME=VALUE[,MODULE.NAME=VALUE...]: one more "before" kernel's runtime constants."""
+    return tuple(parse_runtime_setting(part.strip()) for part in text.split(","))
+
+
+def variant_label(runtime) -> str:
+    return ",".join(f"{m}.{n}={v!r}" for m, n, v in runtime)
 
 
 @contextlib.contextmanager
@@ -141,14 +152,33 @@ def ms(value) -> str:
     return f"{value:.2f}" if isinstance(value, (int, float)) else "-"
 
 
-def row(result: dict, direction: str) -> str:
-    before = result["before"][direction]["median_ms"]
+def rows(result: dict, direction: str) -> list[str]:
+    """One table row a "before" kernel: its time, today's, and Splash given the mask."""
     after = result.get(f"svgen_{direction}", {}).get("median_ms")
     masked = result.get(f"splash_mask_{direction}", {}).get("median_ms")
-    gain = f"{before / after:.3f}x" if after else "-"
-    return (
-        f"| {result['spec']} | {direction} | {ms(before)} | {ms(after)} | {gain} | {ms(masked)} |"
-    )
+    lines = []
+    for label, before_result in result["variants"].items():
+        entry = before_result.get(direction, {})
+        before = entry.get("median_ms")
+        if before is None:
+            before = entry.get("error", "-")
+        gain = f"{before / after:.3f}x" if after and isinstance(before, float) else "-"
+        lines.append(
+            f"| {result['spec']} | {direction} | {label} | {ms(before)} | {ms(after)} | {gain} "
+            f"| {ms(masked)} |"
+        )
+    return lines
+
+
+def time_variant(spec, chip, settings, options, progress, runtime) -> dict:
+    """time_before, a failure (a compile refused, VMEM exceeded) recorded, not raised: the
+    other kernels of the process are still timed."""
+    try:
+        return time_before(spec, chip, settings, options, progress, runtime)
+    except Exception as exc:  # noqa: BLE001 - any failure of one kernel is that kernel's result
+        message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        progress(f"{spec.name}: failed: {message[:200]}")
+        return {"forward": {"error": message[:500]}}
 
 
 def main(argv=None) -> int:
@@ -158,29 +188,49 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--runtime", dest="runtime", type=parse_runtime_setting, action="append", default=[]
     )
+    parser.add_argument(
+        "--variant",
+        dest="variants",
+        type=parse_variant,
+        action="append",
+        default=[],
+        help="one more 'before' kernel: MODULE.NAME=VALUE[,MODULE.NAME=VALUE...]",
+    )
     parser.add_argument("--backward", action="store_true")
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--no-splash", action="store_true", help="time svgen's kernels alone")
     parser.add_argument("--json", type=pathlib.Path)
     parser.add_argument("--target", default=None, help="the chip to compile for (--interpret only)")
     parser.add_argument("--interpret", action="store_true")
     args = parser.parse_args(argv)
-    if not args.settings and not args.runtime:
-        parser.error("nothing to compare: give --set NAME=VALUE or --runtime MODULE.NAME=VALUE")
+    if not args.settings and not args.runtime and not args.variants:
+        parser.error(
+            "nothing to compare: give --set NAME=VALUE, --runtime MODULE.NAME=VALUE or --variant"
+        )
     chip = chip_bench.script_chip("kernel_ab", args.interpret, args.target)
     if chip is None:
         return 2
     options = chip_bench.Options(
-        iters=args.iters, backward=args.backward, interpret=args.interpret, splash=True
+        iters=args.iters,
+        backward=args.backward,
+        interpret=args.interpret,
+        splash=not args.no_splash,
     )
     start = time.monotonic()
 
     def progress(line: str) -> None:
         print(f"kernel_ab [{time.monotonic() - start:6.1f} s] {line}", file=sys.stderr, flush=True)
 
+    # (label, module constants, runtime constants) of each "before" kernel
+    befores = []
+    if args.settings or args.runtime:
+        befores.append(("before", args.settings, tuple(args.runtime)))
+    befores += [(variant_label(runtime), [], runtime) for runtime in args.variants]
     report = {
         "chip": chip,
         "settings_before": dict(args.settings),
         "runtime_before": {f"{m}.{n}": v for m, n, v in args.runtime},
+        "variants": [label for label, _, _ in befores],
         "specs": [],
     }
     report.update(chip_bench.versions() if not args.interpret else {})
@@ -192,17 +242,24 @@ def main(argv=None) -> int:
         if tiling is not None:
             spec = measured_tune.with_tiling(spec, tiling)
         result = chip_bench.bench_spec(spec, chip, options, progress=progress, dense=dense)
-        result["before"] = time_before(
-            spec, chip, args.settings, options, progress, tuple(args.runtime)
-        )
+        result["variants"] = {}
+        for label, settings, runtime in befores:
+            progress(f"{spec.name}: {label}")
+            result["variants"][label] = time_variant(
+                spec, chip, settings, options, progress, runtime
+            )
+        result["before"] = next(iter(result["variants"].values()))
         report["specs"].append(result)
         if args.json:
             args.json.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
-    print("| spec | direction | before ms | after ms | before / after | Splash given the mask ms |")
-    print("|---|---|---:|---:|---:|---:|")
+    print(
+        "| spec | direction | before | before ms | today ms | before / today "
+        "| Splash given the mask ms |"
+    )
+    print("|---|---|---|---:|---:|---:|---:|")
     for result in report["specs"]:
         for direction in ["forward"] + (["backward"] if args.backward else []):
-            print(row(result, direction))
+            print("\n".join(rows(result, direction)))
     return 0
 
 

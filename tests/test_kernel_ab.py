@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import types
 
 import pytest
 
@@ -76,3 +77,45 @@ def test_without_residual_masks_every_boundary_block_runs_the_whole_mask(compile
     q, k, v = mixed_inputs(plan, "float32", seed=5, heads=2)
     out = module.attention(q, k, v, interpret=POISONED)
     check_per_head(plan, out, q, k, v, [0, 0], "float32")
+
+
+def test_variants_each_time_one_more_kernel_in_the_same_process(tmp_path, capsys):
+    """--variant twice: two "before" kernels against today's (compiled once), each checked
+    against the reference; --no-splash times svgen alone."""
+    (tmp_path / "band.yaml").write_text(BAND)
+    out = tmp_path / "ab.json"
+    argv = [str(tmp_path / "band.yaml"), "--variant", "straight.MAX_WORDS=0"]
+    argv += ["--variant", "straight.MAX_WORDS=1,kernel.RESIDUAL_MASKS=False", "--iters", "1"]
+    argv += ["--no-splash", "--interpret", "--target", "v5e", "--json", str(out)]
+    assert kernel_ab.main(argv) == 0
+    report = json.loads(out.read_text())
+    labels = ["straight.MAX_WORDS=0", "straight.MAX_WORDS=1,kernel.RESIDUAL_MASKS=False"]
+    assert report["variants"] == labels
+    (result,) = report["specs"]
+    assert list(result["variants"]) == labels
+    for label in labels:
+        assert result["variants"][label]["forward"]["max_error"] < 1e-4
+    assert "splash_mask_forward" not in result
+    table = capsys.readouterr().out
+    assert all(f"| ab_band | forward | {label} |" in table for label in labels)
+    assert straight.MAX_WORDS == 8 and kernel.RESIDUAL_MASKS is True
+
+
+def test_a_variant_that_fails_is_recorded_and_the_others_still_run(tmp_path, monkeypatch):
+    calls = []
+
+    def fail_first(spec, chip, settings, options, progress, runtime):
+        calls.append(runtime)
+        if len(calls) == 1:
+            raise RuntimeError("scoped vmem exceeded\nmore detail")
+        return {"forward": {"median_ms": 1.0}}
+
+    monkeypatch.setattr(kernel_ab, "time_before", fail_first)
+    spec = types.SimpleNamespace(name="band")
+    lines = []
+    first = kernel_ab.time_variant(spec, "v5e", [], None, lines.append, ())
+    assert first == {"forward": {"error": "RuntimeError: scoped vmem exceeded"}}
+    assert lines == ["band: failed: RuntimeError: scoped vmem exceeded"]
+    assert kernel_ab.time_variant(spec, "v5e", [], None, lines.append, ()) == {
+        "forward": {"median_ms": 1.0}
+    }
