@@ -10,7 +10,7 @@ import itertools
 import numpy as np
 import pytest
 
-from helpers import dense_keep
+from helpers import brute_force_align, dense_keep
 from svgen.perf import chip_bench, measured_tune, splash_mask
 from svgen.spec import parse_spec
 
@@ -58,6 +58,49 @@ def test_splash_mask_is_the_spec_mask_in_kernel_order(compile_text):
             mask.masks[p][(slice(128, 256), slice(13, 200))], want[128:256, 13:200]
         )
     assert not mask[0, seq:, :].any() and not mask[0, :, seq:].any()
+
+
+ALIGNED_BAND = """
+svgen: 1
+name: tiny_aligned
+geometry: {frames: 6, height: 8, width: 10}
+attention: {heads: 2, head_dim: 128, dtype: float32}
+layout: temporal_major
+mask:
+  any_of:
+    - band: {width: 90}
+    - prefix: {tokens: 50}
+tiling: {block_q: 128, block_kv: 128, align: balanced}
+"""
+
+
+def test_an_aligned_spec_is_benched_against_the_mask_its_kernel_runs(compile_text):
+    """tiling.align rounds the mask to compute blocks: Splash and the float32 reference get the
+    rounded mask (brute force from the exact one), not the exact mask, nor the "every pair of
+    a visited block" that the module's boundary_mask says."""
+    plan, module = compile_text(ALIGNED_BAND)
+    (pattern,) = plan.patterns
+    seq = int(module.SEQ_LEN)
+    exact = dense_keep(pattern.mask, pattern.layout)
+    _, aligned = brute_force_align(exact, 128, 128, "balanced")
+    assert (aligned != exact).any()  # the rounding changes the mask here
+    padded = splash_mask.padded_length(seq, 128, 128)
+    mask = splash_mask.splash_mask(module, padded, (0, 0), plan)
+    np.testing.assert_array_equal(mask[0, :seq, :seq], aligned)
+    assert not mask[0, seq:, :].any() and not mask[0, :, seq:].any()
+    rows = np.array([0, 7, 130, seq - 1])
+    np.testing.assert_array_equal(chip_bench._reference_keep(pattern, rows, seq), aligned[rows])
+    options = chip_bench.Options(
+        warmup=0,
+        iters=1,
+        interpret=True,
+        check_rows=32,
+        splash_blocks=(128, 128, 128),
+        dense_blocks=((128, 128, 128),),
+    )
+    result = chip_bench.bench_spec(parse_spec(ALIGNED_BAND, source="a.yaml"), "v5e", options)
+    for key in ("svgen_forward", "splash_mask_forward"):
+        assert result[key]["ok"] is True, result[key]
 
 
 def test_padding_past_twice_the_sequence_is_refused():

@@ -40,13 +40,13 @@ def test_overrides_hold_inside_the_block_only_and_refuse_unknown_names(compile_t
         assert straight.MAX_WORDS == 0
         _, module = compile_text(BAND)
         assert module.attention.codes[0].straight_words == ()
-    assert straight.MAX_WORDS == 8
+    assert straight.MAX_WORDS == 2
     _, module = compile_text(BAND)
     assert module.attention.codes[0].straight_words  # today's kernel has bodies
     with pytest.raises(SystemExit, match="has no constant MAX_WORD"):
         with kernel_ab.runtime_overrides([("straight", "MAX_WORD", 0)]):
             pass
-    assert straight.MAX_WORDS == 8
+    assert straight.MAX_WORDS == 2
 
 
 def test_a_run_in_the_interpreter_times_before_and_after(tmp_path, capsys):
@@ -60,7 +60,7 @@ def test_a_run_in_the_interpreter_times_before_and_after(tmp_path, capsys):
     assert result["before"]["forward"]["max_error"] < 1e-4  # checked against the reference
     assert result["svgen_forward"]["ok"] is True
     assert "| ab_band | forward |" in capsys.readouterr().out
-    assert straight.MAX_WORDS == 8
+    assert straight.MAX_WORDS == 2
 
 
 def test_without_residual_masks_every_boundary_block_runs_the_whole_mask(compile_text):
@@ -98,7 +98,7 @@ def test_variants_each_time_one_more_kernel_in_the_same_process(tmp_path, capsys
     assert "splash_mask_forward" not in result
     table = capsys.readouterr().out
     assert all(f"| ab_band | forward | {label} |" in table for label in labels)
-    assert straight.MAX_WORDS == 8 and kernel.RESIDUAL_MASKS is True
+    assert straight.MAX_WORDS == 2 and kernel.RESIDUAL_MASKS is True
 
 
 def test_a_variant_that_fails_is_recorded_and_the_others_still_run(tmp_path, monkeypatch):

@@ -38,6 +38,8 @@ from typing import Callable
 
 import numpy as np
 
+from svgen.runtime.kinds import TileKind
+
 #: Splash's dense blocks searched (block_q, block_kv, block_kv_compute): its defaults and the
 #: best measured on a v5e (docs/measured.md); 2048 x 2048 needs more than v5e's default
 #: scoped VMEM and is recorded as infeasible there.
@@ -249,8 +251,9 @@ def sampled_rows(seq_len: int, count: int, seed: int) -> np.ndarray:
 
 def reference_rows(plan, assignment, q, k, v, rows: np.ndarray):
     """float32 [heads, len(rows), head_dim] on q's device: the masked softmax of the sampled
-    rows, each head's mask from the IR oracle in its pattern's kernel order (rows without a
-    kept key are 0, as svgen's kernel makes them)."""
+    rows, each head's mask from the IR oracle in its pattern's kernel order, or for an aligned
+    pattern (tiling.align) the rounded mask its compute-block kinds say, the one its kernel
+    runs (rows without a kept key are 0, as svgen's kernel makes them)."""
     import jax.numpy as jnp
 
     seq = q.shape[-2]
@@ -259,10 +262,7 @@ def reference_rows(plan, assignment, q, k, v, rows: np.ndarray):
     out = []
     for head, p in enumerate(assignment):
         if p not in keeps:
-            pattern = plan.patterns[p]
-            qc = pattern.layout.coordinates(rows).reshape(-1, 1)
-            kc = pattern.layout.coordinates(np.arange(seq)).reshape(1, -1)
-            keeps[p] = jnp.asarray(pattern.mask.evaluate(qc, kc))
+            keeps[p] = jnp.asarray(_reference_keep(plan.patterns[p], rows, seq))
         keep = keeps[p]
         qh = q[head, rows].astype(jnp.float32)
         s = (qh @ k[head].astype(jnp.float32).T) * scale
@@ -274,6 +274,18 @@ def reference_rows(plan, assignment, q, k, v, rows: np.ndarray):
         p_ = e / jnp.where(denom > 0, denom, 1.0)
         out.append(p_ @ v[head].astype(jnp.float32))
     return jnp.stack(out)
+
+
+def _reference_keep(pattern, rows: np.ndarray, seq: int) -> np.ndarray:
+    """bool [len(rows), seq]: the pattern's mask on the sampled rows, kernel order."""
+    keys = np.arange(seq)
+    if pattern.budget is not None:  # aligned: whole compute blocks kept or dropped
+        full = pattern.compute_kinds == TileKind.FULL
+        grid = pattern.compute_grid
+        return full[np.ix_(rows // grid.block_q, keys // grid.block_kv)]
+    qc = pattern.layout.coordinates(rows).reshape(-1, 1)
+    kc = pattern.layout.coordinates(keys).reshape(1, -1)
+    return np.broadcast_to(pattern.mask.evaluate(qc, kc), (len(rows), seq))
 
 
 def max_error(out, reference, rows: np.ndarray) -> float:
@@ -530,7 +542,7 @@ def _bench_splash(
         try:
             padded = splash_mask.padded_length(seq, *blocks)
             start = time.perf_counter()
-            mask = splash_mask.splash_mask(module, padded, assignment)
+            mask = splash_mask.splash_mask(module, padded, assignment, plan)
             built = time.perf_counter() - start
             timing, out, fused = _time_masked_splash(
                 mask, blocks, backward, (seq, padded, scale), qkv, options, clock

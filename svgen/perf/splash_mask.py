@@ -10,7 +10,10 @@ module's profiling and reference paths use) on every pair of kernel positions, c
 the default device a strip of rows at a time and kept bit-packed on the host (75,776² pairs
 take 718 MB). Heads get their pattern's object, so Splash's deduplication sees one mask per
 pattern; tokens are in each head's kernel order (what svgen's kernel runs on, and what a
-user keeping activations in that order would give Splash).
+user keeping activations in that order would give Splash). An aligned pattern (`tiling.align`)
+runs a mask rounded to its compute blocks, which its `boundary_mask` (every pair of a visited
+block) does not spell out: its bits come from the plan's compute-block kinds instead
+(`aligned_keep`), so Splash and the reference get the mask the kernel runs.
 
 Padding: Splash needs the sequence to be a multiple of its blocks; padded positions keep no
 pair (their query rows come out as whatever Splash makes of an empty row, and are dropped).
@@ -54,6 +57,32 @@ def pattern_keep(pattern):
     return functools.partial(coords.keep, pattern.boundary_mask, pattern.layout)
 
 
+def aligned_keep(plan_pattern):
+    """keep(q_pos, k_pos) -> bool of an aligned pattern (plan_pattern.budget set): the pair's
+    compute block is FULL. Positions in kernel order, non-negative (lax.div, not //: it lowers
+    for TPU)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    from svgen.runtime.kinds import TileKind
+
+    full = jnp.asarray(plan_pattern.compute_kinds == TileKind.FULL)
+    grid = plan_pattern.compute_grid
+
+    def keep(q_pos, k_pos):
+        return full[lax.div(q_pos, grid.block_q), lax.div(k_pos, grid.block_kv)]
+
+    return keep
+
+
+def kernel_keep(plan_pattern, runtime_pattern):
+    """The mask a pattern's kernel runs: its plan's aligned blocks when aligned, else the
+    module's own `boundary_mask` (runtime_pattern, a module's attention.patterns[i])."""
+    if plan_pattern is not None and plan_pattern.budget is not None:
+        return aligned_keep(plan_pattern)
+    return pattern_keep(runtime_pattern)
+
+
 def packed_keep(
     keep,
     first_row: int,
@@ -92,9 +121,13 @@ def packed_keep(
     return out
 
 
-def packed_keep_bits(pattern, seq_len: int, padded: int, strip_rows: int = STRIP_ROWS):
-    """uint8 [padded, padded / 8]: the pattern's whole mask in kernel order, bit-packed."""
-    return packed_keep(pattern_keep(pattern), 0, seq_len, seq_len, (padded, padded), strip_rows)
+def packed_keep_bits(
+    pattern, seq_len: int, padded: int, strip_rows: int = STRIP_ROWS, plan_pattern=None
+):
+    """uint8 [padded, padded / 8]: the pattern's whole mask in kernel order, bit-packed (the
+    aligned mask when `plan_pattern` is an aligned pattern's plan)."""
+    keep = kernel_keep(plan_pattern, pattern)
+    return packed_keep(keep, 0, seq_len, seq_len, (padded, padded), strip_rows)
 
 
 class PackedKeep(mask_lib.Mask):
@@ -154,17 +187,24 @@ def head_patterns(module) -> tuple[int, ...]:
     return tuple(h % count for h in range(module.HEADS))
 
 
-def splash_mask(module, padded: int, assignment: tuple[int, ...]):
+def splash_mask(module, padded: int, assignment: tuple[int, ...], plan=None):
     """A Splash `MultiHeadMask` [heads, padded, padded] of the module's mask, each head its
-    pattern's in that pattern's kernel order."""
-    masks = _pattern_masks(module, padded, tuple(sorted(set(assignment))))
+    pattern's in that pattern's kernel order (`plan`, the module's: required for an aligned
+    spec, whose rounded mask only the plan holds)."""
+    masks = _pattern_masks(module, padded, tuple(sorted(set(assignment))), plan)
     return mask_lib.MultiHeadMask([masks[p] for p in assignment])
 
 
-def _pattern_masks(module, padded: int, used: tuple[int, ...]) -> dict[int, PackedKeep]:
+def _pattern_masks(module, padded: int, used: tuple[int, ...], plan) -> dict[int, PackedKeep]:
     patterns = module.attention.patterns
+    seq = int(module.SEQ_LEN)
     return {
-        p: PackedKeep(patterns[p].name, packed_keep_bits(patterns[p], int(module.SEQ_LEN), padded))
+        p: PackedKeep(
+            patterns[p].name,
+            packed_keep_bits(
+                patterns[p], seq, padded, plan_pattern=plan.patterns[p] if plan else None
+            ),
+        )
         for p in used
     }
 

@@ -31,8 +31,11 @@ from svgen.runtime.kinds import TileKind
 from svgen.runtime.tables import BITS_PER_BLOCK, KIND_MASK, KernelShape, as_runs
 
 # Words of a pattern that get a straight-line body: each is a body of up to 16 compute blocks
-# (twice with `softmax: bounded`), so a few: compile time grows with every one.
-MAX_WORDS = 8
+# (twice with `softmax: bounded`), and the kernel's program grows with every one. Two, as the
+# chip measured (TPU v5e, bench/kernel_ab.py at 4c33b46, docs/measured.md): the blog spec at
+# 1024x2048 / 1024x512 ran 138.80 ms with 8 (a 71K-bundle program), 71.80 with 2 and 72.07
+# with none; at 1024x1024 / 1024x512 75.62 with 8, 75.56 with 2, 76.04 with none.
+MAX_WORDS = 2
 # ... and only words that join at least this share of the pattern's non-empty blocks in
 # BOUNDARY tiles: below it a body buys nothing a cost model could see.
 MIN_JOINED_SHARE = 0.03
