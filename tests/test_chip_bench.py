@@ -228,6 +228,27 @@ def test_remembered_dense_blocks_that_now_fail_are_searched_again(tmp_path):
     assert chip_bench.SplashDense(tmp_path)._load()["key"] == [1024, 1024, 512]
 
 
+def test_dense_blocks_found_by_one_caller_are_reused_by_another(tmp_path):
+    """bench/kernel_ab.py passes no env, `svgen bench` passes versions(): both must key the
+    remembered blocks alike, or every process of a chip session searches dense Splash again."""
+    spec = parse_spec(MIXED, source="tiny.yaml")
+    options = chip_bench.Options(
+        warmup=0,
+        iters=1,
+        interpret=True,
+        check_rows=0,
+        splash_blocks=(128, 128, 128),
+        dense_blocks=((128, 128, 128), (256, 256, 256)),
+    )
+    first = chip_bench.bench_spec(spec, "v5e", options, dense=chip_bench.SplashDense(tmp_path))
+    assert len(first["splash_dense_forward"]["tried"]) == 2  # searched
+    later = chip_bench.bench_spec(
+        spec, "v5e", options, dense=chip_bench.SplashDense(tmp_path), env=chip_bench.versions()
+    )
+    (retimed,) = later["splash_dense_forward"]["tried"]
+    assert retimed["blocks"] == first["splash_dense_forward"]["blocks"]
+
+
 def test_bench_json_keeps_what_was_measured_when_a_later_spec_fails(tmp_path, monkeypatch):
     """`--json` is rewritten after each spec: a run stopped part way (a time limit on the
     chip, a spec that breaks) keeps the specs already timed, marked incomplete."""

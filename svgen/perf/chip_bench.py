@@ -426,8 +426,12 @@ def bench_spec(
     env: dict | None = None,
 ) -> dict:
     """Time `spec` (a loaded Spec, its tiling the one to time) on the default device; a JSON
-    object of what was measured (see the module docstring)."""
+    object of what was measured (see the module docstring). `env`: versions(), read here when
+    not given (it keys the remembered dense Splash blocks: every caller must key them alike,
+    or each process searches them again)."""
     from svgen.perf.splash_mask import head_patterns
+
+    env = versions() if env is None else env
 
     result: dict = {
         "spec": spec.name,
