@@ -44,7 +44,7 @@ import yaml  # noqa: E402
 from splash_cost import dense_splash_cost  # noqa: E402
 from svgen.perf import cost  # noqa: E402
 from svgen.analysis import analyze  # noqa: E402
-from svgen.runtime.kinds import TileKind  # noqa: E402
+from svgen.core.kinds import TileKind  # noqa: E402
 from svgen.spec import ALIGN_MODES, parse_spec  # noqa: E402
 
 SPECS = sorted((REPO / "specs").glob("*.yaml"))

@@ -9,7 +9,7 @@ without a GPU (issue 12).
 Every mode works from what `svgen compile SPEC --target h100` produces: for each shipped spec
 (specs/*.yaml) and GPU tile, the GPU plan `analyze(spec, target_name="h100")` with the spec's
 `gpu` tiles set to that tile (classified at the GPU tiles themselves), its CSR tables
-(`plan.tables`, svgen.runtime.gpu_tables.GpuTables) and, for --compile and --time, the
+(`plan.tables`, svgen.core.gpu_tables.GpuTables) and, for --compile and --time, the
 `<name>_gpu.py` module rendered from it into a scratch directory.
 
 Default (static, no GPU, no timing): one markdown table, one row per (spec, pattern, tile):
@@ -156,8 +156,8 @@ def tile_words(tile: tuple[int, int]) -> str:
 
 
 def pattern_stats(tables, pattern: int, seq_len: int) -> dict:
-    from svgen.runtime.kinds import TileKind
-    from svgen.runtime.tables import KIND_MASK, KV_BLOCK_SHIFT
+    from svgen.core.kinds import TileKind
+    from svgen.core.tables import KIND_MASK, KV_BLOCK_SHIFT
 
     gq, gk = tables.num_q_tiles, tables.num_kv_tiles
     rows = tables.row_offsets[pattern * gq : (pattern + 1) * gq + 1].astype(np.int64)

@@ -7,9 +7,9 @@
 "After" is the module `svgen compile` writes today for the chip; "before" is the same module
 with the named constants set back (for example `--set MXU_WIDTH=256`: the row sum from
 [V | 1], as every chip ran it before v5e learned to take it across lanes), and with the named
-svgen.runtime constants set while it is imported and traced (for example `--runtime
+svgen.runtime / svgen.core constants set while it is imported and traced (for example `--runtime
 straight.MAX_WORDS=2`: two straight-line BOUNDARY bodies a pattern instead of eight, a smaller
-kernel program). Each `--variant` is one more "before", its svgen.runtime constants
+kernel program). Each `--variant` is one more "before", its svgen.runtime / svgen.core constants
 comma-separated (`--variant straight.MAX_WORDS=0 --variant straight.MAX_WORDS=2`: two kernels
 against today's in one process, today's compiled once). They are
 timed in turn, each the median of `--iters` calls after two warm-ups (first calls timed
@@ -54,7 +54,8 @@ def parse_setting(text: str) -> tuple[str, str]:
 
 
 def parse_runtime_setting(text: str) -> tuple[str, str, object]:
-    """MODULE.NAME=VALUE: a constant of svgen.runtime.MODULE and a Python literal."""
+    """MODULE.NAME=VALUE: a constant of svgen.runtime.MODULE (or svgen.core.MODULE) and a
+    Python literal."""
     import ast
 
     target, sep, value = text.partition("=")
@@ -63,7 +64,8 @@ def parse_runtime_setting(text: str) -> tuple[str, str, object]:
         sep and dot and re.fullmatch(r"[a-z_]+", module) and re.fullmatch(r"[A-Z][A-Z0-9_]*", name)
     ):
         raise argparse.ArgumentTypeError(
-            f"expected MODULE.NAME=VALUE (a constant of svgen.runtime.MODULE), got {text!r}"
+            "expected MODULE.NAME=VALUE (a constant of svgen.runtime.MODULE or "
+            f"svgen.core.MODULE), got {text!r}"
         )
     try:
         return module, name, ast.literal_eval(value)
@@ -80,16 +82,26 @@ def variant_label(runtime) -> str:
     return ",".join(f"{m}.{n}={v!r}" for m, n, v in runtime)
 
 
+def kernel_module(name: str):
+    """svgen.runtime.NAME (the kernels), else svgen.core.NAME (the format they share with the
+    compiler: straight.MAX_WORDS lives there); an unknown name is an error."""
+    for package in ("svgen.runtime", "svgen.core"):
+        if importlib.util.find_spec(f"{package}.{name}") is not None:
+            return importlib.import_module(f"{package}.{name}")
+    raise SystemExit(f"neither svgen.runtime nor svgen.core has a module {name!r}")
+
+
 @contextlib.contextmanager
 def runtime_overrides(settings):
-    """svgen.runtime constants set to the given values inside the block, restored after (an
-    unknown module or constant is an error: a typo must not time the same kernel twice)."""
+    """Kernel constants (kernel_module) set to the given values inside the block, restored
+    after (an unknown module or constant is an error: a typo must not time the same kernel
+    twice)."""
     saved = []
     try:
         for module_name, name, value in settings:
-            module = importlib.import_module(f"svgen.runtime.{module_name}")
+            module = kernel_module(module_name)
             if not hasattr(module, name):
-                raise SystemExit(f"svgen.runtime.{module_name} has no constant {name}")
+                raise SystemExit(f"{module.__name__} has no constant {name}")
             saved.append((module, name, getattr(module, name)))
             setattr(module, name, value)
         yield
@@ -124,7 +136,7 @@ def before_module(spec, target: str, settings, folder: pathlib.Path):
 
 
 def time_before(spec, target, settings, options, progress, runtime=()) -> dict:
-    """The "before" module timed: its constants `settings`, and the svgen.runtime constants
+    """The "before" module timed: its constants `settings`, and the kernel constants
     `runtime` in force while it is imported and traced (its kernels are traced in the first
     calls, under the overrides too)."""
     with tempfile.TemporaryDirectory(prefix="kernel-ab-") as folder, runtime_overrides(runtime):

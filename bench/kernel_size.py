@@ -4,7 +4,7 @@ compiles it for the target on this host (AOT, no chip needed).
     python bench/kernel_size.py SPEC[@BQxBKV[/CQxCKV]]... [--target v5e]
         [--runtime MODULE.NAME=VALUE]...
 
---runtime sets a constant of svgen.runtime.MODULE while each module is imported and compiled
+--runtime sets a constant of svgen.runtime.MODULE (or svgen.core.MODULE) while each module is imported and compiled
 (for example straight.MAX_WORDS=2: at most two straight-line BOUNDARY bodies a pattern).
 
 On a TPU v5e the chip ran every kernel of up to 43K bundles within 1.09-1.14x of the static
@@ -29,8 +29,8 @@ from svgen.spec import load_spec
 
 
 def kernel_bundles(spec, target: str, runtime=()) -> int:
-    """The forward kernel's final bundles, compiled for `target` (`runtime`: svgen.runtime
-    constants in force meanwhile, as kernel_ab takes them)."""
+    """The forward kernel's final bundles, compiled for `target` (`runtime`: kernel constants
+    in force meanwhile, as kernel_ab takes them)."""
     with tempfile.TemporaryDirectory(prefix="kernel-size-") as folder, runtime_overrides(runtime):
         _, module = chip_bench.compile_module(spec, target, pathlib.Path(folder))
         return len(measure._compile(module, target).bundles)

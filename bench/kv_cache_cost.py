@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 from svgen.perf import cost  # noqa: E402
 from svgen.analysis import analyze  # noqa: E402
 from svgen.analysis.chunks import runs_of_position  # noqa: E402
-from svgen.runtime.kinds import TileKind  # noqa: E402
+from svgen.core.kinds import TileKind  # noqa: E402
 from svgen.spec import load_spec  # noqa: E402
 
 

@@ -21,7 +21,7 @@ from svgen import ir
 from svgen.analysis import TileGrid
 from svgen.analysis.classify import classify_tiles
 from svgen.analysis.tables import build_runs, kernel_tiles
-from svgen.runtime.layout import Tiled, TokenLayout
+from svgen.core.layout import Tiled, TokenLayout
 
 STA_CUBE = (6, 8, 8)
 STA_MASK = ir.CubeWindow(*STA_CUBE, 1, 1, 1)

@@ -47,7 +47,7 @@ from svgen.perf import cost, measure  # noqa: E402
 from svgen.analysis import analyze  # noqa: E402
 from svgen.runtime import segments  # noqa: E402
 from svgen.runtime.refine import SEGMENT_BOUNDARY  # noqa: E402
-from svgen.runtime.tables import BITS_PER_BLOCK, KIND_MASK, PieceTables  # noqa: E402
+from svgen.core.tables import BITS_PER_BLOCK, KIND_MASK, PieceTables  # noqa: E402
 from svgen.spec import parse_spec  # noqa: E402
 
 SPEC = """

@@ -38,7 +38,7 @@ from kernel_ab import parse_item
 
 from svgen.perf import chip_bench, measured_tune
 from svgen.perf.splash_mask import head_patterns
-from svgen.runtime import tables
+from svgen.core import tables
 from svgen.spec import load_spec
 
 VARIANTS = ("shipped", "unmasked", "steps", "dense")

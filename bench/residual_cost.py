@@ -30,7 +30,7 @@ tpu_schedule.ensure_dump_flags()  # before anything starts libtpu
 from svgen.perf import cost  # noqa: E402
 from svgen.perf.paths import mean_rounded  # noqa: E402
 from svgen.analysis import analyze  # noqa: E402
-from svgen.runtime.kinds import TileKind  # noqa: E402
+from svgen.core.kinds import TileKind  # noqa: E402
 from svgen.spec import load_spec  # noqa: E402
 
 DEFAULT_SPECS = [

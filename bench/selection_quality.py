@@ -77,7 +77,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from svgen.runtime import select as sel  # noqa: E402
-from svgen.runtime.tables import KernelShape  # noqa: E402
+from svgen.core.tables import KernelShape  # noqa: E402
 
 DEFAULTS = dict(frames=8, height=16, width=24, heads=4, block=128)
 QUICK = dict(frames=4, height=8, width=16, heads=2, block=64)

@@ -228,7 +228,7 @@ def measure_svgen(frames: int, patterns: tuple[str, ...]) -> dict:
     import numpy as np
     from svgen.analysis import analyze
     from svgen.analysis.tables import kernel_kinds
-    from svgen.runtime.kinds import TileKind
+    from svgen.core.kinds import TileKind
     from svgen.spec import parse_spec
 
     baseline = _max_rss_mib()

@@ -22,8 +22,8 @@ import yaml
 from svgen import codegen, ir
 from svgen.analysis import analyze
 from svgen.runtime import libtpu_env
-from svgen.runtime.kinds import TileKind
-from svgen.runtime.layout import Tiled, TokenLayout
+from svgen.core.kinds import TileKind
+from svgen.core.layout import Tiled, TokenLayout
 from svgen.spec import parse_spec
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from helpers import GRAD_TOLERANCE, TOLERANCE, mask_function_source, user_order_keep
 from svgen.runtime import coords
-from svgen.runtime.layout import TokenLayout
+from svgen.core.layout import TokenLayout
 from svgen.runtime.reference import masked_attention_reference
 
 POISONED = pltpu.InterpretParams(uninitialized_memory="nan")

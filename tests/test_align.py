@@ -10,7 +10,7 @@ from svgen.analysis import analyze
 from svgen.analysis.align import align_classification, balanced_order, promoted_blocks
 from svgen.analysis.classify import TileGrid, classify_tiles
 from svgen.spec.errors import SpecError
-from svgen.runtime.kinds import TileKind
+from svgen.core.kinds import TileKind
 from svgen.runtime.reference import masked_attention_reference
 from svgen.spec import ALIGN_MODES, canonical_json, parse_spec
 
@@ -50,7 +50,7 @@ def test_random_masks_every_mode_against_brute_force(seed):
 def test_frame_invariant_masks_are_counted_too():
     """A temporal head (classified from one frame's rows without counts) counts its pairs on
     the general path."""
-    from svgen.runtime.layout import TokenLayout
+    from svgen.core.layout import TokenLayout
 
     lay = TokenLayout(4, 3, 5, 0, "last", "frame_major", 0)
     _, mask = lower_mask_dict(

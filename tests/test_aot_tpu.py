@@ -188,7 +188,7 @@ def test_accepted_tilings_compile_at_every_head_dim(
     """Every tiling the compiler accepts compiles for v6e at the VMEM limit the generated
     module asks for, at head dims 64, 128 and 256 in bf16 and f32 (a [block, 64] buffer takes
     128 lanes in VMEM, and with the row sum across lanes the compiler's stack grows with the
-    tile: svgen.runtime.vmem)."""
+    tile: svgen.core.vmem)."""
     from helpers import compile_spec_text
 
     frames, height, width = geometry

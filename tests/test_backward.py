@@ -24,7 +24,7 @@ from helpers import (
 )
 from kernel_helpers import POISONED, check_grads, mixed_inputs
 from svgen.runtime import backward
-from svgen.runtime.kinds import TileKind
+from svgen.core.kinds import TileKind
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -12,9 +12,9 @@ from svgen.analysis.classify import TileGrid, classify_tiles
 from svgen.analysis.tables import build_runs, kernel_tiles, transposed_tiles
 from svgen.spec.errors import SpecError
 from svgen.spec.expr import parse_predicate
-from svgen.runtime.kinds import TileKind
-from svgen.runtime.layout import TokenLayout
-from svgen.runtime.tables import KernelShape, transposed_runs, transposed_tables
+from svgen.core.kinds import TileKind
+from svgen.core.layout import TokenLayout
+from svgen.core.tables import KernelShape, transposed_runs, transposed_tables
 from svgen.spec import parse_spec
 
 from helpers import brute_force_kinds, dense_keep, lower_mask_dict, random_layout, random_mask

@@ -9,8 +9,8 @@ from svgen.analysis import analyze
 from svgen.analysis import axis_relations, axis_terms
 from svgen.analysis.classify import TileGrid, classify_tiles
 from svgen.spec.expr import parse_predicate
-from svgen.runtime.layout import TokenLayout
-from svgen.runtime.kinds import TileKind
+from svgen.core.layout import TokenLayout
+from svgen.core.kinds import TileKind
 
 from helpers import (
     PRIMITIVE_GENERATORS,

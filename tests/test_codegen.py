@@ -12,8 +12,8 @@ from svgen.analysis import analyze, query_coordinate_bound
 from svgen.codegen import backends
 from svgen.codegen.predicate import emit_mask
 from svgen.codegen.tilemap import render_tile_map
-from svgen.runtime.layout import TokenLayout
-from svgen.runtime.kinds import TileKind
+from svgen.core.layout import TokenLayout
+from svgen.core.kinds import TileKind
 from svgen.spec import load_spec, parse_spec
 
 from helpers import (

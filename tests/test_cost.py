@@ -14,8 +14,8 @@ import pytest
 
 from svgen.perf import cost
 from svgen.perf.cost import PathCosts, model_cycles
-from svgen.runtime.tables import PieceTables
-from svgen.runtime.kinds import TileKind
+from svgen.core.tables import PieceTables
+from svgen.core.kinds import TileKind
 
 SMALL = """svgen: 1
 name: small_cost

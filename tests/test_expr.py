@@ -23,7 +23,7 @@ from svgen.spec.expr import (
     predicate_tokens,
 )
 from svgen.spec.limits import MAX_EXPR_CHARS, MAX_EXPR_DEPTH, MAX_EXPR_LITERAL, MAX_EXPR_TOKENS
-from svgen.runtime.layout import TokenLayout
+from svgen.core.layout import TokenLayout
 from svgen.spec import parse_spec
 
 from helpers import brute_force_kinds, dense_keep, mask_spec_text

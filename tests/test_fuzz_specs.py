@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from svgen.analysis import analyze
-from svgen.runtime.layout import Tiled, TokenLayout
+from svgen.core.layout import Tiled, TokenLayout
 from svgen.runtime.reference import masked_attention_reference
 from svgen.spec import ALIGN_MODES, parse_spec
 

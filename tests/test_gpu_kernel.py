@@ -20,9 +20,9 @@ import yaml
 
 from gpu_helpers import verified_triton_lowering
 from svgen.runtime import gpu
-from svgen.runtime.kinds import TileKind
+from svgen.core.kinds import TileKind
 from svgen.runtime.reference import masked_attention_reference
-from svgen.runtime.tables import compute_block_kinds
+from svgen.core.tables import compute_block_kinds
 
 from helpers import (
     REPO,
@@ -121,9 +121,9 @@ def test_full_tile_past_the_end_masks_padding_keys():
     """Hand-made tables with a FULL compute block holding padding keys (the compiler makes
     such blocks BOUNDARY; the kernel must not rely on it): its padding keys are still never
     attended, and its mask is never evaluated (this one would keep nothing)."""
-    from svgen.runtime.tables import Pattern
-    from svgen.runtime.layout import TokenLayout
-    from svgen.runtime.tables import KernelShape
+    from svgen.core.tables import Pattern
+    from svgen.core.layout import TokenLayout
+    from svgen.core.tables import KernelShape
 
     lay = TokenLayout(frames=1, height=1, width=200)
     shape = KernelShape(

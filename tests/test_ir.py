@@ -77,7 +77,7 @@ def test_window_predicates_become_builtins_with_the_same_meaning(source, text_to
     import numpy as np
 
     from svgen.spec.expr import parse_predicate
-    from svgen.runtime.layout import TokenLayout
+    from svgen.core.layout import TokenLayout
 
     expr = parse_predicate(source)
     node = ir.recognize_window(expr, TokenLayout(5, 4, 6, text_tokens, "first"))

@@ -14,7 +14,9 @@ import pytest
 sys.path.insert(0, "bench")
 import kernel_ab  # noqa: E402
 
-from svgen.runtime import kernel, straight  # noqa: E402
+from svgen.core import straight  # noqa: E402
+
+from svgen.runtime import kernel  # noqa: E402
 
 from helpers import REPO, STRAIGHT_BAND  # noqa: E402
 from kernel_helpers import POISONED, check_per_head, mixed_inputs  # noqa: E402

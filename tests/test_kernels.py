@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from svgen.runtime.reference import masked_attention_reference
-from svgen.runtime.tables import KernelShape
-from svgen.runtime.vmem import row_sum_on_mxu
+from svgen.core.tables import KernelShape
+from svgen.core.vmem import row_sum_on_mxu
 
 from helpers import MASK_SPECS, REPO, TOLERANCE, TWO_LEVEL, dense_keep, scaled_spec_text
 from kernel_helpers import POISONED, check_per_head, mixed_inputs

@@ -31,10 +31,10 @@ from kv_cache_helpers import ONE_LEVEL, TWO_LEVEL, TWO_PATTERNS
 from svgen import ir
 from svgen.analysis.chunks import chunk_runs, runs_of_position
 from svgen.spec.errors import SpecError
-from svgen.runtime.kinds import TileKind
-from svgen.runtime.layout import TokenLayout
+from svgen.core.kinds import TileKind
+from svgen.core.layout import TokenLayout
 from svgen.runtime.reference import masked_attention_reference
-from svgen.runtime.tables import compute_block_kinds
+from svgen.core.tables import compute_block_kinds
 from svgen.spec import Tiling, parse_spec
 
 SPEC = """

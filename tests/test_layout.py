@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from svgen.runtime import coords
-from svgen.runtime.layout import TokenLayout
+from svgen.core.layout import TokenLayout
 
 
 def _layouts():

@@ -88,7 +88,7 @@ def test_neighborhood_is_natten(seed):
 
 def test_neighborhood_keeps_the_whole_window_everywhere():
     """Every query keeps frames x rows x cols keys: the window shifts at the edges."""
-    from svgen.runtime.layout import TokenLayout
+    from svgen.core.layout import TokenLayout
 
     lay = TokenLayout(5, 6, 9)
     params = {"frames": 3, "rows": 3, "cols": 5}
@@ -101,7 +101,7 @@ def test_radial_is_radial_attention(seed):
     rng = np.random.default_rng(5500 + seed)
     lay = random_any_layout(rng)
     if lay.frames < 3 and rng.random() < 0.8:
-        from svgen.runtime.layout import TokenLayout
+        from svgen.core.layout import TokenLayout
 
         lay = TokenLayout(int(rng.integers(9, 18)), 2, 3, 4, "first")  # bands up to 8-15
     params = {} if rng.random() < 0.3 else {"width": int(rng.integers(1, 12))}

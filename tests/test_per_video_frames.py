@@ -20,10 +20,10 @@ from kernel_helpers import POISONED, reference_grads
 from segment_helpers import check_element_grads, late_video_ids, packed_ids
 from svgen.spec.errors import SpecError
 from svgen.runtime import backward, segments
-from svgen.runtime.kinds import TileKind
+from svgen.core.kinds import TileKind
 from svgen.runtime.reference import masked_attention_reference
 from svgen.runtime.refine import SEGMENT_BOUNDARY
-from svgen.runtime.tables import BITS_PER_BLOCK, KIND_MASK
+from svgen.core.tables import BITS_PER_BLOCK, KIND_MASK
 from svgen.spec import parse_spec
 
 SPEC = """
@@ -310,7 +310,7 @@ def test_plain_boundary_runs_only_where_frames_did_not_move(tmp_path):
 
 
 def test_segment_starts_on_device():
-    from svgen.runtime.layout import TokenLayout
+    from svgen.core.layout import TokenLayout
     from svgen.runtime.video_frames import segment_starts
 
     lay = TokenLayout(frames=4, height=1, width=2, text_tokens=3, text_position="first")

@@ -16,7 +16,7 @@ from jax._src.pallas.mosaic.interpret import interpret_pallas_call
 from jax.experimental.pallas import tpu as pltpu
 
 from svgen.runtime import permute
-from svgen.runtime.layout import Tiled, TokenLayout
+from svgen.core.layout import Tiled, TokenLayout
 
 from kernel_helpers import POISONED, check_per_head, mixed_inputs
 from tpu_helpers import MIXED_SPEC, compile_for_v6e, data_movement, mosaic_kernels, v6e_device

@@ -74,7 +74,7 @@ MISCOMPILED = [
 
 @pytest.mark.parametrize("text", MISCOMPILED)
 def test_the_miscompiled_expressions_print_right(text):
-    from svgen.runtime.layout import TokenLayout
+    from svgen.core.layout import TokenLayout
 
     for lay in (TokenLayout(1, 1, 256), TokenLayout(3, 7, 9, 5, "first")):
         for mask in ({"expr": text}, {"any_of": [{"expr": text}, {"first_frame": {}}]}):
@@ -93,7 +93,7 @@ OVERFLOWING = [
 
 @pytest.mark.parametrize("text,sub", OVERFLOWING, ids=range(len(OVERFLOWING)))
 def test_predicates_past_int32_are_refused_with_their_location(text, sub):
-    from svgen.runtime.layout import TokenLayout
+    from svgen.core.layout import TokenLayout
 
     with pytest.raises(SpecError) as err:
         lower_mask_dict({"expr": text}, TokenLayout(1, 1, 256), 128, 128)
@@ -104,7 +104,7 @@ def test_predicates_past_int32_are_refused_with_their_location(text, sub):
 
 def test_predicates_just_inside_int32_are_accepted_and_exact():
     """255 * 8388608 = 2,139,095,040 fits int32: accepted, and the printed line agrees."""
-    from svgen.runtime.layout import TokenLayout
+    from svgen.core.layout import TokenLayout
 
     lay = TokenLayout(1, 1, 256)
     _, node = lower_mask_dict({"expr": "i_q * 8388608 - i_k * 8388608 < 1000000000"}, lay, 128, 128)
@@ -145,7 +145,7 @@ PAST_INT32_FORMS = [
 def test_fused_forms_print_no_literal_past_int32(geometry, text, printed):
     """Each is printed in a form whose literals fit int32 (the plain compares where the
     fused form's would not), and keeps the predicate's value on every pair."""
-    from svgen.runtime.layout import TokenLayout
+    from svgen.core.layout import TokenLayout
 
     from helpers import literals_past_int32
 
@@ -173,7 +173,7 @@ def test_packed_sides_fit_int32_over_the_geometry(compile_text):
     room: its literals fit, but m * a reached 3,531,058,338 on the last query. The packing
     wrapped to the right answer, but every value a module computes is to be one the
     printer's int32 checks cover (issue 44): the window stays out of the fields."""
-    from svgen.runtime.layout import TokenLayout
+    from svgen.core.layout import TokenLayout
 
     from helpers import mask_spec_text, packed_sides_past_int32
 
@@ -194,7 +194,7 @@ def test_fields_without_room_take_no_shift():
     bits; after a 32-bit field it was printed shifted by 32, past an int32's bits. It adds
     nothing to the difference wherever it sits, so it sits at bit 0."""
     from svgen.codegen.predicate import _field_layout
-    from svgen.runtime.layout import TokenLayout
+    from svgen.core.layout import TokenLayout
 
     wide = (-2139095040, 2139095040, None)  # 8388608 * (h_q - h_k) >= 0: 32 bits of room
     assert [shift for _, shift, _ in _field_layout([wide, (0, 0, 0)])] == [0, 0]
@@ -283,7 +283,7 @@ def test_a_neighborhood_prints_one_compare_for_all_axes():
     """NATTEN's clamped 3 x 3 x 5 window: one coords.fields over the three axes (the frame
     and row windows of width 2 scaled by 3 to fill 3 bits, the column's 4 by 7 to fill 5),
     no other comparison or AND."""
-    from svgen.runtime.layout import TokenLayout
+    from svgen.core.layout import TokenLayout
 
     lay = TokenLayout(8, 8, 16)
     text = (
@@ -407,7 +407,7 @@ def test_common_width_keeps_every_window():
 def test_windows_whose_scaled_sides_leave_int32_stay_apart():
     """A width-1 window over the indices of a 2M-token video beside a 1,200-wide one: the
     index window scaled by 1,200 would pass int32, so both stay unsigned compares."""
-    from svgen.runtime.layout import TokenLayout
+    from svgen.core.layout import TokenLayout
 
     lay = TokenLayout(2, 1000, 1000)
     text = "abs(h_q - h_k) <= 600 and i_k <= i_q <= i_k + 1"
@@ -451,7 +451,7 @@ def test_conjunctions_of_equalities_print_as_one_compare(seed):
 def test_equalities_whose_packing_passes_int32_stay_apart():
     """Equal indices of a 2M-token video beside a column equality of 1,999 values: the
     packing would pass int32, so two compares."""
-    from svgen.runtime.layout import TokenLayout
+    from svgen.core.layout import TokenLayout
 
     lay = TokenLayout(2, 1000, 1000)
     text = "i_q == i_k and w_q + 5 == 2 * w_k"
@@ -531,7 +531,7 @@ def test_fields_that_cannot_fit_32_bits_leave_the_widest_out():
     fields, and the index window's differences alone span more than 2^21: the widest term,
     the index window, is left to the fusions after coords.fields (alone there, an unsigned
     compare), the other three fused."""
-    from svgen.runtime.layout import TokenLayout
+    from svgen.core.layout import TokenLayout
 
     lay = TokenLayout(20, 100, 1000)
     text = (
@@ -582,7 +582,7 @@ def test_a_radial_band_window_prints_as_one_subtract_and_compare():
     """abs(16 * (h_q - h_k) + w_q - w_k) < 20 on 16-wide frames: the place 16 * h + w of the
     query once per q tile, the key's shifted by 19 on the block's row, then one compare
     against 38 (0 <= x + 19 <= 38)."""
-    from svgen.runtime.layout import TokenLayout
+    from svgen.core.layout import TokenLayout
 
     lay = TokenLayout(4, 6, 16)
     _, mask = lower_mask_dict({"expr": "abs(16 * (h_q - h_k) + w_q - w_k) < 20"}, lay, 128, 128)

@@ -26,7 +26,7 @@ from svgen.analysis.key_sets import Bounds, nominal_keys
 from svgen.codegen.predicate import emit_mask
 from svgen.spec.errors import SpecError
 from svgen.spec.expr import SYMBOLS
-from svgen.runtime.layout import TokenLayout
+from svgen.core.layout import TokenLayout
 from svgen.spec.schema import spec_schema
 from svgen.spec import parse_spec
 

@@ -16,7 +16,7 @@ import pytest
 from helpers import brute_force_kinds
 from svgen.analysis.classify import TileGrid
 from svgen.analysis.tables import build_runs, kernel_tiles
-from svgen.runtime.kinds import TileKind
+from svgen.core.kinds import TileKind
 from svgen.runtime.refine import (
     SEGMENT_BOUNDARY,
     StaticVisits,
@@ -25,7 +25,7 @@ from svgen.runtime.refine import (
     refine,
     segment_words,
 )
-from svgen.runtime.tables import BITS_PER_BLOCK, PieceTables
+from svgen.core.tables import BITS_PER_BLOCK, PieceTables
 
 EMPTY, BOUNDARY, FULL = int(TileKind.EMPTY), int(TileKind.BOUNDARY), int(TileKind.FULL)
 SHAPES = [(1, 1), (2, 1), (2, 2)]  # compute blocks per tile: rq x rk

@@ -19,8 +19,8 @@ CHECK = textwrap.dedent(
     import numpy as np
     from svgen.analysis.classify import TileGrid
     from svgen.analysis.tables import build_runs, kernel_tiles
-    from svgen.runtime.layout import TokenLayout
-    from svgen.runtime.tables import KernelShape
+    from svgen.core.layout import TokenLayout
+    from svgen.core.tables import KernelShape
 
     for text_tokens, position in [(0, "last"), (8, "first"), (8, "last")]:
         lay = TokenLayout(5, 4, 8, text_tokens, position).with_order("temporal_major", 1)

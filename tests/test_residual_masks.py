@@ -19,9 +19,9 @@ from svgen.analysis import analyze, residuals
 from svgen.analysis.classify import TileGrid, classify_tiles
 from svgen.perf.cost import PathCosts, model_cycles
 from svgen.spec.expr import parse_predicate
-from svgen.runtime.kinds import TileKind
-from svgen.runtime.layout import TokenLayout
-from svgen.runtime.tables import PieceTables, variant_bits
+from svgen.core.kinds import TileKind
+from svgen.core.layout import TokenLayout
+from svgen.core.tables import PieceTables, variant_bits
 from svgen.spec import SpecError, parse_spec
 
 from helpers import (
@@ -420,7 +420,7 @@ def test_query_functions_past_the_analysis_count_raise_the_vmem_need(compile_tex
     row, column and place): the module's VMEM limit is recounted with them, and the kernel
     runs against float64."""
     from svgen.analysis import query_coordinate_bound
-    from svgen.runtime.vmem import kernel_vmem
+    from svgen.core.vmem import kernel_vmem
 
     conjunctions = " or ".join(
         f"f_q - f_k == {d} and abs(h_q - h_k) <= {d % 2} and abs(w_q - w_k) <= {d}"

@@ -32,11 +32,11 @@ from svgen.analysis.chunks import (
 )
 from svgen.spec.errors import SpecError
 from svgen.runtime.chunks import KvCache, ring_frames
-from svgen.runtime.ring import RingCache
-from svgen.runtime.kinds import TileKind
-from svgen.runtime.layout import TokenLayout
+from svgen.core.ring import RingCache
+from svgen.core.kinds import TileKind
+from svgen.core.layout import TokenLayout
 from svgen.runtime.reference import masked_attention_reference
-from svgen.runtime.tables import compute_block_kinds
+from svgen.core.tables import compute_block_kinds
 from svgen.spec import Tiling, canonical_json, parse_spec
 
 SPEC = """

@@ -190,7 +190,7 @@ def test_one_segment_gives_the_compile_time_tables(tmp_path):
     """The tables a call builds on device, for data that remove nothing, equal the compiler's
     (forward and the dk/dv walk's transposed ones): the compile-time analysis is the oracle."""
     from svgen.runtime import segments
-    from svgen.runtime.tables import transposed_tables
+    from svgen.core.tables import transposed_tables
 
     plan, module = compile_spec_text(spec_text(ONE_PATTERN, layout="temporal_major"), tmp_path)
     pattern = module._PATTERNS[0]
@@ -224,7 +224,7 @@ def test_traced_text_lengths_outside_the_range_are_clamped(tmp_path):
 
 
 def test_ids_built_in_the_users_order():
-    from svgen.runtime.layout import TokenLayout
+    from svgen.core.layout import TokenLayout
 
     lay = TokenLayout(frames=1, height=2, width=2, text_tokens=3, text_position="first")
     q_ids, k_ids = user_order_ids(
@@ -355,7 +355,7 @@ def test_heads_sharded_with_shard_map(per_video):
 def test_the_cost_model_knows_the_run_time_kind():
     from svgen.perf import cost
     from svgen.runtime import refine
-    from svgen.runtime.kinds import TileKind
+    from svgen.core.kinds import TileKind
 
     assert cost.SEGMENT_BOUNDARY == refine.SEGMENT_BOUNDARY
     assert refine.SEGMENT_BOUNDARY not in {int(k) for k in TileKind}  # no static table has it
@@ -410,7 +410,7 @@ def test_gpu_module_with_run_time_inputs(template, tmp_path):
 
 
 def test_packed_segment_ids():
-    from svgen.runtime.layout import TokenLayout
+    from svgen.core.layout import TokenLayout
     from svgen.runtime.segments import packed_segment_ids
 
     lay = TokenLayout(frames=3, height=1, width=2, text_tokens=4, text_position="first")

@@ -733,7 +733,7 @@ def test_traced_top_p_out_of_range_in_a_call(compile_text):
 def test_sampled_scores_equal_their_float64_reference(per_block):
     """sampled_block_scores against its documented meaning; with every row sampled it is the
     log of each block's exact mean attention mass (the dense softmax pooled by blocks)."""
-    from svgen.runtime.tables import KernelShape
+    from svgen.core.tables import KernelShape
 
     rng = np.random.default_rng(per_block)
     seq, d, rows_b, cols_b = 700, 32, 6, 6  # the last blocks hold padding

@@ -1,4 +1,4 @@
-"""Straight-line BOUNDARY tiles (svgen.runtime.straight): a pattern's commonest blocks words
+"""Straight-line BOUNDARY tiles (svgen.core.straight): a pattern's commonest blocks words
 run as one straight-line body each, the rest through a branch per compute block.
 
 The choice is checked against a count written from the definition, the kernel against
@@ -13,10 +13,10 @@ import pytest
 
 from svgen.analysis import residuals
 from svgen.perf.cost import PathCosts, model_cycles
-from svgen.runtime import straight
-from svgen.runtime.kinds import TileKind
+from svgen.core import straight
+from svgen.core.kinds import TileKind
 from svgen.runtime.reference import masked_attention_reference
-from svgen.runtime.tables import KernelShape, PieceTables, as_runs
+from svgen.core.tables import KernelShape, PieceTables, as_runs
 
 from helpers import TOLERANCE, aligned_user_keep, user_order_keep
 from kernel_helpers import POISONED, mixed_inputs

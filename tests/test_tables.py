@@ -13,7 +13,7 @@ from svgen.analysis.tables import (
     tile_kinds,
 )
 from svgen.spec.errors import SpecError
-from svgen.runtime.tables import (
+from svgen.core.tables import (
     KIND_MASK,
     KV_BLOCK_MASK,
     KV_BLOCK_SHIFT,
@@ -21,7 +21,7 @@ from svgen.runtime.tables import (
     PieceTables,
     split_runs,
 )
-from svgen.runtime.kinds import TileKind
+from svgen.core.kinds import TileKind
 from svgen.spec import parse_spec
 
 

@@ -15,8 +15,8 @@ from svgen.analysis.classify import TileGrid, classify_tiles
 from svgen.spec.errors import SpecError
 from svgen.spec.expr import parse_predicate
 from svgen.runtime import coords
-from svgen.runtime.kinds import TileKind
-from svgen.runtime.layout import Tiled, TokenLayout
+from svgen.core.kinds import TileKind
+from svgen.core.layout import Tiled, TokenLayout
 from svgen.spec.schema import spec_schema
 from svgen.spec import canonical_json, parse_spec
 

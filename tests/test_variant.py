@@ -165,4 +165,4 @@ def test_the_cost_cache_key_covers_every_module_the_kernels_import():
         f for f in files if f not in sources and f.replace(".py", "/__init__.py") not in sources
     }
     assert not missing, missing
-    assert "svgen/runtime/variant.py" in sources and "svgen/runtime/vmem.py" in sources
+    assert "svgen/runtime/variant.py" in sources and "svgen/core/vmem.py" in sources

@@ -15,7 +15,7 @@ candidate region):
   6. choose_piece_tables  SMEM pieces of all patterns, within the SMEM budget
 
 For a GPU target (`analyze_gpu`) the same passes 1-5 run at the GPU kernel's classification
-tiles, and step 6 is the GPU kernel's CSR tables (svgen.runtime.gpu_tables).
+tiles, and step 6 is the GPU kernel's CSR tables (svgen.core.gpu_tables).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from svgen.analysis import axis_terms, chunks, residuals, rowsets, video_frames
 from svgen.analysis.align import PairBudget, align_classification
 from svgen.analysis.classify import Classification, TileGrid, classify_tiles
 from svgen.analysis.plan import PatternPlan, Plan, VideoFramePlan, pattern_shape
-from svgen.runtime.ring import RingCache
+from svgen.core.ring import RingCache
 from svgen.analysis.tables import (
     DEFAULT_SMEM_BUDGET,
     MAX_SLOTS,
@@ -52,10 +52,10 @@ from svgen.spec.limits import (
     ROW_SET_WORK,
     WorkOverLimit,
 )
-from svgen.runtime.gpu_tables import GpuTables
-from svgen.runtime.kinds import TileKind
-from svgen.runtime.layout import FRAME_MAJOR, TokenLayout
-from svgen.runtime.tables import (
+from svgen.core.gpu_tables import GpuTables
+from svgen.core.kinds import TileKind
+from svgen.core.layout import FRAME_MAJOR, TokenLayout
+from svgen.core.tables import (
     KernelShape,
     PieceTables,
     runtime_table_bytes,
@@ -229,7 +229,7 @@ def gpu_classification_tiling(spec: Spec, patterns: int) -> Tiling:
     """The tiles a GPU plan classifies at: the GPU tiles themselves (every GPU tile gets its
     own exact kind), or, where that grid would exceed MAX_TILE_PAIRS, the smallest power-of-two
     multiple of them that fits (each GPU tile then inherits the kind of the block it lies in,
-    as svgen.runtime.gpu_tables does). `tiling.align` rounds at these tiles."""
+    as svgen.core.gpu_tables does). `tiling.align` rounds at these tiles."""
     gpu, seq_len = spec.gpu_tiling, spec.geometry.seq_len
     bq, bkv = gpu.block_q, gpu.block_kv
     while -(-seq_len // bq) * -(-seq_len // bkv) * patterns > MAX_TILE_PAIRS:
@@ -437,7 +437,7 @@ def _check_backward_tables(spec: Spec, patterns, tiles, chip: Target, smem_budge
     """The dk/dv kernel walks transposed tables (per kv tile, its q tiles): a separate
     pallas_call whose tables must fit the SMEM budget on their own. Its runs come from the
     forward tiles (`tiles`: kernel kinds and words per pattern) as
-    `svgen.runtime.tables.transposed_runs` finds them in the forward runs, vectorized; the
+    `svgen.core.tables.transposed_runs` finds them in the forward runs, vectorized; the
     piece size is chosen by the same rule as `transposed_tables`."""
     grid, compute, t = patterns[0].grid, patterns[0].compute_grid, spec.tiling
     transposed = TileGrid(grid.seq_len, grid.block_kv, grid.block_q)

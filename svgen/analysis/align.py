@@ -29,7 +29,7 @@ import dataclasses
 import numpy as np
 
 from svgen.analysis.classify import Classification, PairCounts, TileGrid
-from svgen.runtime.kinds import TileKind
+from svgen.core.kinds import TileKind
 from svgen.spec import ALIGN_MODES
 
 __all__ = ["ALIGN_MODES", "PairBudget", "align_classification", "promoted_blocks"]

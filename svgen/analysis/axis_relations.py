@@ -19,7 +19,7 @@ import sympy
 from svgen import ir
 from svgen.spec.expr import SYMBOLS
 from svgen.spec.limits import PRODUCT_WORK
-from svgen.runtime.layout import Coordinates
+from svgen.core.layout import Coordinates
 
 AXES = ("f", "h", "w")
 # The coordinates each axis's relation may read (a user predicate's part on that axis).

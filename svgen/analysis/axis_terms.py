@@ -25,7 +25,7 @@ from svgen.analysis.axis_relations import (
     place_prefix,
     prefix_sums,
 )
-from svgen.runtime.layout import Coordinates, TokenLayout
+from svgen.core.layout import Coordinates, TokenLayout
 
 # Places of a frame (height x width) up to which a part of a user predicate that reads rows and
 # columns together is tabulated: a [places + 1]^2 int32 prefix sum (64 MiB at the limit).

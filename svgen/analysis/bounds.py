@@ -20,7 +20,7 @@ import numpy as np
 import sympy
 
 from svgen.spec.expr import FloorDiv, FloorMod
-from svgen.runtime.layout import TokenLayout
+from svgen.core.layout import TokenLayout
 
 _COORDS = ("f", "h", "w", "i", "is_text")
 

@@ -20,7 +20,7 @@ chunk never reaches keys the cache does not hold yet, and the full-sequence modu
 exactly what the chunks do, one after another.
 
 A rolling cache (`kv_cache: {window_frames: W, sink_frames: S}`) holds S sink frames and a
-ring of W frame slots (svgen.runtime.ring): its kv tiles are the cache's, and a physical kv
+ring of W frame slots (svgen.core.ring): its kv tiles are the cache's, and a physical kv
 block holds at most three runs of video keys (sink, the ring up to its wrap, the rest), each
 a constant shift of its slots. Those are classified per chunk position directly from the
 rows' key sets (`ring_kinds`): a block is FULL when every real row of a q block keeps every
@@ -45,10 +45,10 @@ from svgen.analysis.intervals import IntervalSet
 from svgen.analysis.key_sets import Bounds, RowChunk
 from svgen.analysis.rowsets import row_bounds
 from svgen.analysis.tables import build_runs, kernel_tiles
-from svgen.runtime.kinds import TileKind
-from svgen.runtime.layout import TokenLayout
-from svgen.runtime.ring import RingCache
-from svgen.runtime.tables import PieceTables
+from svgen.core.kinds import TileKind
+from svgen.core.layout import TokenLayout
+from svgen.core.ring import RingCache
+from svgen.core.tables import PieceTables
 from svgen.spec import Tiling
 
 # A g-row block past the chunk's end (in its last, partial compute block): no rows, no say.

@@ -37,8 +37,8 @@ from svgen.analysis import axis_terms, product
 from svgen.analysis.intervals import IntervalSet, ragged_arange
 from svgen.analysis.key_sets import RowChunk
 from svgen.analysis.rowsets import row_bounds
-from svgen.runtime.layout import FRAME_MAJOR, TokenLayout
-from svgen.runtime.kinds import TileKind
+from svgen.core.layout import FRAME_MAJOR, TokenLayout
+from svgen.core.kinds import TileKind
 
 # Chunk size: at most this many rows, and about this many intervals (a temporal head in
 # frame-major order emits one interval per frame per row, a spatial window in temporal-major

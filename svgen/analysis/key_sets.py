@@ -20,7 +20,7 @@ import numpy as np
 
 from svgen.analysis.intervals import IntervalSet, expand_ranges, repeat_each
 from svgen.spec.limits import ROW_SET_WORK
-from svgen.runtime.layout import TokenLayout
+from svgen.core.layout import TokenLayout
 
 
 @dataclasses.dataclass(frozen=True)

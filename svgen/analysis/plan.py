@@ -11,9 +11,9 @@ from svgen.analysis.align import PairBudget
 from svgen.analysis.classify import Classification, TileGrid
 from svgen.analysis.residuals import Residuals
 from svgen.analysis.tables import BlockTable
-from svgen.runtime.gpu_tables import GpuTables
-from svgen.runtime.layout import TokenLayout
-from svgen.runtime.tables import (
+from svgen.core.gpu_tables import GpuTables
+from svgen.core.layout import TokenLayout
+from svgen.core.tables import (
     KernelShape,
     PieceTables,
     compute_block_kinds,
@@ -22,7 +22,7 @@ from svgen.runtime.tables import (
     static_steps,
     tile_grid,
 )
-from svgen.runtime.kinds import TileKind
+from svgen.core.kinds import TileKind
 from svgen.spec import GpuTiling, Spec
 from svgen.analysis.targets import GpuTarget, Target, VmemNeed
 

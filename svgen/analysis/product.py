@@ -52,8 +52,8 @@ from svgen.analysis.axis_terms import (
 )
 from svgen.analysis.intervals import IntervalSet, expand_ranges, ragged_arange
 from svgen.spec.limits import PRODUCT_WORK, WorkOverLimit
-from svgen.runtime.kinds import TileKind
-from svgen.runtime.layout import TokenLayout
+from svgen.core.kinds import TileKind
+from svgen.core.layout import TokenLayout
 
 # Coarse-to-fine classification: each level's blocks are RATIO x RATIO blocks of the next;
 # the coarsest level has at most TOP_LEVEL_PAIRS block pairs.

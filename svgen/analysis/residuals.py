@@ -16,7 +16,7 @@ they save (blocks x full-block operations no longer evaluated, estimated from th
 expression) and the best become variants 1.. of the generated module, each a function of
 its own; every other BOUNDARY block runs variant 0, the whole mask. The tables carry 2 bits
 per compute block saying which, or 4 where a tile has at most 8 compute blocks
-(svgen.runtime.tables, `variants`, `variant_bits`): at most MAX_VARIANTS variants, or 15, the
+(svgen.core.tables, `variants`, `variant_bits`): at most MAX_VARIANTS variants, or 15, the
 ones past MAX_VARIANTS only where they pay for the branch every BOUNDARY block then takes.
 
 Soundness: a node is folded only where its classification proves it constant (a bounded
@@ -34,12 +34,12 @@ import sympy
 from svgen import ir
 from svgen.analysis.axis_terms import axis_sizes, polynomial
 from svgen.analysis.classify import TileGrid, classify_tiles
-from svgen.runtime.kinds import TileKind
-from svgen.runtime.layout import TokenLayout
+from svgen.core.kinds import TileKind
+from svgen.core.layout import TokenLayout
 from svgen.spec.expr import FloorMod, abs_upper_bound, simplify_union, split_sides
 
 # Variants a block can name besides the whole mask: 2 bits per compute block, or 4 where a
-# tile has few compute blocks (svgen.runtime.tables.variant_bits): 3, or 15.
+# tile has few compute blocks (svgen.core.tables.variant_bits): 3, or 15.
 MAX_VARIANTS = 3
 # The kernel tries the variants one after another (a scalar compare and a branch each), so a
 # variant past the first MAX_VARIANTS is kept only where it saves at least this many

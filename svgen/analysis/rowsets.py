@@ -27,7 +27,7 @@ from svgen.spec import primitives
 from svgen.analysis import bounds as box_bounds
 from svgen.analysis.intervals import IntervalSet, ragged_arange
 from svgen.spec.limits import ROW_SET_WORK, WorkOverLimit
-from svgen.runtime.layout import TokenLayout
+from svgen.core.layout import TokenLayout
 from svgen.analysis.key_sets import Bounds, RowChunk, nominal_keys, video_box_keys
 
 

@@ -23,8 +23,8 @@ import dataclasses
 import numpy as np
 
 from svgen.analysis.classify import TileGrid
-from svgen.runtime.tables import BITS_PER_BLOCK, KIND_MASK, PieceTables, variant_bits
-from svgen.runtime.kinds import TileKind
+from svgen.core.tables import BITS_PER_BLOCK, KIND_MASK, PieceTables, variant_bits
+from svgen.core.kinds import TileKind
 
 DEFAULT_SMEM_BUDGET = 1 << 20  # bytes: the SMEM of one TPU v6e TensorCore
 MAX_SLOTS = 256
@@ -205,7 +205,7 @@ def transposed_tiles(
     kinds: np.ndarray, words: np.ndarray, grid: TileGrid, compute: TileGrid
 ) -> tuple[np.ndarray, np.ndarray]:
     """The backward dk/dv kernel's (kind, blocks word) per (kv tile, q tile), from the
-    forward kernel's: the tiles `svgen.runtime.tables.transposed_runs` finds in the forward
+    forward kernel's: the tiles `svgen.core.tables.transposed_runs` finds in the forward
     runs (per kv tile, its q tiles; blocks of a tile row-major over [kv block, q block]),
     without its loop over visited tiles (1.3M at 1.74M tokens with 512 x 512 tiles)."""
     rq, rk = _blocks_per_tile(grid, compute)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
-# What a kernel needs lives with the kernel (runtime.vmem): the runtime asks for more at call
+# What a kernel needs lives with the kernel (core.vmem): the runtime asks for more at call
 # time when it is called with a wider dtype than its spec's.
-from svgen.runtime.vmem import MIB, VmemNeed, kernel_vmem  # noqa: F401
+from svgen.core.vmem import MIB, VmemNeed, kernel_vmem  # noqa: F401
 
 
 @dataclasses.dataclass(frozen=True)

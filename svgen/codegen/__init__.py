@@ -28,8 +28,8 @@ from svgen.codegen import words as wording
 from svgen.codegen.backends import backend_of
 from svgen.codegen.predicate import MaskSource, aligned_mask, emit_mask
 from svgen.codegen.tilemap import render_tile_map
-from svgen.runtime.kinds import TileKind
-from svgen.runtime.tables import variant_bits
+from svgen.core.kinds import TileKind
+from svgen.core.tables import variant_bits
 
 # 3: generated modules name the table format as `tables.KernelShape` / `tables.Pattern` /
 # `tables.load_runs`, import libtpu_env from svgen.runtime, and GPU modules no longer
@@ -533,10 +533,10 @@ def _mask_lines(lines) -> list[str]:
 
 
 def _runtime_imports(plan: Plan, patterns: list[dict]) -> str:
-    # The table format (KernelShape, Pattern, load_runs), libtpu's environment (quiet on a
-    # host without a TPU), and the backend that builds `attention`: the TPU kernel's front
-    # door, or the GPU kernel (which needs nothing of the TPU one).
-    names = {"tables", *backend_of(plan).runtime_modules}
+    # libtpu's environment (quiet on a host without a TPU) and the backend that builds
+    # `attention`: the TPU kernel's front door, or the GPU kernel (which needs nothing of the
+    # TPU one). The table format (svgen.core.tables) the template imports itself.
+    names = set(backend_of(plan).runtime_modules)
     lines = [
         line
         for p in patterns

@@ -23,7 +23,7 @@ class Backend:
 
     name: str  # "tpu", "gpu": Plan.backend
     template: str  # the module template, extending common/module.py.j2
-    # The svgen.runtime modules its module imports besides the shared ones (tables, ...).
+    # The svgen.runtime modules its module imports (svgen.core's tables every module does).
     runtime_modules: tuple[str, ...]
     # Above this many runs a table goes to a .npy file beside the module.
     max_inline_runs: int

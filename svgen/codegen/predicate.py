@@ -26,7 +26,7 @@ from svgen.spec.expr import (
     simplify_union,
     split_sides,
 )
-from svgen.runtime.layout import TokenLayout
+from svgen.core.layout import TokenLayout
 
 _COORD = {"f": "frame", "h": "row", "w": "col", "i": "index"}
 # The largest common width coords.windows scales a conjunction's windows to (a bound on the

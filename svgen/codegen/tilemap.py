@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from svgen.runtime.kinds import TileKind
+from svgen.core.kinds import TileKind
 
 
 def downsample(kinds: np.ndarray, max_rows: int, max_cols: int) -> tuple[np.ndarray, int, int]:

@@ -11,8 +11,8 @@ import numpy as np
 
 from svgen.analysis import Plan
 from svgen.analysis.plan import pattern_shape
-from svgen.runtime.kinds import TileKind
-from svgen.runtime.straight import straight_words, word_glyphs, word_steps
+from svgen.core.kinds import TileKind
+from svgen.core.straight import straight_words, word_glyphs, word_steps
 
 
 def grouped(n: int) -> str:
@@ -233,7 +233,7 @@ def pattern_lines(pattern, residual_names: list[str], plan: Plan, backend) -> li
 
 def _straight_lines(pattern, plan: Plan) -> list[str]:
     """The blocks words whose BOUNDARY tiles the TPU kernel runs straight-line on static
-    tables (svgen.runtime.straight; none on GPU, none for a selection, which always runs its
+    tables (svgen.core.straight; none on GPU, none for a selection, which always runs its
     own tables)."""
     if plan.backend != "tpu" or plan.spec.select is not None:
         return []

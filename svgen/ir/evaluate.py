@@ -8,7 +8,7 @@ import numpy as np
 import sympy
 
 from svgen.spec.expr import FloorDiv, FloorMod
-from svgen.runtime.layout import Coordinates
+from svgen.core.layout import Coordinates
 
 
 _COORD_OF_SYMBOL = {

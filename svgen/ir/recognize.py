@@ -10,7 +10,7 @@ import numpy as np
 import sympy
 
 from svgen.spec.expr import SYMBOLS, FloorMod
-from svgen.runtime.layout import Coordinates
+from svgen.core.layout import Coordinates
 
 from svgen.ir.evaluate import evaluate_sympy
 from svgen.ir.nodes import (

@@ -38,7 +38,7 @@ from typing import Callable
 
 import numpy as np
 
-from svgen.runtime.kinds import TileKind
+from svgen.core.kinds import TileKind
 
 #: Splash's dense blocks searched (block_q, block_kv, block_kv_compute): its defaults and the
 #: best measured on a v5e (docs/measured.md); 2048 x 2048 needs more than v5e's default

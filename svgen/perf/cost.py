@@ -23,7 +23,7 @@ import re
 import numpy as np
 
 from svgen.spec.errors import SpecError
-from svgen.runtime.kinds import TileKind
+from svgen.core.kinds import TileKind
 from svgen.perf.measure import (
     PolicyCost,
     TrainingPaths,
@@ -338,7 +338,7 @@ def model_cycles(
     `padding_tile`: the kv tile holding padding keys (KernelShape.padding_kv_tile);
     `grid_pieces`: the per-head walk's grid length when it is not the tables' longest
     pattern (a chunked call's: its heads' longest)."""
-    from svgen.runtime.tables import KIND_MASK, KV_BLOCK_MASK, KV_BLOCK_SHIFT, Q_BLOCK_SHIFT
+    from svgen.core.tables import KIND_MASK, KV_BLOCK_MASK, KV_BLOCK_SHIFT, Q_BLOCK_SHIFT
 
     steps = {"full": 0, "mixed": 0, "empty": 0, "skipped": 0}
     by_path = {
@@ -443,7 +443,7 @@ def model_chunks(paths: PathCosts, plan, head_pattern) -> "ChunkReport":
     pattern's), walked as model_cycles walks the full call's. The grid is as long as the
     longest head's pieces at that position, as the kernel's is."""
     from svgen.analysis.chunks import runs_of_position
-    from svgen.runtime.tables import PieceTables
+    from svgen.core.tables import PieceTables
 
     runtime = plan.spec.runtime
     cf = runtime.chunk_frames
@@ -473,7 +473,7 @@ def model_head_pattern(plan) -> list[int]:
 def dense_cycles(paths: PathCosts, plan) -> int:
     """The same kernel's paths on a mask that keeps every pair (pattern 0's BOUNDARY costs
     for the compute blocks that hold padding keys)."""
-    from svgen.runtime.tables import PieceTables
+    from svgen.core.tables import PieceTables
 
     tables = PieceTables.from_runs([_dense_runs(plan)], 1, plan.spec.tiling.compute_blocks)
     heads = plan.spec.attention.heads
@@ -517,7 +517,7 @@ def check_costable(plan) -> None:
 class KernelOutOfVmem(SpecError):
     """libtpu refused to compile the kernel: its scoped VMEM (buffers and the compiler's
     stack) is over the limit it was compiled with (for the forward kernel, the generated
-    module's: svgen.runtime.vmem undercounted this tiling). `svgen cost` reports it in one
+    module's: svgen.core.vmem undercounted this tiling). `svgen cost` reports it in one
     line; `svgen tune` skips the candidate."""
 
 
@@ -713,7 +713,7 @@ def model_select(paths: PathCosts, plan, chooser=None) -> dict:
     call costs in between depends on its activations (bench/select_cost.py); with the
     module's `chooser` (attention.select), also "sampled": the call at the spec's own amount
     on the blocks it selects from normal random q and k (`sampled_selection`)."""
-    from svgen.runtime.tables import PieceTables, runs_of_blocks, tile_grid
+    from svgen.core.tables import PieceTables, runs_of_blocks, tile_grid
     from svgen.analysis.plan import pattern_shape
 
     shape = pattern_shape(plan.spec, plan.only)
@@ -771,7 +771,7 @@ def _model_training(paths: TrainingPaths, plan, module) -> TrainingReport:
     schedule does not show it: each step with work writes its query tile's dq back (f32) and
     waits (the read overlaps the step's matmuls), and the wrapper zeroes dq before and
     scales it after (two f32 passes and one in q's dtype)."""
-    from svgen.runtime.tables import PieceTables, transposed_tables
+    from svgen.core.tables import PieceTables, transposed_tables
 
     head_pattern = model_head_pattern(plan)
     transposed = dkv_tables(module)

@@ -16,8 +16,8 @@ from svgen.perf.cost import (
     program_caveat,
 )
 from svgen.perf.paths import PathCosts, mean_rounded
-from svgen.runtime.kinds import TileKind
-from svgen.runtime.straight import word_glyphs
+from svgen.core.kinds import TileKind
+from svgen.core.straight import word_glyphs
 
 
 def format_report(report: CostReport, plan) -> list[str]:
@@ -269,7 +269,7 @@ def _path_lines(p: PathCosts, plan, per_tile: float, per_block: float) -> list[s
 
 
 def _straight_lines(p: PathCosts, plan) -> list[str]:
-    """Per pattern with straight-line BOUNDARY tiles (svgen.runtime.straight): each word's
+    """Per pattern with straight-line BOUNDARY tiles (svgen.core.straight): each word's
     step, against the same word through the per-block branches."""
     t = plan.spec.tiling
     branches = dataclasses.replace(p, straight=())

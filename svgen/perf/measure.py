@@ -433,7 +433,7 @@ class TrainingPaths:
 def dkv_tables(module):
     """The dk/dv kernel's tables, as the generated module builds them on its first
     differentiated call."""
-    from svgen.runtime.tables import transposed_tables
+    from svgen.core.tables import transposed_tables
 
     return transposed_tables([p.runs for p in module._PATTERNS], module.SHAPE, module.HEADS)
 

@@ -10,7 +10,7 @@ per-step branch:
 
 and, inside each `mixed` branch of a kernel with several compute blocks per tile, one FULL and
 one BOUNDARY branch per compute block, row-major; where the pattern has straight words
-(svgen.runtime.straight), first one branch per word (its straight-line body), then one branch
+(svgen.core.straight), first one branch per word (its straight-line body), then one branch
 holding those per-block branches. The BOUNDARY branch of the block column that
 can hold padding keys has two variants (without and with the padding test, chosen by the kv
 tile); so does a one-block tile's `mixed` branch. Per path:
@@ -32,8 +32,8 @@ import dataclasses
 
 import numpy as np
 
-from svgen.runtime.kinds import TileKind
-from svgen.runtime.tables import variant_bits, variant_mask
+from svgen.core.kinds import TileKind
+from svgen.core.tables import variant_bits, variant_mask
 from svgen.runtime.variant import Branches
 
 # svgen.runtime.refine.SEGMENT_BOUNDARY (that module imports JAX; the cost model reads
@@ -71,7 +71,7 @@ class PathCosts:
     # extra bundles of a BOUNDARY block running residual mask `variant`, as (plain, on the kv
     # tile holding padding keys); `block` then holds variant 0's (the whole mask).
     residual_block: tuple = ()
-    # Kernels with straight-line BOUNDARY tiles (svgen.runtime.straight): [pattern] = per
+    # Kernels with straight-line BOUNDARY tiles (svgen.core.straight): [pattern] = per
     # straight word (word, whether the kv tile holding padding keys takes the per-block
     # branches instead, the bundles of the whole step).
     straight: tuple = ()
@@ -167,7 +167,7 @@ def read_paths(schedule, branches: Branches) -> PathCosts:
     bounded: the kernel has every FULL / BOUNDARY phase twice (`attention.softmax: bounded`),
     each set inside one branch on the q tile's mode, the bounded set first: the paths of
     those, with the online twins' as `fallback`.
-    straight: per pattern, its straight words (svgen.runtime.straight): each BOUNDARY tile's
+    straight: per pattern, its straight words (svgen.core.straight): each BOUNDARY tile's
     branch then holds one branch per word, then one holding the per-block branches."""
     patterns, compute_blocks = branches.patterns, branches.compute_blocks
     segmented, padded_column = branches.segmented, branches.padded_column

@@ -64,7 +64,7 @@ def aligned_keep(plan_pattern):
     import jax.numpy as jnp
     from jax import lax
 
-    from svgen.runtime.kinds import TileKind
+    from svgen.core.kinds import TileKind
 
     full = jnp.asarray(plan_pattern.compute_kinds == TileKind.FULL)
     grid = plan_pattern.compute_grid

@@ -23,7 +23,7 @@ exactly. So:
      while one of the first `confirm` rows is an estimate, the best such is compiled, its
      shape's estimates are refitted with the new point, and the rows re-ranked.
 Estimates charge every BOUNDARY tile its per-block branches: a compiled kernel runs its
-commonest blocks words straight-line (svgen.runtime.straight), a little faster, which only the
+commonest blocks words straight-line (svgen.core.straight), a little faster, which only the
 compiled rows show. The first choice is therefore always an exactly costed kernel; `exhaustive` compiles every
 candidate (to check the estimates). Compiles are cached on disk by `svgen cost`, so the
 aligned modes of one tiling (the same mask-free code) share theirs, and a second tune costs
@@ -46,7 +46,7 @@ import yaml
 
 from svgen.analysis import DEFAULT_SMEM_BUDGET, Plan, analyze
 from svgen.spec.errors import SpecError
-from svgen.runtime.layout import Tiled
+from svgen.core.layout import Tiled
 from svgen.spec import (
     ALIGN_MODES,
     BLOCK_MAX,

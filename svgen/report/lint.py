@@ -21,8 +21,8 @@ import numpy as np
 from svgen.spec import primitives
 from svgen.analysis import residuals
 from svgen.spec.errors import locate
-from svgen.runtime.kinds import TileKind
-from svgen.runtime.layout import TILED, TokenLayout
+from svgen.core.kinds import TileKind
+from svgen.core.layout import TILED, TokenLayout
 from svgen.spec import IMPLICIT_PATTERN, MaskTerm, Spec
 
 __all__ = ["SpecWarning", "spec_warnings", "plan_warnings", "EXTENT_LIMITS"]

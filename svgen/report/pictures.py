@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from svgen.codegen.tilemap import downsample
-from svgen.runtime.kinds import TileKind
+from svgen.core.kinds import TileKind
 
 COLORS = {  # RGB
     TileKind.FULL: (31, 78, 160),

@@ -34,7 +34,7 @@ from jax.experimental.pallas import tpu as pltpu
 from svgen.runtime import chunks
 from svgen.runtime.coords import QueryCoords, TokenCoords
 from svgen.runtime.interpret import settled
-from svgen.runtime.kinds import TileKind
+from svgen.core.kinds import TileKind
 from svgen.runtime.refine import SEGMENT_BOUNDARY
 from svgen.runtime.segments import block_shifts, same_segment
 from svgen.runtime.softmax import LOG2_E
@@ -49,7 +49,7 @@ from svgen.runtime.steps import (
 )
 from svgen.runtime.variant import BackwardVariant, TableWalk
 from svgen.runtime.video_frames import ShiftedFrames
-from svgen.runtime.tables import (  # noqa: F401
+from svgen.core.tables import (  # noqa: F401
     KIND_MASK,
     LANES,
     KernelShape,

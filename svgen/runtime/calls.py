@@ -23,8 +23,8 @@ import numpy as np
 
 from svgen.runtime import chunks, permute, segments
 from svgen.runtime import select as select_policy
-from svgen.runtime.layout import TokenLayout
-from svgen.runtime.tables import KernelShape
+from svgen.core.layout import TokenLayout
+from svgen.core.tables import KernelShape
 
 # attention(..., token_order=...): q, k, v and o in the user's token order, or already in each
 # head's kernel order (what attention.to_kernel_order gives; nothing is permuted).

@@ -33,9 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from svgen.runtime.ring import RingCache, slot_to_video
+from svgen.core.ring import RingCache, slot_to_video
 from svgen.runtime.segments import CallTables
-from svgen.runtime.tables import KernelShape, PieceTables, as_runs, transposed_tables
+from svgen.core.tables import KernelShape, PieceTables, as_runs, transposed_tables
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -62,7 +62,7 @@ class KvCache:
 
     @functools.cached_property
     def ring(self) -> RingCache | None:
-        """A rolling cache's geometry (svgen.runtime.ring); None for a contiguous cache."""
+        """A rolling cache's geometry (svgen.core.ring); None for a contiguous cache."""
         if not self.rolling:
             return None
         return RingCache(self.chunk_frames, self.sink_frames, self.window_frames)
@@ -84,8 +84,10 @@ class KvCache:
 
     def ring_shifts(self, position, xp=np):
         """A rolling cache at a chunk position (int or traced int32): (wrap, before, after)
-        in tokens (svgen.runtime.ring). See `ring_frames`."""
-        return self.ring.shifts(position, self.frame_tokens, xp)
+        in tokens (svgen.core.ring). See `ring_frames`."""
+        if xp is np:
+            return self.ring.shifts(position, self.frame_tokens)
+        return self.ring.shifts(position, self.frame_tokens, xp, _lax_divmod)
 
     def ring_scalars(self, position) -> list:
         """The per-row scalars a chunked call adds for its cache: a rolling cache's traced
@@ -286,3 +288,9 @@ def rows_folded(kernel_call):
         return out.reshape((axis_size, rows) + out.shape[1:]), True
 
     return folded
+
+
+def _lax_divmod(a, b):
+    """Quotient and remainder of non-negative traced ints: lax.div / lax.rem lower for TPU
+    from any host (jnp's // and % do not)."""
+    return lax.div(a, b), lax.rem(a, b)

@@ -1,5 +1,5 @@
 """Token coordinates inside a kernel, decoded from kernel positions under a layout (the orders
-themselves, and the permutations into and out of kernel order: svgen/runtime/layout.py).
+themselves, and the permutations into and out of kernel order: svgen/core/layout.py).
 
 A boundary tile decides keep(q, k) from coordinates: the generated predicate reads
 `q.frame`, `k.row`, ... and only what it reads is computed (cached properties are traced
@@ -17,7 +17,7 @@ import functools
 import jax.numpy as jnp
 from jax import lax
 
-from svgen.runtime.layout import TokenLayout
+from svgen.core.layout import TokenLayout
 
 
 class TokenCoords:

@@ -20,8 +20,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from svgen.runtime.layout import TokenLayout
-from svgen.runtime.tables import KernelShape
+from svgen.core.layout import TokenLayout
+from svgen.core.tables import KernelShape
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The TPU forward kernel: block-sparse flash attention over piece tables (a Pallas TPU
-kernel; the tables and the step reader are svgen.runtime.tables and svgen.runtime.steps).
+kernel; the tables and the step reader are svgen.core.tables and svgen.runtime.steps).
 
 Two levels of tiles
 -------------------
@@ -56,8 +56,8 @@ from svgen.runtime import chunks
 from svgen.runtime.coords import QueryCoords, TokenCoords
 from svgen.runtime.cube import BoxRows, CubeDma
 from svgen.runtime.interpret import settled
-from svgen.runtime.kinds import TileKind
-from svgen.runtime.layout import TokenLayout
+from svgen.core.kinds import TileKind
+from svgen.core.layout import TokenLayout
 from svgen.runtime.refine import SEGMENT_BOUNDARY
 from svgen.runtime.segments import block_shifts, same_segment
 from svgen.runtime.select import PADDED
@@ -78,7 +78,7 @@ from svgen.runtime.steps import (
     walk_step,
     walk_view,
 )
-from svgen.runtime.tables import (
+from svgen.core.tables import (
     KIND_MASK,
     LANES,
     variant_bits,
@@ -88,7 +88,7 @@ from svgen.runtime.tables import (
 )
 from svgen.runtime.variant import ForwardVariant, KernelRefs, PatternCode, TableWalk
 from svgen.runtime.video_frames import ShiftedFrames
-from svgen.runtime.vmem import kernel_vmem
+from svgen.core.vmem import kernel_vmem
 
 
 class _QueryBlockCoords:
@@ -381,7 +381,7 @@ def _straight(step: _Step, kinds: tuple[int, ...], pattern: PatternCode | None, 
     non-empty blocks one after another with the state in values, so the scheduler overlaps one
     block's softmax with the next block's QK^T; BOUNDARY ones masked by the whole mask. A FULL
     tile (every block FULL), and a BOUNDARY tile of a word with a body of its own
-    (svgen.runtime.straight)."""
+    (svgen.core.straight)."""
     for qi in range(step.shape.q_blocks_per_tile):
         row = [b for b in step.blocks if b.qi == qi and kinds[b.index] != TileKind.EMPTY]
         if not row:
@@ -402,7 +402,7 @@ def _mixed(step: _Step, pattern: PatternCode, bounded: bool):
         return
     word = step.view.blocks
     # A bounded kernel's online twin (the fallback, rarely run) keeps the branches: each
-    # body costs compile time (svgen.runtime.straight).
+    # body costs compile time (svgen.core.straight).
     straight_here = variant.has_straight and bounded == variant.bounded
     words = pattern.straight_words if straight_here else ()
     if not words:

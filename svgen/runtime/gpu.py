@@ -10,7 +10,7 @@ docstring, `help(module.attention)`). Forward only (no VJP yet).
 GPU tiles and runs
 ------------------
 A Triton program holds its tiles in registers, so GPU tiles are small (64 or 128 queries x
-64 keys). The GPU tables (`svgen.runtime.gpu_tables`: CSR per (pattern, q tile), EMPTY tiles
+64 keys). The GPU tables (`svgen.core.gpu_tables`: CSR per (pattern, q tile), EMPTY tiles
 never listed) are derived from a module's runs, never by evaluating the mask again: each GPU
 tile inherits the kind of the compute block it lies in, so GPU tiles must divide the compute
 blocks. A GPU module (`svgen compile --target h100`) is classified at the GPU tiles
@@ -95,12 +95,12 @@ from svgen.runtime.calls import (
 from svgen.runtime.softmax import LOG2_E, MASK_VALUE
 from svgen.runtime import chunks, segments
 from svgen.runtime import select as select_policy
-from svgen.runtime.kinds import TileKind
-from svgen.runtime.layout import TokenLayout
+from svgen.core.kinds import TileKind
+from svgen.core.layout import TokenLayout
 from svgen.runtime.segments import KEY_PADDING_ID, QUERY_PADDING_ID
 from svgen.runtime.video_frames import ShiftedFrames
-from svgen.runtime.gpu_tables import GpuTables, gpu_tile_kinds  # noqa: F401  (re-exported)
-from svgen.runtime.tables import KIND_MASK, KV_BLOCK_SHIFT, KernelShape, Pattern
+from svgen.core.gpu_tables import GpuTables, gpu_tile_kinds  # noqa: F401  (re-exported)
+from svgen.core.tables import KIND_MASK, KV_BLOCK_SHIFT, KernelShape, Pattern
 
 DTYPES = ("float32", "bfloat16", "float16")
 # How to get a kernel for a dtype that no spec names (a spec's attention.dtype is float32 or

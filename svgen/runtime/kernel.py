@@ -2,7 +2,7 @@
 its `attention` (a `TpuAttention`; what every backend shares is svgen.runtime.calls's
 `Attention`). The forward kernel is svgen.runtime.forward, the backward
 svgen.runtime.backward, the step reader svgen.runtime.steps, the table format
-svgen.runtime.tables.
+svgen.core.tables.
 
 A generated module supplies only what depends on its spec: per candidate pattern its visited
 tiles (runs), its token layout, `boundary_mask(q, k)` over token coordinates and the query
@@ -32,9 +32,9 @@ from svgen.runtime.calls import (
 from svgen.runtime.cube import cube_dma, cube_order
 from svgen.runtime.forward import flat_attention
 from svgen.runtime.softmax import LOG2_E
-from svgen.runtime.straight import straight_words
+from svgen.core.straight import straight_words
 from svgen.runtime.variant import Branches, PatternCode, Tables, forward_branches
-from svgen.runtime.tables import (
+from svgen.core.tables import (
     LANES,
     KernelShape,
     Pattern,

@@ -2,7 +2,7 @@
 
 A temporal-major head sees its tokens in kernel order: text and the anchor frames where the
 user has them, then the other T' frames temporal-major (place p, frame f at
-main_start + p*T' + f - anchors; svgen.runtime.layout). XLA does that reshape + transpose
+main_start + p*T' + f - anchors; svgen.core.layout). XLA does that reshape + transpose
 in about 8 passes over the tensor (a major-dimension transpose in two copies, the anchor
 frames' slice and concatenation; `bench/wrapper_cost.py`). Here every element is read once
 and written once:
@@ -45,7 +45,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from svgen.runtime.interpret import settled
-from svgen.runtime.layout import TokenLayout
+from svgen.core.layout import TokenLayout
 
 #: Places per block: a block is PLACES x T' rows (1.3 MB in bf16 at T' = 20, d = 128).
 PLACES = 128

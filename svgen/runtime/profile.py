@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from svgen.runtime import coords
-from svgen.runtime.tables import Pattern
+from svgen.core.tables import Pattern
 
 
 def _masked_softmax_output(scores, keep, v):

@@ -80,8 +80,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from svgen.runtime.kinds import TileKind
-from svgen.runtime.tables import (
+from svgen.core.kinds import TileKind
+from svgen.core.tables import (
     BITS_PER_BLOCK,
     KIND_MASK,
     KV_BLOCK_SHIFT,

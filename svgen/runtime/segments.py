@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from svgen.runtime import video_frames
-from svgen.runtime.layout import TokenLayout
+from svgen.core.layout import TokenLayout
 from svgen.runtime.refine import (
     StaticVisits,
     block_segment_bits,
@@ -41,7 +41,7 @@ from svgen.runtime.refine import (
     refine,
     segment_words,
 )
-from svgen.runtime.tables import (
+from svgen.core.tables import (
     SMEM_BUDGET,
     KernelShape,
     runtime_table_bytes,
@@ -318,7 +318,7 @@ class SegmentTables:
         return int(sum(v.max_pieces for v in self.visits))
 
     def smem_bytes(self, batch: int, heads: int) -> int:
-        """SMEM of the call's tables (svgen.runtime.tables.runtime_table_bytes)."""
+        """SMEM of the call's tables (svgen.core.tables.runtime_table_bytes)."""
         pieces = [v.max_pieces for v in self.visits]
         return runtime_table_bytes(pieces, self.slots, self.shape.compute_blocks, batch, heads)
 

@@ -51,10 +51,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from svgen.runtime.kinds import TileKind
+from svgen.core.kinds import TileKind
 from svgen.runtime.refine import SEGMENT_BOUNDARY, StaticVisits, refine
 from svgen.runtime.segments import CallTables
-from svgen.runtime.tables import (
+from svgen.core.tables import (
     BITS_PER_BLOCK,
     KV_BLOCK_SHIFT,
     SMEM_BUDGET,

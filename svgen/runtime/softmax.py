@@ -10,10 +10,10 @@ import numpy as np
 from jax import lax
 
 from svgen.runtime.steps import lanes
-from svgen.runtime.tables import LANES
+from svgen.core.tables import LANES
 
 if TYPE_CHECKING:
-    from svgen.runtime.tables import KernelShape
+    from svgen.core.tables import KernelShape
 
 LOG2_E = 1.4426950408889634
 # Finite "minus infinity": exp2(MASK_VALUE - m) underflows to 0 without inf - inf = NaN.

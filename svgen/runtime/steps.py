@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from svgen.runtime.tables import (
+from svgen.core.tables import (
     BITS_PER_BLOCK,
     KV_BLOCK_MASK,
     KV_BLOCK_SHIFT,

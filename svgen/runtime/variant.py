@@ -21,9 +21,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from svgen.runtime.layout import TokenLayout
-from svgen.runtime.straight import StraightWord
-from svgen.runtime.tables import BoundaryMask, KernelShape
+from svgen.core.layout import TokenLayout
+from svgen.core.straight import StraightWord
+from svgen.core.tables import BoundaryMask, KernelShape
 
 # Where a call's tables come from: the module's static piece tables, a call's run-time
 # segments (svgen.runtime.segments), a KV-cache chunk (svgen.runtime.chunks) or a selection
@@ -63,7 +63,7 @@ class TableWalk:
 
     @classmethod
     def of(cls, tables, heads: int, single: int | None, flat: bool, per_row: bool) -> "TableWalk":
-        """The walk of a call over `tables` (svgen.runtime.tables.PieceTables: whether it has
+        """The walk of a call over `tables` (svgen.core.tables.PieceTables: whether it has
         piece lengths and blocks words)."""
         has_lengths, has_blocks = tables.lengths is not None, tables.blocks is not None
         return cls(heads, single, has_lengths, has_blocks, flat, per_row)

@@ -30,10 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from svgen.runtime.kinds import TileKind
-from svgen.runtime.layout import TokenLayout
+from svgen.core.kinds import TileKind
+from svgen.core.layout import TokenLayout
 from svgen.runtime.refine import StaticVisits
-from svgen.runtime.tables import BITS_PER_BLOCK, KIND_MASK
+from svgen.core.tables import BITS_PER_BLOCK, KIND_MASK
 
 _INT32_MAX = np.iinfo(np.int32).max
 _INT32_MIN = np.iinfo(np.int32).min

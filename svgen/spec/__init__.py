@@ -26,7 +26,7 @@ What later stages use is re-exported here: `from svgen.spec import load_spec, Sp
 
 from __future__ import annotations
 
-from svgen.runtime.layout import TEXT_POSITIONS, TILED, TokenLayout
+from svgen.core.layout import TEXT_POSITIONS, TILED, TokenLayout
 from svgen.spec.canonical import canonical_json
 from svgen.spec.errors import SpecError
 from svgen.spec.loader import load_spec, parse_spec

@@ -8,7 +8,7 @@ import hashlib
 import json
 
 
-from svgen.runtime.layout import (
+from svgen.core.layout import (
     TILED,
     Tiled,
 )

@@ -16,7 +16,7 @@ Grammar (Python-like precedence, lowest first)::
     atom       := INT | NAME | 'true' | 'false' | ('abs' | 'min' | 'max') '(' args ')' | '(' or_expr ')'
 
 Names: ``f h w`` are a video token's frame, row and column (0 for text tokens); ``i`` is its
-position in the head's layout order (the nominal order of :mod:`svgen.runtime.layout`), so
+position in the head's layout order (the nominal order of :mod:`svgen.core.layout`), so
 ``i_q`` / ``i_k`` change meaning with the spec's ``layout:``; ``is_text`` is 1 for a text token.
 
 Every sub-expression is an integer or a boolean; mixing them is a syntax error, except

@@ -18,7 +18,7 @@ from svgen.spec.limits import (
     MAX_YAML_DEPTH,
     MAX_YAML_NODES,
 )
-from svgen.runtime.layout import (
+from svgen.core.layout import (
     FRAME_MAJOR,
 )
 from svgen.spec.canonical import spec_digest

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 
 from svgen.spec import primitives
-from svgen.runtime.layout import (
+from svgen.core.layout import (
     FRAME_MAJOR,
     ComputeBlocks,
     TEMPORAL_MAJOR,

@@ -14,7 +14,7 @@ from svgen.spec.limits import (
     MAX_SEQ_LEN,
     MAX_TILE_PAIRS,
 )
-from svgen.runtime.layout import (
+from svgen.core.layout import (
     FRAME_MAJOR,
     TEXT_POSITIONS,
     TILED,

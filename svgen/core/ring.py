@@ -31,18 +31,18 @@ class RingCache:
     def cache_frames(self) -> int:
         return self.sink_frames + self.window_frames
 
-    def shifts(self, position, frame_tokens: int, xp=np):
+    def shifts(self, position, frame_tokens: int, xp=np, divmod_=None):
         """(wrap, before, after) in tokens at a chunk position (an int with xp = numpy, or a
-        traced int32 with xp = jax.numpy): cache token p holds video token p below the
-        sink's end, p + before below wrap, p + after from there (`slot_to_video`)."""
+        traced int32 with xp = jax.numpy and divmod_ the kernel's division: (a, b) ->
+        (lax.div, lax.rem), what lowers for TPU from any host): cache token p holds video
+        token p below the sink's end, p + before below wrap, p + after from there
+        (`slot_to_video`)."""
         chunk, sink, window = self.chunk_frames, self.sink_frames, self.window_frames
         newest = xp.maximum(position * chunk + chunk - 1 - sink, 0)
-        if xp is np:
+        if divmod_ is None:
             laps, slot = newest // window, newest % window
-        else:  # lax.div / lax.rem of a non-negative value: what lowers for TPU from any host
-            from jax import lax
-
-            laps, slot = lax.div(newest, np.int32(window)), lax.rem(newest, np.int32(window))
+        else:  # of a non-negative value
+            laps, slot = divmod_(newest, np.int32(window))
         wrap = (sink + slot + 1) * frame_tokens
         before = window * laps * frame_tokens
         after = window * xp.maximum(laps - 1, 0) * frame_tokens

@@ -19,8 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
-from svgen.runtime.kinds import TileKind
-from svgen.runtime.tables import KIND_MASK, KV_BLOCK_SHIFT, KernelShape, compute_block_kinds
+from svgen.core.kinds import TileKind
+from svgen.core.tables import KIND_MASK, KV_BLOCK_SHIFT, KernelShape, compute_block_kinds
 
 
 def gpu_tile_kinds(

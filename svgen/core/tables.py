@@ -16,9 +16,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from svgen.runtime.kinds import TileKind
-from svgen.runtime.layout import ComputeBlocks, TokenLayout
-from svgen.runtime.vmem import row_sum_on_mxu
+from svgen.core.kinds import TileKind
+from svgen.core.layout import ComputeBlocks, TokenLayout
+from svgen.core.vmem import row_sum_on_mxu
 
 SMEM_BUDGET = 1 << 20  # bytes: one TPU TensorCore's SMEM, as the compiler assumes
 Q_BLOCK_SHIFT = 17
@@ -270,7 +270,7 @@ class KernelShape(ComputeBlocks):
 
     @property
     def row_sum_on_mxu(self) -> bool:
-        """True when [V | 1] costs no extra MXU pass (svgen.runtime.vmem.row_sum_on_mxu)."""
+        """True when [V | 1] costs no extra MXU pass (svgen.core.vmem.row_sum_on_mxu)."""
         return row_sum_on_mxu(self.head_dim, self.mxu_width)
 
     @property

@@ -27,8 +27,8 @@ import dataclasses
 
 import numpy as np
 
-from svgen.runtime.kinds import TileKind
-from svgen.runtime.tables import BITS_PER_BLOCK, KIND_MASK, KernelShape, as_runs
+from svgen.core.kinds import TileKind
+from svgen.core.tables import BITS_PER_BLOCK, KIND_MASK, KernelShape, as_runs
 
 # Words of a pattern that get a straight-line body: each is a body of up to 16 compute blocks
 # (twice with `softmax: bounded`), and the kernel's program grows with every one. Two, as the
