@@ -14,8 +14,10 @@ candidate region):
   5. build_runs          the visited tiles as runs, in the kernel's order
   6. choose_piece_tables  SMEM pieces of all patterns, within the SMEM budget
 
-For a GPU target (`analyze_gpu`) the same passes 1-5 run at the GPU kernel's classification
-tiles, and step 6 is the GPU kernel's CSR tables (svgen.core.gpu_tables).
+For a GPU target the same passes 1-5 run at the GPU kernel's classification tiles, and step 6
+is the GPU kernel's CSR tables (svgen.core.gpu_tables). What differs per backend is one
+object (`_TpuKernel`, `_GpuKernel`) that `analyze` asks: the tiles it classifies at, what it
+checks before classifying, its tables, and which tables must fit SMEM.
 """
 
 from __future__ import annotations
@@ -79,7 +81,6 @@ from svgen.analysis.targets import (
 
 __all__ = [
     "analyze",
-    "analyze_gpu",
     "query_coordinate_bound",
     "Plan",
     "PatternPlan",
@@ -105,124 +106,164 @@ def analyze(
     target_name: str = DEFAULT_TARGET,
     residual_masks: bool = True,
 ) -> Plan:
-    """The plan of `spec` for `target_name`; residual_masks=False: every BOUNDARY block runs
-    the whole mask (bench/residual_cost.py compares the two)."""
-    if is_gpu(target_name):
-        return analyze_gpu(spec, gpu_target(target_name), progress)
-    chip = target(target_name)
+    """The plan of `spec` for `target_name`, a TPU or a GPU: the passes every backend shares,
+    with what differs (tiles, tables, their checks) asked of the backend's `_Kernel`.
+    residual_masks=False: every BOUNDARY block runs the whole mask (TPU; bench/residual_cost.py
+    compares the two)."""
+    kernel = (
+        _GpuKernel(gpu_target(target_name))
+        if is_gpu(target_name)
+        else _TpuKernel(target(target_name), smem_budget, residual_masks)
+    )
     heads = spec.head_patterns()
     masks = [ir.lower(spec, spec.pattern_mask(c.pattern)) for c in heads.candidates]
-    # Before any classification work: a tiling that cannot run.
-    vmem = check_vmem(spec, chip, max(query_coordinate_bound(m) for m in masks))
-    patterns, tiles, spent = _pattern_plans(spec, masks, progress)
-    names = [c.pattern for c in heads.candidates]
-    assign = None if heads.assign is None else tuple(names.index(n) for n in heads.assign)
-
-    def piece_tables(plans, first_slots: int = 1):
-        return choose_piece_tables(
-            [p.table.runs for p in plans],
-            spec.attention.heads,
-            smem_budget,
-            spec.tiling.compute_blocks,
-            walks_flat(len(plans), chip.cores_per_chip),
-            [p.table.variants for p in plans],
-            first_slots,
-        )
-
-    # The budget first, without residual masks (they only add bytes): a spec whose tables
-    # cannot fit is told so before the residual analysis's classifications run.
-    try:
-        tables = piece_tables(patterns)
-    except TableBudgetError as err:
-        raise _over_budget_error(spec, patterns, err, smem_budget) from None
-    if residual_masks and _static_kernel(spec):
-        with_residuals = _with_residuals(spec, patterns, tiles, spent)
-        if any(p.residuals is not None for p in with_residuals):
-            try:
-                tables = piece_tables(with_residuals, first_slots=tables.slots)
-                patterns = with_residuals
-            except TableBudgetError:
-                pass  # residual masks are a speed-up: without their words the tables fit
-        else:  # the same tables; the plans may say why no residual masks were searched
-            patterns = with_residuals
-    _check_backward_tables(spec, patterns, tiles, chip, smem_budget)
+    spec = kernel.classified(spec)
+    kernel_fields = kernel.check_first(spec, masks)  # before any classification work
+    patterns, tiles, spent = _pattern_plans(spec, masks, progress, kernel.gpu_runs)
+    patterns, tables = kernel.tables(spec, patterns, tiles, spent)
     video_frames = _video_frames(spec, patterns, progress)
-    if spec.runtime.any:
-        runs = [p.table.runs if v is None else v.runs for p, v in zip(patterns, video_frames)]
-        _check_runtime_tables(spec, runs, patterns[0].grid, tables.slots, smem_budget)
+    kernel.check_runtime_tables(spec, patterns, video_frames, tables)
     chunked = ()
     if spec.runtime.kv_cache:
         chunked = _chunk_runs(spec, patterns, spec.tiling)
-        _check_chunk_tables(spec, chunked, tables.slots, smem_budget)
+        kernel.check_chunk_tables(spec, chunked, tables)
     candidate_runs = None
     if spec.select is not None:
         candidate_runs = _candidate_runs(spec, patterns[0], progress)
-        _check_select_tables(spec, patterns[0], candidate_runs, tables.slots, smem_budget)
+        kernel.check_select_tables(spec, patterns[0], candidate_runs, tables)
+    names = [c.pattern for c in heads.candidates]
     return Plan(
         spec=spec,
         patterns=tuple(patterns),
-        assign=assign,
+        assign=None if heads.assign is None else tuple(names.index(n) for n in heads.assign),
         tables=tables,
-        target=chip,
-        vmem=vmem,
         chunk_runs=chunked,
         candidate_runs=candidate_runs,
         video_frames=video_frames,
+        **kernel_fields,
     )
 
 
-def analyze_gpu(
-    spec: Spec, chip: GpuTarget, progress: Callable[[int, int], None] | None = None
-) -> Plan:
-    """The plan of the GPU kernel (svgen.runtime.gpu): passes 1-5 at the classification
-    tiles of `gpu_classification_tiling`, then the CSR tables of all patterns. The returned
-    plan's spec carries that tiling (what the generated module's SHAPE and docstring say);
-    what fits the GPU's shared memory and registers is the deviceless compile's to check
-    (svgen.perf.gpu_aot), not the analysis's."""
-    heads = spec.head_patterns()
-    classified = dataclasses.replace(
-        spec, tiling=gpu_classification_tiling(spec, len(heads.candidates))
-    )
-    gpu = spec.gpu_tiling
-    if spec.select is not None and (classified.tiling.block_q, classified.tiling.block_kv) != (
-        gpu.block_q,
-        gpu.block_kv,
-    ):
-        raise _select_error(
-            spec,
-            "select",
-            f"selects per GPU tile, but {gpu.block_q} x {gpu.block_kv} GPU tiles give more "
-            "tile pairs than the analysis allows (MAX_TILE_PAIRS): use larger gpu.block_q / "
-            "gpu.block_kv",
-        )
-    masks = [ir.lower(spec, spec.pattern_mask(c.pattern)) for c in heads.candidates]
-    patterns, _, _ = _pattern_plans(classified, masks, progress, gpu_runs=True)
-    candidate_runs = None
-    if spec.select is not None:  # the grain: the GPU tiles themselves
-        candidate_runs = _candidate_runs(classified, patterns[0], progress)
-    chunked = ()
-    if spec.runtime.kv_cache:  # at the classification tiles, each GPU tile its own kind
-        chunked = _chunk_runs(spec, patterns, classified.tiling)
-    names = [c.pattern for c in heads.candidates]
-    assign = None if heads.assign is None else tuple(names.index(n) for n in heads.assign)
-    grid = patterns[0].grid
-    shape = KernelShape(
-        grid.seq_len, grid.padded_seq_len, grid.block_q, grid.block_kv,
-        spec.attention.head_dim, spec.attention.heads,
-    )  # fmt: skip
-    tables = GpuTables.from_runs([p.table.runs for p in patterns], shape, gpu.block_q, gpu.block_kv)
-    return Plan(
-        spec=classified,
-        patterns=tuple(patterns),
-        assign=assign,
-        tables=tables,
-        target=chip,
-        vmem=None,
-        gpu=gpu,
-        chunk_runs=chunked,
-        candidate_runs=candidate_runs,
-        video_frames=_video_frames(classified, patterns, progress),
-    )
+class _TpuKernel:
+    """What the analysis does for the TPU kernel (svgen.runtime.kernel): the spec's own tiles,
+    its VMEM need checked before any classification, kernel tiles with compute-block words,
+    the SMEM piece tables of all patterns (with residual masks where they fit), and every
+    table a call builds checked against the SMEM budget."""
+
+    gpu_runs = False
+
+    def __init__(self, chip: Target, smem_budget: int, residual_masks: bool):
+        self.chip = chip
+        self.smem_budget = smem_budget
+        self.residual_masks = residual_masks
+
+    def classified(self, spec: Spec) -> Spec:
+        return spec
+
+    def check_first(self, spec: Spec, masks) -> dict:
+        """The Plan's target and VMEM need; a SpecError for a tiling that cannot run."""
+        vmem = check_vmem(spec, self.chip, max(query_coordinate_bound(m) for m in masks))
+        return {"target": self.chip, "vmem": vmem}
+
+    def tables(self, spec: Spec, patterns, tiles, spent):
+        """(patterns, PieceTables): residual masks added where the tables still fit; the
+        backward kernels' transposed tables checked too."""
+
+        def piece_tables(plans, first_slots: int = 1):
+            return choose_piece_tables(
+                [p.table.runs for p in plans],
+                spec.attention.heads,
+                self.smem_budget,
+                spec.tiling.compute_blocks,
+                walks_flat(len(plans), self.chip.cores_per_chip),
+                [p.table.variants for p in plans],
+                first_slots,
+            )
+
+        # The budget first, without residual masks (they only add bytes): a spec whose tables
+        # cannot fit is told so before the residual analysis's classifications run.
+        try:
+            tables = piece_tables(patterns)
+        except TableBudgetError as err:
+            raise _over_budget_error(spec, patterns, err, self.smem_budget) from None
+        if self.residual_masks and _static_kernel(spec):
+            with_residuals = _with_residuals(spec, patterns, tiles, spent)
+            if any(p.residuals is not None for p in with_residuals):
+                try:
+                    tables = piece_tables(with_residuals, first_slots=tables.slots)
+                    patterns = with_residuals
+                except TableBudgetError:
+                    pass  # residual masks are a speed-up: without their words the tables fit
+            else:  # the same tables; the plans may say why no residual masks were searched
+                patterns = with_residuals
+        _check_backward_tables(spec, patterns, tiles, self.chip, self.smem_budget)
+        return patterns, tables
+
+    def check_runtime_tables(self, spec: Spec, patterns, video_frames, tables) -> None:
+        if spec.runtime.any:
+            runs = [p.table.runs if v is None else v.runs for p, v in zip(patterns, video_frames)]
+            _check_runtime_tables(spec, runs, patterns[0].grid, tables.slots, self.smem_budget)
+
+    def check_chunk_tables(self, spec: Spec, chunked, tables) -> None:
+        _check_chunk_tables(spec, chunked, tables.slots, self.smem_budget)
+
+    def check_select_tables(self, spec: Spec, always, candidate_runs, tables) -> None:
+        _check_select_tables(spec, always, candidate_runs, tables.slots, self.smem_budget)
+
+
+class _GpuKernel:
+    """What the analysis does for the GPU kernel (svgen.runtime.gpu): passes 1-5 at the
+    classification tiles of `gpu_classification_tiling` (the plan's spec carries that tiling:
+    what the generated module's SHAPE and docstring say), runs of the tile kinds themselves,
+    then the CSR tables of all patterns. What fits the GPU's shared memory and registers is
+    the deviceless compile's to check (svgen.perf.gpu_aot), not the analysis's."""
+
+    # The runs are those of the tile kinds themselves (one compute block per tile): unlike
+    # the TPU kernel, the GPU kernel masks the padding keys of a FULL tile in a branch of its
+    # own, so the last key column need not run as BOUNDARY.
+    gpu_runs = True
+
+    def __init__(self, chip: GpuTarget):
+        self.chip = chip
+
+    def classified(self, spec: Spec) -> Spec:
+        patterns = len(spec.head_patterns().candidates)
+        return dataclasses.replace(spec, tiling=gpu_classification_tiling(spec, patterns))
+
+    def check_first(self, spec: Spec, masks) -> dict:
+        """The Plan's target and GPU tiling; a selection must choose per GPU tile."""
+        gpu = spec.gpu_tiling
+        if spec.select is not None and (spec.tiling.block_q, spec.tiling.block_kv) != (
+            gpu.block_q,
+            gpu.block_kv,
+        ):
+            raise _select_error(
+                spec,
+                "select",
+                f"selects per GPU tile, but {gpu.block_q} x {gpu.block_kv} GPU tiles give more "
+                "tile pairs than the analysis allows (MAX_TILE_PAIRS): use larger gpu.block_q / "
+                "gpu.block_kv",
+            )
+        return {"target": self.chip, "vmem": None, "gpu": gpu}
+
+    def tables(self, spec: Spec, patterns, tiles, spent):
+        grid, gpu = patterns[0].grid, spec.gpu_tiling
+        shape = KernelShape(
+            grid.seq_len, grid.padded_seq_len, grid.block_q, grid.block_kv,
+            spec.attention.head_dim, spec.attention.heads,
+        )  # fmt: skip
+        runs = [p.table.runs for p in patterns]
+        return patterns, GpuTables.from_runs(runs, shape, gpu.block_q, gpu.block_kv)
+
+    # The GPU kernel's tables live in global memory: no SMEM budget to check.
+    def check_runtime_tables(self, spec: Spec, patterns, video_frames, tables) -> None:
+        pass
+
+    def check_chunk_tables(self, spec: Spec, chunked, tables) -> None:
+        pass
+
+    def check_select_tables(self, spec: Spec, always, candidate_runs, tables) -> None:
+        pass
 
 
 def gpu_classification_tiling(spec: Spec, patterns: int) -> Tiling:
