@@ -249,21 +249,30 @@ def main(argv=None) -> int:
     report["commit"] = chip_bench.commit()
     report["source_digest"] = chip_bench.source_digest()
     dense = chip_bench.SplashDense(chip_bench.cache_dir() if not args.interpret else None)
+
+    def keep(result: dict) -> None:
+        """The spec being timed, its figures so far, saved: a run stopped part way (a time
+        limit on the chip) keeps what it measured."""
+        report["specs"][-1] = result
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+
     for path, tiling in args.items:
         spec = load_spec(path, chip=chip)
         if tiling is not None:
             spec = measured_tune.with_tiling(spec, tiling)
-        result = chip_bench.bench_spec(spec, chip, options, progress=progress, dense=dense)
+        report["specs"].append({"spec": spec.name})
+        result = chip_bench.bench_spec(
+            spec, chip, options, progress=progress, dense=dense, on_entry=keep
+        )
         result["variants"] = {}
         for label, settings, runtime in befores:
             progress(f"{spec.name}: {label}")
             result["variants"][label] = time_variant(
                 spec, chip, settings, options, progress, runtime
             )
-        result["before"] = next(iter(result["variants"].values()))
-        report["specs"].append(result)
-        if args.json:
-            args.json.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+            result["before"] = next(iter(result["variants"].values()))
+            keep(result)
     print(
         "| spec | direction | before | before ms | today ms | before / today "
         "| Splash given the mask ms |"

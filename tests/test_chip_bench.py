@@ -133,7 +133,19 @@ def test_bench_spec_in_the_interpreter_checks_outputs_and_computes_speedups():
         splash_blocks=(128, 128, 128),
         dense_blocks=((128, 128, 128), (99999, 128, 128)),
     )
-    result = chip_bench.bench_spec(spec, "v5e", options, clock=lambda: float(next(ticks)))
+    seen = []  # the figures recorded so far, at each on_entry call
+    result = chip_bench.bench_spec(
+        spec,
+        "v5e",
+        options,
+        clock=lambda: float(next(ticks)),
+        on_entry=lambda r: seen.append([k for k in r if k.startswith(("svgen_", "splash_"))]),
+    )
+    assert seen == [
+        ["svgen_forward"],
+        ["svgen_forward", "splash_dense_forward"],
+        ["svgen_forward", "splash_dense_forward", "splash_mask_forward"],
+    ]
     assert result["head_patterns"] == ["spatial", "temporal", "spatial"]
     for key in ("svgen_forward", "splash_mask_forward"):
         assert result[key]["ok"] is True, result[key]
@@ -250,8 +262,9 @@ def test_dense_blocks_found_by_one_caller_are_reused_by_another(tmp_path):
 
 
 def test_bench_json_keeps_what_was_measured_when_a_later_spec_fails(tmp_path, monkeypatch):
-    """`--json` is rewritten after each spec: a run stopped part way (a time limit on the
-    chip, a spec that breaks) keeps the specs already timed, marked incomplete."""
+    """`--json` is rewritten after each figure: a run stopped part way (a time limit on the
+    chip, a spec that breaks) keeps the specs already timed and the figures of the one it
+    stopped in, marked incomplete."""
     import json
 
     from svgen.cli import main
@@ -261,9 +274,10 @@ def test_bench_json_keeps_what_was_measured_when_a_later_spec_fails(tmp_path, mo
     out = tmp_path / "bench.json"
     calls = []
 
-    def fake_bench(spec, target, options, **_):
+    def fake_bench(spec, target, options, on_entry=lambda result: None, **_):
         calls.append(spec.name)
         if len(calls) == 2:
+            on_entry({"spec": spec.name, "svgen_forward": {"median_ms": 2.0, "ok": True}})
             raise RuntimeError("the chip went away")
         return {"spec": spec.name, "svgen_forward": {"median_ms": 1.0, "ok": True}}
 
@@ -274,7 +288,9 @@ def test_bench_json_keeps_what_was_measured_when_a_later_spec_fails(tmp_path, mo
         main(args)
     report = json.loads(out.read_text())
     assert report["complete"] is False and report["commit"] == "abc1234"
-    assert [r["spec"] for r in report["results"]] == ["tiny_mixed"]
+    first, stopped = report["results"]
+    assert first["svgen_forward"]["median_ms"] == 1.0
+    assert stopped["svgen_forward"]["median_ms"] == 2.0 and "splash_mask_forward" not in stopped
 
 
 def test_source_digest_names_the_code_and_changes_with_it(tmp_path):

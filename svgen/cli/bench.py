@@ -101,7 +101,7 @@ def bench_specs(args) -> int:
     results = []
 
     def save(complete: bool) -> None:
-        # Rewritten after every spec (atomically): a run stopped part way, by a time limit
+        # Rewritten after every figure (atomically): a run stopped part way, by a time limit
         # or a chip that fails, keeps what it measured; "complete" says whether it finished.
         report = {
             "chip": chip,
@@ -119,12 +119,18 @@ def bench_specs(args) -> int:
         }
         write_all({pathlib.Path(args.json): (json.dumps(report, indent=1) + "\n").encode()})
 
-    for spec in specs:
-        results.append(
-            chip_bench.bench_spec(spec, target, options, progress=progress, dense=dense, env=env)
-        )
+    def keep(result: dict) -> None:  # the spec being timed: its figures so far
+        results[-1] = result
         if args.json:
             save(complete=False)
+
+    for spec in specs:
+        results.append({"spec": spec.name})
+        keep(
+            chip_bench.bench_spec(
+                spec, target, options, progress=progress, dense=dense, env=env, on_entry=keep
+            )
+        )
     for line in chip_bench.format_table(results, chip):
         print(line)
     if args.json:

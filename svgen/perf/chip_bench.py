@@ -424,11 +424,14 @@ def bench_spec(
     progress: Callable[[str], None] = lambda line: None,
     dense: SplashDense | None = None,
     env: dict | None = None,
+    on_entry: Callable[[dict], None] = lambda result: None,
 ) -> dict:
     """Time `spec` (a loaded Spec, its tiling the one to time) on the default device; a JSON
     object of what was measured (see the module docstring). `env`: versions(), read here when
     not given (it keys the remembered dense Splash blocks: every caller must key them alike,
-    or each process searches them again)."""
+    or each process searches them again). on_entry(result): called with the result so far
+    after each figure is recorded, so that a caller can save what a run stopped part way (a
+    time limit, a chip that fails) had measured."""
     from svgen.perf.splash_mask import head_patterns
 
     env = versions() if env is None else env
@@ -463,6 +466,7 @@ def bench_spec(
                 )
             except Exception as exc:
                 result[f"svgen_{direction}"] = {"error": _short(exc)}
+                on_entry(result)
                 continue
             entry = timing.to_json()
             if direction == "backward":
@@ -471,6 +475,7 @@ def bench_spec(
                 entry["max_error"] = max_error(out, reference, rows)
                 entry["ok"] = entry["max_error"] <= TOLERANCE[str(module.DTYPE)]
             result[f"svgen_{direction}"] = entry
+            on_entry(result)
         if options.splash:
             _bench_splash(
                 result,
@@ -486,6 +491,7 @@ def bench_spec(
                 dense or SplashDense(None),
                 env or {},
                 target,
+                on_entry,
             )
     return result
 
@@ -504,6 +510,7 @@ def _bench_splash(
     dense,
     env,
     target,
+    on_entry,
 ):
     from svgen.perf import splash_mask
 
@@ -535,11 +542,13 @@ def _bench_splash(
             **(best["timing"].to_json() if best["timing"] else {"error": "no block size compiled"}),
             "tried": best["tried"],
         }
+        on_entry(result)
         if selecting:
             result[f"splash_mask_{direction}"] = {
                 "error": "not timed: this spec chooses blocks per call (select), a mask Splash "
                 "cannot be given ahead of time"
             }
+            on_entry(result)
             continue
         blocks = options.splash_blocks
         progress(f"{result['spec']}: Splash given the mask ({direction})")
@@ -553,6 +562,7 @@ def _bench_splash(
             )
         except Exception as exc:
             result[f"splash_mask_{direction}"] = {"blocks": list(blocks), "error": _short(exc)}
+            on_entry(result)
             continue
         entry = {"blocks": list(blocks), "mask_build_s": round(built, 2), **timing.to_json()}
         if backward:
@@ -561,6 +571,7 @@ def _bench_splash(
             entry["max_error"] = max_error(out, reference, rows)
             entry["ok"] = entry["max_error"] <= TOLERANCE[str(module.DTYPE)]
         result[f"splash_mask_{direction}"] = entry
+        on_entry(result)
     _speedups(result, directions)
 
 
