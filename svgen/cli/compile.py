@@ -10,6 +10,7 @@ import pathlib
 import sys
 import tempfile
 import time
+from typing import Callable
 
 from svgen import codegen
 from svgen.analysis import DEFAULT_SMEM_BUDGET, Plan
@@ -78,10 +79,11 @@ def _compile_one(
     if clashes:
         compiled.errors += clashes
         return
+    side = _SIDES[plan.backend]
     launch = None
-    if plan.gpu is not None and not check and not args.no_gpu_check:
+    if side.compile_check is not None and not check and not args.no_gpu_check:
         try:
-            launch = _gpu_compile(files, plan, args.target)
+            launch = side.compile_check(files, plan, args.target)
         except gpu_aot.GpuCompileError as err:
             compiled.errors.append(str(located(SpecError(str(err), file=spec_file, key="gpu"))))
             return
@@ -146,11 +148,7 @@ def _print_summary(spec_file: str, plan: Plan, launch: dict | None, start: float
         f"{_bounded_density_words(p)}"
         for p, c in ((p, p.tile_counts()) for p in plan.patterns)
     )
-    kernel = (
-        f"{plan.grid_steps} grid steps per head; {plan.table_bytes} bytes of SMEM tables"
-        if plan.gpu is None
-        else f"{plan.table_bytes} bytes of GPU tables; {_launch_words(launch)}"
-    )
+    kernel = _SIDES[plan.backend].summary(plan, launch)
     print(
         f"{spec_file}: {tiles}; {kernel}; {time.perf_counter() - start:.2f} s",
         file=sys.stderr,
@@ -166,13 +164,8 @@ def _print_summary(spec_file: str, plan: Plan, launch: dict | None, start: float
             f"{plan.select_steps()} grid steps per head (the tables' static maximum)",
             file=sys.stderr,
         )
-    if plan.chunk_runs and plan.gpu is None:
-        steps = ", ".join(str(n) for n in plan.chunk_steps())
-        print(
-            f"  KV-cache chunks of {plan.spec.runtime.chunk_frames} frame(s) against "
-            f"{plan.cache_words()}: grid steps per head by chunk position {steps}",
-            file=sys.stderr,
-        )
+    for line in _SIDES[plan.backend].notes(plan):
+        print(f"  {line}", file=sys.stderr)
 
 
 def _bounded_density_words(pattern) -> str:
@@ -184,6 +177,44 @@ def _bounded_density_words(pattern) -> str:
     return ", density " + density_bounds_words(
         pattern.density, c.kept_pairs_upper / pattern.total_pairs
     )
+
+
+def _tpu_summary(plan: Plan, launch: None) -> str:
+    return f"{plan.grid_steps} grid steps per head; {plan.table_bytes} bytes of SMEM tables"
+
+
+def _tpu_notes(plan: Plan) -> list[str]:
+    """A KV cache's grid steps by chunk position (the TPU kernel's chunked calls)."""
+    if not plan.chunk_runs:
+        return []
+    steps = ", ".join(str(n) for n in plan.chunk_steps())
+    return [
+        f"KV-cache chunks of {plan.spec.runtime.chunk_frames} frame(s) against "
+        f"{plan.cache_words()}: grid steps per head by chunk position {steps}"
+    ]
+
+
+def _gpu_summary(plan: Plan, launch: dict | None) -> str:
+    return f"{plan.table_bytes} bytes of GPU tables; {_launch_words(launch)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _CompileSide:
+    """What `svgen compile` does per backend beyond rendering (codegen.backends has what the
+    module holds): a deviceless compile of the rendered files before anything is written
+    (files, plan, target) -> launch facts, or None; the summary's words on the kernel; and
+    the notes after it."""
+
+    compile_check: Callable[[dict, Plan, str], dict] | None
+    summary: Callable[[Plan, dict | None], str]
+    notes: Callable[[Plan], list[str]]
+
+
+_SIDES = {
+    "tpu": _CompileSide(compile_check=None, summary=_tpu_summary, notes=_tpu_notes),
+    # A GPU module is compiled for its target without a GPU (svgen.perf.gpu_aot).
+    "gpu": _CompileSide(compile_check=_gpu_compile, summary=_gpu_summary, notes=lambda p: []),
+}
 
 
 def _launch_words(launch: dict | None) -> str:
