@@ -211,6 +211,13 @@ def main(argv=None) -> int:
     parser.add_argument("--backward", action="store_true")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--no-splash", action="store_true", help="time svgen's kernels alone")
+    parser.add_argument(
+        "--dense-blocks",
+        type=int,
+        nargs=3,
+        metavar=("Q", "KV", "KV_COMPUTE"),
+        help="dense Splash at these blocks only (as svgen bench --dense-blocks)",
+    )
     parser.add_argument("--json", type=pathlib.Path)
     parser.add_argument("--target", default=None, help="the chip to compile for (--interpret only)")
     parser.add_argument("--interpret", action="store_true")
@@ -227,6 +234,7 @@ def main(argv=None) -> int:
         backward=args.backward,
         interpret=args.interpret,
         splash=not args.no_splash,
+        **({"dense_blocks": (tuple(args.dense_blocks),)} if args.dense_blocks else {}),
     )
     start = time.monotonic()
 

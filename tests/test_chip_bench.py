@@ -240,6 +240,23 @@ def test_remembered_dense_blocks_that_now_fail_are_searched_again(tmp_path):
     assert chip_bench.SplashDense(tmp_path)._load()["key"] == [1024, 1024, 512]
 
 
+def test_dense_blocks_given_are_timed_as_given_not_the_remembered_ones(tmp_path):
+    """svgen bench --dense-blocks: one candidate is timed as given, whatever an earlier search
+    remembered, and it is not remembered as the best."""
+    chip_bench.SplashDense(tmp_path)._store("key", (2048, 1024, 1024))
+    timed = []
+
+    def time_blocks(blocks):
+        timed.append(blocks)
+        return chip_bench.Timing(1.0, 0.2, 0.2, 1)
+
+    best = chip_bench.SplashDense(tmp_path).best(
+        "key", ((1024, 1024, 512),), time_blocks, lambda line: None
+    )
+    assert timed == [(1024, 1024, 512)] and best["blocks"] == (1024, 1024, 512)
+    assert chip_bench.SplashDense(tmp_path)._load()["key"] == [2048, 1024, 1024]
+
+
 def test_dense_blocks_found_by_one_caller_are_reused_by_another(tmp_path):
     """bench/kernel_ab.py passes no env, `svgen bench` passes versions(): both must key the
     remembered blocks alike, or every process of a chip session searches dense Splash again."""
@@ -259,6 +276,23 @@ def test_dense_blocks_found_by_one_caller_are_reused_by_another(tmp_path):
     )
     (retimed,) = later["splash_dense_forward"]["tried"]
     assert retimed["blocks"] == first["splash_dense_forward"]["blocks"]
+
+
+def test_bench_dense_blocks_option_times_dense_splash_at_those_blocks_only(tmp_path):
+    import json
+
+    from svgen.cli import main
+
+    spec_file = tmp_path / "tiny.yaml"
+    spec_file.write_text(MIXED)
+    out = tmp_path / "bench.json"
+    args = ["bench", str(spec_file), "--interpret", "--iters", "1", "--warmup", "0"]
+    args += ["--check-rows", "0", "--splash-blocks", "128", "128", "128"]
+    assert main(args + ["--dense-blocks", "256", "256", "128", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["options"]["dense_blocks"] == [[256, 256, 128]]
+    (result,) = report["results"]
+    assert [t["blocks"] for t in result["splash_dense_forward"]["tried"]] == [[256, 256, 128]]
 
 
 def test_bench_json_keeps_what_was_measured_when_a_later_spec_fails(tmp_path, monkeypatch):

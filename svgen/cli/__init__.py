@@ -278,6 +278,15 @@ def _add_bench(sub) -> None:
         metavar=("Q", "KV", "KV_COMPUTE"),
         help="Splash's blocks given the mask (default 1024 1024 512, its best measured on v5e)",
     )
+    p.add_argument(
+        "--dense-blocks",
+        type=positive_int,
+        nargs=3,
+        metavar=("Q", "KV", "KV_COMPUTE"),
+        help="dense Splash at these blocks only, instead of its best of a small search "
+        "(remembered per chip and shape under the cache folder; 2048 1024 1024 was the best "
+        "measured on v5e at 75,600 tokens)",
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
     p.add_argument("--interpret", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(run=bench_specs)

@@ -94,6 +94,7 @@ def bench_specs(args) -> int:
         splash=not args.no_splash,
         splash_blocks=tuple(args.splash_blocks),
         interpret=args.interpret,
+        **({"dense_blocks": (tuple(args.dense_blocks),)} if args.dense_blocks else {}),
     )
     env = chip_bench.versions()
     dense = chip_bench.SplashDense(None if args.interpret else chip_bench.cache_dir())
@@ -114,6 +115,7 @@ def bench_specs(args) -> int:
                 "iters": options.iters,
                 "check_rows": options.check_rows,
                 "splash_blocks": list(options.splash_blocks),
+                "dense_blocks": [list(b) for b in options.dense_blocks],
             },
             "results": results,
         }

@@ -354,12 +354,14 @@ class SplashDense:
         self, key: str, candidates, time_blocks, progress, first_that_runs: bool = False
     ) -> dict:
         """{'blocks', 'timing', 'tried'}: the fastest of `candidates` (or the cached best,
-        re-timed), time_blocks(blocks) -> Timing raising on a compile failure.
+        re-timed), time_blocks(blocks) -> Timing raising on a compile failure. One candidate
+        (`svgen bench --dense-blocks`) is timed as given: no cache read, none written.
         first_that_runs: stop at the first candidate that runs (the backward: each of
         Splash's backward compiles costs tens of seconds of chip time)."""
         if key in self.found:
             return self.found[key]
-        cached = self._load().get(key)
+        searching = len(candidates) > 1
+        cached = self._load().get(key) if searching else None
         tried = []
 
         def run(order):
@@ -390,7 +392,7 @@ class SplashDense:
                 "timing": winner["_t"],
                 "tried": _public(tried),
             }
-            if not cached:
+            if not cached and searching:
                 self._store(key, result["blocks"])
         self.found[key] = result
         return result
