@@ -38,6 +38,12 @@ tiling: {block_q: 128, block_kv: 128}
 """
 
 
+def interpreter_options(**changes) -> chip_bench.Options:
+    """One untimed-warm-up call in Pallas's interpreter, Splash at 128-token blocks."""
+    base = dict(warmup=0, iters=1, interpret=True, splash_blocks=(128, 128, 128))
+    return chip_bench.Options(**{**base, **changes})
+
+
 def test_splash_mask_is_the_spec_mask_in_kernel_order(compile_text):
     plan, module = compile_text(MIXED)
     seq = int(module.SEQ_LEN)
@@ -90,14 +96,7 @@ def test_an_aligned_spec_is_benched_against_the_mask_its_kernel_runs(compile_tex
     assert not mask[0, seq:, :].any() and not mask[0, :, seq:].any()
     rows = np.array([0, 7, 130, seq - 1])
     np.testing.assert_array_equal(chip_bench._reference_keep(pattern, rows, seq), aligned[rows])
-    options = chip_bench.Options(
-        warmup=0,
-        iters=1,
-        interpret=True,
-        check_rows=32,
-        splash_blocks=(128, 128, 128),
-        dense_blocks=((128, 128, 128),),
-    )
+    options = interpreter_options(check_rows=32, dense_blocks=((128, 128, 128),))
     result = chip_bench.bench_spec(parse_spec(ALIGNED_BAND, source="a.yaml"), "v5e", options)
     for key in ("svgen_forward", "splash_mask_forward"):
         assert result[key]["ok"] is True, result[key]
@@ -125,14 +124,7 @@ def test_time_calls_reports_first_call_and_median_from_the_clock():
 def test_bench_spec_in_the_interpreter_checks_outputs_and_computes_speedups():
     spec = parse_spec(MIXED, source="tiny.yaml")
     ticks = itertools.count()
-    options = chip_bench.Options(
-        warmup=0,
-        iters=1,
-        interpret=True,
-        check_rows=48,
-        splash_blocks=(128, 128, 128),
-        dense_blocks=((128, 128, 128), (99999, 128, 128)),
-    )
+    options = interpreter_options(check_rows=48, dense_blocks=((128, 128, 128), (99999, 128, 128)))
     seen = []  # the figures recorded so far, at each on_entry call
     result = chip_bench.bench_spec(
         spec,
@@ -261,14 +253,7 @@ def test_dense_blocks_found_by_one_caller_are_reused_by_another(tmp_path):
     """bench/kernel_ab.py passes no env, `svgen bench` passes versions(): both must key the
     remembered blocks alike, or every process of a chip session searches dense Splash again."""
     spec = parse_spec(MIXED, source="tiny.yaml")
-    options = chip_bench.Options(
-        warmup=0,
-        iters=1,
-        interpret=True,
-        check_rows=0,
-        splash_blocks=(128, 128, 128),
-        dense_blocks=((128, 128, 128), (256, 256, 256)),
-    )
+    options = interpreter_options(check_rows=0, dense_blocks=((128, 128, 128), (256, 256, 256)))
     first = chip_bench.bench_spec(spec, "v5e", options, dense=chip_bench.SplashDense(tmp_path))
     assert len(first["splash_dense_forward"]["tried"]) == 2  # searched
     later = chip_bench.bench_spec(
