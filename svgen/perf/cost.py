@@ -42,9 +42,9 @@ from svgen.perf.paths import SEGMENT_BOUNDARY, PathCosts
 #: is not calibrated to a chip, and this is its error measured on one (docs/measured.md).
 MODEL_CAVEAT = (
     "an estimate from libtpu's static schedule, not a measurement: on a TPU v5e the chip took "
-    "1.09-1.14x its figures in 23 of 25 one-level tilings of the shipped specs, 4.3-5.0x in "
-    "two, and up to 7.6x at two-level tiles (docs/measured.md); time a spec on a chip with "
-    "`svgen bench`"
+    "1.09-1.14x its figures in 23 of 25 one-level tilings of the shipped specs and 1.06x on "
+    "the blog spec's 1024 x 2048 / 1024 x 512 tiles, but 4.3-7.6x where the kernel's program "
+    "was large (over 70K bundles; docs/measured.md); time a spec on a chip with `svgen bench`"
 )
 
 #: Kernel programs measured on a TPU v5e (docs/measured.md, "Kernel size" and "Program size
