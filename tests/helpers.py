@@ -407,7 +407,7 @@ def aligned_user_keep(pattern) -> np.ndarray:
 # -- random user predicates: the printer's hard cases ---------------------------------------
 # Sums and differences of floor divisions and modulos of shifted coordinates (dividends of
 # both signs), products, nested abs / min / max, chained comparisons, boolean equalities,
-# and / or / not: every form svgen.codegen.predicate prints, drawn where a dropped
+# and / or / not: every form svgen.analysis.mask_code prints, drawn where a dropped
 # parenthesis or a wrong shift changes values.
 
 

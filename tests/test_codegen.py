@@ -10,7 +10,7 @@ import pytest
 from svgen import codegen, ir
 from svgen.analysis import analyze, query_coordinate_bound
 from svgen.codegen import backends
-from svgen.codegen.predicate import emit_mask
+from svgen.analysis.mask_code import emit_mask
 from svgen.codegen.tilemap import render_tile_map
 from svgen.core.layout import TokenLayout
 from svgen.core.kinds import TileKind

@@ -193,7 +193,7 @@ def test_fields_without_room_take_no_shift():
     """A field whose a - b is 0 on every pair (an equality of one-column frames) has no
     bits; after a 32-bit field it was printed shifted by 32, past an int32's bits. It adds
     nothing to the difference wherever it sits, so it sits at bit 0."""
-    from svgen.codegen.predicate import _field_layout
+    from svgen.analysis.mask_code import _field_layout
     from svgen.core.layout import TokenLayout
 
     wide = (-2139095040, 2139095040, None)  # 8388608 * (h_q - h_k) >= 0: 32 bits of room
@@ -391,7 +391,7 @@ def test_windows_compare_is_exact_across_int32():
 
 def test_common_width_keeps_every_window():
     """For random widths, W and the scales: 0 <= x <= c exactly when 0 <= m x <= W."""
-    from svgen.codegen.predicate import MAX_COMMON_WIDTH, _common_width
+    from svgen.analysis.mask_code import MAX_COMMON_WIDTH, _common_width
 
     rng = np.random.default_rng(6)
     for _ in range(300):
@@ -463,7 +463,7 @@ def test_equalities_whose_packing_passes_int32_stay_apart():
 def test_field_scale_keeps_every_window():
     """For every width, m and bits: 0 <= x <= c exactly when 0 <= m x <= 2^bits - 1, with
     bits the fewest that allow it; a one-sided bound (width None) keeps x >= 0 over x <= hi."""
-    from svgen.codegen.predicate import _field_scale
+    from svgen.analysis.mask_code import _field_scale
 
     for c in range(0, 200):
         m, bits = _field_scale(c, 10**6)
@@ -485,7 +485,7 @@ def test_fields_are_exact_on_every_value_of_their_ranges(seed):
     any width, equalities and one-sided bounds, each a - b drawn over its whole declared
     range (the extremes included, most terms in range so that a failing field is often the
     only one), with sides anywhere in int32 (the packing wraps)."""
-    from svgen.codegen.predicate import _field_layout
+    from svgen.analysis.mask_code import _field_layout
     from svgen.runtime import coords
 
     rng = np.random.default_rng(58_000 + seed)

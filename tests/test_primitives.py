@@ -23,7 +23,7 @@ from svgen.spec import primitives
 from svgen.analysis import analyze
 from svgen.analysis.classify import TileGrid, classify_tiles
 from svgen.analysis.key_sets import Bounds, nominal_keys
-from svgen.codegen.predicate import emit_mask
+from svgen.analysis.mask_code import emit_mask
 from svgen.spec.errors import SpecError
 from svgen.spec.expr import SYMBOLS
 from svgen.core.layout import TokenLayout

@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 
 from svgen import ir
-from svgen.analysis import axis_terms, chunks, residuals, rowsets, video_frames
+from svgen.analysis import axis_terms, chunks, mask_code, residuals, rowsets, video_frames
 from svgen.analysis.align import PairBudget, align_classification
 from svgen.analysis.classify import Classification, TileGrid, classify_tiles
 from svgen.analysis.plan import PatternPlan, Plan, VideoFramePlan, pattern_shape
@@ -73,6 +73,7 @@ from svgen.analysis.targets import (
     VMEM_RESERVE,
     GpuTarget,
     Target,
+    VmemNeed,
     gpu_target,
     is_gpu,
     kernel_vmem,
@@ -118,9 +119,14 @@ def analyze(
     heads = spec.head_patterns()
     masks = [ir.lower(spec, spec.pattern_mask(c.pattern)) for c in heads.candidates]
     spec = kernel.classified(spec)
-    kernel_fields = kernel.check_first(spec, masks)  # before any classification work
-    patterns, tiles, spent = _pattern_plans(spec, masks, progress, kernel.gpu_runs)
-    patterns, tables = kernel.tables(spec, patterns, tiles, spent)
+    layouts = [choose_layout(spec, c.layout, m) for c, m in zip(heads.candidates, masks)]
+    # Before any classification work: masks too costly to classify, then a tiling that cannot
+    # run (the one VMEM check).
+    check_row_set_work(spec, masks, layouts)
+    kernel_fields = kernel.check_first(spec, masks, layouts)
+    patterns, tiles, spent = _pattern_plans(spec, masks, layouts, progress, kernel.gpu_runs)
+    patterns, tables, chosen = kernel.tables(spec, patterns, tiles, spent)
+    kernel_fields.update(chosen)
     video_frames = _video_frames(spec, patterns, progress)
     kernel.check_runtime_tables(spec, patterns, video_frames, tables)
     chunked = ()
@@ -160,14 +166,16 @@ class _TpuKernel:
     def classified(self, spec: Spec) -> Spec:
         return spec
 
-    def check_first(self, spec: Spec, masks) -> dict:
-        """The Plan's target and VMEM need; a SpecError for a tiling that cannot run."""
-        vmem = check_vmem(spec, self.chip, max(query_coordinate_bound(m) for m in masks))
-        return {"target": self.chip, "vmem": vmem}
+    def check_first(self, spec: Spec, masks, layouts) -> dict:
+        """The Plan's target and VMEM need; a SpecError for a tiling that cannot run: the one
+        VMEM check, with the query values each mask's printed code reads (mask_code)."""
+        self.query_values = max(_query_values(spec, m, lay) for m, lay in zip(masks, layouts))
+        return {"target": self.chip, "vmem": check_vmem(spec, self.chip, self.query_values)}
 
     def tables(self, spec: Spec, patterns, tiles, spent):
-        """(patterns, PieceTables): residual masks added where the tables still fit; the
-        backward kernels' transposed tables checked too."""
+        """(patterns, PieceTables, Plan fields they change): residual masks added where the
+        tables still fit SMEM and their query values VMEM; the backward kernels' transposed
+        tables checked too."""
 
         def piece_tables(plans, first_slots: int = 1):
             return choose_piece_tables(
@@ -186,18 +194,35 @@ class _TpuKernel:
             tables = piece_tables(patterns)
         except TableBudgetError as err:
             raise _over_budget_error(spec, patterns, err, self.smem_budget) from None
+        chosen = {}
         if self.residual_masks and _static_kernel(spec):
             with_residuals = _with_residuals(spec, patterns, tiles, spent)
             if any(p.residuals is not None for p in with_residuals):
                 try:
-                    tables = piece_tables(with_residuals, first_slots=tables.slots)
-                    patterns = with_residuals
+                    tables_with = piece_tables(with_residuals, first_slots=tables.slots)
                 except TableBudgetError:
-                    pass  # residual masks are a speed-up: without their words the tables fit
+                    tables_with = None  # residual masks are a speed-up: the tables fit without
+                vmem = self._vmem_with(spec, with_residuals)
+                if tables_with is not None and vmem is not None:
+                    patterns, tables = with_residuals, tables_with
+                    chosen["vmem"] = vmem
             else:  # the same tables; the plans may say why no residual masks were searched
                 patterns = with_residuals
         _check_backward_tables(spec, patterns, tiles, self.chip, self.smem_budget)
-        return patterns, tables
+        return patterns, tables, chosen
+
+    def _vmem_with(self, spec: Spec, patterns) -> VmemNeed | None:
+        """The VMEM need with the patterns' residual masks (their query values may outnumber
+        the whole masks'), None where it no longer fits: residual masks are a speed-up, and
+        the tiling was accepted without them."""
+        values = max(
+            _query_values(spec, p.mask, p.layout, [v.mask for v in p.residuals.variants])
+            if p.residuals is not None
+            else self.query_values
+            for p in patterns
+        )
+        need = vmem_need(spec, self.chip, max(values, self.query_values))
+        return need if need.limit() <= self.chip.vmem_bytes - VMEM_RESERVE else None
 
     def check_runtime_tables(self, spec: Spec, patterns, video_frames, tables) -> None:
         if spec.runtime.any:
@@ -230,7 +255,7 @@ class _GpuKernel:
         patterns = len(spec.head_patterns().candidates)
         return dataclasses.replace(spec, tiling=gpu_classification_tiling(spec, patterns))
 
-    def check_first(self, spec: Spec, masks) -> dict:
+    def check_first(self, spec: Spec, masks, layouts) -> dict:
         """The Plan's target and GPU tiling; a selection must choose per GPU tile."""
         gpu = spec.gpu_tiling
         if spec.select is not None and (spec.tiling.block_q, spec.tiling.block_kv) != (
@@ -253,7 +278,7 @@ class _GpuKernel:
             spec.attention.head_dim, spec.attention.heads,
         )  # fmt: skip
         runs = [p.table.runs for p in patterns]
-        return patterns, GpuTables.from_runs(runs, shape, gpu.block_q, gpu.block_kv)
+        return patterns, GpuTables.from_runs(runs, shape, gpu.block_q, gpu.block_kv), {}
 
     # The GPU kernel's tables live in global memory: no SMEM budget to check.
     def check_runtime_tables(self, spec: Spec, patterns, video_frames, tables) -> None:
@@ -279,7 +304,7 @@ def gpu_classification_tiling(spec: Spec, patterns: int) -> Tiling:
 
 
 def _pattern_plans(
-    spec: Spec, masks, progress, gpu_runs: bool = False
+    spec: Spec, masks, layouts, progress, gpu_runs: bool = False
 ) -> tuple[list[PatternPlan], list, tuple[int, int]]:
     """Passes 2-5 for every candidate pattern at the spec's tiling: the pattern plans, per
     pattern its kernel tiles (kinds and compute-block words), and the row-set and product
@@ -288,8 +313,6 @@ def _pattern_plans(
     the GPU kernel masks the padding keys of a FULL tile in a branch of its own
     (svgen.runtime.gpu), so the last key column need not run as BOUNDARY."""
     candidates = spec.head_patterns().candidates
-    layouts = [choose_layout(spec, c.layout, m) for c, m in zip(candidates, masks)]
-    check_row_set_work(spec, masks, layouts)  # before any classification work
     patterns, tiles = [], []
     # All candidates together: the estimate can miss work in rows it did not sample, and the
     # product analysis has none; these stop either long before it would run for minutes.
@@ -677,6 +700,34 @@ def query_coordinate_bound(mask: ir.Node) -> int:
     twice (as bool and as int), and `place` when both rows and columns are read."""
     names = {s.name for s in mask.predicate().free_symbols if s.name.endswith("_q")}
     return len(names) + ("is_text_q" in names) + ({"h_q", "w_q"} <= names)
+
+
+def _query_values(spec: Spec, mask, layout: TokenLayout, residual_masks=()) -> int:
+    """How many query values (coordinates and query functions, each a [block_q, 128] int32
+    buffer) a pattern's kernel keeps: those its printed masks read (mask_code), at least the
+    mask's query symbols (query_coordinate_bound, what the VMEM model counted before it
+    counted the printed code; kept so that no module's VMEM limit moved). An aligned pattern
+    prints no mask."""
+    printed = 0
+    if not spec.tiling.aligned:
+        per_video = spec.runtime.per_video_frames
+        printed = mask_code.query_value_count(mask, layout, residual_masks, per_video)
+    return max(query_coordinate_bound(mask), printed)
+
+
+def vmem_need(spec: Spec, chip: Target, query_coords: int = 0) -> VmemNeed:
+    """The kernel's VMEM need on `chip` at the spec's tiling."""
+    t = spec.tiling
+    return kernel_vmem(
+        t.block_q,
+        t.block_kv,
+        t.cq,
+        t.ckv,
+        spec.attention.head_dim,
+        spec.attention.dtype,
+        query_coords,
+        chip.mxu_width,
+    )
 
 
 def check_vmem(spec: Spec, chip: Target, query_coords: int = 0):

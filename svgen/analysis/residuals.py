@@ -62,7 +62,7 @@ MAX_SHARE_PER_MASK_OP = 0.12
 MIN_KERNEL_SHARE = 0.005
 # The full-block ops of a conjunction of two or more comparisons between a query-side and a
 # key-side value: the code printer packs them into bit fields, one coords.fields (a subtract,
-# an AND and a compare, the query side computed once per q tile; svgen.codegen.predicate).
+# an AND and a compare, the query side computed once per q tile; svgen.analysis.mask_code).
 FIELDS_OPS = 3
 # ... and of one window |a - b + s| <= c alone (or < c + 1): one coords.within, a subtract of
 # the two sides (the query side once per q tile where it sums several coordinates) and an

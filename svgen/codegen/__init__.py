@@ -22,11 +22,11 @@ import jinja2
 import numpy as np
 
 from svgen import ir
-from svgen.analysis import Plan, check_vmem, query_coordinate_bound
+from svgen.analysis import Plan
 from svgen.codegen import pyformat
 from svgen.codegen import words as wording
 from svgen.codegen.backends import backend_of
-from svgen.codegen.predicate import MaskSource, aligned_mask, emit_mask
+from svgen.analysis.mask_code import MaskSource, aligned_mask, emit_mask, query_values
 from svgen.codegen.tilemap import render_tile_map
 from svgen.core.kinds import TileKind
 from svgen.core.tables import variant_bits
@@ -123,7 +123,6 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
         patterns.append(entry)
     for entry in patterns:
         entry["query_values"] = _query_values(entry, plan.spec)
-    plan = _with_query_values(plan, patterns)
     context = _context(plan, spec_path, patterns)
     context["select"] = _select_entry(plan, name, files)
     context["any_tables_file"] |= bool(context["select"] and context["select"]["file"])
@@ -205,29 +204,11 @@ def _query_function_entries(source: MaskSource) -> list[dict]:
 
 def _query_values(entry: dict, spec) -> list[str]:
     """What a pattern's kernel decodes once per q tile (its `query_coords`), as printed: the
-    coordinates its mask functions read, then their query functions, by name. With per-video
-    frames a query function is computed on every block instead (video_frames.ShiftedFrames),
-    from coordinates that must then be decoded too."""
+    coordinates its mask functions read, then their query functions, by name (the analysis
+    counted the same values when it sized the kernel's VMEM: mask_code.query_value_count)."""
     sources = [entry["source"]] + [r["source"] for r in entry["residuals"]]
-    names = {c for s in sources for c in s.query_coords}
-    functions = [f for s in sources for f in s.query_functions]
-    if spec.runtime.per_video_frames:
-        names |= {c for f in functions for c in f.query_coords}
-    return [pyformat.string(c) for c in sorted(names)] + [f.name for f in functions]
-
-
-def _with_query_values(plan: Plan, entries: list[dict]) -> Plan:
-    """The plan, its VMEM need recounted where its patterns' query values (coordinates and
-    query functions, each a [block_q, 128] int32 buffer) outnumber what the analysis
-    assumed from the masks' query symbols (analysis.query_coordinate_bound); a SpecError,
-    with a tiling that fits, where they no longer fit the chip."""
-    if plan.vmem is None:
-        return plan
-    values = max(len(e["query_values"]) for e in entries)
-    assumed = max(query_coordinate_bound(p.mask) for p in plan.patterns)
-    if values <= assumed:
-        return plan
-    return dataclasses.replace(plan, vmem=check_vmem(plan.spec, plan.target, values))
+    coords, functions = query_values(sources, spec.runtime.per_video_frames)
+    return [pyformat.string(c) for c in coords] + list(functions)
 
 
 def _keyword_lines(keyword: str, items: list[str]) -> list[str]:

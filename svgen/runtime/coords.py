@@ -233,7 +233,7 @@ def windows(*terms, width: int):
     one op more per term (the a + _SIGN is on the narrow side). The printer scales a window
     0 <= x <= c to 0 <= m * x <= width (m * c <= width < m * (c + 1): the same integers x)
     so that windows of different widths share one compare, and checks that a - b fits
-    int32 over the geometry (svgen/codegen/predicate.py)."""
+    int32 over the geometry (svgen/analysis/mask_code.py)."""
     top = None
     for a, b in terms:
         x = (a + _SIGN) - b
@@ -265,7 +265,7 @@ def fields(query, *terms):
     out of range leaves a bit set outside its kept bits, with no borrow from the fields
     below it (they hold values in range), and all the arithmetic is modulo 2^32 (int32
     wraps). Windows 0 <= x <= c are scaled to 0 <= m * x <= 2^bits - 1 (the same integers
-    x) by the printer (svgen/codegen/predicate.py, _field_layout), which also proves the
+    x) by the printer (svgen/analysis/mask_code.py, _field_layout), which also proves the
     room."""
     key = pack(*((b, shift) for b, shift, _ in terms))
     kept = sum(((1 << bits) - 1) << shift for _, shift, bits in terms)
@@ -280,7 +280,7 @@ def same(*terms):
     sum a_i * base_i and sum b_i * base_i (base_i the product of the n before it), built on
     the narrow sides, where a compare each and an AND between them cost two full-block ops
     per term. The printer checks the ranges and that the product of the n fits int32
-    (svgen/codegen/predicate.py)."""
+    (svgen/analysis/mask_code.py)."""
     query, key, base = 0, 0, 1
     for a, b, n in terms:
         query, key, base = query + a * base, key + b * base, base * n

@@ -12,7 +12,7 @@ a sum whose own value fits is right even if a partial sum wrapped. Only the oper
 `//`, `%`, comparisons, `abs`, `min` and `max` must be exact; but a user reads "this
 sub-expression does not fit" more easily than a rule about which ones must, and no
 realistic predicate comes near 2^31. The printed forms svgen adds itself are checked
-too: the non-negative shift of a floor division's dividend (svgen.codegen.predicate).
+too: the non-negative shift of a floor division's dividend (svgen.analysis.mask_code).
 """
 
 from __future__ import annotations

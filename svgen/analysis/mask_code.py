@@ -1,5 +1,9 @@
 """The mask IR as Python source for a BOUNDARY tile: one named line per primitive.
 
+It lives in the analysis because what it prints decides what the kernel keeps in VMEM: the
+query values each pattern decodes once per q tile (`query_values`), which the analysis
+counts before it checks the tiling's VMEM once; codegen places the same source in the module.
+
 Leaves print their sympy predicate over `q.<coord>` / `k.<coord>` (runtime.coords.TokenCoords);
 combinators combine the names, so the generated function reads like the spec. Floor division
 and modulo are printed with `lax.div` / `lax.rem` on operands shifted to be non-negative
@@ -95,6 +99,32 @@ def aligned_mask() -> MaskSource:
     return MaskSource(
         ("# Aligned (tiling.align): every real pair of a visited block is kept.",), "True", ()
     )
+
+
+def query_values(sources, per_video_frames: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(coordinates, query function names) a pattern's kernel decodes once per q tile, each a
+    [block_q, 128] int32 buffer in VMEM: the coordinates its mask functions (`sources`, the
+    whole mask's and its residual masks') read, then their query functions. With per-video
+    frames a query function is computed on every block instead (video_frames.ShiftedFrames),
+    from coordinates that must then be decoded too."""
+    names = {c for s in sources for c in s.query_coords}
+    functions = [f for s in sources for f in s.query_functions]
+    if per_video_frames:
+        names |= {c for f in functions for c in f.query_coords}
+    return tuple(sorted(names)), tuple(f.name for f in functions)
+
+
+def query_value_count(mask, layout: TokenLayout, residual_masks=(), per_video: bool = False):
+    """How many query values (`query_values`) the kernel of a pattern with this mask and these
+    residual masks keeps: what codegen will print, counted (the names do not change it: query
+    functions are shared by value)."""
+    shared: dict = {}
+    sources = [emit_mask(mask, layout, "boundary_mask", shared)]
+    sources += [
+        emit_mask(m, layout, f"residual_mask_{j}", shared) for j, m in enumerate(residual_masks, 1)
+    ]
+    coords, functions = query_values(sources, per_video)
+    return len(coords) + len(functions)
 
 
 _QUERY_ATTRIBUTE = re.compile(r"\bq\.(\w+)")
