@@ -198,12 +198,13 @@ class _TpuKernel:
         if self.residual_masks and _static_kernel(spec):
             with_residuals = _with_residuals(spec, patterns, tiles, spent)
             if any(p.residuals is not None for p in with_residuals):
+                # Residual masks are a speed-up: without them the tables and VMEM fit.
                 try:
                     tables_with = piece_tables(with_residuals, first_slots=tables.slots)
+                    vmem = self._vmem_with(spec, with_residuals)
                 except TableBudgetError:
-                    tables_with = None  # residual masks are a speed-up: the tables fit without
-                vmem = self._vmem_with(spec, with_residuals)
-                if tables_with is not None and vmem is not None:
+                    vmem = None
+                if vmem is not None:
                     patterns, tables = with_residuals, tables_with
                     chosen["vmem"] = vmem
             else:  # the same tables; the plans may say why no residual masks were searched
@@ -216,10 +217,12 @@ class _TpuKernel:
         the whole masks'), None where it no longer fits: residual masks are a speed-up, and
         the tiling was accepted without them."""
         values = max(
-            _query_values(spec, p.mask, p.layout, [v.mask for v in p.residuals.variants])
-            if p.residuals is not None
-            else self.query_values
-            for p in patterns
+            (
+                _query_values(spec, p.mask, p.layout, [v.mask for v in p.residuals.variants])
+                for p in patterns
+                if p.residuals is not None
+            ),
+            default=0,
         )
         need = vmem_need(spec, self.chip, max(values, self.query_values))
         return need if need.limit() <= self.chip.vmem_bytes - VMEM_RESERVE else None
@@ -715,36 +718,21 @@ def _query_values(spec: Spec, mask, layout: TokenLayout, residual_masks=()) -> i
     return max(query_coordinate_bound(mask), printed)
 
 
-def vmem_need(spec: Spec, chip: Target, query_coords: int = 0) -> VmemNeed:
-    """The kernel's VMEM need on `chip` at the spec's tiling."""
+def vmem_need(spec: Spec, chip: Target, query_coords: int = 0, tiles=None) -> VmemNeed:
+    """The kernel's VMEM need on `chip` at `tiles` (block_q, block_kv, compute_q, compute_kv;
+    None: the spec's tiling)."""
     t = spec.tiling
-    return kernel_vmem(
-        t.block_q,
-        t.block_kv,
-        t.cq,
-        t.ckv,
-        spec.attention.head_dim,
-        spec.attention.dtype,
-        query_coords,
-        chip.mxu_width,
-    )
+    bq, bkv, cq, ckv = tiles or (t.block_q, t.block_kv, t.cq, t.ckv)
+    a = spec.attention
+    return kernel_vmem(bq, bkv, cq, ckv, a.head_dim, a.dtype, query_coords, chip.mxu_width)
 
 
 def check_vmem(spec: Spec, chip: Target, query_coords: int = 0):
     """The kernel's VMEM need on `chip`; a SpecError (with a tiling that fits) when over."""
     t = spec.tiling
 
-    def _spec_vmem(block_q: int, block_kv: int, compute_q: int, compute_kv: int):
-        return kernel_vmem(
-            block_q,
-            block_kv,
-            compute_q,
-            compute_kv,
-            spec.attention.head_dim,
-            spec.attention.dtype,
-            query_coords,
-            chip.mxu_width,
-        )
+    def _spec_vmem(*tiles: int) -> VmemNeed:
+        return vmem_need(spec, chip, query_coords, tiles)
 
     need = _spec_vmem(t.block_q, t.block_kv, t.cq, t.ckv)
     available = chip.vmem_bytes - VMEM_RESERVE

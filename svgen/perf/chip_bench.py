@@ -38,8 +38,6 @@ from typing import Callable
 
 import numpy as np
 
-from svgen.core.kinds import TileKind
-
 #: Splash's dense blocks searched (block_q, block_kv, block_kv_compute): its defaults and the
 #: best measured on a v5e (docs/measured.md); 2048 x 2048 needs more than v5e's default
 #: scoped VMEM and is recorded as infeasible there.
@@ -278,11 +276,12 @@ def reference_rows(plan, assignment, q, k, v, rows: np.ndarray):
 
 def _reference_keep(pattern, rows: np.ndarray, seq: int) -> np.ndarray:
     """bool [len(rows), seq]: the pattern's mask on the sampled rows, kernel order."""
+    from svgen.perf import splash_mask
+
     keys = np.arange(seq)
     if pattern.budget is not None:  # aligned: whole compute blocks kept or dropped
-        full = pattern.compute_kinds == TileKind.FULL
-        grid = pattern.compute_grid
-        return full[np.ix_(rows // grid.block_q, keys // grid.block_kv)]
+        keep = splash_mask.aligned_keep(pattern)
+        return np.asarray(keep(rows.reshape(-1, 1), keys.reshape(1, -1)))
     qc = pattern.layout.coordinates(rows).reshape(-1, 1)
     kc = pattern.layout.coordinates(keys).reshape(1, -1)
     return np.broadcast_to(pattern.mask.evaluate(qc, kc), (len(rows), seq))
