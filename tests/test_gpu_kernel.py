@@ -338,3 +338,73 @@ def test_refusals(compile_text):
         attention(*(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)), head_pattern=[0, 1])
     with pytest.raises(ValueError, match="pattern indices"):
         attention(q, k, v, head_pattern=[0, 2], interpret=True)
+
+
+# -- the kernel declared once (svgen.runtime.gpu_variant) --------------------------------------
+
+
+def _gpu_variant(module, **fields):
+    from svgen.runtime.gpu_variant import GpuVariant
+
+    base = dict(
+        patterns=tuple(gpu.gpu_attention_of(module).codes),
+        heads=2,
+        rows=4,
+        seq_len=module.SEQ_LEN,
+        q_len=module.SEQ_LEN,
+        head_dim=module.HEAD_DIM,
+        block_q=64,
+        block_kv=64,
+        num_q_tiles=-(-module.SEQ_LEN // 64),
+        q_scale=0.125,
+    )
+    return GpuVariant(**{**base, **fields})
+
+
+def test_gpu_variant_names_operands_and_branches(compile_text):
+    _, module = compile_text(scaled_spec_text(spec("wan21_720p_mixed"), heads=2))
+    plain = _gpu_variant(module)
+    names = [o.name for o in plain.operands()]
+    assert names == ["head_pattern", "offsets", "entries", "q", "k", "v", "o"]
+    padded = module.SEQ_LEN % 64 != 0
+    assert plain.branches() == ("full",) + ("full_padding",) * padded + (
+        "boundary[0]",
+        "boundary[1]",
+    )
+    assert plain.first_boundary == 1 + padded
+    refs = plain.unpack([f"ref {n}" for n in names])
+    assert (refs.q, refs.o, refs.q_ids, refs.chunk) == ("ref q", "ref o", None, None)
+    with pytest.raises(ValueError, match="got 6 refs, its variant declares 7"):
+        plain.unpack(names[:-1])
+
+    shifted = _gpu_variant(module, tables="segments", frame_shifts=True)
+    assert [o.name for o in shifted.operands()][6:] == ["q_ids", "k_ids", "frame_shifts", "o"]
+    branches = shifted.branches()
+    half = len(branches) // 2
+    assert branches[half:] == tuple("segment:" + b for b in branches[:half])
+    chunk = _gpu_variant(module, tables="chunk", q_len=128, ring_sink=64)
+    assert [o.name for o in chunk.operands()][6:] == ["chunk", "o"]
+    assert chunk.chunk_rows == 4 and chunk.per_row == 0
+    assert _gpu_variant(module, tables="selection").per_row == 4
+    with pytest.raises(ValueError, match="run-time segments only"):
+        _gpu_variant(module, frame_shifts=True)
+    with pytest.raises(ValueError, match="chunk's call only"):
+        _gpu_variant(module, ring_sink=64)
+
+
+def test_gpu_call_passes_the_kernel_exactly_its_variants_operands(compile_text, monkeypatch):
+    plan, module = compile_text(scaled_spec_text(spec("wan21_720p_mixed"), heads=2))
+    seen = []
+    real = gpu._attention_kernel
+
+    def recording(*refs, variant):
+        seen.append((variant, len(refs)))
+        return real(*refs, variant=variant)
+
+    monkeypatch.setattr(gpu, "_attention_kernel", recording)
+    attention = gpu.gpu_attention_of(module, block_q=64, block_kv=64)
+    q, k, v = mixed_inputs(plan, "float32", seed=3, heads=2)
+    out = attention(q, k, v, head_pattern=[1, 0], interpret=True)
+    (variant, count), *_ = seen
+    assert count == len(variant.operands()) and variant.tables == "static"
+    check_per_head(plan, out, q, k, v, [1, 0], "float32")

@@ -77,13 +77,17 @@ _JAX_FREE_HELPERS = (
 
 @pytest.mark.parametrize(
     "modules, loads_jax",
-    [(_JAX_FREE_HELPERS, False), (("kernel_helpers",), True)],
-    ids=["conftest_and_numpy_helpers", "kernel_helpers_control"],
+    [
+        (_JAX_FREE_HELPERS, False),
+        (("svgen.runtime.variant", "svgen.runtime.gpu_variant"), False),
+        (("kernel_helpers",), True),
+    ],
+    ids=["conftest_and_numpy_helpers", "kernel_variants", "kernel_helpers_control"],
 )
 def test_conftest_and_the_numpy_helpers_load_no_jax(modules, loads_jax):
     """pytest imports conftest.py before every test, and the spec, IR, analysis and codegen
     tests import helpers.py: neither loads JAX, so `pytest tests/test_spec.py` never does.
-    kernel_helpers.py (Pallas's interpreter) does: the control that shows the check sees it."""
+    Nor do the kernels' declared variants, which the cost model reads. kernel_helpers.py (Pallas's interpreter) does: the control that shows the check sees it."""
     done = subprocess.run(
         [sys.executable, "-c", _JAX_LOADED_BY, *modules], capture_output=True, text=True, cwd=REPO
     )

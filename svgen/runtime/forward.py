@@ -556,25 +556,9 @@ def flat_attention(
     source = _tables_of(call, chunk, selection)
     per_row = source != "static"  # a call's own tables: per row, never the flat walk
     flat = tables.flat and not per_row
-    if selection is not None:
-        operands = selection.scalar_operands(head_pattern)
-        steps, single, id_inputs = selection.steps, None, ()
-    elif chunk is not None:
-        chunk_tables, q_first, exact = chunk
-        operands = chunk_tables.scalar_operands(head_pattern) + (q_first,)
-        single = EXACT_GRID if exact else None
-        steps, id_inputs = chunk_tables.steps, ()
-    elif call is None:
-        per_head, steps = head_operands(tables, head_pattern, static_pattern)
-        operands = per_head + tuple(jnp.asarray(t) for t in tables.piece_operands())
-        if tables.variants is not None:  # the last scalar operand (see _attention_kernel)
-            operands += (jnp.asarray(tables.variants),)
-        single = tables.max_pieces if len(patterns) == 1 else None
-        id_inputs = ()
-    else:
-        call_tables, q_ids, kv_ids = call
-        operands = call_tables.scalar_operands(head_pattern)
-        steps, single, id_inputs = call_tables.steps, None, (q_ids, kv_ids)
+    operands, steps, single, id_inputs = _scalar_operands(
+        tables, head_pattern, static_pattern, len(patterns), call, chunk, selection
+    )
     variant = ForwardVariant(
         shape=shape,
         patterns=tuple(patterns),
@@ -592,6 +576,61 @@ def flat_attention(
         id_rows=id_inputs[0].shape[1] if call is not None else 0,  # 2: ids and frame shifts
         variants_table=tables.variants is not None,
     )
+
+    index_maps = _index_maps(variant, cubes)
+    declared = variant.operands()
+
+    def specs(role: str) -> list:
+        return [pl.BlockSpec(o.block, index_maps[o.index_map]) for o in declared if o.role == role]
+
+    bound_inputs = (key_bound(k),) if shape.bounded_softmax else ()
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=len(operands),
+        grid=(q.shape[0] // heads if flat else q.shape[0], steps, tables.slots),
+        in_specs=specs("input"),
+        out_specs=specs("output"),
+        scratch_shapes=[scratch_buffer(o) for o in declared if o.role == "scratch"],
+    )
+    out_shape = _out_shapes(q, shape, chunk, with_lse, with_modes)
+    outputs = pl.pallas_call(
+        functools.partial(_attention_kernel, variant=variant),
+        grid_spec=grid_spec,
+        out_shape=out_shape,
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary", "arbitrary"),
+            vmem_limit_bytes=_vmem_limit(
+                shape, q.dtype, variant.query_coords, ids=call is not None
+            ),
+        ),
+        interpret=interpret,
+        name="svgen_attention",  # the kernel's name in profiles and libtpu dumps
+    )(*operands, q, k, v, *bound_inputs, *id_inputs)
+    outputs = [settled(x, interpret) for x in outputs]
+    return tuple(outputs) if with_lse or with_modes else outputs[0]
+
+
+def _scalar_operands(tables, head_pattern, static_pattern, patterns: int, call, chunk, selection):
+    """(the scalar operands, grid steps per row, the single pattern's piece count or None,
+    the run-time id inputs) of a call whose tables are the module's or the call's own."""
+    if selection is not None:
+        return selection.scalar_operands(head_pattern), selection.steps, None, ()
+    if chunk is not None:
+        chunk_tables, q_first, exact = chunk
+        operands = chunk_tables.scalar_operands(head_pattern) + (q_first,)
+        return operands, chunk_tables.steps, EXACT_GRID if exact else None, ()
+    if call is not None:
+        call_tables, q_ids, kv_ids = call
+        return call_tables.scalar_operands(head_pattern), call_tables.steps, None, (q_ids, kv_ids)
+    per_head, steps = head_operands(tables, head_pattern, static_pattern)
+    operands = per_head + tuple(jnp.asarray(t) for t in tables.piece_operands())
+    if tables.variants is not None:  # the last scalar operand (see _attention_kernel)
+        operands += (jnp.asarray(tables.variants),)
+    return operands, steps, tables.max_pieces if patterns == 1 else None, ()
+
+
+def _index_maps(variant: ForwardVariant, cubes: CubeDma | None) -> dict:
+    """The call's index maps by the names its variant's operands use (Operand.index_map):
+    each reads the grid step's entry from the scalar-prefetched tables."""
 
     def view(outer, step, table_refs):
         return walk_view(table_refs, variant.walk, outer, step)
@@ -618,49 +657,25 @@ def flat_attention(
         at = view(outer, step, table_refs)
         return at.row, 0, at.kv_block(slot)
 
-    index_maps = {
+    return {
         "q": q_index_map,
         "kv": kv_index_map,
         "row": row_index_map,
         "q_tile": q_tile_index_map,
         "kv_ids": kv_ids_index_map,
     }
-    declared = variant.operands()
 
-    def specs(role: str) -> list:
-        return [pl.BlockSpec(o.block, index_maps[o.index_map]) for o in declared if o.role == role]
 
-    bound_inputs = (key_bound(k),) if shape.bounded_softmax else ()
-    grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=len(operands),
-        grid=(q.shape[0] // heads if flat else q.shape[0], steps, tables.slots),
-        in_specs=specs("input"),
-        out_specs=specs("output"),
-        scratch_shapes=[scratch_buffer(o) for o in declared if o.role == "scratch"],
-    )
-    out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)] + (
-        [jax.ShapeDtypeStruct((q.shape[0], 1, _lse_length(q, shape, chunk)), jnp.float32)]
-        if with_lse
-        else []
-    )
+def _out_shapes(q, shape, chunk, with_lse: bool, with_modes: bool) -> list:
+    """o, then the lse (the backward's residual) and the q tiles' softmax modes if asked."""
+    out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
+    if with_lse:
+        lse_length = _lse_length(q, shape, chunk)
+        out_shape.append(jax.ShapeDtypeStruct((q.shape[0], 1, lse_length), jnp.float32))
     if with_modes:
         q_tiles = -(-q.shape[1] // shape.block_q)
         out_shape.append(jax.ShapeDtypeStruct((q.shape[0], 1, q_tiles * LANES), jnp.int32))
-    outputs = pl.pallas_call(
-        functools.partial(_attention_kernel, variant=variant),
-        grid_spec=grid_spec,
-        out_shape=out_shape,
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary", "arbitrary"),
-            vmem_limit_bytes=_vmem_limit(
-                shape, q.dtype, variant.query_coords, ids=call is not None
-            ),
-        ),
-        interpret=interpret,
-        name="svgen_attention",  # the kernel's name in profiles and libtpu dumps
-    )(*operands, q, k, v, *bound_inputs, *id_inputs)
-    outputs = [settled(x, interpret) for x in outputs]
-    return tuple(outputs) if with_lse or with_modes else outputs[0]
+    return out_shape
 
 
 def _tables_of(call, chunk, selection) -> str:

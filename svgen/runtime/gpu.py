@@ -37,7 +37,11 @@ programs running together share their head's K and V in L2, and any sequence fit
 takes 2^31 - 1 q tiles, grid y 65,535 rows of batch * heads). A program reads its head's
 pattern (head_pattern, an int32 [heads] input: traced assignments work, one pallas_call for
 all heads) and its CSR row's [begin, end), and runs `lax.fori_loop(begin, end)` over the
-entries with the online-softmax state (m, l, acc) in f32 registers:
+entries with the online-softmax state (m, l, acc) in f32 registers. Every static choice of
+a call (its tables' source, run-time ids, a chunk, a rolling cache) is one `GpuVariant`
+(svgen.runtime.gpu_variant): the kernel unpacks its refs by the variant's operand names,
+the call builder makes its BlockSpecs from the same operands, and the switch's branches are
+the variant's, by name. Its phases are the functions below `_attention_kernel`:
 
   * q is loaded once, masked past seq_len, and pre-scaled by sm_scale * log2(e) (scores come
     out in base 2: exp2, as on TPU); f32 operands use Precision.HIGHEST, which the Triton
@@ -74,9 +78,8 @@ past the array's end would read out of bounds, so no block is ever partial).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -93,11 +96,12 @@ from svgen.runtime.calls import (
     poison_unknown_patterns,
 )
 from svgen.runtime.softmax import LOG2_E, MASK_VALUE
-from svgen.runtime import chunks, segments
+from svgen.runtime import chunks, gpu_variant, segments
 from svgen.runtime import select as select_policy
 from svgen.core.kinds import TileKind
-from svgen.core.layout import TokenLayout
+from svgen.runtime.gpu_variant import GpuVariant
 from svgen.runtime.segments import KEY_PADDING_ID, QUERY_PADDING_ID
+from svgen.runtime.variant import PatternCode
 from svgen.runtime.video_frames import ShiftedFrames
 from svgen.core.gpu_tables import GpuTables, gpu_tile_kinds  # noqa: F401  (re-exported)
 from svgen.core.tables import KIND_MASK, KV_BLOCK_SHIFT, KernelShape, Pattern
@@ -113,13 +117,6 @@ DEFAULT_BLOCK_KV = 64
 
 
 # -- kernel ---------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _PatternCode:
-    boundary_mask: object
-    layout: TokenLayout
-    query_coords: tuple[str, ...]
 
 
 class _QueryColumns:
@@ -154,177 +151,226 @@ def _is_power_of_two(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
 
 
-# One function on purpose (~160 lines): a Pallas Triton kernel body; its FULL and BOUNDARY
-# loops close over the same refs and carried (m, l, acc), as in the TPU forward kernel.
-def _attention_kernel(
-    hp_ref,
-    offsets_ref,
-    entries_ref,
-    q_ref,
-    k_ref,
-    v_ref,
-    *refs,
-    patterns: tuple[_PatternCode, ...],
-    heads: int,
-    seq_len: int,
-    block_q: int,
-    block_kv: int,
-    num_q_tiles: int,
-    q_scale: float,
-    segments: bool = False,
-    chunk_rows: int = 0,
-    q_len: int | None = None,
-    per_row: int = 0,
-    ring_sink: int | None = None,
-    per_video: bool = False,
-):
-    """per_video: per-video frames (svgen.runtime.video_frames): a third id input holds each
-    token's frame shift, the tables are the patterns' supersets, and every visited tile runs
-    its pattern's mask at the shifted frames with the ids compared (no FULL path yet).
-    per_row: a selection's per-row CSR tables (svgen.runtime.select) over that many rows
-    (batch * heads): offsets holds each (row, q tile)'s first entry, then its end.
-    segments: run-time segment ids follow v (query and key ids of the program's row,
-    svgen.runtime.segments); the static tables stay, and a tile whose queries and keys are
-    not all of one segment runs its branch with the ids compared too. chunk_rows: a KV-cache
-    chunk's call over that many rows (svgen.runtime.chunks): q and o hold q_len rows, and
-    an int32 [2 * rows] input follows v: per row its chunk position's first table pattern,
-    then its first query token in the video. ring_sink: against a rolling cache whose sink
-    ends at this token (seq_len is the cache's length): the input then also holds per row
-    the ring's wrap and two key shifts (KvCache.ring_scalars, svgen.runtime.chunks), which map the
-    slots of a masked tile to video keys."""
-    *id_refs, o_ref = refs
-    chunk_ref = id_refs.pop(0) if chunk_rows else None
-    q_len = q_len or seq_len
+class _Queries(NamedTuple):
+    """A program's q tile: q pre-scaled [block_q, d], which rows are real (q_in), their video
+    positions, and with run-time segments their ids and the range of those ids (lo == hi: one
+    segment), with per-video frames their frame shifts."""
+
+    q: jax.Array
+    q_in: jax.Array
+    video: jax.Array
+    ids: jax.Array | None = None
+    lo: jax.Array | None = None
+    hi: jax.Array | None = None
+    shift: jax.Array | None = None
+
+
+class _Keys(NamedTuple):
+    """One CSR entry's kv tile: its kind, first key, key positions, which are real (k_in), the
+    K and V tiles, and with run-time segments their ids (and frame shifts)."""
+
+    kind: jax.Array
+    start: jax.Array
+    pos: jax.Array
+    k_in: jax.Array
+    k: jax.Array
+    v: jax.Array
+    ids: jax.Array | None = None
+    shift: jax.Array | None = None
+
+
+def _attention_kernel(*refs, variant: GpuVariant):
+    """One program: a (q tile, row) pair walking its CSR row's entries with the online
+    softmax state (m, l, acc) in f32 registers; the phases are the functions below."""
+    refs = variant.unpack(refs)
     q_tile, row = pl.program_id(0), pl.program_id(1)
-    pattern = hp_ref[lax.rem(row, heads)] if len(patterns) > 1 else 0
-    table_pattern = pattern if chunk_ref is None else chunk_ref[row] + pattern
-    if per_row:
-        csr_row = row * num_q_tiles + q_tile
-        begin, end = offsets_ref[csr_row], offsets_ref[per_row * num_q_tiles + csr_row]
-    else:
-        csr_row = table_pattern * num_q_tiles + q_tile
-        begin, end = offsets_ref[csr_row], offsets_ref[csr_row + 1]
+    pattern, begin, end = _csr_range(variant, refs, q_tile, row)
+    queries = _load_queries(variant, refs, q_tile, row)
+    columns = _query_columns(variant, queries)
+    precision = lax.Precision.HIGHEST if refs.q.dtype == jnp.float32 else None
 
-    q_pos = q_tile * block_q + lax.broadcasted_iota(jnp.int32, (block_q,), 0)
-    q_in = q_pos < q_len
-    # The video position of each query (a chunk's rows start at its first token).
-    q_video = q_pos if chunk_ref is None else q_pos + chunk_ref[chunk_rows + row]
-    q = plgpu.load(q_ref.at[pl.ds(q_tile * block_q, block_q), :], mask=q_in[:, None], other=0.0)
-    q = (q.astype(jnp.float32) * q_scale).astype(q_ref.dtype)
-    precision = lax.Precision.HIGHEST if q_ref.dtype == jnp.float32 else None
-    if segments:  # the q tile's ids, and the one id all its rows share (if any)
-        q_ids = plgpu.load(
-            id_refs[0].at[pl.ds(q_tile * block_q, block_q)], mask=q_in, other=QUERY_PADDING_ID
+    def body(index, state):
+        keys = _load_keys(variant, refs, refs.entries[index])
+        scores = _scores(variant, queries.q, keys.k, precision)
+        branches = _score_transforms(variant, refs, row, columns, queries, keys)
+        scores = lax.switch(_branch_of(variant, queries, keys, pattern), branches, scores)
+        return _online_update(variant, state, scores, keys.v, precision)
+
+    state = lax.fori_loop(begin, end, body, _initial_state(variant))
+    _store(variant, refs, q_tile, queries.q_in, state)
+
+
+def _csr_range(variant: GpuVariant, refs, q_tile, row):
+    """(the program's pattern, the first and the end of its CSR row's entries)."""
+    pattern = refs.head_pattern[lax.rem(row, variant.heads)] if len(variant.patterns) > 1 else 0
+    if variant.per_row:  # a selection: offsets holds each (row, q tile)'s first, then its end
+        csr_row = row * variant.num_q_tiles + q_tile
+        return (
+            pattern,
+            refs.offsets[csr_row],
+            refs.offsets[variant.per_row * variant.num_q_tiles + csr_row],
         )
-        q_lo = jnp.min(jnp.where(q_in, q_ids, _INT32_MAX))
-        q_hi = jnp.max(jnp.where(q_in, q_ids, _INT32_MIN))
-    if per_video:  # frames counted from each token's video segment
-        q_shift = plgpu.load(id_refs[2].at[pl.ds(q_tile * block_q, block_q)], mask=q_in, other=0)
+    # A chunk's tables are its position's: the row's first table pattern comes first.
+    table_pattern = pattern if refs.chunk is None else refs.chunk[row] + pattern
+    csr_row = table_pattern * variant.num_q_tiles + q_tile
+    return pattern, refs.offsets[csr_row], refs.offsets[csr_row + 1]
 
-    # Query coordinates each pattern's mask reads, decoded once per q tile.
+
+def _load_queries(variant: GpuVariant, refs, q_tile, row) -> _Queries:
+    """The q tile, masked past q_len and pre-scaled by sm_scale * log2(e) (scores come out in
+    base 2), with its video positions (a chunk's rows start at its first token) and ids."""
+    block_q = variant.block_q
+    pos = q_tile * block_q + lax.broadcasted_iota(jnp.int32, (block_q,), 0)
+    q_in = pos < variant.q_len
+    video = pos if refs.chunk is None else pos + refs.chunk[variant.chunk_rows + row]
+    q = plgpu.load(refs.q.at[pl.ds(q_tile * block_q, block_q), :], mask=q_in[:, None], other=0.0)
+    q = (q.astype(jnp.float32) * variant.q_scale).astype(refs.q.dtype)
+    if not variant.segments:
+        return _Queries(q, q_in, video)
+    tile = pl.ds(q_tile * block_q, block_q)
+    ids = plgpu.load(refs.q_ids.at[tile], mask=q_in, other=QUERY_PADDING_ID)
+    lo = jnp.min(jnp.where(q_in, ids, _INT32_MAX))
+    hi = jnp.max(jnp.where(q_in, ids, _INT32_MIN))
+    shift = None
+    if variant.frame_shifts:  # frames counted from each token's video segment
+        shift = plgpu.load(refs.frame_shifts.at[tile], mask=q_in, other=0)
+    return _Queries(q, q_in, video, ids, lo, hi, shift)
+
+
+def _query_columns(variant: GpuVariant, queries: _Queries) -> list:
+    """Per pattern, the query coordinates its mask reads, decoded once per q tile as
+    [block_q, 1] columns (at the shifted frames with per-video frames)."""
     columns = []
-    for p in patterns:
-        coords = TokenCoords(q_video[:, None], p.layout)
+    for p in variant.patterns:
+        coords = TokenCoords(queries.video[:, None], p.layout)
         column = _QueryColumns(
             {c: c(coords) if callable(c) else getattr(coords, c) for c in p.query_coords}
         )
-        columns.append(ShiftedFrames(column, q_shift[:, None]) if per_video else column)
+        shifted = queries.shift is not None
+        columns.append(ShiftedFrames(column, queries.shift[:, None]) if shifted else column)
+    return columns
 
-    def masked(p: _PatternCode, q_coords: _QueryColumns, k_pos, k_in, scores, k_shift=None):
-        if ring_sink is not None:  # a rolling cache's slots -> the video keys they hold
-            k_pos = chunks.slot_keys(k_pos, ring_sink, chunk_ref, chunk_rows, row)
+
+def _load_keys(variant: GpuVariant, refs, entry) -> _Keys:
+    """The entry's kv tile. K and V are loaded at the loop's top level, not inside a branch,
+    so that Triton's pipeliner may prefetch them; masked past seq_len with zeros (0 * garbage
+    would be NaN)."""
+    block_kv = variant.block_kv
+    kv_tile, kind = lax.shift_right_logical(entry, KV_BLOCK_SHIFT), entry & KIND_MASK
+    start = kv_tile * block_kv
+    pos = start + lax.broadcasted_iota(jnp.int32, (block_kv,), 0)
+    k_in = pos < variant.seq_len
+    tile = pl.ds(start, block_kv)
+    k = plgpu.load(refs.k.at[tile, :], mask=k_in[:, None], other=0.0)
+    v = plgpu.load(refs.v.at[tile, :], mask=k_in[:, None], other=0.0)
+    keys = _Keys(kind, start, pos, k_in, k, v)
+    if not variant.segments:
+        return keys
+    ids = plgpu.load(refs.k_ids.at[tile], mask=k_in, other=KEY_PADDING_ID)
+    shift = None
+    if variant.frame_shifts:
+        shift = plgpu.load(refs.frame_shifts.at[tile], mask=k_in, other=0)
+    return keys._replace(ids=ids, shift=shift)
+
+
+def _scores(variant: GpuVariant, q, k, precision):
+    """q k^T in f32 (f32 operands as IEEE dots: the default would be TF32)."""
+    dims = (((1,), (1,)), ((), ()))
+    scores = lax.dot_general(q, k, dims, preferred_element_type=jnp.float32, precision=precision)
+    assert scores.shape == (variant.block_q, variant.block_kv), scores.shape
+    return scores
+
+
+def _score_transforms(variant: GpuVariant, refs, row, columns, queries, keys) -> list:
+    """The switch's branches in the variant's order (GpuVariant.branches), each a function of
+    the scores."""
+
+    def masked(p: PatternCode, q_coords, scores):
+        k_pos = keys.pos
+        if variant.ring_sink is not None:  # a rolling cache's slots -> the video keys they hold
+            k_pos = chunks.slot_keys(k_pos, variant.ring_sink, refs.chunk, variant.chunk_rows, row)
         k_coords = TokenCoords(k_pos[None, :], p.layout)
-        if k_shift is not None:
-            k_coords = ShiftedFrames(k_coords, k_shift[None, :])
+        if keys.shift is not None:
+            k_coords = ShiftedFrames(k_coords, keys.shift[None, :])
         keep = p.boundary_mask(q_coords, k_coords)
-        keep = jnp.broadcast_to(keep, scores.shape) & k_in[None, :]
+        keep = jnp.broadcast_to(keep, scores.shape) & keys.k_in[None, :]
         return jnp.where(keep, scores, MASK_VALUE)
 
-    def padding(k_in, scores):
-        return jnp.where(k_in[None, :], scores, MASK_VALUE)
-
-    def body(index, state):
-        m_prev, l_prev, acc_prev = state
-        entry = entries_ref[index]
-        kv_tile = lax.shift_right_logical(entry, KV_BLOCK_SHIFT)
-        kind = entry & KIND_MASK
-        start = kv_tile * block_kv
-        k_pos = start + lax.broadcasted_iota(jnp.int32, (block_kv,), 0)
-        k_in = k_pos < seq_len
-        k = plgpu.load(k_ref.at[pl.ds(start, block_kv), :], mask=k_in[:, None], other=0.0)
-        v = plgpu.load(v_ref.at[pl.ds(start, block_kv), :], mask=k_in[:, None], other=0.0)
-        k_shift = None
-        if segments:
-            k_ids = plgpu.load(
-                id_refs[1].at[pl.ds(start, block_kv)], mask=k_in, other=KEY_PADDING_ID
-            )
-        if per_video:
-            k_shift = plgpu.load(id_refs[2].at[pl.ds(start, block_kv)], mask=k_in, other=0)
-        scores = lax.dot_general(
-            q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32, precision=precision
-        )
-        # 0: FULL, no mask at all; [1: FULL holding padding keys;] then BOUNDARY, one branch
-        # per pattern.
-        branches = [lambda s: s]
-        # int32 scalars, never Python ones: the Triton lowering of select_n gives a weak-typed
-        # literal operand the predicate's type (i1), which fails verification.
-        full = jnp.int32(0)
-        if seq_len % block_kv:  # the last kv tile holds padding keys
-            branches.append(functools.partial(padding, k_in))
-            full = jnp.where(start + block_kv > seq_len, jnp.int32(1), full)
-        branch = jnp.where(kind == TileKind.BOUNDARY, jnp.int32(len(branches)) + pattern, full)
-        branches += [
-            functools.partial(masked, p, c, k_pos, k_in, k_shift=k_shift)
-            for p, c in zip(patterns, columns)
-        ]
-        if per_video:  # the superset's kinds are not the mask's: every tile masked
-            branch = jnp.int32(len(branches) - len(patterns)) + pattern
-        if segments:
-            # Each branch again with the ids compared, for a tile not inside one segment.
-            k_lo = jnp.min(jnp.where(k_in, k_ids, _INT32_MAX))
-            k_hi = jnp.max(jnp.where(k_in, k_ids, _INT32_MIN))
-            one_segment = (q_lo == q_hi) & (k_lo == k_hi) & (q_lo == k_lo)
-            if per_video:
-                one_segment = jnp.bool_(False)
-            same = q_ids[:, None] == k_ids[None, :]
-            branches += [functools.partial(_same_segment, b, same) for b in branches]
-            branch = jnp.where(one_segment, branch, branch + jnp.int32(len(branches) // 2))
-        scores = lax.switch(branch, branches, scores)
-        m_next = jnp.maximum(m_prev, jnp.max(scores, axis=1))
-        # A row with no allowed key so far has m_next == MASK_VALUE and exp2(0) = 1 on its
-        # masked scores; the first allowed key rescales that away (alpha = 0), and a row that
-        # never gets one is zeroed at the end (as in the TPU kernel).
-        probs = jnp.exp2(scores - m_next[:, None])
-        alpha = jnp.exp2(m_prev - m_next)
-        l_next = alpha * l_prev + jnp.sum(probs, axis=1)
-        pv = lax.dot_general(
-            probs.astype(v.dtype),
-            v,
-            (((1,), (0,)), ((), ())),
-            preferred_element_type=jnp.float32,
-            precision=precision,
-        )
-        return m_next, l_next, alpha[:, None] * acc_prev + pv
-
-    d = q_ref.shape[-1]
-    state = (
-        jnp.full((block_q,), MASK_VALUE, jnp.float32),
-        jnp.zeros((block_q,), jnp.float32),
-        jnp.zeros((block_q, d), jnp.float32),
-    )
-    m, l, acc = lax.fori_loop(begin, end, body, state)
-    seen = m > 0.5 * MASK_VALUE  # rows that saw no allowed key are 0, never NaN
-    inv = jnp.where(seen, 1.0 / jnp.where(seen, l, 1.0), 0.0)
-    plgpu.store(
-        o_ref.at[pl.ds(q_tile * block_q, block_q), :],
-        (acc * inv[:, None]).astype(o_ref.dtype),
-        mask=q_in[:, None],
-    )
+    plain = {
+        gpu_variant.FULL: lambda scores: scores,
+        gpu_variant.FULL_PADDING: lambda s: jnp.where(keys.k_in[None, :], s, MASK_VALUE),
+    }
+    for index, (p, c) in enumerate(zip(variant.patterns, columns)):
+        plain[gpu_variant.boundary(index)] = functools.partial(masked, p, c)
+    if variant.segments:
+        same = queries.ids[:, None] == keys.ids[None, :]
+        for name, branch in list(plain.items()):
+            plain[gpu_variant.SEGMENT + name] = functools.partial(_same_segment, branch, same)
+    return [plain[name] for name in variant.branches()]
 
 
 def _same_segment(branch, same, scores):
     """A branch's scores, then only the pairs of one segment."""
     return jnp.where(same, branch(scores), MASK_VALUE)
+
+
+def _branch_of(variant: GpuVariant, queries: _Queries, keys: _Keys, pattern):
+    """The entry's branch index among GpuVariant.branches. int32 scalars, never Python ones:
+    the Triton lowering of select_n gives a weak-typed literal operand the predicate's type
+    (i1), which fails verification."""
+    first_boundary = jnp.int32(variant.first_boundary)
+    if variant.frame_shifts:  # the superset's kinds are not the mask's: every tile masked
+        branch = first_boundary + pattern
+    else:
+        full = jnp.int32(0)
+        if variant.pads_last_tile:  # the last kv tile holds padding keys
+            full = jnp.where(keys.start + variant.block_kv > variant.seq_len, jnp.int32(1), full)
+        branch = jnp.where(keys.kind == TileKind.BOUNDARY, first_boundary + pattern, full)
+    if not variant.segments:
+        return branch
+    # A tile whose queries and keys are not all of one segment compares the ids.
+    one_segment = jnp.bool_(False)
+    if not variant.frame_shifts:
+        k_lo = jnp.min(jnp.where(keys.k_in, keys.ids, _INT32_MAX))
+        k_hi = jnp.max(jnp.where(keys.k_in, keys.ids, _INT32_MIN))
+        one_segment = (queries.lo == queries.hi) & (k_lo == k_hi) & (queries.lo == k_lo)
+    twin = jnp.int32(len(variant.branches()) // 2)
+    return jnp.where(one_segment, branch, branch + twin)
+
+
+def _initial_state(variant: GpuVariant):
+    return (
+        jnp.full((variant.block_q,), MASK_VALUE, jnp.float32),
+        jnp.zeros((variant.block_q,), jnp.float32),
+        jnp.zeros((variant.block_q, variant.head_dim), jnp.float32),
+    )
+
+
+def _online_update(variant: GpuVariant, state, scores, v, precision):
+    """The online softmax's step. A row with no allowed key so far has m_next == MASK_VALUE
+    and exp2(0) = 1 on its masked scores; the first allowed key rescales that away (alpha =
+    0), and a row that never gets one is zeroed at the end (as in the TPU kernel)."""
+    m_prev, l_prev, acc_prev = state
+    m_next = jnp.maximum(m_prev, jnp.max(scores, axis=1))
+    probs = jnp.exp2(scores - m_next[:, None])
+    alpha = jnp.exp2(m_prev - m_next)
+    l_next = alpha * l_prev + jnp.sum(probs, axis=1)
+    dims = (((1,), (0,)), ((), ()))
+    pv = lax.dot_general(
+        probs.astype(v.dtype), v, dims, preferred_element_type=jnp.float32, precision=precision
+    )
+    assert pv.shape == (variant.block_q, variant.head_dim), pv.shape
+    return m_next, l_next, alpha[:, None] * acc_prev + pv
+
+
+def _store(variant: GpuVariant, refs, q_tile, q_in, state) -> None:
+    """o = acc / l; rows that saw no allowed key are 0, never NaN; rows past q_len are not
+    stored (a masked store)."""
+    m, l, acc = state  # noqa: E741 (the softmax's row sum: its name in every paper)
+    seen = m > 0.5 * MASK_VALUE
+    inv = jnp.where(seen, 1.0 / jnp.where(seen, l, 1.0), 0.0)
+    tile = pl.ds(q_tile * variant.block_q, variant.block_q)
+    plgpu.store(refs.o.at[tile, :], (acc * inv[:, None]).astype(refs.o.dtype), mask=q_in[:, None])
 
 
 def _gpu_call(
@@ -333,7 +379,7 @@ def _gpu_call(
     v,
     head_pattern,
     tables: GpuTables,
-    patterns: tuple[_PatternCode, ...],
+    patterns: tuple[PatternCode, ...],
     *,
     seq_len: int,
     q_scale: float,
@@ -345,7 +391,8 @@ def _gpu_call(
     selection=None,
     ring_sink: int | None = None,
 ):
-    """selection: a selection's per-row CSR tables (offsets, entries), svgen.runtime.select.
+    """The pallas_call of one GPU kernel, its BlockSpecs made from its variant's operands.
+    selection: a selection's per-row CSR tables (offsets, entries), svgen.runtime.select.
     q, k, v: [batch*heads, seq_len, head_dim] in each head's kernel order; ids: run-time
     segments, (query ids, key ids[, frame shifts]) [batch*heads, seq_len] in the same order
     (per-video frames: `tables` are then the supersets'); chunk: a
@@ -353,51 +400,60 @@ def _gpu_call(
     int32 [2 * rows], per row its position's first table pattern, then its first token
     (with ring_sink, a rolling cache's: then its wrap and key shifts; seq_len the cache's)."""
     rows, q_len, d = q.shape
-    heads = int(head_pattern.shape[0])
-    kernel = functools.partial(
-        _attention_kernel,
+    source = "chunk" if chunk is not None else "selection" if selection is not None else None
+    variant = GpuVariant(
         patterns=patterns,
-        heads=heads,
+        heads=int(head_pattern.shape[0]),
+        rows=rows,
         seq_len=seq_len,
+        q_len=q_len,
+        head_dim=d,
         block_q=tables.block_q,
         block_kv=tables.block_kv,
         num_q_tiles=tables.num_q_tiles,
         q_scale=q_scale,
-        segments=ids is not None,
-        chunk_rows=0 if chunk is None else rows,
-        q_len=q_len,
-        per_row=0 if selection is None else rows,
+        tables=source or ("segments" if ids is not None else "static"),
+        frame_shifts=ids is not None and len(ids) == 3,
         ring_sink=ring_sink,
-        per_video=ids is not None and len(ids) == 3,
     )
-    offsets = jnp.asarray(tables.row_offsets)
-    entries = jnp.asarray(tables.entries)
-    if selection is not None:
-        offsets, entries = selection
-
-    def whole(x):  # a table, the same block for every program
-        return pl.BlockSpec(x.shape, lambda i, r: (0,))
-
-    head_rows = pl.BlockSpec((None, seq_len, d), lambda i, r: (r, 0, 0))
-    q_rows = pl.BlockSpec((None, q_len, d), lambda i, r: (r, 0, 0))
-    id_rows = [pl.BlockSpec((None, seq_len), lambda i, r: (r, 0))] * len(ids or ())
-    extra = () if chunk is None else (chunk,)
-    if chunk is not None:
-        id_rows = [whole(chunk)]
+    offsets, entries = selection or (jnp.asarray(tables.row_offsets), jnp.asarray(tables.entries))
+    values = (
+        head_pattern,
+        offsets,
+        entries,
+        q,
+        k,
+        v,
+        *(ids or ()),
+        *(() if chunk is None else (chunk,)),
+    )
+    inputs = [o for o in variant.operands() if o.role == "input"]
+    assert len(inputs) == len(values), ([o.name for o in inputs], len(values))
+    (output,) = [o for o in variant.operands() if o.role == "output"]
     if num_warps is None:
         num_warps = 4 if d <= 64 else 8
     return pl.pallas_call(
-        kernel,
+        functools.partial(_attention_kernel, variant=variant),
         grid=(tables.num_q_tiles, rows),
-        in_specs=[whole(head_pattern), whole(offsets), whole(entries), q_rows]
-        + [head_rows] * 2
-        + id_rows,
-        out_specs=q_rows,
+        in_specs=[_block_spec(o, x) for o, x in zip(inputs, values)],
+        out_specs=_block_spec(output, q),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="svgen_gpu_attention",
-    )(head_pattern, offsets, entries, q, k, v, *(ids or ()), *extra)
+    )(*values)
+
+
+def _block_spec(operand, value) -> pl.BlockSpec:
+    """An operand's BlockSpec over the grid (q tile, row) by its index map (GpuVariant)."""
+    if operand.index_map == "whole":
+        zeros = (0,) * value.ndim
+        return pl.BlockSpec(value.shape, lambda i, r: zeros)
+    if operand.index_map in ("q_rows", "head_rows"):
+        return pl.BlockSpec(operand.block, lambda i, r: (r, 0, 0))
+    if operand.index_map == "id_rows":
+        return pl.BlockSpec(operand.block, lambda i, r: (r, 0))
+    raise ValueError(f"GPU operand {operand.name}: unknown index map {operand.index_map!r}")
 
 
 class GpuAttention(Attention):
@@ -459,7 +515,7 @@ class GpuAttention(Attention):
         self.block_q, self.block_kv = block_q, block_kv
         self.num_warps, self.num_stages = num_warps, num_stages
         self.codes = tuple(
-            _PatternCode(p.boundary_mask, p.layout, tuple(p.query_coords)) for p in self.patterns
+            PatternCode(p.boundary_mask, p.layout, tuple(p.query_coords)) for p in self.patterns
         )
 
     # ------------------------------------------------------------------ tables built late
