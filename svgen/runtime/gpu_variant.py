@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from svgen.runtime.variant import Operand, PatternCode, Tables
+from svgen.runtime.variant import Operand, PatternCode, Tables, named_refs
 
 # Branch names of the per-entry switch (see GpuVariant.branches).
 FULL = "full"
@@ -107,13 +107,8 @@ class GpuVariant:
 
     def unpack(self, refs) -> "GpuRefs":
         """The kernel body's refs by name (GpuRefs), in the order of `operands`."""
-        operands = self.operands()
-        if len(refs) != len(operands):
-            raise ValueError(
-                f"the GPU kernel got {len(refs)} refs, its variant declares "
-                f"{len(operands)}: {[o.name for o in operands]}"
-            )
-        return GpuRefs(**{o.name: r for o, r in zip(operands, refs)})
+        _, named = named_refs("GPU", self.operands(), refs)  # no scalar operands on GPU
+        return GpuRefs(**named)
 
     # ---------------------------------------------------------------- branches
     def branches(self) -> tuple[str, ...]:

@@ -222,7 +222,7 @@ class ForwardVariant:
 
     def unpack(self, refs) -> "KernelRefs":
         """The kernel body's refs by name (KernelRefs), in the order of `operands`."""
-        tables, named = _named_refs("forward", self.operands(), refs)
+        tables, named = named_refs("forward", self.operands(), refs)
         return KernelRefs(tables=tables, **named)
 
     # ---------------------------------------------------------------- branches
@@ -280,7 +280,7 @@ def backward_branches(shape: KernelShape, patterns: int) -> Branches:
     )
 
 
-def _named_refs(kernel: str, operands: tuple[Operand, ...], refs) -> tuple[tuple, dict]:
+def named_refs(kernel: str, operands: tuple[Operand, ...], refs) -> tuple[tuple, dict]:
     """(the scalar refs, the others by name) of a kernel whose refs are `operands`; a
     ValueError naming them all when the counts differ."""
     if len(refs) != len(operands):
@@ -395,7 +395,7 @@ class BackwardVariant:
 
     def unpack(self, refs) -> "BackwardRefs":
         """The kernel body's refs by name (BackwardRefs), in the order of `operands`."""
-        tables, named = _named_refs(self.kernel, self.operands(), refs)
+        tables, named = named_refs(self.kernel, self.operands(), refs)
         named.pop("dq_zero", None)  # aliased to dq_hbm: the kernel reads and writes that
         return BackwardRefs(tables=tables, **named)
 
