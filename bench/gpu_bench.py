@@ -132,7 +132,7 @@ def write_gpu_module(plan, name: str, out_dir: pathlib.Path) -> pathlib.Path:
 
 
 def classified_note(name: str, plan) -> str | None:
-    grid, gpu = plan.grid, plan.gpu
+    grid, gpu = plan.grid, plan.kernel.tiling
     if (grid.block_q, grid.block_kv) == (gpu.block_q, gpu.block_kv):
         return None
     return (
@@ -320,7 +320,7 @@ def compile_rows(names, tiles, target: str, notes: list[str]) -> tuple[list[dict
             padded = -(-seq // MHA_BLOCK) * MHA_BLOCK
             for tile in tiles or [None]:
                 plan = gpu_plan(spec, tile, target)
-                gpu, tables = plan.gpu, plan.tables
+                gpu, tables = plan.kernel.tiling, plan.tables
                 words = tile_words((gpu.block_q, gpu.block_kv))
                 note = classified_note(name, plan)
                 if note:

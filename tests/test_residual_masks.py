@@ -441,7 +441,7 @@ def test_query_functions_past_the_query_symbols_are_counted_in_the_vmem_need(com
     assert values == 5 > query_coordinate_bound(plan.only.mask), pattern.query_coords
     t = plan.spec.tiling
     need = kernel_vmem(t.block_q, t.block_kv, t.cq, t.ckv, 128, "float32", values)
-    assert need == plan.vmem  # the analysis counted the printed query values
+    assert need == plan.kernel.vmem  # the analysis counted the printed query values
     assert module.VMEM_LIMIT_BYTES == need.limit()
     _run(plan, module, "float32")
 

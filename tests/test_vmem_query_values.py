@@ -33,7 +33,7 @@ def _module_need(module, chip: str) -> int:
 def test_the_module_asks_for_the_vmem_its_query_values_need(path, compile_text):
     plan, module = compile_text(path.read_text(), target_name="v5e")
     need = _module_need(module, "v5e")
-    assert int(module.VMEM_LIMIT_BYTES) == plan.vmem.limit() >= need
+    assert int(module.VMEM_LIMIT_BYTES) == plan.kernel.vmem.limit() >= need
 
 
 def test_residual_masks_whose_query_values_do_not_fit_are_left_out(compile_text, monkeypatch):

@@ -31,7 +31,14 @@ from svgen import ir
 from svgen.analysis import axis_terms, chunks, mask_code, residuals, rowsets, video_frames
 from svgen.analysis.align import PairBudget, align_classification
 from svgen.analysis.classify import Classification, TileGrid, classify_tiles
-from svgen.analysis.plan import PatternPlan, Plan, VideoFramePlan, pattern_shape
+from svgen.analysis.plan import (
+    GpuKernelPlan,
+    PatternPlan,
+    Plan,
+    TpuKernelPlan,
+    VideoFramePlan,
+    pattern_shape,
+)
 from svgen.core.ring import RingCache
 from svgen.analysis.tables import (
     DEFAULT_SMEM_BUDGET,
@@ -123,10 +130,9 @@ def analyze(
     # Before any classification work: masks too costly to classify, then a tiling that cannot
     # run (the one VMEM check).
     check_row_set_work(spec, masks, layouts)
-    kernel_fields = kernel.check_first(spec, masks, layouts)
+    kernel.check_first(spec, masks, layouts)
     patterns, tiles, spent = _pattern_plans(spec, masks, layouts, progress, kernel.gpu_runs)
-    patterns, tables, chosen = kernel.tables(spec, patterns, tiles, spent)
-    kernel_fields.update(chosen)
+    patterns, tables = kernel.tables(spec, patterns, tiles, spent)
     video_frames = _video_frames(spec, patterns, progress)
     kernel.check_runtime_tables(spec, patterns, video_frames, tables)
     chunked = ()
@@ -142,11 +148,10 @@ def analyze(
         spec=spec,
         patterns=tuple(patterns),
         assign=None if heads.assign is None else tuple(names.index(n) for n in heads.assign),
-        tables=tables,
+        kernel=kernel.plan(tables),
         chunk_runs=chunked,
         candidate_runs=candidate_runs,
         video_frames=video_frames,
-        **kernel_fields,
     )
 
 
@@ -166,16 +171,19 @@ class _TpuKernel:
     def classified(self, spec: Spec) -> Spec:
         return spec
 
-    def check_first(self, spec: Spec, masks, layouts) -> dict:
-        """The Plan's target and VMEM need; a SpecError for a tiling that cannot run: the one
-        VMEM check, with the query values each mask's printed code reads (mask_code)."""
+    def check_first(self, spec: Spec, masks, layouts) -> None:
+        """A SpecError for a tiling that cannot run: the one VMEM check, with the query values
+        each mask's printed code reads (mask_code)."""
         self.query_values = max(_query_values(spec, m, lay) for m, lay in zip(masks, layouts))
-        return {"target": self.chip, "vmem": check_vmem(spec, self.chip, self.query_values)}
+        self.vmem = check_vmem(spec, self.chip, self.query_values)
+
+    def plan(self, tables: PieceTables) -> TpuKernelPlan:
+        return TpuKernelPlan(tables, self.chip, self.vmem)
 
     def tables(self, spec: Spec, patterns, tiles, spent):
-        """(patterns, PieceTables, Plan fields they change): residual masks added where the
-        tables still fit SMEM and their query values VMEM; the backward kernels' transposed
-        tables checked too."""
+        """(patterns, PieceTables): residual masks added where the tables still fit SMEM and
+        their query values VMEM (the VMEM need is then theirs); the backward kernels'
+        transposed tables checked too."""
 
         def piece_tables(plans, first_slots: int = 1):
             return choose_piece_tables(
@@ -194,7 +202,6 @@ class _TpuKernel:
             tables = piece_tables(patterns)
         except TableBudgetError as err:
             raise _over_budget_error(spec, patterns, err, self.smem_budget) from None
-        chosen = {}
         if self.residual_masks and _static_kernel(spec):
             with_residuals = _with_residuals(spec, patterns, tiles, spent)
             if any(p.residuals is not None for p in with_residuals):
@@ -206,11 +213,11 @@ class _TpuKernel:
                     vmem = None
                 if vmem is not None:
                     patterns, tables = with_residuals, tables_with
-                    chosen["vmem"] = vmem
+                    self.vmem = vmem
             else:  # the same tables; the plans may say why no residual masks were searched
                 patterns = with_residuals
         _check_backward_tables(spec, patterns, tiles, self.chip, self.smem_budget)
-        return patterns, tables, chosen
+        return patterns, tables
 
     def _vmem_with(self, spec: Spec, patterns) -> VmemNeed | None:
         """The VMEM need with the patterns' residual masks (their query values may outnumber
@@ -258,9 +265,9 @@ class _GpuKernel:
         patterns = len(spec.head_patterns().candidates)
         return dataclasses.replace(spec, tiling=gpu_classification_tiling(spec, patterns))
 
-    def check_first(self, spec: Spec, masks, layouts) -> dict:
-        """The Plan's target and GPU tiling; a selection must choose per GPU tile."""
-        gpu = spec.gpu_tiling
+    def check_first(self, spec: Spec, masks, layouts) -> None:
+        """A selection must choose per GPU tile."""
+        gpu = self.tiling = spec.gpu_tiling
         if spec.select is not None and (spec.tiling.block_q, spec.tiling.block_kv) != (
             gpu.block_q,
             gpu.block_kv,
@@ -272,7 +279,9 @@ class _GpuKernel:
                 "tile pairs than the analysis allows (MAX_TILE_PAIRS): use larger gpu.block_q / "
                 "gpu.block_kv",
             )
-        return {"target": self.chip, "vmem": None, "gpu": gpu}
+
+    def plan(self, tables: GpuTables) -> GpuKernelPlan:
+        return GpuKernelPlan(tables, self.chip, self.tiling)
 
     def tables(self, spec: Spec, patterns, tiles, spent):
         grid, gpu = patterns[0].grid, spec.gpu_tiling
@@ -281,7 +290,7 @@ class _GpuKernel:
             spec.attention.head_dim, spec.attention.heads,
         )  # fmt: skip
         runs = [p.table.runs for p in patterns]
-        return patterns, GpuTables.from_runs(runs, shape, gpu.block_q, gpu.block_kv), {}
+        return patterns, GpuTables.from_runs(runs, shape, gpu.block_q, gpu.block_kv)
 
     # The GPU kernel's tables live in global memory: no SMEM budget to check.
     def check_runtime_tables(self, spec: Spec, patterns, video_frames, tables) -> None:

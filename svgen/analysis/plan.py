@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import numpy as np
 
@@ -144,14 +145,95 @@ class VideoFramePlan:
 
 
 @dataclasses.dataclass(frozen=True)
+class TpuKernelPlan:
+    """The TPU kernel's side of a plan (svgen.runtime.kernel): its SMEM piece tables, the chip
+    it is compiled for and what it keeps in VMEM there."""
+
+    tables: PieceTables
+    target: Target
+    vmem: VmemNeed
+    backend: ClassVar[str] = "tpu"
+
+    def table_bytes(self, heads: int) -> int:
+        return self.tables.scalar_prefetch_bytes(heads)
+
+    def summary(self, plan: "Plan", out: dict) -> dict:
+        """The TPU kernel's keys of `svgen inspect --json`."""
+        out["vmem_bytes"] = self.vmem.total
+        out["vmem_limit_bytes"] = self.vmem.limit()
+        out["table_bytes"] = plan.table_bytes
+        out["grid_steps"] = plan.grid_steps
+        out["slots_per_piece"] = self.tables.slots
+        out.update(plan._inputs_summary())
+        if len(plan.patterns) == 1:
+            out.update(
+                {k: v for k, v in plan.only.summary().items() if k not in out and k != "layout"}
+            )
+            out["layout"] = plan.layout.order
+        else:
+            out["patterns"] = {
+                p.name: dict(
+                    p.summary(),
+                    table_bytes=_pattern_bytes(plan, i),
+                    grid_steps=plan.pattern_grid_steps(i),
+                )
+                for i, p in enumerate(plan.patterns)
+            }
+            out["assign"] = _assign_names(plan)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuKernelPlan:
+    """The GPU kernel's side of a plan (svgen.runtime.gpu): its CSR tables, the GPU it is
+    compiled for, and its tiles, warps and stages."""
+
+    tables: GpuTables
+    target: GpuTarget
+    tiling: GpuTiling
+    backend: ClassVar[str] = "gpu"
+
+    def table_bytes(self, heads: int) -> int:
+        return self.tables.nbytes
+
+    def summary(self, plan: "Plan", out: dict) -> dict:
+        """The GPU kernel's keys of `svgen inspect --json`: those of a TPU plan that describe
+        the mask and its classification (block_q / block_kv: the classification tiles), then
+        the GPU kernel's own (key `gpu`)."""
+        tiling, tables = self.tiling, self.tables
+        out["gpu"] = {
+            "block_q": tiling.block_q,
+            "block_kv": tiling.block_kv,
+            "num_warps": tiling.num_warps,
+            "num_stages": tiling.num_stages,
+            "num_q_tiles": tables.num_q_tiles,
+            "num_kv_tiles": tables.num_kv_tiles,
+            "table_bytes": tables.nbytes,
+        }
+        out["table_bytes"] = tables.nbytes
+        per_pattern = {
+            p.name: dict(p.summary(), gpu_visited_tiles=tables.visited(i))
+            for i, p in enumerate(plan.patterns)
+        }
+        if len(plan.patterns) == 1:
+            out.update({k: v for k, v in per_pattern[plan.only.name].items() if k not in out})
+        else:
+            out["patterns"] = per_pattern
+            out["assign"] = _assign_names(plan)
+        return out
+
+
+def _assign_names(plan: "Plan"):
+    return "runtime" if plan.assign is None else [plan.patterns[i].name for i in plan.assign]
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     spec: Spec
     patterns: tuple[PatternPlan, ...]  # the candidates, in head_pattern index order
     assign: tuple[int, ...] | None  # pattern index per head; None: chosen at run time
-    tables: PieceTables | GpuTables  # TPU: the scalar prefetch; GPU: the CSR tables
-    target: Target | GpuTarget  # the chip the kernel is compiled for
-    vmem: VmemNeed | None  # TPU: what the kernel keeps in VMEM there (None on GPU)
-    gpu: GpuTiling | None = None  # GPU plans: the GPU kernel's tiles, warps and stages
+    # The backend's side: its tables, the chip it compiles for, and what only it has.
+    kernel: TpuKernelPlan | GpuKernelPlan
     # runtime.kv_cache: per pattern, its chunked calls' runs by chunk position
     # (svgen.analysis.chunks.chunk_runs); empty without chunked calls
     chunk_runs: tuple[np.ndarray, ...] = ()
@@ -164,7 +246,17 @@ class Plan:
 
     @property
     def backend(self) -> str:
-        return "tpu" if self.gpu is None else "gpu"
+        return self.kernel.backend
+
+    @property
+    def tables(self) -> PieceTables | GpuTables:
+        """The kernel's tables: TPU, the scalar prefetch; GPU, the CSR tables."""
+        return self.kernel.tables
+
+    @property
+    def target(self) -> Target | GpuTarget:
+        """The chip the kernel is compiled for."""
+        return self.kernel.target
 
     # -- single-pattern views (a spec with `mask`) -----------------------------------------
     @property
@@ -211,9 +303,7 @@ class Plan:
     # -- kernel-wide -----------------------------------------------------------------------
     @property
     def table_bytes(self) -> int:
-        if self.gpu is not None:
-            return self.tables.nbytes
-        return self.tables.scalar_prefetch_bytes(self.spec.attention.heads)
+        return self.kernel.table_bytes(self.spec.attention.heads)
 
     @property
     def grid_steps(self) -> int:
@@ -315,32 +405,7 @@ class Plan:
             if self.only.budget is not None:
                 out.update(self.only.budget.to_json())
         out["target"] = self.target.name
-        if self.gpu is not None:
-            return _gpu_summary(self, out)
-        out["vmem_bytes"] = self.vmem.total
-        out["vmem_limit_bytes"] = self.vmem.limit()
-        out["table_bytes"] = self.table_bytes
-        out["grid_steps"] = self.grid_steps
-        out["slots_per_piece"] = self.tables.slots
-        out.update(self._inputs_summary())
-        if len(self.patterns) == 1:
-            out.update(
-                {k: v for k, v in self.only.summary().items() if k not in out and k != "layout"}
-            )
-            out["layout"] = self.layout.order
-        else:
-            out["patterns"] = {
-                p.name: dict(
-                    p.summary(),
-                    table_bytes=_pattern_bytes(self, i),
-                    grid_steps=self.pattern_grid_steps(i),
-                )
-                for i, p in enumerate(self.patterns)
-            }
-            out["assign"] = (
-                "runtime" if self.assign is None else [self.patterns[i].name for i in self.assign]
-            )
-        return out
+        return self.kernel.summary(self, out)
 
     def _inputs_summary(self) -> dict:
         """The summary's keys for run-time inputs, a selection policy and KV-cache chunks (only
@@ -369,35 +434,6 @@ class Plan:
                     sink_frames=runtime.sink_frames, window_frames=runtime.window_frames
                 )
         return extra
-
-
-def _gpu_summary(plan: Plan, out: dict) -> dict:
-    """A GPU plan's `svgen inspect --json` object: the keys of a TPU plan that describe the
-    mask and its classification (block_q / block_kv: the classification tiles), then the GPU
-    kernel's own (key `gpu`)."""
-    gpu, tables = plan.gpu, plan.tables
-    out["gpu"] = {
-        "block_q": gpu.block_q,
-        "block_kv": gpu.block_kv,
-        "num_warps": gpu.num_warps,
-        "num_stages": gpu.num_stages,
-        "num_q_tiles": tables.num_q_tiles,
-        "num_kv_tiles": tables.num_kv_tiles,
-        "table_bytes": tables.nbytes,
-    }
-    out["table_bytes"] = tables.nbytes
-    per_pattern = {
-        p.name: dict(p.summary(), gpu_visited_tiles=tables.visited(i))
-        for i, p in enumerate(plan.patterns)
-    }
-    if len(plan.patterns) == 1:
-        out.update({k: v for k, v in per_pattern[plan.only.name].items() if k not in out})
-    else:
-        out["patterns"] = per_pattern
-        out["assign"] = (
-            "runtime" if plan.assign is None else [plan.patterns[i].name for i in plan.assign]
-        )
-    return out
 
 
 def _pattern_bytes(plan: Plan, index: int) -> int:

@@ -48,7 +48,7 @@ def _tpu_kernel(plan: Plan) -> list[tuple[str, str]]:
     return [
         ("SLOTS_PER_PIECE", str(plan.tables.slots)),
         ("TARGET", pyformat.string(plan.target.name)),
-        ("VMEM_LIMIT_BYTES", str(plan.vmem.limit())),
+        ("VMEM_LIMIT_BYTES", str(plan.kernel.vmem.limit())),
         ("TENSOR_CORES", str(plan.target.cores_per_chip)),
         ("MXU_WIDTH", str(plan.target.mxu_width)),
     ]
@@ -62,10 +62,10 @@ def _gpu_kernel(plan: Plan) -> list[tuple[str, str]]:
     """The GPU kernel's launch: its tiles, warps and stages."""
     return [
         ("TARGET", pyformat.string(plan.target.name)),
-        ("GPU_BLOCK_Q", str(plan.gpu.block_q)),
-        ("GPU_BLOCK_KV", str(plan.gpu.block_kv)),
-        ("NUM_WARPS", str(plan.gpu.num_warps)),
-        ("NUM_STAGES", str(plan.gpu.num_stages)),
+        ("GPU_BLOCK_Q", str(plan.kernel.tiling.block_q)),
+        ("GPU_BLOCK_KV", str(plan.kernel.tiling.block_kv)),
+        ("NUM_WARPS", str(plan.kernel.tiling.num_warps)),
+        ("NUM_STAGES", str(plan.kernel.tiling.num_stages)),
     ]
 
 

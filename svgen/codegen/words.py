@@ -120,9 +120,9 @@ def tpu_kernel_words(plan: Plan) -> list[str]:
         f"Kernel: {_grid_steps_words(plan)}, pieces of up to "
         f"{plan.tables.slots} kv tile(s); tables {grouped(plan.table_bytes)} bytes of SMEM "
         f"(scalar prefetch)",
-        f"Target: {plan.target.name}{_tiling_from(plan)}; VMEM {_mib(plan.vmem.total)} "
+        f"Target: {plan.target.name}{_tiling_from(plan)}; VMEM {_mib(plan.kernel.vmem.total)} "
         f"(scoped limit "
-        f"{_mib(plan.vmem.limit())})",
+        f"{_mib(plan.kernel.vmem.limit())})",
     ]
     if plan.spec.attention.softmax == "bounded":
         lines.append(
@@ -136,7 +136,7 @@ def tpu_kernel_words(plan: Plan) -> list[str]:
 def gpu_kernel_words(plan: Plan) -> list[str]:
     """The GPU kernel's docstring lines (svgen.codegen.backends): its launch (one program
     per q tile, which is also how its chunks and selections run) and its CSR tables."""
-    gpu, tables, grid = plan.gpu, plan.tables, plan.grid
+    gpu, tables, grid = plan.kernel.tiling, plan.tables, plan.grid
     lines = [
         f"Kernel: GPU (Pallas Triton) for {plan.target.description}: one program per q tile "
         f"and head, {grouped(tables.num_q_tiles)} q tiles of {gpu.block_q} x kv tiles of "

@@ -629,7 +629,7 @@ def cost_plan(
         cycles,
         by_path,
         dense,
-        plan.vmem.total,
+        plan.kernel.vmem.total,
         plan.table_bytes,
         len(head_pattern),
         trained,

@@ -154,7 +154,7 @@ class Row:
             "steps": self.steps,
             "visited_fraction": _visited(p),
             "smem_bytes": p.table_bytes,
-            "vmem_bytes": p.vmem.limit(),
+            "vmem_bytes": p.kernel.vmem.limit(),
             "cycles": self.cycles,
             "ms": self.ms,
             "speedup_vs_dense": dense_reference / self.cycles,
