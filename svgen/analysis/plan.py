@@ -153,6 +153,10 @@ class TpuKernelPlan:
     target: Target
     vmem: VmemNeed
     backend: ClassVar[str] = "tpu"
+    # The static model estimates its speed from its grid steps (svgen.perf.cost; lint).
+    steps_estimated: ClassVar[bool] = True
+    # Its BOUNDARY tiles may run straight-line bodies (svgen.core.straight).
+    straight_bodies: ClassVar[bool] = True
 
     def table_bytes(self, heads: int) -> int:
         return self.tables.scalar_prefetch_bytes(heads)
@@ -192,6 +196,8 @@ class GpuKernelPlan:
     target: GpuTarget
     tiling: GpuTiling
     backend: ClassVar[str] = "gpu"
+    steps_estimated: ClassVar[bool] = False
+    straight_bodies: ClassVar[bool] = False
 
     def table_bytes(self, heads: int) -> int:
         return self.tables.nbytes

@@ -235,7 +235,7 @@ def _straight_lines(pattern, plan: Plan) -> list[str]:
     """The blocks words whose BOUNDARY tiles the TPU kernel runs straight-line on static
     tables (svgen.core.straight; none on GPU, none for a selection, which always runs its
     own tables)."""
-    if plan.backend != "tpu" or plan.spec.select is not None:
+    if not plan.kernel.straight_bodies or plan.spec.select is not None:
         return []
     shape = pattern_shape(plan.spec, pattern)
     words = straight_words(pattern.table.runs, shape, whole_mask=pattern.residuals is None)

@@ -111,7 +111,7 @@ def plan_warnings(plan) -> list[SpecWarning]:
                     f"{what} keeps no pair: every query row attends nothing and its output is zero",
                 )
             )
-        elif plan.backend == "tpu":  # the estimate counts the TPU kernel's steps
+        elif plan.kernel.steps_estimated:
             slower = _slower_than_dense(pattern)
             if slower is not None:
                 out.append(_at(term, f"{what}: {slower}"))

@@ -49,13 +49,24 @@ def per_head_layout(x, layouts: list[TokenLayout], head_layout, to_kernel: bool)
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class BackendWords:
+    """What a backend's `attention` docstring says of it: its name, what `interpret` does,
+    its gradients, and a chunked call's."""
+
+    name: str  # "TPU", "GPU"
+    interpret: str
+    grads: str
+    chunk_grads: str
+
+
 def attention_doc(
     shape: KernelShape,
     dtype: str | None,
     pattern_names: Sequence[str],
     default_head_pattern: Sequence[int] | None,
     *,
-    backend: str,
+    words: BackendWords,
     any_dtype: str = "any floating dtype",
     runtime: segments.RuntimeInputs = segments.RuntimeInputs(),
     text_tokens: int = 0,
@@ -72,18 +83,7 @@ def attention_doc(
         default = "required: this kernel's patterns are chosen at run time (e.g. by profile())"
     else:
         default = f"the spec's assignment, HEAD_PATTERN = {tuple(default_head_pattern)}"
-    if backend == "TPU":
-        interpret = (
-            "True (or a pltpu.InterpretParams) runs the kernel in Pallas's TPU interpreter, on\n"
-            "    the CPU; False compiles it for the TPU."
-        )
-        grads = "Differentiable in q, k and v (jax.grad: svgen's backward kernels)."
-    else:
-        interpret = (
-            "True runs the kernel in Pallas's interpreter, on the CPU; False compiles it\n"
-            "    with Triton for the GPU."
-        )
-        grads = "Forward only: no gradient yet on GPU."
+    backend, interpret, grads = words.name, words.interpret, words.grads
     extra, runtime_lines = _runtime_inputs_doc(runtime, text_tokens, n)
     if kv_cache is not None:
         extra += ", q_frame_offset=None"
@@ -94,7 +94,7 @@ def attention_doc(
         runtime_lines += _select_doc(select.policy, select.shape)
         returns += _selection_returns_doc(select.shape)
     if kv_cache is not None:
-        runtime_lines += _kv_cache_doc(kv_cache, n, d, backend)
+        runtime_lines += _kv_cache_doc(kv_cache, n, d, words.chunk_grads)
     return f"""attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None, token_order="user"{extra})
 
 Block-sparse attention on {backend}: o = softmax(sm_scale * q k^T over the keys each query's
@@ -182,7 +182,7 @@ With return_selection=True, (o, selected): selected is bool [..., heads, row blo
     could choose from."""
 
 
-def _kv_cache_doc(kv_cache: "chunks.KvCache", n: int, d: int, backend: str) -> str:
+def _kv_cache_doc(kv_cache: "chunks.KvCache", n: int, d: int, chunk_grads: str) -> str:
     """The lines of a chunked call's q_frame_offset: a rolling cache, or the whole video's."""
     c, rows = kv_cache.chunk_frames, kv_cache.rows
     if kv_cache.rolling:
@@ -198,11 +198,6 @@ def _kv_cache_doc(kv_cache: "chunks.KvCache", n: int, d: int, backend: str) -> s
     no chunk start gives NaN outputs; a concrete one raises. jax.grad gives dq of the chunk
     and dk, dv of the ring.
 """
-    chunk_grads = (
-        "jax.grad gives dq of the chunk and\n    dk, dv of the whole cache."
-        if backend == "TPU"
-        else "Forward only."
-    )
     return f"""q_frame_offset: int32 [] (may be traced), a multiple of {c} in 0 .. {kv_cache.frames - c}: a chunked call
     (KV cache). q is then [heads, {rows}, {d}] or [batch, heads, {rows}, {d}], the queries of
     frames q_frame_offset .. + {c - 1}; k and v the cache of the whole video, [.., heads, {n}, {d}],
@@ -435,7 +430,7 @@ class Attention:
     `select` (the spec's run-time inputs, chunks and selection policy, or their absence).
     """
 
-    backend = ""  # "TPU" or "GPU": the docstring's words
+    words: BackendWords  # the backend's, for the docstring
     any_dtype = "any floating dtype"  # what q, k, v may be where the spec names no dtype
 
     def __init__(
@@ -468,7 +463,7 @@ class Attention:
             dtype,
             [p.name for p in self.patterns],
             default_head_pattern,
-            backend=self.backend,
+            words=self.words,
             any_dtype=self.any_dtype,
             runtime=runtime,
             text_tokens=self.layouts[0].text_tokens,

@@ -91,6 +91,7 @@ from jax.experimental.pallas import triton as plgpu
 from svgen.runtime.coords import TokenCoords
 from svgen.runtime.calls import (
     Attention,
+    BackendWords,
     StaticCall,
     per_head_layout,
     poison_unknown_patterns,
@@ -477,7 +478,13 @@ class GpuAttention(Attention):
     tiles' classification tiles) from q and k, and the kernel walks per-row CSR tables.
     """
 
-    backend = "GPU"
+    words = BackendWords(
+        name="GPU",
+        interpret="True runs the kernel in Pallas's interpreter, on the CPU; False compiles "
+        "it\n    with Triton for the GPU.",
+        grads="Forward only: no gradient yet on GPU.",
+        chunk_grads="Forward only.",
+    )
     any_dtype = " or ".join(DTYPES)
     _rebuild = _REBUILD
 

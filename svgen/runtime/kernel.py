@@ -23,6 +23,7 @@ from svgen.runtime import backward, chunks, permute, segments
 from svgen.runtime import select as select_policy
 from svgen.runtime.calls import (
     Attention,
+    BackendWords,
     StaticCall,
     check_operands,
     checked_sm_scale,
@@ -82,7 +83,13 @@ class TpuAttention(Attention):
     `permute_kernel` (whether the permute kernel moves the heads between orders).
     """
 
-    backend = "TPU"
+    words = BackendWords(
+        name="TPU",
+        interpret="True (or a pltpu.InterpretParams) runs the kernel in Pallas's TPU interpreter, "
+        "on\n    the CPU; False compiles it for the TPU.",
+        grads="Differentiable in q, k and v (jax.grad: svgen's backward kernels).",
+        chunk_grads="jax.grad gives dq of the chunk and\n    dk, dv of the whole cache.",
+    )
 
     def __init__(
         self,
