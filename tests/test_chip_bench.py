@@ -328,3 +328,25 @@ def test_source_digest_names_the_code_and_changes_with_it(tmp_path):
     assert after_kernel != before
     (tmp_path / "templates" / "module.py.j2").write_text("{{ y }}\n")
     assert chip_bench.source_digest(tmp_path) != after_kernel
+
+
+def test_splash_mask_backward_is_not_tried_when_its_forward_failed(monkeypatch):
+    """A mask Splash cannot take in its forward (on the chip: its mask tables outgrew SMEM)
+    is not compiled again for the backward, which held the compiler for minutes there."""
+    from svgen.perf import splash_mask
+
+    spec = parse_spec(MIXED, source="tiny.yaml")
+    built = []
+
+    def out_of_smem(*args, **kwargs):
+        built.append(args)
+        raise RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory in memory space smem")
+
+    monkeypatch.setattr(splash_mask, "splash_mask", out_of_smem)
+    options = interpreter_options(check_rows=16, backward=True, dense_blocks=((128, 128, 128),))
+    result = chip_bench.bench_spec(spec, "v5e", options)
+    assert len(built) == 1
+    assert "smem" in result["splash_mask_forward"]["error"]
+    assert result["splash_mask_backward"]["error"].startswith("not timed: Splash's forward")
+    assert result["svgen_backward"]["median_ms"] > 0  # svgen's own figures still taken
+    assert "speedup_vs_splash_mask_backward" not in result
