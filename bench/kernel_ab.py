@@ -224,7 +224,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not args.settings and not args.runtime and not args.variants:
         parser.error(
-            "nothing to compare: give --set NAME=VALUE, --runtime MODULE.NAME=VALUE or --variant"
+            "nothing to compare: give --set NAME=VALUE, --runtime MODULE.NAME=VALUE or --variant "
+            "(this script compares kernels; tilings are compared on the chip by "
+            "`svgen tune SPEC --measure`, or one at a time by `svgen bench SPEC --tiling T`)"
         )
     chip = chip_bench.script_chip("kernel_ab", args.interpret, args.target)
     if chip is None:
