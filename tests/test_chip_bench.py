@@ -340,13 +340,54 @@ def test_splash_mask_backward_is_not_tried_when_its_forward_failed(monkeypatch):
 
     def out_of_smem(*args, **kwargs):
         built.append(args)
-        raise RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory in memory space smem")
+        raise RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory in memory space smem.")
 
     monkeypatch.setattr(splash_mask, "splash_mask", out_of_smem)
     options = interpreter_options(check_rows=16, backward=True, dense_blocks=((128, 128, 128),))
     result = chip_bench.bench_spec(spec, "v5e", options)
-    assert len(built) == 1
-    assert "smem" in result["splash_mask_forward"]["error"]
+    forward = result["splash_mask_forward"]
+    # every larger block size tried, each out of SMEM, then none for the backward
+    candidates = chip_bench.mask_block_candidates((128, 128, 128), spec.geometry.seq_len)
+    assert [t["blocks"] for t in forward["tried"]] == [list(b) for b in candidates]
+    assert len(built) == len(candidates) >= 2
+    assert "smem" in forward["error"]
     assert result["splash_mask_backward"]["error"].startswith("not timed: Splash's forward")
     assert result["svgen_backward"]["median_ms"] > 0  # svgen's own figures still taken
     assert "speedup_vs_splash_mask_backward" not in result
+
+
+def test_splash_given_the_mask_moves_to_larger_blocks_when_its_tables_outgrow_smem(monkeypatch):
+    from svgen.perf import splash_mask
+
+    spec = parse_spec(MIXED, source="tiny.yaml")
+    real, paddings = splash_mask.splash_mask, []
+
+    def smem_at_first(module, padded, *args):
+        paddings.append(padded)
+        if len(paddings) == 1:
+            raise RuntimeError(
+                "XLA:TPU compile permanent error. Ran out of memory in memory space smem."
+            )
+        return real(module, padded, *args)
+
+    monkeypatch.setattr(splash_mask, "splash_mask", smem_at_first)
+    options = interpreter_options(check_rows=16, backward=True, dense_blocks=((128, 128, 128),))
+    result = chip_bench.bench_spec(spec, "v5e", options)
+    forward, backward = result["splash_mask_forward"], result["splash_mask_backward"]
+    assert forward["blocks"] == [256, 256, 128] and forward["ok"] is True
+    assert [t["blocks"] for t in forward["tried"]] == [[128, 128, 128], [256, 256, 128]]
+    assert "smem" in forward["tried"][0]["error"]
+    assert backward["blocks"] == [256, 256, 128] and "error" not in backward
+    assert "speedup_vs_splash_mask_backward" in result
+
+
+def test_mask_block_candidates_double_q_and_kv_within_the_sequence():
+    assert chip_bench.mask_block_candidates((1024, 1024, 512), 119_056) == (
+        (1024, 1024, 512),
+        (2048, 2048, 512),
+        (4096, 4096, 512),
+    )
+    assert chip_bench.mask_block_candidates((128, 128, 128), 300) == (
+        (128, 128, 128),
+        (256, 256, 128),
+    )

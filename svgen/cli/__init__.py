@@ -276,7 +276,8 @@ def _add_bench(sub) -> None:
         nargs=3,
         default=[1024, 1024, 512],
         metavar=("Q", "KV", "KV_COMPUTE"),
-        help="Splash's blocks given the mask (default 1024 1024 512, its best measured on v5e)",
+        help="Splash's blocks given the mask (default 1024 1024 512, its best measured on v5e; "
+        "where its mask tables outgrow SMEM, q and kv doubled up to twice)",
     )
     p.add_argument(
         "--dense-blocks",

@@ -10,7 +10,10 @@ For one spec and one tiling, `bench_spec`:
 3. times the module's forward call (and with `backward`, jax.grad of the outputs' sum
    through q, k, v): the first call (compile included) alone, then `warmup` calls, then the
    median of `iters` calls;
-4. times Splash given the same mask (svgen.perf.splash_mask) at `splash_blocks`, and dense
+4. times Splash given the same mask (svgen.perf.splash_mask) at `splash_blocks` (or, where
+   its mask tables outgrow SMEM, at the first larger blocks where they fit:
+   `mask_block_candidates`; its backward at the blocks its forward ran at, and not at all if
+   its forward could not run), and dense
    Splash at the best of `DENSE_BLOCKS` (searched once per shape and process, and cached on
    disk per chip, jax and libtpu version);
 5. checks svgen's and the masked Splash's outputs on `check_rows` sampled query rows of every
@@ -44,6 +47,8 @@ import numpy as np
 DENSE_BLOCKS = ((2048, 1024, 1024), (1024, 1024, 512), (1024, 1024, 1024), (512, 512, 512))
 #: Splash's blocks given a mask: the best of those measured on a v5e for the blog mask.
 MASK_BLOCKS = (1024, 1024, 512)
+# Larger Splash blocks tried where a mask's block tables outgrow SMEM (mask_block_candidates).
+MASK_BLOCK_DOUBLINGS = 2
 CHECK_ROWS = 256
 #: Largest |svgen - reference| accepted on a sampled row (outputs are convex combinations of
 #: v's rows; bf16 rounding of p and o stays well below this on normal inputs).
@@ -563,19 +568,38 @@ def _bench_splash(
             on_entry(result)
             continue
         progress(f"{result['spec']}: Splash given the mask ({direction})")
-        try:
-            padded = splash_mask.padded_length(seq, *blocks)
-            start = time.perf_counter()
-            mask = splash_mask.splash_mask(module, padded, assignment, plan)
-            built = time.perf_counter() - start
-            timing, out, fused = _time_masked_splash(
-                mask, blocks, backward, (seq, padded, scale), qkv, options, clock
-            )
-        except Exception as exc:
-            result[f"splash_mask_{direction}"] = {"blocks": list(blocks), "error": _short(exc)}
+        # The backward at the blocks its forward ran at; the forward at the first of
+        # mask_block_candidates whose mask tables fit SMEM.
+        candidates = (
+            (tuple(result["splash_mask_forward"]["blocks"]),)
+            if backward
+            else mask_block_candidates(blocks, seq)
+        )
+        tried = []
+        for blocks in candidates:
+            try:
+                padded = splash_mask.padded_length(seq, *blocks)
+                start = time.perf_counter()
+                mask = splash_mask.splash_mask(module, padded, assignment, plan)
+                built = time.perf_counter() - start
+                timing, out, fused = _time_masked_splash(
+                    mask, blocks, backward, (seq, padded, scale), qkv, options, clock
+                )
+            except Exception as exc:
+                tried.append({"blocks": list(blocks), "error": _short(exc)})
+                if not _out_of_smem(exc):
+                    break  # larger blocks shrink Splash's mask tables, and nothing else
+                progress(f"{result['spec']}: Splash's mask tables outgrow SMEM at {blocks}")
+                continue
+            tried.append({"blocks": list(blocks)})
+            break
+        if "error" in tried[-1]:
+            result[f"splash_mask_{direction}"] = {**tried[-1], "tried": tried}
             on_entry(result)
             continue
         entry = {"blocks": list(blocks), "mask_build_s": round(built, 2), **timing.to_json()}
+        if len(tried) > 1:
+            entry["tried"] = tried
         if backward:
             entry["fused_backward"] = fused
         if not backward and reference is not None:
@@ -584,6 +608,27 @@ def _bench_splash(
         result[f"splash_mask_{direction}"] = entry
         on_entry(result)
     _speedups(result, directions)
+
+
+def mask_block_candidates(blocks: tuple[int, int, int], seq: int) -> tuple:
+    """Splash's blocks given a mask: `blocks`, then q and kv blocks doubled while they stay
+    within the sequence, at most MASK_BLOCK_DOUBLINGS times. Splash keeps its mask's block
+    tables in SMEM, and on a v5e hunyuan_720p_mixed's (24 heads, 119,056 tokens, 1024/1024)
+    needed 1.41 MB of its 1 MB; each doubling leaves about a quarter of the blocks."""
+    q, kv, compute = blocks
+    out = [blocks]
+    for _ in range(MASK_BLOCK_DOUBLINGS):
+        q, kv = 2 * q, 2 * kv
+        if max(q, kv) > seq:
+            break
+        out.append((q, kv, compute))
+    return tuple(out)
+
+
+def _out_of_smem(exc: Exception) -> bool:
+    """libtpu's compile error for scalar memory overflow ("Ran out of memory in memory space
+    smem")."""
+    return "memory space smem" in str(exc).lower()
 
 
 def _time_masked_splash(mask, blocks, backward, sizes, qkv, options, clock):
