@@ -391,3 +391,55 @@ def test_mask_block_candidates_double_q_and_kv_within_the_sequence():
         (128, 128, 128),
         (256, 256, 128),
     )
+
+
+def test_bench_at_several_tilings_times_splash_once_per_exact_spec(tmp_path, monkeypatch):
+    """`--tiling` repeated: each spec at each tiling, in one process; Splash (given the same
+    mask, and dense) is timed with the first and its figures shared by the others, with the
+    speedups against them; an aligned spec's Splash is timed at each tiling (its rounded mask
+    follows the tiling)."""
+    import json
+
+    from svgen.cli import main
+
+    exact, aligned = tmp_path / "tiny.yaml", tmp_path / "aligned.yaml"
+    exact.write_text(MIXED)
+    aligned.write_text(ALIGNED_BAND)
+    seen = []
+
+    def fake_bench(spec, target, options, on_entry=lambda result: None, **_):
+        t = spec.tiling
+        seen.append((spec.name, t.block_q, options.splash))
+        result = {
+            "spec": spec.name,
+            "tiling": {
+                "block_q": t.block_q,
+                "block_kv": t.block_kv,
+                "compute_q": t.cq,
+                "compute_kv": t.ckv,
+                "align": t.align,
+            },
+            "svgen_forward": {"median_ms": float(t.block_q), "ok": True},
+        }
+        if options.splash:
+            result["splash_mask_forward"] = {"median_ms": 512.0, "ok": True}
+            result["splash_dense_forward"] = {"median_ms": 1024.0}
+        return result
+
+    monkeypatch.setattr(chip_bench, "bench_spec", fake_bench)
+    out = tmp_path / "bench.json"
+    args = ["bench", str(exact), str(aligned), "--interpret", "--json", str(out)]
+    assert main(args + ["--tiling", "128x128", "--tiling", "256x256"]) == 0
+    assert seen == [
+        ("tiny_mixed", 128, True),
+        ("tiny_mixed", 256, False),
+        ("tiny_aligned", 128, True),
+        ("tiny_aligned", 256, True),
+    ]
+    results = json.loads(out.read_text())["results"]
+    second = results[1]
+    assert second["tiling"]["block_q"] == 256 and second["splash_from_tiling"]["block_q"] == 128
+    assert second["splash_mask_forward"]["median_ms"] == 512.0
+    assert second["speedup_vs_splash_mask_forward"] == 2.0  # 512 / 256
+    assert second["speedup_vs_splash_dense_forward"] == 4.0
+    assert "splash_from_tiling" not in results[3]

@@ -266,8 +266,10 @@ def _add_bench(sub) -> None:
     p.add_argument(
         "--tiling",
         type=parse_tiling,
+        action="append",
         metavar="BQxBKV[/CQxCKV]",
-        help="time this tiling instead of the spec's (such as 1024x1024)",
+        help="time this tiling instead of the spec's (such as 1024x1024); repeat it to time "
+        "each spec at several tilings in one process, Splash once per exact spec",
     )
     p.add_argument("--no-splash", action="store_true", help="time svgen alone")
     p.add_argument(

@@ -9,6 +9,7 @@ versions, the commit and each spec's digest.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import sys
@@ -85,7 +86,8 @@ def bench_specs(args) -> int:
     if chip is None:
         return EXIT_BAD_INPUT
     target = args.target or (chip if chip != "cpu-interpret" else "v5e")
-    specs = [_load(path, target, args.tiling) for path in args.specs]  # every spec read first
+    # Every spec read first, at each tiling asked for (or its own).
+    specs = [_load(path, target, t) for path in args.specs for t in args.tiling or [None]]
     options = chip_bench.Options(
         warmup=args.warmup,
         iters=args.iters,
@@ -126,13 +128,26 @@ def bench_specs(args) -> int:
         if args.json:
             save(complete=False)
 
+    peers: dict = {}  # per spec: the result whose Splash figures its other tilings share
     for spec in specs:
         results.append({"spec": spec.name})
-        keep(
-            chip_bench.bench_spec(
-                spec, target, options, progress=progress, dense=dense, env=env, on_entry=keep
-            )
+        # Splash gets the same mask at every tiling of an exact spec: timed once per spec
+        # (an aligned spec's rounded mask changes with the tiling).
+        peer = peers.get(spec.source) if spec.tiling.align == "exact" else None
+        result = chip_bench.bench_spec(
+            spec,
+            target,
+            options if peer is None else dataclasses.replace(options, splash=False),
+            progress=progress,
+            dense=dense,
+            env=env,
+            on_entry=keep,
         )
+        if peer is not None:
+            result = chip_bench.with_peer_figures(result, peer)
+        elif options.splash:
+            peers.setdefault(spec.source, result)
+        keep(result)
     for line in chip_bench.format_table(results, chip):
         print(line)
     if args.json:

@@ -652,6 +652,17 @@ def _time_masked_splash(mask, blocks, backward, sizes, qkv, options, clock):
     raise error
 
 
+def with_peer_figures(result: dict, peer: dict) -> dict:
+    """`result` (svgen timed alone) with the Splash figures of `peer`, a result of the same
+    spec whose Splash was timed (another tiling of an exact spec: Splash gets the same mask
+    whatever svgen's tiling), and the speedups against them."""
+    out = dict(result)
+    out.update({k: v for k, v in peer.items() if k.startswith("splash_")})
+    out["splash_from_tiling"] = peer["tiling"]
+    _speedups(out, [d for d in ("forward", "backward") if f"svgen_{d}" in out])
+    return out
+
+
 def _speedups(result: dict, directions) -> None:
     for direction in directions:
         mine = result.get(f"svgen_{direction}", {}).get("median_ms")
