@@ -750,17 +750,23 @@ def _mixes_sides(e) -> bool:
     return sides == {"q", "k"}
 
 
-def _strip(s: str) -> str:
-    """Drop one pair of enclosing parentheses when they enclose the whole string."""
+def is_group(s: str) -> bool:
+    """Whether printed code `s` is one parenthesized group, (...) (codegen's line breaker
+    asks it too)."""
     if not (s.startswith("(") and s.endswith(")")):
-        return s
+        return False
     depth = 0
     for i, ch in enumerate(s):
         depth += ch == "("
         depth -= ch == ")"
         if depth == 0 and i < len(s) - 1:
-            return s
-    return s[1:-1]
+            return False
+    return True
+
+
+def _strip(s: str) -> str:
+    """Drop one pair of enclosing parentheses when they enclose the whole string."""
+    return s[1:-1] if is_group(s) else s
 
 
 def _is_sum(s: str) -> bool:

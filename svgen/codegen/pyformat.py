@@ -9,6 +9,8 @@ formatter over rendered modules of random masks to keep this honest.
 
 from __future__ import annotations
 
+from svgen.analysis.mask_code import is_group
+
 LINE_LENGTH = 100
 INDENT = "    "
 _OPERATORS = ("|", "^", "&")  # lowest precedence first: the formatter splits there first
@@ -67,7 +69,7 @@ def _chain(expr: str, depth: int) -> list[str]:
     lines = []
     for i, operand in enumerate(operands):
         prefix = "" if i == 0 else f"{op} "
-        if len(indent + prefix + operand) <= LINE_LENGTH or not _is_group(operand):
+        if len(indent + prefix + operand) <= LINE_LENGTH or not is_group(operand):
             lines.append(indent + prefix + operand)
         else:  # a parenthesized group that does not fit: open it
             lines.append(indent + prefix + "(")
@@ -100,35 +102,22 @@ def _split_outside_brackets(expr: str, token: str) -> list[str]:
     return parts
 
 
-def _is_group(expr: str) -> bool:
-    """expr is one parenthesized group, (...)."""
-    if not (expr.startswith("(") and expr.endswith(")")):
-        return False
-    depth = 0
-    for i, ch in enumerate(expr):
-        depth += ch == "("
-        depth -= ch == ")"
-        if depth == 0 and i < len(expr) - 1:
-            return False
-    return True
-
-
 def _call_parts(expr: str) -> tuple[str, str] | None:
     """(function, arguments) of `function(arguments)`, or None."""
     open_at = expr.find("(")
     if open_at <= 0 or not expr[:open_at].replace(".", "").replace("_", "").isalnum():
         return None
-    if not _is_group(expr[open_at:]):
+    if not is_group(expr[open_at:]):
         return None
     return expr[:open_at], expr[open_at + 1 : -1]
 
 
 def _unwrap(expr: str) -> str:
-    return expr[1:-1] if _is_group(expr) else expr
+    return expr[1:-1] if is_group(expr) else expr
 
 
 def _is_tuple(value: str) -> bool:
-    return _is_group(value) and len(_split_outside_brackets(value[1:-1], ",")) > 1
+    return is_group(value) and len(_split_outside_brackets(value[1:-1], ",")) > 1
 
 
 def _tuple_items(value: str, depth: int) -> list[str]:
