@@ -600,6 +600,8 @@ def _bench_splash(
         entry = {"blocks": list(blocks), "mask_build_s": round(built, 2), **timing.to_json()}
         if len(tried) > 1:
             entry["tried"] = tried
+        if tuple(blocks) != tuple(options.splash_blocks):  # its mask tables outgrew SMEM
+            entry["moved_from"] = list(options.splash_blocks)
         if backward:
             entry["fused_backward"] = fused
         if not backward and reference is not None:
@@ -683,6 +685,14 @@ def _tiling_json(t) -> dict:
 
 
 # ----------------------------------------------------------------------------- the table
+def _blocks_moved(masked: dict) -> str:
+    """Splash's blocks given the mask, where it ran at others than those first tried (its
+    mask tables outgrew SMEM: mask_block_candidates)."""
+    if "moved_from" not in masked:
+        return ""
+    return f" ({'/'.join(map(str, masked['blocks']))})"
+
+
 def format_table(results: list[dict], chip: str) -> list[str]:
     """Markdown rows: one per (spec, direction)."""
     lines = [
@@ -718,7 +728,7 @@ def format_table(results: list[dict], chip: str) -> list[str]:
                             if dense.get("blocks")
                             else ""
                         ),
-                        _ms(masked),
+                        _ms(masked) + _blocks_moved(masked),
                         _x(r.get(f"speedup_vs_splash_dense_{direction}")),
                         _x(r.get(f"speedup_vs_splash_mask_{direction}")),
                         _err(mine, masked),
