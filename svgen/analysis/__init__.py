@@ -107,6 +107,28 @@ def choose_layout(spec: Spec, order: str, mask: ir.Node) -> TokenLayout:
     return g.with_order(order, anchors)
 
 
+def _over_kernel_frame(spec: Spec, mask: ir.Node, layout: TokenLayout, candidate) -> ir.Node:
+    """The mask the kernel of `layout` runs: over a transposed frame (an axis order that walks
+    a frame column by column, svgen.core.layout) the mask with rows and columns exchanged,
+    so that everything after this point sees one row-major frame."""
+    if not layout.transposed:
+        return mask
+    try:
+        return mask.transposed()
+    except ir.NotTransposable as err:
+        where = candidate.where
+        key = "layout" if where is None else f"{where.key}.layout"
+        raise SpecError(
+            f"layout {candidate.layout.words()} walks a frame column by column, and this "
+            f"mask has no form over the transposed frame: {err} (frame-first or frame-last "
+            "orders whose rows come before columns take it: [f, h, w], [h, w, f], [h, f, w])",
+            file=spec.source,
+            key=key,
+            line=where.line if where else None,
+            column=where.column if where else None,
+        ) from None
+
+
 def analyze(
     spec: Spec,
     progress: Callable[[int, int], None] | None = None,
@@ -127,6 +149,8 @@ def analyze(
     masks = [ir.lower(spec, spec.pattern_mask(c.pattern)) for c in heads.candidates]
     spec = kernel.classified(spec)
     layouts = [choose_layout(spec, c.layout, m) for c, m in zip(heads.candidates, masks)]
+    candidates = heads.candidates
+    masks = [_over_kernel_frame(spec, m, lay, c) for m, lay, c in zip(masks, layouts, candidates)]
     # Before any classification work: masks too costly to classify, then a tiling that cannot
     # run (the one VMEM check).
     check_row_set_work(spec, masks, layouts)

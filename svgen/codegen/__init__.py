@@ -497,6 +497,8 @@ def _layout_args(layout) -> list[str]:
             f"cube_rows={layout.cube_rows}",
             f"cube_cols={layout.cube_cols}",
         ]
+    if layout.transposed:  # height and width above are the kernel's: the video's transposed
+        args.append("transposed=True")
     return args
 
 

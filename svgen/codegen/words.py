@@ -200,6 +200,11 @@ def pattern_lines(pattern, residual_names: list[str], plan: Plan, backend) -> li
         order += f", the first {layout.anchor_frames} frame(s) kept first as anchors"
     if layout.is_tiled:
         order += ", cubes of {} frame(s) x {} row(s) x {} column(s)".format(*layout.cube)
+    if layout.transposed:
+        order += (
+            f", of the transposed frame ({layout.height} x {layout.width}: the mask below "
+            "reads the video's columns as rows and its rows as columns)"
+        )
     lines = [
         f"Layout: {order}",
         f"Tiles: {grid.block_q} x {grid.block_kv}, {grid.num_q_blocks} x {grid.num_kv_blocks} = "

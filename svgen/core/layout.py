@@ -34,6 +34,18 @@ refer to:
                   cubes.
 Text tokens keep their place (first or last) in all orders.
 
+  transposed      frame_major or temporal_major of the video's frames transposed: the kernel
+                  sees each frame as `height` rows of `width` places where the video has
+                  `width` rows of `height` (the layout's height and width are the kernel's,
+                  the video's width and height). Kernel (row r, column c) is video (row c,
+                  column r), so frame_major transposed walks places column by column
+                  ([f, w, h]: f*S + w*H + h in the video's sizes) and temporal_major
+                  transposed walks places column-first, frames innermost ([w, h, f]).
+                  Everything past the user's order (the analysis, the mask the kernel runs,
+                  its coordinates) sees the transposed frame: a spec's mask is transposed to
+                  match (svgen.ir's Node.transposed), and only `original_index`, `to_kernel`
+                  and `from_kernel` know the video's own sizes.
+
 The field names are the spec's keys (`geometry:` and `layout:`), so a layout reads the same in
 a spec, in a generated module and in a test.
 """
@@ -94,6 +106,31 @@ class Tiled:
     cols: int
 
 
+AXES = ("f", "h", "w")
+
+
+@dataclasses.dataclass(frozen=True)
+class AxisOrder:
+    """A spec's `layout: {order: [a, b, c]}`: the video's tokens in lexicographic order of
+    these axes (f: frame, h: row, w: column), the first outermost. Each of the six is one of
+    the orders above (`TokenLayout.with_order`):
+
+        [f, h, w] frame_major          [h, w, f] temporal_major
+        [f, w, h] frame_major, transposed    [w, h, f] temporal_major, transposed
+        [h, f, w] tiled, cubes of every frame x 1 row x every column
+        [w, f, h] tiled, cubes of every frame x every row x 1 column
+    """
+
+    axes: tuple[str, str, str]
+
+    def __post_init__(self):
+        if sorted(self.axes) != sorted(AXES):
+            raise ValueError(f"an axis order is a permutation of f, h, w; got {self.axes}")
+
+    def words(self) -> str:
+        return "[" + ", ".join(self.axes) + "]"
+
+
 @dataclasses.dataclass(frozen=True)
 class TokenLayout:
     frames: int
@@ -107,14 +144,21 @@ class TokenLayout:
     cube_frames: int = 0
     cube_rows: int = 0
     cube_cols: int = 0
+    # frame_major / temporal_major of the transposed frame: height and width are the
+    # kernel's (the video's width and height; see the module docstring)
+    transposed: bool = False
 
     def __post_init__(self):
         if self.order == TILED and min(self.cube) < 1:
             raise ValueError(f"a tiled layout needs positive cube sizes, got {self.cube}")
+        if self.transposed and self.order == TILED:
+            raise ValueError("a tiled layout is not transposed (its cubes give the orders)")
 
-    def with_order(self, order: "str | Tiled", anchor_frames: int = 0) -> "TokenLayout":
-        """The same tokens in another kernel order: a name of ORDERS or a Tiled cube (anchor
-        frames only for temporal_major)."""
+    def with_order(self, order: "str | Tiled | AxisOrder", anchor_frames: int = 0) -> "TokenLayout":
+        """The same tokens (a layout of the video's own frame) in another kernel order: a name
+        of ORDERS, a Tiled cube or an AxisOrder (anchor frames only for temporal_major)."""
+        if isinstance(order, AxisOrder):
+            return self._with_axes(order, anchor_frames)
         anchors = anchor_frames if order == TEMPORAL_MAJOR else 0
         cube = (order.frames, order.rows, order.cols) if isinstance(order, Tiled) else (0, 0, 0)
         return dataclasses.replace(
@@ -125,6 +169,18 @@ class TokenLayout:
             cube_rows=cube[1],
             cube_cols=cube[2],
         )
+
+    def _with_axes(self, order: AxisOrder, anchor_frames: int) -> "TokenLayout":
+        axes = order.axes
+        if axes in (("h", "f", "w"), ("w", "f", "h")):  # one cube per row or per column
+            one_row = axes[0] == "h"
+            cube = Tiled(self.frames, 1 if one_row else self.height, self.width if one_row else 1)
+            return self.with_order(cube)
+        base = TEMPORAL_MAJOR if axes[2] == "f" else FRAME_MAJOR
+        plain = self.with_order(base, anchor_frames)
+        if axes not in (("f", "w", "h"), ("w", "h", "f")):
+            return plain
+        return dataclasses.replace(plain, height=self.width, width=self.height, transposed=True)
 
     # -- sizes -----------------------------------------------------------------------------
 
@@ -252,6 +308,8 @@ class TokenLayout:
         video = pos - self.video_start
         is_text = (video < 0) | (video >= self.video_tokens)
         frame, place = self.video_frame_place(np.where(is_text, 0, video))
+        if self.transposed:  # kernel (row, col) is the video's (col, row); its width: height
+            place = (place % self.width) * self.height + place // self.width
         return np.where(is_text, pos, self.video_start + frame * self.tokens_per_frame + place)
 
     @functools.cached_property
@@ -266,6 +324,8 @@ class TokenLayout:
     @property
     def is_identity(self) -> bool:
         """Kernel order equals the user's order (no permutation)."""
+        if self.transposed and min(self.height, self.width) > 1:
+            return False
         if self.is_tiled:
             return self._tiled_is_frame_major
         return not self.is_temporal_major or self.main_frames <= 1
@@ -301,6 +361,8 @@ class TokenLayout:
             return x
         if self.is_tiled:
             return self._tiled_to_kernel(x, xp)
+        if self.transposed:
+            return self._untransposed.to_kernel(self._transpose_frames(x, xp, True), xp)
         text, video = self._split(x)
         lead, d = video.shape[:-2], video.shape[-1]
         frames = video.reshape(lead + (self.frames, self.tokens_per_frame, d))
@@ -314,6 +376,8 @@ class TokenLayout:
             return y
         if self.is_tiled:
             return self._tiled_from_kernel(y, xp)
+        if self.transposed:
+            return self._transpose_frames(self._untransposed.from_kernel(y, xp), xp, False)
         text, video = self._split(y)
         lead, d = video.shape[:-2], video.shape[-1]
         split = self.anchor_frames * self.tokens_per_frame
@@ -350,6 +414,20 @@ class TokenLayout:
         video = video.reshape(lead + cubes + (d,))
         axes = tuple(range(n)) + tuple(n + i for i in (0, 3, 1, 4, 2, 5, 6))
         return self._join(text, xp.transpose(video, axes).reshape(lead + (-1, d)), xp)
+
+    @property
+    def _untransposed(self) -> "TokenLayout":
+        """The same kernel order over frames already transposed (frame-major [W, H] frames)."""
+        return dataclasses.replace(self, transposed=False)
+
+    def _transpose_frames(self, x, xp, to_kernel: bool):
+        """Each video frame of x [..., seq_len, d] transposed: the video's [H, W] places to
+        the kernel's [W, H] (`to_kernel`), or back."""
+        text, video = self._split(x)
+        lead, d = video.shape[:-2], video.shape[-1]
+        rows, cols = (self.width, self.height) if to_kernel else (self.height, self.width)
+        frames = video.reshape(lead + (self.frames, rows, cols, d))
+        return self._join(text, xp.swapaxes(frames, -3, -2).reshape(lead + (-1, d)), xp)
 
     def _split(self, x):
         v0, n = self.video_start, self.video_tokens

@@ -79,6 +79,27 @@ class NodeFacts:
         kind."""
         return None
 
+    def transposed(self) -> "Node":
+        """The node over the transposed frame (rows and columns exchanged): what a kernel
+        whose layout walks a frame column by column runs (svgen.core.layout, `transposed`).
+        By default the node itself where it reads no row or column, else NotTransposable: a
+        node that reads them says how they exchange."""
+        if {s.name for s in self.predicate().free_symbols} & set(_ROW_COL_SWAP):
+            raise NotTransposable(self.describe())
+        return self
+
+
+class NotTransposable(ValueError):
+    """A mask node with no form over a transposed frame (its words in the message)."""
+
+
+# The row and column symbols of both sides, each with the one it exchanges with.
+_ROW_COL_SWAP = {"h_q": "w_q", "w_q": "h_q", "h_k": "w_k", "w_k": "h_k"}
+
+
+def _swap_rows_cols(expr):
+    return expr.xreplace({_S[a]: _S[b] for a, b in _ROW_COL_SWAP.items()})
+
 
 def _near_axes(**radii) -> set:
     """(axis, "near", radius) for each bounded axis radius."""
@@ -181,6 +202,9 @@ class SpatialWindow(NodeFacts):
     def axis_term(self):
         return "video_pair", frozenset(_near_axes(f=self.frames, h=self.rows, w=self.cols))
 
+    def transposed(self):
+        return dataclasses.replace(self, rows=self.cols, cols=self.rows)
+
 
 @dataclasses.dataclass(frozen=True)
 class TemporalStride(NodeFacts):
@@ -236,6 +260,9 @@ class TemporalStride(NodeFacts):
         if self.stride > 1:
             parts.add(("f", "stride", self.stride))
         return "video_pair", frozenset(parts)
+
+    def transposed(self):
+        return dataclasses.replace(self, rows=self.cols, cols=self.rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -425,6 +452,15 @@ class CubeWindow(NodeFacts):
             }
         )
 
+    def transposed(self):
+        return dataclasses.replace(
+            self,
+            cube_rows=self.cube_cols,
+            cube_cols=self.cube_rows,
+            rows=self.cols,
+            cols=self.rows,
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class Predicate(NodeFacts):
@@ -460,6 +496,13 @@ class Predicate(NodeFacts):
             {text_q: 0, text_k: 1, f_q: f_q + s, f_k: 0},
         )
         return all(s not in self.expr.subs(case, simultaneous=True).free_symbols for case in cases)
+
+    def transposed(self):
+        if not {s.name for s in self.expr.free_symbols} & set(_ROW_COL_SWAP):
+            return self
+        # A new source: predicates are equal by their source, and this is another mask.
+        source = f"{self.source} [over the transposed frame: h and w exchanged]"
+        return dataclasses.replace(self, source=source, expr=_swap_rows_cols(self.expr))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -551,6 +594,11 @@ class Radial(_LoweredPredicate):
         words = f"radial (window of {width:,} places halving as the frame distance doubles)"
         return cls(words, expr)
 
+    def transposed(self):
+        # Its analysis reads places row by row (h * width + w); over a transposed frame that
+        # is another form, which no exact analysis here covers.
+        raise NotTransposable(self.describe() + ": it numbers a frame's places row by row")
+
 
 class _Combination(NodeFacts):
     """any_of / all_of: facts that hold when they hold for every child."""
@@ -580,6 +628,9 @@ class AnyOf(_Combination):
     def describe(self):
         return "any of: " + "; ".join(c.describe() for c in self.children)
 
+    def transposed(self):
+        return AnyOf(tuple(c.transposed() for c in self.children))
+
     def excludes_text(self) -> bool:
         return all(c.excludes_text() for c in self.children)
 
@@ -597,6 +648,9 @@ class AllOf(_Combination):
     def describe(self):
         return "all of: " + "; ".join(c.describe() for c in self.children)
 
+    def transposed(self):
+        return AllOf(tuple(c.transposed() for c in self.children))
+
     def excludes_text(self) -> bool:
         return any(c.excludes_text() for c in self.children)
 
@@ -613,6 +667,9 @@ class Not(NodeFacts):
 
     def describe(self):
         return f"not ({self.child.describe()})"
+
+    def transposed(self):
+        return Not(self.child.transposed())
 
     def anchor_frames(self) -> int:
         return self.child.anchor_frames()

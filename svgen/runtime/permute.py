@@ -62,7 +62,7 @@ def applies(layouts: list[TokenLayout]) -> bool:
     one temporal-major layout that is not the identity, whose text and frames are whole
     multiples of ROW_ALIGNMENT tokens (then so is every run, block and range it moves)."""
     moved = [lay for lay in layouts if not lay.is_identity]
-    if len(moved) != 1 or not moved[0].is_temporal_major:
+    if len(moved) != 1 or not moved[0].is_temporal_major or moved[0].transposed:
         return False
     lay = moved[0]
     return lay.text_tokens % ROW_ALIGNMENT == 0 and lay.tokens_per_frame % ROW_ALIGNMENT == 0

@@ -10,6 +10,7 @@ import json
 
 from svgen.core.layout import (
     TILED,
+    AxisOrder,
     Tiled,
 )
 from svgen.spec.model import (
@@ -73,11 +74,13 @@ def _canonical_obj(name, geometry, attention, layout, mask, patterns, heads, til
     return obj
 
 
-def _layout_json(layout: str | Tiled) -> str | dict:
+def _layout_json(layout: str | Tiled | AxisOrder) -> str | dict:
     # A name as before (digests of older specs stay valid); a tiled layout as written, so
     # that its cube is part of the spec's identity.
     if isinstance(layout, str):
         return layout
+    if isinstance(layout, AxisOrder):
+        return {"order": list(layout.axes)}
     return {TILED: {"frames": layout.frames, "rows": layout.rows, "cols": layout.cols}}
 
 

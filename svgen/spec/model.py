@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 from svgen.spec import primitives
 from svgen.core.layout import (
+    AxisOrder,
     FRAME_MAJOR,
     ComputeBlocks,
     TEMPORAL_MAJOR,
@@ -240,7 +241,8 @@ class Candidate:
     """
 
     pattern: str
-    layout: str | Tiled  # a name of LAYOUTS or a tiled cube; the spec's layout when not given
+    layout: str | Tiled | AxisOrder  # a name of LAYOUTS, a tiled cube or an axis order; the
+    # spec's layout when not given
     where: Location | None = field(default=None, compare=False, hash=False)
 
 
@@ -266,7 +268,8 @@ class Spec:
     name: str
     geometry: TokenLayout
     attention: Attention
-    layout: str | Tiled  # a name of LAYOUTS or a tiled cube; the default of head candidates
+    layout: str | Tiled | AxisOrder  # a name of LAYOUTS, a tiled cube or an axis order; the
+    # default of head candidates
     mask: MaskTerm | None  # one pattern for every head; None when ``heads`` is given
     patterns: tuple[tuple[str, MaskTerm], ...]  # sorted by name
     heads: HeadPatterns | None  # patterns per head; None when ``mask`` is given

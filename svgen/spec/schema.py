@@ -84,9 +84,18 @@ def _layout(description: str) -> dict:
         spec.TILED_KEYS,
         "Sliding Tile Attention's cube-major order: each frames x rows x cols cube contiguous",
     )
-    tiled = _section(spec.LAYOUT_KEYS, {spec.TILED: cube}, spec.LAYOUT_KEYS, "a tiled layout")
+    tiled = _section((spec.TILED,), {spec.TILED: cube}, (spec.TILED,), "a tiled layout")
+    axes = {
+        "type": "array",
+        "items": {"enum": ["f", "h", "w"]},
+        "minItems": 3,
+        "maxItems": 3,
+        "uniqueItems": True,
+        "description": "the axes f (frame), h (row), w (column), outermost first",
+    }
+    order = _section(("order",), {"order": axes}, ("order",), "the video in this axis order")
     return {
-        "oneOf": [{"enum": list(spec.LAYOUTS)}, tiled],
+        "oneOf": [{"enum": list(spec.LAYOUTS)}, tiled, order],
         "default": spec.LAYOUTS[0],
         "description": description,
     }

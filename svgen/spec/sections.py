@@ -15,6 +15,8 @@ from svgen.spec.limits import (
     MAX_TILE_PAIRS,
 )
 from svgen.core.layout import (
+    AXES,
+    AxisOrder,
     FRAME_MAJOR,
     TEXT_POSITIONS,
     TILED,
@@ -85,7 +87,7 @@ GPU_BLOCKS = (16, 32, 64, 128, 256)
 GPU_WARPS = (1, 2, 4, 8, 16)
 GPU_MAX_STAGES = 8
 CANDIDATE_KEYS = ("pattern", "layout")
-LAYOUT_KEYS = (TILED,)  # the mapping form of `layout:`
+LAYOUT_KEYS = (TILED, "order")  # the mapping form of `layout:`: exactly one of them
 TILED_KEYS = ("frames", "rows", "cols")  # the cube, each at most the geometry's extent
 
 
@@ -514,12 +516,15 @@ def check_chunk_grain(
 def _layout_words(order) -> str:
     if isinstance(order, Tiled):
         return f"tiled {order.frames}x{order.rows}x{order.cols}"
+    if isinstance(order, AxisOrder):
+        return f"order {order.words()}"
     return str(order)
 
 
-def read_layout(r: Reader, node: Node, path: str, geometry: TokenLayout) -> str | Tiled:
-    """A layout: a name of LAYOUTS, or {tiled: {frames, rows, cols}} with a cube of positive
-    sizes, each at most the geometry's frames, height and width."""
+def read_layout(r: Reader, node: Node, path: str, geometry: TokenLayout) -> str | Tiled | AxisOrder:
+    """A layout: a name of LAYOUTS, {tiled: {frames, rows, cols}} with a cube of positive
+    sizes, each at most the geometry's frames, height and width, or {order: [a, b, c]}, an
+    order of the axes f, h, w (svgen.core.layout.AxisOrder)."""
     if not isinstance(node, MappingNode):
         if isinstance(node, ScalarNode) and r.scalar(node, path) == TILED:
             raise r.error(
@@ -527,7 +532,15 @@ def read_layout(r: Reader, node: Node, path: str, geometry: TokenLayout) -> str 
             )
         return r.choice(node, path, LAYOUTS)
     entries = r.mapping(node, path, LAYOUT_KEYS)
-    r.require(node, path, entries, LAYOUT_KEYS)
+    if len(entries) != 1:
+        raise r.error(
+            node,
+            path,
+            "give one of {tiled: {frames: A, rows: B, cols: C}} and {order: [f, h, w]} "
+            f"(the axes in any order), got {r.describe(node)}",
+        )
+    if "order" in entries:
+        return _read_axis_order(r, entries["order"][1], join_path(path, "order"))
     tpath, tnode = join_path(path, TILED), entries[TILED][1]
     cube = r.mapping(tnode, tpath, TILED_KEYS, what="a mapping {frames: A, rows: B, cols: C}")
     r.require(tnode, tpath, cube, TILED_KEYS)
@@ -543,6 +556,19 @@ def read_layout(r: Reader, node: Node, path: str, geometry: TokenLayout) -> str 
         for key in TILED_KEYS
     }
     return Tiled(**sizes)
+
+
+def _read_axis_order(r: Reader, node: Node, path: str) -> AxisOrder:
+    """[a, b, c]: the axes f (frame), h (row), w (column), each once, outermost first."""
+    wanted = "a list of the axes f, h and w, each once, outermost first (such as [w, h, f])"
+    if not isinstance(node, SequenceNode):
+        raise r.error(node, path, f"must be {wanted}, got {r.describe(node)}")
+    if len(node.value) != len(AXES):
+        raise r.error(node, path, f"must be {wanted}, got {len(node.value)} items")
+    axes = tuple(r.choice(item, f"{path}[{i}]", AXES) for i, item in enumerate(node.value))
+    if len(set(axes)) != len(AXES):
+        raise r.error(node, path, f"must be {wanted}, got [{', '.join(axes)}]")
+    return AxisOrder(axes)
 
 
 def read_heads(
