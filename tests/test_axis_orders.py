@@ -33,11 +33,13 @@ ORDERS = [list(p) for p in itertools.permutations("fhw")]
 GEOMETRY = {"frames": 4, "height": 5, "width": 7}
 
 
-def _spec_text(order, mask, text=0, position="last", name="orders", **extra) -> str:
+def _spec_text(
+    order, mask, text=0, position="last", name="orders", geometry=GEOMETRY, **extra
+) -> str:
     doc = {
         "svgen": 1,
         "name": name,
-        "geometry": dict(GEOMETRY, text_tokens=text, text_position=position),
+        "geometry": dict(geometry, text_tokens=text, text_position=position),
         "attention": {"heads": 2, "head_dim": 128, "dtype": "float32"},
         "layout": {"order": order},
         "mask": mask,
@@ -222,3 +224,17 @@ def test_orders_are_part_of_the_digest_and_refused_beside_a_kv_cache():
     )
     with pytest.raises(SpecError, match="needs frame_major layouts.*order \\[f, w, h\\]"):
         parse_spec(text, source="kv.yaml")
+
+
+def test_a_selection_candidate_is_taken_over_the_transposed_frame_too():
+    """select.candidate is a mask like the pattern: its region, in a column-first order, is
+    the one the same mask has as a pattern there (whose meaning the tests above check)."""
+    candidate = {"spatial_window": {"frames": 0, "rows": 0, "cols": 2}}
+    wide = {"frames": 3, "height": 16, "width": 24}
+    for order in (["w", "h", "f"], ["f", "w", "h"], ["f", "h", "w"]):
+        select = {"candidate": candidate, "top_k": {"k": 2}}
+        first = {"spatial_window": {"frames": 0, "rows": 0, "cols": 0}}  # no anchors
+        selecting = parse_spec(_spec_text(order, first, geometry=wide, select=select))
+        as_mask = analyze(parse_spec(_spec_text(order, candidate, geometry=wide)))
+        plan = analyze(selecting)
+        assert np.array_equal(plan.candidate_runs, as_mask.patterns[0].table.runs), order

@@ -107,26 +107,31 @@ def choose_layout(spec: Spec, order: str, mask: ir.Node) -> TokenLayout:
     return g.with_order(order, anchors)
 
 
-def _over_kernel_frame(spec: Spec, mask: ir.Node, layout: TokenLayout, candidate) -> ir.Node:
-    """The mask the kernel of `layout` runs: over a transposed frame (an axis order that walks
-    a frame column by column, svgen.core.layout) the mask with rows and columns exchanged,
-    so that everything after this point sees one row-major frame."""
+def _over_kernel_frame(spec: Spec, mask: ir.Node, layout: TokenLayout, order, where, key: str):
+    """The mask the kernel of `layout` runs: over a transposed frame (an axis order `order`
+    that walks a frame column by column, svgen.core.layout) the mask with rows and columns
+    exchanged, so that everything after this point sees one row-major frame. A mask with no
+    such form is a SpecError at `where` (key `key`)."""
     if not layout.transposed:
         return mask
     try:
         return mask.transposed()
     except ir.NotTransposable as err:
-        where = candidate.where
-        key = "layout" if where is None else f"{where.key}.layout"
         raise SpecError(
-            f"layout {candidate.layout.words()} walks a frame column by column, and this "
-            f"mask has no form over the transposed frame: {err} (frame-first or frame-last "
-            "orders whose rows come before columns take it: [f, h, w], [h, w, f], [h, f, w])",
+            f"layout {order.words()} walks a frame column by column, and this mask has no "
+            f"form over the transposed frame: {err} (the orders whose rows come before their "
+            "columns take it: [f, h, w], [h, w, f], [h, f, w])",
             file=spec.source,
             key=key,
             line=where.line if where else None,
             column=where.column if where else None,
         ) from None
+
+
+def _candidate_mask(spec: Spec, mask: ir.Node, layout: TokenLayout, candidate) -> ir.Node:
+    where = candidate.where
+    key = "layout" if where is None else f"{where.key}.layout"
+    return _over_kernel_frame(spec, mask, layout, candidate.layout, where, key)
 
 
 def analyze(
@@ -150,7 +155,7 @@ def analyze(
     spec = kernel.classified(spec)
     layouts = [choose_layout(spec, c.layout, m) for c, m in zip(heads.candidates, masks)]
     candidates = heads.candidates
-    masks = [_over_kernel_frame(spec, m, lay, c) for m, lay, c in zip(masks, layouts, candidates)]
+    masks = [_candidate_mask(spec, m, lay, c) for m, lay, c in zip(masks, layouts, candidates)]
     # Before any classification work: masks too costly to classify, then a tiling that cannot
     # run (the one VMEM check).
     check_row_set_work(spec, masks, layouts)
@@ -671,6 +676,8 @@ def _candidate_runs(spec: Spec, always: PatternPlan, progress) -> np.ndarray:
     """select.candidate classified at the spec's tiles, in the always-kept pattern's layout:
     its runs (the compute blocks it touches are the ones a call may choose)."""
     mask = ir.lower(spec, spec.select.candidate)
+    where = spec.select.where
+    mask = _over_kernel_frame(spec, mask, always.layout, spec.layout, where, "select.candidate")
     return _mask_runs(spec, "select.candidate", mask, always.layout, progress)
 
 
