@@ -133,7 +133,8 @@ def test_random_masks_in_the_transposed_orders(seed):
 @pytest.mark.parametrize("order", ORDERS, ids="".join)
 def test_kernels_in_every_order_match_float64(order, compile_text):
     """The generated module, in Pallas's interpreter, against a float64 reference of the
-    spec's own mask in the user's order (outputs poisoned: the interpreter starts them NaN)."""
+    spec's own mask in the user's order (outputs poisoned: the interpreter starts them NaN);
+    in the column-first orders the GPU kernel of the same module too."""
     import jax.numpy as jnp
 
     from svgen.runtime.reference import masked_attention_reference
@@ -147,12 +148,17 @@ def test_kernels_in_every_order_match_float64(order, compile_text):
     keep = _spec_keep(spec, plan)
     rng = np.random.default_rng(len("".join(order)))
     q, k, v = (rng.standard_normal((2, keep.shape[0], 128)).astype(np.float32) for _ in range(3))
-    out = np.asarray(
-        module.attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), interpret=True)
-    )
-    for head in range(2):
-        ref = masked_attention_reference(*(x[head].astype(np.float64) for x in (q, k, v)), keep)
-        assert np.max(np.abs(out[head] - ref)) <= 2e-5 * max(np.max(np.abs(ref)), 1e-30)
+    runs = [module.attention]
+    if order in (["f", "w", "h"], ["w", "h", "f"]):  # the GPU kernel, from the same module
+        from svgen.runtime import gpu
+
+        runs.append(gpu.gpu_attention_of(module, block_q=64, block_kv=64))
+    for attention in runs:
+        out = np.asarray(attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), interpret=True))
+        for head in range(2):
+            x64 = (x[head].astype(np.float64) for x in (q, k, v))
+            ref = masked_attention_reference(*x64, keep)
+            assert np.max(np.abs(out[head] - ref)) <= 2e-5 * max(np.max(np.abs(ref)), 1e-30)
 
 
 def test_heads_of_different_orders_in_one_call(compile_text):
