@@ -2,7 +2,7 @@
 in one process.
 
     python bench/runtime_on_chip.py [--chunks SPEC] [--packed SPEC --videos N]
-        [--select SPEC] [--positions P,...] [--blocks BQ,BKV,BKVC] [--iters N] [--json FILE]
+        [--select SPEC] [--orders SPEC] [--positions P,...] [--blocks BQ,BKV,BKVC] [--iters N] [--json FILE]
         [--target CHIP] [--interpret]
 
 --chunks SPEC (a spec with `runtime.kv_cache` on a contiguous cache): one chunk step of
@@ -20,6 +20,13 @@ the spec's mask with Splash's own segment ids, and dense Splash with segment ids
 them, against what a user can give Splash ahead of time: the superset of every choice (the
 mask and every block the candidate region lets a call choose), and dense Splash. Outputs
 differ by design (Splash runs more pairs): not compared.
+
+--orders SPEC (a one-pattern spec whose `layout:` is not frame-major, such as an axis order
+`{order: [w, h, f]}`): its call in the user's token order (the permutation into the kernel's
+order and back included), in the kernel's order (`token_order="kernel"`: none), and the same
+mask compiled frame-major. The share of the call the permutation takes is what issue 45's
+<= 5 % target is about. Outputs of the user-order call and the frame-major one are compared
+(equal unless the mask counts positions in its order: band, prefix, i_q / i_k).
 
 Each row: the median of --iters calls after two warm-ups (first calls timed alone); svgen's
 output and Splash's (given the same mask) compared on every row. A table goes to stdout;
@@ -232,6 +239,71 @@ def bench_select(spec, chip, options, blocks, progress) -> dict:
         return result
 
 
+# ----------------------------------------------------------------------------- orders
+def bench_orders(spec, chip, options, progress) -> dict:
+    import dataclasses
+
+    import jax
+
+    from svgen.core.layout import FRAME_MAJOR
+
+    if spec.mask is None or spec.layout == FRAME_MAJOR:
+        raise SystemExit(f"{spec.name}: --orders takes a one-pattern spec in another order")
+    plain_spec = dataclasses.replace(spec, layout=FRAME_MAJOR)
+    with tempfile.TemporaryDirectory(prefix="runtime-on-chip-") as folder:
+        plan, module = chip_bench.compile_module(spec, chip, pathlib.Path(folder) / "order")
+        _, plain = chip_bench.compile_module(plain_spec, chip, pathlib.Path(folder) / "plain")
+        q, k, v = chip_bench.draw_inputs(module, options.seed)
+        interpret = options.interpret
+
+        def call(attention, **kw):
+            return jax.jit(lambda q, k, v: attention(q, k, v, interpret=interpret, **kw))
+
+        result = {"spec": spec.name, "kind": "orders", "layout": _layout_words(plan.layout)}
+        result["user_order"], mine = _time(
+            call(module.attention), (q, k, v), options, progress, "orders: user order"
+        )
+        result["kernel_order"], _ = _time(
+            call(module.attention, token_order="kernel"),
+            (q, k, v),
+            options,
+            progress,
+            "orders: kernel order",
+        )
+        result["frame_major"], theirs = _time(
+            call(plain.attention), (q, k, v), options, progress, "orders: frame-major"
+        )
+        result["max_difference"] = _difference(mine, theirs)
+        return result
+
+
+def _layout_words(layout) -> str:
+    words = layout.order + (" of the transposed frame" if layout.transposed else "")
+    if layout.is_tiled:
+        words += " {}x{}x{}".format(*layout.cube)
+    return words
+
+
+def orders_table(results: list[dict]) -> list[str]:
+    lines = [
+        "| spec | layout | user order ms | kernel order ms | permutation share | "
+        "frame-major ms | user order / frame-major | max diff |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        user, kernel, plain = (
+            r[k].get("median_ms") for k in ("user_order", "kernel_order", "frame_major")
+        )
+        share = f"{(user - kernel) / user:.1%}" if user and kernel else "-"
+        versus = f"{user / plain:.2f}x" if user and plain else "-"
+        diff = "-" if r["max_difference"] is None else f"{r['max_difference']:.1e}"
+        lines.append(
+            f"| {r['spec']} | {r['layout']} | {_ms(r['user_order'])} | {_ms(r['kernel_order'])} | "
+            f"{share} | {_ms(r['frame_major'])} | {versus} | {diff} |"
+        )
+    return lines
+
+
 # ----------------------------------------------------------------------------- the table
 def _ms(entry: dict) -> str:
     return f"{entry['median_ms']:.2f}" if "median_ms" in entry else "failed"
@@ -249,6 +321,8 @@ def table(results: list[dict]) -> list[str]:
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
+        if r["kind"] == "orders":  # a table of its own (orders_table)
+            continue
         if r["kind"] == "chunks":
             calls = [(f"chunk {c['position']}", c) for c in r["chunks"]]
         elif r["kind"] == "packed":
@@ -281,6 +355,7 @@ def main(argv=None) -> int:
     parser.add_argument("--packed", type=pathlib.Path)
     parser.add_argument("--videos", type=int, default=4)
     parser.add_argument("--select", type=pathlib.Path)
+    parser.add_argument("--orders", type=pathlib.Path)
     parser.add_argument("--positions", help="chunk positions, comma-separated (default: all)")
     parser.add_argument(
         "--blocks",
@@ -293,8 +368,8 @@ def main(argv=None) -> int:
     parser.add_argument("--target", default=None, help="the chip to compile for (--interpret only)")
     parser.add_argument("--interpret", action="store_true")
     args = parser.parse_args(argv)
-    if args.chunks is None and args.packed is None and args.select is None:
-        parser.error("nothing to time: give --chunks, --packed or --select SPEC")
+    if all(x is None for x in (args.chunks, args.packed, args.select, args.orders)):
+        parser.error("nothing to time: give --chunks, --packed, --select or --orders SPEC")
     if args.videos < 1:
         parser.error("--videos must be at least 1")
     chip = chip_bench.script_chip("runtime_on_chip", args.interpret, args.target)
@@ -342,7 +417,16 @@ def main(argv=None) -> int:
         spec = load_spec(args.select, chip=chip)
         report["results"].append(bench_select(spec, chip, options, args.blocks, progress))
         save()
-    print("\n".join(table(report["results"])))
+    if args.orders is not None:
+        spec = load_spec(args.orders, chip=chip)
+        report["results"].append(bench_orders(spec, chip, options, progress))
+        save()
+    others = [r for r in report["results"] if r["kind"] != "orders"]
+    if others:
+        print("\n".join(table(others)))
+    orders = [r for r in report["results"] if r["kind"] == "orders"]
+    if orders:
+        print("\n".join(orders_table(orders)))
     return 0
 
 

@@ -105,3 +105,32 @@ def test_chunk_steps_and_a_packed_batch_in_the_interpreter(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "| tiny_chunks | chunk 2 |" in table and "| tiny_packed | 2 videos packed |" in table
     assert "| tiny_select | select (Splash: superset) |" in table
+
+
+ORDERS = """
+svgen: 1
+name: tiny_columns
+geometry: {frames: 4, height: 8, width: 16}
+attention: {heads: 2, head_dim: 128, dtype: float32}
+layout: {order: [w, h, f]}
+mask:
+  any_of:
+    - first_frame: {frames: 1}
+    - spatial_window: {frames: 1, rows: 1, cols: 3}
+tiling: {block_q: 128, block_kv: 128}
+"""
+
+
+def test_an_axis_order_against_the_same_mask_frame_major_in_the_interpreter(tmp_path, capsys):
+    (tmp_path / "orders.yaml").write_text(ORDERS)
+    out = tmp_path / "orders.json"
+    argv = ["--orders", str(tmp_path / "orders.yaml"), "--iters", "1", "--interpret"]
+    assert runtime_on_chip.main(argv + ["--target", "v5e", "--json", str(out)]) == 0
+    (result,) = json.loads(out.read_text())["results"]
+    for call in ("user_order", "kernel_order", "frame_major"):
+        assert "median_ms" in result[call], (call, result[call])
+    assert result["layout"] == "temporal_major of the transposed frame"
+    assert result["max_difference"] < 1e-4  # the same mask: the same outputs, user order
+    table = capsys.readouterr().out
+    assert "| tiny_columns | temporal_major of the transposed frame |" in table
+    assert "| spec | call |" not in table  # no empty table of the other features
