@@ -244,3 +244,16 @@ def test_a_selection_candidate_is_taken_over_the_transposed_frame_too():
         as_mask = analyze(parse_spec(_spec_text(order, candidate, geometry=wide)))
         plan = analyze(selecting)
         assert np.array_equal(plan.candidate_runs, as_mask.patterns[0].table.runs), order
+
+
+def test_inspect_speaks_of_the_video_and_says_the_frame_is_transposed(tmp_path, capsys):
+    from svgen.cli import main
+
+    spec_file = tmp_path / "columns.yaml"
+    spec_file.write_text(_spec_text(["w", "h", "f"], {"spatial_window": {"frames": 1}}))
+    assert main(["inspect", str(spec_file)]) == 0
+    text = capsys.readouterr().out
+    assert "Geometry: 4 frames x 5 x 7 = 140 video tokens" in text  # the video's, not 7 x 5
+    assert "of the transposed frame (7 x 5" in text
+    assert main(["inspect", "--json", str(spec_file)]) == 0
+    assert '"transposed_frame": true' in capsys.readouterr().out

@@ -102,6 +102,8 @@ class PatternPlan:
             out["anchor_frames"] = self.layout.anchor_frames
         if self.layout.is_tiled:
             out["cube"] = list(self.layout.cube)  # frames, rows, cols
+        if self.layout.transposed:  # only where it is: other plans' keys stay as they were
+            out["transposed_frame"] = True
         if self.budget is not None:
             out.update(self.budget.to_json())
         if self.residuals is not None:

@@ -43,7 +43,8 @@ def residual_names(pattern, prefix: str) -> list[str]:
 def kernel_lines(plan: Plan, backend) -> list[str]:
     """Geometry, attention, then what `backend` (the plan's svgen.codegen.backends.Backend)
     says of its kernel (grid, tables, target, and what its run-time calls add)."""
-    spec, layout, grid = plan.spec, plan.layout, plan.grid
+    # The video's own sizes (a pattern's layout may hold the transposed frame's).
+    spec, layout, grid = plan.spec, plan.spec.geometry, plan.grid
     text_where = f", {spec.geometry.text_position}" if layout.text_tokens else ""
     summary = [
         f"Geometry: {layout.frames} frames x {layout.height} x {layout.width} = "
