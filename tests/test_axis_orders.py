@@ -257,3 +257,29 @@ def test_inspect_speaks_of_the_video_and_says_the_frame_is_transposed(tmp_path, 
     assert "of the transposed frame (7 x 5" in text
     assert main(["inspect", "--json", str(spec_file)]) == 0
     assert '"transposed_frame": true' in capsys.readouterr().out
+
+
+def test_packed_segments_in_a_column_first_order(compile_text):
+    """Run-time segment ids are given in the user's order; in a column-first order they are
+    moved with q, k and v (through the transposed frame) and compared in the kernel."""
+    import jax.numpy as jnp
+
+    from svgen.runtime.reference import masked_attention_reference
+
+    mask = {"spatial_window": {"frames": 2, "cols": 2}}
+    text = _spec_text(["f", "w", "h"], mask, runtime={"segments": True})
+    spec = parse_spec(text, source="packed.yaml")
+    plan, module = compile_text(text)
+    video = TokenLayout(**GEOMETRY)
+    # Runs of 10 tokens alternating between two segments: ids vary inside a frame, so ids
+    # moved in any other order than q, k and v would pair the wrong tokens.
+    ids = (np.arange(video.seq_len) // 10 % 2).astype(np.int32)
+    keep = _spec_keep(spec, plan) & (ids[:, None] == ids[None, :])
+    rng = np.random.default_rng(11)
+    q, k, v = (rng.standard_normal((2, video.seq_len, 128)).astype(np.float32) for _ in range(3))
+    out = module.attention(
+        jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), segment_ids=ids, interpret=True
+    )
+    for head in range(2):
+        ref = masked_attention_reference(*(x[head].astype(np.float64) for x in (q, k, v)), keep)
+        assert np.max(np.abs(np.asarray(out)[head] - ref)) <= 2e-5 * np.max(np.abs(ref))
