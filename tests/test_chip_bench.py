@@ -379,6 +379,7 @@ def test_splash_given_the_mask_moves_to_larger_blocks_when_its_tables_outgrow_sm
     assert "smem" in forward["tried"][0]["error"]
     assert backward["blocks"] == [256, 256, 128] and "error" not in backward
     assert "speedup_vs_splash_mask_backward" in result
+    assert len(paddings) == 2  # the forward's mask, built once, serves the backward
     table = chip_bench.format_table([result], "cpu")
     assert all("(256/256/128)" in row for row in table[2:])  # the blocks Splash ran at
 

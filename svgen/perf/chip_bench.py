@@ -524,6 +524,7 @@ def _bench_splash(
     scale = 1.0 / float(np.sqrt(d))
     directions = ["forward"] + (["backward"] if options.backward else [])
     selecting = plan.spec.select is not None
+    built_mask: dict = {}  # Splash's mask last built: its padded length and the mask
     for direction in directions:
         backward = direction == "backward"
 
@@ -556,57 +557,51 @@ def _bench_splash(
             }
             on_entry(result)
             continue
-        blocks = options.splash_blocks
-        failed = result.get("splash_mask_forward", {}).get("error")
-        if backward and failed:
+        forward = result.get("splash_mask_forward", {})
+        if backward and "error" in forward:
             # The backward builds the same mask tables and more: on the chip, a mask whose
             # forward ran out of SMEM held the compiler for minutes before it was killed.
-            result["splash_mask_backward"] = {
-                "blocks": list(blocks),
-                "error": f"not timed: Splash's forward given this mask failed ({failed})",
-            }
+            why = f"not timed: Splash's forward given this mask failed ({forward['error']})"
+            result["splash_mask_backward"] = {"blocks": forward["blocks"], "error": why}
             on_entry(result)
             continue
+
         progress(f"{result['spec']}: Splash given the mask ({direction})")
-        # The backward at the blocks its forward ran at; the forward at the first of
-        # mask_block_candidates whose mask tables fit SMEM.
-        candidates = (
-            (tuple(result["splash_mask_forward"]["blocks"]),)
-            if backward
-            else mask_block_candidates(blocks, seq)
-        )
-        tried = []
-        for blocks in candidates:
-            try:
-                padded = splash_mask.padded_length(seq, *blocks)
+
+        def time_at(blocks, backward=backward):
+            padded = splash_mask.padded_length(seq, *blocks)
+            built = 0.0
+            if built_mask.get("padded") != padded:  # the forward's mask serves the backward
+                built_mask.clear()  # one sequence-squared mask alive at a time
                 start = time.perf_counter()
                 mask = splash_mask.splash_mask(module, padded, assignment, plan)
                 built = time.perf_counter() - start
-                timing, out, fused = _time_masked_splash(
-                    mask, blocks, backward, (seq, padded, scale), qkv, options, clock
-                )
-            except Exception as exc:
-                tried.append({"blocks": list(blocks), "error": _short(exc)})
-                if not _out_of_smem(exc):
-                    break  # larger blocks shrink Splash's mask tables, and nothing else
-                progress(f"{result['spec']}: Splash's mask tables outgrow SMEM at {blocks}")
-                continue
-            tried.append({"blocks": list(blocks)})
-            break
-        if "error" in tried[-1]:
-            result[f"splash_mask_{direction}"] = {**tried[-1], "tried": tried}
-            on_entry(result)
-            continue
-        entry = {"blocks": list(blocks), "mask_build_s": round(built, 2), **timing.to_json()}
-        if len(tried) > 1:
-            entry["tried"] = tried
-        if tuple(blocks) != tuple(options.splash_blocks):  # its mask tables outgrew SMEM
-            entry["moved_from"] = list(options.splash_blocks)
-        if backward:
-            entry["fused_backward"] = fused
-        if not backward and reference is not None:
-            entry["max_error"] = max_error(out, reference, rows)
-            entry["ok"] = entry["max_error"] <= TOLERANCE[str(module.DTYPE)]
+                built_mask.update(padded=padded, mask=mask)
+            timing, out, fused = _time_masked_splash(
+                built_mask["mask"], blocks, backward, (seq, padded, scale), qkv, options, clock
+            )
+            entry = {"blocks": list(blocks), "mask_build_s": round(built, 2), **timing.to_json()}
+            if backward:
+                entry["fused_backward"] = fused
+            return entry, out
+
+        def outgrown(blocks):
+            progress(f"{result['spec']}: Splash's mask tables outgrow SMEM at {blocks}")
+
+        # The backward at the blocks its forward ran at; the forward at the first of
+        # mask_block_candidates whose mask tables fit SMEM.
+        candidates = (
+            (tuple(forward["blocks"]),)
+            if backward
+            else mask_block_candidates(options.splash_blocks, seq)
+        )
+        entry, out = _first_that_fits(candidates, time_at, outgrown)
+        if "error" not in entry:
+            if tuple(entry["blocks"]) != tuple(options.splash_blocks):  # outgrew SMEM there
+                entry["moved_from"] = list(options.splash_blocks)
+            if not backward and reference is not None:
+                entry["max_error"] = max_error(out, reference, rows)
+                entry["ok"] = entry["max_error"] <= TOLERANCE[str(module.DTYPE)]
         result[f"splash_mask_{direction}"] = entry
         on_entry(result)
     _speedups(result, directions)
@@ -625,6 +620,27 @@ def mask_block_candidates(blocks: tuple[int, int, int], seq: int) -> tuple:
             break
         out.append((q, kv, compute))
     return tuple(out)
+
+
+def _first_that_fits(candidates, time_at, outgrown):
+    """(entry, output) of `time_at` at the first of `candidates` that compiles and runs,
+    moving on only past Splash's mask tables outgrowing SMEM (`outgrown` is told); every
+    block size tried is in the entry's `tried` when there was more than one. A failure's
+    entry holds the last error, and output None."""
+    tried = []
+    for blocks in candidates:
+        try:
+            entry, out = time_at(blocks)
+        except Exception as exc:
+            tried.append({"blocks": list(blocks), "error": _short(exc)})
+            if not _out_of_smem(exc):
+                break  # larger blocks shrink Splash's mask tables, and nothing else
+            outgrown(blocks)
+            continue
+        if tried:
+            entry["tried"] = tried + [{"blocks": list(blocks)}]
+        return entry, out
+    return {**tried[-1], "tried": tried}, None
 
 
 def _out_of_smem(exc: Exception) -> bool:
