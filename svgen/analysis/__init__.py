@@ -153,8 +153,8 @@ def analyze(
     heads = spec.head_patterns()
     masks = [ir.lower(spec, spec.pattern_mask(c.pattern)) for c in heads.candidates]
     spec = kernel.classified(spec)
-    layouts = [choose_layout(spec, c.layout, m) for c, m in zip(heads.candidates, masks)]
     candidates = heads.candidates
+    layouts = [choose_layout(spec, c.layout, m) for c, m in zip(candidates, masks)]
     masks = [_candidate_mask(spec, m, lay, c) for m, lay, c in zip(masks, layouts, candidates)]
     # Before any classification work: masks too costly to classify, then a tiling that cannot
     # run (the one VMEM check).
@@ -177,7 +177,7 @@ def analyze(
         spec=spec,
         patterns=tuple(patterns),
         assign=None if heads.assign is None else tuple(names.index(n) for n in heads.assign),
-        kernel=kernel.plan(tables),
+        kernel=kernel.plan(spec, tables),
         chunk_runs=chunked,
         candidate_runs=candidate_runs,
         video_frames=video_frames,
@@ -206,8 +206,8 @@ class _TpuKernel:
         self.query_values = max(_query_values(spec, m, lay) for m, lay in zip(masks, layouts))
         self.vmem = check_vmem(spec, self.chip, self.query_values)
 
-    def plan(self, tables: PieceTables) -> TpuKernelPlan:
-        return TpuKernelPlan(tables, self.chip, self.vmem)
+    def plan(self, spec: Spec, tables: PieceTables) -> TpuKernelPlan:
+        return TpuKernelPlan(tables, self.chip, self.vmem)  # vmem: check_first's, or tables
 
     def tables(self, spec: Spec, patterns, tiles, spent):
         """(patterns, PieceTables): residual masks added where the tables still fit SMEM and
@@ -296,7 +296,7 @@ class _GpuKernel:
 
     def check_first(self, spec: Spec, masks, layouts) -> None:
         """A selection must choose per GPU tile."""
-        gpu = self.tiling = spec.gpu_tiling
+        gpu = spec.gpu_tiling
         if spec.select is not None and (spec.tiling.block_q, spec.tiling.block_kv) != (
             gpu.block_q,
             gpu.block_kv,
@@ -309,8 +309,8 @@ class _GpuKernel:
                 "gpu.block_kv",
             )
 
-    def plan(self, tables: GpuTables) -> GpuKernelPlan:
-        return GpuKernelPlan(tables, self.chip, self.tiling)
+    def plan(self, spec: Spec, tables: GpuTables) -> GpuKernelPlan:
+        return GpuKernelPlan(tables, self.chip, spec.gpu_tiling)
 
     def tables(self, spec: Spec, patterns, tiles, spent):
         grid, gpu = patterns[0].grid, spec.gpu_tiling
