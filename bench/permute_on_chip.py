@@ -1,0 +1,168 @@
+"""What moving q, k, v and o between the user's token order and a head's kernel order costs on
+the attached TPU, for each way svgen could move them, in one process.
+
+    python bench/permute_on_chip.py SPEC... [--iters N] [--json FILE] [--interpret]
+
+For each spec (one pattern, a layout that is not frame-major) and its [heads, seq, d] inputs:
+  copy     x + 1: one read and one write of the tensor, the floor any permutation has
+  xla      the layout's own reshapes and transposes (TokenLayout.to_kernel / from_kernel), as
+           the generated wrapper runs them where the permute kernel does not apply
+  gather   jnp.take with the layout's index (a gather along the tokens)
+  one_transpose  (temporal-major layouts) the main frames moved by one 5-D transpose, the
+           anchor frames by another where the frame is transposed, then joined
+  pallas   svgen.runtime.permute's kernel, where it applies (temporal-major, not transposed)
+each to kernel order and back, timed as the median of --iters calls after two warm-ups.
+Prints a table; --json keeps the figures with the chip, versions, commit and source digest.
+Without a TPU it stops with one line (exit 2), unless --interpret.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+import numpy as np
+
+from svgen.perf import chip_bench
+from svgen.spec import load_spec
+
+
+def candidates(lay, interpret: bool) -> dict:
+    """name -> (to kernel order, from kernel order), each x [rows, seq, d] -> same shape."""
+    import jax.numpy as jnp
+
+    from svgen.runtime import permute
+
+    index = lay.original_index(np.arange(lay.seq_len))  # user position of kernel position i
+    inverse = np.argsort(index)
+    ways = {
+        "copy": (lambda x: x + 1, lambda x: x + 1),
+        "xla": (lambda x: lay.to_kernel(x, jnp), lambda x: lay.from_kernel(x, jnp)),
+        "gather": (
+            lambda x: jnp.take(x, jnp.asarray(index, jnp.int32), axis=1),
+            lambda x: jnp.take(x, jnp.asarray(inverse, jnp.int32), axis=1),
+        ),
+    }
+    if lay.is_temporal_major and not lay.is_tiled:
+        ways["one_transpose"] = (
+            lambda x: _one_transpose(lay, x, True),
+            lambda x: _one_transpose(lay, x, False),
+        )
+    if permute.applies([lay]):
+        heads = jnp.zeros((1,), jnp.int32)
+
+        def pallas(to_kernel):
+            return lambda x: permute.permute(x, [lay], heads, to_kernel=to_kernel, interpret=interpret)
+
+        ways["pallas"] = (pallas(True), pallas(False))
+    return ways
+
+
+def _one_transpose(lay, x, to_kernel: bool):
+    """A temporal-major layout's permutation as one transpose of the main frames (and one of
+    the anchor frames when the frame is transposed); the text stays where it is."""
+    import jax.numpy as jnp
+
+    rows, d = x.shape[0], x.shape[-1]
+    v0, n, a = lay.video_start, lay.video_tokens, lay.anchor_frames
+    text_before, video, text_after = x[:, :v0], x[:, v0 : v0 + n], x[:, v0 + n :]
+    split = a * lay.tokens_per_frame
+    r, c = lay.height, lay.width  # the video's rows and columns when lay.transposed
+    if lay.transposed:
+        r, c = c, r
+    t = lay.main_frames
+    if to_kernel:
+        anchor = video[:, :split].reshape(rows, a, r, c, d)
+        main = video[:, split:].reshape(rows, t, r, c, d)
+        if lay.transposed:
+            anchor = anchor.transpose(0, 1, 3, 2, 4)
+            main = main.transpose(0, 3, 2, 1, 4)
+        else:
+            main = main.transpose(0, 2, 3, 1, 4)
+    else:
+        rr, cc = (c, r) if lay.transposed else (r, c)  # the kernel's rows and columns
+        anchor = video[:, :split].reshape(rows, a, rr, cc, d)
+        main = video[:, split:].reshape(rows, rr, cc, t, d)
+        if lay.transposed:
+            anchor = anchor.transpose(0, 1, 3, 2, 4)
+            main = main.transpose(0, 3, 2, 1, 4)
+        else:
+            main = main.transpose(0, 3, 1, 2, 4)
+    video = jnp.concatenate([anchor.reshape(rows, -1, d), main.reshape(rows, -1, d)], axis=1)
+    return jnp.concatenate([text_before, video, text_after], axis=1)
+
+
+def bench_layout(spec, chip, options, progress) -> dict:
+    import jax
+
+    from svgen.analysis import analyze
+
+    plan = analyze(spec, target_name=chip)
+    lay = plan.layout
+    rows, seq, d = spec.attention.heads, lay.seq_len, spec.attention.head_dim
+    x = jax.random.normal(jax.random.key(options.seed), (rows, seq, d)).astype(spec.attention.dtype)
+    expected = np.asarray(lay.to_kernel(np.asarray(x, np.float32)))
+    result = {"spec": spec.name, "tensor_mb": round(x.nbytes / 2**20, 2), "ways": {}}
+    for name, (to_kernel, from_kernel) in candidates(lay, options.interpret).items():
+        entry = {}
+        for direction, fn in (("to_kernel", to_kernel), ("from_kernel", from_kernel)):
+            timing, out = chip_bench.time_calls(
+                jax.jit(fn), (x,), warmup=options.warmup, iters=options.iters, clock=time.perf_counter
+            )
+            progress(f"{spec.name}: {name} {direction} {timing.median_s * 1e3:.3f} ms")
+            entry[direction] = timing.to_json()
+            if name != "copy" and direction == "to_kernel":
+                entry["matches"] = bool(np.array_equal(np.asarray(out, np.float32), expected))
+            if name != "copy" and direction == "from_kernel":  # from_kernel(x) is x's preimage
+                back = np.asarray(lay.to_kernel(np.asarray(out, np.float32)))
+                entry["inverse_matches"] = bool(np.array_equal(back, np.asarray(x, np.float32)))
+        result["ways"][name] = entry
+    return result
+
+
+def table(results: list[dict]) -> list[str]:
+    lines = ["| spec | tensor MiB | way | to kernel ms | from kernel ms | GB/s (read + write) | matches |",
+             "|---|---:|---|---:|---:|---:|---|"]
+    # matches: to kernel order equal to TokenLayout.to_kernel's, and back equal to its inverse
+    for r in results:
+        for name, e in r["ways"].items():
+            to_ms, from_ms = e["to_kernel"]["median_ms"], e["from_kernel"]["median_ms"]
+            rate = 2 * r["tensor_mb"] * 2**20 / (to_ms * 1e-3) / 1e9
+            lines.append(
+                f"| {r['spec']} | {r['tensor_mb']} | {name} | {to_ms:.3f} | {from_ms:.3f} | "
+                f"{rate:.0f} | {e.get('matches', '-')} / {e.get('inverse_matches', '-')} |"
+            )
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("specs", nargs="+", type=pathlib.Path, metavar="SPEC")
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--json", type=pathlib.Path)
+    parser.add_argument("--target", default=None, help="the chip to compile for (--interpret only)")
+    parser.add_argument("--interpret", action="store_true")
+    args = parser.parse_args(argv)
+    chip = chip_bench.script_chip("permute_on_chip", args.interpret, args.target)
+    if chip is None:
+        return 2
+    options = chip_bench.Options(iters=args.iters, interpret=args.interpret)
+    start = time.monotonic()
+
+    def progress(line: str) -> None:
+        print(f"permute_on_chip [{time.monotonic() - start:6.1f} s] {line}", file=sys.stderr, flush=True)
+
+    report = {"chip": chip, "commit": chip_bench.commit(), "source_digest": chip_bench.source_digest()}
+    report.update(chip_bench.versions() if not args.interpret else {})
+    report["results"] = [bench_layout(load_spec(p, chip=chip), chip, options, progress) for p in args.specs]
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    print("\n".join(table(report["results"])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
