@@ -1,13 +1,17 @@
 """What moving q, k, v and o between the user's token order and a head's kernel order costs on
 the attached TPU, for each way svgen could move them, in one process.
 
-    python bench/permute_on_chip.py SPEC... [--iters N] [--json FILE] [--interpret]
+    python bench/permute_on_chip.py SPEC... [--order A,B,C]... [--cube F,H,W]... [--iters N]
+        [--json FILE] [--interpret]
 
-For each spec (one pattern, a layout that is not frame-major) and its [heads, seq, d] inputs:
+For each spec (one pattern, a layout that is not frame-major) and its [heads, seq, d] inputs,
+and for each --order (one of the six axis orders, such as f,w,h) and --cube (the tiled order
+of F x H x W cubes) on the first spec's geometry, without its text or anchor frames:
   copy     x + 1: one read and one write of the tensor, the floor any permutation has
-  xla      the layout's own reshapes and transposes (TokenLayout.to_kernel / from_kernel), as
-           the generated wrapper runs them where the permute kernel does not apply
-  gather   jnp.take with the layout's index (a gather along the tokens)
+  xla      the layout's own reshapes and transposes (TokenLayout.to_kernel / from_kernel), what
+           the wrapper ran before the gather
+  gather   one gather of whole tokens (svgen.runtime.calls.token_gather), what the generated
+           wrapper runs where the permute kernel does not apply
   one_transpose  (temporal-major layouts) the main frames moved by one 5-D transpose, the
            anchor frames by another where the frame is transposed, then joined
   pallas   svgen.runtime.permute's kernel, where it applies (temporal-major, not transposed)
@@ -35,16 +39,12 @@ def candidates(lay, interpret: bool) -> dict:
     import jax.numpy as jnp
 
     from svgen.runtime import permute
+    from svgen.runtime.calls import token_gather
 
-    index = lay.original_index(np.arange(lay.seq_len))  # user position of kernel position i
-    inverse = np.argsort(index)
     ways = {
         "copy": (lambda x: x + 1, lambda x: x + 1),
         "xla": (lambda x: lay.to_kernel(x, jnp), lambda x: lay.from_kernel(x, jnp)),
-        "gather": (
-            lambda x: jnp.take(x, jnp.asarray(index, jnp.int32), axis=1),
-            lambda x: jnp.take(x, jnp.asarray(inverse, jnp.int32), axis=1),
-        ),
+        "gather": (token_gather(lay, True), token_gather(lay, False)),
     }
     if lay.is_temporal_major and not lay.is_tiled:
         ways["one_transpose"] = (
@@ -95,31 +95,44 @@ def _one_transpose(lay, x, to_kernel: bool):
     return jnp.concatenate([text_before, video, text_after], axis=1)
 
 
-def bench_layout(spec, chip, options, progress) -> dict:
-    import jax
-
+def spec_layout(spec, chip):
     from svgen.analysis import analyze
 
-    plan = analyze(spec, target_name=chip)
-    lay = plan.layout
+    return analyze(spec, target_name=chip).layout
+
+
+def other_layouts(spec, orders, cubes) -> list:
+    """(name, layout) of each --order and --cube on the spec's geometry, video only."""
+    from svgen.core.layout import AxisOrder, TokenLayout, Tiled
+
+    g = spec.geometry
+    video = TokenLayout(frames=g.frames, height=g.height, width=g.width)
+    named = [(f"{spec.name} [{','.join(o)}]", video.with_order(AxisOrder(tuple(o)))) for o in orders]
+    named += [(f"{spec.name} cubes {'x'.join(map(str, c))}", video.with_order(Tiled(*c))) for c in cubes]
+    return named
+
+
+def bench_layout(name, lay, spec, options, progress) -> dict:
+    import jax
+
     rows, seq, d = spec.attention.heads, lay.seq_len, spec.attention.head_dim
     x = jax.random.normal(jax.random.key(options.seed), (rows, seq, d)).astype(spec.attention.dtype)
     expected = np.asarray(lay.to_kernel(np.asarray(x, np.float32)))
-    result = {"spec": spec.name, "tensor_mb": round(x.nbytes / 2**20, 2), "ways": {}}
-    for name, (to_kernel, from_kernel) in candidates(lay, options.interpret).items():
+    result = {"spec": name, "tensor_mb": round(x.nbytes / 2**20, 2), "ways": {}}
+    for way, (to_kernel, from_kernel) in candidates(lay, options.interpret).items():
         entry = {}
         for direction, fn in (("to_kernel", to_kernel), ("from_kernel", from_kernel)):
             timing, out = chip_bench.time_calls(
                 jax.jit(fn), (x,), warmup=options.warmup, iters=options.iters, clock=time.perf_counter
             )
-            progress(f"{spec.name}: {name} {direction} {timing.median_s * 1e3:.3f} ms")
+            progress(f"{result['spec']}: {way} {direction} {timing.median_s * 1e3:.3f} ms")
             entry[direction] = timing.to_json()
-            if name != "copy" and direction == "to_kernel":
+            if way != "copy" and direction == "to_kernel":
                 entry["matches"] = bool(np.array_equal(np.asarray(out, np.float32), expected))
-            if name != "copy" and direction == "from_kernel":  # from_kernel(x) is x's preimage
+            if way != "copy" and direction == "from_kernel":  # from_kernel(x) is x's preimage
                 back = np.asarray(lay.to_kernel(np.asarray(out, np.float32)))
                 entry["inverse_matches"] = bool(np.array_equal(back, np.asarray(x, np.float32)))
-        result["ways"][name] = entry
+        result["ways"][way] = entry
     return result
 
 
@@ -138,9 +151,28 @@ def table(results: list[dict]) -> list[str]:
     return lines
 
 
+def _axes(text: str) -> tuple[str, ...]:
+    axes = tuple(text.split(","))
+    if sorted(axes) != ["f", "h", "w"]:
+        raise argparse.ArgumentTypeError(f"{text!r}: an order of f, h and w, such as f,w,h")
+    return axes
+
+
+def _cube(text: str) -> tuple[int, int, int]:
+    try:
+        sizes = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        sizes = ()
+    if len(sizes) != 3 or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: three positive sizes F,H,W, such as 3,5,8")
+    return sizes
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("specs", nargs="+", type=pathlib.Path, metavar="SPEC")
+    parser.add_argument("--order", action="append", default=[], type=_axes, help="such as f,w,h")
+    parser.add_argument("--cube", action="append", default=[], type=_cube, help="such as 3,5,8")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--json", type=pathlib.Path)
     parser.add_argument("--target", default=None, help="the chip to compile for (--interpret only)")
@@ -157,7 +189,10 @@ def main(argv=None) -> int:
 
     report = {"chip": chip, "commit": chip_bench.commit(), "source_digest": chip_bench.source_digest()}
     report.update(chip_bench.versions() if not args.interpret else {})
-    report["results"] = [bench_layout(load_spec(p, chip=chip), chip, options, progress) for p in args.specs]
+    specs = [load_spec(p, chip=chip) for p in args.specs]
+    layouts = [(s.name, spec_layout(s, chip), s) for s in specs]
+    layouts += [(name, lay, specs[0]) for name, lay in other_layouts(specs[0], args.order, args.cube)]
+    report["results"] = [bench_layout(name, lay, s, options, progress) for name, lay, s in layouts]
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
     print("\n".join(table(report["results"])))

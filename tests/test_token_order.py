@@ -186,3 +186,37 @@ def test_gpu_kernel_order_call(compile_text):
     check_per_head(plan, attention.from_kernel_order(out, head_pattern=hp), q, k, v, hp, "float32")
     with pytest.raises(ValueError, match="token_order must be one of"):
         attention(q, k, v, token_order="frame_major")
+
+
+GATHERED_LAYOUTS = [
+    ("temporal_major", 1, 8, "last"),
+    (("w", "h", "f"), 1, 8, "first"),
+    (("f", "w", "h"), 0, 0, "last"),
+    (("h", "f", "w"), 0, 4, "last"),
+]
+
+
+@pytest.mark.parametrize("order, anchors, text, text_position", GATHERED_LAYOUTS)
+def test_token_gather_is_the_layouts_permutation(order, anchors, text, text_position):
+    """The wrapper's gather (where the permute kernel does not apply) moves tokens exactly as
+    the layout's own permutation does, both ways, on a random float tensor; its gradient is
+    the inverse gather (no scatter in the program), equal to the layout's inverse."""
+    from svgen.core.layout import AxisOrder, TokenLayout
+    from svgen.runtime.calls import token_gather
+
+    base = TokenLayout(frames=5, height=8, width=16, text_tokens=text, text_position=text_position)
+    lay = base.with_order(order if isinstance(order, str) else AxisOrder(order), anchor_frames=anchors)
+    assert not lay.is_identity
+    x = np.random.default_rng(5).standard_normal((2, 3, lay.seq_len, 4)).astype(np.float32)
+    moved = token_gather(lay, True)(jnp.asarray(x))
+    np.testing.assert_array_equal(np.asarray(moved), lay.to_kernel(x))
+    np.testing.assert_array_equal(np.asarray(token_gather(lay, False)(moved)), x)
+
+    weights = np.random.default_rng(6).standard_normal(x.shape).astype(np.float32)
+
+    def loss(y):
+        return jnp.sum(token_gather(lay, True)(y) * weights)
+
+    grad = jax.grad(loss)(jnp.asarray(x))
+    np.testing.assert_array_equal(np.asarray(grad), lay.from_kernel(weights))
+    assert "scatter" not in jax.jit(jax.grad(loss)).lower(jnp.asarray(x)).as_text()

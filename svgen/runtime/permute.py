@@ -30,9 +30,9 @@ inverse), so gradients flow through them.
 The generated wrappers use it (`svgen.runtime.kernel.make_attention`) wherever the heads'
 layouts are identity layouts and one temporal-major layout, with text and frames of whole
 multiples of 8 tokens (`applies`): 8 tensor passes for q, k, v and o instead of XLA's 33-40
-(Wan's temporal and mixed specs, HunyuanVideo's mixed spec; CogVideoX's 226 text tokens keep
-XLA's permutation). Eager calls in Pallas's TPU interpreter wait for each result
-(svgen.runtime.interpret).
+(Wan's temporal and mixed specs, HunyuanVideo's mixed spec; CogVideoX's 226 text tokens take
+the wrapper's gather, svgen.runtime.calls.token_gather). Eager calls in Pallas's TPU
+interpreter wait for each result (svgen.runtime.interpret).
 """
 
 from __future__ import annotations
