@@ -220,3 +220,25 @@ def test_token_gather_is_the_layouts_permutation(order, anchors, text, text_posi
     grad = jax.grad(loss)(jnp.asarray(x))
     np.testing.assert_array_equal(np.asarray(grad), lay.from_kernel(weights))
     assert "scatter" not in jax.jit(jax.grad(loss)).lower(jnp.asarray(x)).as_text()
+
+
+@pytest.mark.parametrize(
+    "cube, gathers", [((1, 4, 8), False), ((5, 1, 16), False), ((2, 3, 8), True)]
+)
+def test_layout_move_gathers_only_where_cubes_do_not_divide(cube, gathers):
+    """Tiled orders whose cubes divide the video move by reshapes and transposes (a copy's
+    rate on the chip); partial cubes and temporal-major orders by the token gather. Both
+    are the layout's permutation."""
+    from svgen.core.layout import Tiled, TokenLayout
+    from svgen.runtime.calls import layout_move
+
+    video = TokenLayout(frames=5, height=8, width=16)
+    x = jnp.asarray(np.random.default_rng(7).standard_normal((3, video.seq_len, 4)), jnp.float32)
+    for lay in (video.with_order(Tiled(*cube)), video.with_order("temporal_major", anchor_frames=1)):
+        expect_gather = gathers or lay.is_temporal_major
+        for to_kernel in (True, False):
+            move = layout_move(lay, to_kernel)
+            text = jax.jit(move).lower(x).as_text()
+            assert ("gather" in text) == expect_gather, (lay, to_kernel)
+            permuted = lay.to_kernel if to_kernel else lay.from_kernel
+            np.testing.assert_array_equal(np.asarray(move(x)), permuted(np.asarray(x)))

@@ -344,6 +344,12 @@ class TokenLayout:
         return not (split_cols or split_rows)
 
     @property
+    def moves_by_reshape(self) -> bool:
+        """Whether to_kernel / from_kernel are reshapes and transposes of whole cubes alone (a
+        tiled order whose cubes divide the video), with no slicing, joining or gather."""
+        return self.is_tiled and self._tiled_divides
+
+    @property
     def _tiled_divides(self) -> bool:
         a, b, c = self.cube
         return self.frames % a == 0 and self.height % b == 0 and self.width % c == 0

@@ -7,8 +7,8 @@ Other layouts (`layout_mover`)
 Where the heads use identity layouts and one temporal-major layout, the wrapper moves q, k, v
 into kernel order and o back with the permute kernel (svgen.runtime.permute: one read and one
 write of each tensor, frame-major heads copied whole, the head -> layout code traced); any
-other mix of layouts is moved by one gather of whole tokens per layout (`token_gather`),
-selected per head.
+other mix of layouts is moved layout by layout (`layout_move`: a gather of whole tokens, or
+reshapes and transposes of whole cubes), selected per head.
 """
 
 from __future__ import annotations
@@ -37,9 +37,8 @@ SPEC_DTYPES = ("bfloat16", "float32")
 
 
 def per_head_layout(x, layouts: list[TokenLayout], head_layout, to_kernel: bool):
-    """Apply each head's layout permutation to x [..., heads, seq, d]: one gather of whole
-    tokens per layout that moves any (`token_gather`), selected per head."""
-    move = lambda lay, y: y if lay.is_identity else token_gather(lay, to_kernel)(y)  # noqa: E731
+    """Apply each head's layout permutation to x [..., heads, seq, d], selected per head."""
+    move = lambda lay, y: layout_move(lay, to_kernel)(y)  # noqa: E731
     if len(layouts) == 1:
         return move(layouts[0], x)
     out = move(layouts[0], x)
@@ -48,14 +47,25 @@ def per_head_layout(x, layouts: list[TokenLayout], head_layout, to_kernel: bool)
     return out
 
 
+def layout_move(lay: TokenLayout, to_kernel: bool):
+    """How XLA moves x [..., seq, d] into `lay`'s kernel order (or back), as measured on a
+    TPU v5e at 10 x 75,600 x 128 bf16 (bench/permute_on_chip.py, docs/measured.md): a tiled
+    order whose cubes divide the video by its reshapes and transposes, which ran at a plain
+    copy's rate (1.17-1.23 ms, the gather 1.78-1.81); every other order by one gather of whole
+    tokens (temporal-major: 1.81-1.88 ms, the reshapes, slices and joins 3.1-4.3)."""
+    if lay.is_identity:
+        return lambda x: x
+    if lay.moves_by_reshape:
+        return functools.partial(lay.to_kernel if to_kernel else lay.from_kernel, xp=jnp)
+    return token_gather(lay, to_kernel)
+
+
 @functools.cache
 def token_gather(lay: TokenLayout, to_kernel: bool):
     """x [..., seq, d] -> the same tokens in `lay`'s kernel order (or back), as one gather of
-    whole tokens (rows of d). On a TPU v5e (bench/permute_on_chip.py, 10 x 75,600 x 128
-    bf16) a gather moved a temporal-major tensor in 1.81-1.88 ms against 3.1-4.3 ms for the
-    layout's reshapes and transposes (TokenLayout.to_kernel), and a plain copy took 1.2 ms.
-    Its VJP is the inverse gather: a permutation's transpose is its inverse, and XLA's
-    scatter-add, the gather's own VJP, is what a permutation does not need."""
+    whole tokens (rows of d). Its VJP is the inverse gather: a permutation's transpose is its
+    inverse, and XLA's scatter-add, the gather's own VJP, is what a permutation does not
+    need."""
     into_kernel = lay.original_index(np.arange(lay.seq_len)).astype(np.int32)
     out_of_kernel = lay.kernel_position.astype(np.int32)
     forward, backward = (into_kernel, out_of_kernel) if to_kernel else (out_of_kernel, into_kernel)
@@ -293,7 +303,7 @@ def layout_mover(
     """How arrays [..., heads, seq, d] go between the user's order and each head's kernel
     order: `mover(x, to_kernel)`, or None where nothing moves. The permute kernel moves
     temporal-major heads (nothing at all when a static assignment gives every head an
-    identity layout); otherwise a gather per layout (`per_head_layout`)."""
+    identity layout); otherwise XLA, layout by layout (`per_head_layout`)."""
     if permute_kernel:
         if static_pattern is not None and all(
             layouts[i].is_identity for i in layout_of_pattern[static_pattern]
