@@ -55,7 +55,9 @@ def candidates(lay, interpret: bool) -> dict:
         heads = jnp.zeros((1,), jnp.int32)
 
         def pallas(to_kernel):
-            return lambda x: permute.permute(x, [lay], heads, to_kernel=to_kernel, interpret=interpret)
+            return lambda x: permute.permute(
+                x, [lay], heads, to_kernel=to_kernel, interpret=interpret
+            )
 
         ways["pallas"] = (pallas(True), pallas(False))
     return ways
@@ -107,8 +109,12 @@ def other_layouts(spec, orders, cubes) -> list:
 
     g = spec.geometry
     video = TokenLayout(frames=g.frames, height=g.height, width=g.width)
-    named = [(f"{spec.name} [{','.join(o)}]", video.with_order(AxisOrder(tuple(o)))) for o in orders]
-    named += [(f"{spec.name} cubes {'x'.join(map(str, c))}", video.with_order(Tiled(*c))) for c in cubes]
+    named = [
+        (f"{spec.name} [{','.join(o)}]", video.with_order(AxisOrder(tuple(o)))) for o in orders
+    ]
+    named += [
+        (f"{spec.name} cubes {'x'.join(map(str, c))}", video.with_order(Tiled(*c))) for c in cubes
+    ]
     return named
 
 
@@ -123,7 +129,11 @@ def bench_layout(name, lay, spec, options, progress) -> dict:
         entry = {}
         for direction, fn in (("to_kernel", to_kernel), ("from_kernel", from_kernel)):
             timing, out = chip_bench.time_calls(
-                jax.jit(fn), (x,), warmup=options.warmup, iters=options.iters, clock=time.perf_counter
+                jax.jit(fn),
+                (x,),
+                warmup=options.warmup,
+                iters=options.iters,
+                clock=time.perf_counter,
             )
             progress(f"{result['spec']}: {way} {direction} {timing.median_s * 1e3:.3f} ms")
             entry[direction] = timing.to_json()
@@ -137,8 +147,10 @@ def bench_layout(name, lay, spec, options, progress) -> dict:
 
 
 def table(results: list[dict]) -> list[str]:
-    lines = ["| spec | tensor MiB | way | to kernel ms | from kernel ms | GB/s (read + write) | matches |",
-             "|---|---:|---|---:|---:|---:|---|"]
+    lines = [
+        "| spec | tensor MiB | way | to kernel ms | from kernel ms | GB/s (read + write) | matches |",
+        "|---|---:|---|---:|---:|---:|---|",
+    ]
     # matches: to kernel order equal to TokenLayout.to_kernel's, and back equal to its inverse
     for r in results:
         for name, e in r["ways"].items():
@@ -185,13 +197,23 @@ def main(argv=None) -> int:
     start = time.monotonic()
 
     def progress(line: str) -> None:
-        print(f"permute_on_chip [{time.monotonic() - start:6.1f} s] {line}", file=sys.stderr, flush=True)
+        print(
+            f"permute_on_chip [{time.monotonic() - start:6.1f} s] {line}",
+            file=sys.stderr,
+            flush=True,
+        )
 
-    report = {"chip": chip, "commit": chip_bench.commit(), "source_digest": chip_bench.source_digest()}
+    report = {
+        "chip": chip,
+        "commit": chip_bench.commit(),
+        "source_digest": chip_bench.source_digest(),
+    }
     report.update(chip_bench.versions() if not args.interpret else {})
     specs = [load_spec(p, chip=chip) for p in args.specs]
     layouts = [(s.name, spec_layout(s, chip), s) for s in specs]
-    layouts += [(name, lay, specs[0]) for name, lay in other_layouts(specs[0], args.order, args.cube)]
+    layouts += [
+        (name, lay, specs[0]) for name, lay in other_layouts(specs[0], args.order, args.cube)
+    ]
     report["results"] = [bench_layout(name, lay, s, options, progress) for name, lay, s in layouts]
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")

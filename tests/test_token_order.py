@@ -205,7 +205,9 @@ def test_token_gather_is_the_layouts_permutation(order, anchors, text, text_posi
     from svgen.runtime.calls import token_gather
 
     base = TokenLayout(frames=5, height=8, width=16, text_tokens=text, text_position=text_position)
-    lay = base.with_order(order if isinstance(order, str) else AxisOrder(order), anchor_frames=anchors)
+    lay = base.with_order(
+        order if isinstance(order, str) else AxisOrder(order), anchor_frames=anchors
+    )
     assert not lay.is_identity
     x = np.random.default_rng(5).standard_normal((2, 3, lay.seq_len, 4)).astype(np.float32)
     moved = token_gather(lay, True)(jnp.asarray(x))
@@ -234,7 +236,10 @@ def test_layout_move_gathers_only_where_cubes_do_not_divide(cube, gathers):
 
     video = TokenLayout(frames=5, height=8, width=16)
     x = jnp.asarray(np.random.default_rng(7).standard_normal((3, video.seq_len, 4)), jnp.float32)
-    for lay in (video.with_order(Tiled(*cube)), video.with_order("temporal_major", anchor_frames=1)):
+    for lay in (
+        video.with_order(Tiled(*cube)),
+        video.with_order("temporal_major", anchor_frames=1),
+    ):
         expect_gather = gathers or lay.is_temporal_major
         for to_kernel in (True, False):
             move = layout_move(lay, to_kernel)
