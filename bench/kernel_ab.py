@@ -238,11 +238,7 @@ def main(argv=None) -> int:
         splash=not args.no_splash,
         **({"dense_blocks": (tuple(args.dense_blocks),)} if args.dense_blocks else {}),
     )
-    start = time.monotonic()
-
-    def progress(line: str) -> None:
-        print(f"kernel_ab [{time.monotonic() - start:6.1f} s] {line}", file=sys.stderr, flush=True)
-
+    progress = chip_bench.script_progress("kernel_ab")
     # (label, module constants, runtime constants) of each "before" kernel
     befores = []
     if args.settings or args.runtime:

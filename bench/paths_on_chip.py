@@ -218,13 +218,7 @@ def main(argv=None) -> int:
         check_rows=args.check_rows,
         interpret=args.interpret,
     )
-    start = time.monotonic()
-
-    def progress(line: str) -> None:
-        print(
-            f"paths_on_chip [{time.monotonic() - start:6.1f} s] {line}", file=sys.stderr, flush=True
-        )
-
+    progress = chip_bench.script_progress("paths_on_chip")
     report = {
         "chip": chip,
         "commit": chip_bench.commit(),

@@ -69,32 +69,23 @@ def _one_transpose(lay, x, to_kernel: bool):
     import jax.numpy as jnp
 
     rows, d = x.shape[0], x.shape[-1]
-    v0, n, a = lay.video_start, lay.video_tokens, lay.anchor_frames
-    text_before, video, text_after = x[:, :v0], x[:, v0 : v0 + n], x[:, v0 + n :]
+    v0, n, a, t = lay.video_start, lay.video_tokens, lay.anchor_frames, lay.main_frames
     split = a * lay.tokens_per_frame
-    r, c = lay.height, lay.width  # the video's rows and columns when lay.transposed
-    if lay.transposed:
-        r, c = c, r
-    t = lay.main_frames
-    if to_kernel:
-        anchor = video[:, :split].reshape(rows, a, r, c, d)
-        main = video[:, split:].reshape(rows, t, r, c, d)
-        if lay.transposed:
-            anchor = anchor.transpose(0, 1, 3, 2, 4)
-            main = main.transpose(0, 3, 2, 1, 4)
-        else:
-            main = main.transpose(0, 2, 3, 1, 4)
-    else:
-        rr, cc = (c, r) if lay.transposed else (r, c)  # the kernel's rows and columns
-        anchor = video[:, :split].reshape(rows, a, rr, cc, d)
-        main = video[:, split:].reshape(rows, rr, cc, t, d)
-        if lay.transposed:
-            anchor = anchor.transpose(0, 1, 3, 2, 4)
-            main = main.transpose(0, 3, 2, 1, 4)
-        else:
-            main = main.transpose(0, 3, 1, 2, 4)
-    video = jnp.concatenate([anchor.reshape(rows, -1, d), main.reshape(rows, -1, d)], axis=1)
-    return jnp.concatenate([text_before, video, text_after], axis=1)
+    r, c = (lay.width, lay.height) if lay.transposed else (lay.height, lay.width)  # the video's
+    # [rows, frames, r, c, d] -> the kernel's order, for the main frames and the anchors
+    main_axes = (0, 3, 2, 1, 4) if lay.transposed else (0, 2, 3, 1, 4)
+    anchor_axes = (0, 1, 3, 2, 4) if lay.transposed else (0, 1, 2, 3, 4)
+
+    def move(part, frames, axes):
+        user_shape = (rows, frames, r, c, d)
+        if to_kernel:
+            return part.reshape(user_shape).transpose(axes).reshape(rows, -1, d)
+        kernel_shape = tuple(user_shape[i] for i in axes)
+        return part.reshape(kernel_shape).transpose(np.argsort(axes)).reshape(rows, -1, d)
+
+    video = x[:, v0 : v0 + n]
+    moved = [move(video[:, :split], a, anchor_axes), move(video[:, split:], t, main_axes)]
+    return jnp.concatenate([x[:, :v0], *moved, x[:, v0 + n :]], axis=1)
 
 
 def spec_layout(spec, chip):
@@ -194,21 +185,8 @@ def main(argv=None) -> int:
     if chip is None:
         return 2
     options = chip_bench.Options(iters=args.iters, interpret=args.interpret)
-    start = time.monotonic()
-
-    def progress(line: str) -> None:
-        print(
-            f"permute_on_chip [{time.monotonic() - start:6.1f} s] {line}",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    report = {
-        "chip": chip,
-        "commit": chip_bench.commit(),
-        "source_digest": chip_bench.source_digest(),
-    }
-    report.update(chip_bench.versions() if not args.interpret else {})
+    progress = chip_bench.script_progress("permute_on_chip")
+    report = chip_bench.script_report(chip, args.interpret)
     specs = [load_spec(p, chip=chip) for p in args.specs]
     layouts = [(s.name, spec_layout(s, chip), s) for s in specs]
     layouts += [

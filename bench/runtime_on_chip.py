@@ -376,21 +376,8 @@ def main(argv=None) -> int:
     if chip is None:
         return 2
     options = chip_bench.Options(iters=args.iters, interpret=args.interpret)
-    start = time.monotonic()
-
-    def progress(line: str) -> None:
-        print(
-            f"runtime_on_chip [{time.monotonic() - start:6.1f} s] {line}",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    report = {
-        "chip": chip,
-        "commit": chip_bench.commit(),
-        "source_digest": chip_bench.source_digest(),
-    }
-    report.update(chip_bench.versions() if not args.interpret else {})
+    progress = chip_bench.script_progress("runtime_on_chip")
+    report = chip_bench.script_report(chip, args.interpret)
     report["results"] = []
 
     def save() -> None:

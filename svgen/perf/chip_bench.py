@@ -89,6 +89,25 @@ def script_chip(script: str, interpret: bool, target: str | None) -> str | None:
         return None
 
 
+def script_progress(script: str) -> Callable[[str], None]:
+    """A bench script's progress printer: `script [  12.3 s] line` on stderr, seconds since
+    this call."""
+    start = time.monotonic()
+
+    def progress(line: str) -> None:
+        print(f"{script} [{time.monotonic() - start:6.1f} s] {line}", file=sys.stderr, flush=True)
+
+    return progress
+
+
+def script_report(chip: str, interpret: bool) -> dict:
+    """What a bench script's JSON starts with: the chip, the commit, a digest of svgen's
+    source and, on a chip, the versions (`versions`)."""
+    report = {"chip": chip, "commit": commit(), "source_digest": source_digest()}
+    report.update({} if interpret else versions())
+    return report
+
+
 def versions() -> dict:
     """What a measurement depends on besides the kernel: jax, jaxlib, libtpu, the device."""
     from importlib.metadata import PackageNotFoundError, version
