@@ -319,10 +319,10 @@ def layout_mover(
 
         return by_permute_kernel
 
-    def by_gather(x, to_kernel):
+    def by_layout(x, to_kernel):
         return per_head_layout(x, layouts, head_layout, to_kernel)
 
-    return by_gather
+    return by_layout
 
 
 def resolve_head_pattern(head_pattern, default, heads: int, spec_heads: int, num_patterns: int):
