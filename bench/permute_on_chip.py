@@ -9,7 +9,8 @@ and for each --order (one of the six axis orders, such as f,w,h) and --cube (the
 of F x H x W cubes) on the first spec's geometry, without its text or anchor frames:
   copy     x + 1: one read and one write of the tensor, the floor any permutation has
   xla      the layout's own reshapes and transposes (TokenLayout.to_kernel / from_kernel), what
-           the wrapper ran before the gather
+           the wrapper runs for tiled orders whose cubes divide the video, and ran for every
+           other order before the gather
   gather   one gather of whole tokens (svgen.runtime.calls.token_gather), what the generated
            wrapper runs where the permute kernel does not apply
   one_transpose  (temporal-major layouts) the main frames moved by one 5-D transpose, the
@@ -96,13 +97,11 @@ def spec_layout(spec, chip):
 
 def other_layouts(spec, orders, cubes) -> list:
     """(name, layout) of each --order and --cube on the spec's geometry, video only."""
-    from svgen.core.layout import AxisOrder, TokenLayout, Tiled
+    from svgen.core.layout import TokenLayout, Tiled
 
     g = spec.geometry
     video = TokenLayout(frames=g.frames, height=g.height, width=g.width)
-    named = [
-        (f"{spec.name} [{','.join(o)}]", video.with_order(AxisOrder(tuple(o)))) for o in orders
-    ]
+    named = [(f"{spec.name} {o.words().replace(' ', '')}", video.with_order(o)) for o in orders]
     named += [
         (f"{spec.name} cubes {'x'.join(map(str, c))}", video.with_order(Tiled(*c))) for c in cubes
     ]
@@ -114,7 +113,8 @@ def bench_layout(name, lay, spec, options, progress) -> dict:
 
     rows, seq, d = spec.attention.heads, lay.seq_len, spec.attention.head_dim
     x = jax.random.normal(jax.random.key(options.seed), (rows, seq, d)).astype(spec.attention.dtype)
-    expected = np.asarray(lay.to_kernel(np.asarray(x, np.float32)))
+    user = np.asarray(x, np.float32)
+    expected = lay.to_kernel(user)
     result = {"spec": name, "tensor_mb": round(x.nbytes / 2**20, 2), "ways": {}}
     for way, (to_kernel, from_kernel) in candidates(lay, options.interpret).items():
         entry = {}
@@ -132,7 +132,7 @@ def bench_layout(name, lay, spec, options, progress) -> dict:
                 entry["matches"] = bool(np.array_equal(np.asarray(out, np.float32), expected))
             if way != "copy" and direction == "from_kernel":  # from_kernel(x) is x's preimage
                 back = np.asarray(lay.to_kernel(np.asarray(out, np.float32)))
-                entry["inverse_matches"] = bool(np.array_equal(back, np.asarray(x, np.float32)))
+                entry["inverse_matches"] = bool(np.array_equal(back, user))
         result["ways"][way] = entry
     return result
 
@@ -154,11 +154,15 @@ def table(results: list[dict]) -> list[str]:
     return lines
 
 
-def _axes(text: str) -> tuple[str, ...]:
-    axes = tuple(text.split(","))
-    if sorted(axes) != ["f", "h", "w"]:
-        raise argparse.ArgumentTypeError(f"{text!r}: an order of f, h and w, such as f,w,h")
-    return axes
+def _axes(text: str):
+    from svgen.core.layout import AxisOrder
+
+    try:
+        return AxisOrder(tuple(text.split(",")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: an order of f, h and w, such as f,w,h"
+        ) from None
 
 
 def _cube(text: str) -> tuple[int, int, int]:

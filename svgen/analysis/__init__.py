@@ -207,7 +207,8 @@ class _TpuKernel:
         self.vmem = check_vmem(spec, self.chip, self.query_values)
 
     def plan(self, spec: Spec, tables: PieceTables) -> TpuKernelPlan:
-        return TpuKernelPlan(tables, self.chip, self.vmem)  # vmem: check_first's, or tables
+        # The chip and the VMEM need were settled by check_first; spec: the GPU side's need.
+        return TpuKernelPlan(tables, self.chip, self.vmem)
 
     def tables(self, spec: Spec, patterns, tiles, spent):
         """(patterns, PieceTables): residual masks added where the tables still fit SMEM and

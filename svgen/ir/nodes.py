@@ -84,7 +84,7 @@ class NodeFacts:
         whose layout walks a frame column by column runs (svgen.core.layout, `transposed`).
         By default the node itself where it reads no row or column, else NotTransposable: a
         node that reads them says how they exchange."""
-        if {s.name for s in self.predicate().free_symbols} & set(_ROW_COL_SWAP):
+        if _reads_rows_or_cols(self.predicate()):
             raise NotTransposable(self.describe())
         return self
 
@@ -95,6 +95,10 @@ class NotTransposable(ValueError):
 
 # The row and column symbols of both sides, each with the one it exchanges with.
 _ROW_COL_SWAP = {"h_q": "w_q", "w_q": "h_q", "h_k": "w_k", "w_k": "h_k"}
+
+
+def _reads_rows_or_cols(expr) -> bool:
+    return any(s.name in _ROW_COL_SWAP for s in expr.free_symbols)
 
 
 def _swap_rows_cols(expr):
@@ -498,7 +502,7 @@ class Predicate(NodeFacts):
         return all(s not in self.expr.subs(case, simultaneous=True).free_symbols for case in cases)
 
     def transposed(self):
-        if not {s.name for s in self.expr.free_symbols} & set(_ROW_COL_SWAP):
+        if not _reads_rows_or_cols(self.expr):
             return self
         # A new source: predicates are equal by their source, and this is another mask.
         source = f"{self.source} [over the transposed frame: h and w exchanged]"

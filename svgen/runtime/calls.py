@@ -38,12 +38,10 @@ SPEC_DTYPES = ("bfloat16", "float32")
 
 def per_head_layout(x, layouts: list[TokenLayout], head_layout, to_kernel: bool):
     """Apply each head's layout permutation to x [..., heads, seq, d], selected per head."""
-    move = lambda lay, y: layout_move(lay, to_kernel)(y)  # noqa: E731
-    if len(layouts) == 1:
-        return move(layouts[0], x)
-    out = move(layouts[0], x)
-    for index, lay in enumerate(layouts[1:], start=1):
-        out = jnp.where((head_layout == index)[:, None, None], move(lay, x), out)
+    moves = [layout_move(lay, to_kernel) for lay in layouts]
+    out = moves[0](x)
+    for index, move in enumerate(moves[1:], start=1):
+        out = jnp.where((head_layout == index)[:, None, None], move(x), out)
     return out
 
 
