@@ -163,6 +163,12 @@ class _Emitter:
         elif isinstance(node, ir.Always):
             fill = "ones_like" if node.value else "zeros_like"
             self.lines.append(f"{name} = jnp.{fill}(k.pos, dtype=jnp.bool_)")
+        elif isinstance(node, ir.BlockData):
+            self.lines.append(f"# {node.describe()}")
+            self.lines.append(
+                f'{name} = coords.block_bits(q.index, k.index, k.tables["{node.tag}"], '
+                f"{node.block})"
+            )
         else:
             predicate = self._specialize(node.predicate())
             self._check_device_range(predicate, node)

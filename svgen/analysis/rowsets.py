@@ -85,6 +85,32 @@ def prefix_rows(node: ir.Prefix, chunk: RowChunk) -> Bounds:
     )
 
 
+def block_data_rows(node: ir.BlockData, chunk: RowChunk) -> Bounds:
+    """Per row, the runs of kept blocks of its block row, as nominal positions [start * block,
+    end * block): exact, one interval per run (at most half the blocks per row)."""
+    offsets, starts, ends = _block_runs(node)
+    block_row = chunk.coords.index // node.block
+    counts = offsets[block_row + 1] - offsets[block_row]
+    ROW_SET_WORK.charge(int(counts.sum()))
+    rows = np.repeat(np.arange(chunk.num_rows), counts)
+    # The runs of each row's block row, in order: its offset plus 0 .. count - 1.
+    first = np.repeat(offsets[block_row] - np.cumsum(counts) + counts, counts)
+    run = first + np.arange(rows.size)
+    return Bounds.exact(nominal_keys(chunk, rows, starts[run] * node.block, ends[run] * node.block))
+
+
+@functools.lru_cache(maxsize=16)
+def _block_runs(node: ir.BlockData):
+    """(offsets [n + 1], starts, ends): the runs of ones of every row of the node's bits, in
+    blocks, row r's at offsets[r] .. offsets[r + 1]."""
+    bits = node.bits.astype(np.int8)
+    edges = np.diff(np.pad(bits, ((0, 0), (1, 1))), axis=1)
+    row_s, starts = np.nonzero(edges == 1)
+    _, ends = np.nonzero(edges == -1)
+    offsets = np.searchsorted(row_s, np.arange(bits.shape[0] + 1))
+    return offsets, starts.astype(np.int64), ends.astype(np.int64)
+
+
 def band_rows(node: ir.Band, chunk: RowChunk) -> Bounds:
     rows = np.arange(chunk.num_rows)
     nominal = chunk.coords.index

@@ -118,6 +118,7 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
                 pattern, prefix, single, inline_limit, stem, files, shared, plan.spec.tiling
             )
         )
+        entry["block_tables"] = [] if pattern.budget else _block_tables(pattern.mask, name, files)
         entry.update(_chunk_entry(plan, len(patterns), stem, files))
         entry["video"] = _video_entry(plan, len(patterns), stem, files)
         patterns.append(entry)
@@ -133,10 +134,64 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
         for t in (p["video"]["superset"], *p["video"]["groups"])
     )
     context["any_tables_file"] |= any(p["variants_file"] for p in patterns)
+    context["any_tables_file"] |= any(p["block_tables"] for p in patterns)
+    context["block_tables"] = list(
+        {t["tag"]: t for p in patterns for t in p["block_tables"]}.values()
+    )
     body = _environment().get_template(backend.template).render(context)
     header = _header(spec_path, options, plan.spec.digest, body)
     files[f"{name}.py"] = (header + body).encode()
     return dict(sorted(files.items()))
+
+
+def block_tables_filename(name: str, tag: str) -> str:
+    return f"{name}_blocks_{tag}.npy"
+
+
+def block_table(node) -> np.ndarray:
+    """A block mask given as data as the kernels read it: uint8 [R, C], its bits zero-padded
+    to multiples of 128 with at least one zero row and column past them, where every
+    position past the sequence lands (coords.block_bits clamps to the last ones)."""
+    n_rows, n_cols = node.bits.shape
+    rows, cols = (-(-(n + 1) // 128) * 128 for n in (n_rows, n_cols))
+    table = np.zeros((rows, cols), np.uint8)
+    table[:n_rows, :n_cols] = node.bits
+    return table
+
+
+def _block_tables(mask, name: str, files: dict[str, bytes]) -> list[dict]:
+    """The block masks given as data in `mask`, each once: the .npy beside the module that
+    holds its table (files, updated) and what the template names and says of it."""
+    out: dict[str, dict] = {}
+    for node in _block_data_nodes(mask):
+        if node.tag in out:
+            continue
+        data = _npy_bytes(block_table(node))
+        filename = block_tables_filename(name, node.tag)
+        files[filename] = data
+        out[node.tag] = {
+            "tag": node.tag,
+            "name": f"BLOCKS_{node.tag.upper()}",
+            "file": filename,
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "words": node.describe(),
+            "source_sha256": node.digest,
+            "shape": " x ".join(map(str, node.bits.shape)),
+        }
+    return list(out.values())
+
+
+def _block_data_nodes(mask) -> list:
+    """The BlockData nodes of a mask, depth first, left to right."""
+    stack, found = [mask], []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ir.BlockData):
+            found.append(node)
+        stack.extend(reversed(getattr(node, "children", ())))
+        if isinstance(node, ir.Not):
+            stack.append(node.child)
+    return found
 
 
 def _variants_entry(

@@ -71,6 +71,10 @@ class Pattern:
     # runs residual_masks[j]; run_variants holds per run its VARIANT_BITS per compute block.
     residual_masks: tuple[BoundaryMask, ...] = ()
     run_variants: object = None
+    # Block masks given as data (the `blocks` primitive): (tag, table) pairs, each table a
+    # 0/1 array [R, C] over blocks of the layout order, zero-padded, that boundary_mask reads
+    # through coords.block_bits (a VMEM input of the kernels).
+    block_tables: tuple = ()
 
 
 def pack_pieces(q_block: np.ndarray, kv_block: np.ndarray, kind: np.ndarray) -> np.ndarray:

@@ -66,6 +66,9 @@ def _lower_term(term: MaskTerm, spec: Spec, patterns: dict[str, Node]) -> Node:
     if form == primitives.PATTERN:
         return patterns[term.param("name")]
     if form == primitives.PARAMS:
+        from_term = getattr(primitive.node_class, "from_term", None)
+        if from_term is not None:  # a node that reads a file, and says where it is wrong
+            return from_term(term, spec)
         return primitive.lower(dict(term.params), spec.geometry)
     if form == primitives.PREDICATE:
         source = term.param("source")

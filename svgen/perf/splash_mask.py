@@ -54,7 +54,9 @@ def pattern_keep(pattern):
     `boundary_mask`, as the module's profiling and reference paths read it)."""
     from svgen.runtime import coords
 
-    return functools.partial(coords.keep, pattern.boundary_mask, pattern.layout)
+    return functools.partial(
+        coords.keep, pattern.boundary_mask, pattern.layout, tables=pattern.block_tables
+    )
 
 
 def aligned_keep(plan_pattern):

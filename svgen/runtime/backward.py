@@ -47,7 +47,13 @@ from svgen.runtime.steps import (
     walk_step,
     walk_view,
 )
-from svgen.runtime.variant import BackwardVariant, TableWalk
+from svgen.runtime.variant import (
+    BackwardVariant,
+    TableWalk,
+    block_table_bytes,
+    block_table_inputs,
+    block_table_shapes,
+)
 from svgen.runtime.video_frames import ShiftedFrames
 from svgen.core.tables import (  # noqa: F401
     KIND_MASK,
@@ -82,7 +88,7 @@ def _dot(a, b, contract_a: int, contract_b: int):
     return out
 
 
-def backward_vmem_limit(shape) -> int | None:
+def backward_vmem_limit(shape, tables: int = 0) -> int | None:
     """The scoped VMEM limit of the dq and dk/dv kernels: twice the forward's (each holds a
     row and a column tile of q, k, v and dO plus f32 accumulators, about twice the forward
     kernel's buffers), at least BACKWARD_VMEM_FLOOR and at most BACKWARD_VMEM_CAP. Without
@@ -90,8 +96,9 @@ def backward_vmem_limit(shape) -> int | None:
     kernel exceeds there (docs/measured.md). None (the compiler's default) for a
     hand-built shape without a forward limit."""
     if shape.vmem_limit_bytes is None:
-        return None
-    return min(BACKWARD_VMEM_CAP, max(BACKWARD_VMEM_FLOOR, 2 * shape.vmem_limit_bytes))
+        return None if not tables else BACKWARD_VMEM_FLOOR + tables
+    limit = min(BACKWARD_VMEM_CAP, max(BACKWARD_VMEM_FLOOR, 2 * shape.vmem_limit_bytes))
+    return limit + tables  # block masks given as data: their tables on top
 
 
 # The floor is v6e's default scoped limit; the cap leaves room on v7x (64 MiB a core).
@@ -142,6 +149,9 @@ def _walk(
         return walk_view(refs, walk, outer, step)
 
     def index_map_of(kind: str):
+        if kind == "whole":  # a block table, read whole
+            return lambda outer, step, slot, *refs: (0, 0)
+
         def index_map(outer, step, slot, *refs):
             at = view(outer, step, refs)
             tile = at.q_block if kind.startswith("row") else at.kv_block(slot)
@@ -172,7 +182,9 @@ def _walk(
         out_shape=[jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outputs],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
-            vmem_limit_bytes=backward_vmem_limit(variant.shape),
+            vmem_limit_bytes=backward_vmem_limit(
+                variant.shape, block_table_bytes(block_table_shapes(variant.patterns))
+            ),
         ),
         interpret=interpret,
         name=name,
@@ -248,7 +260,7 @@ def _dq_kernel(*refs, variant: BackwardVariant):
         p = jnp.exp2(_dot(q, k, 1, 1) - lanes(lse_col[block.rows, :], shape.ckv))
         if pattern is not None:
             shifts = block_shifts(id_refs, block.rows, block.cols) if segmented else None
-            keep = _keep(pattern, q_tile, kv_tile, block, shape, shifts)
+            keep = _keep(pattern, q_tile, kv_tile, block, shape, shifts, r.block_tables)
             if segmented:  # the block spans run-time segments: only pairs of one segment
                 keep = keep & same_segment(id_refs, block.rows, block.cols)
             p = jnp.where(keep, p, 0.0)
@@ -316,7 +328,9 @@ def _dkv_kernel(*refs, variant: BackwardVariant):
         p_t = jnp.exp2(_dot(k, q, 1, 1) - lse)
         if pattern is not None:
             shifts = block_shifts(id_refs, block.rows, block.cols) if segmented else None
-            keep_t = _keep_t(pattern, kv_tile, q_tile, block, shape, q_first, key_map, shifts)
+            keep_t = _keep_t(
+                pattern, kv_tile, q_tile, block, shape, q_first, key_map, shifts, r.block_tables
+            )
             if segmented:  # across run-time segments: only pairs of one (keys are rows here)
                 keep_t = keep_t & same_segment(id_refs, block.rows, block.cols)
             p_t = jnp.where(keep_t, p_t, 0.0)
@@ -360,23 +374,27 @@ def _positions(tile, size: int, index: int, width: int):
     return tile * size + index * width + lax.broadcasted_iota(jnp.int32, (1, width), 1)
 
 
-def _keep(pattern, q_tile, kv_tile, block, shape, shifts=None):
+def _keep(pattern, q_tile, kv_tile, block, shape, shifts=None, tables=None):
     """keep [cq, ckv] of a dq block (queries decoded in row form, read as columns).
     shifts: per-video frames' (query [cq, 1], key [1, ckv]) frame shifts."""
     q = QueryCoords(_positions(q_tile, shape.block_q, block.qi, shape.cq), pattern.layout)
-    k = TokenCoords(_positions(kv_tile, shape.block_kv, block.ki, shape.ckv), pattern.layout)
+    k = TokenCoords(
+        _positions(kv_tile, shape.block_kv, block.ki, shape.ckv), pattern.layout, tables
+    )
     if shifts is not None:
         q, k = ShiftedFrames(q, shifts[0]), ShiftedFrames(k, shifts[1])
     return jnp.broadcast_to(pattern.boundary_mask(q, k), (shape.cq, shape.ckv))
 
 
-def _keep_t(pattern, kv_tile, q_tile, block, shape, q_first=None, key_map=None, shifts=None):
+def _keep_t(
+    pattern, kv_tile, q_tile, block, shape, q_first=None, key_map=None, shifts=None, tables=None
+):
     """keep^T [ckv, cq] of a dkv block: the same mask with keys as columns, queries as rows
     (shape is transposed: block.qi indexes keys). q_first: a chunked call's first query
     token in the video; key_map: a rolling cache's slot -> video key map. shifts: per-video
     frames' (key [ckv, 1], query [1, cq]) frame shifts."""
     k_pos = _positions(kv_tile, shape.block_q, block.qi, shape.cq)
-    k = QueryCoords(k_pos if key_map is None else key_map(k_pos), pattern.layout)
+    k = QueryCoords(k_pos if key_map is None else key_map(k_pos), pattern.layout, tables)
     q_pos = _positions(q_tile, shape.block_kv, block.ki, shape.ckv)
     q = TokenCoords(q_pos if q_first is None else q_pos + q_first, pattern.layout)
     if shifts is not None:
@@ -459,7 +477,7 @@ def backward(
             "dq", shape, tuple(patterns), walk, num_tables, sm_scale, id_rows=id_rows
         ),
         tables=forward_tables,
-        inputs=(qp, kp, vp, dop, lse, delta, *ids),
+        inputs=(qp, kp, vp, dop, lse, delta, *ids, *block_table_inputs(patterns)),
         call=fwd_call,
         outputs=(qp,),
         name="svgen_attention_dq",
@@ -494,6 +512,7 @@ def _dkv_walk(
     inputs = (kp, vp, qp, dop, lse, delta)
     if ids:  # keys are the rows here
         inputs = inputs + (ids[1], ids[0])
+    inputs = inputs + block_table_inputs(patterns)
     outputs, aliases = (kp, vp), {}
     if fused_dq:
         dq_zero = jnp.zeros(qp.shape, jnp.float32)

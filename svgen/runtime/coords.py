@@ -29,9 +29,12 @@ class TokenCoords:
     col.
     """
 
-    def __init__(self, pos, layout: TokenLayout):
+    def __init__(self, pos, layout: TokenLayout, tables=None):
         self._pos = pos
         self.layout = layout
+        # Block masks given as data, by tag (refs in a kernel, arrays elsewhere): what a
+        # generated mask's coords.block_bits reads through its key coordinates.
+        self.tables = {} if tables is None else tables
 
     def _out(self, value):
         """How a coordinate leaves this object (QueryCoords turns rows into columns)."""
@@ -214,10 +217,43 @@ class QueryCoords(TokenCoords):
         return self._out(value.astype(jnp.int32)) != 0
 
 
-def keep(mask, layout: TokenLayout, q_pos, k_pos):
+def keep(mask, layout: TokenLayout, q_pos, k_pos, tables=()):
     """A generated `boundary_mask(q, k)` evaluated on positions: q_pos [n, 1], k_pos [1, m]
-    (the reference and profiling path; the kernel passes precomputed query coordinates)."""
-    return mask(TokenCoords(q_pos, layout), TokenCoords(k_pos, layout))
+    (the reference and profiling path; the kernel passes precomputed query coordinates).
+    tables: the pattern's block tables, (tag, table) pairs (svgen.core.tables.Pattern)."""
+    by_tag = {tag: jnp.asarray(table, jnp.bfloat16) for tag, table in tables}
+    return mask(TokenCoords(q_pos, layout), TokenCoords(k_pos, layout, by_tag))
+
+
+def block_bits(q_index, k_index, table, block: int):
+    """bits[i_q // block, i_k // block] of a block mask given as data, for query positions
+    q_index and key positions k_index in either orientation ([n, 1] against [1, m], or
+    transposed as the dk/dv walk has them), table a bf16 [R, C] of 0 / 1 (a ref or an array;
+    rows and columns past the mask's blocks are zero, and positions past them land there).
+
+    Why two matmuls: a TPU kernel cannot gather, but a one-hot matrix times the table picks
+    rows exactly (one 1 per row, bf16 0/1 products summed in f32), and the MXU does it at a
+    fraction of the block's own q·k matmul when the table is small: [n, R] x [R, C] picks
+    each query's block row, [n, C] x [C, m] each key's column."""
+    table = table[...]
+    rows, cols = table.shape
+    f32, bf16 = jnp.float32, jnp.bfloat16
+    q_block = jnp.minimum(lax.div(q_index, block), rows - 1)
+    k_block = jnp.minimum(lax.div(k_index, block), cols - 1)
+    if k_block.shape[0] == 1:  # queries down, keys across
+        q_col = q_block[:, :1] if q_block.ndim == 2 else q_block
+        pick_rows = (q_col == lax.broadcasted_iota(jnp.int32, (1, rows), 1)).astype(bf16)
+        picked = jnp.dot(pick_rows, table, preferred_element_type=f32).astype(bf16)
+        pick_cols = (lax.broadcasted_iota(jnp.int32, (cols, 1), 0) == k_block).astype(bf16)
+        return jnp.dot(picked, pick_cols, preferred_element_type=f32) > 0.5
+    # keys down, queries across (keep^T of the dk/dv walk)
+    k_col = k_block[:, :1]
+    pick_cols = (k_col == lax.broadcasted_iota(jnp.int32, (1, cols), 1)).astype(bf16)
+    picked = lax.dot_general(
+        pick_cols, table, (((1,), (1,)), ((), ())), preferred_element_type=f32
+    ).astype(bf16)
+    pick_rows = (lax.broadcasted_iota(jnp.int32, (rows, 1), 0) == q_block).astype(bf16)
+    return jnp.dot(picked, pick_rows, preferred_element_type=f32) > 0.5
 
 
 # The int32 sign bit: a + _SIGN - b maps a - b in 0 .. width to _SIGN .. _SIGN + width, the

@@ -86,7 +86,15 @@ from svgen.core.tables import (
     KernelShape,
     PieceTables,
 )
-from svgen.runtime.variant import ForwardVariant, KernelRefs, PatternCode, TableWalk
+from svgen.runtime.variant import (
+    ForwardVariant,
+    KernelRefs,
+    PatternCode,
+    TableWalk,
+    block_table_bytes,
+    block_table_inputs,
+    block_table_shapes,
+)
 from svgen.runtime.video_frames import ShiftedFrames
 from svgen.core.vmem import kernel_vmem
 
@@ -281,7 +289,7 @@ def _keep_of(step: _Step, block: Block, pattern: PatternCode, padding: bool, seg
             k_pos, variant.ring_sink, r.last_scalar, variant.chunked, step.view.row
         )
     q = _QueryBlockCoords(r.coords, pattern.query_coords, block)
-    k = TokenCoords(k_video, pattern.layout)
+    k = TokenCoords(k_video, pattern.layout, r.block_tables)
     shifts = block_shifts(r.id_refs, block.rows, block.cols) if segmented else None
     if shifts is not None:  # per-video frames: counted from each token's video segment
         q, k = ShiftedFrames(q, shifts[0]), ShiftedFrames(k, shifts[1])
@@ -489,11 +497,14 @@ def _keep_every_key(q, k):
     return k.pos >= 0
 
 
-def _vmem_limit(shape: KernelShape, dtype, query_coords: int, ids: bool = False) -> int | None:
+def _vmem_limit(
+    shape: KernelShape, dtype, query_coords: int, ids: bool = False, tables: int = 0
+) -> int | None:
     """The module's limit, never below what this call's buffers need (the compiler's bound
     on query coordinates covers them; this keeps a hand-built KernelShape safe too). ids:
-    run-time segments, whose [1, tile] id blocks take 8 sublanes, double-buffered."""
-    if shape.vmem_limit_bytes is None and not ids:
+    run-time segments, whose [1, tile] id blocks take 8 sublanes, double-buffered. tables:
+    the bytes of block masks given as data (svgen.runtime.variant.block_table_bytes)."""
+    if shape.vmem_limit_bytes is None and not ids and not tables:
         return None
     need = kernel_vmem(
         shape.block_q,
@@ -509,6 +520,8 @@ def _vmem_limit(shape: KernelShape, dtype, query_coords: int, ids: bool = False)
         need = dataclasses.replace(
             need, pipeline=need.pipeline + 2 * 8 * 4 * (shape.block_q + shape.block_kv)
         )
+    if tables:
+        need = dataclasses.replace(need, pipeline=need.pipeline + tables)
     return max(shape.vmem_limit_bytes or 0, need.limit())
 
 
@@ -575,6 +588,7 @@ def flat_attention(
         cube=None if cubes is None else cubes.cube,
         id_rows=id_inputs[0].shape[1] if call is not None else 0,  # 2: ids and frame shifts
         variants_table=tables.variants is not None,
+        block_tables=block_table_shapes(patterns),
     )
 
     index_maps = _index_maps(variant, cubes)
@@ -599,12 +613,16 @@ def flat_attention(
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
             vmem_limit_bytes=_vmem_limit(
-                shape, q.dtype, variant.query_coords, ids=call is not None
+                shape,
+                q.dtype,
+                variant.query_coords,
+                ids=call is not None,
+                tables=block_table_bytes(variant.block_tables),
             ),
         ),
         interpret=interpret,
         name="svgen_attention",  # the kernel's name in profiles and libtpu dumps
-    )(*operands, q, k, v, *bound_inputs, *id_inputs)
+    )(*operands, q, k, v, *bound_inputs, *id_inputs, *block_table_inputs(patterns))
     outputs = [settled(x, interpret) for x in outputs]
     return tuple(outputs) if with_lse or with_modes else outputs[0]
 
@@ -657,12 +675,16 @@ def _index_maps(variant: ForwardVariant, cubes: CubeDma | None) -> dict:
         at = view(outer, step, table_refs)
         return at.row, 0, at.kv_block(slot)
 
+    def whole_index_map(outer, step, slot, *table_refs):  # a block table, read whole
+        return 0, 0
+
     return {
         "q": q_index_map,
         "kv": kv_index_map,
         "row": row_index_map,
         "q_tile": q_tile_index_map,
         "kv_ids": kv_ids_index_map,
+        "whole": whole_index_map,
     }
 
 

@@ -130,6 +130,7 @@ class TpuAttention(Attention):
                 tuple(p.query_coords),
                 r,
                 straight_words(p.runs, shape, whole_mask=not r),
+                block_tables=tuple(p.block_tables),
             )
             for p, r in zip(self.patterns, residuals)
         ]

@@ -46,7 +46,11 @@ def pattern_errors(q, k, v, patterns: Sequence[Pattern], *, key, num_queries: in
     for pattern in patterns:
         position = jnp.asarray(pattern.layout.kernel_position)  # user index -> kernel position
         keep = coords.keep(
-            pattern.boundary_mask, pattern.layout, position[rows][:, None], position[None, :]
+            pattern.boundary_mask,
+            pattern.layout,
+            position[rows][:, None],
+            position[None, :],
+            pattern.block_tables,
         )
         approx = _masked_softmax_output(scores, keep, v32)
         err = jnp.mean((approx - exact) ** 2, axis=(-2, -1))  # [..., heads]

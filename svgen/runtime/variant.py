@@ -42,11 +42,54 @@ class PatternCode:
     residual_masks: tuple[BoundaryMask, ...] = ()
     # The blocks words whose BOUNDARY tiles run a straight-line body (static tables only).
     straight_words: tuple[StraightWord, ...] = ()
+    # Block masks given as data (svgen.core.tables.Pattern.block_tables): (tag, table) pairs
+    # the mask reads through its key coordinates; each a VMEM input of the kernels.
+    block_tables: tuple = dataclasses.field(default=(), compare=False, hash=False)
 
     def variant(self, j: int) -> "PatternCode":
         """The pattern as its variant j runs it (0: the whole mask)."""
         mask = self.boundary_mask if j == 0 else self.residual_masks[j - 1]
-        return PatternCode(mask, self.layout, self.query_coords)
+        return PatternCode(mask, self.layout, self.query_coords, block_tables=self.block_tables)
+
+
+def block_table_shapes(patterns) -> tuple[tuple[str, tuple[int, int]], ...]:
+    """(tag, shape) of every block table the patterns read, each once, in first-read order:
+    the kernels' `blocks_<tag>` inputs (`block_table_inputs` passes them in this order)."""
+    seen: dict[str, tuple[int, int]] = {}
+    for pattern in patterns:
+        for tag, table in pattern.block_tables:
+            seen.setdefault(tag, tuple(table.shape))
+    return tuple(seen.items())
+
+
+def block_table_inputs(patterns) -> tuple:
+    """The block tables as the kernels' inputs (bf16: 0 and 1, what the MXU multiplies),
+    in the order of `block_table_shapes`."""
+    import jax.numpy as jnp
+
+    tables: dict[str, object] = {}
+    for pattern in patterns:
+        for tag, table in pattern.block_tables:
+            tables.setdefault(tag, table)
+    return tuple(jnp.asarray(t, jnp.bfloat16) for t in tables.values())
+
+
+def block_table_bytes(shapes) -> int:
+    """VMEM the block tables take in a kernel: bf16, two buffers each (Pallas's pipeline)."""
+    return sum(2 * 2 * rows * cols for _, (rows, cols) in shapes)
+
+
+def _block_table_operands(shapes) -> list[Operand]:
+    return [Operand(f"blocks_{tag}", "input", "whole", shape) for tag, shape in shapes]
+
+
+def _named_block_tables(named: dict) -> dict:
+    """The block tables' refs by tag, taken out of `named` (named_refs' other refs)."""
+    return {
+        name[len("blocks_") :]: named.pop(name)
+        for name in list(named)
+        if name.startswith("blocks_")
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +190,8 @@ class ForwardVariant:
     id_rows: int = 0  # run-time ids: rows of each id block (2 with per-video frame shifts)
     # The static tables hold a residual-mask variants word per piece (their last operand).
     variants_table: bool = False
+    # Block masks given as data: (tag, shape) of each table, a VMEM input read whole.
+    block_tables: tuple[tuple[str, tuple[int, int]], ...] = ()
 
     # ---------------------------------------------------------------- derived choices
     @property
@@ -199,6 +244,7 @@ class ForwardVariant:
                 Operand("q_ids", "input", "q_tile", (None, self.id_rows, shape.block_q)),
                 Operand("kv_ids", "input", "kv_ids", (None, self.id_rows, shape.block_kv)),
             ]
+        inputs += _block_table_operands(self.block_tables)
         outputs = [Operand("o", "output", "q", q_block)]
         if self.with_lse:  # lane-major [1, block_q]: what the backward kernels broadcast
             outputs.append(Operand("lse", "output", "q_tile", (None, 1, shape.block_q)))
@@ -223,7 +269,8 @@ class ForwardVariant:
     def unpack(self, refs) -> "KernelRefs":
         """The kernel body's refs by name (KernelRefs), in the order of `operands`."""
         tables, named = named_refs("forward", self.operands(), refs)
-        return KernelRefs(tables=tables, **named)
+        block_tables = _named_block_tables(named)
+        return KernelRefs(tables=tables, block_tables=block_tables, **named)
 
     # ---------------------------------------------------------------- branches
     @property
@@ -313,6 +360,7 @@ class KernelRefs:
     l: object = None  # noqa: E741 (the softmax's row sum: its name in every paper)
     coords: object = None
     mode: object = None
+    block_tables: dict = dataclasses.field(default_factory=dict)  # tag -> ref
 
     @property
     def last_scalar(self):
@@ -369,6 +417,7 @@ class BackwardVariant:
                 tile("row_ids", "row_vec", height=self.id_rows),
                 tile("col_ids", "col_vec", height=self.id_rows),
             ]
+        inputs += _block_table_operands(block_table_shapes(self.patterns))
         if self.kernel == "dq":
             outputs = [tile("dq", "row", "output")]
             scratch = [
@@ -397,7 +446,8 @@ class BackwardVariant:
         """The kernel body's refs by name (BackwardRefs), in the order of `operands`."""
         tables, named = named_refs(self.kernel, self.operands(), refs)
         named.pop("dq_zero", None)  # aliased to dq_hbm: the kernel reads and writes that
-        return BackwardRefs(tables=tables, **named)
+        block_tables = _named_block_tables(named)
+        return BackwardRefs(tables=tables, block_tables=block_tables, **named)
 
     @property
     def branches(self) -> Branches:
@@ -431,6 +481,7 @@ class BackwardRefs:
     dq_step: object = None
     dq_buf: object = None
     dq_sems: object = None
+    block_tables: dict = dataclasses.field(default_factory=dict)  # tag -> ref
 
     @property
     def id_refs(self) -> tuple:

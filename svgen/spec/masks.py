@@ -15,6 +15,7 @@ from svgen.spec.expr import ExprSyntaxError, parse_predicate, predicate_tokens
 from svgen.spec.limits import (
     MAX_MASK_DEPTH,
     MAX_MASK_SIZE,
+    MAX_PATH_CHARS,
 )
 from svgen.spec.model import Location, MaskTerm
 from svgen.spec.nodes import MISSING, Reader, join_path, key_text
@@ -327,10 +328,20 @@ class MaskReader:
     }
 
 
-def _param_value(r: Reader, param: primitives.Param, node: Node, path: str) -> int | float:
+def _param_value(r: Reader, param: primitives.Param, node: Node, path: str) -> int | float | str:
     """One parameter's value, checked against its kind and range before anything uses it."""
     if param.kind == primitives.INTEGER:
         return r.integer(node, path, param.minimum, param.maximum, param.limit)
+    if param.kind == primitives.TEXT:
+        value = r.string(node, path)
+        if not value or len(value) > MAX_PATH_CHARS or "\x00" in value:
+            raise r.error(
+                node,
+                path,
+                f"must be a non-empty string of at most {MAX_PATH_CHARS} characters with no NUL "
+                f"(MAX_PATH_CHARS), got {r.describe(node)}",
+            )
+        return value
     assert param.kind == primitives.FRACTION, param.kind
     must = f"must be a number with 0 < {param.name} <= 1"
     value = r.scalar(node, path) if isinstance(node, ScalarNode) else MISSING

@@ -36,6 +36,7 @@ __all__ = [
     "PATTERN",
     "INTEGER",
     "FRACTION",
+    "TEXT",
     "EXTENTS",
     "FRAME_COUNT",
     "FRAME_DIFFERENCE",
@@ -61,6 +62,7 @@ PATTERN = "pattern"  # the name of a pattern from `patterns` (ref); it lowers to
 # Parameter kinds (Param.kind).
 INTEGER = "integer"  # an integer in [minimum, maximum]
 FRACTION = "fraction"  # a number with 0 < value <= 1
+TEXT = "text"  # a non-empty string of at most MAX_PATH_CHARS characters (a file's path, a name)
 
 # What an integer parameter is measured against (Param.within). A value past the geometry's
 # largest meaningful one is legal (it means the same as that one, or keeps only what it
@@ -336,6 +338,36 @@ BUILTINS = (
         node=_ir("Radial"),
         rows=_rows("predicate_rows"),
         code_name="radial",
+    ),
+    Primitive(
+        "blocks",
+        "a block mask given as data: keep(q, k) = array[i_q // block, i_k // block] (i: the "
+        "position in the head's layout order), read from a .npy or .npz file",
+        params=(
+            Param(
+                "file",
+                "the .npy or .npz file, relative to the spec's folder: a 0/1 array of "
+                "[ceil(seq_len / block)] x [ceil(seq_len / block)], or [heads] x that",
+                kind=TEXT,
+                required=True,
+            ),
+            Param(
+                "block",
+                "tokens per block on each side (the array's grain)",
+                minimum=1,
+                required=True,
+                within=POSITION_COUNT,
+            ),
+            Param("head", "which array of a [heads, n, n] file (omitted: the file is [n, n])"),
+            Param(
+                "array",
+                "which array of a .npz file (omitted: its only array)",
+                kind=TEXT,
+            ),
+        ),
+        node=_ir("BlockData"),
+        rows=_rows("block_data_rows"),
+        code_name="blocks",
     ),
     Primitive(
         "expr",

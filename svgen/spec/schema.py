@@ -23,7 +23,14 @@ import json
 
 from svgen import spec
 from svgen.spec import primitives
-from svgen.spec.limits import MAX_EXPR_CHARS, MAX_HEADS, MAX_NAME_LEN, MAX_PATTERNS, MAX_SEQ_LEN
+from svgen.spec.limits import (
+    MAX_EXPR_CHARS,
+    MAX_HEADS,
+    MAX_NAME_LEN,
+    MAX_PATH_CHARS,
+    MAX_PATTERNS,
+    MAX_SEQ_LEN,
+)
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -417,6 +424,8 @@ def _value(p: primitives.Primitive) -> dict:
 def _param(q: primitives.Param) -> dict:
     if q.kind == primitives.FRACTION:
         out = {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
+    elif q.kind == primitives.TEXT:
+        out = {"type": "string", "minLength": 1, "maxLength": MAX_PATH_CHARS}
     else:
         assert q.kind == primitives.INTEGER, q.kind
         out = {"type": "integer", "minimum": q.minimum, "maximum": q.maximum}
