@@ -166,8 +166,7 @@ class _Emitter:
         elif isinstance(node, ir.BlockData):
             self.lines.append(f"# {node.describe()}")
             self.lines.append(
-                f'{name} = coords.block_bits(q.index, k.index, k.tables["{node.tag}"], '
-                f"{node.block})"
+                f'{name} = coords.block_bits(q.pos, k.pos, k.tables["{node.tag}"], {node.block})'
             )
         else:
             predicate = self._specialize(node.predicate())

@@ -118,7 +118,9 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
                 pattern, prefix, single, inline_limit, stem, files, shared, plan.spec.tiling
             )
         )
-        entry["block_tables"] = [] if pattern.budget else _block_tables(pattern.mask, name, files)
+        entry["block_tables"] = (
+            [] if pattern.budget else _block_tables(pattern, plan.spec.tiling, name, files)
+        )
         entry.update(_chunk_entry(plan, len(patterns), stem, files))
         entry["video"] = _video_entry(plan, len(patterns), stem, files)
         patterns.append(entry)
@@ -148,25 +150,43 @@ def block_tables_filename(name: str, tag: str) -> str:
     return f"{name}_blocks_{tag}.npy"
 
 
-def block_table(node) -> np.ndarray:
-    """A block mask given as data as the kernels read it: uint8 [R, C], its bits zero-padded
-    to multiples of 128 with at least one zero row and column past them, where every
-    position past the sequence lands (coords.block_bits clamps to the last ones)."""
+def block_table(node, tiling, grid) -> np.ndarray:
+    """A block mask given as data as the kernels read it: uint8 [R, C, rq, ck], for every
+    compute block (r, c) of the kernel's grid (one tile more each way, past any padding
+    tile) the data blocks its rows and keys fall in, bits[(r * cq) // block + i,
+    (c * ckv) // block + j], zero past the mask. A tile's BlockSpec brings its compute
+    blocks' [rq, ck] pieces into VMEM, so a BOUNDARY block picks its bits from a few data
+    blocks instead of the whole mask (coords.block_bits)."""
+    cq, ckv, b = tiling.cq, tiling.ckv, node.block
+    rows = (grid.num_q_blocks + 1) * (tiling.block_q // cq)
+    cols = (grid.num_kv_blocks + 1) * (tiling.block_kv // ckv)
+    row_first = np.arange(rows) * cq // b
+    col_first = np.arange(cols) * ckv // b
+    # A piece is at least 8 x 8 (zero-padded): Mosaic lowers one-hot matmuls of inner
+    # dimension 1 (a compute block inside one data block) to a broadcast it rejects.
+    rq = _multiple_of_8(int(np.max((np.arange(1, rows + 1) * cq - 1) // b - row_first)) + 1)
+    ck = _multiple_of_8(int(np.max((np.arange(1, cols + 1) * ckv - 1) // b - col_first)) + 1)
     n_rows, n_cols = node.bits.shape
-    rows, cols = (-(-(n + 1) // 128) * 128 for n in (n_rows, n_cols))
-    table = np.zeros((rows, cols), np.uint8)
-    table[:n_rows, :n_cols] = node.bits
-    return table
+    padded = np.zeros((row_first[-1] + rq, col_first[-1] + ck), np.uint8)
+    padded[:n_rows, :n_cols] = node.bits[: padded.shape[0], : padded.shape[1]]
+    r_index = (row_first[:, None] + np.arange(rq))[:, None, :, None]
+    c_index = (col_first[:, None] + np.arange(ck))[None, :, None, :]
+    return np.ascontiguousarray(padded[r_index, c_index])
 
 
-def _block_tables(mask, name: str, files: dict[str, bytes]) -> list[dict]:
-    """The block masks given as data in `mask`, each once: the .npy beside the module that
-    holds its table (files, updated) and what the template names and says of it."""
+def _multiple_of_8(n: int) -> int:
+    return -(-n // 8) * 8
+
+
+def _block_tables(pattern, tiling, name: str, files: dict[str, bytes]) -> list[dict]:
+    """The block masks given as data in the pattern's mask, each once: the .npy beside the
+    module that holds its table (files, updated) and what the template names and says of it."""
     out: dict[str, dict] = {}
-    for node in _block_data_nodes(mask):
+    for node in _block_data_nodes(pattern.mask):
         if node.tag in out:
             continue
-        data = _npy_bytes(block_table(node))
+        table = block_table(node, tiling, pattern.grid)
+        data = _npy_bytes(table)
         filename = block_tables_filename(name, node.tag)
         files[filename] = data
         out[node.tag] = {
@@ -177,6 +197,9 @@ def _block_tables(mask, name: str, files: dict[str, bytes]) -> list[dict]:
             "words": node.describe(),
             "source_sha256": node.digest,
             "shape": " x ".join(map(str, node.bits.shape)),
+            "pieces": " x ".join(map(str, table.shape[2:])),
+            "cq": tiling.cq,
+            "ckv": tiling.ckv,
         }
     return list(out.values())
 

@@ -300,6 +300,7 @@ class TokenLayout:
             col=place % self.width,
             index=nominal,
             is_text=is_text,
+            position=pos,
         )
 
     def original_index(self, positions: np.ndarray) -> np.ndarray:
@@ -456,8 +457,14 @@ class Coordinates:
     col: np.ndarray
     index: np.ndarray  # position in the layout's nominal order
     is_text: np.ndarray
+    # The kernel position itself (what a block mask given as data is indexed by); None for
+    # coordinates made up by the analysis, which no such mask reads.
+    position: np.ndarray | None = None
 
     def reshape(self, *shape: int) -> "Coordinates":
         return Coordinates(
-            *(getattr(self, f.name).reshape(shape) for f in dataclasses.fields(self))
+            *(
+                None if getattr(self, f.name) is None else getattr(self, f.name).reshape(shape)
+                for f in dataclasses.fields(self)
+            )
         )

@@ -469,8 +469,9 @@ class CubeWindow(NodeFacts):
 
 class BlockBit(sympy.logic.boolalg.BooleanFunction):
     """keep(q, k) of a block mask given as data, as the predicate algebra sees it: an opaque
-    boolean of (i_q, i_k, block, tag), tag naming the array (its digest's first 48 bits).
-    Nothing simplifies through it; svgen.analysis reads BlockData nodes, not this."""
+    boolean of (i_q, i_k, block, tag), tag naming the array (its digest's first 48 bits); i
+    stands for the kernel position here, which the predicate language cannot name. Nothing
+    simplifies through it; svgen.analysis reads BlockData nodes, not this."""
 
     nargs = 4
 
@@ -481,9 +482,10 @@ class BlockBit(sympy.logic.boolalg.BooleanFunction):
 
 @dataclasses.dataclass(frozen=True)
 class BlockData(NodeFacts):
-    """A block mask given as data (the `blocks` primitive): keep(q, k) = bits[i_q // block,
-    i_k // block], i the position in the head's layout order, bits read from `file` (checked
-    by svgen.spec.block_data; equal nodes have equal files by digest)."""
+    """A block mask given as data (the `blocks` primitive): keep(q, k) = bits[p_q // block,
+    p_k // block], p the token's position in the head's kernel order (the order its layout
+    runs it in, `token_order="kernel"`: the user's order for frame_major), bits read from
+    `file` (checked by svgen.spec.block_data; equal nodes have equal files by digest)."""
 
     file: str
     block: int
@@ -532,7 +534,7 @@ class BlockData(NodeFacts):
         return tag
 
     def evaluate(self, q, k):
-        return self.bits[q.index // self.block, k.index // self.block]
+        return self.bits[q.position // self.block, k.position // self.block]
 
     def predicate(self):
         return BlockBit(

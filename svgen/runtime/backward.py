@@ -53,6 +53,7 @@ from svgen.runtime.variant import (
     block_table_bytes,
     block_table_inputs,
     block_table_shapes,
+    block_pieces,
 )
 from svgen.runtime.video_frames import ShiftedFrames
 from svgen.core.tables import (  # noqa: F401
@@ -149,8 +150,14 @@ def _walk(
         return walk_view(refs, walk, outer, step)
 
     def index_map_of(kind: str):
-        if kind == "whole":  # a block table, read whole
-            return lambda outer, step, slot, *refs: (0, 0)
+        if kind.startswith("blocks"):  # a tile's block-table pieces, queries first
+
+            def blocks_index_map(outer, step, slot, *refs):
+                at = view(outer, step, refs)
+                tiles = (at.q_block, at.kv_block(slot))
+                return (*(tiles if kind == "blocks" else tiles[::-1]), 0, 0)
+
+            return blocks_index_map
 
         def index_map(outer, step, slot, *refs):
             at = view(outer, step, refs)
@@ -183,7 +190,10 @@ def _walk(
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
             vmem_limit_bytes=backward_vmem_limit(
-                variant.shape, block_table_bytes(block_table_shapes(variant.patterns))
+                variant.shape,
+                block_table_bytes(
+                    block_table_shapes(variant.patterns), variant.shape.compute_blocks
+                ),
             ),
         ),
         interpret=interpret,
@@ -379,7 +389,9 @@ def _keep(pattern, q_tile, kv_tile, block, shape, shifts=None, tables=None):
     shifts: per-video frames' (query [cq, 1], key [1, ckv]) frame shifts."""
     q = QueryCoords(_positions(q_tile, shape.block_q, block.qi, shape.cq), pattern.layout)
     k = TokenCoords(
-        _positions(kv_tile, shape.block_kv, block.ki, shape.ckv), pattern.layout, tables
+        _positions(kv_tile, shape.block_kv, block.ki, shape.ckv),
+        pattern.layout,
+        block_pieces(tables, block, shape),
     )
     if shifts is not None:
         q, k = ShiftedFrames(q, shifts[0]), ShiftedFrames(k, shifts[1])
@@ -394,7 +406,8 @@ def _keep_t(
     token in the video; key_map: a rolling cache's slot -> video key map. shifts: per-video
     frames' (key [ckv, 1], query [1, cq]) frame shifts."""
     k_pos = _positions(kv_tile, shape.block_q, block.qi, shape.cq)
-    k = QueryCoords(k_pos if key_map is None else key_map(k_pos), pattern.layout, tables)
+    pieces = block_pieces(tables, block, shape, transposed=True)
+    k = QueryCoords(k_pos if key_map is None else key_map(k_pos), pattern.layout, pieces)
     q_pos = _positions(q_tile, shape.block_kv, block.ki, shape.ckv)
     q = TokenCoords(q_pos if q_first is None else q_pos + q_first, pattern.layout)
     if shifts is not None:

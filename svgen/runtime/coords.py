@@ -12,6 +12,7 @@ compiling for TPU from a CPU host.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax.numpy as jnp
@@ -220,39 +221,56 @@ class QueryCoords(TokenCoords):
 def keep(mask, layout: TokenLayout, q_pos, k_pos, tables=()):
     """A generated `boundary_mask(q, k)` evaluated on positions: q_pos [n, 1], k_pos [1, m]
     (the reference and profiling path; the kernel passes precomputed query coordinates).
-    tables: the pattern's block tables, (tag, table) pairs (svgen.core.tables.Pattern)."""
-    by_tag = {tag: jnp.asarray(table, jnp.bfloat16) for tag, table in tables}
+    tables: the pattern's block masks given as data, as svgen.core.tables.Pattern holds them."""
+    by_tag = {tag: BlockTable(jnp.asarray(t), cq, ckv) for tag, t, cq, ckv in tables}
     return mask(TokenCoords(q_pos, layout), TokenCoords(k_pos, layout, by_tag))
 
 
-def block_bits(q_index, k_index, table, block: int):
-    """bits[i_q // block, i_k // block] of a block mask given as data, for query positions
-    q_index and key positions k_index in either orientation ([n, 1] against [1, m], or
-    transposed as the dk/dv walk has them), table a bf16 [R, C] of 0 / 1 (a ref or an array;
-    rows and columns past the mask's blocks are zero, and positions past them land there).
+@dataclasses.dataclass(frozen=True)
+class BlockTable:
+    """A block mask given as data, as block_bits reads it: `values` is the whole table,
+    [R, C, rq, ck] over the compute blocks of cq x ckv tokens (svgen.codegen.block_table),
+    or, in a kernel, one compute block's [rq, ck] piece of it."""
 
-    Why two matmuls: a TPU kernel cannot gather, but a one-hot matrix times the table picks
-    rows exactly (one 1 per row, bf16 0/1 products summed in f32), and the MXU does it at a
-    fraction of the block's own q·k matmul when the table is small: [n, R] x [R, C] picks
-    each query's block row, [n, C] x [C, m] each key's column."""
-    table = table[...]
-    rows, cols = table.shape
+    values: object
+    cq: int
+    ckv: int
+
+
+def block_bits(q_pos, k_pos, table: BlockTable, block: int):
+    """bits[p_q // block, p_k // block] of a block mask given as data, for query positions
+    q_pos and key positions k_pos in either orientation ([n, 1] against [1, m], or keys
+    down and queries across as the dk/dv walk has them).
+
+    In a kernel, `table` holds the compute block's own piece: the few data blocks its rows
+    and keys fall in. A TPU kernel cannot gather, but a one-hot matrix times the piece picks
+    rows exactly (one 1 per row, bf16 0/1 products summed in f32): [n, rq] x [rq, ck] gives
+    each query's data row, [n, ck] x [ck, m] each key's bit, on the MXU with inner
+    dimensions of a few blocks. Elsewhere (profiling, the Splash mask of `svgen bench`) the
+    whole table is read by a gather."""
+    values, cq, ckv = table.values, table.cq, table.ckv
+    q_row = lax.div(q_pos, block) - lax.div(q_pos - lax.rem(q_pos, cq), block)
+    k_col = lax.div(k_pos, block) - lax.div(k_pos - lax.rem(k_pos, ckv), block)
+    if values.ndim == 4:
+        q_block = jnp.minimum(lax.div(q_pos, cq), values.shape[0] - 1)
+        k_block = jnp.minimum(lax.div(k_pos, ckv), values.shape[1] - 1)
+        return values[q_block, k_block, q_row, k_col] != 0
+    piece = values[...].astype(jnp.bfloat16)
+    rq, ck = piece.shape
     f32, bf16 = jnp.float32, jnp.bfloat16
-    q_block = jnp.minimum(lax.div(q_index, block), rows - 1)
-    k_block = jnp.minimum(lax.div(k_index, block), cols - 1)
-    if k_block.shape[0] == 1:  # queries down, keys across
-        q_col = q_block[:, :1] if q_block.ndim == 2 else q_block
-        pick_rows = (q_col == lax.broadcasted_iota(jnp.int32, (1, rows), 1)).astype(bf16)
-        picked = jnp.dot(pick_rows, table, preferred_element_type=f32).astype(bf16)
-        pick_cols = (lax.broadcasted_iota(jnp.int32, (cols, 1), 0) == k_block).astype(bf16)
+    if k_pos.shape[0] == 1:  # queries down, keys across
+        q_col = q_row[:, :1]
+        pick_rows = (q_col == lax.broadcasted_iota(jnp.int32, (1, rq), 1)).astype(bf16)
+        picked = jnp.dot(pick_rows, piece, preferred_element_type=f32).astype(bf16)
+        pick_cols = (lax.broadcasted_iota(jnp.int32, (ck, 1), 0) == k_col).astype(bf16)
         return jnp.dot(picked, pick_cols, preferred_element_type=f32) > 0.5
     # keys down, queries across (keep^T of the dk/dv walk)
-    k_col = k_block[:, :1]
-    pick_cols = (k_col == lax.broadcasted_iota(jnp.int32, (1, cols), 1)).astype(bf16)
+    k_rows = k_col[:, :1]
+    pick_cols = (k_rows == lax.broadcasted_iota(jnp.int32, (1, ck), 1)).astype(bf16)
     picked = lax.dot_general(
-        pick_cols, table, (((1,), (1,)), ((), ())), preferred_element_type=f32
+        pick_cols, piece, (((1,), (1,)), ((), ())), preferred_element_type=f32
     ).astype(bf16)
-    pick_rows = (lax.broadcasted_iota(jnp.int32, (rows, 1), 0) == q_block).astype(bf16)
+    pick_rows = (lax.broadcasted_iota(jnp.int32, (rq, 1), 0) == q_row).astype(bf16)
     return jnp.dot(picked, pick_rows, preferred_element_type=f32) > 0.5
 
 

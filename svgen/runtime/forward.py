@@ -94,6 +94,7 @@ from svgen.runtime.variant import (
     block_table_bytes,
     block_table_inputs,
     block_table_shapes,
+    block_pieces,
 )
 from svgen.runtime.video_frames import ShiftedFrames
 from svgen.core.vmem import kernel_vmem
@@ -289,7 +290,7 @@ def _keep_of(step: _Step, block: Block, pattern: PatternCode, padding: bool, seg
             k_pos, variant.ring_sink, r.last_scalar, variant.chunked, step.view.row
         )
     q = _QueryBlockCoords(r.coords, pattern.query_coords, block)
-    k = TokenCoords(k_video, pattern.layout, r.block_tables)
+    k = TokenCoords(k_video, pattern.layout, block_pieces(r.block_tables, block, shape))
     shifts = block_shifts(r.id_refs, block.rows, block.cols) if segmented else None
     if shifts is not None:  # per-video frames: counted from each token's video segment
         q, k = ShiftedFrames(q, shifts[0]), ShiftedFrames(k, shifts[1])
@@ -617,7 +618,7 @@ def flat_attention(
                 q.dtype,
                 variant.query_coords,
                 ids=call is not None,
-                tables=block_table_bytes(variant.block_tables),
+                tables=block_table_bytes(variant.block_tables, shape.compute_blocks),
             ),
         ),
         interpret=interpret,
@@ -675,8 +676,9 @@ def _index_maps(variant: ForwardVariant, cubes: CubeDma | None) -> dict:
         at = view(outer, step, table_refs)
         return at.row, 0, at.kv_block(slot)
 
-    def whole_index_map(outer, step, slot, *table_refs):  # a block table, read whole
-        return 0, 0
+    def blocks_index_map(outer, step, slot, *table_refs):  # a tile's block-table pieces
+        at = view(outer, step, table_refs)
+        return at.q_block, at.kv_block(slot), 0, 0
 
     return {
         "q": q_index_map,
@@ -684,7 +686,7 @@ def _index_maps(variant: ForwardVariant, cubes: CubeDma | None) -> dict:
         "row": row_index_map,
         "q_tile": q_tile_index_map,
         "kv_ids": kv_ids_index_map,
-        "whole": whole_index_map,
+        "blocks": blocks_index_map,
     }
 
 

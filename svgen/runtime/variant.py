@@ -52,12 +52,12 @@ class PatternCode:
         return PatternCode(mask, self.layout, self.query_coords, block_tables=self.block_tables)
 
 
-def block_table_shapes(patterns) -> tuple[tuple[str, tuple[int, int]], ...]:
+def block_table_shapes(patterns) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """(tag, shape) of every block table the patterns read, each once, in first-read order:
     the kernels' `blocks_<tag>` inputs (`block_table_inputs` passes them in this order)."""
-    seen: dict[str, tuple[int, int]] = {}
+    seen: dict[str, tuple[int, ...]] = {}
     for pattern in patterns:
-        for tag, table in pattern.block_tables:
+        for tag, table, _, _ in pattern.block_tables:
             seen.setdefault(tag, tuple(table.shape))
     return tuple(seen.items())
 
@@ -69,18 +69,42 @@ def block_table_inputs(patterns) -> tuple:
 
     tables: dict[str, object] = {}
     for pattern in patterns:
-        for tag, table in pattern.block_tables:
+        for tag, table, _, _ in pattern.block_tables:
             tables.setdefault(tag, table)
     return tuple(jnp.asarray(t, jnp.bfloat16) for t in tables.values())
 
 
-def block_table_bytes(shapes) -> int:
-    """VMEM the block tables take in a kernel: bf16, two buffers each (Pallas's pipeline)."""
-    return sum(2 * 2 * rows * cols for _, (rows, cols) in shapes)
+def block_table_bytes(shapes, blocks_per_tile: int) -> int:
+    """VMEM the block tables take in a kernel: per tile its compute blocks' pieces, bf16
+    in (16, 128) tiles, two buffers each (Pallas's pipeline)."""
+    return sum(
+        2 * blocks_per_tile * 2 * (-(-rq // 16) * 16) * (-(-ck // 128) * 128)
+        for _, (_, _, rq, ck) in shapes
+    )
 
 
-def _block_table_operands(shapes) -> list[Operand]:
-    return [Operand(f"blocks_{tag}", "input", "whole", shape) for tag, shape in shapes]
+def _block_table_operands(shapes, q_blocks: int, kv_blocks: int, index_map: str):
+    """The `blocks_<tag>` inputs: per tile, the pieces of its q_blocks x kv_blocks compute
+    blocks (in the table's own orientation: queries first)."""
+    return [
+        Operand(f"blocks_{tag}", "input", index_map, (q_blocks, kv_blocks, rq, ck))
+        for tag, (_, _, rq, ck) in shapes
+    ]
+
+
+def block_pieces(refs: dict | None, block, shape, transposed: bool = False) -> dict:
+    """The block tables' pieces of one compute block (svgen.runtime.coords.BlockTable), by
+    tag, from the kernel's `blocks_<tag>` refs: block (qi, ki) of a kernel of `shape`, or of
+    the transposed dk/dv walk (its qi indexes keys, and its shape's cq is the keys')."""
+    from svgen.runtime.coords import BlockTable
+
+    if not refs:
+        return {}
+    if transposed:
+        at, cq, ckv = (block.ki, block.qi), shape.ckv, shape.cq
+    else:
+        at, cq, ckv = (block.qi, block.ki), shape.cq, shape.ckv
+    return {tag: BlockTable(ref[at[0], at[1]], cq, ckv) for tag, ref in refs.items()}
 
 
 def _named_block_tables(named: dict) -> dict:
@@ -191,7 +215,7 @@ class ForwardVariant:
     # The static tables hold a residual-mask variants word per piece (their last operand).
     variants_table: bool = False
     # Block masks given as data: (tag, shape) of each table, a VMEM input read whole.
-    block_tables: tuple[tuple[str, tuple[int, int]], ...] = ()
+    block_tables: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     # ---------------------------------------------------------------- derived choices
     @property
@@ -244,7 +268,9 @@ class ForwardVariant:
                 Operand("q_ids", "input", "q_tile", (None, self.id_rows, shape.block_q)),
                 Operand("kv_ids", "input", "kv_ids", (None, self.id_rows, shape.block_kv)),
             ]
-        inputs += _block_table_operands(self.block_tables)
+        inputs += _block_table_operands(
+            self.block_tables, shape.q_blocks_per_tile, shape.kv_blocks_per_tile, "blocks"
+        )
         outputs = [Operand("o", "output", "q", q_block)]
         if self.with_lse:  # lane-major [1, block_q]: what the backward kernels broadcast
             outputs.append(Operand("lse", "output", "q_tile", (None, 1, shape.block_q)))
@@ -417,7 +443,12 @@ class BackwardVariant:
                 tile("row_ids", "row_vec", height=self.id_rows),
                 tile("col_ids", "col_vec", height=self.id_rows),
             ]
-        inputs += _block_table_operands(block_table_shapes(self.patterns))
+        tables = block_table_shapes(self.patterns)
+        if self.kernel == "dq":
+            qb, kb, index_map = shape.q_blocks_per_tile, shape.kv_blocks_per_tile, "blocks"
+        else:  # the transposed walk: its rows are kv tiles, its compute rows keys
+            qb, kb, index_map = shape.kv_blocks_per_tile, shape.q_blocks_per_tile, "blocks_t"
+        inputs += _block_table_operands(tables, qb, kb, index_map)
         if self.kernel == "dq":
             outputs = [tile("dq", "row", "output")]
             scratch = [

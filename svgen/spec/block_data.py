@@ -2,8 +2,8 @@
 fingerprinted once.
 
 A calibrated block mask (PAROAttention keeps one per head, found offline) is an array, not a
-rule: keep(q, k) = array[i_q // block, i_k // block], i the position in the head's layout
-order (the `expr` symbol i). This module turns the spec's `file`, `block`, `head` and `array`
+rule: keep(q, k) = array[p_q // block, p_k // block], p the token's position in the head's
+kernel order (its layout's order, in which `token_order="kernel"` takes q, k and v). This module turns the spec's `file`, `block`, `head` and `array`
 into that array, or into one message saying what is wrong with the file: missing or
 unreadable, not .npy / .npz, too large, of the wrong shape or dtype, or not binary. It reads
 the array's header before its data, so a file that declares a huge array is refused before

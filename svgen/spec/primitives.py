@@ -341,8 +341,8 @@ BUILTINS = (
     ),
     Primitive(
         "blocks",
-        "a block mask given as data: keep(q, k) = array[i_q // block, i_k // block] (i: the "
-        "position in the head's layout order), read from a .npy or .npz file",
+        "a block mask given as data: keep(q, k) = array[p_q // block, p_k // block] (p: the "
+        "token's position in the head's kernel order), read from a .npy or .npz file",
         params=(
             Param(
                 "file",
