@@ -11,7 +11,10 @@ from __future__ import annotations
 import ast
 import dataclasses
 import keyword
+import os
+import pathlib
 import re
+import tempfile
 
 import jsonschema
 import numpy as np
@@ -46,15 +49,12 @@ LAYOUTS = [
 ]
 
 
-def _example_value(p: primitives.Primitive):
-    """A valid value for primitive ``p``, built from its declaration."""
+def _example_value(p: primitives.Primitive, lay: TokenLayout):
+    """A valid value for primitive ``p``, built from its declaration (a TEXT parameter named
+    `file` gets a block-mask file for ``lay``, written by `_example_file`)."""
     if p.form == primitives.PARAMS:
         skipped = set(p.one_of[1:])
-        return {
-            q.name: 0.5 if q.kind == primitives.FRACTION else max(q.minimum, 1)
-            for q in p.params
-            if q.name not in skipped
-        }
+        return {q.name: _example_param(q, lay) for q in p.params if q.name not in skipped}
     if p.form == primitives.PREDICATE:
         return "i_k < 3 or f_q == f_k + 1"
     if p.form == primitives.MASKS:
@@ -64,10 +64,30 @@ def _example_value(p: primitives.Primitive):
     return "anchor"
 
 
+def _example_param(q: primitives.Param, lay: TokenLayout):
+    if q.kind == primitives.FRACTION:
+        return 0.5
+    if q.kind == primitives.TEXT:
+        return _example_file(lay) if q.name == "file" else "example"
+    return max(q.minimum, 1)
+
+
+def _example_file(lay: TokenLayout) -> str:
+    """A .npz whose member `example` holds two random 0/1 masks of blocks of 1 token (what
+    the declared minima of a `blocks` example ask for: block 1, head 1)."""
+    folder = pathlib.Path(tempfile.gettempdir()) / f"svgen-example-{os.getpid()}"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"blocks_{lay.seq_len}.npz"
+    if not path.exists():
+        bits = np.random.default_rng(lay.seq_len).random((2, lay.seq_len, lay.seq_len)) < 0.5
+        np.savez(path, example=bits.astype(np.uint8))
+    return str(path)
+
+
 def _example_spec(key: str, lay: TokenLayout = LAYOUTS[1]):
     """(spec, lowered mask) of a spec whose mask is primitive ``key``'s example."""
     p = primitives.get(key)
-    mask = {key: _example_value(p)}
+    mask = {key: _example_value(p, lay)}
     if p.form == primitives.PATTERN:
         return _with_pattern(mask, lay)
     return lower_mask_dict(mask, lay, 128, 128)
@@ -104,7 +124,7 @@ def test_spec_parameters_are_declared_coherently(key):
     assert not p.params or p.form == primitives.PARAMS, "only PARAMS primitives take params"
     assert len(set(p.param_names)) == len(p.params)
     for q in p.params:
-        assert q.kind in (primitives.INTEGER, primitives.FRACTION), q.name
+        assert q.kind in (primitives.INTEGER, primitives.FRACTION, primitives.TEXT), q.name
         assert q.doc, f"{key}.{q.name} has no doc"
         if q.kind == primitives.INTEGER:
             assert 0 <= q.minimum <= q.maximum, q.name
@@ -176,7 +196,7 @@ def test_allowed_lists_come_from_the_registry():
     with pytest.raises(SpecError) as info:
         lower_mask_dict({"sliding": {}}, LAYOUTS[0], 128, 128)
     assert info.value.message.endswith("allowed: " + ", ".join(KEYS))
-    assert KEYS[:12] == (
+    assert KEYS[:13] == (
         "first_frame",
         "spatial_window",
         "temporal_stride",
@@ -188,6 +208,7 @@ def test_allowed_lists_come_from_the_registry():
         "cube_window",
         "neighborhood",
         "radial",
+        "blocks",
         "expr",
     )
 

@@ -378,7 +378,7 @@ def test_base_is_valid():
 
 EXPECTED = {
     "unknown_top_level_key": "specs/demo.yaml:6:1: kernel: unknown key 'kernel'; allowed keys: svgen, name, geometry, attention, layout, mask, heads, patterns, tiling, gpu, runtime, select",
-    "unknown_primitive": "specs/demo.yaml:10:7: mask.any_of[2].sliding: unknown mask primitive 'sliding'; allowed: first_frame, spatial_window, temporal_stride, band, prefix, text, causal_frames, block_causal, cube_window, neighborhood, radial, expr, any_of, all_of, not, ref",
+    "unknown_primitive": "specs/demo.yaml:10:7: mask.any_of[2].sliding: unknown mask primitive 'sliding'; allowed: first_frame, spatial_window, temporal_stride, band, prefix, text, causal_frames, block_causal, cube_window, neighborhood, radial, blocks, expr, any_of, all_of, not, ref",
     "unknown_param_key": "specs/demo.yaml:9:44: mask.any_of[1].spatial_window.colz: unknown key 'colz'; allowed keys: frames, rows, cols",
     "string_where_int": "specs/demo.yaml:3:20: geometry.frames: must be a positive integer, got a string ('four')",
     "bool_where_int": "specs/demo.yaml:4:20: attention.heads: must be a positive integer, got a boolean (true)",
@@ -408,7 +408,7 @@ EXPECTED = {
     "svgen_string": "specs/demo.yaml:1:8: svgen: must be 1 (the only spec format version this svgen understands), got a string ('1')",
     "two_keys_in_mask": "specs/demo.yaml:10:7: mask.any_of[2]: a mask has exactly one key, got 2: band, prefix",
     "zero_keys_in_mask": "specs/demo.yaml:10:7: mask.any_of[2]: a mask has exactly one key, got 0",
-    "mask_not_mapping": "specs/demo.yaml:10:7: mask.any_of[2]: a mask must be a mapping with exactly one key (one of: first_frame, spatial_window, temporal_stride, band, prefix, text, causal_frames, block_causal, cube_window, neighborhood, radial, expr, any_of, all_of, not, ref), got a string ('band')",
+    "mask_not_mapping": "specs/demo.yaml:10:7: mask.any_of[2]: a mask must be a mapping with exactly one key (one of: first_frame, spatial_window, temporal_stride, band, prefix, text, causal_frames, block_causal, cube_window, neighborhood, radial, blocks, expr, any_of, all_of, not, ref), got a string ('band')",
     "empty_any_of": "specs/demo.yaml:12:19: patterns.local.any_of: must be a non-empty list of masks, got an empty list",
     "all_of_not_list": "specs/demo.yaml:12:19: patterns.local.all_of: must be a non-empty list of masks, got a mapping",
     "band_both": "specs/demo.yaml:12:17: patterns.local.band: band needs exactly one of 'width' or 'density', got both",
@@ -430,7 +430,7 @@ EXPECTED = {
     "bad_ref_name": "specs/demo.yaml:10:12: mask.any_of[2].ref: must be a pattern name matching [a-z][a-z0-9_]* of at most 64 characters, got 'Local'",
     "bad_pattern_name": "specs/demo.yaml:13:3: patterns.Bad: pattern name must match [a-z][a-z0-9_]* and be at most 64 characters, got 'Bad'",
     "duplicate_pattern": "specs/demo.yaml:13:3: patterns.local: duplicate key 'local' (first given on line 12)",
-    "not_with_list": "specs/demo.yaml:10:12: mask.any_of[2].not: a mask must be a mapping with exactly one key (one of: first_frame, spatial_window, temporal_stride, band, prefix, text, causal_frames, block_causal, cube_window, neighborhood, radial, expr, any_of, all_of, not, ref), got a list",
+    "not_with_list": "specs/demo.yaml:10:12: mask.any_of[2].not: a mask must be a mapping with exactly one key (one of: first_frame, spatial_window, temporal_stride, band, prefix, text, causal_frames, block_causal, cube_window, neighborhood, radial, blocks, expr, any_of, all_of, not, ref), got a list",
     "top_level_list": "specs/demo.yaml:1:1: must be a mapping at the top level, got a list",
     "geometry_not_mapping": "specs/demo.yaml:3:11: geometry: must be a mapping, got a string ('4x2x3')",
     "unknown_tag": "specs/demo.yaml:4:20: attention.heads: unsupported YAML value: could not determine a constructor for the tag '!big'",

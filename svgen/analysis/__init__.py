@@ -152,6 +152,7 @@ def analyze(
     )
     heads = spec.head_patterns()
     masks = [ir.lower(spec, spec.pattern_mask(c.pattern)) for c in heads.candidates]
+    _check_block_masks(spec, target_name)
     spec = kernel.classified(spec)
     candidates = heads.candidates
     layouts = [choose_layout(spec, c.layout, m) for c, m in zip(candidates, masks)]
@@ -436,6 +437,52 @@ def _with_residuals(
             table = BlockTable(runs[:, :5], runs[:, 5])
             out.append(dataclasses.replace(plan, table=table, residuals=found))
     return out
+
+
+def _check_block_masks(spec: Spec, target_name: str) -> None:
+    """Block masks given as data (`blocks`) run in the TPU kernels over the module's own
+    tables, forward and backward; the calls that build their tables on the device (run-time
+    segments, KV-cache chunks, selections) and the GPU kernel do not read them yet."""
+    term = _first_blocks_term(spec)
+    if term is None:
+        return
+    where = (
+        {}
+        if term.where is None
+        else {
+            "file": term.where.file,
+            "line": term.where.line,
+            "column": term.where.column,
+            "key": term.where.key,
+        }
+    )
+    refused = [
+        (is_gpu(target_name), f"the {target_name} (GPU) kernel"),
+        (spec.runtime.any, "runtime: (packed videos, text lengths or frame offsets)"),
+        (bool(spec.runtime.kv_cache), "runtime.kv_cache"),
+        (spec.select is not None, "select"),
+    ]
+    for found, what in refused:
+        if found:
+            raise SpecError(
+                f"a block mask given as data (blocks) does not run with {what} yet; it runs in "
+                "the TPU kernels' static tables, forward and backward (docs/limits.md)",
+                **where,
+            )
+
+
+def _first_blocks_term(spec: Spec):
+    """The first `blocks` term of the spec's masks (its mask, then its patterns), or None."""
+    roots = ([spec.mask] if spec.mask is not None else []) + [t for _, t in spec.patterns]
+    if spec.select is not None:
+        roots.append(spec.select.candidate)
+    stack = list(reversed(roots))
+    while stack:
+        term = stack.pop()
+        if term.op == "blocks":
+            return term
+        stack.extend(reversed(term.children))
+    return None
 
 
 def _static_kernel(spec: Spec) -> bool:

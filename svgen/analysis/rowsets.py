@@ -86,17 +86,17 @@ def prefix_rows(node: ir.Prefix, chunk: RowChunk) -> Bounds:
 
 
 def block_data_rows(node: ir.BlockData, chunk: RowChunk) -> Bounds:
-    """Per row, the runs of kept blocks of its block row, as nominal positions [start * block,
+    """Per row, the runs of kept blocks of its block row, as kernel positions [start * block,
     end * block): exact, one interval per run (at most half the blocks per row)."""
     offsets, starts, ends = _block_runs(node)
-    block_row = chunk.coords.index // node.block
+    block_row = chunk.positions // node.block
     counts = offsets[block_row + 1] - offsets[block_row]
     ROW_SET_WORK.charge(int(counts.sum()))
     rows = np.repeat(np.arange(chunk.num_rows), counts)
     # The runs of each row's block row, in order: its offset plus 0 .. count - 1.
     first = np.repeat(offsets[block_row] - np.cumsum(counts) + counts, counts)
     run = first + np.arange(rows.size)
-    return Bounds.exact(nominal_keys(chunk, rows, starts[run] * node.block, ends[run] * node.block))
+    return Bounds.exact(chunk.per_row(rows, starts[run] * node.block, ends[run] * node.block))
 
 
 @functools.lru_cache(maxsize=16)
