@@ -120,6 +120,13 @@ def _kernel_spec(tmp_path, block, layout, text, tiling, dtype="float32", name="b
         (48, "temporal_major", 0, "{block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}"),
         # Blocks across the end of the video into the text tokens.
         (100, "frame_major", 40, "{block_q: 256, block_kv: 128, compute_q: 128, compute_kv: 128}"),
+        # PAROAttention's setting: the head in another axis order, the mask in that order.
+        (
+            64,
+            "{order: [w, h, f]}",
+            0,
+            "{block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}",
+        ),
         # Data blocks larger than a compute block: each compute block inside one of them.
         (256, "frame_major", 0, "{block_q: 128, block_kv: 256, compute_q: 128, compute_kv: 128}"),
     ],
@@ -284,6 +291,18 @@ def test_calls_that_do_not_read_the_tables_are_refused(tmp_path, extra, words):
     with pytest.raises(SpecError, match="does not run with") as caught:
         analyze(parse_spec(text, source="x.yaml"), target_name=target)
     assert words in str(caught.value) and "x.yaml:" in str(caught.value)
+
+
+def test_a_kernel_table_past_its_limit_is_refused_before_it_is_built(tmp_path, monkeypatch):
+    import svgen.analysis as analysis
+
+    text = _kernel_spec(tmp_path, 16, "frame_major", 0, "{block_q: 128, block_kv: 128}")
+    plan = analyze(parse_spec(text, source="x.yaml"))  # 16-token blocks: 8 x 8 a block
+    assert plan.patterns[0].mask.block == 16
+    monkeypatch.setattr(analysis, "MAX_BLOCK_TABLE_BYTES", 1000)
+    with pytest.raises(SpecError, match="over the 1,000 allowed") as caught:
+        analyze(parse_spec(text, source="x.yaml"))
+    assert "x.yaml:" in str(caught.value) and "x 8 x 8" in str(caught.value)
 
 
 def test_select_over_a_block_mask_is_refused(tmp_path):

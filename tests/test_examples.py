@@ -1,7 +1,8 @@
 """examples/video_dit_layer.py runs, picks the planted head kinds and stays close to dense;
 examples/packed_batch.py matches each packed video run alone; examples/autoregressive_video.py
 generates chunk by chunk with a KV cache what the full sequence computes at once;
-examples/selected_denoising.py follows its selection through a denoising schedule."""
+examples/selected_denoising.py follows its selection through a denoising schedule;
+examples/paro_calibrated.py writes PAROAttention's per-head orders and calibrated blocks as a spec."""
 
 import importlib.util
 
@@ -55,3 +56,18 @@ def test_selected_denoising_example():
     densities = [row["density"] for row in result["rows"]]
     assert densities == sorted(densities, reverse=True) and densities[-1] < densities[0]
     assert all(min(row["steps_per_head"]) > 0 for row in result["rows"])
+
+
+def test_paro_calibrated_example():
+    """PAROAttention's rule (an order per head, calibrated blocks) as a spec with `blocks`:
+    each planted head's order puts its axis first, its kept blocks hold more of its attention
+    than their share, and the kernel matches attention under the mask the example builds from
+    its own permutation and blocks (not svgen's layouts), in float64."""
+    result = load_example("paro_calibrated").run(seed=4, verbose=False)
+    for row in result["rows"]:
+        assert row["order"][0] == row["planted"], row
+        assert row["attention_kept"] > 1.5 * row["kept_blocks"], row
+        assert row["error"] <= 1e-5, row
+    assert (
+        "layout: {order: [" in result["spec"] and "blocks: {file: paro_masks.npz" in result["spec"]
+    )

@@ -54,6 +54,7 @@ from svgen.analysis.tables import (
 )
 from svgen.spec.errors import SpecError
 from svgen.spec.limits import (
+    MAX_BLOCK_TABLE_BYTES,
     MAX_PRODUCT_WORK,
     MAX_ROW_SET_WORK,
     MAX_TILE_PAIRS,
@@ -66,6 +67,7 @@ from svgen.core.kinds import TileKind
 from svgen.core.layout import FRAME_MAJOR, TokenLayout
 from svgen.core.tables import (
     KernelShape,
+    block_table_shape,
     PieceTables,
     runtime_table_bytes,
     selection_superset_runs,
@@ -469,20 +471,54 @@ def _check_block_masks(spec: Spec, target_name: str) -> None:
                 "the TPU kernels' static tables, forward and backward (docs/limits.md)",
                 **where,
             )
+    _check_block_table_size(spec, where)
+
+
+def _check_block_table_size(spec: Spec, where: dict) -> None:
+    """The kernels' table of each block mask (svgen.core.tables.block_table_shape) within
+    MAX_BLOCK_TABLE_BYTES, before any table is built: small blocks over a long sequence make
+    a table of many data blocks per compute block."""
+    t = spec.tiling
+    grid = TileGrid(spec.geometry.seq_len, t.block_q, t.block_kv)
+    for term in _blocks_terms(spec):
+        shape = block_table_shape(
+            term.param("block"),
+            t.cq,
+            t.ckv,
+            grid.num_q_blocks,
+            grid.num_kv_blocks,
+            t.block_q,
+            t.block_kv,
+        )
+        size = 2 * int(np.prod(shape))  # bf16 on the device
+        if size > MAX_BLOCK_TABLE_BYTES:
+            raise SpecError(
+                f"blocks of {term.param('block')} tokens make a kernel table of "
+                f"{' x '.join(map(str, shape))} ({size:,} bytes), over the "
+                f"{MAX_BLOCK_TABLE_BYTES:,} allowed (MAX_BLOCK_TABLE_BYTES): use larger blocks, "
+                "or compute blocks nearer their size",
+                **where,
+            )
 
 
 def _first_blocks_term(spec: Spec):
     """The first `blocks` term of the spec's masks (its mask, then its patterns), or None."""
+    return next(iter(_blocks_terms(spec)), None)
+
+
+def _blocks_terms(spec: Spec) -> list:
+    """The `blocks` terms of the spec's masks (its mask, its patterns, a selection's
+    candidate), depth first."""
     roots = ([spec.mask] if spec.mask is not None else []) + [t for _, t in spec.patterns]
     if spec.select is not None:
         roots.append(spec.select.candidate)
-    stack = list(reversed(roots))
+    stack, found = list(reversed(roots)), []
     while stack:
         term = stack.pop()
         if term.op == "blocks":
-            return term
+            found.append(term)
         stack.extend(reversed(term.children))
-    return None
+    return found
 
 
 def _static_kernel(spec: Spec) -> bool:

@@ -29,7 +29,7 @@ from svgen.codegen.backends import backend_of
 from svgen.analysis.mask_code import MaskSource, aligned_mask, emit_mask, query_values
 from svgen.codegen.tilemap import render_tile_map
 from svgen.core.kinds import TileKind
-from svgen.core.tables import variant_bits
+from svgen.core.tables import block_table_shape, variant_bits
 
 # 3: generated modules name the table format as `tables.KernelShape` / `tables.Pattern` /
 # `tables.load_runs`, import libtpu_env from svgen.runtime, and GPU modules no longer
@@ -151,31 +151,23 @@ def block_tables_filename(name: str, tag: str) -> str:
 
 
 def block_table(node, tiling, grid) -> np.ndarray:
-    """A block mask given as data as the kernels read it: uint8 [R, C, rq, ck], for every
-    compute block (r, c) of the kernel's grid (one tile more each way, past any padding
-    tile) the data blocks its rows and keys fall in, bits[(r * cq) // block + i,
-    (c * ckv) // block + j], zero past the mask. A tile's BlockSpec brings its compute
-    blocks' [rq, ck] pieces into VMEM, so a BOUNDARY block picks its bits from a few data
-    blocks instead of the whole mask (coords.block_bits)."""
+    """A block mask given as data as the kernels read it: uint8 [R, C, rq, ck]
+    (svgen.core.tables.block_table_shape), for every compute block (r, c) the data blocks
+    its rows and keys fall in, bits[(r * cq) // block + i, (c * ckv) // block + j], zero past
+    the mask. A tile's BlockSpec brings its compute blocks' pieces into VMEM, so a BOUNDARY
+    block picks its bits from a few data blocks, not from the whole mask (coords.block_bits)."""
     cq, ckv, b = tiling.cq, tiling.ckv, node.block
-    rows = (grid.num_q_blocks + 1) * (tiling.block_q // cq)
-    cols = (grid.num_kv_blocks + 1) * (tiling.block_kv // ckv)
+    rows, cols, rq, ck = block_table_shape(
+        b, cq, ckv, grid.num_q_blocks, grid.num_kv_blocks, tiling.block_q, tiling.block_kv
+    )
     row_first = np.arange(rows) * cq // b
     col_first = np.arange(cols) * ckv // b
-    # A piece is at least 8 x 8 (zero-padded): Mosaic lowers one-hot matmuls of inner
-    # dimension 1 (a compute block inside one data block) to a broadcast it rejects.
-    rq = _multiple_of_8(int(np.max((np.arange(1, rows + 1) * cq - 1) // b - row_first)) + 1)
-    ck = _multiple_of_8(int(np.max((np.arange(1, cols + 1) * ckv - 1) // b - col_first)) + 1)
     n_rows, n_cols = node.bits.shape
     padded = np.zeros((row_first[-1] + rq, col_first[-1] + ck), np.uint8)
     padded[:n_rows, :n_cols] = node.bits[: padded.shape[0], : padded.shape[1]]
     r_index = (row_first[:, None] + np.arange(rq))[:, None, :, None]
     c_index = (col_first[:, None] + np.arange(ck))[None, :, None, :]
     return np.ascontiguousarray(padded[r_index, c_index])
-
-
-def _multiple_of_8(n: int) -> int:
-    return -(-n // 8) * 8
 
 
 def _block_tables(pattern, tiling, name: str, files: dict[str, bytes]) -> list[dict]:

@@ -381,6 +381,26 @@ def transposed_tables(
         slots *= 2
 
 
+def block_table_shape(
+    block: int, cq: int, ckv: int, q_tiles: int, kv_tiles: int, block_q: int, block_kv: int
+) -> tuple[int, int, int, int]:
+    """[R, C, rq, ck] of a block mask given as data as the kernels read it (one tile more
+    each way than the grid's, past any padding tile): per compute block of cq x ckv tokens,
+    the rq x ck data blocks of `block` tokens its rows and keys can fall in, each at least 8
+    (Mosaic lowers one-hot matmuls of inner dimension 1 to a broadcast it rejects)."""
+    rows = (q_tiles + 1) * (block_q // cq)
+    cols = (kv_tiles + 1) * (block_kv // ckv)
+    return rows, cols, _spanned(rows, cq, block), _spanned(cols, ckv, block)
+
+
+def _spanned(count: int, size: int, block: int) -> int:
+    """The most data blocks one of `count` runs of `size` tokens (from 0) falls in, rounded
+    up to a multiple of 8."""
+    first = np.arange(count) * size // block
+    last = (np.arange(1, count + 1) * size - 1) // block
+    return -(-(int(np.max(last - first)) + 1) // 8) * 8
+
+
 def load_runs(path: pathlib.Path, *, sha256: str) -> np.ndarray:
     """The (q_block, kv_start, length, kind) runs in `path`, checked against the module's hash."""
     data = pathlib.Path(path).read_bytes()

@@ -176,7 +176,7 @@ def _checked(values: np.ndarray, file: str, block: int, head: int | None, seq_le
         at = tuple(int(i) for i in wrong[0])
         raise BlockDataError(
             f"{file}: a block mask holds only 0 and 1; {values[at].item()!r} at {list(at)} "
-            f"({len(wrong):,} such entries)"
+            f"({len(wrong):,} entries hold other values)"
         )
     bits = np.ascontiguousarray(values != 0)
     bits.setflags(write=False)

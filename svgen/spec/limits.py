@@ -167,13 +167,13 @@ PRODUCT_WORK = Work("MAX_PRODUCT_WORK")
 MAX_EXPR_NODES = 4 * MAX_EXPR_TOKENS
 
 # Block masks given as data (`blocks`): the file, the array read from it and the table the
-# kernel keeps of it. A path past MAX_PATH_CHARS is refused before the file system sees it; a
+# kernels keep of it. A path past MAX_PATH_CHARS is refused before the file system sees it; a
 # file past MAX_BLOCK_FILE_BYTES before it is read; an array past MAX_BLOCK_ENTRIES (per head
-# array: 4,096 x 4,096 blocks) before it is converted. The kernel keeps each array whole in
-# VMEM (bf16, both sides padded to 128, double-buffered by Pallas), so the padded table is
-# capped at MAX_BLOCK_TABLE_BYTES: 1,024 x 1,024 blocks (131,072 tokens at 128-token blocks),
-# 4 MiB of VMEM with its second buffer.
+# array: 4,096 x 4,096 blocks) before its data is read. The kernels' table holds, per compute
+# block, the data blocks it spans (svgen.core.tables.block_table_shape: 8 x 8 at least, bf16 in
+# HBM, a .npy of half that beside the module); MAX_BLOCK_TABLE_BYTES caps it before it is built
+# (75,600 tokens in 64-token blocks at 512 x 512 compute blocks: 2.9 MB).
 MAX_PATH_CHARS = 1024
 MAX_BLOCK_FILE_BYTES = 256 << 20
 MAX_BLOCK_ENTRIES = 1 << 24
-MAX_BLOCK_TABLE_BYTES = 2 << 20
+MAX_BLOCK_TABLE_BYTES = 64 << 20
