@@ -9,8 +9,9 @@ Each mask is a band of blocks with the first frame's blocks, on Wan 2.1's 720p g
 with (B, R, A) = (512, 8, 8) (the blocks of the kernel's 512 x 512 compute blocks: every
 compute block is kept whole or not at all) and (128, 35, 29) (four data blocks a compute
 block side: the kernel reads the data on every BOUNDARY block). The same rule is the `expr`
-of the *_expr.yaml specs beside them. Deterministic: the files are compressed with no
-timestamps that change.
+of the *_expr.yaml specs beside them. paro_like.npz holds three such bands (12, 24 and 48
+blocks of 128 tokens, the first 8 blocks), one per head kind of paro_like.yaml.
+Deterministic: the files are compressed with no timestamps that change.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ import numpy as np
 
 SEQ_LEN = 21 * 45 * 80
 MASKS = {"band_512": (512, 8, 8), "band_128": (128, 35, 29)}
+# PAROAttention-shaped (paro_like.yaml puts each head kind in its own axis order): bands of
+# 128-token blocks of three widths with the first 8 blocks, masks that an order gathers into
+# blocks, the shape a calibration finds, not a calibration itself.
+PARO_LIKE = (128, (12, 24, 48), 8)
 FOLDER = pathlib.Path(__file__).resolve().parent / "specs" / "blocks"
 
 
@@ -53,6 +58,11 @@ def main() -> None:
         print(
             f"{name}.npz: {bits.shape[0]} x {bits.shape[1]} blocks of {block}, {bits.mean():.4f} kept"
         )
+    block, radii, anchor = PARO_LIKE
+    heads = np.stack([band_of_blocks(block, r, anchor) for r in radii]).astype(np.uint8)
+    (FOLDER / "paro_like.npz").write_bytes(npz_bytes("masks", heads))
+    kept = ", ".join(f"{h.mean():.4f}" for h in heads)
+    print(f"paro_like.npz: {' x '.join(map(str, heads.shape))} blocks of {block}, {kept} kept")
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ def load(
     return _load(str(path), stat.st_mtime_ns, stat.st_size, file, block, head, array, seq_len)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=8)
 def _load(path, _mtime_ns, size, file, block, head, array, seq_len) -> BlockArray:
     """Cached per path, modification time and size: one compile lowers each mask more than
     once (patterns, candidates, reports)."""
@@ -176,8 +176,12 @@ def _checked(values: np.ndarray, file: str, block: int, head: int | None, seq_le
         at = tuple(int(i) for i in wrong[0])
         raise BlockDataError(
             f"{file}: a block mask holds only 0 and 1; {values[at].item()!r} at {list(at)} "
-            f"({len(wrong):,} entries hold other values)"
+            f"({_entries_other_than_0_and_1(len(wrong))})"
         )
     bits = np.ascontiguousarray(values != 0)
     bits.setflags(write=False)
     return bits
+
+
+def _entries_other_than_0_and_1(count: int) -> str:
+    return "1 entry holds another value" if count == 1 else f"{count:,} entries hold other values"
