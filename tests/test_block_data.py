@@ -343,3 +343,37 @@ def test_kernels_compile_for_v5e(tmp_path):
 
     text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(arg, arg, arg).compile().as_text()
     assert text.count("tpu_custom_call") >= 2  # the forward and the dk/dv walk
+
+
+@pytest.mark.parametrize("block", [512, 128])
+def test_bench_data_masks_are_their_exprs(block):
+    """bench/specs/blocks: each mask given as data is the mask of its `expr` twin (the chip
+    compares their speed), compute block by compute block, and the checked-in files are what
+    bench/make_block_masks.py writes, byte for byte."""
+    import importlib.util
+
+    from svgen.spec import load_spec
+
+    from helpers import REPO
+
+    folder = REPO / "bench" / "specs" / "blocks"
+    data = analyze(load_spec(folder / f"band_{block}_data.yaml"), target_name="v5e")
+    expr = analyze(load_spec(folder / f"band_{block}_expr.yaml"), target_name="v5e")
+    (d,), (e,) = data.patterns, expr.patterns
+    np.testing.assert_array_equal(d.compute_kinds, e.compute_kinds)
+    # The data's count is exact (the expr's analysis may leave tiles unproven: bounds).
+    n = d.layout.seq_len
+    sizes = (
+        np.minimum(np.arange(1, d.mask.bits.shape[0] + 1) * block, n)
+        - np.arange(d.mask.bits.shape[0]) * block
+    )
+    exact = int(sizes @ d.mask.bits.astype(np.int64) @ sizes)
+    got = d.classification
+    assert got.kept_pairs == got.kept_pairs_upper == exact
+    assert e.classification.kept_pairs <= exact <= e.classification.kept_pairs_upper
+
+    spec = importlib.util.spec_from_file_location("make", REPO / "bench" / "make_block_masks.py")
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    bits = make.band_of_blocks(*make.MASKS[f"band_{block}"]).astype(np.uint8)
+    assert make.npz_bytes("mask", bits) == (folder / f"band_{block}.npz").read_bytes()
