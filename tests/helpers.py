@@ -8,11 +8,13 @@ not this module's, loads JAX). The helpers that need JAX or Pallas are in kernel
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.util
 import itertools
 import os
 import pathlib
 import sys
+import tempfile
 import types
 from fractions import Fraction
 
@@ -329,7 +331,27 @@ PRIMITIVE_GENERATORS = {
     "expr": lambda rng, lay: (
         str(rng.choice(PREDICATES)) if rng.random() < 0.5 else random_predicate(rng)
     ),
+    "blocks": lambda rng, lay: _random_blocks(rng, lay),
 }
+#: Primitives whose values are files, left out of random_primitive: the GPU, run-time and
+#: chunk tests take every random mask, and those calls refuse them (docs/limits.md);
+#: tests/test_block_data.py composes them with random masks of the others instead.
+FILE_PRIMITIVES = ("blocks",)
+
+
+def _random_blocks(rng, lay) -> dict:
+    """A random block mask for `lay`, written to a .npy named by its content (so that equal
+    draws share one file and a test's mask never changes under it)."""
+    block = int(rng.choice([1, 3, 8, 16, 40]))
+    n = -(-lay.seq_len // block)
+    bits = (rng.random((n, n)) < rng.uniform(0.1, 0.7)).astype(np.uint8)
+    digest = hashlib.sha256(bits.tobytes() + bytes([block])).hexdigest()[:16]
+    folder = pathlib.Path(tempfile.gettempdir()) / "svgen-test-blocks"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"{digest}_{n}.npy"
+    if not path.exists():
+        np.save(path, bits)
+    return {"file": str(path), "block": block}
 
 
 # -- tiling.align by brute force (test_align and the fuzzing of whole specs) ----------------
@@ -479,7 +501,8 @@ def random_predicate(rng, depth: int = 0) -> str:
 
 
 def random_primitive(rng, lay: TokenLayout) -> dict:
-    key = list(PRIMITIVE_GENERATORS)[rng.integers(0, len(PRIMITIVE_GENERATORS))]
+    keys = [k for k in PRIMITIVE_GENERATORS if k not in FILE_PRIMITIVES]
+    key = keys[rng.integers(0, len(keys))]
     return {key: PRIMITIVE_GENERATORS[key](rng, lay)}
 
 

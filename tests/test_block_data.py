@@ -377,3 +377,34 @@ def test_bench_data_masks_are_their_exprs(block):
     spec.loader.exec_module(make)
     bits = make.band_of_blocks(*make.MASKS[f"band_{block}"]).astype(np.uint8)
     assert make.npz_bytes("mask", bits) == (folder / f"band_{block}.npz").read_bytes()
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_data_composed_with_random_masks(seed):
+    """A random block mask under any_of / all_of / not with a random mask of the built-ins and
+    predicates (helpers.random_mask, which leaves file primitives out): exact classes where
+    the other mask's analysis is exact, sound where it bounds a predicate."""
+    from helpers import PRIMITIVE_GENERATORS, random_mask
+
+    rng = np.random.default_rng(9300 + seed)
+    layout = random_any_layout(rng)
+    data = {"blocks": PRIMITIVE_GENERATORS["blocks"](rng, layout)}
+    other = random_mask(rng, layout)
+    combined = [
+        {"any_of": [data, other]},
+        {"all_of": [data, other]},
+        {"all_of": [{"not": data}, other]},
+    ]
+    for mask_dict in combined:
+        mask = _lower(mask_dict, layout)
+        keep = dense_keep(mask, layout)
+        got = classify_tiles(mask, layout, TileGrid(layout.seq_len, 8, 16))
+        want = brute_force_kinds(keep, 8, 16)
+        assert got.kept_pairs <= int(keep.sum()) <= got.kept_pairs_upper
+        if got.density_is_exact:
+            np.testing.assert_array_equal(got.kinds, want, err_msg=str(mask_dict))
+        else:
+            from svgen.core.kinds import TileKind
+
+            assert np.all((got.kinds != TileKind.EMPTY) | (want == TileKind.EMPTY))
+            assert np.all((got.kinds != TileKind.FULL) | (want == TileKind.FULL))

@@ -1,6 +1,11 @@
 """Warnings for likely mistakes (svgen.report.lint): every parameter measured against the geometry
 warns just past its largest meaningful value and not at it; masks that keep nothing warn."""
 
+import os
+import pathlib
+import tempfile
+
+import numpy as np
 import pytest
 import yaml
 
@@ -34,11 +39,21 @@ def _spec(mask: dict):
 
 def _mask(key: str, name: str, value: int) -> dict:
     """Primitive `key` with parameter `name` = value and its other required ones at their
-    minimum."""
+    minimum (a required file: a one-block mask, what any block past the sequence reads)."""
     p = primitives.get(key)
-    params = {q.name: q.minimum for q in p.params if q.required}
+    params = {
+        q.name: _one_block_file() if q.kind == primitives.TEXT else q.minimum
+        for q in p.params
+        if q.required
+    }
     params[name] = value
     return {"any_of": [{"text": {}}, {key: params}]}
+
+
+def _one_block_file() -> str:
+    path = pathlib.Path(tempfile.gettempdir()) / f"svgen-lint-{os.getpid()}-one-block.npy"
+    np.save(path, np.ones((1, 1), np.uint8))
+    return str(path)
 
 
 def test_every_extent_has_a_limit():
