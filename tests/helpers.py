@@ -349,8 +349,10 @@ def _random_blocks(rng, lay) -> dict:
     folder = pathlib.Path(tempfile.gettempdir()) / "svgen-test-blocks"
     folder.mkdir(exist_ok=True)
     path = folder / f"{digest}_{n}.npy"
-    if not path.exists():
-        np.save(path, bits)
+    if not path.exists():  # written whole, then renamed: another worker may read it now
+        partial = folder / f"{digest}_{n}.{os.getpid()}.partial.npy"
+        np.save(partial, bits)
+        os.replace(partial, path)
     return {"file": str(path), "block": block}
 
 
