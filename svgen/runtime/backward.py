@@ -32,7 +32,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from svgen.runtime import chunks
-from svgen.runtime.coords import QueryCoords, TokenCoords
+from svgen.runtime.coords import QueryCoords, TokenCoords, block_pieces, block_table_inputs
 from svgen.runtime.interpret import settled
 from svgen.core.kinds import TileKind
 from svgen.runtime.refine import SEGMENT_BOUNDARY
@@ -51,9 +51,7 @@ from svgen.runtime.variant import (
     BackwardVariant,
     TableWalk,
     block_table_bytes,
-    block_table_inputs,
     block_table_shapes,
-    block_pieces,
 )
 from svgen.runtime.video_frames import ShiftedFrames
 from svgen.core.tables import (  # noqa: F401

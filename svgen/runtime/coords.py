@@ -237,6 +237,27 @@ class BlockTable:
     ckv: int
 
 
+def block_table_inputs(patterns) -> tuple:
+    """The patterns' block tables as the kernels' inputs, in the order of
+    variant.unique_block_tables (bf16: 0 and 1, what the MXU multiplies)."""
+    from svgen.runtime.variant import unique_block_tables
+
+    return tuple(jnp.asarray(t, jnp.bfloat16) for t in unique_block_tables(patterns).values())
+
+
+def block_pieces(refs: dict | None, block, shape, transposed: bool = False) -> dict:
+    """The block tables' pieces of one compute block (BlockTable), by tag, from a kernel's
+    `blocks_<tag>` refs: block (qi, ki) of a kernel of `shape`, or of the transposed dk/dv
+    walk (its qi indexes keys, and its shape's cq is the keys')."""
+    if not refs:
+        return {}
+    if transposed:
+        at, cq, ckv = (block.ki, block.qi), shape.ckv, shape.cq
+    else:
+        at, cq, ckv = (block.qi, block.ki), shape.cq, shape.ckv
+    return {tag: BlockTable(ref[at[0], at[1]], cq, ckv) for tag, ref in refs.items()}
+
+
 def block_bits(q_pos, k_pos, table: BlockTable, block: int):
     """bits[p_q // block, p_k // block] of a block mask given as data, for query positions
     q_pos and key positions k_pos in either orientation ([n, 1] against [1, m], or keys

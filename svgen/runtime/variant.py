@@ -52,26 +52,19 @@ class PatternCode:
         return PatternCode(mask, self.layout, self.query_coords, block_tables=self.block_tables)
 
 
-def block_table_shapes(patterns) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """(tag, shape) of every block table the patterns read, each once, in first-read order:
-    the kernels' `blocks_<tag>` inputs (`block_table_inputs` passes them in this order)."""
-    seen: dict[str, tuple[int, ...]] = {}
-    for pattern in patterns:
-        for tag, table, _, _ in pattern.block_tables:
-            seen.setdefault(tag, tuple(table.shape))
-    return tuple(seen.items())
-
-
-def block_table_inputs(patterns) -> tuple:
-    """The block tables as the kernels' inputs (bf16: 0 and 1, what the MXU multiplies),
-    in the order of `block_table_shapes`."""
-    import jax.numpy as jnp
-
-    tables: dict[str, object] = {}
+def unique_block_tables(patterns) -> dict:
+    """tag -> table of every block table the patterns read, each once, in first-read order:
+    the kernels' `blocks_<tag>` inputs, in this order."""
+    tables: dict = {}
     for pattern in patterns:
         for tag, table, _, _ in pattern.block_tables:
             tables.setdefault(tag, table)
-    return tuple(jnp.asarray(t, jnp.bfloat16) for t in tables.values())
+    return tables
+
+
+def block_table_shapes(patterns) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(tag, shape) of `unique_block_tables`: what the kernels' operands declare."""
+    return tuple((tag, tuple(t.shape)) for tag, t in unique_block_tables(patterns).items())
 
 
 def block_table_bytes(shapes, blocks_per_tile: int) -> int:
@@ -90,21 +83,6 @@ def _block_table_operands(shapes, q_blocks: int, kv_blocks: int, index_map: str)
         Operand(f"blocks_{tag}", "input", index_map, (q_blocks, kv_blocks, rq, ck))
         for tag, (_, _, rq, ck) in shapes
     ]
-
-
-def block_pieces(refs: dict | None, block, shape, transposed: bool = False) -> dict:
-    """The block tables' pieces of one compute block (svgen.runtime.coords.BlockTable), by
-    tag, from the kernel's `blocks_<tag>` refs: block (qi, ki) of a kernel of `shape`, or of
-    the transposed dk/dv walk (its qi indexes keys, and its shape's cq is the keys')."""
-    from svgen.runtime.coords import BlockTable
-
-    if not refs:
-        return {}
-    if transposed:
-        at, cq, ckv = (block.ki, block.qi), shape.ckv, shape.cq
-    else:
-        at, cq, ckv = (block.qi, block.ki), shape.cq, shape.ckv
-    return {tag: BlockTable(ref[at[0], at[1]], cq, ckv) for tag, ref in refs.items()}
 
 
 def _named_block_tables(named: dict) -> dict:

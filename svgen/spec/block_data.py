@@ -6,9 +6,9 @@ rule: keep(q, k) = array[p_q // block, p_k // block], p the token's position in 
 kernel order (its layout's order, in which `token_order="kernel"` takes q, k and v). This module turns the spec's `file`, `block`, `head` and `array`
 into that array, or into one message saying what is wrong with the file: missing or
 unreadable, not .npy / .npz, too large, of the wrong shape or dtype, or not binary. It reads
-the array's header before its data, so a file that declares a huge array is refused before
-any of it is read (svgen.spec.limits: MAX_BLOCK_FILE_BYTES, MAX_BLOCK_ENTRIES), and it never
-unpickles (allow_pickle=False). The digest is the SHA-256 of the file's bytes: the generated
+a file's size before reading it and the array's header before converting its data, so a
+file or an array past the limits is refused before it takes memory (svgen.spec.limits:
+MAX_BLOCK_FILE_BYTES, MAX_BLOCK_ENTRIES), and it never unpickles (allow_pickle=False). The digest is the SHA-256 of the file's bytes: the generated
 module's header names it, so `svgen compile --check` fails when the file changes.
 """
 
@@ -40,7 +40,6 @@ class BlockArray:
 
     bits: np.ndarray
     digest: str  # SHA-256 of the whole file
-    file: str  # as the spec wrote it
 
 
 def blocks_per_side(seq_len: int, block: int) -> int:
@@ -97,7 +96,7 @@ def _load(path, _mtime_ns, size, file, block, head, array, seq_len) -> BlockArra
     if suffix == ".npy" and array is not None:
         raise BlockDataError(f"`array` names an array of a .npz file; {file} is a .npy file")
     bits = _checked(values, file, block, head, seq_len)
-    return BlockArray(bits, digest, file)
+    return BlockArray(bits, digest)
 
 
 def _npy_array(raw: bytes, file: str) -> np.ndarray:
@@ -131,7 +130,7 @@ def _npz_array(raw: bytes, file: str, array: str | None) -> np.ndarray:
 
 
 def _check_header(fp, file: str) -> None:
-    """The array's shape and dtype from its header, refused before its data is read."""
+    """The array's shape and dtype from its header, refused before its data is converted."""
     version = np.lib.format.read_magic(fp)
     if version == (1, 0):
         shape, _, dtype = np.lib.format.read_array_header_1_0(fp)
