@@ -27,9 +27,16 @@ heavy = (
     "svgen.perf",
     "svgen.report",
 )
-# The token layout every stage shares, and libtpu_env (os only), which svgen's own import
-# runs so that libtpu stays quiet in a user's script (svgen/__init__.py).
-shared = ("svgen.core", "svgen.core.layout", "svgen.runtime", "svgen.runtime.libtpu_env")
+# The token layout every stage shares (and the curves its curve orders walk), and libtpu_env
+# (os only), which svgen's own import runs so that libtpu stays quiet in a user's script
+# (svgen/__init__.py).
+shared = (
+    "svgen.core",
+    "svgen.core.curves",
+    "svgen.core.layout",
+    "svgen.runtime",
+    "svgen.runtime.libtpu_env",
+)
 print(" ".join(sorted(m for m in sys.modules if m.startswith(heavy) and m not in shared)))
 """
 

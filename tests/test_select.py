@@ -331,6 +331,17 @@ def test_tiled_heads_select_in_their_kernel_order(compile_text):
     np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)
 
 
+@pytest.mark.parametrize("curve", ["hilbert", "morton"])
+def test_curve_heads_select_in_their_kernel_order(compile_text, curve):
+    """Jenga's setting: blocks of places along a curve in each frame, chosen by scores."""
+    plan, module = compile_text(spec_text(layout=f"{{curve: {curve}}}", name=curve))
+    assert plan.patterns[0].layout.curve == curve
+    q, k, v = _inputs(np.random.default_rng(6), (2,), module.SEQ_LEN, module.HEAD_DIM)
+    out = np.asarray(module.attention(q, k, v, interpret=POISONED, top_k=2))
+    want, _ = _reference(plan, module, q, k, v, 2)
+    np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)
+
+
 def test_bfloat16_inputs(compile_text):
     plan, module = compile_text(spec_text(dtype="bfloat16", name="bf16"))
     q, k, v = _inputs(np.random.default_rng(6), (2,), module.SEQ_LEN, module.HEAD_DIM, "bfloat16")

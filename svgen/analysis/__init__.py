@@ -113,7 +113,10 @@ def _over_kernel_frame(spec: Spec, mask: ir.Node, layout: TokenLayout, order, wh
     """The mask the kernel of `layout` runs: over a transposed frame (an axis order `order`
     that walks a frame column by column, svgen.core.layout) the mask with rows and columns
     exchanged, so that everything after this point sees one row-major frame. A mask with no
-    such form is a SpecError at `where` (key `key`)."""
+    such form is a SpecError at `where` (key `key`); so is a mask that reads rows or columns
+    in a curve layout, whose kernel decodes neither."""
+    if layout.curve:
+        _check_curve_mask(spec, mask, layout, where, key)
     if not layout.transposed:
         return mask
     try:
@@ -128,6 +131,37 @@ def _over_kernel_frame(spec: Spec, mask: ir.Node, layout: TokenLayout, order, wh
             line=where.line if where else None,
             column=where.column if where else None,
         ) from None
+
+
+def _check_curve_mask(spec: Spec, mask: ir.Node, layout: TokenLayout, where, key: str) -> None:
+    """A curve layout (svgen.core.layout) keeps frames and positions as frame_major does and
+    scatters each frame's rows and columns along the curve: its kernels decode no row or
+    column, so a mask reading them is refused, naming what it reads."""
+    names = sorted({s.name for s in mask.predicate().free_symbols} & {"h_q", "h_k", "w_q", "w_k"})
+    if not names:
+        return
+    raise SpecError(
+        f"layout {{curve: {layout.curve}}} walks each frame along a curve, and its kernel "
+        f"decodes no rows or columns; this mask reads {', '.join(names)}. A curve layout "
+        "takes masks of frames, positions and text (first_frame, band, prefix, text, "
+        "spatial_window with frames only, expr over f, i and is_text), block masks given as "
+        "data (blocks) and selections (select)",
+        file=spec.source,
+        key=key,
+        line=where.line if where else None,
+        column=where.column if where else None,
+    )
+
+
+def _check_curve_target(spec: Spec, layouts, target_name: str) -> None:
+    """Curve layouts run in the TPU kernels; the GPU kernel does not take them yet."""
+    if is_gpu(target_name) and any(lay.curve for lay in layouts):
+        raise SpecError(
+            f"a curve layout does not run in the {target_name} (GPU) kernel yet; it runs in "
+            "the TPU kernels (docs/limits.md)",
+            file=spec.source,
+            key="layout",
+        )
 
 
 def _candidate_mask(spec: Spec, mask: ir.Node, layout: TokenLayout, candidate) -> ir.Node:
@@ -158,6 +192,7 @@ def analyze(
     spec = kernel.classified(spec)
     candidates = heads.candidates
     layouts = [choose_layout(spec, c.layout, m) for c, m in zip(candidates, masks)]
+    _check_curve_target(spec, layouts, target_name)
     masks = [_candidate_mask(spec, m, lay, c) for m, lay, c in zip(masks, layouts, candidates)]
     # Before any classification work: masks too costly to classify, then a tiling that cannot
     # run (the one VMEM check).

@@ -104,6 +104,8 @@ class PatternPlan:
             out["cube"] = list(self.layout.cube)  # frames, rows, cols
         if self.layout.transposed:  # only where it is: other plans' keys stay as they were
             out["transposed_frame"] = True
+        if self.layout.curve:
+            out["curve"] = self.layout.curve
         if self.budget is not None:
             out.update(self.budget.to_json())
         if self.residuals is not None:

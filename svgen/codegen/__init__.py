@@ -29,6 +29,7 @@ from svgen.codegen.backends import backend_of
 from svgen.analysis.mask_code import MaskSource, aligned_mask, emit_mask, query_values
 from svgen.codegen.tilemap import render_tile_map
 from svgen.core.kinds import TileKind
+from svgen.core.curves import curve_digest
 from svgen.core.tables import block_table_shape, variant_bits
 
 # 3: generated modules name the table format as `tables.KernelShape` / `tables.Pattern` /
@@ -572,6 +573,8 @@ def _layout_args(layout) -> list[str]:
         ]
     if layout.transposed:  # height and width above are the kernel's: the video's transposed
         args.append("transposed=True")
+    if layout.curve:
+        args.append(f'curve="{layout.curve}"')
     return args
 
 
@@ -664,6 +667,11 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
                 ),
                 tile_map=render_tile_map(pattern.kinds),
                 layout_args=_layout_args(pattern.layout),
+                curve_sha256=(
+                    curve_digest(pattern.layout.curve, pattern.layout.height, pattern.layout.width)
+                    if pattern.layout.curve
+                    else None
+                ),
                 num_runs=wording.grouped(len(pattern.table.runs)),
                 mask_lines=_mask_lines(mask.lines),
                 mask_result=mask.result,

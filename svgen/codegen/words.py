@@ -12,6 +12,7 @@ import numpy as np
 from svgen.analysis import Plan
 from svgen.analysis.plan import pattern_shape
 from svgen.core.kinds import TileKind
+from svgen.core.curves import curve_digest
 from svgen.core.straight import straight_words, word_glyphs, word_steps
 
 
@@ -201,6 +202,9 @@ def pattern_lines(pattern, residual_names: list[str], plan: Plan, backend) -> li
         order += f", the first {layout.anchor_frames} frame(s) kept first as anchors"
     if layout.is_tiled:
         order += ", cubes of {} frame(s) x {} row(s) x {} column(s)".format(*layout.cube)
+    if layout.curve:
+        digest = curve_digest(layout.curve, layout.height, layout.width)
+        order += f", each frame's places along a {layout.curve} curve (sha256 {digest[:12]})"
     if layout.transposed:
         order += (
             f", of the transposed frame ({layout.height} x {layout.width}: the mask below "

@@ -32,6 +32,13 @@ refer to:
                   The nominal order is the kernel order itself (the layout's own order, as
                   for temporal_major; there are no anchor frames), so a band is a band of
                   cubes.
+  curve           frame_major with each frame's places along a space-filling curve
+                  (`layout: {curve: hilbert}` or `morton`, svgen.core.curves): frames in
+                  order, place curve_places[j] at position j of its frame. The nominal order
+                  is the kernel order (a band is a band along the curve). The kernel decodes
+                  a position's frame as frame_major does, never its row or column: a mask of
+                  a curve layout may not read them (svgen.analysis refuses it), which leaves
+                  frames, positions, text and block masks given as data.
 Text tokens keep their place (first or last) in all orders.
 
   transposed      frame_major or temporal_major of the video's frames transposed: the kernel
@@ -56,6 +63,8 @@ import dataclasses
 import functools
 
 import numpy as np
+
+from svgen.core.curves import CURVES, curve_places
 
 FRAME_MAJOR = "frame_major"
 TEMPORAL_MAJOR = "temporal_major"
@@ -132,6 +141,21 @@ class AxisOrder:
 
 
 @dataclasses.dataclass(frozen=True)
+class Curve:
+    """A spec's `layout: {curve: hilbert}`: frame_major with each frame's places along the
+    curve (svgen.core.curves)."""
+
+    kind: str
+
+    def __post_init__(self):
+        if self.kind not in CURVES:
+            raise ValueError(f"unknown curve {self.kind!r}; known: {', '.join(CURVES)}")
+
+    def words(self) -> str:
+        return f"{self.kind} curve in each frame"
+
+
+@dataclasses.dataclass(frozen=True)
 class TokenLayout:
     frames: int
     height: int
@@ -147,23 +171,35 @@ class TokenLayout:
     # frame_major / temporal_major of the transposed frame: height and width are the
     # kernel's (the video's width and height; see the module docstring)
     transposed: bool = False
+    # frame_major only: each frame's places along this curve (svgen.core.curves; "" none)
+    curve: str = ""
 
     def __post_init__(self):
+        if self.curve and (self.order != FRAME_MAJOR or self.transposed):
+            raise ValueError("a curve layout is frame_major, not transposed")
+        if self.curve and self.curve not in CURVES:
+            raise ValueError(f"unknown curve {self.curve!r}; known: {', '.join(CURVES)}")
         if self.order == TILED and min(self.cube) < 1:
             raise ValueError(f"a tiled layout needs positive cube sizes, got {self.cube}")
         if self.transposed and self.order == TILED:
             raise ValueError("a tiled layout is not transposed (its cubes give the orders)")
 
-    def with_order(self, order: "str | Tiled | AxisOrder", anchor_frames: int = 0) -> "TokenLayout":
+    def with_order(
+        self, order: "str | Tiled | AxisOrder | Curve", anchor_frames: int = 0
+    ) -> "TokenLayout":
         """The same tokens (a layout of the video's own frame) in another kernel order: a name
-        of ORDERS, a Tiled cube or an AxisOrder (anchor frames only for temporal_major)."""
+        of ORDERS, a Tiled cube, an AxisOrder or a Curve (anchor frames only for
+        temporal_major)."""
         if isinstance(order, AxisOrder):
             return self._with_axes(order, anchor_frames)
+        if isinstance(order, Curve):
+            return dataclasses.replace(self.with_order(FRAME_MAJOR), curve=order.kind)
         anchors = anchor_frames if order == TEMPORAL_MAJOR else 0
         cube = (order.frames, order.rows, order.cols) if isinstance(order, Tiled) else (0, 0, 0)
         return dataclasses.replace(
             self,
             order=TILED if isinstance(order, Tiled) else order,
+            curve="",
             anchor_frames=anchors,
             cube_frames=cube[0],
             cube_rows=cube[1],
@@ -218,6 +254,11 @@ class TokenLayout:
         return self.order == TILED
 
     @property
+    def curve_places(self) -> np.ndarray:
+        """curve: the place (row * width + col) at each position of a frame."""
+        return curve_places(self.curve, self.height, self.width)
+
+    @property
     def cube(self) -> tuple[int, int, int]:
         """tiled: (cube_frames, cube_rows, cube_cols)."""
         return self.cube_frames, self.cube_rows, self.cube_cols
@@ -240,6 +281,8 @@ class TokenLayout:
         if self.is_tiled:
             frame, row, col = self.tiled_coordinates(video)
             return frame, row * self.width + col
+        if self.curve:
+            return video // s, self.curve_places[video % s]
         if not self.is_temporal_major:
             return video // s, video % s
         anchor = video < self.anchor_frames * s
@@ -327,6 +370,8 @@ class TokenLayout:
         """Kernel order equals the user's order (no permutation)."""
         if self.transposed and min(self.height, self.width) > 1:
             return False
+        if self.curve:
+            return bool(np.array_equal(self.curve_places, np.arange(self.tokens_per_frame)))
         if self.is_tiled:
             return self._tiled_is_frame_major
         return not self.is_temporal_major or self.main_frames <= 1
@@ -366,6 +411,8 @@ class TokenLayout:
         gather for a tiled order with partial cubes)."""
         if self.is_identity:
             return x
+        if self.curve:  # places in no pattern a reshape follows: one gather
+            return xp.take(x, self._user_index, axis=-2)
         if self.is_tiled:
             return self._tiled_to_kernel(x, xp)
         if self.transposed:
@@ -381,6 +428,8 @@ class TokenLayout:
         """The inverse of to_kernel."""
         if self.is_identity:
             return y
+        if self.curve:
+            return xp.take(y, self.kernel_position, axis=-2)
         if self.is_tiled:
             return self._tiled_from_kernel(y, xp)
         if self.transposed:

@@ -413,6 +413,20 @@ def load_runs(path: pathlib.Path, *, sha256: str) -> np.ndarray:
     return np.load(path, allow_pickle=False)
 
 
+def check_curve(layout, *, sha256: str) -> None:
+    """A curve layout's order is the one the module was generated with (svgen.core.curves
+    computes it from the curve, the frame's height and width; the module pins its digest)."""
+    from svgen.core.curves import curve_digest
+
+    actual = curve_digest(layout.curve, layout.height, layout.width)
+    if actual != sha256:
+        raise RuntimeError(
+            f"this svgen orders a {layout.height} x {layout.width} frame along the "
+            f"{layout.curve} curve differently from the svgen that generated the module "
+            f"(sha256 {actual}, expected {sha256}); regenerate with `svgen compile`"
+        )
+
+
 def selectable_blocks(always: np.ndarray, candidate: np.ndarray, shape: KernelShape) -> np.ndarray:
     """bool [R, C]: the compute blocks a selection policy may choose (svgen.runtime.select):
     real blocks the candidate region touches (candidate: kinds [R, C]) that the always-kept

@@ -68,18 +68,21 @@ class TokenCoords:
 
     @functools.cached_property
     def row(self):
+        self._no_curve_places()
         if self.layout.is_tiled:
             return self._out(self._zero_for_text(self._tiled[1]))
         return self._out(self._zero_for_text(lax.div(self._frame_place[1], self.layout.width)))
 
     @functools.cached_property
     def col(self):
+        self._no_curve_places()
         if self.layout.is_tiled:
             return self._out(self._zero_for_text(self._tiled[2]))
         return self._out(self._zero_for_text(lax.rem(self._frame_place[1], self.layout.width)))
 
     @functools.cached_property
     def place(self):
+        self._no_curve_places()
         return self._out(self._zero_for_text(self._frame_place[1]))
 
     @functools.cached_property
@@ -96,6 +99,14 @@ class TokenCoords:
 
     def _out_bool(self, value):
         return self._out(value)
+
+    def _no_curve_places(self):
+        """A curve layout's places are not decoded in the kernel (svgen.core.layout): the
+        analysis refuses masks that read rows or columns there, so reaching this is a bug."""
+        if self.layout.curve:
+            raise NotImplementedError(
+                f"a {self.layout.curve} curve layout's rows and columns are not decoded"
+            )
 
     # -- decoding, in the orientation `pos` came in ------------------------------------------
     @functools.cached_property

@@ -11,6 +11,7 @@ import json
 from svgen.core.layout import (
     TILED,
     AxisOrder,
+    Curve,
     Tiled,
 )
 from svgen.spec.model import (
@@ -74,13 +75,15 @@ def _canonical_obj(name, geometry, attention, layout, mask, patterns, heads, til
     return obj
 
 
-def _layout_json(layout: str | Tiled | AxisOrder) -> str | dict:
+def _layout_json(layout: str | Tiled | AxisOrder | Curve) -> str | dict:
     # A name as before (digests of older specs stay valid); a tiled layout as written, so
     # that its cube is part of the spec's identity.
     if isinstance(layout, str):
         return layout
     if isinstance(layout, AxisOrder):
         return {"order": list(layout.axes)}
+    if isinstance(layout, Curve):
+        return {"curve": layout.kind}
     return {TILED: {"frames": layout.frames, "rows": layout.rows, "cols": layout.cols}}
 
 

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 from svgen.spec import primitives
 from svgen.core.layout import (
     AxisOrder,
+    Curve,
     FRAME_MAJOR,
     ComputeBlocks,
     TEMPORAL_MAJOR,
@@ -241,8 +242,9 @@ class Candidate:
     """
 
     pattern: str
-    layout: str | Tiled | AxisOrder  # a name of LAYOUTS, a tiled cube or an axis order; the
-    # spec's layout when not given
+    # a name of LAYOUTS, a tiled cube, an axis order or a curve; the spec's layout when not
+    # given
+    layout: str | Tiled | AxisOrder | Curve
     where: Location | None = field(default=None, compare=False, hash=False)
 
 
@@ -268,8 +270,8 @@ class Spec:
     name: str
     geometry: TokenLayout
     attention: Attention
-    layout: str | Tiled | AxisOrder  # a name of LAYOUTS, a tiled cube or an axis order; the
-    # default of head candidates
+    # a name of LAYOUTS, a tiled cube, an axis order or a curve; the default of head candidates
+    layout: str | Tiled | AxisOrder | Curve
     mask: MaskTerm | None  # one pattern for every head; None when ``heads`` is given
     patterns: tuple[tuple[str, MaskTerm], ...]  # sorted by name
     heads: HeadPatterns | None  # patterns per head; None when ``mask`` is given

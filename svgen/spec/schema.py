@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 
 from svgen import spec
+from svgen.core.curves import CURVES
 from svgen.spec import primitives
 from svgen.spec.limits import (
     MAX_EXPR_CHARS,
@@ -101,8 +102,19 @@ def _layout(description: str) -> dict:
         "description": "the axes f (frame), h (row), w (column), outermost first",
     }
     order = _section(("order",), {"order": axes}, ("order",), "the video in this axis order")
+    curve = _section(
+        ("curve",),
+        {
+            "curve": {
+                "enum": list(CURVES),
+                "description": "each frame's places along this space-filling curve",
+            }
+        },
+        ("curve",),
+        "frames in order, each frame's places along a curve (masks may not read rows or columns)",
+    )
     return {
-        "oneOf": [{"enum": list(spec.LAYOUTS)}, tiled, order],
+        "oneOf": [{"enum": list(spec.LAYOUTS)}, tiled, order, curve],
         "default": spec.LAYOUTS[0],
         "description": description,
     }

@@ -14,9 +14,11 @@ from svgen.spec.limits import (
     MAX_SEQ_LEN,
     MAX_TILE_PAIRS,
 )
+from svgen.core.curves import CURVES
 from svgen.core.layout import (
     AXES,
     AxisOrder,
+    Curve,
     FRAME_MAJOR,
     TEXT_POSITIONS,
     TILED,
@@ -87,7 +89,7 @@ GPU_BLOCKS = (16, 32, 64, 128, 256)
 GPU_WARPS = (1, 2, 4, 8, 16)
 GPU_MAX_STAGES = 8
 CANDIDATE_KEYS = ("pattern", "layout")
-LAYOUT_KEYS = (TILED, "order")  # the mapping form of `layout:`: exactly one of them
+LAYOUT_KEYS = (TILED, "order", "curve")  # the mapping form of `layout:`: exactly one of them
 TILED_KEYS = ("frames", "rows", "cols")  # the cube, each at most the geometry's extent
 
 
@@ -518,13 +520,18 @@ def _layout_words(order) -> str:
         return f"tiled {order.frames}x{order.rows}x{order.cols}"
     if isinstance(order, AxisOrder):
         return f"order {order.words()}"
+    if isinstance(order, Curve):
+        return f"curve {order.kind}"
     return str(order)
 
 
-def read_layout(r: Reader, node: Node, path: str, geometry: TokenLayout) -> str | Tiled | AxisOrder:
+def read_layout(
+    r: Reader, node: Node, path: str, geometry: TokenLayout
+) -> str | Tiled | AxisOrder | Curve:
     """A layout: a name of LAYOUTS, {tiled: {frames, rows, cols}} with a cube of positive
-    sizes, each at most the geometry's frames, height and width, or {order: [a, b, c]}, an
-    order of the axes f, h, w (svgen.core.layout.AxisOrder)."""
+    sizes, each at most the geometry's frames, height and width, {order: [a, b, c]}, an
+    order of the axes f, h, w (svgen.core.layout.AxisOrder), or {curve: hilbert|morton}
+    (svgen.core.curves)."""
     if not isinstance(node, MappingNode):
         if isinstance(node, ScalarNode) and r.scalar(node, path) == TILED:
             raise r.error(
@@ -536,11 +543,13 @@ def read_layout(r: Reader, node: Node, path: str, geometry: TokenLayout) -> str 
         raise r.error(
             node,
             path,
-            "give one of {tiled: {frames: A, rows: B, cols: C}} and {order: [f, h, w]} "
-            f"(the axes in any order), got {r.describe(node)}",
+            "give one of {tiled: {frames: A, rows: B, cols: C}}, {order: [f, h, w]} "
+            f"(the axes in any order) and {{curve: hilbert}}, got {r.describe(node)}",
         )
     if "order" in entries:
         return _read_axis_order(r, entries["order"][1], join_path(path, "order"))
+    if "curve" in entries:
+        return Curve(r.choice(entries["curve"][1], join_path(path, "curve"), CURVES))
     tpath, tnode = join_path(path, TILED), entries[TILED][1]
     cube = r.mapping(tnode, tpath, TILED_KEYS, what="a mapping {frames: A, rows: B, cols: C}")
     r.require(tnode, tpath, cube, TILED_KEYS)

@@ -1,0 +1,84 @@
+"""Space-filling curves over a frame: the order of a curve layout's places (`layout: {curve:
+hilbert}`, svgen.core.layout). NumPy only.
+
+A curve layout keeps the frames in order and walks each frame's places along a curve, so that
+a run of consecutive kernel positions (a compute block, a selection's block) covers a compact
+patch of the frame instead of a strip of whole rows: the setting of Jenga's block carving,
+where the blocks a query selects by pooled scores should be regions, not bands.
+
+  hilbert   places sorted by their index along the Hilbert curve of the smallest power-of-two
+            square holding the frame (x = column, y = row). On a square frame whose side is a
+            power of two, consecutive places are always neighbours (one row or one column
+            apart); on any other frame the order skips the square's cells outside it, so it
+            jumps where the curve leaves the frame and comes back.
+  morton    places sorted by their Z-order code: the bits of row and column interleaved, the
+            column's in the even positions (the lowest). Cheaper to state, with larger jumps
+            than Hilbert's at every power-of-two boundary.
+
+Both are pure functions of (kind, height, width): the generated module names its layout's curve
+and the digest of the resulting order (svgen.codegen), which its import checks.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+
+import numpy as np
+
+HILBERT = "hilbert"
+MORTON = "morton"
+CURVES = (HILBERT, MORTON)
+
+
+@functools.cache
+def curve_places(kind: str, height: int, width: int) -> np.ndarray:
+    """int64 [height * width], read-only: the place (row * width + column) at each position of
+    the frame's curve order."""
+    if kind not in CURVES:
+        raise ValueError(f"unknown curve {kind!r}; known: {', '.join(CURVES)}")
+    rows, cols = np.divmod(np.arange(height * width, dtype=np.int64), width)
+    side = 1 << max(int(max(height, width) - 1).bit_length(), 0)
+    key = hilbert_index(cols, rows, side) if kind == HILBERT else morton_code(rows, cols)
+    # Every key is distinct (each curve is a bijection of the square), so the sort is exact.
+    order = np.argsort(key, kind="stable")
+    order.flags.writeable = False
+    return order
+
+
+def hilbert_index(x: np.ndarray, y: np.ndarray, side: int) -> np.ndarray:
+    """The index of each cell (x, y) along the Hilbert curve over a side x side square (side a
+    power of two): from the coarsest level down, the quadrant's rank in the curve's visiting
+    order at that level, then the cell's coordinates turned into that quadrant's own frame
+    (reflected and transposed), so that every level reads the same base pattern."""
+    x, y = np.array(x, np.int64), np.array(y, np.int64)
+    index = np.zeros(np.broadcast(x, y).shape, np.int64)
+    level = side // 2
+    while level > 0:
+        right = (x & level) > 0
+        upper = (y & level) > 0
+        # Quadrant ranks along the curve: (0,0) -> 0, (0,1) -> 1, (1,1) -> 2, (1,0) -> 3.
+        index += level * level * ((3 * right) ^ upper)
+        # The lower quadrants are entered turned: the right one also reflected.
+        reflect = ~upper & right
+        x = np.where(reflect, side - 1 - x, x)
+        y = np.where(reflect, side - 1 - y, y)
+        x, y = np.where(~upper, y, x), np.where(~upper, x, y)
+        level //= 2
+    return index
+
+
+def morton_code(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """Z-order codes: bit b of the column at bit 2b, bit b of the row at bit 2b + 1."""
+    rows, cols = np.asarray(rows, np.int64), np.asarray(cols, np.int64)
+    code = np.zeros(np.broadcast(rows, cols).shape, np.int64)
+    for bit in range(31):
+        code |= ((cols >> bit) & 1) << (2 * bit)
+        code |= ((rows >> bit) & 1) << (2 * bit + 1)
+    return code
+
+
+def curve_digest(kind: str, height: int, width: int) -> str:
+    """sha256 of the curve order (int32 little-endian): what a generated module pins."""
+    places = curve_places(kind, height, width).astype("<i4")
+    return hashlib.sha256(places.tobytes()).hexdigest()
