@@ -281,6 +281,8 @@ def _layout_words(layout) -> str:
     words = layout.order + (" of the transposed frame" if layout.transposed else "")
     if layout.is_tiled:
         words += " {}x{}x{}".format(*layout.cube)
+    if layout.curve:
+        words += f", {layout.curve} curve in each frame"
     return words
 
 
