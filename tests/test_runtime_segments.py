@@ -40,7 +40,12 @@ runtime: {segments: true, text_lengths: true}
 """
 
 
-LAYOUTS = ["frame_major", "temporal_major", "{tiled: {frames: 2, rows: 3, cols: 7}}"]
+LAYOUTS = [
+    "frame_major",
+    "temporal_major",
+    "{tiled: {frames: 2, rows: 3, cols: 7}}",
+    "{curve: hilbert}",
+]
 
 
 def random_text_lengths(rng, batch: int, text_tokens: int) -> np.ndarray:
@@ -85,7 +90,7 @@ def check_outputs(plan, out, q, k, v, head_pattern, segment_ids, text_lengths, d
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("layout", LAYOUTS, ids=["frame_major", "temporal_major", "tiled"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["frame_major", "temporal_major", "tiled", "curve"])
 def test_one_pattern_against_float64(layout, dtype, tmp_path):
     plan, module = compile_spec_text(spec_text(ONE_PATTERN, layout=layout, dtype=dtype), tmp_path)
     rng = np.random.default_rng(abs(hash((layout, dtype))) % 2**32)
