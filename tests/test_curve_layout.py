@@ -330,3 +330,134 @@ def test_forward_and_backward_compile_for_v5e(compile_text):
 
     text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(arg, arg, arg).compile().as_text()
     assert text.count("tpu_custom_call") >= 2  # the forward and the dk/dv walk
+
+
+# -- over the whole video ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("side", [2, 4, 8, 16])
+def test_the_video_hilbert_curve_steps_to_a_neighbour_in_a_power_of_two_cube(side):
+    order = curves.video_curve_order(curves.HILBERT, side, side, side)
+    assert sorted(order.tolist()) == list(range(side**3))
+    frames, places = np.divmod(order, side * side)
+    rows, cols = np.divmod(places, side)
+    steps = np.abs(np.diff(frames)) + np.abs(np.diff(rows)) + np.abs(np.diff(cols))
+    assert np.all(steps == 1)
+
+
+@pytest.mark.parametrize("kind", curves.CURVES)
+@pytest.mark.parametrize("sizes", [(1, 1, 1), (3, 5, 6), (21, 45, 80), (2, 1, 9)])
+def test_a_video_curve_visits_every_token_once(kind, sizes):
+    order = curves.video_curve_order(kind, *sizes)
+    assert sorted(order.tolist()) == list(range(int(np.prod(sizes))))
+
+
+def test_the_video_morton_code_interleaves_three_axes():
+    frames, height, width = 3, 5, 6
+    order = curves.video_curve_order(curves.MORTON, frames, height, width)
+
+    def code(index):  # frame bits above row bits above column bits, level by level
+        f, place = divmod(int(index), height * width)
+        h, w = divmod(place, width)
+        return int("".join(a + b + c for a, b, c in zip(f"{f:03b}", f"{h:03b}", f"{w:03b}")), 2)
+
+    codes = [code(i) for i in order]
+    assert codes == sorted(codes)
+
+
+def _video_layout(kind=curves.HILBERT, text=7) -> TokenLayout:
+    geometry = TokenLayout(frames=3, height=5, width=6, text_tokens=text)
+    return geometry.with_order(Curve(kind, curves.VIDEO))
+
+
+@pytest.mark.parametrize("kind", curves.CURVES)
+def test_the_video_layout_moves_tokens_along_the_curve(kind):
+    lay = _video_layout(kind)
+    assert lay.curve_over_video and not lay.is_identity
+    x = np.arange(lay.seq_len)[:, None] * np.ones((1, 2))
+    moved = lay.to_kernel(x)
+    assert np.array_equal(lay.from_kernel(moved), x)
+    user = moved[:, 0].astype(int)
+    assert np.array_equal(user[: lay.video_tokens], curves.video_curve_order(kind, 3, 5, 6))
+    assert np.array_equal(user[lay.video_tokens :], np.arange(lay.video_tokens, lay.seq_len))
+    coords = lay.coordinates(np.arange(lay.video_tokens))
+    frames, places = np.divmod(user[: lay.video_tokens], 30)
+    assert np.array_equal(coords.frame, frames)
+    assert np.array_equal(coords.row * 6 + coords.col, places)
+
+
+def test_over_is_read_and_checked():
+    spec = parse_spec(_spec(layout="{curve: morton, over: video}", mask="{band: {width: 40}}"))
+    assert spec.layout == Curve("morton", "video")
+    with pytest.raises(SpecError, match=r"layout\.over.*frame, video"):
+        parse_spec(_spec(layout="{curve: morton, over: space}"))
+    with pytest.raises(SpecError, match=r"layout\.over: goes with curve"):
+        parse_spec(_spec(layout="{order: [f, h, w], over: video}"))
+    digests = {
+        parse_spec(_spec(layout=layout)).digest
+        for layout in ("{curve: hilbert}", "{curve: hilbert, over: frame}")
+    }
+    assert len(digests) == 1  # `over: frame` is the default, written or not
+
+
+def test_frames_are_refused_over_the_whole_video(compile_text):
+    with pytest.raises(SpecError, match="walks the whole video.*reads f_k") as err:
+        compile_text(_spec(layout="{curve: hilbert, over: video}"))
+    assert err.value.key == "layout"
+
+
+VIDEO_MASKS = [
+    {"band": {"width": 37}},
+    {"prefix": {"tokens": 50}},
+    {"text": {}},
+    {"spatial_window": {}},
+    {"expr": "(i_q + i_k) % 3 != 1 or is_text_k"},
+    {"any_of": [{"band": {"width": 20}}, {"not": {"prefix": {"tokens": 30}}}]},
+]
+
+
+@pytest.mark.parametrize("index", range(len(VIDEO_MASKS)))
+def test_video_curve_masks_keep_what_frame_major_keeps_and_classify_exactly(index):
+    from svgen.analysis.classify import TileGrid, classify_tiles
+
+    from helpers import brute_force_kinds, dense_keep, lower_mask_dict
+
+    geometry = TokenLayout(frames=4, height=6, width=10, text_tokens=13)
+    _, mask = lower_mask_dict(VIDEO_MASKS[index], geometry, 128, 128)
+    frame_major = dense_keep(mask, geometry)
+    for kind in curves.CURVES:
+        lay = geometry.with_order(Curve(kind, curves.VIDEO))
+        keep = dense_keep(mask, lay)
+        np.testing.assert_array_equal(keep, frame_major)
+        for bq, bkv in ((16, 32), (40, 8)):
+            got = classify_tiles(mask, lay, TileGrid(lay.seq_len, bq, bkv))
+            np.testing.assert_array_equal(got.kinds, brute_force_kinds(keep, bq, bkv))
+
+
+@pytest.mark.parametrize("kind", curves.CURVES)
+def test_video_curve_forward_and_gradients_against_the_rule(kind, compile_text):
+    mask = "{any_of: [{band: {width: 40}}, {text: {}}]}"
+    text = _spec(layout=f"{{curve: {kind}, over: video}}", text=20, mask=mask, name="video")
+    plan, module = compile_text(text)
+    lay = plan.patterns[0].layout
+    assert lay.curve_over_video and "the whole video along a" in module.__doc__
+    pos = lay.kernel_position.astype(np.int64)
+    user = np.arange(lay.seq_len)
+    is_text = (user < lay.video_start) | (user >= lay.video_start + lay.video_tokens)
+    keep = (np.abs(pos[:, None] - pos[None, :]) <= 40) | is_text[:, None] | is_text[None, :]
+    q, k, v = _check_forward(plan, module, keep, "float32")
+    check_grads(plan, module, q, k, v, (0, 0), "float32", keeps=[keep])
+
+
+def test_selection_over_a_video_curve(compile_text):
+    """Jenga's setting over the whole video: blocks of a 3-D curve chosen by their scores."""
+    from test_select import _inputs, _reference
+
+    text = _spec(
+        layout="{curve: hilbert, over: video}", mask="{band: {width: 40}}", name="carve"
+    ).replace("tiling:", "select:\n  candidate: {spatial_window: {}}\n  top_k: {k: 2}\ntiling:")
+    plan, module = compile_text(text)
+    q, k, v = _inputs(np.random.default_rng(8), (2,), module.SEQ_LEN, module.HEAD_DIM)
+    out = np.asarray(module.attention(q, k, v, interpret=POISONED, top_k=2))
+    want, _ = _reference(plan, module, q, k, v, 2)
+    np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)

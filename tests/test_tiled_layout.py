@@ -295,7 +295,7 @@ def test_bad_cubes_are_located(cube, message):
     [
         ("tiled", "5:9: layout: tiled needs its cube: write {tiled: {frames: A, rows: B, cols: C}}"),
         ("{tiled: 3}", "5:17: layout.tiled: must be a mapping {frames: A, rows: B, cols: C}, got an integer (3)"),
-        ("{tile: {}}", "5:10: layout.tile: unknown key 'tile'; allowed keys: tiled, order, curve"),
+        ("{tile: {}}", "5:10: layout.tile: unknown key 'tile'; allowed keys: tiled, order, curve, over"),
         ("{}", "5:9: layout: give one of {tiled: {frames: A, rows: B, cols: C}}, {order: [f, h, w]} (the axes in any order) and {curve: hilbert}, got an empty mapping"),
     ],
 )  # fmt: skip

@@ -136,16 +136,27 @@ def _over_kernel_frame(spec: Spec, mask: ir.Node, layout: TokenLayout, order, wh
 def _check_curve_mask(spec: Spec, mask: ir.Node, layout: TokenLayout, where, key: str) -> None:
     """A curve layout (svgen.core.layout) keeps frames and positions as frame_major does and
     scatters each frame's rows and columns along the curve: its kernels decode no row or
-    column, so a mask reading them is refused, naming what it reads."""
-    names = sorted({s.name for s in mask.predicate().free_symbols} & {"h_q", "h_k", "w_q", "w_k"})
+    column, so a mask reading them is refused, naming what it reads. Over the whole video the
+    frames are scattered too, and decoded neither."""
+    scattered = {"h_q", "h_k", "w_q", "w_k"}
+    if layout.curve_over_video:
+        scattered |= {"f_q", "f_k"}
+    names = sorted({s.name for s in mask.predicate().free_symbols} & scattered)
     if not names:
         return
+    if layout.curve_over_video:
+        walk, decodes = "the whole video", "no frames, rows or columns"
+        takes = "positions and text (band, prefix, text, expr over i and is_text)"
+    else:
+        walk, decodes = "each frame", "no rows or columns"
+        takes = (
+            "frames, positions and text (first_frame, band, prefix, text, spatial_window with "
+            "frames only, expr over f, i and is_text)"
+        )
     raise SpecError(
-        f"layout {{curve: {layout.curve}}} walks each frame along a curve, and its kernel "
-        f"decodes no rows or columns; this mask reads {', '.join(names)}. A curve layout "
-        "takes masks of frames, positions and text (first_frame, band, prefix, text, "
-        "spatial_window with frames only, expr over f, i and is_text), block masks given as "
-        "data (blocks) and selections (select)",
+        f"layout {{curve: {layout.curve}}} walks {walk} along a curve, and its kernel "
+        f"decodes {decodes}; this mask reads {', '.join(names)}. A curve layout there takes "
+        f"masks of {takes}, block masks given as data (blocks) and selections (select)",
         file=spec.source,
         key=key,
         line=where.line if where else None,

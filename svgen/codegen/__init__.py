@@ -29,8 +29,7 @@ from svgen.codegen.backends import backend_of
 from svgen.analysis.mask_code import MaskSource, aligned_mask, emit_mask, query_values
 from svgen.codegen.tilemap import render_tile_map
 from svgen.core.kinds import TileKind
-from svgen.core.curves import curve_digest
-from svgen.core.tables import block_table_shape, variant_bits
+from svgen.core.tables import block_table_shape, layout_curve_digest, variant_bits
 
 # 3: generated modules name the table format as `tables.KernelShape` / `tables.Pattern` /
 # `tables.load_runs`, import libtpu_env from svgen.runtime, and GPU modules no longer
@@ -575,6 +574,8 @@ def _layout_args(layout) -> list[str]:
         args.append("transposed=True")
     if layout.curve:
         args.append(f'curve="{layout.curve}"')
+    if layout.curve_over_video:
+        args.append(f'curve_over="{layout.curve_over}"')
     return args
 
 
@@ -668,9 +669,7 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
                 tile_map=render_tile_map(pattern.kinds),
                 layout_args=_layout_args(pattern.layout),
                 curve_sha256=(
-                    curve_digest(pattern.layout.curve, pattern.layout.height, pattern.layout.width)
-                    if pattern.layout.curve
-                    else None
+                    layout_curve_digest(pattern.layout) if pattern.layout.curve else None
                 ),
                 num_runs=wording.grouped(len(pattern.table.runs)),
                 mask_lines=_mask_lines(mask.lines),

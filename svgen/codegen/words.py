@@ -12,7 +12,7 @@ import numpy as np
 from svgen.analysis import Plan
 from svgen.analysis.plan import pattern_shape
 from svgen.core.kinds import TileKind
-from svgen.core.curves import curve_digest
+from svgen.core.tables import layout_curve_digest
 from svgen.core.straight import straight_words, word_glyphs, word_steps
 
 
@@ -203,8 +203,9 @@ def pattern_lines(pattern, residual_names: list[str], plan: Plan, backend) -> li
     if layout.is_tiled:
         order += ", cubes of {} frame(s) x {} row(s) x {} column(s)".format(*layout.cube)
     if layout.curve:
-        digest = curve_digest(layout.curve, layout.height, layout.width)
-        order += f", each frame's places along a {layout.curve} curve (sha256 {digest[:12]})"
+        walk = "the whole video" if layout.curve_over_video else "each frame's places"
+        digest = layout_curve_digest(layout)
+        order += f", {walk} along a {layout.curve} curve (sha256 {digest[:12]})"
     if layout.transposed:
         order += (
             f", of the transposed frame ({layout.height} x {layout.width}: the mask below "

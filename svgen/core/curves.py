@@ -15,8 +15,12 @@ where the blocks a query selects by pooled scores should be regions, not bands.
             column's in the even positions (the lowest). Cheaper to state, with larger jumps
             than Hilbert's at every power-of-two boundary.
 
-Both are pure functions of (kind, height, width): the generated module names its layout's curve
-and the digest of the resulting order (svgen.codegen), which its import checks.
+Over the whole video (`layout: {curve: hilbert, over: video}`) the same curves run in three
+dimensions, (column, row, frame), on the smallest power-of-two cube holding the video: a run of
+positions is then a small box of places and frames, and a frame is no longer one run.
+
+All are pure functions of the curve and the sizes: the generated module names its layout's
+curve and the digest of the resulting order (svgen.codegen), which its import checks.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ import numpy as np
 HILBERT = "hilbert"
 MORTON = "morton"
 CURVES = (HILBERT, MORTON)
+# What a curve orders: each frame's places (frames in order), or the whole video.
+FRAME, VIDEO = "frame", "video"
+CURVE_SCOPES = (FRAME, VIDEO)
 
 
 @functools.cache
@@ -78,7 +85,76 @@ def morton_code(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     return code
 
 
-def curve_digest(kind: str, height: int, width: int) -> str:
-    """sha256 of the curve order (int32 little-endian): what a generated module pins."""
-    places = curve_places(kind, height, width).astype("<i4")
-    return hashlib.sha256(places.tobytes()).hexdigest()
+@functools.cache
+def video_curve_order(kind: str, frames: int, height: int, width: int) -> np.ndarray:
+    """int64 [frames * height * width], read-only: the video index (f * H * W + h * W + w) at
+    each position of the whole video's curve order (a curve over the frames too: neighbours in
+    time are as near as neighbours in space)."""
+    if kind not in CURVES:
+        raise ValueError(f"unknown curve {kind!r}; known: {', '.join(CURVES)}")
+    index = np.arange(frames * height * width, dtype=np.int64)
+    f, place = np.divmod(index, height * width)
+    h, w = np.divmod(place, width)
+    bits = max(int(max(frames, height, width) - 1).bit_length(), 1)
+    if kind == HILBERT:
+        key = hilbert_index_nd((w, h, f), bits)
+    else:
+        key = morton_code_nd((w, h, f), bits)
+    order = np.argsort(key, kind="stable")
+    order.flags.writeable = False
+    return order
+
+
+def hilbert_index_nd(axes, bits: int) -> np.ndarray:
+    """The index of each point along the n-dimensional Hilbert curve over a cube of side
+    2**bits (axes: n coordinate arrays, the first the fastest-varying at the finest level).
+    The coordinates are turned, level by level from the coarsest, into the curve's own frame
+    (a reflection of the lower bits where a bit is set, else an exchange of the lower bits
+    with the first axis), then Gray-decoded; the index is their bits interleaved, coarsest
+    first (J. Skilling's construction, AIP Conf. Proc. 707, 2004)."""
+    x = [np.array(a, np.int64) for a in axes]
+    n = len(x)
+    top = 1 << (bits - 1)
+    q = top
+    while q > 1:
+        low = q - 1
+        for i in range(n):
+            set_here = (x[i] & q) != 0
+            swap = (x[0] ^ x[i]) & low
+            x[0] = np.where(set_here, x[0] ^ low, x[0] ^ swap)
+            if i:
+                x[i] = np.where(set_here, x[i], x[i] ^ swap)
+        q >>= 1
+    for i in range(1, n):  # Gray code
+        x[i] = x[i] ^ x[i - 1]
+    flip = np.zeros_like(x[0])
+    q = top
+    while q > 1:
+        flip = np.where((x[n - 1] & q) != 0, flip ^ (q - 1), flip)
+        q >>= 1
+    x = [a ^ flip for a in x]
+    index = np.zeros_like(x[0])
+    for bit in range(bits - 1, -1, -1):
+        for i in range(n):
+            index = (index << 1) | ((x[i] >> bit) & 1)
+    return index
+
+
+def morton_code_nd(axes, bits: int) -> np.ndarray:
+    """Z-order codes of n axes: bit b of axis i at bit n * b + i (the first axis lowest)."""
+    x = [np.asarray(a, np.int64) for a in axes]
+    code = np.zeros(np.broadcast(*x).shape, np.int64)
+    for bit in range(bits):
+        for i, a in enumerate(x):
+            code |= ((a >> bit) & 1) << (len(x) * bit + i)
+    return code
+
+
+def curve_digest(kind: str, height: int, width: int, frames: int | None = None) -> str:
+    """sha256 of the curve order (int32 little-endian): what a generated module pins; with
+    `frames`, of the whole video's order."""
+    if frames is None:
+        order = curve_places(kind, height, width)
+    else:
+        order = video_curve_order(kind, frames, height, width)
+    return hashlib.sha256(order.astype("<i4").tobytes()).hexdigest()

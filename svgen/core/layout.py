@@ -38,7 +38,10 @@ refer to:
                   is the kernel order (a band is a band along the curve). The kernel decodes
                   a position's frame as frame_major does, never its row or column: a mask of
                   a curve layout may not read them (svgen.analysis refuses it), which leaves
-                  frames, positions, text and block masks given as data.
+                  frames, positions, text and block masks given as data. With
+                  `over: video` the curve runs through the whole video in three dimensions
+                  (video_curve_order): the kernel decodes no frame either, and a mask may
+                  read positions, text and block masks given as data only.
 Text tokens keep their place (first or last) in all orders.
 
   transposed      frame_major or temporal_major of the video's frames transposed: the kernel
@@ -64,7 +67,7 @@ import functools
 
 import numpy as np
 
-from svgen.core.curves import CURVES, curve_places
+from svgen.core.curves import CURVE_SCOPES, CURVES, FRAME, VIDEO, curve_places, video_curve_order
 
 FRAME_MAJOR = "frame_major"
 TEMPORAL_MAJOR = "temporal_major"
@@ -146,13 +149,17 @@ class Curve:
     curve (svgen.core.curves)."""
 
     kind: str
+    over: str = FRAME  # one of CURVE_SCOPES: each frame's places, or the whole video
 
     def __post_init__(self):
         if self.kind not in CURVES:
             raise ValueError(f"unknown curve {self.kind!r}; known: {', '.join(CURVES)}")
+        if self.over not in CURVE_SCOPES:
+            raise ValueError(f"a curve runs over one of {CURVE_SCOPES}, got {self.over!r}")
 
     def words(self) -> str:
-        return f"{self.kind} curve in each frame"
+        where = "each frame" if self.over == FRAME else "the whole video"
+        return f"{self.kind} curve over {where}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,14 +178,16 @@ class TokenLayout:
     # frame_major / temporal_major of the transposed frame: height and width are the
     # kernel's (the video's width and height; see the module docstring)
     transposed: bool = False
-    # frame_major only: each frame's places along this curve (svgen.core.curves; "" none)
+    # frame_major only: each frame's places (curve_over "frame") or the whole video's tokens
+    # ("video") along this curve (svgen.core.curves; "" none)
     curve: str = ""
+    curve_over: str = FRAME
 
     def __post_init__(self):
         if self.curve and (self.order != FRAME_MAJOR or self.transposed):
             raise ValueError("a curve layout is frame_major, not transposed")
-        if self.curve and self.curve not in CURVES:
-            raise ValueError(f"unknown curve {self.curve!r}; known: {', '.join(CURVES)}")
+        if self.curve:
+            Curve(self.curve, self.curve_over)  # checks both
         if self.order == TILED and min(self.cube) < 1:
             raise ValueError(f"a tiled layout needs positive cube sizes, got {self.cube}")
         if self.transposed and self.order == TILED:
@@ -193,13 +202,15 @@ class TokenLayout:
         if isinstance(order, AxisOrder):
             return self._with_axes(order, anchor_frames)
         if isinstance(order, Curve):
-            return dataclasses.replace(self.with_order(FRAME_MAJOR), curve=order.kind)
+            plain = self.with_order(FRAME_MAJOR)
+            return dataclasses.replace(plain, curve=order.kind, curve_over=order.over)
         anchors = anchor_frames if order == TEMPORAL_MAJOR else 0
         cube = (order.frames, order.rows, order.cols) if isinstance(order, Tiled) else (0, 0, 0)
         return dataclasses.replace(
             self,
             order=TILED if isinstance(order, Tiled) else order,
             curve="",
+            curve_over=FRAME,
             anchor_frames=anchors,
             cube_frames=cube[0],
             cube_rows=cube[1],
@@ -254,8 +265,16 @@ class TokenLayout:
         return self.order == TILED
 
     @property
-    def curve_places(self) -> np.ndarray:
-        """curve: the place (row * width + col) at each position of a frame."""
+    def curve_over_video(self) -> bool:
+        """A curve through the whole video: frames are not runs of positions."""
+        return bool(self.curve) and self.curve_over == VIDEO
+
+    @property
+    def curve_order(self) -> np.ndarray:
+        """curve: the place (row * width + col) at each position of a frame, or over the whole
+        video the video index (frame * H * W + place) at each video position."""
+        if self.curve_over_video:
+            return video_curve_order(self.curve, self.frames, self.height, self.width)
         return curve_places(self.curve, self.height, self.width)
 
     @property
@@ -281,8 +300,10 @@ class TokenLayout:
         if self.is_tiled:
             frame, row, col = self.tiled_coordinates(video)
             return frame, row * self.width + col
+        if self.curve_over_video:
+            return np.divmod(self.curve_order[video], s)
         if self.curve:
-            return video // s, self.curve_places[video % s]
+            return video // s, self.curve_order[video % s]
         if not self.is_temporal_major:
             return video // s, video % s
         anchor = video < self.anchor_frames * s
@@ -371,7 +392,7 @@ class TokenLayout:
         if self.transposed and min(self.height, self.width) > 1:
             return False
         if self.curve:
-            return bool(np.array_equal(self.curve_places, np.arange(self.tokens_per_frame)))
+            return bool(np.array_equal(self.curve_order, np.arange(len(self.curve_order))))
         if self.is_tiled:
             return self._tiled_is_frame_major
         return not self.is_temporal_major or self.main_frames <= 1

@@ -415,16 +415,23 @@ def load_runs(path: pathlib.Path, *, sha256: str) -> np.ndarray:
 
 def check_curve(layout, *, sha256: str) -> None:
     """A curve layout's order is the one the module was generated with (svgen.core.curves
-    computes it from the curve, the frame's height and width; the module pins its digest)."""
-    from svgen.core.curves import curve_digest
-
-    actual = curve_digest(layout.curve, layout.height, layout.width)
+    computes it from the curve and the sizes; the module pins its digest)."""
+    actual = layout_curve_digest(layout)
     if actual != sha256:
         raise RuntimeError(
-            f"this svgen orders a {layout.height} x {layout.width} frame along the "
-            f"{layout.curve} curve differently from the svgen that generated the module "
-            f"(sha256 {actual}, expected {sha256}); regenerate with `svgen compile`"
+            f"this svgen orders the tokens of a {layout.frames} x {layout.height} x "
+            f"{layout.width} video along the {layout.curve} curve differently from the svgen "
+            f"that generated the module (sha256 {actual}, expected {sha256}); regenerate with "
+            "`svgen compile`"
         )
+
+
+def layout_curve_digest(layout) -> str:
+    """sha256 of a curve layout's order (svgen.core.curves.curve_digest)."""
+    from svgen.core.curves import curve_digest
+
+    frames = layout.frames if layout.curve_over_video else None
+    return curve_digest(layout.curve, layout.height, layout.width, frames)
 
 
 def selectable_blocks(always: np.ndarray, candidate: np.ndarray, shape: KernelShape) -> np.ndarray:

@@ -64,25 +64,27 @@ class TokenCoords:
 
     @functools.cached_property
     def frame(self):
+        if self.layout.curve_over_video:
+            self._not_decoded("frames")
         return self._out(self._zero_for_text(self._frame_place[0]))
 
     @functools.cached_property
     def row(self):
-        self._no_curve_places()
+        self._not_decoded("rows and columns")
         if self.layout.is_tiled:
             return self._out(self._zero_for_text(self._tiled[1]))
         return self._out(self._zero_for_text(lax.div(self._frame_place[1], self.layout.width)))
 
     @functools.cached_property
     def col(self):
-        self._no_curve_places()
+        self._not_decoded("rows and columns")
         if self.layout.is_tiled:
             return self._out(self._zero_for_text(self._tiled[2]))
         return self._out(self._zero_for_text(lax.rem(self._frame_place[1], self.layout.width)))
 
     @functools.cached_property
     def place(self):
-        self._no_curve_places()
+        self._not_decoded("rows and columns")
         return self._out(self._zero_for_text(self._frame_place[1]))
 
     @functools.cached_property
@@ -100,12 +102,13 @@ class TokenCoords:
     def _out_bool(self, value):
         return self._out(value)
 
-    def _no_curve_places(self):
-        """A curve layout's places are not decoded in the kernel (svgen.core.layout): the
-        analysis refuses masks that read rows or columns there, so reaching this is a bug."""
+    def _not_decoded(self, what: str):
+        """A curve layout's rows and columns (over the whole video, its frames too) are not
+        decoded in the kernel (svgen.core.layout): the analysis refuses masks that read them,
+        so reaching this is a bug."""
         if self.layout.curve:
             raise NotImplementedError(
-                f"a {self.layout.curve} curve layout's rows and columns are not decoded"
+                f"a {self.layout.curve} curve layout's {what} are not decoded"
             )
 
     # -- decoding, in the orientation `pos` came in ------------------------------------------

@@ -82,8 +82,8 @@ def _layout_json(layout: str | Tiled | AxisOrder | Curve) -> str | dict:
         return layout
     if isinstance(layout, AxisOrder):
         return {"order": list(layout.axes)}
-    if isinstance(layout, Curve):
-        return {"curve": layout.kind}
+    if isinstance(layout, Curve):  # `over` only where it is not the default
+        return {"curve": layout.kind, **({"over": layout.over} if layout.over != "frame" else {})}
     return {TILED: {"frames": layout.frames, "rows": layout.rows, "cols": layout.cols}}
 
 

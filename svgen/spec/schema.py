@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 
 from svgen import spec
-from svgen.core.curves import CURVES
+from svgen.core.curves import CURVE_SCOPES, CURVES
 from svgen.spec import primitives
 from svgen.spec.limits import (
     MAX_EXPR_CHARS,
@@ -103,15 +103,17 @@ def _layout(description: str) -> dict:
     }
     order = _section(("order",), {"order": axes}, ("order",), "the video in this axis order")
     curve = _section(
-        ("curve",),
+        ("curve", "over"),
         {
-            "curve": {
-                "enum": list(CURVES),
-                "description": "each frame's places along this space-filling curve",
-            }
+            "curve": {"enum": list(CURVES), "description": "the space-filling curve"},
+            "over": {
+                "enum": list(CURVE_SCOPES),
+                "default": CURVE_SCOPES[0],
+                "description": "each frame's places (frames in order), or the whole video",
+            },
         },
         ("curve",),
-        "frames in order, each frame's places along a curve (masks may not read rows or columns)",
+        "tokens along a space-filling curve (masks may not read what it scatters)",
     )
     return {
         "oneOf": [{"enum": list(spec.LAYOUTS)}, tiled, order, curve],

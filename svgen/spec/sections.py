@@ -14,7 +14,7 @@ from svgen.spec.limits import (
     MAX_SEQ_LEN,
     MAX_TILE_PAIRS,
 )
-from svgen.core.curves import CURVES
+from svgen.core.curves import CURVE_SCOPES, CURVES, FRAME
 from svgen.core.layout import (
     AXES,
     AxisOrder,
@@ -89,7 +89,8 @@ GPU_BLOCKS = (16, 32, 64, 128, 256)
 GPU_WARPS = (1, 2, 4, 8, 16)
 GPU_MAX_STAGES = 8
 CANDIDATE_KEYS = ("pattern", "layout")
-LAYOUT_KEYS = (TILED, "order", "curve")  # the mapping form of `layout:`: exactly one of them
+# The mapping form of `layout:`: exactly one of the first three (`over` goes with `curve`).
+LAYOUT_KEYS = (TILED, "order", "curve", "over")
 TILED_KEYS = ("frames", "rows", "cols")  # the cube, each at most the geometry's extent
 
 
@@ -521,7 +522,7 @@ def _layout_words(order) -> str:
     if isinstance(order, AxisOrder):
         return f"order {order.words()}"
     if isinstance(order, Curve):
-        return f"curve {order.kind}"
+        return f"curve {order.kind}" + (f" over {order.over}" if order.over != FRAME else "")
     return str(order)
 
 
@@ -539,7 +540,13 @@ def read_layout(
             )
         return r.choice(node, path, LAYOUTS)
     entries = r.mapping(node, path, LAYOUT_KEYS)
-    if len(entries) != 1:
+    if "over" in entries and "curve" not in entries:
+        raise r.error(
+            entries["over"][0],
+            join_path(path, "over"),
+            "goes with curve: write {curve: hilbert, over: video}",
+        )
+    if len([key for key in entries if key != "over"]) != 1:
         raise r.error(
             node,
             path,
@@ -549,7 +556,11 @@ def read_layout(
     if "order" in entries:
         return _read_axis_order(r, entries["order"][1], join_path(path, "order"))
     if "curve" in entries:
-        return Curve(r.choice(entries["curve"][1], join_path(path, "curve"), CURVES))
+        kind = r.choice(entries["curve"][1], join_path(path, "curve"), CURVES)
+        over = FRAME
+        if "over" in entries:
+            over = r.choice(entries["over"][1], join_path(path, "over"), CURVE_SCOPES)
+        return Curve(kind, over)
     tpath, tnode = join_path(path, TILED), entries[TILED][1]
     cube = r.mapping(tnode, tpath, TILED_KEYS, what="a mapping {frames: A, rows: B, cols: C}")
     r.require(tnode, tpath, cube, TILED_KEYS)
