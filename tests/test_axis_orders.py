@@ -243,7 +243,7 @@ def test_a_selection_candidate_is_taken_over_the_transposed_frame_too():
         selecting = parse_spec(_spec_text(order, first, geometry=wide, select=select))
         as_mask = analyze(parse_spec(_spec_text(order, candidate, geometry=wide)))
         plan = analyze(selecting)
-        assert np.array_equal(plan.candidate_runs, as_mask.patterns[0].table.runs), order
+        assert np.array_equal(plan.candidate_runs[0], as_mask.patterns[0].table.runs), order
 
 
 def test_inspect_speaks_of_the_video_and_says_the_frame_is_transposed(tmp_path, capsys):

@@ -484,21 +484,146 @@ def test_without_max_the_kernel_attends_every_candidate_block(compile_text):
     np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)
 
 
-def test_select_refuses_heads_and_runtime_inputs():
+def test_select_refuses_runtime_inputs():
     text = spec_text() + "runtime: {segments: true}\n"
     with pytest.raises(SpecError, match="cannot be combined with runtime"):
         parse_spec(text, source="s.yaml")
-    heads = (
-        spec_text()
-        .replace(
-            "mask:\n  any_of:",
-            "heads: {candidates: [{pattern: a}], assign: [a, a]}\npatterns:\n  a:\n    any_of:",
+
+
+# Heads of two patterns in two layouts, one policy: each head chooses among its own
+# pattern's blocks, in its own kernel order.
+HEADS_SPEC = """
+svgen: 1
+name: select_heads_%(name)s
+geometry: {frames: 7, height: 10, width: 20}
+attention: {heads: 3, head_dim: 64, dtype: float32}
+patterns:
+  spatial: {any_of: [{first_frame: {frames: 1}}, {spatial_window: {frames: 1}}]}
+  temporal: {any_of: [{first_frame: {frames: 1}}, {temporal_stride: {}}]}
+heads:
+  candidates:
+    - {pattern: spatial}
+    - {pattern: temporal, layout: temporal_major}
+  assign: %(assign)s
+select:
+  candidate: {spatial_window: {frames: 3}}
+  %(rule)s
+tiling: {block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}
+"""
+
+
+def _heads_reference(plan, module, q, k, v, head_pattern, amount):
+    """float64 attention (user order) of each head under its pattern's mask and the blocks
+    chosen for it among its pattern's selectable ones, from scores pooled in its layout's
+    kernel order (reference_selection): written per head, as one-pattern calls would."""
+    shape, select = module.SHAPE, module.attention.select
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    out = np.empty(q.shape)
+    chosen = {}
+    for head, p in enumerate(head_pattern):
+        pattern = plan.patterns[p]
+        layout = pattern.layout
+        qk, kk, vk = (
+            layout.to_kernel(np.asarray(jnp.asarray(x[:, head], jnp.float32), np.float64), np)
+            for x in (q, k, v)
         )
-        .replace("\n    - first_frame", "\n      - first_frame")
-        .replace("\n    - spatial_window: {frames: 1}", "\n      - spatial_window: {frames: 1}")
+        selectable = select.selections[p].selectable
+        rows_b, cols_b = selectable.shape
+        scores = (
+            np.einsum("rqd,rkd->rqk", _pool(qk, shape.cq, rows_b), _pool(kk, shape.ckv, cols_b))
+            * scale
+        )
+        picked = sel.reference_selection(
+            scores.astype(np.float32), selectable, select.policy, amount
+        )
+        chosen[head] = picked
+        n = layout.seq_len
+        always = dense_keep(pattern.mask, layout)
+        row_of, col_of = np.arange(n) // shape.cq, np.arange(n) // shape.ckv
+        for b in range(q.shape[0]):
+            keep = always | picked[b][row_of][:, col_of]
+            s = np.where(keep, qk[b] @ kk[b].T * scale, -np.inf)
+            w = np.exp(s - s.max(axis=1, keepdims=True))
+            out[b, head] = layout.from_kernel((w / w.sum(axis=1, keepdims=True)) @ vk[b], np)
+    return out, chosen
+
+
+@pytest.mark.parametrize("rule, amount", [(TOP_K, 3), (TOP_P, 0.6)], ids=["top_k", "top_p"])
+def test_heads_each_select_among_their_patterns_blocks(compile_text, rule, amount):
+    plan, module = compile_text(
+        HEADS_SPEC % dict(name="static", assign="[temporal, spatial, temporal]", rule=rule)
     )
-    with pytest.raises(SpecError, match="needs one pattern for every head"):
-        parse_spec(heads, source="s.yaml")
+    assert len(module.attention.select.selections) == 2
+    selections = module.attention.select.selections
+    assert not np.array_equal(selections[0].selectable, selections[1].selectable)
+    q, k, v = _inputs(np.random.default_rng(30), (2, 3), module.SEQ_LEN, module.HEAD_DIM)
+    kwargs = {module.attention.select.policy.rule: amount}
+    out = np.asarray(module.attention(q, k, v, interpret=POISONED, **kwargs))
+    want, _ = _heads_reference(plan, module, q, k, v, (1, 0, 1), amount)
+    assert np.all(np.isfinite(out)), "unwritten (NaN) output rows"
+    np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)
+
+
+def test_heads_with_a_traced_pattern_and_gradients(compile_text):
+    plan, module = compile_text(HEADS_SPEC % dict(name="runtime", assign="runtime", rule=TOP_K))
+    rng = np.random.default_rng(31)
+    q, k, v = _inputs(rng, (1, 3), module.SEQ_LEN, module.HEAD_DIM)
+    head_pattern = jnp.asarray([0, 1, 1], jnp.int32)
+    run = jax.jit(
+        lambda q, k, v, hp: module.attention(q, k, v, head_pattern=hp, interpret=POISONED, top_k=2)
+    )
+    want, chosen = _heads_reference(plan, module, q, k, v, (0, 1, 1), 2)
+    np.testing.assert_allclose(np.asarray(run(q, k, v, head_pattern)), want, atol=2e-5, rtol=0)
+    _, selected = module.attention(
+        q, k, v, head_pattern=head_pattern, interpret=POISONED, top_k=2, return_selection=True
+    )
+    for head in range(3):
+        np.testing.assert_array_equal(np.asarray(selected)[0, head], chosen[head][0])
+
+    do = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
+    grads = jax.jit(
+        jax.grad(
+            lambda q, k, v: jnp.sum(
+                module.attention(q, k, v, head_pattern=head_pattern, interpret=POISONED, top_k=2)
+                * do
+            ),
+            argnums=(0, 1, 2),
+        )
+    )(q, k, v)
+    keeps = []
+    for head, p in enumerate((0, 1, 1)):
+        layout, shape = plan.patterns[p].layout, module.SHAPE
+        n = layout.seq_len
+        kernel_keep = (
+            dense_keep(plan.patterns[p].mask, layout)
+            | chosen[head][0][np.arange(n) // shape.cq][:, np.arange(n) // shape.ckv]
+        )
+        position = layout.kernel_position
+        keeps.append(kernel_keep[np.ix_(position, position)])  # the user's order
+
+    def dense(q, k, v):
+        s = jnp.einsum("bhqd,bhkd->bhqk", q, k) / np.sqrt(q.shape[-1])
+        s = jnp.where(jnp.asarray(np.stack(keeps))[None], s, -jnp.inf)
+        return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(s, axis=-1), v)
+
+    with jax.enable_x64():
+        args = [jnp.asarray(np.asarray(x), jnp.float64) for x in (q, k, v)]
+        ref = jax.grad(
+            lambda q, k, v: jnp.sum(dense(q, k, v) * jnp.asarray(np.asarray(do), jnp.float64)),
+            argnums=(0, 1, 2),
+        )(*args)
+    for got, want_grad in zip(grads, ref):
+        got = np.asarray(got)
+        assert np.all(np.isfinite(got))
+        np.testing.assert_allclose(got, np.asarray(want_grad), atol=5e-5, rtol=0)
+
+
+def test_heads_selection_is_refused_on_gpu():
+    from svgen.analysis import analyze
+
+    text = HEADS_SPEC % dict(name="gpu", assign="[spatial, temporal, spatial]", rule=TOP_K)
+    with pytest.raises(SpecError, match="several patterns does not run in the"):
+        analyze(parse_spec(text, source="s.yaml"), target_name="h200")
 
 
 @pytest.mark.parametrize("rule, amount", [(TOP_K, 3), (TOP_P, 0.6)], ids=["top_k", "top_p"])
@@ -774,3 +899,34 @@ def test_sampled_rows_are_read_checked_and_in_the_digest():
         with pytest.raises(SpecError, match="sampled_rows") as err:
             parse_spec(spec_text(TOP_P + f"\n  sampled_rows: {bad}"))
         assert err.value.key == "select.sampled_rows"
+
+
+def test_heads_selection_is_refused_by_the_cost_model():
+    from svgen.analysis import analyze
+    from svgen.perf.cost import check_costable
+
+    text = HEADS_SPEC % dict(name="cost", assign="[spatial, temporal, spatial]", rule=TOP_K)
+    plan = analyze(parse_spec(text, source="s.yaml"))
+    with pytest.raises(SpecError, match="models a selection of one pattern") as err:
+        check_costable(plan)
+    assert err.value.key == "select"
+
+
+def test_heads_selection_compiles_for_v5e_both_directions(compile_text):
+    """Mosaic and libtpu accept the kernels of heads of two patterns walking per-call tables
+    (AOT for a v5e on this host: only that they compile)."""
+    from jax.experimental import topologies
+
+    text = HEADS_SPEC % dict(name="aot", assign="[spatial, temporal, spatial]", rule=TOP_P)
+    _, module = compile_text(text.replace("dtype: float32", "dtype: bfloat16"))
+    device = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices[0]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    arg = jax.ShapeDtypeStruct(
+        (2, module.HEADS, module.SEQ_LEN, module.HEAD_DIM), jnp.bfloat16, sharding=sharding
+    )
+
+    def loss(q, k, v):
+        return jnp.sum(module.attention(q, k, v).astype(jnp.float32))
+
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(arg, arg, arg).compile().as_text()
+    assert text.count("tpu_custom_call") >= 2  # the forward and the dk/dv walk

@@ -219,8 +219,11 @@ def analyze(
         kernel.check_chunk_tables(spec, chunked, tables)
     candidate_runs = None
     if spec.select is not None:
-        candidate_runs = _candidate_runs(spec, patterns[0], progress)
-        kernel.check_select_tables(spec, patterns[0], candidate_runs, tables)
+        kernel.check_select_heads(spec, patterns)
+        # Per pattern: the candidate region in the pattern's own layout.
+        candidate_runs = tuple(_candidate_runs(spec, p, progress) for p in patterns)
+        for pattern, runs in zip(patterns, candidate_runs):
+            kernel.check_select_tables(spec, pattern, runs, tables)
     names = [c.pattern for c in heads.candidates]
     return Plan(
         spec=spec,
@@ -324,6 +327,9 @@ class _TpuKernel:
     def check_select_tables(self, spec: Spec, always, candidate_runs, tables) -> None:
         _check_select_tables(spec, always, candidate_runs, tables.slots, self.smem_budget)
 
+    def check_select_heads(self, spec: Spec, patterns) -> None:
+        pass  # every pattern selects among its own blocks (svgen.runtime.select)
+
 
 class _GpuKernel:
     """What the analysis does for the GPU kernel (svgen.runtime.gpu): passes 1-5 at the
@@ -380,6 +386,16 @@ class _GpuKernel:
 
     def check_select_tables(self, spec: Spec, always, candidate_runs, tables) -> None:
         pass
+
+    def check_select_heads(self, spec: Spec, patterns) -> None:
+        """The GPU kernel's selection reads one pattern's tiles."""
+        if len(patterns) > 1:
+            raise _select_error(
+                spec,
+                "select",
+                f"a selection with heads of several patterns does not run in the {self.chip.name} "
+                "(GPU) kernel yet; it runs in the TPU kernels (docs/limits.md)",
+            )
 
 
 def gpu_classification_tiling(spec: Spec, patterns: int) -> Tiling:

@@ -247,9 +247,9 @@ class Plan:
     # runtime.kv_cache: per pattern, its chunked calls' runs by chunk position
     # (svgen.analysis.chunks.chunk_runs); empty without chunked calls
     chunk_runs: tuple[np.ndarray, ...] = ()
-    # select: the candidate region's runs at the spec's tiles (svgen.runtime.select); None
-    # without a select policy
-    candidate_runs: np.ndarray | None = None
+    # select: per pattern, the candidate region's runs at the spec's tiles in the pattern's
+    # layout (svgen.runtime.select); None without a select policy
+    candidate_runs: tuple[np.ndarray, ...] | None = None
     # runtime.per_video_frames: per pattern its VideoFramePlan, or None where the mask means
     # the same at every segment start; empty when no pattern needs one
     video_frames: tuple = ()
@@ -352,29 +352,39 @@ class Plan:
 
     def select_steps(self) -> int:
         """select: the most grid steps per head a call's selection can give (always-kept
-        plus every selectable block: the static maximum of its tables)."""
-        shape = pattern_shape(self.spec, self.only)
-        runs = selection_superset_runs(self.only.table.runs, self.candidate_runs, shape)
-        return static_steps(runs)
+        plus every selectable block: the static maximum of its tables; of the longest
+        pattern's, with several)."""
+        steps = []
+        for pattern, candidate in zip(self.patterns, self.candidate_runs):
+            shape = pattern_shape(self.spec, pattern)
+            steps.append(
+                static_steps(selection_superset_runs(pattern.table.runs, candidate, shape))
+            )
+        return max(steps)
 
-    def select_blocks(self) -> tuple[np.ndarray, np.ndarray]:
-        """select: (the mask's kind of each compute block, int8; which blocks a call may
-        select, bool), both [row blocks, column blocks] in kernel order."""
-        shape = pattern_shape(self.spec, self.only)
+    def select_blocks(self, index: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """select: (pattern `index`'s kind of each compute block, int8; which blocks a call
+        may select for its heads, bool), both [row blocks, column blocks] in kernel order."""
+        pattern = self.patterns[index]
+        shape = pattern_shape(self.spec, pattern)
         grid = tile_grid(shape)
-        always = compute_block_kinds(self.only.table.runs, *grid)
-        candidate = compute_block_kinds(self.candidate_runs, *grid)
+        always = compute_block_kinds(pattern.table.runs, *grid)
+        candidate = compute_block_kinds(self.candidate_runs[index], *grid)
         return always, selectable_blocks(always, candidate, shape)
 
     def select_max_blocks(self) -> int:
         """select: the most blocks a call selects per compute block row. The spec's `max`;
-        without one, the most selectable blocks any row has (the candidate's bound, so it
-        clamps nothing), and never below `min` (a policy's min <= max, as a given max is)."""
+        without one, the most selectable blocks any row of any pattern has (the candidate's
+        bound, so it clamps nothing), and never below `min` (a policy's min <= max, as a
+        given max is)."""
         select = self.spec.select
         if select.max_blocks is not None:
             return select.max_blocks
-        per_row = self.select_blocks()[1].sum(axis=1)
-        return max(int(per_row.max(initial=0)), select.min_blocks)
+        most = max(
+            int(self.select_blocks(i)[1].sum(axis=1).max(initial=0))
+            for i in range(len(self.patterns))
+        )
+        return max(most, select.min_blocks)
 
     def summary(self) -> dict:
         """The `svgen inspect --json` object (v1 keys unchanged for single-pattern specs)."""

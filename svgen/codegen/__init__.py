@@ -383,7 +383,7 @@ def _select_entry(plan: Plan, stem: str, files: dict[str, bytes]) -> dict | None
     select = plan.spec.select
     if select is None:
         return None
-    runs, most = plan.candidate_runs, plan.select_max_blocks()
+    most = plan.select_max_blocks()
     entry = {
         "policy": (
             f"select.SelectPolicy({pyformat.string(select.rule)}, {select.default!r}, "
@@ -391,24 +391,40 @@ def _select_entry(plan: Plan, stem: str, files: dict[str, bytes]) -> dict | None
             + (f", sampled_rows={select.sampled_rows})" if select.sampled_rows else ")")
         ),
         "doc_lines": textwrap.wrap(
-            "Blocks chosen per call from q and k (the spec's `select`): the mask above is "
-            f"always kept; besides it, {_select_words(select, most)}. Candidates: the compute "
-            f"blocks that {ir.lower(plan.spec, select.candidate).describe()} touches; a chosen "
-            f"block is attended whole. Scores: {_score_words(select)}. No gradient flows through "
-            "the selection.",
+            "Blocks chosen per call from q and k (the spec's `select`): "
+            + (
+                "the mask above is always kept; "
+                if len(plan.patterns) == 1
+                else "each head's pattern above is always kept; "
+            )
+            + f"besides it, {_select_words(select, most)}. Candidates: the compute "
+            f"blocks that {ir.lower(plan.spec, select.candidate).describe()} touches"
+            + ("" if len(plan.patterns) == 1 else " (in each pattern's layout)")
+            + f"; a chosen block is attended whole. Scores: {_score_words(select)}. No "
+            "gradient flows through the selection.",
             width=92,
         ),
-        "num_runs": wording.grouped(len(runs)),
-        "inline_runs": None,
-        "file": None,
+        "candidates": [],
     }
-    if len(runs) > backend_of(plan).max_inline_runs:
-        data = _npy_bytes(runs.astype(np.int32))
-        entry["file"] = candidate_filename(stem)
-        entry["sha256"] = hashlib.sha256(data).hexdigest()
-        files[entry["file"]] = data
-    else:
-        entry["inline_runs"] = _format_runs(runs)
+    single = len(plan.patterns) == 1
+    for pattern, runs in zip(plan.patterns, plan.candidate_runs):
+        prefix = "" if single else f"{pattern.name.upper()}_"
+        candidate = {
+            "name": f"{prefix}SELECT_CANDIDATE_RUNS",
+            "pattern": None if single else pattern.name,
+            "num_runs": wording.grouped(len(runs)),
+            "inline_runs": None,
+            "file": None,
+        }
+        if len(runs) > backend_of(plan).max_inline_runs:
+            data = _npy_bytes(runs.astype(np.int32))
+            candidate["file"] = candidate_filename(stem if single else f"{stem}_{pattern.name}")
+            candidate["sha256"] = hashlib.sha256(data).hexdigest()
+            files[candidate["file"]] = data
+        else:
+            candidate["inline_runs"] = _format_runs(runs)
+        entry["candidates"].append(candidate)
+    entry["file"] = any(c["file"] for c in entry["candidates"])
     return entry
 
 

@@ -214,8 +214,8 @@ def _selection_returns_doc(shape: KernelShape) -> str:
 With return_selection=True, (o, selected): selected is bool [..., heads, row blocks, column
     blocks] (q's leading dimensions), True where the call chose that block of {shape.cq} x
     {shape.ckv} tokens (in each head's kernel order) on top of the mask; the mask's own blocks
-    are not in it. attention.select.selectable (bool [row blocks, column blocks]) is what it
-    could choose from."""
+    are not in it. attention.select.selectable (bool [row blocks, column blocks]; with heads
+    of several patterns, [patterns, row blocks, column blocks]) is what it could choose from."""
 
 
 def _kv_cache_doc(kv_cache: "chunks.KvCache", n: int, d: int, chunk_grads: str) -> str:

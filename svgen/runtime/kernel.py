@@ -101,7 +101,7 @@ class TpuAttention(Attention):
         dtype: str | None = None,
         runtime: segments.RuntimeInputs = segments.RuntimeInputs(),
         kv_cache: chunks.KvCache | None = None,
-        select: "select_policy.Selection | None" = None,
+        select: "select_policy.Selection | select_policy.HeadSelections | None" = None,
     ):
         # Each pattern's residual masks, where they are in use (RESIDUAL_MASKS).
         residuals = [tuple(p.residual_masks) if RESIDUAL_MASKS else () for p in patterns]
@@ -193,7 +193,7 @@ class TpuAttention(Attention):
             return x.reshape((-1,) + x.shape[-2:])
 
         qk, kk = to_kernel(q), to_kernel(k)
-        chosen = self._chosen_blocks(qk, kk, box_dma, call.sm_scale, call.amount)
+        chosen = self._chosen_blocks(qk, kk, box_dma, call.sm_scale, call.amount, head_pattern)
         out = self._differentiable(
             qk,
             kk,
@@ -219,15 +219,16 @@ class TpuAttention(Attention):
             self.call_tables(False).check_smem(batch or 1, self.shape.heads)
         return ids
 
-    def _chosen_blocks(self, q, k, box_dma, sm_scale, amount):
+    def _chosen_blocks(self, q, k, box_dma, sm_scale, amount, head_pattern):
         """The call's selection (svgen.runtime.select.Selected), or None without a policy:
-        scored from q, k in kernel order (cube DMA's 5-D user view moved into it)."""
+        scored from q, k in kernel order (cube DMA's 5-D user view moved into it), each head
+        among its pattern's blocks."""
         if self.select is None:
             return None
         if box_dma is not None:
             q, k = (cube_order(x, self.layouts[0], to_kernel=True) for x in (q, k))
         self.select.check_smem(q.shape[0])
-        return self.select.select(q, k, float(sm_scale), amount)
+        return self.select.choose(q, k, float(sm_scale), amount, head_pattern)
 
     def _order_mover(self, static_pattern, head_layout, interpret):
         """The permute kernel where it applies, else XLA; never cube DMA, which is a way of
@@ -247,7 +248,7 @@ class TpuAttention(Attention):
         call = None
         if ids is not None:
             call = (self.call_tables(False).tables(ids, hp), *self._id_rows(hp, ids))
-        selection = None if chosen is None else self.select.forward_walk.tables(chosen.blocks)
+        selection = None if chosen is None else self.select.forward_tables(chosen.blocks, hp)
         return flat_attention(
             q,
             k,
@@ -273,8 +274,7 @@ class TpuAttention(Attention):
         if chosen is not None:
             # The selection is a constant of the gradient: the backward walks visit the same
             # blocks (the dq kernel's tables unused when dq is fused; XLA drops them).
-            walk = self.select.transposed_walk(self.dkv_tables().slots)
-            return self.select.dq_walk.tables(chosen.blocks), walk.tables(chosen.blocks)
+            return self.select.backward_tables(chosen.blocks, hp, self.dkv_tables().slots)
         if ids is None:
             return None
         # Both walks' tables: the dq kernel's (unused when dq is fused into the dk/dv walk;

@@ -292,18 +292,27 @@ class _Walk:
 
     def tables(self, selected) -> CallTables:
         """Per-row tables for selected bool [rows, R, C] (each row its own pieces)."""
+        return call_tables(self.pieces(selected), self.max_pieces)
+
+    def pieces(self, selected):
+        """RefinedPieces of every row ([rows, max_pieces] each) for selected bool [rows, R, C]."""
         if self.transposed:
             selected = jnp.swapaxes(selected, 1, 2)
-        per_row = jax.vmap(lambda s: refine(self.visits, self.words(s), self.slots))(selected)
-        rows = selected.shape[0]
-        first = jnp.arange(rows, dtype=jnp.int32) * self.max_pieces
-        flat = [None if x is None else x.reshape(-1) for x in per_row[:3]]
-        counts = per_row.num_pieces.astype(jnp.int32)
-        return CallTables(first, counts, *flat, jnp.max(counts).astype(jnp.int32))
+        return jax.vmap(lambda s: refine(self.visits, self.words(s), self.slots))(selected)
 
     def smem_bytes(self, rows: int) -> int:
         compute_blocks = self.visits.compute_blocks
         return runtime_table_bytes([self.max_pieces], self.slots, compute_blocks, rows, 1)
+
+
+def call_tables(per_row, max_pieces: int) -> CallTables:
+    """The kernels' CallTables of per-row pieces ([rows, max_pieces] arrays): row r's at
+    r * max_pieces."""
+    rows = per_row.entries.shape[0]
+    first = jnp.arange(rows, dtype=jnp.int32) * max_pieces
+    flat = [None if x is None else x.reshape(-1) for x in per_row[:3]]
+    counts = per_row.num_pieces.astype(jnp.int32)
+    return CallTables(first, counts, *flat, jnp.max(counts).astype(jnp.int32))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -360,6 +369,18 @@ class Selection:
     @property
     def max_pieces(self) -> int:
         return self.forward_walk.max_pieces
+
+    # -- what svgen.runtime.kernel asks of a call's selection (as of HeadSelections) --------
+    def choose(self, q, k, sm_scale: float, amount, head_pattern) -> Selected:
+        del head_pattern  # every head has this pattern
+        return self.select(q, k, sm_scale, amount)
+
+    def forward_tables(self, selected, head_pattern) -> CallTables:
+        return self.forward_walk.tables(selected)
+
+    def backward_tables(self, selected, head_pattern, dkv_slots: int) -> tuple:
+        """(the dq kernel's tables, the dk/dv kernel's) for a call's selection."""
+        return self.dq_walk.tables(selected), self.transposed_walk(dkv_slots).tables(selected)
 
     def check_smem(self, rows: int) -> None:
         need = self.forward_walk.smem_bytes(rows)
@@ -470,6 +491,111 @@ class Selection:
                 f"a traced top_k must have an integer dtype (int32), got {kind}: casting it "
                 "would truncate it"
             )
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class HeadSelections:
+    """The selection of a module whose heads have patterns of their own (`select:` with
+    `heads:`): one policy, and per pattern a Selection of its always-kept runs and the
+    candidate region in its layout. A call scores every row (batch x head) once, as one
+    pattern would, and selects each row among its head's pattern's selectable blocks; each
+    walk's tables take a row's pieces from its pattern's walk, padded to the longest."""
+
+    selections: tuple[Selection, ...]
+
+    def __post_init__(self):
+        first = self.selections[0]
+        for other in self.selections[1:]:
+            if (other.policy, other.shape, other.slots) != (first.policy, first.shape, first.slots):
+                raise ValueError("the patterns' selections must share policy, shape and slots")
+
+    @property
+    def policy(self) -> SelectPolicy:
+        return self.selections[0].policy
+
+    @property
+    def shape(self) -> KernelShape:
+        return self.selections[0].shape
+
+    @property
+    def max_pieces(self) -> int:
+        return max(s.max_pieces for s in self.selections)
+
+    def amount(self, top_k, top_p):
+        return self.selections[0].amount(top_k, top_p)
+
+    @property
+    def selectable(self) -> np.ndarray:
+        """bool [patterns, R, C]: what a head of each pattern may choose."""
+        return np.stack([s.selectable for s in self.selections])
+
+    def selectable_of_rows(self, head_pattern, rows: int):
+        """bool [rows, R, C]: each row's pattern's selectable blocks (rows = batch x heads,
+        head = row % heads; a pattern index out of range selects nothing)."""
+        stacked = self.selectable
+        stacked = np.concatenate([stacked, np.zeros_like(stacked[:1])])  # the unknown pattern
+        return jnp.asarray(stacked)[self._row_patterns(head_pattern, rows)]
+
+    def _row_patterns(self, head_pattern, rows: int):
+        hp = jnp.asarray(head_pattern, jnp.int32)
+        known = (hp >= 0) & (hp < len(self.selections))
+        per_head = jnp.where(known, hp, len(self.selections))
+        return per_head[jnp.arange(rows) % hp.shape[0]]
+
+    def choose(self, q, k, sm_scale: float, amount, head_pattern) -> Selected:
+        """The call's selection from q, k [rows, seq, d], each row in its head's kernel order
+        (not differentiated)."""
+        first = self.selections[0]
+        rows_b, cols_b = first.selectable.shape
+        q, k = lax.stop_gradient(q), lax.stop_gradient(k)
+        if self.policy.sampled_rows:
+            scores = sampled_block_scores(
+                q, k, self.shape, rows_b, cols_b, sm_scale, self.policy.sampled_rows
+            )
+        else:
+            scores = block_scores(q, k, self.shape, rows_b, cols_b, sm_scale)
+        selectable = self.selectable_of_rows(head_pattern, q.shape[0])
+        return Selected(select_blocks(scores, selectable, self.policy, amount))
+
+    def _merged(self, walks, selected, head_pattern) -> CallTables:
+        """Each row's pieces from its pattern's walk, padded to the longest walk's."""
+        most = max(w.max_pieces for w in walks)
+        row_pattern = self._row_patterns(head_pattern, selected.shape[0])
+        merged = None
+        for index, walk in enumerate(walks):
+            pieces = walk.pieces(selected)
+            pad = most - walk.max_pieces
+            pieces = type(pieces)(
+                *(
+                    None if x is None or x.ndim < 2 else jnp.pad(x, ((0, 0), (0, pad)), mode="edge")
+                    for x in pieces[:3]
+                ),
+                pieces.num_pieces,
+            )
+            if merged is None:
+                merged = pieces
+                continue
+            mine = row_pattern == index
+            merged = jax.tree.map(
+                lambda a, b: jnp.where(mine.reshape((-1,) + (1,) * (a.ndim - 1)), b, a),
+                merged,
+                pieces,
+            )
+        return call_tables(merged, most)
+
+    def forward_tables(self, selected, head_pattern) -> CallTables:
+        return self._merged([s.forward_walk for s in self.selections], selected, head_pattern)
+
+    def backward_tables(self, selected, head_pattern, dkv_slots: int) -> tuple:
+        dq = self._merged([s.dq_walk for s in self.selections], selected, head_pattern)
+        dkv = self._merged(
+            [s.transposed_walk(dkv_slots) for s in self.selections], selected, head_pattern
+        )
+        return dq, dkv
+
+    def check_smem(self, rows: int) -> None:
+        worst = max(self.selections, key=lambda s: s.max_pieces)
+        worst.check_smem(rows)
 
 
 def call_amount(select: "Selection | None", top_k, top_p):

@@ -386,9 +386,9 @@ def _read_amounts(r: Reader, node: Node, path: str, rule: str) -> tuple[float, i
 
 
 def check_select(r: Reader, node: Node, heads, runtime: Runtime) -> None:
-    """What a select policy does not combine with yet."""
-    if heads is not None:
-        raise r.error(node, "select", "needs one pattern for every head (mask:), not heads: yet")
+    """What a select policy does not combine with yet. With `heads:` the policy and the
+    candidate region are every head's, each head choosing among its own pattern's blocks in
+    its own layout (svgen.runtime.select.HeadSelections)."""
     if runtime.any or runtime.kv_cache:
         raise r.error(
             node,
