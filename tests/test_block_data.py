@@ -22,6 +22,7 @@ from svgen.spec.errors import SpecError
 from helpers import brute_force_kinds, compile_spec_text, dense_keep, random_any_layout
 from helpers import lower_mask_dict, mask_spec_text
 from kernel_helpers import POISONED, check_grads, check_per_head, mixed_inputs
+from tpu_helpers import v5e_gradient_hlo
 
 
 def _rule(bits: np.ndarray, block: int, layout) -> np.ndarray:
@@ -325,24 +326,11 @@ tiling: {{block_q: 128, block_kv: 128}}
 def test_kernels_compile_for_v5e(tmp_path):
     """Mosaic and libtpu accept the forward and the backward kernels that read the tables
     (AOT for a v5e on this host: not the chip's speed, only that it compiles)."""
-    import jax
-    import jax.numpy as jnp
-    from jax.experimental import topologies
-
     tiling = "{block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}"
     text = _kernel_spec(tmp_path, 48, "frame_major", 0, tiling, dtype="bfloat16")
     _, module = compile_spec_text(text, tmp_path)
-    device = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices[0]
-    sharding = jax.sharding.SingleDeviceSharding(device)
-    arg = jax.ShapeDtypeStruct(
-        (module.HEADS, module.SEQ_LEN, module.HEAD_DIM), jnp.bfloat16, sharding=sharding
-    )
-
-    def loss(q, k, v):
-        return jnp.sum(module.attention(q, k, v).astype(jnp.float32))
-
-    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(arg, arg, arg).compile().as_text()
-    assert text.count("tpu_custom_call") >= 2  # the forward and the dk/dv walk
+    hlo = v5e_gradient_hlo(module)
+    assert hlo.count("tpu_custom_call") >= 2  # the forward and the dk/dv walk
 
 
 @pytest.mark.parametrize("block", [512, 128])

@@ -21,6 +21,7 @@ from svgen.runtime.reference import masked_attention_reference
 
 from helpers import TOLERANCE
 from kernel_helpers import POISONED, check_grads, mixed_inputs
+from tpu_helpers import v5e_gradient_hlo
 
 # -- the curves ---------------------------------------------------------------------------
 
@@ -316,20 +317,9 @@ def test_a_block_mask_given_as_data_reads_curve_positions(tmp_path, compile_text
 def test_forward_and_backward_compile_for_v5e(compile_text):
     """Mosaic and libtpu accept a curve layout's kernels, both directions (AOT for a v5e on
     this host: only that they compile)."""
-    from jax.experimental import topologies
-
     _, module = compile_text(_spec(dtype="bfloat16", text=20))
-    device = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices[0]
-    sharding = jax.sharding.SingleDeviceSharding(device)
-    arg = jax.ShapeDtypeStruct(
-        (module.HEADS, module.SEQ_LEN, module.HEAD_DIM), jnp.bfloat16, sharding=sharding
-    )
-
-    def loss(q, k, v):
-        return jnp.sum(module.attention(q, k, v).astype(jnp.float32))
-
-    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(arg, arg, arg).compile().as_text()
-    assert text.count("tpu_custom_call") >= 2  # the forward and the dk/dv walk
+    hlo = v5e_gradient_hlo(module)
+    assert hlo.count("tpu_custom_call") >= 2  # the forward and the dk/dv walk
 
 
 # -- over the whole video ---------------------------------------------------------------------
@@ -447,17 +437,3 @@ def test_video_curve_forward_and_gradients_against_the_rule(kind, compile_text):
     keep = (np.abs(pos[:, None] - pos[None, :]) <= 40) | is_text[:, None] | is_text[None, :]
     q, k, v = _check_forward(plan, module, keep, "float32")
     check_grads(plan, module, q, k, v, (0, 0), "float32", keeps=[keep])
-
-
-def test_selection_over_a_video_curve(compile_text):
-    """Jenga's setting over the whole video: blocks of a 3-D curve chosen by their scores."""
-    from test_select import _inputs, _reference
-
-    text = _spec(
-        layout="{curve: hilbert, over: video}", mask="{band: {width: 40}}", name="carve"
-    ).replace("tiling:", "select:\n  candidate: {spatial_window: {}}\n  top_k: {k: 2}\ntiling:")
-    plan, module = compile_text(text)
-    q, k, v = _inputs(np.random.default_rng(8), (2,), module.SEQ_LEN, module.HEAD_DIM)
-    out = np.asarray(module.attention(q, k, v, interpret=POISONED, top_k=2))
-    want, _ = _reference(plan, module, q, k, v, 2)
-    np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)

@@ -19,7 +19,7 @@ from svgen.spec import MAX_SELECT_BLOCKS, parse_spec
 
 from helpers import SELECT_SPECS, TWO_LEVEL, dense_keep, scaled_spec_text
 from kernel_helpers import POISONED
-from tpu_helpers import mosaic_kernels, v6e_device
+from tpu_helpers import mosaic_kernels, v5e_gradient_hlo, v6e_device
 
 SPEC = """
 svgen: 1
@@ -915,18 +915,23 @@ def test_heads_selection_is_refused_by_the_cost_model():
 def test_heads_selection_compiles_for_v5e_both_directions(compile_text):
     """Mosaic and libtpu accept the kernels of heads of two patterns walking per-call tables
     (AOT for a v5e on this host: only that they compile)."""
-    from jax.experimental import topologies
-
     text = HEADS_SPEC % dict(name="aot", assign="[spatial, temporal, spatial]", rule=TOP_P)
     _, module = compile_text(text.replace("dtype: float32", "dtype: bfloat16"))
-    device = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices[0]
-    sharding = jax.sharding.SingleDeviceSharding(device)
-    arg = jax.ShapeDtypeStruct(
-        (2, module.HEADS, module.SEQ_LEN, module.HEAD_DIM), jnp.bfloat16, sharding=sharding
+    hlo = v5e_gradient_hlo(module, batch=2)
+    assert hlo.count("tpu_custom_call") >= 2  # the forward and the dk/dv walk
+
+
+def test_selection_over_a_video_curve(compile_text):
+    """Jenga's setting over the whole video: blocks of a 3-D curve chosen by their scores."""
+    text = (
+        spec_text(layout="{curve: hilbert, over: video}", name="carve")
+        .replace("- first_frame: {frames: 1}", "- band: {width: 40}")
+        .replace("- spatial_window: {frames: 1}", "- prefix: {tokens: 30}")
+        .replace("candidate: {spatial_window: {frames: 3}}", "candidate: {spatial_window: {}}")
     )
-
-    def loss(q, k, v):
-        return jnp.sum(module.attention(q, k, v).astype(jnp.float32))
-
-    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(arg, arg, arg).compile().as_text()
-    assert text.count("tpu_custom_call") >= 2  # the forward and the dk/dv walk
+    plan, module = compile_text(text)
+    assert plan.patterns[0].layout.curve_over_video
+    q, k, v = _inputs(np.random.default_rng(8), (2,), module.SEQ_LEN, module.HEAD_DIM)
+    out = np.asarray(module.attention(q, k, v, interpret=POISONED, top_k=2))
+    want, _ = _reference(plan, module, q, k, v, 2)
+    np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)

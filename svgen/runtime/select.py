@@ -441,15 +441,19 @@ class Selection:
 
     def select(self, q, k, sm_scale: float, amount) -> Selected:
         """The call's selection from q, k [rows, seq, d] in kernel order (not differentiated)."""
+        scores = self.scores(q, k, sm_scale)
+        return Selected(select_blocks(scores, self.selectable, self.policy, amount))
+
+    def scores(self, q, k, sm_scale: float):
+        """f32 [rows, R, C]: the policy's block scores of q, k [rows, seq, d] in kernel order
+        (pooled, or from sampled rows), not differentiated."""
         rows_b, cols_b = self.selectable.shape
         q, k = lax.stop_gradient(q), lax.stop_gradient(k)
         if self.policy.sampled_rows:
-            scores = sampled_block_scores(
+            return sampled_block_scores(
                 q, k, self.shape, rows_b, cols_b, sm_scale, self.policy.sampled_rows
             )
-        else:
-            scores = block_scores(q, k, self.shape, rows_b, cols_b, sm_scale)
-        return Selected(select_blocks(scores, self.selectable, self.policy, amount))
+        return block_scores(q, k, self.shape, rows_b, cols_b, sm_scale)
 
     def amount(self, top_k, top_p):
         """The call's amount (k or p): its argument, or the spec's default; the other
@@ -544,16 +548,8 @@ class HeadSelections:
 
     def choose(self, q, k, sm_scale: float, amount, head_pattern) -> Selected:
         """The call's selection from q, k [rows, seq, d], each row in its head's kernel order
-        (not differentiated)."""
-        first = self.selections[0]
-        rows_b, cols_b = first.selectable.shape
-        q, k = lax.stop_gradient(q), lax.stop_gradient(k)
-        if self.policy.sampled_rows:
-            scores = sampled_block_scores(
-                q, k, self.shape, rows_b, cols_b, sm_scale, self.policy.sampled_rows
-            )
-        else:
-            scores = block_scores(q, k, self.shape, rows_b, cols_b, sm_scale)
+        (not differentiated): the scores are every pattern's (the same policy and blocks)."""
+        scores = self.selections[0].scores(q, k, sm_scale)
         selectable = self.selectable_of_rows(head_pattern, q.shape[0])
         return Selected(select_blocks(scores, selectable, self.policy, amount))
 
