@@ -291,7 +291,7 @@ def test_the_module_pins_its_curve(compile_text, monkeypatch):
     plan, module = compile_text(_spec())
     assert "along a hilbert curve (sha256" in module.__doc__
     lay = plan.patterns[0].layout
-    right = curves.curve_digest("hilbert", lay.height, lay.width)
+    right = lay.curve_digest
     tables.check_curve(lay, sha256=right)
     with pytest.raises(RuntimeError, match="regenerate"):
         tables.check_curve(lay, sha256="0" * 64)

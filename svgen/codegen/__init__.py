@@ -29,7 +29,7 @@ from svgen.codegen.backends import backend_of
 from svgen.analysis.mask_code import MaskSource, aligned_mask, emit_mask, query_values
 from svgen.codegen.tilemap import render_tile_map
 from svgen.core.kinds import TileKind
-from svgen.core.tables import block_table_shape, layout_curve_digest, variant_bits
+from svgen.core.tables import block_table_shape, variant_bits
 
 # 3: generated modules name the table format as `tables.KernelShape` / `tables.Pattern` /
 # `tables.load_runs`, import libtpu_env from svgen.runtime, and GPU modules no longer
@@ -128,7 +128,7 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
         entry["query_values"] = _query_values(entry, plan.spec)
     context = _context(plan, spec_path, patterns)
     context["select"] = _select_entry(plan, name, files)
-    context["any_tables_file"] |= bool(context["select"] and context["select"]["file"])
+    context["any_tables_file"] |= bool(context["select"] and context["select"]["any_file"])
     context["any_tables_file"] |= any(
         t["file"]
         for p in patterns
@@ -424,7 +424,7 @@ def _select_entry(plan: Plan, stem: str, files: dict[str, bytes]) -> dict | None
         else:
             candidate["inline_runs"] = _format_runs(runs)
         entry["candidates"].append(candidate)
-    entry["file"] = any(c["file"] for c in entry["candidates"])
+    entry["any_file"] = any(c["file"] for c in entry["candidates"])
     return entry
 
 
@@ -684,9 +684,7 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
                 ),
                 tile_map=render_tile_map(pattern.kinds),
                 layout_args=_layout_args(pattern.layout),
-                curve_sha256=(
-                    layout_curve_digest(pattern.layout) if pattern.layout.curve else None
-                ),
+                curve_sha256=pattern.layout.curve_digest if pattern.layout.curve else None,
                 num_runs=wording.grouped(len(pattern.table.runs)),
                 mask_lines=_mask_lines(mask.lines),
                 mask_result=mask.result,

@@ -12,7 +12,6 @@ import numpy as np
 from svgen.analysis import Plan
 from svgen.analysis.plan import pattern_shape
 from svgen.core.kinds import TileKind
-from svgen.core.tables import layout_curve_digest
 from svgen.core.straight import straight_words, word_glyphs, word_steps
 
 
@@ -204,8 +203,7 @@ def pattern_lines(pattern, residual_names: list[str], plan: Plan, backend) -> li
         order += ", cubes of {} frame(s) x {} row(s) x {} column(s)".format(*layout.cube)
     if layout.curve:
         walk = "the whole video" if layout.curve_over_video else "each frame's places"
-        digest = layout_curve_digest(layout)
-        order += f", {walk} along a {layout.curve} curve (sha256 {digest[:12]})"
+        order += f", {walk} along a {layout.curve} curve (sha256 {layout.curve_digest[:12]})"
     if layout.transposed:
         order += (
             f", of the transposed frame ({layout.height} x {layout.width}: the mask below "

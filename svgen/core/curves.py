@@ -19,14 +19,14 @@ Over the whole video (`layout: {curve: hilbert, over: video}`) the same curves r
 dimensions, (column, row, frame), on the smallest power-of-two cube holding the video: a run of
 positions is then a small box of places and frames, and a frame is no longer one run.
 
-All are pure functions of the curve and the sizes: the generated module names its layout's
-curve and the digest of the resulting order (svgen.codegen), which its import checks.
+All are pure functions of the curve and the sizes (one n-dimensional construction of each,
+frames or not): the generated module names its layout's curve and the digest of the resulting
+order (TokenLayout.curve_digest), which its import checks.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 
 import numpy as np
 
@@ -42,47 +42,8 @@ CURVE_SCOPES = (FRAME, VIDEO)
 def curve_places(kind: str, height: int, width: int) -> np.ndarray:
     """int64 [height * width], read-only: the place (row * width + column) at each position of
     the frame's curve order."""
-    if kind not in CURVES:
-        raise ValueError(f"unknown curve {kind!r}; known: {', '.join(CURVES)}")
     rows, cols = np.divmod(np.arange(height * width, dtype=np.int64), width)
-    side = 1 << max(int(max(height, width) - 1).bit_length(), 0)
-    key = hilbert_index(cols, rows, side) if kind == HILBERT else morton_code(rows, cols)
-    # Every key is distinct (each curve is a bijection of the square), so the sort is exact.
-    order = np.argsort(key, kind="stable")
-    order.flags.writeable = False
-    return order
-
-
-def hilbert_index(x: np.ndarray, y: np.ndarray, side: int) -> np.ndarray:
-    """The index of each cell (x, y) along the Hilbert curve over a side x side square (side a
-    power of two): from the coarsest level down, the quadrant's rank in the curve's visiting
-    order at that level, then the cell's coordinates turned into that quadrant's own frame
-    (reflected and transposed), so that every level reads the same base pattern."""
-    x, y = np.array(x, np.int64), np.array(y, np.int64)
-    index = np.zeros(np.broadcast(x, y).shape, np.int64)
-    level = side // 2
-    while level > 0:
-        right = (x & level) > 0
-        upper = (y & level) > 0
-        # Quadrant ranks along the curve: (0,0) -> 0, (0,1) -> 1, (1,1) -> 2, (1,0) -> 3.
-        index += level * level * ((3 * right) ^ upper)
-        # The lower quadrants are entered turned: the right one also reflected.
-        reflect = ~upper & right
-        x = np.where(reflect, side - 1 - x, x)
-        y = np.where(reflect, side - 1 - y, y)
-        x, y = np.where(~upper, y, x), np.where(~upper, x, y)
-        level //= 2
-    return index
-
-
-def morton_code(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """Z-order codes: bit b of the column at bit 2b, bit b of the row at bit 2b + 1."""
-    rows, cols = np.asarray(rows, np.int64), np.asarray(cols, np.int64)
-    code = np.zeros(np.broadcast(rows, cols).shape, np.int64)
-    for bit in range(31):
-        code |= ((cols >> bit) & 1) << (2 * bit)
-        code |= ((rows >> bit) & 1) << (2 * bit + 1)
-    return code
+    return _sorted_along(kind, (cols, rows), max(height, width))
 
 
 @functools.cache
@@ -90,22 +51,26 @@ def video_curve_order(kind: str, frames: int, height: int, width: int) -> np.nda
     """int64 [frames * height * width], read-only: the video index (f * H * W + h * W + w) at
     each position of the whole video's curve order (a curve over the frames too: neighbours in
     time are as near as neighbours in space)."""
-    if kind not in CURVES:
-        raise ValueError(f"unknown curve {kind!r}; known: {', '.join(CURVES)}")
     index = np.arange(frames * height * width, dtype=np.int64)
     f, place = np.divmod(index, height * width)
     h, w = np.divmod(place, width)
-    bits = max(int(max(frames, height, width) - 1).bit_length(), 1)
-    if kind == HILBERT:
-        key = hilbert_index_nd((w, h, f), bits)
-    else:
-        key = morton_code_nd((w, h, f), bits)
+    return _sorted_along(kind, (w, h, f), max(frames, height, width))
+
+
+def _sorted_along(kind: str, axes, longest: int) -> np.ndarray:
+    """The indices of the points (axes: coordinate arrays, the column first) in the order of
+    the `kind` curve over the smallest power-of-two square or cube holding `longest` per
+    side. Every key is distinct (each curve is a bijection of that cube): the sort is exact."""
+    if kind not in CURVES:
+        raise ValueError(f"unknown curve {kind!r}; known: {', '.join(CURVES)}")
+    bits = max(int(longest - 1).bit_length(), 1)
+    key = hilbert_index(axes, bits) if kind == HILBERT else morton_code(axes, bits)
     order = np.argsort(key, kind="stable")
     order.flags.writeable = False
     return order
 
 
-def hilbert_index_nd(axes, bits: int) -> np.ndarray:
+def hilbert_index(axes, bits: int) -> np.ndarray:
     """The index of each point along the n-dimensional Hilbert curve over a cube of side
     2**bits (axes: n coordinate arrays, the first the fastest-varying at the finest level).
     The coordinates are turned, level by level from the coarsest, into the curve's own frame
@@ -140,7 +105,7 @@ def hilbert_index_nd(axes, bits: int) -> np.ndarray:
     return index
 
 
-def morton_code_nd(axes, bits: int) -> np.ndarray:
+def morton_code(axes, bits: int) -> np.ndarray:
     """Z-order codes of n axes: bit b of axis i at bit n * b + i (the first axis lowest)."""
     x = [np.asarray(a, np.int64) for a in axes]
     code = np.zeros(np.broadcast(*x).shape, np.int64)
@@ -148,13 +113,3 @@ def morton_code_nd(axes, bits: int) -> np.ndarray:
         for i, a in enumerate(x):
             code |= ((a >> bit) & 1) << (len(x) * bit + i)
     return code
-
-
-def curve_digest(kind: str, height: int, width: int, frames: int | None = None) -> str:
-    """sha256 of the curve order (int32 little-endian): what a generated module pins; with
-    `frames`, of the whole video's order."""
-    if frames is None:
-        order = curve_places(kind, height, width)
-    else:
-        order = video_curve_order(kind, frames, height, width)
-    return hashlib.sha256(order.astype("<i4").tobytes()).hexdigest()

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 
 import numpy as np
 
@@ -276,6 +277,12 @@ class TokenLayout:
         if self.curve_over_video:
             return video_curve_order(self.curve, self.frames, self.height, self.width)
         return curve_places(self.curve, self.height, self.width)
+
+    @property
+    def curve_digest(self) -> str:
+        """curve: sha256 of `curve_order` (int32 little-endian), what a generated module pins
+        and checks on import (svgen.core.tables.check_curve)."""
+        return hashlib.sha256(self.curve_order.astype("<i4").tobytes()).hexdigest()
 
     @property
     def cube(self) -> tuple[int, int, int]:

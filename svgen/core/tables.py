@@ -416,7 +416,7 @@ def load_runs(path: pathlib.Path, *, sha256: str) -> np.ndarray:
 def check_curve(layout, *, sha256: str) -> None:
     """A curve layout's order is the one the module was generated with (svgen.core.curves
     computes it from the curve and the sizes; the module pins its digest)."""
-    actual = layout_curve_digest(layout)
+    actual = layout.curve_digest
     if actual != sha256:
         raise RuntimeError(
             f"this svgen orders the tokens of a {layout.frames} x {layout.height} x "
@@ -424,14 +424,6 @@ def check_curve(layout, *, sha256: str) -> None:
             f"that generated the module (sha256 {actual}, expected {sha256}); regenerate with "
             "`svgen compile`"
         )
-
-
-def layout_curve_digest(layout) -> str:
-    """sha256 of a curve layout's order (svgen.core.curves.curve_digest)."""
-    from svgen.core.curves import curve_digest
-
-    frames = layout.frames if layout.curve_over_video else None
-    return curve_digest(layout.curve, layout.height, layout.width, frames)
 
 
 def selectable_blocks(always: np.ndarray, candidate: np.ndarray, shape: KernelShape) -> np.ndarray:

@@ -563,7 +563,7 @@ class HeadSelections:
             pad = most - walk.max_pieces
             pieces = type(pieces)(
                 *(
-                    None if x is None or x.ndim < 2 else jnp.pad(x, ((0, 0), (0, pad)), mode="edge")
+                    None if x is None else jnp.pad(x, ((0, 0), (0, pad)), mode="edge")
                     for x in pieces[:3]
                 ),
                 pieces.num_pieces,
