@@ -381,10 +381,16 @@ def test_call_arguments_are_checked(compile_text):
     q = jnp.zeros((2, module.SEQ_LEN, module.HEAD_DIM), jnp.float32)
     with pytest.raises(TypeError, match="select policy is top_k"):
         module.attention(q, q, q, interpret=True, top_p=0.5)
-    with pytest.raises(ValueError, match="whole number"):
+    with pytest.raises(ValueError, match="whole numbers"):
         module.attention(q, q, q, interpret=True, top_k=1.5)
-    with pytest.raises(ValueError, match="scalar"):
-        module.attention(q, q, q, interpret=True, top_k=np.array([1, 2]))
+    with pytest.raises(ValueError, match="whole numbers"):
+        module.attention(q, q, q, interpret=True, top_k=np.array([1, -2]))
+    with pytest.raises(ValueError, match=r"scalar or one value per head \(shape \(2,\)\)"):
+        module.attention(q, q, q, interpret=True, top_k=np.array([1, 2, 3]))
+    with pytest.raises(ValueError, match="scalar or one value per head"):
+        jax.jit(lambda n: module.attention(q, q, q, interpret=True, top_k=n))(
+            jnp.ones((2, 1), jnp.int32)
+        )
     with pytest.raises(TypeError, match="top_k must be a number, got a bool"):
         module.attention(q, q, q, interpret=True, top_k=True)
     with pytest.raises(TypeError, match="traced top_k must have an integer dtype"):
@@ -514,8 +520,10 @@ tiling: {block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}
 
 def _heads_reference(plan, module, q, k, v, head_pattern, amount):
     """float64 attention (user order) of each head under its pattern's mask and the blocks
-    chosen for it among its pattern's selectable ones, from scores pooled in its layout's
-    kernel order (reference_selection): written per head, as one-pattern calls would."""
+    chosen for it among its pattern's selectable ones, by its pattern's policy, from scores
+    pooled in its layout's kernel order (reference_selection): written per head, as
+    one-pattern calls would. amount: one for every head, one per head (a list), or None
+    (each pattern's default)."""
     shape, select = module.SHAPE, module.attention.select
     scale = 1.0 / np.sqrt(q.shape[-1])
     out = np.empty(q.shape)
@@ -533,8 +541,10 @@ def _heads_reference(plan, module, q, k, v, head_pattern, amount):
             np.einsum("rqd,rkd->rqk", _pool(qk, shape.cq, rows_b), _pool(kk, shape.ckv, cols_b))
             * scale
         )
+        policy = select.selections[p].policy
+        own = amount[head] if isinstance(amount, list) else amount
         picked = sel.reference_selection(
-            scores.astype(np.float32), selectable, select.policy, amount
+            scores.astype(np.float32), selectable, policy, policy.default if own is None else own
         )
         chosen[head] = picked
         n = layout.seq_len
@@ -616,6 +626,125 @@ def test_heads_with_a_traced_pattern_and_gradients(compile_text):
         got = np.asarray(got)
         assert np.all(np.isfinite(got))
         np.testing.assert_allclose(got, np.asarray(want_grad), atol=5e-5, rtol=0)
+
+
+# Per pattern: the temporal heads choose among fewer blocks (a band along their order), fewer
+# of them.
+OWN_SELECT = """
+  patterns:
+    temporal: {candidate: {band: {width: 256}}, top_k: {k: 1, max: 2}}
+"""
+
+
+def test_heads_of_a_pattern_choose_by_its_own_candidate_and_amounts(compile_text):
+    text = HEADS_SPEC % dict(name="own", assign="[temporal, spatial, temporal]", rule=TOP_K)
+    text = text.replace("\ntiling:", OWN_SELECT.rstrip() + "\ntiling:")
+    plan, module = compile_text(text)
+    _, shared = compile_text(
+        HEADS_SPEC % dict(name="shared", assign="[temporal, spatial, temporal]", rule=TOP_K)
+    )
+    own, common = module.attention.select.selections, shared.attention.select.selections
+    # The spatial heads' selection is the section's; the temporal heads' their own.
+    np.testing.assert_array_equal(own[0].selectable, common[0].selectable)
+    assert own[0].policy == common[0].policy
+    assert own[1].selectable.sum() < common[1].selectable.sum()
+    assert (own[1].policy.default, own[1].policy.min_blocks, own[1].policy.max_blocks) == (1, 0, 2)
+    assert "Heads of temporal choose otherwise" in " ".join(module.__doc__.split())
+    q, k, v = _inputs(np.random.default_rng(32), (2, 3), module.SEQ_LEN, module.HEAD_DIM)
+    out = np.asarray(module.attention(q, k, v, interpret=POISONED))
+    want, chosen = _heads_reference(plan, module, q, k, v, (1, 0, 1), None)
+    # Temporal heads (0 and 2): k = 1 of their own; the spatial head: the section's k = 2.
+    assert chosen[0].sum(axis=-1).max() == 1 and chosen[1].sum(axis=-1).max() == 2
+    np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)
+    # A call's amount per head overrides every pattern's default, within each one's bounds.
+    per_head = [3, 4, 0]
+    out = np.asarray(
+        module.attention(q, k, v, interpret=POISONED, top_k=np.asarray(per_head, np.int32))
+    )
+    want, chosen = _heads_reference(plan, module, q, k, v, (1, 0, 1), per_head)
+    np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "rule, amounts", [(TOP_K, [1, 4]), (TOP_P, [0.2, 0.9])], ids=["top_k", "top_p"]
+)
+def test_an_amount_per_head(compile_text, rule, amounts):
+    """top_k / top_p of shape [heads], concrete and traced (one compile): head h selects by
+    amounts[h] (rows are batch x heads, head = row % heads)."""
+    plan, module = compile_text(spec_text(rule, name=f"per_head_{rule[:5]}"))
+    select = module.attention.select
+    q, k, v = _inputs(np.random.default_rng(33), (2, 2), module.SEQ_LEN, module.HEAD_DIM)
+    name = select.policy.rule
+    dtype = np.int32 if name == "top_k" else np.float32
+    run = jax.jit(
+        lambda q, k, v, a: module.attention(
+            q, k, v, interpret=POISONED, return_selection=True, **{name: a}
+        )
+    )
+    out, selected = run(q, k, v, jnp.asarray(amounts, dtype))
+    qk, kk, _ = _kernel_order64(plan, q, k, v)
+    rows_b, cols_b = select.selectable.shape
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    scores = (
+        np.einsum(
+            "rqd,rkd->rqk", _pool(qk, module.SHAPE.cq, rows_b), _pool(kk, module.SHAPE.ckv, cols_b)
+        )
+        * scale
+    )
+    chosen = np.stack(
+        [
+            sel.reference_selection(
+                scores[r : r + 1].astype(np.float32),
+                select.selectable,
+                select.policy,
+                amounts[r % 2],
+            )[0]
+            for r in range(scores.shape[0])
+        ]
+    )
+    counts = chosen.sum(axis=-1)
+    assert not np.array_equal(counts[0::2], counts[1::2]), "the heads' amounts changed nothing"
+    np.testing.assert_array_equal(np.asarray(selected).reshape(chosen.shape), chosen)
+    want = _attention_under(plan, module, q, k, v, chosen)
+    np.testing.assert_allclose(np.asarray(out), want, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "extra, key, message",
+    [
+        (
+            "  patterns:\n    temporal: {top_p: {p: 0.5}}\n",
+            "select.patterns.temporal.top_p",
+            "the rule is every head's",
+        ),
+        (
+            "  patterns:\n    radial: {top_k: {k: 1}}\n",
+            "select.patterns.radial",
+            "the patterns of heads.candidates are: spatial, temporal",
+        ),
+        ("  patterns:\n    temporal: {}\n", "select.patterns.temporal", "is empty"),
+        ("  patterns: {}\n", "select.patterns", "is empty"),
+        (
+            "  patterns:\n    temporal: {top_k: {k: 3, max: 2}}\n",
+            "select.patterns.temporal.top_k.k",
+            r"must be at most 2 \(select.patterns.temporal.top_k.max\)",
+        ),
+    ],
+    ids=["other_rule", "unknown_pattern", "empty_entry", "empty", "k_over_max"],
+)
+def test_select_patterns_errors_name_the_key(extra, key, message):
+    text = HEADS_SPEC % dict(name="bad", assign="[temporal, spatial, temporal]", rule=TOP_K)
+    text = text.replace("\ntiling:", "\n" + extra.rstrip() + "\ntiling:")
+    with pytest.raises(SpecError, match=message) as info:
+        parse_spec(text, source="s.yaml")
+    assert info.value.key == key and info.value.line is not None
+
+
+def test_select_patterns_need_heads():
+    text = spec_text().replace("\ntiling:", "\n  patterns:\n    mask: {top_k: {k: 1}}\ntiling:")
+    with pytest.raises(SpecError, match="needs heads:") as info:
+        parse_spec(text, source="s.yaml")
+    assert info.value.key == "select.patterns"
 
 
 def test_heads_selection_is_refused_on_gpu():

@@ -574,6 +574,7 @@ def _blocks_terms(spec: Spec) -> list:
     roots = ([spec.mask] if spec.mask is not None else []) + [t for _, t in spec.patterns]
     if spec.select is not None:
         roots.append(spec.select.candidate)
+        roots.extend(own.candidate for own in spec.select.patterns)
     stack, found = list(reversed(roots)), []
     while stack:
         term = stack.pop()
@@ -819,12 +820,24 @@ def _check_chunk_tables(spec: Spec, chunked, slots: int, smem_budget: int) -> No
 
 
 def _candidate_runs(spec: Spec, always: PatternPlan, progress) -> np.ndarray:
-    """select.candidate classified at the spec's tiles, in the always-kept pattern's layout:
-    its runs (the compute blocks it touches are the ones a call may choose)."""
-    mask = ir.lower(spec, spec.select.candidate)
-    where = spec.select.where
-    mask = _over_kernel_frame(spec, mask, always.layout, spec.layout, where, "select.candidate")
-    return _mask_runs(spec, "select.candidate", mask, always.layout, progress)
+    """The candidate region of the always-kept pattern's heads (select.candidate, or
+    select.patterns.<name>.candidate) classified at the spec's tiles, in that pattern's
+    layout: its runs (the compute blocks it touches are the ones a call may choose)."""
+    select = spec.select.for_pattern(always.name)
+    key = _candidate_key(spec, always.name)
+    mask = ir.lower(spec, select.candidate)
+    mask = _over_kernel_frame(spec, mask, always.layout, spec.layout, select.where, key)
+    return _mask_runs(spec, key, mask, always.layout, progress)
+
+
+def _candidate_key(spec: Spec, pattern: str) -> str:
+    """Where the candidate of a pattern's heads is written."""
+    if any(
+        own.pattern == pattern and own.candidate is not spec.select.candidate
+        for own in spec.select.patterns
+    ):
+        return f"select.patterns.{pattern}.candidate"
+    return "select.candidate"
 
 
 def _mask_runs(spec: Spec, name: str, mask, layout: TokenLayout, progress) -> np.ndarray:
@@ -856,7 +869,7 @@ def _check_select_tables(
     if need > smem_budget:
         raise _select_error(
             spec,
-            "select.candidate",
+            _candidate_key(spec, always.name),
             f"the selection tables need {need:,} bytes of SMEM for one batch element "
             f"({heads} heads x {pieces:,} steps at most), over {smem_budget:,}: narrow "
             "select.candidate or use larger tiles",
@@ -864,8 +877,11 @@ def _check_select_tables(
 
 
 def _select_error(spec: Spec, key: str, message: str) -> SpecError:
-    """An error about the `select` section, at its line."""
+    """An error about the `select` section, at its line (a pattern's entry's, for its key)."""
     where = spec.select.where
+    for own in spec.select.patterns:
+        if key.startswith(f"select.patterns.{own.pattern}."):
+            where = own.where or where
     return SpecError(
         message,
         file=spec.source,

@@ -372,19 +372,23 @@ class Plan:
         candidate = compute_block_kinds(self.candidate_runs[index], *grid)
         return always, selectable_blocks(always, candidate, shape)
 
-    def select_max_blocks(self) -> int:
-        """select: the most blocks a call selects per compute block row. The spec's `max`;
-        without one, the most selectable blocks any row of any pattern has (the candidate's
-        bound, so it clamps nothing), and never below `min` (a policy's min <= max, as a
-        given max is)."""
-        select = self.spec.select
+    def select_max_blocks(self, index: int | None = None) -> int:
+        """select: the most blocks a call selects per compute block row for the heads of
+        pattern `index` (None: of any pattern). The policy's `max`; without one, the most
+        selectable blocks any row of the pattern has (the candidate's bound, so it clamps
+        nothing), and never below `min` (a policy's min <= max, as a given max is)."""
+        if index is None:
+            return max(self.select_max_blocks(i) for i in range(len(self.patterns)))
+        select = self.select_policy(index)
         if select.max_blocks is not None:
             return select.max_blocks
-        most = max(
-            int(self.select_blocks(i)[1].sum(axis=1).max(initial=0))
-            for i in range(len(self.patterns))
-        )
+        most = int(self.select_blocks(index)[1].sum(axis=1).max(initial=0))
         return max(most, select.min_blocks)
+
+    def select_policy(self, index: int):
+        """select: the policy of pattern `index`'s heads (the section's, with the pattern's
+        own candidate and amounts where select.patterns gives them)."""
+        return self.spec.select.for_pattern(self.patterns[index].name)
 
     def summary(self) -> dict:
         """The `svgen inspect --json` object (v1 keys unchanged for single-pattern specs)."""

@@ -379,17 +379,14 @@ def _tree_literal(node) -> str:
 
 
 def _select_entry(plan: Plan, stem: str, files: dict[str, bytes]) -> dict | None:
-    """The spec's select policy and its candidate region's runs (inline, or in a .npy)."""
+    """The spec's select policy and, per pattern, its policy and candidate region's runs
+    (inline, or in a .npy)."""
     select = plan.spec.select
     if select is None:
         return None
-    most = plan.select_max_blocks()
+    most = plan.select_max_blocks(0)
     entry = {
-        "policy": (
-            f"select.SelectPolicy({pyformat.string(select.rule)}, {select.default!r}, "
-            f"{select.min_blocks}, {most}"
-            + (f", sampled_rows={select.sampled_rows})" if select.sampled_rows else ")")
-        ),
+        "policy": _policy_text(select, most),
         "doc_lines": textwrap.wrap(
             "Blocks chosen per call from q and k (the spec's `select`): "
             + (
@@ -401,17 +398,19 @@ def _select_entry(plan: Plan, stem: str, files: dict[str, bytes]) -> dict | None
             f"blocks that {ir.lower(plan.spec, select.candidate).describe()} touches"
             + ("" if len(plan.patterns) == 1 else " (in each pattern's layout)")
             + f"; a chosen block is attended whole. Scores: {_score_words(select)}. No "
-            "gradient flows through the selection.",
+            "gradient flows through the selection."
+            + "".join(_own_select_words(plan, i) for i in range(len(plan.patterns))),
             width=92,
         ),
         "candidates": [],
     }
     single = len(plan.patterns) == 1
-    for pattern, runs in zip(plan.patterns, plan.candidate_runs):
+    for index, (pattern, runs) in enumerate(zip(plan.patterns, plan.candidate_runs)):
         prefix = "" if single else f"{pattern.name.upper()}_"
         candidate = {
             "name": f"{prefix}SELECT_CANDIDATE_RUNS",
             "pattern": None if single else pattern.name,
+            "policy": _policy_text(plan.select_policy(index), plan.select_max_blocks(index)),
             "num_runs": wording.grouped(len(runs)),
             "inline_runs": None,
             "file": None,
@@ -426,6 +425,29 @@ def _select_entry(plan: Plan, stem: str, files: dict[str, bytes]) -> dict | None
         entry["candidates"].append(candidate)
     entry["any_file"] = any(c["file"] for c in entry["candidates"])
     return entry
+
+
+def _policy_text(select, most: int) -> str:
+    """The generated module's SelectPolicy(...) of a policy whose max resolves to `most`."""
+    return (
+        f"select.SelectPolicy({pyformat.string(select.rule)}, {select.default!r}, "
+        f"{select.min_blocks}, {most}"
+        + (f", sampled_rows={select.sampled_rows})" if select.sampled_rows else ")")
+    )
+
+
+def _own_select_words(plan: Plan, index: int) -> str:
+    """The docstring's sentence for a pattern whose heads choose otherwise
+    (select.patterns.<name>); nothing for the others."""
+    name = plan.patterns[index].name
+    if not any(own.pattern == name for own in plan.spec.select.patterns):
+        return ""
+    own = plan.select_policy(index)
+    candidate = ir.lower(plan.spec, own.candidate).describe()
+    return (
+        f" Heads of {name} choose otherwise: {_select_words(own, plan.select_max_blocks(index))}"
+        f", among the compute blocks that {candidate} touches."
+    )
 
 
 def _score_words(select) -> str:

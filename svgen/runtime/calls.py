@@ -127,7 +127,7 @@ def attention_doc(
     if select is not None:
         extra += f", {select.policy.rule}=None, return_selection=False"
         # The selection's own grain: a GPU kernel built from a TPU module keeps the TPU's.
-        runtime_lines += _select_doc(select.policy, select.shape)
+        runtime_lines += _select_doc(select.policies, select.shape)
         returns += _selection_returns_doc(select.shape)
     if kv_cache is not None:
         runtime_lines += _kv_cache_doc(kv_cache, n, d, words.chunk_grads)
@@ -182,24 +182,40 @@ def _runtime_inputs_doc(runtime: segments.RuntimeInputs, text_tokens: int, n: in
     return extra, runtime_lines
 
 
-def _select_doc(policy, shape: KernelShape) -> str:
+def _select_doc(policies, shape: KernelShape) -> str:
     """The lines of a selection policy's amount argument (top_k or top_p) and of
-    return_selection."""
-    least, most = policy.min_blocks, policy.max_blocks
+    return_selection; policies: per pattern (one with one pattern)."""
+    policy = policies[0]
+    least = "/".join(sorted({str(p.min_blocks) for p in policies}, key=int))
+    most = "/".join(sorted({str(p.max_blocks) for p in policies}, key=int))
+    kind = "int" if policy.rule == "top_k" else "float"
+    if len(set((p.default, p.min_blocks, p.max_blocks) for p in policies)) == 1:
+        default = f"{int(policy.default)}" if policy.rule == "top_k" else f"{policy.default}"
+        bounds = f"{least} .. {most}"
+    else:
+        default = "each head's pattern's: " + ", ".join(
+            f"{int(p.default) if policy.rule == 'top_k' else p.default}" for p in policies
+        )
+        bounds = "each head's pattern's: " + ", ".join(
+            f"{p.min_blocks} .. {p.max_blocks}" for p in policies
+        )
     # Traced amounts cannot raise (Selection.amount checks concrete ones): say what they do.
     if policy.rule == "top_k":
         amount = (
-            f"int [] (may be traced): kv blocks per compute block row (None: {int(policy.default)})"
+            f"{kind} [] or [heads] (may be traced): kv blocks per compute block row (None: "
+            f"{default})"
         )
         traced = f"A traced k cannot raise: below 0 selects {least} blocks."
     else:
-        amount = f"float [] in 0 .. 1 (may be traced): the mass to reach (None: {policy.default})"
+        amount = (
+            f"{kind} [] or [heads] in 0 .. 1 (may be traced): the mass to reach (None: {default})"
+        )
         traced = (
             f"A traced\n    p cannot raise: NaN or below 0 selects {least} blocks, above 1 every "
             f"selectable block of\n    finite score (up to {most})."
         )
     return f"""{policy.rule}: {amount}.
-    Per compute block row, the count of chosen blocks is clamped to {least} .. {most}. {traced}
+    Per compute block row, the count of chosen blocks is clamped to {bounds}. {traced}
     Each call scores the candidate region's compute blocks ({shape.cq} x {shape.ckv} tokens) by
     mean-pooled q . k and attends the chosen ones whole, on top of the mask
     (svgen.runtime.select); a NaN or +inf score always selects its block. One compile for

@@ -177,9 +177,15 @@ def sampled_block_scores(
 MAX_COMPARED_COLUMNS = 128
 
 
-def select_blocks(scores, selectable: np.ndarray, policy: SelectPolicy, amount):
+def select_blocks(
+    scores, selectable: np.ndarray, policy: SelectPolicy, amount, least=None, most=None
+):
     """bool [..., R, C]: the selected blocks of f32 scores [..., R, C] among the selectable
-    ones (bool [R, C], static), for `amount` (k or p; may be traced). See the docstring."""
+    ones (bool [R, C] or [..., R, C]), for `amount` (k or p; may be traced), clamped to
+    [least, most] (default: the policy's min and max); amount, least and most broadcast
+    against [..., R] (a value per row: per head). See the docstring."""
+    least = policy.min_blocks if least is None else least
+    most = policy.max_blocks if most is None else most
     selectable = jnp.asarray(selectable)
     forced = selectable & (jnp.isnan(scores) | (scores == jnp.inf))
     ranked = selectable & ~forced
@@ -194,10 +200,10 @@ def select_blocks(scores, selectable: np.ndarray, policy: SelectPolicy, amount):
     else:
         # The fewest best blocks reaching p: those whose better blocks' mass is below p. A
         # -inf score has no mass: it never helps reach p (only `min` can bring it in).
-        p = jnp.asarray(amount, jnp.float32)
+        p = jnp.asarray(amount, jnp.float32)[..., None]
         counted = ranked & (scores > -jnp.inf) & (before < p)
         count = jnp.sum(counted, axis=-1, dtype=jnp.int32)
-    count = jnp.clip(count, policy.min_blocks, policy.max_blocks)
+    count = jnp.clip(count, least, most)
     count = jnp.minimum(count, available)
     return (ranked & (rank < count[..., None])) | forced
 
@@ -238,6 +244,15 @@ def _sorted_ranks(scores, ranked, mass):
         sorted_before = jnp.cumsum(sorted_mass, axis=-1) - sorted_mass
         before = jnp.take_along_axis(sorted_before, rank, -1)
     return rank, before
+
+
+def per_row(value, rows: int):
+    """A call's amount (or bound) for rows = batch x heads: a scalar as it is, one value per
+    head ([heads]) as [rows, 1] (row r is head r % heads), to broadcast against [rows, R]."""
+    value = jnp.asarray(value)
+    if value.ndim == 0:
+        return value
+    return value[jnp.arange(rows) % value.shape[0]][:, None]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -370,6 +385,11 @@ class Selection:
     def max_pieces(self) -> int:
         return self.forward_walk.max_pieces
 
+    @property
+    def policies(self) -> tuple[SelectPolicy, ...]:
+        """Per pattern (one): what a call's docstring words."""
+        return (self.policy,)
+
     # -- what svgen.runtime.kernel asks of a call's selection (as of HeadSelections) --------
     def choose(self, q, k, sm_scale: float, amount, head_pattern) -> Selected:
         del head_pattern  # every head has this pattern
@@ -440,8 +460,10 @@ class Selection:
         return jnp.concatenate([begins.reshape(-1), ends.reshape(-1)]), entries
 
     def select(self, q, k, sm_scale: float, amount) -> Selected:
-        """The call's selection from q, k [rows, seq, d] in kernel order (not differentiated)."""
+        """The call's selection from q, k [rows, seq, d] in kernel order (not differentiated);
+        amount: one for every row, or one per head ([heads])."""
         scores = self.scores(q, k, sm_scale)
+        amount = per_row(amount, q.shape[0])
         return Selected(select_blocks(scores, self.selectable, self.policy, amount))
 
     def scores(self, q, k, sm_scale: float):
@@ -456,8 +478,18 @@ class Selection:
         return block_scores(q, k, self.shape, rows_b, cols_b, sm_scale)
 
     def amount(self, top_k, top_p):
-        """The call's amount (k or p): its argument, or the spec's default; the other
-        argument is refused."""
+        """The call's amount (k or p), [] or per head [heads]: its argument, or the spec's
+        default; the other argument is refused."""
+        value = self.given_amount(top_k, top_p)
+        return jnp.asarray(self.policy.default if value is None else value, self.amount_dtype)
+
+    @property
+    def amount_dtype(self):
+        return jnp.int32 if self.policy.rule == TOP_K else jnp.float32
+
+    def given_amount(self, top_k, top_p):
+        """The call's own amount, checked (a scalar, or one per head), or None when it gives
+        none; the other rule's argument is refused."""
         given = {TOP_K: top_k, TOP_P: top_p}
         other = TOP_P if self.policy.rule == TOP_K else TOP_K
         if given[other] is not None:
@@ -467,20 +499,23 @@ class Selection:
             )
         value = given[self.policy.rule]
         if value is None:
-            value = self.policy.default
-        dtype = jnp.int32 if self.policy.rule == TOP_K else jnp.float32
+            return None
+        rule, heads = self.policy.rule, self.shape.heads
         self._check_amount_dtype(value)
+        if jnp.shape(value) not in ((), (heads,)):
+            raise ValueError(
+                f"{rule} must be a scalar or one value per head (shape ({heads},)), got shape "
+                f"{jnp.shape(value)}"
+            )
         if not isinstance(value, jax.core.Tracer):
             array = np.asarray(value)
-            if array.shape != () or not np.isfinite(array).all():
-                raise ValueError(f"{self.policy.rule} must be a finite scalar, got {value!r}")
-            if self.policy.rule == TOP_K and (array != np.round(array) or array < 0):
-                raise ValueError(f"top_k must be a whole number >= 0, got {value!r}")
-            if self.policy.rule == TOP_P and not 0.0 <= float(array) <= 1.0:
+            if not np.isfinite(array).all():
+                raise ValueError(f"{rule} must be finite, got {value!r}")
+            if rule == TOP_K and ((array != np.round(array)).any() or (array < 0).any()):
+                raise ValueError(f"top_k must be whole numbers >= 0, got {value!r}")
+            if rule == TOP_P and not ((array >= 0.0) & (array <= 1.0)).all():
                 raise ValueError(f"top_p must lie in 0 .. 1, got {value!r}")
-        elif jnp.shape(value) != ():
-            raise ValueError(f"{self.policy.rule} must be a scalar, got shape {jnp.shape(value)}")
-        return jnp.asarray(value, dtype)
+        return jnp.asarray(value, self.amount_dtype)
 
     def _check_amount_dtype(self, value) -> None:
         """No bool amount (True is no count and no mass), and no traced float k: the cast to
@@ -500,22 +535,33 @@ class Selection:
 @dataclasses.dataclass(frozen=True, eq=False)
 class HeadSelections:
     """The selection of a module whose heads have patterns of their own (`select:` with
-    `heads:`): one policy, and per pattern a Selection of its always-kept runs and the
-    candidate region in its layout. A call scores every row (batch x head) once, as one
-    pattern would, and selects each row among its head's pattern's selectable blocks; each
-    walk's tables take a row's pieces from its pattern's walk, padded to the longest."""
+    `heads:`): one rule and scoring, and per pattern a Selection of its always-kept runs,
+    its candidate region in its layout and its amounts (default, min, max: the section's,
+    or the pattern's own from select.patterns). A call scores every row (batch x head)
+    once, as one pattern would, and selects each row among its head's pattern's selectable
+    blocks, by its head's amounts; each walk's tables take a row's pieces from its
+    pattern's walk, padded to the longest."""
 
     selections: tuple[Selection, ...]
 
     def __post_init__(self):
         first = self.selections[0]
         for other in self.selections[1:]:
-            if (other.policy, other.shape, other.slots) != (first.policy, first.shape, first.slots):
-                raise ValueError("the patterns' selections must share policy, shape and slots")
+            same = (other.policy.rule, other.policy.sampled_rows, other.shape, other.slots)
+            if same != (first.policy.rule, first.policy.sampled_rows, first.shape, first.slots):
+                raise ValueError(
+                    "the patterns' selections must share the rule, the scoring, the shape and "
+                    "the slots"
+                )
 
     @property
     def policy(self) -> SelectPolicy:
+        """The first pattern's policy (the rule and scoring are every pattern's)."""
         return self.selections[0].policy
+
+    @property
+    def policies(self) -> tuple[SelectPolicy, ...]:
+        return tuple(s.policy for s in self.selections)
 
     @property
     def shape(self) -> KernelShape:
@@ -526,7 +572,15 @@ class HeadSelections:
         return max(s.max_pieces for s in self.selections)
 
     def amount(self, top_k, top_p):
-        return self.selections[0].amount(top_k, top_p)
+        """The call's own amount (checked; [] or [heads]), or None: each head's pattern's
+        default (resolved per row by choose)."""
+        return self.selections[0].given_amount(top_k, top_p)
+
+    def _of_rows(self, values, head_pattern, rows: int, unknown):
+        """[rows, 1]: per row, its head's pattern's value (`unknown` for a pattern index out
+        of range: such rows select nothing anyway)."""
+        table = jnp.asarray(np.asarray([*values, unknown]))
+        return table[self._row_patterns(head_pattern, rows)][:, None]
 
     @property
     def selectable(self) -> np.ndarray:
@@ -549,9 +603,19 @@ class HeadSelections:
     def choose(self, q, k, sm_scale: float, amount, head_pattern) -> Selected:
         """The call's selection from q, k [rows, seq, d], each row in its head's kernel order
         (not differentiated): the scores are every pattern's (the same policy and blocks)."""
+        rows = q.shape[0]
         scores = self.selections[0].scores(q, k, sm_scale)
-        selectable = self.selectable_of_rows(head_pattern, q.shape[0])
-        return Selected(select_blocks(scores, selectable, self.policy, amount))
+        selectable = self.selectable_of_rows(head_pattern, rows)
+        policies = [s.policy for s in self.selections]
+        if amount is None:
+            defaults = [p.default for p in policies]
+            dtype = self.selections[0].amount_dtype
+            amount = self._of_rows(defaults, head_pattern, rows, 0).astype(dtype)
+        else:
+            amount = per_row(amount, rows)
+        least = self._of_rows([p.min_blocks for p in policies], head_pattern, rows, 0)
+        most = self._of_rows([p.max_blocks for p in policies], head_pattern, rows, 0)
+        return Selected(select_blocks(scores, selectable, self.policy, amount, least, most))
 
     def _merged(self, walks, selected, head_pattern) -> CallTables:
         """Each row's pieces from its pattern's walk, padded to the longest walk's."""

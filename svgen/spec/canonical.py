@@ -128,19 +128,25 @@ def _with_runtime(obj: dict, runtime: Runtime) -> dict:
 def _with_select(obj: dict, select: Select | None) -> dict:
     # Only when given, so the digests of specs without it stay what they were.
     if select is not None:
-        obj["select"] = {
-            "candidate": _term_json(select.candidate),
-            select.rule: {
-                "default": select.default,
-                "min": select.min_blocks,
-                "max": select.max_blocks,
-            },
-        }
-        if select.max_blocks is None:  # declared only: the digests of specs with max stay
-            del obj["select"][select.rule]["max"]
+        obj["select"] = _select_json(select, select.rule)
         if select.sampled_rows:
             obj["select"]["sampled_rows"] = select.sampled_rows
+        if select.patterns:  # only when given, as above
+            obj["select"]["patterns"] = {
+                own.pattern: _select_json(own, select.rule) for own in select.patterns
+            }
     return obj
+
+
+def _select_json(select, rule: str) -> dict:
+    """A candidate and its amounts (the select section's, or one pattern's)."""
+    out = {
+        "candidate": _term_json(select.candidate),
+        rule: {"default": select.default, "min": select.min_blocks, "max": select.max_blocks},
+    }
+    if select.max_blocks is None:  # declared only: the digests of specs with max stay
+        del out[rule]["max"]
+    return out
 
 
 def _with_chip_tilings(obj: dict, spec: Spec) -> dict:

@@ -249,8 +249,10 @@ def parse_spec(text: str, *, source: str = "<string>", chip: str | None = None) 
 
     select = None
     if "select" in top:
-        select = read_select(r, top["select"][1], "select", masks)
+        select = read_select(r, top["select"][1], "select", masks, heads)
         masks.check_expanded(select.candidate, patterns)
+        for own in select.patterns:
+            masks.check_expanded(own.candidate, patterns)
         check_select(r, top["select"][0], heads, runtime)
 
     spec = Spec(

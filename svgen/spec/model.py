@@ -8,7 +8,7 @@ import builtins
 import keyword
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
 
@@ -188,6 +188,39 @@ class Select:
     # Block scores from this many sampled query rows per compute block row (their attention
     # mass per block); 0: mean pooling of q and k (svgen.runtime.select).
     sampled_rows: int = 0
+    # With heads of several patterns: the patterns whose heads choose otherwise
+    # (`select.patterns.<name>`), by name, in the order of heads.candidates.
+    patterns: tuple["PatternSelect", ...] = ()
+
+    def for_pattern(self, name: str) -> "Select":
+        """The policy a head of pattern `name` follows: the section's own, with that
+        pattern's candidate and amounts where `select.patterns` gives them."""
+        for own in self.patterns:
+            if own.pattern == name:
+                return replace(
+                    self,
+                    candidate=own.candidate,
+                    default=own.default,
+                    min_blocks=own.min_blocks,
+                    max_blocks=own.max_blocks,
+                    where=own.where or self.where,
+                    patterns=(),
+                )
+        return replace(self, patterns=())
+
+
+@dataclass(frozen=True)
+class PatternSelect:
+    """One entry of `select.patterns`: the candidate region and amounts of the heads of one
+    pattern (the rule and the scores are every head's: one call argument, one scoring).
+    What the entry leaves out is the section's own, already filled in here."""
+
+    pattern: str
+    candidate: MaskTerm
+    default: float
+    min_blocks: int
+    max_blocks: int | None
+    where: Location | None = field(default=None, compare=False, hash=False)
 
 
 @dataclass(frozen=True)

@@ -274,12 +274,31 @@ def _select() -> dict:
         "keep the fewest best candidate blocks per row whose softmax mass of pooled scores "
         "reaches p",
     )
+    own = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "candidate": _ref("mask", "this pattern's heads choose among the blocks it touches"),
+            "top_k": top_k,
+            "top_p": top_p,
+        },
+        "minProperties": 1,
+        "description": "what the heads of this pattern choose otherwise: a rule's block is "
+        "taken whole; the rule itself is the section's",
+    }
+    patterns = {
+        "type": "object",
+        "additionalProperties": own,
+        "minProperties": 1,
+        "description": "with heads: per pattern of heads.candidates, its own candidate and amounts",
+    }
     out = _section(
         spec.SELECT_KEYS,
         {
             "candidate": _ref("mask", "the region blocks may be chosen from (blocks it touches)"),
             "top_k": top_k,
             "top_p": top_p,
+            "patterns": patterns,
             "sampled_rows": {
                 "type": "integer",
                 "minimum": 1,
@@ -291,8 +310,7 @@ def _select() -> dict:
         },
         ("candidate",),
         "blocks chosen per call from mean-pooled q.k scores (or sampled rows' attention "
-        "mass), attended whole, besides the always-kept mask; one pattern for every head "
-        "(mask:)",
+        "mass), attended whole, besides the always-kept mask of each head",
     )
     out["oneOf"] = [{"required": ["top_k"]}, {"required": ["top_p"]}]
     return out

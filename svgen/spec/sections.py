@@ -5,6 +5,7 @@ kv_cache), select, layout and heads, each read and checked against the others.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
@@ -41,6 +42,7 @@ from svgen.spec.model import (
     LAYOUTS,
     Runtime,
     SOFTMAX_MODES,
+    PatternSelect,
     Select,
     TPU_CHIPS,
     Tiling,
@@ -63,7 +65,7 @@ TOP_KEYS = (
     "runtime",
     "select",
 )
-SELECT_KEYS = ("candidate", "top_k", "top_p", "sampled_rows")
+SELECT_KEYS = ("candidate", "top_k", "top_p", "sampled_rows", "patterns")
 #: The most query rows a select policy may sample per compute block row.
 MAX_SAMPLED_ROWS = 64
 TOP_K_KEYS = ("k", "min", "max")
@@ -341,8 +343,11 @@ def read_runtime(r: Reader, node: Node, path: str, geometry: TokenLayout) -> Run
     return runtime
 
 
-def read_select(r: Reader, node: Node, path: str, masks: "MaskReader") -> Select:
-    """select: {candidate: <mask>, top_k: {k, min, max} | top_p: {p, min, max}}."""
+def read_select(
+    r: Reader, node: Node, path: str, masks: "MaskReader", heads: HeadPatterns | None
+) -> Select:
+    """select: {candidate: <mask>, top_k: {k, min, max} | top_p: {p, min, max},
+    sampled_rows, patterns: {<pattern>: {candidate, top_k | top_p}}} (patterns: with heads)."""
     e = r.mapping(node, path, SELECT_KEYS)
     r.require(node, path, e, ("candidate",))
     rules = [key for key in ("top_k", "top_p") if key in e]
@@ -358,7 +363,71 @@ def read_select(r: Reader, node: Node, path: str, masks: "MaskReader") -> Select
         sampled = r.integer(
             e["sampled_rows"][1], join_path(path, "sampled_rows"), 1, MAX_SAMPLED_ROWS, limit
         )
-    return Select(candidate, rule, default, least, most, r.location(node, path), sampled)
+    select = Select(candidate, rule, default, least, most, r.location(node, path), sampled)
+    if "patterns" in e:
+        select = replace(
+            select,
+            patterns=_read_pattern_selects(
+                r, e["patterns"], join_path(path, "patterns"), masks, heads, select
+            ),
+        )
+    return select
+
+
+def _read_pattern_selects(
+    r: Reader,
+    entry: tuple[Node, Node],
+    path: str,
+    masks: "MaskReader",
+    heads: HeadPatterns | None,
+    select: Select,
+) -> tuple[PatternSelect, ...]:
+    """select.patterns: {<pattern>: {candidate: <mask>, <the section's rule>: {...}}}: per
+    pattern of heads.candidates, what its heads choose from and how many; what an entry
+    leaves out is the section's (a rule's block is taken whole: k or p, min and max)."""
+    knode, node = entry
+    if heads is None:
+        raise r.error(
+            knode,
+            path,
+            "needs heads: (patterns per head); with one mask for every head, give the "
+            "candidate and amounts in select itself",
+        )
+    names = tuple(c.pattern for c in heads.candidates)
+    given = r.mapping(
+        node,
+        path,
+        names,
+        what="a mapping {<pattern>: {candidate, " + select.rule + "}}",
+        allowed_note=f"the patterns of heads.candidates are: {', '.join(names)}",
+    )
+    if not given:
+        raise r.error(node, path, "is empty: name at least one pattern of heads.candidates")
+    other = "top_p" if select.rule == "top_k" else "top_k"
+    out = []
+    for name in names:  # heads.candidates' order: the generated module's
+        if name not in given:
+            continue
+        epath = join_path(path, name)
+        e = r.mapping(given[name][1], epath, ("candidate", "top_k", "top_p"))
+        if other in e:
+            raise r.error(
+                e[other][0],
+                join_path(epath, other),
+                f"the rule is every head's (the call takes one {select.rule}= argument): "
+                f"give {select.rule} here, as select does",
+            )
+        if not e:
+            raise r.error(given[name][1], epath, f"is empty: give candidate or {select.rule}")
+        candidate = select.candidate
+        if "candidate" in e:
+            candidate = masks.read_mask(e["candidate"][1], join_path(epath, "candidate"))
+        amounts = (select.default, select.min_blocks, select.max_blocks)
+        if select.rule in e:
+            rpath = join_path(epath, select.rule)
+            amounts = _read_amounts(r, e[select.rule][1], rpath, select.rule)
+        out.append(PatternSelect(name, candidate, *amounts, r.location(given[name][1], epath)))
+    return tuple(out)
 
 
 def _read_amounts(r: Reader, node: Node, path: str, rule: str) -> tuple[float, int, int | None]:
