@@ -747,6 +747,259 @@ def test_select_patterns_need_heads():
     assert info.value.key == "select.patterns"
 
 
+# -- packed batches: segments and text lengths ------------------------------------------------
+
+SEGMENT_SPEC = """
+svgen: 1
+name: select_segments_%(name)s
+geometry: {frames: 7, height: 10, width: 20, text_tokens: %(text)d}
+attention: {heads: 2, head_dim: 64, dtype: float32}
+layout: %(layout)s
+runtime: {segments: true, text_lengths: %(lengths)s}
+mask:
+  any_of:
+    - first_frame: {frames: 1}
+    - spatial_window: {frames: 1}
+select:
+  candidate: {spatial_window: {frames: 3}}
+  %(rule)s
+tiling: {block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}
+"""
+
+
+def _segment_reference(plan, module, q, k, v, amount, query_ids, key_ids, with_keeps=False):
+    """float64 attention (user order) of a packed call, and its selection, written from the
+    rule: per row, the blocks a call may choose are the candidate's selectable ones whose
+    queries and keys share a non-negative segment id; keep(q, k) = same id (>= 0) and
+    (mask(q, k) or the block of (q, k) chosen). ids: int32 [batch, seq], user order.
+    with_keeps: the rows' keep masks instead (user order)."""
+    pattern, shape, select = plan.patterns[0], module.SHAPE, module.attention.select
+    layout = pattern.layout
+    qk, kk, vk = _kernel_order64(plan, q, k, v)
+    heads = q.shape[1]
+    rows_b, cols_b = select.selectable.shape
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    scores = (
+        np.einsum("rqd,rkd->rqk", _pool(qk, shape.cq, rows_b), _pool(kk, shape.ckv, cols_b)) * scale
+    )
+    n = layout.seq_len
+    row_of, col_of = np.arange(n) // shape.cq, np.arange(n) // shape.ckv
+    always = dense_keep(pattern.mask, layout)
+    chosen = np.zeros(scores.shape, bool)
+    out, keeps = np.empty_like(qk), []
+    for r in range(qk.shape[0]):
+        qi = layout.to_kernel(query_ids[r // heads][:, None], np)[:, 0]
+        ki = layout.to_kernel(key_ids[r // heads][:, None], np)[:, 0]
+        same = (qi[:, None] == ki[None, :]) & (qi[:, None] >= 0)
+        share = np.zeros((rows_b, cols_b), bool)
+        np.logical_or.at(share, (row_of[:, None], col_of[None, :]), same)
+        chosen[r] = sel.reference_selection(
+            scores[r : r + 1].astype(np.float32), select.selectable & share, select.policy, amount
+        )[0]
+        keep = same & (always | chosen[r][row_of][:, col_of])
+        keeps.append(keep)
+        s = np.where(keep, qk[r] @ kk[r].T * scale, -np.inf)
+        top = np.max(s, axis=1, keepdims=True)
+        w = np.where(keep, np.exp(s - np.where(np.isfinite(top), top, 0.0)), 0.0)
+        total = w.sum(axis=1, keepdims=True)
+        out[r] = np.where(total > 0, w / np.where(total > 0, total, 1.0), 0.0) @ vk[r]
+    if with_keeps:  # per row, in the user's order
+        position = layout.kernel_position
+        return [keep[np.ix_(position, position)] for keep in keeps]
+    return layout.from_kernel(out, np).reshape(q.shape), chosen
+
+
+def _packed_ids(layout, batch: int, rng):
+    """Segment ids [batch, seq] of packed videos whose frames split at a random frame (the
+    text, if any, shared out in order), element 0 with a run of padding frames too."""
+    ids = np.zeros((batch, layout.seq_len), np.int32)
+    frame_of = (np.arange(layout.seq_len) - layout.video_start) // layout.tokens_per_frame
+    video = (np.arange(layout.seq_len) >= layout.video_start) & (
+        np.arange(layout.seq_len) < layout.video_start + layout.video_tokens
+    )
+    for b in range(batch):
+        cut = int(rng.integers(2, layout.frames - 1))
+        ids[b] = np.where(video & (frame_of >= cut), 1, 0)
+        text = np.arange(layout.seq_len) - layout.text_start
+        is_text = (text >= 0) & (text < layout.text_tokens)
+        ids[b] = np.where(is_text, (text * 2) // max(layout.text_tokens, 1), ids[b])
+    ids[0] = np.where(video & (frame_of == layout.frames - 1), -1, ids[0])
+    return ids
+
+
+@pytest.mark.parametrize(
+    "rule, amount, layout",
+    [(TOP_K, 3, "frame_major"), (TOP_P, 0.6, "temporal_major")],
+    ids=["top_k_frame_major", "top_p_temporal_major"],
+)
+def test_selection_in_packed_batches_keeps_each_segment_apart(compile_text, rule, amount, layout):
+    """Segment ids (two videos per element, a padding frame): a chosen block attends the
+    keys of its queries' segment only, and a block whose queries and keys share no segment
+    is never chosen; against float64 of the rule, with the selection."""
+    text = SEGMENT_SPEC % dict(
+        name=f"{rule[:5]}_{layout}", text=0, layout=layout, lengths="false", rule=rule
+    )
+    plan, module = compile_text(text)
+    rng = np.random.default_rng(40)
+    q, k, v = _inputs(rng, (2, 2), module.SEQ_LEN, module.HEAD_DIM)
+    ids = _packed_ids(plan.patterns[0].layout, 2, rng)
+    name = module.attention.select.policy.rule
+    out, selected = jax.jit(
+        lambda q, k, v, ids: module.attention(
+            q, k, v, segment_ids=ids, interpret=POISONED, return_selection=True, **{name: amount}
+        )
+    )(q, k, v, jnp.asarray(ids))
+    key_ids = np.where(ids < 0, -2, ids)
+    want, chosen = _segment_reference(plan, module, q, k, v, amount, ids, key_ids)
+    assert chosen.any()
+    np.testing.assert_array_equal(np.asarray(selected).reshape(chosen.shape), chosen)
+    assert np.all(np.isfinite(np.asarray(out)))
+    np.testing.assert_allclose(np.asarray(out), want, atol=2e-5, rtol=0)
+
+
+def test_selection_with_text_lengths_and_gradients(compile_text):
+    """Packed videos with text (prompt lengths per element): forward and gradients against
+    float64 attention under the keep mask the call selected (the selection held fixed)."""
+    text = SEGMENT_SPEC % dict(
+        name="text", text=64, layout="frame_major", lengths="true", rule=TOP_K
+    )
+    plan, module = compile_text(text)
+    layout = plan.patterns[0].layout
+    rng = np.random.default_rng(41)
+    q, k, v = _inputs(rng, (2, 2), module.SEQ_LEN, module.HEAD_DIM)
+    ids = _packed_ids(layout, 2, rng)
+    lengths = np.asarray([40, 17], np.int32)
+    padded = np.arange(layout.seq_len)[None, :] - layout.text_start >= lengths[:, None]
+    padded &= np.arange(layout.seq_len)[None, :] >= layout.text_start
+    query_ids, key_ids = np.where(padded, -1, ids), np.where(padded, -2, ids)
+    key_ids = np.where(key_ids == -1, -2, key_ids)
+
+    def call(q, k, v):
+        return module.attention(
+            q,
+            k,
+            v,
+            segment_ids=jnp.asarray(ids),
+            text_lengths=jnp.asarray(lengths),
+            interpret=POISONED,
+            top_k=2,
+        )
+
+    want, _ = _segment_reference(plan, module, q, k, v, 2, query_ids, key_ids)
+    np.testing.assert_allclose(np.asarray(jax.jit(call)(q, k, v)), want, atol=2e-5, rtol=0)
+    keeps = np.stack(
+        _segment_reference(plan, module, q, k, v, 2, query_ids, key_ids, with_keeps=True)
+    ).reshape(2, 2, layout.seq_len, layout.seq_len)
+    do = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
+    grads = jax.jit(jax.grad(lambda q, k, v: jnp.sum(call(q, k, v) * do), argnums=(0, 1, 2)))(
+        q, k, v
+    )
+
+    def dense(q, k, v):
+        s = jnp.einsum("bhqd,bhkd->bhqk", q, k) / np.sqrt(q.shape[-1])
+        s = jnp.where(keeps, s, -jnp.inf)
+        top = jnp.max(s, axis=-1, keepdims=True)
+        w = jnp.where(keeps, jnp.exp(s - jnp.where(jnp.isfinite(top), top, 0.0)), 0.0)
+        total = jnp.sum(w, axis=-1, keepdims=True)
+        return jnp.einsum("bhqk,bhkd->bhqd", w / jnp.where(total > 0, total, 1.0), v)
+
+    with jax.enable_x64():
+        args = [jnp.asarray(np.asarray(x), jnp.float64) for x in (q, k, v)]
+        ref = jax.grad(
+            lambda q, k, v: jnp.sum(dense(q, k, v) * jnp.asarray(np.asarray(do), jnp.float64)),
+            argnums=(0, 1, 2),
+        )(*args)
+    for got, want_grad in zip(grads, ref):
+        got = np.asarray(got)
+        assert np.all(np.isfinite(got))
+        np.testing.assert_allclose(got, np.asarray(want_grad), atol=5e-5, rtol=0)
+
+
+def test_packed_selection_compiles_for_v5e_both_directions(compile_text):
+    """Mosaic and libtpu accept the forward and backward kernels of a selection across
+    segments (their SEGMENT_BOUNDARY blocks branch on the piece's chosen word)."""
+    text = SEGMENT_SPEC % dict(
+        name="v5e", text=0, layout="frame_major", lengths="false", rule=TOP_K
+    )
+    text = text.replace("float32", "bfloat16")
+    _, module = compile_text(text)
+    ids = _packed_ids(module.attention.layouts[0], 1, np.random.default_rng(42))[0]
+    hlo = v5e_gradient_hlo(module, batch=2, segment_ids=jnp.asarray(ids))
+    kernels = mosaic_kernels(hlo)
+    assert "svgen_attention" in kernels and "svgen_attention_dkv" in kernels
+
+
+def test_heads_of_two_patterns_select_in_packed_batches(compile_text):
+    """Heads of two layouts, each choosing among its own pattern's blocks that share a
+    segment in its own kernel order; against float64 written per head."""
+    text = HEADS_SPEC % dict(name="packed", assign="[temporal, spatial, temporal]", rule=TOP_K)
+    text = text.replace("\nheads:", "\nruntime: {segments: true}\nheads:")
+    plan, module = compile_text(text)
+    select, shape = module.attention.select, module.SHAPE
+    rng = np.random.default_rng(43)
+    q, k, v = _inputs(rng, (2, 3), module.SEQ_LEN, module.HEAD_DIM)
+    ids = _packed_ids(plan.patterns[0].layout, 2, rng)
+    out = jax.jit(
+        lambda q, k, v, ids: module.attention(q, k, v, segment_ids=ids, interpret=POISONED, top_k=2)
+    )(q, k, v, jnp.asarray(ids))
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    want = np.empty(q.shape)
+    for head, p in enumerate((1, 0, 1)):
+        layout, selection = plan.patterns[p].layout, select.selections[p]
+        rows_b, cols_b = selection.selectable.shape
+        n = layout.seq_len
+        row_of, col_of = np.arange(n) // shape.cq, np.arange(n) // shape.ckv
+        always = dense_keep(plan.patterns[p].mask, layout)
+        for b in range(2):
+            qk, kk, vk = (
+                layout.to_kernel(np.asarray(x[b, head], np.float64), np) for x in (q, k, v)
+            )
+            qi = layout.to_kernel(ids[b][:, None], np)[:, 0]
+            ki = np.where(qi < 0, -2, qi)
+            same = (qi[:, None] == ki[None, :]) & (qi[:, None] >= 0)
+            share = np.zeros((rows_b, cols_b), bool)
+            np.logical_or.at(share, (row_of[:, None], col_of[None, :]), same)
+            scores = _pool(qk[None], shape.cq, rows_b)[0] @ _pool(kk[None], shape.ckv, cols_b)[0].T
+            picked = sel.reference_selection(
+                (scores * scale)[None].astype(np.float32),
+                selection.selectable & share,
+                selection.policy,
+                2,
+            )[0]
+            keep = same & (always | picked[row_of][:, col_of])
+            s = np.where(keep, qk @ kk.T * scale, -np.inf)
+            top = np.max(s, axis=1, keepdims=True)
+            w = np.where(keep, np.exp(s - np.where(np.isfinite(top), top, 0.0)), 0.0)
+            total = w.sum(axis=1, keepdims=True)
+            o = np.where(total > 0, w / np.where(total > 0, total, 1.0), 0.0) @ vk
+            want[b, head] = layout.from_kernel(o, np)
+    np.testing.assert_allclose(np.asarray(out), want, atol=2e-5, rtol=0)
+
+
+def test_selection_refuses_kv_caches_and_per_video_frames():
+    for runtime, key in (
+        ("{per_video_frames: true, segments: true}", "per_video_frames"),
+        ("{kv_cache: {chunk_frames: 1}}", "kv_cache"),
+    ):
+        text = SEGMENT_SPEC % dict(
+            name="refused", text=0, layout="frame_major", lengths="false", rule=TOP_K
+        )
+        text = text.replace("runtime: {segments: true, text_lengths: false}", f"runtime: {runtime}")
+        with pytest.raises(SpecError, match=f"cannot be combined with runtime.{key} yet") as info:
+            parse_spec(text, source="s.yaml")
+        assert info.value.key == "select"
+
+
+def test_packed_selection_is_refused_on_gpu():
+    from svgen.analysis import analyze
+
+    text = SEGMENT_SPEC % dict(
+        name="gpu", text=0, layout="frame_major", lengths="false", rule=TOP_K
+    )
+    with pytest.raises(SpecError, match="runtime segments or text lengths does not run in the"):
+        analyze(parse_spec(text, source="s.yaml"), target_name="h100")
+
+
 def test_heads_selection_is_refused_on_gpu():
     from svgen.analysis import analyze
 

@@ -35,10 +35,11 @@ def compile_for_v6e(module, dtype=None, batch=None):
     return jax.jit(run).lower(arg, arg, arg, head_pattern).compile()
 
 
-def v5e_gradient_hlo(module, batch=None) -> str:
-    """The compiled HLO of jax.grad of a module's call through q, k and v, AOT for a TPU v5e
-    on this host (bf16 inputs): that Mosaic and libtpu take the forward and backward kernels,
-    not that they fit the chip's VMEM at run time or run fast."""
+def v5e_gradient_hlo(module, batch=None, **call_kwargs) -> str:
+    """The compiled HLO of jax.grad of a module's call through q, k and v (and call_kwargs,
+    such as segment ids), AOT for a TPU v5e on this host (bf16 inputs): that Mosaic and
+    libtpu take the forward and backward kernels, not that they fit the chip's VMEM at run
+    time or run fast."""
     device = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices[0]
     sharding = jax.sharding.SingleDeviceSharding(device)
     lead = (module.HEADS,) if batch is None else (batch, module.HEADS)
@@ -47,7 +48,7 @@ def v5e_gradient_hlo(module, batch=None) -> str:
     )
 
     def loss(q, k, v):
-        return jnp.sum(module.attention(q, k, v).astype(jnp.float32))
+        return jnp.sum(module.attention(q, k, v, **call_kwargs).astype(jnp.float32))
 
     return jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(arg, arg, arg).compile().as_text()
 

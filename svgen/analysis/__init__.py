@@ -388,13 +388,20 @@ class _GpuKernel:
         pass
 
     def check_select_heads(self, spec: Spec, patterns) -> None:
-        """The GPU kernel's selection reads one pattern's tiles."""
+        """The GPU kernel's selection reads one pattern's tiles, and no run-time ids."""
         if len(patterns) > 1:
             raise _select_error(
                 spec,
                 "select",
                 f"a selection with heads of several patterns does not run in the {self.chip.name} "
                 "(GPU) kernel yet; it runs in the TPU kernels (docs/limits.md)",
+            )
+        if spec.runtime.any:
+            raise _select_error(
+                spec,
+                "select",
+                f"a selection with runtime segments or text lengths does not run in the "
+                f"{self.chip.name} (GPU) kernel yet; it runs in the TPU kernels (docs/limits.md)",
             )
 
 

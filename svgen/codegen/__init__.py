@@ -399,7 +399,14 @@ def _select_entry(plan: Plan, stem: str, files: dict[str, bytes]) -> dict | None
             + ("" if len(plan.patterns) == 1 else " (in each pattern's layout)")
             + f"; a chosen block is attended whole. Scores: {_score_words(select)}. No "
             "gradient flows through the selection."
-            + "".join(_own_select_words(plan, i) for i in range(len(plan.patterns))),
+            + "".join(_own_select_words(plan, i) for i in range(len(plan.patterns)))
+            + (
+                " With the run-time inputs, a chosen block keeps only the pairs of one "
+                "segment (and real text), and a block whose queries and keys share no "
+                "segment is never chosen."
+                if plan.spec.runtime.any
+                else ""
+            ),
             width=92,
         ),
         "candidates": [],

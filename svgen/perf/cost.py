@@ -501,13 +501,21 @@ def check_costable(plan) -> None:
     """Refuse, before compiling, a kernel of one grid step per head: libtpu compiles a
     single step without the grid loop (or, over several heads, without the per-step branch
     the paths are read from), so the model has no step to read; it is a few thousand cycles
-    in any case. And a selection over heads of several patterns: the model of a selection
-    walks one pattern's tables."""
+    in any case. And a selection over heads of several patterns, or with run-time ids: the
+    model of a selection walks one pattern's tables without ids."""
     if plan.spec.select is not None and len(plan.patterns) > 1:
         raise SpecError(
             "svgen cost models a selection of one pattern; this one chooses among the blocks "
             f"of {len(plan.patterns)} patterns (heads:), which the model does not walk: time "
             "it on a chip (svgen bench, bench/runtime_on_chip.py --select)",
+            file=plan.spec.source,
+            key="select",
+        )
+    if plan.spec.select is not None and plan.spec.runtime.any:
+        raise SpecError(
+            "svgen cost models a selection over a call without run-time ids; this one also "
+            "takes segments or text lengths (runtime:), whose chosen blocks across segments "
+            "the model does not read: time it on a chip (svgen bench)",
             file=plan.spec.source,
             key="select",
         )

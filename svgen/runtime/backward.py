@@ -52,6 +52,7 @@ from svgen.runtime.variant import (
     TableWalk,
     block_table_bytes,
     block_table_shapes,
+    every_key,
 )
 from svgen.runtime.video_frames import ShiftedFrames
 from svgen.core.tables import (  # noqa: F401
@@ -141,7 +142,8 @@ def _walk(
         operands = call.scalar_operands(head_pattern)
         steps, single = call.steps, None
     per_row = call is not None or chunk is not None
-    walk = TableWalk.of(tables, heads, single, flat, per_row)
+    has_chosen = call is not None and call.chosen is not None
+    walk = TableWalk.of(tables, heads, single, flat, per_row, has_chosen)
     variant = variant_of(walk, len(operands))
 
     def view(outer, step, refs):
@@ -206,7 +208,16 @@ def _run_blocks(view, kind, active, blocks, shape, masks, update, segments: bool
     """FULL tiles: every compute block unmasked; BOUNDARY tiles: each block by its kind,
     masked with the head's pattern's mask (update(block, mask_or_None, segmented)).
     segments: run-time tables, whose SEGMENT_BOUNDARY blocks (or tiles of one block) also
-    test the segment ids."""
+    test the segment ids (a selection's chosen ones keep every key of their segment:
+    view.has_chosen)."""
+
+    def across(block, mask, when):
+        if not view.has_chosen:
+            pl.when(when)(functools.partial(update, block, mask, True))
+            return
+        chosen = view.chosen(block.index)
+        pl.when(when & ~chosen)(functools.partial(update, block, mask, True))
+        pl.when(when & chosen)(functools.partial(update, block, every_key(mask), True))
 
     @pl.when(active & (kind == TileKind.FULL))
     def _():
@@ -227,14 +238,10 @@ def _run_blocks(view, kind, active, blocks, shape, masks, update, segments: bool
                 pl.when(block_kind == TileKind.FULL)(functools.partial(update, block, None))
                 pl.when(block_kind == TileKind.BOUNDARY)(functools.partial(update, block, mask))
                 if segments:
-                    pl.when(block_kind == SEGMENT_BOUNDARY)(
-                        functools.partial(update, block, mask, True)
-                    )
+                    across(block, mask, block_kind == SEGMENT_BOUNDARY)
 
         if segments and not view.has_blocks:
-            pl.when(active & (kind == SEGMENT_BOUNDARY) & is_pattern)(
-                functools.partial(update, blocks[0], mask, True)
-            )
+            across(blocks[0], mask, active & (kind == SEGMENT_BOUNDARY) & is_pattern)
 
 
 def _dq_kernel(*refs, variant: BackwardVariant):

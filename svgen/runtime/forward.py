@@ -93,6 +93,7 @@ from svgen.runtime.variant import (
     TableWalk,
     block_table_bytes,
     block_table_shapes,
+    every_key,
 )
 from svgen.runtime.video_frames import ShiftedFrames
 from svgen.core.vmem import kernel_vmem
@@ -374,13 +375,25 @@ def _per_block(step: _Step, word, pattern: PatternCode, bounded: bool):
             functools.partial(_boundary, step, block, pattern, bounded)
         )
         if variant.segments:  # only run-time tables have such blocks
-            pl.when(block_kind == SEGMENT_BOUNDARY)(
-                functools.partial(_masked, step, block, pattern, True, bounded)
-            )
-        elif variant.selected and block.ki == step.shape.padding_block_column:
+            _across_segments(step, block, block_kind == SEGMENT_BOUNDARY, pattern, bounded)
+        elif variant.padded and block.ki == step.shape.padding_block_column:
             pl.when(block_kind == PADDED)(
                 functools.partial(_masked, step, block, every_key(pattern), bounded=bounded)
             )
+
+
+def _across_segments(step: _Step, block: Block, when, pattern: PatternCode, bounded: bool):
+    """A SEGMENT_BOUNDARY block (when: its traced condition): the pattern's mask and the
+    segment ids; with a selection across segments, a chosen block (the piece's chosen word)
+    keeps every key of its segment instead of the pattern's."""
+    if not step.variant.selected:
+        pl.when(when)(functools.partial(_masked, step, block, pattern, True, bounded))
+        return
+    chosen = step.view.chosen(block.index)
+    pl.when(when & ~chosen)(functools.partial(_masked, step, block, pattern, True, bounded))
+    pl.when(when & chosen)(
+        functools.partial(_masked, step, block, every_key(pattern), True, bounded)
+    )
 
 
 def _straight(step: _Step, kinds: tuple[int, ...], pattern: PatternCode | None, bounded: bool):
@@ -443,10 +456,9 @@ def _body_paths(step: _Step, bounded: bool, in_mode):
         )
         if variant.segments and not variant.walk.has_blocks:
             # One compute block per tile: the tile's kind says whether it spans segments.
-            pl.when(_both(active & (kind == SEGMENT_BOUNDARY) & is_pattern, in_mode))(
-                functools.partial(_masked, step, step.blocks[0], pattern, True, bounded)
-            )
-    if variant.selected and not variant.walk.has_blocks and shape.padding_kv_tile is not None:
+            across = _both(active & (kind == SEGMENT_BOUNDARY) & is_pattern, in_mode)
+            _across_segments(step, step.blocks[0], across, pattern, bounded)
+    if variant.padded and not variant.walk.has_blocks and shape.padding_kv_tile is not None:
         # A selected tile of one compute block holding the end of the keys.
         pl.when(_both(active & (kind == PADDED), in_mode))(
             functools.partial(
@@ -484,16 +496,6 @@ def _finalize(step: _Step):
 def _as_int32(word: int) -> int:
     """A blocks word as the int32 the kernel reads (a 16-block word fills the sign bit)."""
     return word - (1 << 32) if word >= 1 << 31 else word
-
-
-def every_key(pattern: PatternCode) -> PatternCode:
-    """The mask of a selected block (svgen.runtime.select): every key, the kernel's padding
-    test dropping those past seq_len."""
-    return PatternCode(_keep_every_key, pattern.layout, ())
-
-
-def _keep_every_key(q, k):
-    return k.pos >= 0
 
 
 def _vmem_limit(
@@ -557,7 +559,9 @@ def flat_attention(
     chunk: a KV-cache chunk's call (svgen.runtime.chunks), (CallTables, per-row scalars,
     exact): q holds the chunk's rows only, k and v the whole sequence's, or with ring_sink
     a rolling cache's (shape.seq_len its length; see _attention_kernel).
-    selection: a selection's per-row CallTables (svgen.runtime.select), per-head walk.
+    selection: a selection's per-row CallTables (svgen.runtime.select), per-head walk; with
+    `call` (None, query ids, key ids) too, a selection across run-time segments (its tables
+    carry chosen words).
     with_modes (shape.bounded_softmax): also return int32 [rows, 1, q tiles * 128], each q
     tile's softmax mode (1: it ran with the bound) in its 128 lanes."""
     if with_modes and not shape.bounded_softmax:
@@ -574,7 +578,9 @@ def flat_attention(
     variant = ForwardVariant(
         shape=shape,
         patterns=tuple(patterns),
-        walk=TableWalk.of(tables, heads, single, flat, per_row),
+        walk=TableWalk.of(
+            tables, heads, single, flat, per_row, selection is not None and call is not None
+        ),
         tables=source,
         num_tables=len(operands),
         dtype=jnp.dtype(q.dtype).name,
@@ -629,8 +635,9 @@ def flat_attention(
 def _scalar_operands(tables, head_pattern, static_pattern, patterns: int, call, chunk, selection):
     """(the scalar operands, grid steps per row, the single pattern's piece count or None,
     the run-time id inputs) of a call whose tables are the module's or the call's own."""
-    if selection is not None:
-        return selection.scalar_operands(head_pattern), selection.steps, None, ()
+    if selection is not None:  # with `call` (None, query ids, key ids): across segments
+        ids = () if call is None else tuple(call[1:])
+        return selection.scalar_operands(head_pattern), selection.steps, None, ids
     if chunk is not None:
         chunk_tables, q_first, exact = chunk
         operands = chunk_tables.scalar_operands(head_pattern) + (q_first,)

@@ -193,7 +193,7 @@ class TpuAttention(Attention):
             return x.reshape((-1,) + x.shape[-2:])
 
         qk, kk = to_kernel(q), to_kernel(k)
-        chosen = self._chosen_blocks(qk, kk, box_dma, call.sm_scale, call.amount, head_pattern)
+        chosen = self._chosen_blocks(qk, kk, box_dma, call.sm_scale, call.amount, head_pattern, ids)
         out = self._differentiable(
             qk,
             kk,
@@ -219,16 +219,23 @@ class TpuAttention(Attention):
             self.call_tables(False).check_smem(batch or 1, self.shape.heads)
         return ids
 
-    def _chosen_blocks(self, q, k, box_dma, sm_scale, amount, head_pattern):
+    def _chosen_blocks(self, q, k, box_dma, sm_scale, amount, head_pattern, ids):
         """The call's selection (svgen.runtime.select.Selected), or None without a policy:
         scored from q, k in kernel order (cube DMA's 5-D user view moved into it), each head
-        among its pattern's blocks."""
+        among its pattern's blocks (with run-time ids, those whose queries and keys may share
+        a segment)."""
         if self.select is None:
             return None
         if box_dma is not None:
             q, k = (cube_order(x, self.layouts[0], to_kernel=True) for x in (q, k))
-        self.select.check_smem(q.shape[0])
-        return self.select.choose(q, k, float(sm_scale), amount, head_pattern)
+        self.select.check_smem(q.shape[0], ids is not None)
+        rows = None if ids is None else self._selection_ids(head_pattern, ids)
+        return self.select.choose(q, k, float(sm_scale), amount, head_pattern, rows)
+
+    def _selection_ids(self, hp, ids):
+        """A selection's view of the call's ids: (query, key) int32 [rows, seq], each row's
+        in its head's kernel order."""
+        return tuple(x[:, 0, :] for x in self._id_rows(hp, ids))
 
     def _order_mover(self, static_pattern, head_layout, interpret):
         """The permute kernel where it applies, else XLA; never cube DMA, which is a way of
@@ -245,10 +252,14 @@ class TpuAttention(Attention):
     def _forward(self, q, k, v, hp, static_pattern, interpret, q_scale, cubes, ids, chosen, **out):
         """The forward kernel in kernel order (cube DMA: the user's 4-D view); `out`: its
         extra outputs (with_lse, with_modes)."""
-        call = None
-        if ids is not None:
+        call = selection = None
+        if chosen is not None:
+            rows = None if ids is None else self._selection_ids(hp, ids)
+            selection = self.select.forward_tables(chosen.blocks, hp, rows)
+            if ids is not None:  # a selection across segments: its tables, and the ids
+                call = (None, *self._id_rows(hp, ids))
+        elif ids is not None:
             call = (self.call_tables(False).tables(ids, hp), *self._id_rows(hp, ids))
-        selection = None if chosen is None else self.select.forward_tables(chosen.blocks, hp)
         return flat_attention(
             q,
             k,
@@ -274,7 +285,12 @@ class TpuAttention(Attention):
         if chosen is not None:
             # The selection is a constant of the gradient: the backward walks visit the same
             # blocks (the dq kernel's tables unused when dq is fused; XLA drops them).
-            return self.select.backward_tables(chosen.blocks, hp, self.dkv_tables().slots)
+            slots = self.dkv_tables().slots
+            if ids is None:
+                return self.select.backward_tables(chosen.blocks, hp, slots)
+            rows = self._selection_ids(hp, ids)
+            tables = self.select.backward_tables(chosen.blocks, hp, slots, rows)
+            return (*tables, *self._id_rows(hp, ids))
         if ids is None:
             return None
         # Both walks' tables: the dq kernel's (unused when dq is fused into the dk/dv walk;

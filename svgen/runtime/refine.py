@@ -185,10 +185,16 @@ class RefinedPieces(NamedTuple):
     lengths: jnp.ndarray | None  # int8/int16 [max_pieces], None when slots == 1
     blocks: jnp.ndarray | None  # int8/16/32 [max_pieces], None with one compute block per tile
     num_pieces: jnp.ndarray  # int32 []: pieces past it repeat the last one
+    # int32 [max_pieces]: per piece, which of its SEGMENT_BOUNDARY blocks a selection chose
+    # (bit b: block b, row-major); None without a selection across segments
+    chosen: jnp.ndarray | None = None
 
 
-def refine(visits: StaticVisits, words, slots: int) -> RefinedPieces:
-    """The call's pieces, for refined words int32 [V] (see the module docstring)."""
+def refine(visits: StaticVisits, words, slots: int, chosen=None) -> RefinedPieces:
+    """The call's pieces, for refined words int32 [V] (see the module docstring). chosen
+    (a selection across segments, svgen.runtime.select): int32 [V], each visit's chosen
+    word (`chosen_bits`); visits merge into one piece only when these are equal too, and
+    the pieces carry it."""
     if slots < 1:
         raise ValueError(f"slots must be at least 1, got {slots}")
     words = jnp.asarray(words, jnp.int32)
@@ -196,7 +202,8 @@ def refine(visits: StaticVisits, words, slots: int) -> RefinedPieces:
         raise ValueError(f"words must be [{visits.num_visits}], got {words.shape}")
     kind, word = _tile_kinds(visits, words)
     keep = kind != TileKind.EMPTY
-    piece_start = _piece_starts(visits, keep, kind, word, slots)
+    merged_by = word if chosen is None else (word, jnp.asarray(chosen, jnp.int32))
+    piece_start = _piece_starts(visits, keep, kind, merged_by, slots)
     zero_fill, zero_fill_kv = _zero_fills(visits, keep)
 
     # Candidate steps in the kernel's order (a q tile's visits, then its zero-fill step:
@@ -228,7 +235,10 @@ def refine(visits: StaticVisits, words, slots: int) -> RefinedPieces:
         blocks = _pad_with_last(_scatter(at, values, size), num_pieces)
         # Keep the low bits, wrapping into the sign bit, as PieceTables.from_runs does.
         blocks = blocks.astype(blocks_dtype(visits.compute_blocks))
-    return RefinedPieces(entries, lengths, blocks, num_pieces.astype(jnp.int32))
+    if chosen is not None:
+        values = jnp.concatenate([chosen, jnp.zeros(visits.num_q_tiles, jnp.int32)])
+        chosen = _pad_with_last(_scatter(at, values.astype(jnp.int32), size), num_pieces)
+    return RefinedPieces(entries, lengths, blocks, num_pieces.astype(jnp.int32), chosen)
 
 
 def _tile_kinds(visits: StaticVisits, words):
@@ -245,19 +255,16 @@ def _tile_kinds(visits: StaticVisits, words):
     return kind, jnp.where(kind == TileKind.BOUNDARY, words, 0)
 
 
-def _piece_starts(visits: StaticVisits, keep, kind, word, slots: int):
-    """Kept visits that open a piece: a new run, or `slots` tiles into one."""
+def _piece_starts(visits: StaticVisits, keep, kind, words, slots: int):
+    """Kept visits that open a piece: a new run, or `slots` tiles into one. words: the
+    visits' words, or a tuple of word arrays that must all be equal to continue a run."""
     q, kv = visits.q_tile, visits.kv_tile
     # Static: the visit before is the previous kv tile of the same q tile.
     adjacent = np.zeros(visits.num_visits, bool)
     adjacent[1:] = (q[1:] == q[:-1]) & (kv[1:] == kv[:-1] + 1)
-    same_as_previous = (
-        jnp.asarray(adjacent[1:])
-        & keep[1:]
-        & keep[:-1]
-        & (kind[1:] == kind[:-1])
-        & (word[1:] == word[:-1])
-    )
+    same_as_previous = jnp.asarray(adjacent[1:]) & keep[1:] & keep[:-1] & (kind[1:] == kind[:-1])
+    for word in words if isinstance(words, tuple) else (words,):
+        same_as_previous = same_as_previous & (word[1:] == word[:-1])
     continues = jnp.zeros_like(keep).at[1:].set(same_as_previous)
     run_start = keep & ~continues
     index = jnp.arange(visits.num_visits, dtype=jnp.int32)
@@ -343,7 +350,28 @@ def block_segment_bits(segment_ids, block: int, num_blocks: int):
     return lax.reduce(bits, jnp.int32(0), lax.bitwise_or, (1,))
 
 
-def segment_words(
+def segment_words(visits: StaticVisits, *ranges, **options):
+    """int32 [V]: each visit's word refined by segments: `segment_block_kinds` packed."""
+    return pack_words(visits, segment_block_kinds(visits, *ranges, **options))
+
+
+def pack_words(visits: StaticVisits, kinds):
+    """int32 [V]: kinds int32 [V, rq, rk] as words, 2 bits per block, row-major."""
+    rq, rk = visits.q_blocks_per_tile, visits.kv_blocks_per_tile
+    shifts = BITS_PER_BLOCK * np.arange(rq * rk).reshape(rq, rk)
+    # Disjoint bit fields: the sum is their OR (int32 wraps into the sign bit at 16 blocks).
+    return jnp.sum(kinds.astype(jnp.int32) << jnp.asarray(shifts), axis=(1, 2), dtype=jnp.int32)
+
+
+def chosen_bits(visits: StaticVisits, chosen):
+    """int32 [V]: bool [V, rq, rk] as one bit per block, row-major (a piece's chosen word:
+    which of its SEGMENT_BOUNDARY blocks a selection chose, svgen.runtime.select)."""
+    rq, rk = visits.q_blocks_per_tile, visits.kv_blocks_per_tile
+    shifts = np.arange(rq * rk).reshape(rq, rk)
+    return jnp.sum(chosen.astype(jnp.int32) << jnp.asarray(shifts), axis=(1, 2), dtype=jnp.int32)
+
+
+def segment_block_kinds(
     visits: StaticVisits,
     q_lo,
     q_hi,
@@ -353,8 +381,14 @@ def segment_words(
     kv_bits=None,
     frame_kinds=None,
     frame_start=None,
+    static_kinds=None,
+    across_anyway=None,
 ):
-    """int32 [V]: each visit's word refined by segments (see the module docstring). q_lo,
+    """int32 [V, rq, rk]: each visit's block kinds refined by segments (see the module
+    docstring). static_kinds (a selection's, svgen.runtime.select): int32 [V, rq, rk], the
+    kinds to refine instead of the visits' static words (selected blocks raised to FULL);
+    across_anyway: bool [V, rq, rk], blocks that run as SEGMENT_BOUNDARY even inside one
+    segment (a selected block holding the end of the keys: that kind tests them). q_lo,
     q_hi: int32 [num_q_tiles * rq], per compute block row; kv_lo, kv_hi: int32 [at least
     (last visited kv tile + 1) * rk], per compute block column (`block_segment_ranges`).
     q_bits, kv_bits (optional, `block_segment_bits`, the same shapes): blocks whose bits do
@@ -375,9 +409,12 @@ def segment_words(
     # Static: each visit's block rows and columns, and its blocks' static kinds [V, rq, rk].
     rows = visits.q_tile[:, None] * rq + np.arange(rq)
     cols = visits.kv_tile[:, None] * rk + np.arange(rk)
-    shifts = BITS_PER_BLOCK * np.arange(rq * rk).reshape(rq, rk)
-    static = (visits.word.view(np.uint32)[:, None, None] >> shifts) & KIND_MASK
-    static = static.astype(np.int32)
+    if static_kinds is None:
+        shifts = BITS_PER_BLOCK * np.arange(rq * rk).reshape(rq, rk)
+        static = (visits.word.view(np.uint32)[:, None, None] >> shifts) & KIND_MASK
+        static = static.astype(np.int32)
+    else:
+        static = jnp.asarray(static_kinds, jnp.int32)
 
     ql, qh = (jnp.asarray(x, jnp.int32)[rows][:, :, None] for x in (q_lo, q_hi))
     kl, kh = (jnp.asarray(x, jnp.int32)[cols][:, None, :] for x in (kv_lo, kv_hi))
@@ -388,6 +425,8 @@ def segment_words(
         kb = jnp.asarray(kv_bits, jnp.int32)[cols][:, None, :]
         disjoint = disjoint | ((qb & kb) == 0)
     one_segment = (ql == qh) & (kl == kh) & (ql == kl)
+    if across_anyway is not None:
+        one_segment = one_segment & ~across_anyway
     inside, across = static, SEGMENT_BOUNDARY
     if frame_kinds is not None:
         frame_kinds = jnp.asarray(frame_kinds, jnp.int32)
@@ -404,6 +443,4 @@ def segment_words(
     # else EMPTY, as at compile time; statically EMPTY ones stay EMPTY.
     wildcard = no_queries & (static != TileKind.EMPTY)
     rest_full = jnp.all((block == TileKind.FULL) | no_queries, axis=(1, 2), keepdims=True)
-    block = jnp.where(wildcard, jnp.where(rest_full, TileKind.FULL, TileKind.EMPTY), block)
-    # Disjoint bit fields: the sum is their OR (int32 wraps into the sign bit at 16 blocks).
-    return jnp.sum(block.astype(jnp.int32) << jnp.asarray(shifts), axis=(1, 2), dtype=jnp.int32)
+    return jnp.where(wildcard, jnp.where(rest_full, TileKind.FULL, TileKind.EMPTY), block)

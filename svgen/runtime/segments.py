@@ -94,11 +94,16 @@ class CallTables(NamedTuple):
     lengths: jax.Array | None
     blocks: jax.Array | None
     steps: jax.Array  # int32 []
+    # A selection across segments: per piece, its chosen word (svgen.runtime.refine.refine),
+    # the last scalar operand; None otherwise.
+    chosen: jax.Array | None = None
 
     def scalar_operands(self, head_pattern) -> tuple[jax.Array, ...]:
         """The kernels' scalar-prefetch operands in their order (svgen.runtime.steps):
-        head_pattern, per-row first piece and count, entries[, lengths][, blocks]."""
-        pieces = tuple(t for t in (self.entries, self.lengths, self.blocks) if t is not None)
+        head_pattern, per-row first piece and count, entries[, lengths][, blocks][,
+        chosen]."""
+        pieces = (self.entries, self.lengths, self.blocks, self.chosen)
+        pieces = tuple(t for t in pieces if t is not None)
         return (head_pattern, self.row_first_piece, self.row_num_pieces) + pieces
 
 

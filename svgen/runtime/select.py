@@ -52,7 +52,16 @@ import numpy as np
 from jax import lax
 
 from svgen.core.kinds import TileKind
-from svgen.runtime.refine import SEGMENT_BOUNDARY, StaticVisits, refine
+from svgen.runtime.refine import (
+    SEGMENT_BOUNDARY,
+    StaticVisits,
+    block_segment_bits,
+    block_segment_ranges,
+    chosen_bits,
+    pack_words,
+    refine,
+    segment_block_kinds,
+)
 from svgen.runtime.segments import CallTables
 from svgen.core.tables import (
     BITS_PER_BLOCK,
@@ -267,6 +276,8 @@ class _Walk:
     chosen: np.ndarray  # int32 [V, rq, rk]: a selected block's kind (FULL or PADDED)
     slots: int
     transposed: bool  # rows are key blocks: the selection is read transposed
+    shape: KernelShape  # the walk's (transposed for dk/dv)
+    padded: np.ndarray  # bool [V, rq, rk]: blocks whose selection makes them PADDED
 
     @classmethod
     def build(
@@ -281,9 +292,10 @@ class _Walk:
         visits = StaticVisits.from_runs(runs_of_blocks(superset, rows_t, cols_t, rq, rk), rq, rk)
         rows = (visits.q_tile[:, None] * rq + np.arange(rq))[:, :, None]
         cols = (visits.kv_tile[:, None] * rk + np.arange(rk))[:, None, :]
-        chosen = np.full((visits.num_visits, rq, rk), int(TileKind.FULL), np.int32)
+        padded = np.zeros((visits.num_visits, rq, rk), bool)
         if padded_col is not None:
-            chosen = np.where(cols == padded_col, PADDED, chosen).astype(np.int32)
+            padded = np.broadcast_to(cols == padded_col, padded.shape)
+        chosen = np.where(padded, PADDED, int(TileKind.FULL)).astype(np.int32)
         return cls(
             visits,
             rows.astype(np.int32),
@@ -292,6 +304,8 @@ class _Walk:
             chosen,
             slots,
             transposed,
+            shape,
+            padded,
         )
 
     @property
@@ -305,15 +319,46 @@ class _Walk:
         shifts = BITS_PER_BLOCK * np.arange(rq * rk, dtype=np.int32).reshape(rq, rk)
         return jnp.sum(blocks << shifts, axis=(1, 2), dtype=jnp.int32)
 
-    def tables(self, selected) -> CallTables:
-        """Per-row tables for selected bool [rows, R, C] (each row its own pieces)."""
-        return call_tables(self.pieces(selected), self.max_pieces)
+    def tables(self, selected, ids=None) -> CallTables:
+        """Per-row tables for selected bool [rows, R, C] (each row its own pieces); ids: a
+        call's run-time ids (query, key) int32 [rows, seq] in each row's kernel order."""
+        return call_tables(self.pieces(selected, ids), self.max_pieces)
 
-    def pieces(self, selected):
-        """RefinedPieces of every row ([rows, max_pieces] each) for selected bool [rows, R, C]."""
+    def pieces(self, selected, ids=None):
+        """RefinedPieces of every row ([rows, max_pieces] each) for selected bool [rows, R,
+        C], refined by the rows' run-time ids (query, key) when given."""
         if self.transposed:
             selected = jnp.swapaxes(selected, 1, 2)
-        return jax.vmap(lambda s: refine(self.visits, self.words(s), self.slots))(selected)
+        if ids is None:
+            return jax.vmap(lambda s: refine(self.visits, self.words(s), self.slots))(selected)
+        # The walk's rows are keys in the transposed (dk/dv) walk.
+        row_ids, col_ids = ids[::-1] if self.transposed else ids
+        return jax.vmap(self._segment_pieces)(selected, row_ids, col_ids)
+
+    def _segment_pieces(self, selected, row_ids, col_ids):
+        """One row's pieces across run-time segments: a chosen block is FULL inside one
+        segment, SEGMENT_BOUNDARY across segments or where it holds the end of the keys (its
+        chosen bit then says to keep every key of the segment), EMPTY where the segments of
+        its queries and keys are disjoint; the other blocks as segment tables refine them
+        (svgen.runtime.refine.segment_block_kinds)."""
+        shape, visits = self.shape, self.visits
+        num_rows = visits.num_q_tiles * visits.q_blocks_per_tile
+        num_cols = -(-shape.seq_len // shape.block_kv) * visits.kv_blocks_per_tile
+        ranges = (
+            *block_segment_ranges(row_ids, shape.cq, num_rows),
+            *block_segment_ranges(col_ids, shape.ckv, num_cols),
+            block_segment_bits(row_ids, shape.cq, num_rows),
+            block_segment_bits(col_ids, shape.ckv, num_cols),
+        )
+        chosen = selected[self.rows, self.cols]
+        kinds = segment_block_kinds(
+            visits,
+            *ranges,
+            static_kinds=jnp.where(chosen, int(TileKind.FULL), self.always),
+            across_anyway=chosen & self.padded,
+        )
+        bits = chosen_bits(visits, chosen & (kinds == SEGMENT_BOUNDARY))
+        return refine(visits, pack_words(visits, kinds), self.slots, bits)
 
     def smem_bytes(self, rows: int) -> int:
         compute_blocks = self.visits.compute_blocks
@@ -327,7 +372,8 @@ def call_tables(per_row, max_pieces: int) -> CallTables:
     first = jnp.arange(rows, dtype=jnp.int32) * max_pieces
     flat = [None if x is None else x.reshape(-1) for x in per_row[:3]]
     counts = per_row.num_pieces.astype(jnp.int32)
-    return CallTables(first, counts, *flat, jnp.max(counts).astype(jnp.int32))
+    chosen = None if per_row.chosen is None else per_row.chosen.reshape(-1)
+    return CallTables(first, counts, *flat, jnp.max(counts).astype(jnp.int32), chosen)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -391,19 +437,22 @@ class Selection:
         return (self.policy,)
 
     # -- what svgen.runtime.kernel asks of a call's selection (as of HeadSelections) --------
-    def choose(self, q, k, sm_scale: float, amount, head_pattern) -> Selected:
+    def choose(self, q, k, sm_scale: float, amount, head_pattern, ids=None) -> Selected:
+        """ids: the call's run-time (query, key) ids [rows, seq] in kernel order, or None."""
         del head_pattern  # every head has this pattern
-        return self.select(q, k, sm_scale, amount)
+        return self.select(q, k, sm_scale, amount, ids)
 
-    def forward_tables(self, selected, head_pattern) -> CallTables:
-        return self.forward_walk.tables(selected)
+    def forward_tables(self, selected, head_pattern, ids=None) -> CallTables:
+        return self.forward_walk.tables(selected, ids)
 
-    def backward_tables(self, selected, head_pattern, dkv_slots: int) -> tuple:
+    def backward_tables(self, selected, head_pattern, dkv_slots: int, ids=None) -> tuple:
         """(the dq kernel's tables, the dk/dv kernel's) for a call's selection."""
-        return self.dq_walk.tables(selected), self.transposed_walk(dkv_slots).tables(selected)
+        dkv = self.transposed_walk(dkv_slots)
+        return self.dq_walk.tables(selected, ids), dkv.tables(selected, ids)
 
-    def check_smem(self, rows: int) -> None:
-        need = self.forward_walk.smem_bytes(rows)
+    def check_smem(self, rows: int, ids: bool = False) -> None:
+        """ids: the call has run-time ids (its tables carry a chosen word per piece)."""
+        need = self.forward_walk.smem_bytes(rows) + ids * 4 * rows * self.max_pieces
         if need > SMEM_BUDGET:
             raise ValueError(
                 f"the selection tables of {rows} rows (batch x heads) need {need:,} bytes of "
@@ -459,12 +508,31 @@ class Selection:
         begins = ends - counts
         return jnp.concatenate([begins.reshape(-1), ends.reshape(-1)]), entries
 
-    def select(self, q, k, sm_scale: float, amount) -> Selected:
+    def select(self, q, k, sm_scale: float, amount, ids=None) -> Selected:
         """The call's selection from q, k [rows, seq, d] in kernel order (not differentiated);
-        amount: one for every row, or one per head ([heads])."""
+        amount: one for every row, or one per head ([heads]); ids: run-time (query, key) ids
+        [rows, seq], under which a block whose queries and keys share no segment is not
+        selectable."""
         scores = self.scores(q, k, sm_scale)
         amount = per_row(amount, q.shape[0])
-        return Selected(select_blocks(scores, self.selectable, self.policy, amount))
+        selectable = self.selectable if ids is None else self.selectable & self.sharing(ids)
+        return Selected(select_blocks(scores, selectable, self.policy, amount))
+
+    def sharing(self, ids):
+        """bool [rows, R, C]: per row, the blocks whose queries and keys may share a
+        segment (their ids' ranges meet, and so do their bits: svgen.runtime.refine)."""
+        rows_b, cols_b = self.selectable.shape
+        s = self.shape
+
+        def one_row(q_ids, k_ids):
+            q_lo, q_hi = block_segment_ranges(q_ids, s.cq, rows_b)
+            k_lo, k_hi = block_segment_ranges(k_ids, s.ckv, cols_b)
+            q_bits = block_segment_bits(q_ids, s.cq, rows_b)
+            k_bits = block_segment_bits(k_ids, s.ckv, cols_b)
+            meet = (q_lo[:, None] <= k_hi[None, :]) & (k_lo[None, :] <= q_hi[:, None])
+            return meet & ((q_bits[:, None] & k_bits[None, :]) != 0)
+
+        return jax.vmap(one_row)(*ids)
 
     def scores(self, q, k, sm_scale: float):
         """f32 [rows, R, C]: the policy's block scores of q, k [rows, seq, d] in kernel order
@@ -600,12 +668,15 @@ class HeadSelections:
         per_head = jnp.where(known, hp, len(self.selections))
         return per_head[jnp.arange(rows) % hp.shape[0]]
 
-    def choose(self, q, k, sm_scale: float, amount, head_pattern) -> Selected:
+    def choose(self, q, k, sm_scale: float, amount, head_pattern, ids=None) -> Selected:
         """The call's selection from q, k [rows, seq, d], each row in its head's kernel order
-        (not differentiated): the scores are every pattern's (the same policy and blocks)."""
+        (not differentiated): the scores are every pattern's (the same policy and blocks).
+        ids: run-time (query, key) ids [rows, seq], each row's in its head's order."""
         rows = q.shape[0]
         scores = self.selections[0].scores(q, k, sm_scale)
         selectable = self.selectable_of_rows(head_pattern, rows)
+        if ids is not None:
+            selectable = selectable & self.selections[0].sharing(ids)
         policies = [s.policy for s in self.selections]
         if amount is None:
             defaults = [p.default for p in policies]
@@ -617,20 +688,20 @@ class HeadSelections:
         most = self._of_rows([p.max_blocks for p in policies], head_pattern, rows, 0)
         return Selected(select_blocks(scores, selectable, self.policy, amount, least, most))
 
-    def _merged(self, walks, selected, head_pattern) -> CallTables:
+    def _merged(self, walks, selected, head_pattern, ids=None) -> CallTables:
         """Each row's pieces from its pattern's walk, padded to the longest walk's."""
         most = max(w.max_pieces for w in walks)
         row_pattern = self._row_patterns(head_pattern, selected.shape[0])
         merged = None
         for index, walk in enumerate(walks):
-            pieces = walk.pieces(selected)
+            pieces = walk.pieces(selected, ids)
             pad = most - walk.max_pieces
-            pieces = type(pieces)(
-                *(
-                    None if x is None else jnp.pad(x, ((0, 0), (0, pad)), mode="edge")
-                    for x in pieces[:3]
-                ),
-                pieces.num_pieces,
+            pieces = pieces._replace(
+                **{
+                    field: jnp.pad(getattr(pieces, field), ((0, 0), (0, pad)), mode="edge")
+                    for field in ("entries", "lengths", "blocks", "chosen")
+                    if getattr(pieces, field) is not None
+                }
             )
             if merged is None:
                 merged = pieces
@@ -643,19 +714,20 @@ class HeadSelections:
             )
         return call_tables(merged, most)
 
-    def forward_tables(self, selected, head_pattern) -> CallTables:
-        return self._merged([s.forward_walk for s in self.selections], selected, head_pattern)
+    def forward_tables(self, selected, head_pattern, ids=None) -> CallTables:
+        walks = [s.forward_walk for s in self.selections]
+        return self._merged(walks, selected, head_pattern, ids)
 
-    def backward_tables(self, selected, head_pattern, dkv_slots: int) -> tuple:
-        dq = self._merged([s.dq_walk for s in self.selections], selected, head_pattern)
+    def backward_tables(self, selected, head_pattern, dkv_slots: int, ids=None) -> tuple:
+        dq = self._merged([s.dq_walk for s in self.selections], selected, head_pattern, ids)
         dkv = self._merged(
-            [s.transposed_walk(dkv_slots) for s in self.selections], selected, head_pattern
+            [s.transposed_walk(dkv_slots) for s in self.selections], selected, head_pattern, ids
         )
         return dq, dkv
 
-    def check_smem(self, rows: int) -> None:
+    def check_smem(self, rows: int, ids: bool = False) -> None:
         worst = max(self.selections, key=lambda s: s.max_pieces)
-        worst.check_smem(rows)
+        worst.check_smem(rows, ids)
 
 
 def call_amount(select: "Selection | None", top_k, top_p):

@@ -27,6 +27,8 @@ Scalar prefetch (SMEM) holds:
     entries[all pieces]          q_block << 17 | kv_start << 2 | kind     (kind: TileKind)
     lengths[all pieces]          only when slots > 1 (int8, or int16 past 127)
     blocks[all pieces]           only with several compute blocks per tile (int8/16/32)
+    chosen[all pieces]           only for a selection across run-time segments: which of
+                                 the piece's SEGMENT_BOUNDARY blocks were chosen (int32)
 
 One copy of each pattern's table, however many heads use it. Steps past a piece's length (or,
 per head, past the head's pattern's pieces) are skipped and repeat the last blocks, so they
@@ -89,6 +91,8 @@ class StepView:
     # Run-time tables (svgen.runtime.segments): first piece and piece count per row (batch *
     # heads) instead of per head, and no static piece count.
     per_row: bool = False
+    # A selection across run-time segments: the last table is each piece's chosen word.
+    has_chosen: bool = False
 
     @property
     def head(self):
@@ -180,6 +184,12 @@ class StepView:
         word = word.astype(jnp.int32)
         return word if bits == 32 else word & ((1 << bits) - 1)
 
+    def chosen(self, block_index: int):
+        """Whether the selection chose compute block `block_index` (row-major) of this
+        step's piece: read only at its SEGMENT_BOUNDARY blocks."""
+        word = self.refs[-1][self.piece]
+        return (lax.shift_right_logical(word, block_index) & 1) == 1
+
     @property
     def q_block(self):
         return q_block_of(self.entry())
@@ -199,6 +209,7 @@ def grid_step(
     has_blocks: bool,
     flat: bool,
     per_row: bool = False,
+    has_chosen: bool = False,
 ):
     """This grid step as the tables say, for the forward and the backward kernels alike:
     (view, kind, row tile, column tile, active, first step of the row tile, last step of
@@ -214,6 +225,7 @@ def grid_step(
         has_blocks,
         flat,
         per_row,
+        has_chosen,
     )
     slot = pl.program_id(2)
     entry = view.entry()
@@ -316,6 +328,7 @@ def walk_view(table_refs, walk, outer, step) -> StepView:
         walk.has_blocks,
         walk.flat,
         walk.per_row,
+        walk.has_chosen,
     )
 
 
@@ -329,4 +342,5 @@ def walk_step(table_refs, walk):
         walk.has_blocks,
         walk.flat,
         walk.per_row,
+        walk.has_chosen,
     )

@@ -52,6 +52,17 @@ class PatternCode:
         return PatternCode(mask, self.layout, self.query_coords, block_tables=self.block_tables)
 
 
+def every_key(pattern: PatternCode) -> PatternCode:
+    """The mask of a selected block (svgen.runtime.select): every key, the forward kernel's
+    padding test dropping those past seq_len (and, across run-time segments, the segment
+    test those of other segments)."""
+    return PatternCode(_keep_every_key, pattern.layout, ())
+
+
+def _keep_every_key(q, k):
+    return k.pos >= 0
+
+
 def unique_block_tables(patterns) -> dict:
     """tag -> table of every block table the patterns read, each once, in first-read order:
     the kernels' `blocks_<tag>` inputs, in this order."""
@@ -105,13 +116,23 @@ class TableWalk:
     has_blocks: bool  # a blocks word per entry: tiles of several compute blocks
     flat: bool  # one global step list over every head (grid axis 0: the batch)
     per_row: bool  # tables per row (batch x head), not per head
+    # A selection across run-time segments: a chosen word per piece, the last table.
+    has_chosen: bool = False
 
     @classmethod
-    def of(cls, tables, heads: int, single: int | None, flat: bool, per_row: bool) -> "TableWalk":
+    def of(
+        cls,
+        tables,
+        heads: int,
+        single: int | None,
+        flat: bool,
+        per_row: bool,
+        has_chosen: bool = False,
+    ) -> "TableWalk":
         """The walk of a call over `tables` (svgen.core.tables.PieceTables: whether it has
-        piece lengths and blocks words)."""
+        piece lengths and blocks words); has_chosen: the call's tables carry chosen words."""
         has_lengths, has_blocks = tables.lengths is not None, tables.blocks is not None
-        return cls(heads, single, has_lengths, has_blocks, flat, per_row)
+        return cls(heads, single, has_lengths, has_blocks, flat, per_row, has_chosen)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,11 +223,19 @@ class ForwardVariant:
 
     @property
     def segments(self) -> bool:
-        return self.tables == "segments"
+        """Run-time segments: the call's tables hold SEGMENT_BOUNDARY blocks (segment tables,
+        or a selection's across segments) and the kernel reads the ids."""
+        return self.tables == "segments" or (self.tables == "selection" and self.id_rows > 0)
 
     @property
     def selected(self) -> bool:
         return self.tables == "selection"
+
+    @property
+    def padded(self) -> bool:
+        """A selection's kind 3 is PADDED (a chosen block holding the end of the keys); across
+        segments it is SEGMENT_BOUNDARY, the piece's chosen word saying which mask."""
+        return self.selected and not self.segments
 
     @property
     def chunked(self) -> int:
@@ -280,7 +309,9 @@ class ForwardVariant:
     @property
     def branches(self) -> Branches:
         """The branch structure the body emits (see Branches)."""
-        return forward_branches(self.shape, self.patterns, self.tables, self.variants_table)
+        return forward_branches(
+            self.shape, self.patterns, self.tables, self.variants_table, self.id_rows > 0
+        )
 
 
 def reads_variants(tables: Tables, variants_table: bool) -> bool:
@@ -296,18 +327,25 @@ def runs_straight(tables: Tables) -> bool:
 
 
 def forward_branches(
-    shape: KernelShape, patterns: tuple[PatternCode, ...], tables: Tables, variants_table: bool
+    shape: KernelShape,
+    patterns: tuple[PatternCode, ...],
+    tables: Tables,
+    variants_table: bool,
+    ids: bool = False,
 ) -> Branches:
     """The forward kernel's branches for a call whose tables come from `tables`:
-    variants_table, whether the module's static tables hold residual-mask variants. A
-    module's cost model asks this of the call it compiles (svgen.perf.measure)."""
+    variants_table, whether the module's static tables hold residual-mask variants; ids,
+    whether it reads run-time ids. A module's cost model asks this of the call it compiles
+    (svgen.perf.measure; not of a selection across segments, whose SEGMENT_BOUNDARY blocks
+    branch once more, on the chosen word)."""
     variants, straight = reads_variants(tables, variants_table), runs_straight(tables)
-    padded = tables == "selection" and shape.padding_kv_tile is not None
+    segmented = tables == "segments" or (tables == "selection" and ids)
+    padded = tables == "selection" and not ids and shape.padding_kv_tile is not None
     return Branches(
         patterns=len(patterns),
         compute_blocks=shape.compute_blocks,
         q_blocks_per_tile=shape.q_blocks_per_tile,
-        segmented=tables == "segments",
+        segmented=segmented,
         padded_column=shape.padding_block_column if padded else None,
         bounded=shape.bounded_softmax,
         residuals=tuple(len(p.residual_masks) if variants else 0 for p in patterns),

@@ -455,15 +455,24 @@ def _read_amounts(r: Reader, node: Node, path: str, rule: str) -> tuple[float, i
 
 
 def check_select(r: Reader, node: Node, heads, runtime: Runtime) -> None:
-    """What a select policy does not combine with yet. With `heads:` the policy and the
-    candidate region are every head's, each head choosing among its own pattern's blocks in
-    its own layout (svgen.runtime.select.HeadSelections)."""
-    if runtime.any or runtime.kv_cache:
-        raise r.error(
-            node,
-            "select",
-            "cannot be combined with runtime: (segments, text_lengths, kv_cache) yet",
-        )
+    """What a select policy does not combine with yet. With `heads:` each head chooses
+    among its own pattern's blocks in its own layout (svgen.runtime.select.HeadSelections);
+    with segments and text lengths a chosen block keeps the keys of its queries' segment."""
+    for key, given, why in (
+        ("kv_cache", runtime.kv_cache, "a chunked call chooses no blocks"),
+        (
+            "per_video_frames",
+            runtime.per_video_frames,
+            "its per-video tables have no chosen blocks",
+        ),
+    ):
+        if given:
+            raise r.error(
+                node,
+                "select",
+                f"cannot be combined with runtime.{key} yet ({why}); segments and "
+                "text_lengths are taken",
+            )
 
 
 def _read_kv_cache(r: Reader, node: Node, path: str, geometry: TokenLayout) -> dict:
