@@ -2,7 +2,7 @@
 in one process.
 
     python bench/runtime_on_chip.py [--chunks SPEC] [--packed SPEC --videos N]
-        [--select SPEC] [--orders SPEC] [--positions P,...] [--blocks BQ,BKV,BKVC] [--iters N] [--json FILE]
+        [--select SPEC] [--selected SPEC] [--orders SPEC] [--positions P,...] [--blocks BQ,BKV,BKVC] [--iters N] [--json FILE]
         [--target CHIP] [--interpret]
 
 --chunks SPEC (a spec with `runtime.kv_cache` on a contiguous cache): one chunk step of
@@ -20,6 +20,12 @@ the spec's mask with Splash's own segment ids, and dense Splash with segment ids
 them, against what a user can give Splash ahead of time: the superset of every choice (the
 mask and every block the candidate region lets a call choose), and dense Splash. Outputs
 differ by design (Splash runs more pairs): not compared.
+
+--selected SPEC (a spec with `select`, every pattern frame-major; `heads:` and
+`runtime.segments` taken, then --videos N packed videos of equal length): svgen's call,
+forward and forward + backward, against Splash given, per head, the mask that very call
+selected (built after the call from `return_selection=True`: what Splash would need ahead of
+time to run the same pairs; with the same segment ids). Outputs compared.
 
 --orders SPEC (a one-pattern spec whose `layout:` is not frame-major, such as an axis order
 `{order: [w, h, f]}`): its call in the user's token order (the permutation into the kernel's
@@ -239,6 +245,89 @@ def bench_select(spec, chip, options, blocks, progress) -> dict:
         return result
 
 
+# ----------------------------------------------------------------------------- selected
+def selected_keep_bits(module, pattern: int, chosen, padded: int) -> np.ndarray:
+    """uint8 [padded, padded / 8]: one head's mask (pattern `pattern`) or the blocks its
+    call chose (bool [row blocks, column blocks]), kernel order, bit-packed along keys."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    attention, seq = module.attention, int(module.SEQ_LEN)
+    shape, mask = attention.shape, pattern_keep(attention.patterns[pattern])
+    chosen = jnp.asarray(chosen)
+
+    def keep(q_pos, k_pos):
+        return mask(q_pos, k_pos) | chosen[lax.div(q_pos, shape.cq), lax.div(k_pos, shape.ckv)]
+
+    return packed_keep(keep, 0, seq, seq, (padded, padded))
+
+
+def bench_selected(spec, chip, options, videos: int, blocks, progress) -> dict:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
+
+    from svgen.perf import splash_mask
+
+    with tempfile.TemporaryDirectory(prefix="runtime-on-chip-") as folder:
+        plan, module = chip_bench.compile_module(spec, chip, pathlib.Path(folder))
+        attention = module.attention
+        if attention.select is None or not all(p.layout.is_identity for p in plan.patterns):
+            raise SystemExit(f"{spec.name}: --selected takes a spec with `select`, frame-major")
+        q, k, v = chip_bench.draw_inputs(module, options.seed)
+        seq, heads = int(module.SEQ_LEN), int(module.HEADS)
+        scale = 1.0 / float(np.sqrt(int(module.HEAD_DIM)))
+        padded = splash_mask.padded_length(seq, *blocks)
+        kwargs, segments = {}, None
+        result = {"spec": spec.name, "kind": "selected", "blocks": list(blocks), "videos": 1}
+        if "segment_ids" in attention.runtime.arguments():
+            ids = np.minimum(np.arange(seq) * videos // seq, videos - 1).astype(np.int32)
+            kwargs["segment_ids"] = jnp.asarray(ids)
+            padded_ids = np.concatenate([ids, np.full(padded - seq, videos, np.int32)])
+            segments = sk.SegmentIds(q=jnp.asarray(padded_ids), kv=jnp.asarray(padded_ids))
+            result["videos"] = videos
+        interpret = options.interpret
+
+        def call(q, k, v):
+            return attention(q, k, v, interpret=interpret, **kwargs)
+
+        result["svgen"], mine = _time(jax.jit(call), (q, k, v), options, progress, "svgen")
+        loss = jax.jit(
+            jax.grad(lambda q, k, v: jnp.sum(call(q, k, v).astype(jnp.float32)), (0, 1, 2))
+        )
+        result["svgen_backward"], _ = _time(
+            loss, (q, k, v), options, progress, "svgen, forward + backward"
+        )
+        _, selected = jax.jit(
+            lambda q, k, v: attention(q, k, v, interpret=interpret, return_selection=True, **kwargs)
+        )(q, k, v)
+        selected = np.asarray(selected.blocks if hasattr(selected, "blocks") else selected)
+        patterns = getattr(module, "HEAD_PATTERN", (0,) * heads)
+        result["head_patterns"] = [int(p) for p in patterns]
+        result["chosen_blocks"] = [int(x) for x in selected.reshape(heads, -1).sum(axis=1)]
+        progress("Splash's masks: the blocks each head chose")
+        start = time.perf_counter()
+        masks = [
+            PackedKeep(
+                f"head {h}", selected_keep_bits(module, int(patterns[h]), selected[h], padded)
+            )
+            for h in range(heads)
+        ]
+        kept = [float(np.unpackbits(m.bits).mean()) * padded**2 / seq**2 for m in masks]
+        result["kept_fraction"] = kept
+        result["mask_build_s"] = time.perf_counter() - start
+        splash = _splash_fn(mask_lib, masks, blocks, interpret, seq, seq, scale, segments)
+        result["splash_mask"], theirs = _time(
+            splash, (q, k, v), options, progress, "Splash, the mask each head chose"
+        )
+        result["max_difference"] = _difference(mine, theirs)
+        full = [mask_lib.FullMask((padded, padded))] * heads
+        dense = _splash_fn(mask_lib, full, blocks, interpret, seq, seq, scale, segments)
+        result["splash_dense"], _ = _time(dense, (q, k, v), options, progress, "Splash, dense")
+        return result
+
+
 # ----------------------------------------------------------------------------- orders
 def bench_orders(spec, chip, options, progress) -> dict:
     import dataclasses
@@ -329,6 +418,8 @@ def table(results: list[dict]) -> list[str]:
             calls = [(f"chunk {c['position']}", c) for c in r["chunks"]]
         elif r["kind"] == "packed":
             calls = [(f"{r['videos']} videos packed", r)]
+        elif r["kind"] == "selected":  # Splash's column: the mask the call chose
+            calls = [(f"selected ({r['videos']} video(s))", r)]
         else:  # Splash's column: the superset of every choice
             calls = [("select (Splash: superset)", r)]
         for name, c in calls:
@@ -357,6 +448,7 @@ def main(argv=None) -> int:
     parser.add_argument("--packed", type=pathlib.Path)
     parser.add_argument("--videos", type=int, default=4)
     parser.add_argument("--select", type=pathlib.Path)
+    parser.add_argument("--selected", type=pathlib.Path)
     parser.add_argument("--orders", type=pathlib.Path)
     parser.add_argument("--positions", help="chunk positions, comma-separated (default: all)")
     parser.add_argument(
@@ -370,8 +462,11 @@ def main(argv=None) -> int:
     parser.add_argument("--target", default=None, help="the chip to compile for (--interpret only)")
     parser.add_argument("--interpret", action="store_true")
     args = parser.parse_args(argv)
-    if all(x is None for x in (args.chunks, args.packed, args.select, args.orders)):
-        parser.error("nothing to time: give --chunks, --packed, --select or --orders SPEC")
+    given = (args.chunks, args.packed, args.select, args.selected, args.orders)
+    if all(x is None for x in given):
+        parser.error(
+            "nothing to time: give --chunks, --packed, --select, --selected or --orders SPEC"
+        )
     if args.videos < 1:
         parser.error("--videos must be at least 1")
     chip = chip_bench.script_chip("runtime_on_chip", args.interpret, args.target)
@@ -405,6 +500,11 @@ def main(argv=None) -> int:
     if args.select is not None:
         spec = load_spec(args.select, chip=chip)
         report["results"].append(bench_select(spec, chip, options, args.blocks, progress))
+        save()
+    if args.selected is not None:
+        spec = load_spec(args.selected, chip=chip)
+        selected = bench_selected(spec, chip, options, args.videos, args.blocks, progress)
+        report["results"].append(selected)
         save()
     if args.orders is not None:
         spec = load_spec(args.orders, chip=chip)

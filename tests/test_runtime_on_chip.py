@@ -134,3 +134,51 @@ def test_an_axis_order_against_the_same_mask_frame_major_in_the_interpreter(tmp_
     table = capsys.readouterr().out
     assert "| tiny_columns | temporal_major of the transposed frame |" in table
     assert "| spec | call |" not in table  # no empty table of the other features
+
+
+SELECTED = """
+svgen: 1
+name: tiny_selected
+geometry: {frames: 8, height: 8, width: 16}
+attention: {heads: 2, head_dim: 128, dtype: float32}
+layout: frame_major
+patterns:
+  local: {any_of: [{first_frame: {frames: 1}}, {spatial_window: {frames: 0}}]}
+  wide: {any_of: [{first_frame: {frames: 1}}, {spatial_window: {frames: 1}}]}
+heads:
+  candidates: [{pattern: local}, {pattern: wide}]
+  assign: [local, wide]
+runtime: {segments: true}
+select:
+  candidate: {causal_frames: {}}
+  top_k: {k: 1}
+  patterns:
+    wide: {candidate: {spatial_window: {frames: 3}}, top_k: {k: 2}}
+tiling: {block_q: 128, block_kv: 128}
+"""
+
+
+def test_splash_given_the_mask_a_call_selected_agrees_in_the_interpreter(tmp_path, capsys):
+    """--selected: heads of two patterns, two packed videos; Splash runs, per head, the
+    mask the call chose (its bits checked against the rule) and gives svgen's output."""
+    (tmp_path / "selected.yaml").write_text(SELECTED)
+    out = tmp_path / "selected.json"
+    argv = ["--selected", str(tmp_path / "selected.yaml"), "--videos", "2", "--iters", "1"]
+    argv += ["--blocks", "128,128,128", "--interpret", "--target", "v5e"]
+    assert runtime_on_chip.main(argv + ["--json", str(out)]) == 0
+    (result,) = json.loads(out.read_text())["results"]
+    for kernel in ("svgen", "svgen_backward", "splash_mask", "splash_dense"):
+        assert "median_ms" in result[kernel], (kernel, result[kernel])
+    assert result["head_patterns"] == [0, 1] and min(result["chosen_blocks"]) > 0
+    assert result["max_difference"] < 1e-4  # the same pairs: the same outputs
+    assert "| tiny_selected | selected (2 video(s)) |" in capsys.readouterr().out
+
+
+def test_a_selected_mask_is_the_pattern_and_the_chosen_blocks(compile_text):
+    plan, module = compile_text(SELECTED.replace("runtime: {segments: true}\n", ""))
+    chosen = np.zeros(module.attention.select.selectable.shape[1:], bool)
+    chosen[2, 0] = chosen[3, 1] = True
+    bits = runtime_on_chip.selected_keep_bits(module, 1, chosen, 1024)
+    keep = PackedKeep("head", bits)[0:1024, 0:1024]
+    blocks = np.kron(chosen, np.ones((128, 128), bool))
+    np.testing.assert_array_equal(keep, dense_keep(plan.patterns[1].mask, plan.layout) | blocks)
