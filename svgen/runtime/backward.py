@@ -52,7 +52,7 @@ from svgen.runtime.variant import (
     TableWalk,
     block_table_bytes,
     block_table_shapes,
-    every_key,
+    or_chosen,
 )
 from svgen.runtime.video_frames import ShiftedFrames
 from svgen.core.tables import (  # noqa: F401
@@ -212,12 +212,9 @@ def _run_blocks(view, kind, active, blocks, shape, masks, update, segments: bool
     view.has_chosen)."""
 
     def across(block, mask, when):
-        if not view.has_chosen:
-            pl.when(when)(functools.partial(update, block, mask, True))
-            return
-        chosen = view.chosen(block.index)
-        pl.when(when & ~chosen)(functools.partial(update, block, mask, True))
-        pl.when(when & chosen)(functools.partial(update, block, every_key(mask), True))
+        if view.has_chosen:  # one body: the chosen bit ORed into the mask (as the forward)
+            mask = or_chosen(mask, view.chosen(block.index))
+        pl.when(when)(functools.partial(update, block, mask, True))
 
     @pl.when(active & (kind == TileKind.FULL))
     def _():

@@ -94,6 +94,7 @@ from svgen.runtime.variant import (
     block_table_bytes,
     block_table_shapes,
     every_key,
+    or_chosen,
 )
 from svgen.runtime.video_frames import ShiftedFrames
 from svgen.core.vmem import kernel_vmem
@@ -385,15 +386,12 @@ def _per_block(step: _Step, word, pattern: PatternCode, bounded: bool):
 def _across_segments(step: _Step, block: Block, when, pattern: PatternCode, bounded: bool):
     """A SEGMENT_BOUNDARY block (when: its traced condition): the pattern's mask and the
     segment ids; with a selection across segments, a chosen block (the piece's chosen word)
-    keeps every key of its segment instead of the pattern's."""
-    if not step.variant.selected:
-        pl.when(when)(functools.partial(_masked, step, block, pattern, True, bounded))
-        return
-    chosen = step.view.chosen(block.index)
-    pl.when(when & ~chosen)(functools.partial(_masked, step, block, pattern, True, bounded))
-    pl.when(when & chosen)(
-        functools.partial(_masked, step, block, every_key(pattern), True, bounded)
-    )
+    keeps every key of its segment instead: one body, whose mask ORs the chosen bit in
+    (a second body per pattern took the moc_like_480p_packed kernel from 36,639 bundles to
+    69,408, and 5.8 ms to 33.9 on a v5e: past the program size the chip runs well)."""
+    if step.variant.selected:
+        pattern = or_chosen(pattern, step.view.chosen(block.index))
+    pl.when(when)(functools.partial(_masked, step, block, pattern, True, bounded))
 
 
 def _straight(step: _Step, kinds: tuple[int, ...], pattern: PatternCode | None, bounded: bool):

@@ -19,6 +19,7 @@ svgen.runtime.forward.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Literal
 
 from svgen.core.layout import TokenLayout
@@ -61,6 +62,21 @@ def every_key(pattern: PatternCode) -> PatternCode:
 
 def _keep_every_key(q, k):
     return k.pos >= 0
+
+
+def or_chosen(pattern: PatternCode, chosen) -> PatternCode:
+    """The pattern as a block of a selection across segments runs it: its mask, or every
+    key where the block was chosen (chosen: a traced scalar bool, the piece's chosen bit)."""
+    return dataclasses.replace(
+        pattern,
+        boundary_mask=functools.partial(_mask_or, pattern.boundary_mask, chosen),
+        residual_masks=(),
+        straight_words=(),
+    )
+
+
+def _mask_or(mask, chosen, q, k):
+    return mask(q, k) | chosen
 
 
 def unique_block_tables(patterns) -> dict:
