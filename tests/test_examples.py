@@ -2,7 +2,8 @@
 examples/packed_batch.py matches each packed video run alone; examples/autoregressive_video.py
 generates chunk by chunk with a KV cache what the full sequence computes at once;
 examples/selected_denoising.py follows its selection through a denoising schedule;
-examples/paro_calibrated.py writes PAROAttention's per-head orders and calibrated blocks as a spec."""
+examples/paro_calibrated.py writes PAROAttention's per-head orders and calibrated blocks as a spec;
+examples/moc_routing.py and examples/vmoba_partitions.py write Mixture of Contexts' and VMoBA's rules."""
 
 import importlib.util
 
@@ -71,3 +72,24 @@ def test_paro_calibrated_example():
     assert (
         "layout: {order: [" in result["spec"] and "blocks: {file: paro_masks.npz" in result["spec"]
     )
+
+
+def test_moc_routing_example():
+    """Mixture of Contexts' rule (anchors, causal top-k frame routing, packed videos, k per
+    head) as a spec: svgen chooses the frames the example's own routing does, and the kernel
+    matches float64 attention under the mask built from the rule alone."""
+    result = load_example("moc_routing").run(seed=5, top_k=(1, 2), verbose=False)
+    for row in result["rows"]:
+        assert row["same_choice"] and row["error"] <= 1e-5, row
+    assert result["rows"][0]["routed"] < result["rows"][1]["routed"]  # k = 1 against k = 2
+    assert "causal_frames" in result["spec"] and "segments: true" in result["spec"]
+
+
+def test_vmoba_partitions_example():
+    """VMoBA's 1-D, 2-D and 3-D key partitions (one layer kind each) with a threshold on the
+    block scores: the kernel matches float64 attention under the mask built from each
+    partition's definition alone, and the threshold leaves blocks out."""
+    result = load_example("vmoba_partitions").run(seed=6, p=0.5, verbose=False)
+    assert {row["partition"] for row in result["rows"]} == {"1d", "2d", "3d"}
+    for row in result["rows"]:
+        assert row["error"] <= 1e-5 and 0.25 < row["kept_blocks"] < 1.0, row
