@@ -34,6 +34,8 @@ SPECS = sorted((REPO / "specs").glob("*.yaml"))
 #: numerical tests compare against the mask alone, so they take MASK_SPECS; tests/test_select.py
 #: checks these against references built from their selections.
 SELECT_SPECS = [p for p in SPECS if "\nselect:" in p.read_text()]
+# Select specs whose heads have patterns of their own (svgen.runtime.select.HeadSelections).
+HEADS_SELECT_SPECS = [p for p in SELECT_SPECS if "\nheads:" in p.read_text()]
 MASK_SPECS = [p for p in SPECS if p not in SELECT_SPECS]
 #: Shipped specs with a spatial (frame-major) and a temporal (temporal-major) pattern.
 MIXED_SPECS = ["wan21_720p_mixed", "hunyuan_720p_mixed", "cogvideox_mixed"]
@@ -576,6 +578,9 @@ def scaled_spec_text(path, text_tokens=None, heads=2, tiling=None, dtype="float3
         small["text_tokens"] = 40 if text_tokens is None else text_tokens
     spec["geometry"] = small
     spec["attention"] = dict(spec["attention"], heads=heads, dtype=dtype)
+    assign = (spec.get("heads") or {}).get("assign")
+    if isinstance(assign, list):  # the first `heads` heads' patterns
+        spec["heads"]["assign"] = assign[:heads]
     spec["tiling"] = tiling or {"block_q": 128, "block_kv": 128}
 
     def scale(node):

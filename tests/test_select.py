@@ -17,7 +17,7 @@ from svgen.spec.errors import SpecError
 from svgen.runtime import select as sel
 from svgen.spec import MAX_SELECT_BLOCKS, parse_spec
 
-from helpers import SELECT_SPECS, TWO_LEVEL, dense_keep, scaled_spec_text
+from helpers import HEADS_SELECT_SPECS, SELECT_SPECS, TWO_LEVEL, dense_keep, scaled_spec_text
 from kernel_helpers import POISONED
 from tpu_helpers import mosaic_kernels, v5e_gradient_hlo, v6e_device
 
@@ -1066,7 +1066,9 @@ def test_selection_compiles_for_v6e(compile_text):
     assert {"svgen_attention", "svgen_attention_dkv"} <= set(mosaic_kernels(text))
 
 
-@pytest.mark.parametrize("spec_path", SELECT_SPECS, ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "spec_path", [p for p in SELECT_SPECS if p not in HEADS_SELECT_SPECS], ids=lambda p: p.stem
+)
 def test_shipped_select_specs_scaled_down(spec_path, compile_text):
     """Each shipped select spec at the small geometry with two-level tiles: forward at its
     default amount and gradients, against float64 under the call's own selection."""
@@ -1096,6 +1098,19 @@ def test_shipped_select_specs_scaled_down(spec_path, compile_text):
         numeric = (loss(plus) - loss(minus)) / (2 * step)
         analytic = float(np.sum(np.asarray(got, np.float64) * direction))
         assert abs(numeric - analytic) <= 1e-3 * max(1.0, abs(numeric)), (index, numeric, analytic)
+
+
+@pytest.mark.parametrize("spec_path", HEADS_SELECT_SPECS, ids=lambda p: p.stem)
+def test_shipped_heads_select_specs_scaled_down(spec_path, compile_text):
+    """Each shipped select spec with heads of several patterns, at the small geometry with
+    two-level tiles: each head against float64 under its pattern's mask and its own choice,
+    by its pattern's default amount."""
+    plan, module = compile_text(scaled_spec_text(spec_path, tiling=TWO_LEVEL))
+    q, k, v = _inputs(np.random.default_rng(13), (1, 2), module.SEQ_LEN, module.HEAD_DIM)
+    out = np.asarray(module.attention(q, k, v, interpret=POISONED))
+    want, chosen = _heads_reference(plan, module, q, k, v, tuple(module.HEAD_PATTERN), None)
+    assert all(c.any() for c in chosen.values())
+    np.testing.assert_allclose(out, want, atol=2e-5, rtol=0)
 
 
 def _fixed(plan, module, chosen, q, k, v):

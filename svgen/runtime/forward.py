@@ -387,7 +387,7 @@ def _across_segments(step: _Step, block: Block, when, pattern: PatternCode, boun
     """A SEGMENT_BOUNDARY block (when: its traced condition): the pattern's mask and the
     segment ids; with a selection across segments, a chosen block (the piece's chosen word)
     keeps every key of its segment instead: one body, whose mask ORs the chosen bit in
-    (a second body per pattern took the moc_like_480p_packed kernel from 36,639 bundles to
+    (a second body per pattern took the moc_480p_packed kernel from 36,639 bundles to
     69,408, and 5.8 ms to 33.9 on a v5e: past the program size the chip runs well)."""
     if step.variant.selected:
         pattern = or_chosen(pattern, step.view.chosen(block.index))
