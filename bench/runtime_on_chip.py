@@ -21,8 +21,9 @@ them, against what a user can give Splash ahead of time: the superset of every c
 mask and every block the candidate region lets a call choose), and dense Splash. Outputs
 differ by design (Splash runs more pairs): not compared.
 
---selected SPEC (a spec with `select`, every pattern frame-major; `heads:` and
-`runtime.segments` taken, then --videos N packed videos of equal length): svgen's call,
+--selected SPEC (a spec with `select` whose patterns share one layout; `heads:` taken, and
+`runtime.segments` for frame-major specs, then --videos N packed videos of equal length;
+another layout runs both kernels in its order, `token_order="kernel"`): svgen's call,
 forward and forward + backward, against Splash given, per head, the mask that very call
 selected (built after the call from `return_selection=True`: what Splash would need ahead of
 time to run the same pairs; with the same segment ids). Outputs compared.
@@ -273,15 +274,22 @@ def bench_selected(spec, chip, options, videos: int, blocks, progress) -> dict:
     with tempfile.TemporaryDirectory(prefix="runtime-on-chip-") as folder:
         plan, module = chip_bench.compile_module(spec, chip, pathlib.Path(folder))
         attention = module.attention
-        if attention.select is None or not all(p.layout.is_identity for p in plan.patterns):
-            raise SystemExit(f"{spec.name}: --selected takes a spec with `select`, frame-major")
+        if attention.select is None or len(attention.layouts) != 1:
+            raise SystemExit(f"{spec.name}: --selected takes a spec with `select`, one layout")
         q, k, v = chip_bench.draw_inputs(module, options.seed)
         seq, heads = int(module.SEQ_LEN), int(module.HEADS)
         scale = 1.0 / float(np.sqrt(int(module.HEAD_DIM)))
         padded = splash_mask.padded_length(seq, *blocks)
         kwargs, segments = {}, None
         result = {"spec": spec.name, "kind": "selected", "blocks": list(blocks), "videos": 1}
-        if "segment_ids" in attention.runtime.arguments():
+        packed = "segment_ids" in attention.runtime.arguments()
+        if not attention.layouts[0].is_identity:
+            if packed:
+                raise SystemExit(f"{spec.name}: --selected packs frame-major specs only")
+            # Both kernels in the layout's order: q, k, v moved once, before any timing.
+            q, k, v = (attention.to_kernel_order(x) for x in (q, k, v))
+            kwargs["token_order"] = "kernel"
+        if packed:
             ids = np.minimum(np.arange(seq) * videos // seq, videos - 1).astype(np.int32)
             kwargs["segment_ids"] = jnp.asarray(ids)
             padded_ids = np.concatenate([ids, np.full(padded - seq, videos, np.int32)])
