@@ -838,11 +838,10 @@ def _candidate_runs(spec: Spec, always: PatternPlan, progress) -> np.ndarray:
 
 
 def _candidate_key(spec: Spec, pattern: str) -> str:
-    """Where the candidate of a pattern's heads is written."""
-    if any(
-        own.pattern == pattern and own.candidate is not spec.select.candidate
-        for own in spec.select.patterns
-    ):
+    """Where the candidate of a pattern's heads is written (an entry that gives none holds
+    the section's own)."""
+    own = spec.select.own(pattern)
+    if own is not None and own.candidate is not spec.select.candidate:
         return f"select.patterns.{pattern}.candidate"
     return "select.candidate"
 

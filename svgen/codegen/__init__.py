@@ -447,7 +447,7 @@ def _own_select_words(plan: Plan, index: int) -> str:
     """The docstring's sentence for a pattern whose heads choose otherwise
     (select.patterns.<name>); nothing for the others."""
     name = plan.patterns[index].name
-    if not any(own.pattern == name for own in plan.spec.select.patterns):
+    if plan.spec.select.own(name) is None:
         return ""
     own = plan.select_policy(index)
     candidate = ir.lower(plan.spec, own.candidate).describe()

@@ -350,6 +350,19 @@ def block_segment_bits(segment_ids, block: int, num_blocks: int):
     return lax.reduce(bits, jnp.int32(0), lax.bitwise_or, (1,))
 
 
+def block_segments(row_ids, col_ids, row_block: int, col_block: int, rows: int, cols: int):
+    """What `segment_block_kinds` reads of one walk's ids: the ranges of its `rows` blocks of
+    `row_block` row ids and `cols` blocks of `col_block` column ids, then their bits (exact
+    EMPTY for up to 32 ids in any order; negative ids set no bit, never pairing):
+    (row lo, row hi, col lo, col hi, row bits, col bits)."""
+    return (
+        *block_segment_ranges(row_ids, row_block, rows),
+        *block_segment_ranges(col_ids, col_block, cols),
+        block_segment_bits(row_ids, row_block, rows),
+        block_segment_bits(col_ids, col_block, cols),
+    )
+
+
 def segment_words(visits: StaticVisits, *ranges, **options):
     """int32 [V]: each visit's word refined by segments: `segment_block_kinds` packed."""
     return pack_words(visits, segment_block_kinds(visits, *ranges, **options))

@@ -36,8 +36,8 @@ from svgen.runtime import video_frames
 from svgen.core.layout import TokenLayout
 from svgen.runtime.refine import (
     StaticVisits,
-    block_segment_bits,
     block_segment_ranges,
+    block_segments,
     refine,
     segment_words,
 )
@@ -380,12 +380,9 @@ class SegmentTables:
         shape = self.shape
         num_rows = visits.num_q_tiles * shape.q_blocks_per_tile
         num_cols = -(-shape.seq_len // shape.block_kv) * shape.kv_blocks_per_tile
-        row_lo, row_hi = block_segment_ranges(row_ids, shape.cq, num_rows)
-        col_lo, col_hi = block_segment_ranges(col_ids, shape.ckv, num_cols)
         # Bits as well as ranges: exact EMPTY for up to 32 ids in any order (padding ids are
         # negative and never pair, so they set no bit).
-        row_bits = block_segment_bits(row_ids, shape.cq, num_rows)
-        col_bits = block_segment_bits(col_ids, shape.ckv, num_cols)
+        ranges = block_segments(row_ids, col_ids, shape.cq, shape.ckv, num_rows, num_cols)
         frame_kinds = start_lo = None
         if video is not None:  # the mask at the segment starts each block's pairs can have
             row_s = block_segment_ranges(starts, shape.cq, num_rows)
@@ -397,9 +394,7 @@ class SegmentTables:
             start_lo = jnp.maximum(row_s[0][rows][:, :, None], col_s[0][cols][:, None, :])
             start_hi = jnp.minimum(row_s[1][rows][:, :, None], col_s[1][cols][:, None, :])
             frame_kinds = video.kinds(visits, start_lo, start_hi)
-        return segment_words(
-            visits, row_lo, row_hi, col_lo, col_hi, row_bits, col_bits, frame_kinds, start_lo
-        )
+        return segment_words(visits, *ranges, frame_kinds, start_lo)
 
 
 def _video_kinds(video, visits, layout, walk_shape: KernelShape, transposed: bool, walk_runs):

@@ -55,8 +55,7 @@ from svgen.core.kinds import TileKind
 from svgen.runtime.refine import (
     SEGMENT_BOUNDARY,
     StaticVisits,
-    block_segment_bits,
-    block_segment_ranges,
+    block_segments,
     chosen_bits,
     pack_words,
     refine,
@@ -344,12 +343,7 @@ class _Walk:
         shape, visits = self.shape, self.visits
         num_rows = visits.num_q_tiles * visits.q_blocks_per_tile
         num_cols = -(-shape.seq_len // shape.block_kv) * visits.kv_blocks_per_tile
-        ranges = (
-            *block_segment_ranges(row_ids, shape.cq, num_rows),
-            *block_segment_ranges(col_ids, shape.ckv, num_cols),
-            block_segment_bits(row_ids, shape.cq, num_rows),
-            block_segment_bits(col_ids, shape.ckv, num_cols),
-        )
+        ranges = block_segments(row_ids, col_ids, shape.cq, shape.ckv, num_rows, num_cols)
         chosen = selected[self.rows, self.cols]
         kinds = segment_block_kinds(
             visits,
@@ -525,10 +519,9 @@ class Selection:
         s = self.shape
 
         def one_row(q_ids, k_ids):
-            q_lo, q_hi = block_segment_ranges(q_ids, s.cq, rows_b)
-            k_lo, k_hi = block_segment_ranges(k_ids, s.ckv, cols_b)
-            q_bits = block_segment_bits(q_ids, s.cq, rows_b)
-            k_bits = block_segment_bits(k_ids, s.ckv, cols_b)
+            q_lo, q_hi, k_lo, k_hi, q_bits, k_bits = block_segments(
+                q_ids, k_ids, s.cq, s.ckv, rows_b, cols_b
+            )
             meet = (q_lo[:, None] <= k_hi[None, :]) & (k_lo[None, :] <= q_hi[:, None])
             return meet & ((q_bits[:, None] & k_bits[None, :]) != 0)
 
@@ -677,7 +670,7 @@ class HeadSelections:
         selectable = self.selectable_of_rows(head_pattern, rows)
         if ids is not None:
             selectable = selectable & self.selections[0].sharing(ids)
-        policies = [s.policy for s in self.selections]
+        policies = self.policies
         if amount is None:
             defaults = [p.default for p in policies]
             dtype = self.selections[0].amount_dtype

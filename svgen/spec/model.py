@@ -192,21 +192,25 @@ class Select:
     # (`select.patterns.<name>`), by name, in the order of heads.candidates.
     patterns: tuple["PatternSelect", ...] = ()
 
+    def own(self, name: str) -> "PatternSelect | None":
+        """Pattern `name`'s entry of `select.patterns`, or None when it has none."""
+        return next((own for own in self.patterns if own.pattern == name), None)
+
     def for_pattern(self, name: str) -> "Select":
         """The policy a head of pattern `name` follows: the section's own, with that
         pattern's candidate and amounts where `select.patterns` gives them."""
-        for own in self.patterns:
-            if own.pattern == name:
-                return replace(
-                    self,
-                    candidate=own.candidate,
-                    default=own.default,
-                    min_blocks=own.min_blocks,
-                    max_blocks=own.max_blocks,
-                    where=own.where or self.where,
-                    patterns=(),
-                )
-        return replace(self, patterns=())
+        own = self.own(name)
+        if own is None:
+            return replace(self, patterns=())
+        return replace(
+            self,
+            candidate=own.candidate,
+            default=own.default,
+            min_blocks=own.min_blocks,
+            max_blocks=own.max_blocks,
+            where=own.where or self.where,
+            patterns=(),
+        )
 
 
 @dataclass(frozen=True)
