@@ -1,5 +1,5 @@
 """Helpers several test modules share (no test module imports another): AOT compiles for
-TPU v6e on this CPU-only host, reading data movement out of compiled HLO, and specs used by
+TPU v6e (or another TPU) on this CPU-only host, reading data movement out of compiled HLO, and specs used by
 more than one module."""
 
 from __future__ import annotations
@@ -12,14 +12,19 @@ import jax.numpy as jnp
 from jax.experimental import topologies
 
 
-@functools.lru_cache(maxsize=1)
-def v6e_device():
-    topology = topologies.get_topology_desc(platform="tpu", topology_name="v6e:2x2")
+@functools.lru_cache(maxsize=2)
+def tpu_device(topology_name: str = "v6e:2x2"):
+    topology = topologies.get_topology_desc(platform="tpu", topology_name=topology_name)
     return topology.devices[0]
 
 
-def compile_for_v6e(module, dtype=None, batch=None):
-    sharding = jax.sharding.SingleDeviceSharding(v6e_device())
+def v6e_device():
+    return tpu_device("v6e:2x2")
+
+
+def compile_for_v6e(module, dtype=None, batch=None, topology_name: str = "v6e:2x2"):
+    """The module's forward call AOT-compiled for a TPU (v6e unless topology_name says)."""
+    sharding = jax.sharding.SingleDeviceSharding(tpu_device(topology_name))
     lead = (module.HEADS,) if batch is None else (batch, module.HEADS)
     arg = jax.ShapeDtypeStruct(
         lead + (module.SEQ_LEN, module.HEAD_DIM),

@@ -1,13 +1,32 @@
-"""Cube DMA: a tile of a tiled layout read and written as a box of the user's own array.
+"""Box DMA: a tile read and written as a box of the user's own array, so that the wrapper moves
+no token between the user's order and the kernel's.
 
-In a tiled layout whose cubes divide the video, with no text tokens and tiles of exactly one
-cube, every tile is a strided box of the user's own [frames, height, width, d] array. The
-forward kernel then reads and writes those boxes directly (4-D blocks, the cube's (frame, row,
-column) group from the tile index, the VMEM block viewed as [cube tokens, d]), and the wrapper
-makes no permutation at all: the user's array goes in and the output comes out in the user's
-order, with no HBM pass over q, k, v or o. The box DMA costs about 75 bundles per step more
-than a contiguous block (v6e, 384-token cubes). The backward pass permutes its operands into
-the cube order as for any other layout.
+Two layouts have tiles that are boxes:
+
+* **Cubes** (`CubeDma`). In a tiled layout whose cubes divide the video, with no text tokens
+  and tiles of exactly one cube, every tile is a strided box of the user's own [frames, height,
+  width, d] array. The forward kernel reads and writes those boxes directly (4-D blocks, the
+  cube's (frame, row, column) group from the tile index, the VMEM block viewed as [cube tokens,
+  d]); inside a cube the kernel order is the box's own (f, h, w) order. The box DMA costs
+  about 75 bundles per step more than a contiguous block (v6e, 384-token cubes).
+* **Place boxes** (`PlaceBoxes`). In the temporal-major order with no anchor frames and no text
+  (PARO's [h, w, f]: places row by row, each place's frames together), a tile of n places x
+  every frame is the box [frames, n] of the user's [frames, places, d] array (block_q =
+  frames * n_q, block_kv = frames * n_kv, each n a multiple of 16). The kernel reads it frame
+  by frame, so its rows are the tile's tokens in another order than the kernel's: row r is
+  kernel position tile * frames * n + (r % n) * frames + r // n. Attention does not care in
+  which order a tile's tokens sit, as long as each row's coordinates are its own and its
+  output goes back where it came from: the kernel decodes every row's coordinates from that
+  position, and the box DMA writes o back to the same box. A tile is the same set of tokens
+  in either order, so the tables' classes hold for it; a compute block smaller than its tile
+  would not be (it would hold some frames of every place of the tile, not a run of kernel
+  positions), so place boxes take one compute block per tile. The last box may reach past
+  the places (a partial block, as the last tile of a plain call reaches past the sequence):
+  its rows past them are padding, masked by position as there.
+
+The user's array goes in and the output comes out in the user's order, with no HBM pass over
+q, k, v or o. The backward pass permutes its operands into kernel order as for any other layout
+(with place boxes the forward's lse too, `lse_to_kernel_order`).
 """
 
 from __future__ import annotations
@@ -43,12 +62,79 @@ class CubeDma:
     def view(self) -> tuple[int, int, int]:
         return self.frames, self.height, self.width
 
+    @property
+    def block(self) -> tuple[int, ...]:
+        """The VMEM block of q and o (without the row and head_dim axes)."""
+        return self.cube
+
+    @property
+    def kv_block(self) -> tuple[int, ...]:
+        """The VMEM block of k and v."""
+        return self.cube
+
+    @property
+    def q_places(self) -> int:
+        """0: a tile's rows are its kernel positions in order (see PlaceBoxes)."""
+        return 0
+
+    kv_places = q_places
+
     def box(self, tile):
         """The (frame, row, column) group of cube `tile` (cubes in (frame, row, column) group
         order): the block index of its box. lax.div / lax.rem: non-negative, and no `sign`
         (which does not lower for TPU from a CPU host)."""
         _, rows, cols = self.groups
         return lax.div(tile, rows * cols), lax.rem(lax.div(tile, cols), rows), lax.rem(tile, cols)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlaceBoxes:
+    """A temporal-major q tile is the box [frames, q_places] of the user's [frames, places, d]
+    array, a kv tile the box [frames, kv_places] (see the module docstring): a tile's rows
+    are frame-major inside its box, the kernel's positions place-major."""
+
+    frames: int
+    places: int  # height * width
+    q_places: int  # a q tile is q_places places x every frame
+    kv_places: int  # a kv tile, kv_places places x every frame
+
+    @property
+    def view(self) -> tuple[int, int]:
+        return self.frames, self.places
+
+    @property
+    def block(self) -> tuple[int, int]:
+        return self.frames, self.q_places
+
+    @property
+    def kv_block(self) -> tuple[int, int]:
+        return self.frames, self.kv_places
+
+    @property
+    def seq_len(self) -> int:
+        return self.frames * self.places
+
+    def box(self, tile):
+        return 0, tile
+
+    def lse_to_kernel_order(self, lse):
+        """The forward's lse [rows, 1, q tiles * block_q], each tile's rows in box order, to
+        kernel order (what the backward kernels read)."""
+        rows, _, length = lse.shape
+        tiles = length // (self.frames * self.q_places)
+        boxed = lse.reshape(rows, 1, tiles, self.frames, self.q_places)
+        return jnp.swapaxes(boxed, -1, -2).reshape(lse.shape)
+
+
+def tile_positions(tile, rows, block: int, places_per_box: int):
+    """The kernel positions of rows `rows` (int32, any shape) of tile `tile` of `block` tokens:
+    in order, or with place boxes (places_per_box > 0) row r is place r % n, frame r // n of
+    the box (lax.div / lax.rem: the operands are non-negative)."""
+    if not places_per_box:
+        return tile * block + rows
+    frames = block // places_per_box
+    place, frame = lax.rem(rows, places_per_box), lax.div(rows, places_per_box)
+    return tile * block + place * frames + frame
 
 
 class BoxRows:
@@ -83,12 +169,21 @@ class BoxRows:
 _CUBE_COLS_MULTIPLE = 8
 
 
-def cube_dma(layouts: Sequence[TokenLayout], shape: KernelShape) -> CubeDma | None:
-    """The cube DMA of a kernel whose heads all use `layouts`, or None where it does not
-    apply (then the wrapper permutes q, k, v into kernel order and o back)."""
-    if len(layouts) != 1 or not layouts[0].is_tiled or layouts[0].is_identity:
+# A place box [frames, n, d] is viewed as [frames * n, d] with no data moved only when n fills
+# whole sublane tiles of bf16, which packs 16 rows in one.
+_PLACES_MULTIPLE = 16
+
+
+def cube_dma(layouts: Sequence[TokenLayout], shape: KernelShape) -> "CubeDma | PlaceBoxes | None":
+    """The box DMA of a kernel whose heads all use `layouts` (cubes or place boxes), or None
+    where it does not apply (then the wrapper permutes q, k, v into kernel order and o back)."""
+    if len(layouts) != 1 or layouts[0].is_identity:
         return None  # (an identity layout's tiles are contiguous already: plain blocks)
     lay = layouts[0]
+    if lay.is_temporal_major:
+        return _place_boxes(lay, shape)
+    if not lay.is_tiled:
+        return None
     a, b, c = lay.cube
     cube_tokens = a * b * c
     fits = (
@@ -102,10 +197,34 @@ def cube_dma(layouts: Sequence[TokenLayout], shape: KernelShape) -> CubeDma | No
     return CubeDma(lay.frames, lay.height, lay.width, lay.cube) if fits else None
 
 
-def cube_order(x, layout: TokenLayout, to_kernel: bool):
-    """Cube DMA's [rows, frames, height, width, d] (the user's order) to [rows, seq_len, d]
-    in the layout's kernel order, or back (the backward pass's operands and gradients)."""
+def _place_boxes(lay: TokenLayout, shape: KernelShape) -> PlaceBoxes | None:
+    """Place boxes where each tile is whole places x every frame of a temporal-major layout
+    with no anchor frames, no text and the video's own frame (see the module docstring)."""
+    frames = lay.frames
+    fits = (
+        lay.anchor_frames == 0
+        and lay.text_tokens == 0
+        and not lay.transposed
+        and not shape.bounded_softmax  # its bound reads every row of a tile, padding too
+        and all(
+            block % frames == 0 and (block // frames) % _PLACES_MULTIPLE == 0
+            for block in (shape.block_q, shape.block_kv)
+        )
+        # One compute block per tile: a compute block is then the tile, the same tokens in
+        # either order, so the tables' kinds (and residual masks) hold for the box as they
+        # are. A smaller compute block of a box is not a run of kernel positions.
+        and shape.compute_blocks == 1
+    )
+    if not fits:
+        return None
+    places = lay.tokens_per_frame
+    return PlaceBoxes(frames, places, shape.block_q // frames, shape.block_kv // frames)
+
+
+def cube_order(x, layout: TokenLayout, to_kernel: bool, view: tuple[int, ...]):
+    """Box DMA's [rows, *view, d] (the user's order) to [rows, seq_len, d] in the layout's
+    kernel order, or back (the backward pass's operands and gradients)."""
     if to_kernel:
         return layout.to_kernel(x.reshape(x.shape[0], -1, x.shape[-1]), jnp)
     y = layout.from_kernel(x, jnp)
-    return y.reshape(y.shape[0], layout.frames, layout.height, layout.width, y.shape[-1])
+    return y.reshape(y.shape[0], *view, y.shape[-1])

@@ -54,7 +54,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from svgen.runtime import chunks
 from svgen.runtime.coords import QueryCoords, TokenCoords, block_pieces, block_table_inputs
-from svgen.runtime.cube import BoxRows, CubeDma
+from svgen.runtime.cube import BoxRows, CubeDma, PlaceBoxes, tile_positions
 from svgen.runtime.interpret import settled
 from svgen.core.kinds import TileKind
 from svgen.core.layout import TokenLayout
@@ -133,12 +133,15 @@ def _decode_query_coords(
     q_block,
     shape: "KernelShape",
     q_first=None,
+    q_places: int = 0,
 ):
     """Decode a q tile's query coordinates (row form) into coords_ref [n, block_q, 128]: a
     name, the coordinate; a function (a generated module's query function), its value,
     computed in row form too and transposed once. q_first: a chunked call's first query
-    token in the video (svgen.runtime.chunks)."""
-    pos = q_block * shape.block_q + lax.broadcasted_iota(jnp.int32, (1, shape.block_q), 1)
+    token in the video (svgen.runtime.chunks). q_places: the tile's rows are a place box's
+    (svgen.runtime.cube)."""
+    rows = lax.broadcasted_iota(jnp.int32, (1, shape.block_q), 1)
+    pos = tile_positions(q_block, rows, shape.block_q, q_places)
     if q_first is not None:
         pos = pos + q_first
     q = QueryCoords(pos, layout)
@@ -249,6 +252,7 @@ def _init(step: _Step):
             step.q_block,
             shape,
             step.q_first,
+            variant.box_q_places,
         )
         if len(variant.patterns) == 1:
             decode()
@@ -273,11 +277,8 @@ def _store(step: _Step, rows, state, bounded: bool = False):
 def _key_positions(step: _Step, block: Block, shape: tuple[int, int]):
     """The block's key positions, int32 of `shape` ([1, ckv] or [ckv, 1])."""
     axis = 1 if shape[0] == 1 else 0
-    return (
-        step.kv_block * step.shape.block_kv
-        + block.ki * step.shape.ckv
-        + lax.broadcasted_iota(jnp.int32, shape, axis)
-    )
+    rows = block.ki * step.shape.ckv + lax.broadcasted_iota(jnp.int32, shape, axis)
+    return tile_positions(step.kv_block, rows, step.shape.block_kv, step.variant.box_kv_places)
 
 
 def _keep_of(step: _Step, block: Block, pattern: PatternCode, padding: bool, segmented: bool):
@@ -539,7 +540,7 @@ def flat_attention(
     interpret,
     q_scale: float,
     with_lse: bool = False,
-    cubes: CubeDma | None = None,
+    cubes: CubeDma | PlaceBoxes | None = None,
     call=None,
     chunk=None,
     selection=None,
@@ -588,7 +589,10 @@ def flat_attention(
         q_rows=q.shape[1] if q.ndim == 3 else 0,
         chunk_rows=q.shape[0] if chunk is not None else 0,
         ring_sink=ring_sink,
-        cube=None if cubes is None else cubes.cube,
+        cube=None if cubes is None else cubes.block,
+        kv_cube=None if cubes is None else cubes.kv_block,
+        box_q_places=0 if cubes is None else cubes.q_places,
+        box_kv_places=0 if cubes is None else cubes.kv_places,
         id_rows=id_inputs[0].shape[1] if call is not None else 0,  # 2: ids and frame shifts
         variants_table=tables.variants is not None,
         block_tables=block_table_shapes(patterns),
@@ -650,7 +654,7 @@ def _scalar_operands(tables, head_pattern, static_pattern, patterns: int, call, 
     return operands, steps, tables.max_pieces if patterns == 1 else None, ()
 
 
-def _index_maps(variant: ForwardVariant, cubes: CubeDma | None) -> dict:
+def _index_maps(variant: ForwardVariant, cubes: CubeDma | PlaceBoxes | None) -> dict:
     """The call's index maps by the names its variant's operands use (Operand.index_map):
     each reads the grid step's entry from the scalar-prefetched tables."""
 

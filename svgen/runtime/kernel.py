@@ -30,7 +30,7 @@ from svgen.runtime.calls import (
     layout_mover,
     poison_unknown_patterns,
 )
-from svgen.runtime.cube import cube_dma, cube_order
+from svgen.runtime.cube import PlaceBoxes, cube_dma, cube_order
 from svgen.runtime.forward import flat_attention
 from svgen.runtime.softmax import LOG2_E
 from svgen.core.straight import straight_words
@@ -178,9 +178,12 @@ class TpuAttention(Attention):
         ids = self._call_ids(call.segment_ids, call.text_lengths, batch)
         static_pattern, head_pattern, head_layout = self.resolved(call.head_pattern, q.shape[-3])
         lead = q.shape[:-2]
-        # In kernel order every tile is a contiguous run already: plain blocks, no cube DMA.
-        # Cube DMA reads and writes the user's array: nothing to move either.
+        # In kernel order every tile is a contiguous run already: plain blocks, no box DMA.
+        # Box DMA reads and writes the user's array: nothing to move either. Place boxes
+        # take static tables only (run-time ids and selections are in kernel order).
         box_dma = None if call.in_kernel_order else self.cube_dma
+        if isinstance(box_dma, PlaceBoxes) and (ids is not None or self.select is not None):
+            box_dma = None
         mover = None
         if not call.in_kernel_order and box_dma is None:
             mover = self._order_mover(static_pattern, head_layout, call.interpret)
@@ -227,7 +230,7 @@ class TpuAttention(Attention):
         if self.select is None:
             return None
         if box_dma is not None:
-            q, k = (cube_order(x, self.layouts[0], to_kernel=True) for x in (q, k))
+            q, k = (cube_order(x, self.layouts[0], True, box_dma.view) for x in (q, k))
         self.select.check_smem(q.shape[0], ids is not None)
         rows = None if ids is None else self._selection_ids(head_pattern, ids)
         return self.select.choose(q, k, float(sm_scale), amount, head_pattern, rows)
@@ -331,8 +334,10 @@ class TpuAttention(Attention):
 
         def backward_rule(residuals, do):
             q, k, v, hp, ids, chosen, o, lse = residuals
-            if cubes is not None:  # the backward kernels read tiles in cube order
-                q, k, v, o, do = (cube_order(x, layout, to_kernel=True) for x in (q, k, v, o, do))
+            if cubes is not None:  # the backward kernels read tiles in kernel order
+                q, k, v, o, do = (cube_order(x, layout, True, cubes.view) for x in (q, k, v, o, do))
+            if isinstance(cubes, PlaceBoxes):
+                lse = cubes.lse_to_kernel_order(lse)
             q_scaled = (q.astype(jnp.float32) * q_scale).astype(q.dtype)
             dq, dk, dv = backward.backward(
                 q_scaled,
@@ -352,7 +357,7 @@ class TpuAttention(Attention):
                 calls=self._backward_calls(hp, ids, chosen),
             )
             if cubes is not None:
-                dq, dk, dv = (cube_order(x, layout, to_kernel=False) for x in (dq, dk, dv))
+                dq, dk, dv = (cube_order(x, layout, False, cubes.view) for x in (dq, dk, dv))
             no_ids = None if ids is None else jax.tree.map(_no_cotangent, ids)
             not_chosen = None if chosen is None else jax.tree.map(_no_cotangent, chosen)
             return dq, dk, dv, _no_cotangent(hp), no_ids, not_chosen

@@ -223,9 +223,15 @@ class ForwardVariant:
     q_rows: int = 0  # rows of q (bounded softmax: rows past them left out of the bound)
     chunk_rows: int = 0  # a chunk's call: its rows (batch x heads)
     ring_sink: int | None = None  # a chunk against a rolling cache whose sink ends here
-    # Cube DMA: q, k, v, o in the user's order [rows, frames, height, width, d], each tile
-    # read as a box of this shape (svgen.runtime.cube); None: [rows, seq, d] tiles.
-    cube: tuple[int, int, int] | None = None
+    # Box DMA: q, k, v, o in the user's order ([rows, frames, height, width, d] for cubes,
+    # [rows, frames, places, d] for place boxes), each q tile read as a box of this shape and
+    # each kv tile of kv_cube (svgen.runtime.cube); None: [rows, seq, d] tiles.
+    cube: tuple[int, ...] | None = None
+    kv_cube: tuple[int, ...] | None = None
+    # Place boxes: places per q box and per kv box (a tile's rows are frame-major in its box,
+    # not in kernel order; svgen.runtime.cube.tile_positions).
+    box_q_places: int = 0
+    box_kv_places: int = 0
     id_rows: int = 0  # run-time ids: rows of each id block (2 with per-video frame shifts)
     # The static tables hold a residual-mask variants word per piece (their last operand).
     variants_table: bool = False
@@ -277,7 +283,7 @@ class ForwardVariant:
         """Every ref of the kernel in pallas_call order: scalars, inputs, outputs, scratch."""
         shape, lanes, d = self.shape, 128, self.shape.head_dim
         q_block = (None, shape.block_q, d) if self.cube is None else (None, *self.cube, d)
-        kv_block = (None, shape.block_kv, d) if self.cube is None else q_block
+        kv_block = (None, shape.block_kv, d) if self.kv_cube is None else (None, *self.kv_cube, d)
         scalars = [Operand(f"table{i}", "scalar") for i in range(self.num_tables)]
         inputs = [
             Operand("q", "input", "q", q_block),

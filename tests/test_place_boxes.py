@@ -1,0 +1,158 @@
+"""Place boxes: temporal-major tiles of whole places x every frame read and written as boxes of
+the user's [frames, places, d] array (svgen.runtime.cube), so that a call in the user's order
+moves no token. Every kernel against float64 on fresh random inputs, outputs NaN-poisoned."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from svgen.runtime.cube import PlaceBoxes, tile_positions
+from svgen.core.kinds import TileKind
+
+from kernel_helpers import POISONED, check_grads, check_per_head, mixed_inputs
+from tpu_helpers import compile_for_v6e, data_movement, mosaic_kernels, v5e_gradient_hlo
+
+SPEC = """\
+svgen: 1
+name: place_boxes
+geometry: {frames: FRAMES, height: HEIGHT, width: WIDTH}
+attention: {heads: 2, head_dim: 128, dtype: DTYPE}
+layout: {order: [h, w, f]}
+mask: MASK
+tiling: TILING
+"""
+
+# A temporal head with a window of rows and columns, and a band in the kernel's own order:
+# frames, rows, columns and positions all decoded from each row's position.
+WINDOWED = "{any_of: [{temporal_stride: {rows: 1, cols: 1}}, {band: {width: 40}}]}"
+# Dense enough near the diagonal to have FULL tiles (which run with no mask at all).
+WIDE_BAND = "{any_of: [{temporal_stride: {rows: 0, cols: 1}}, {band: {width: 500}}]}"
+
+
+def spec(frames=3, height=16, width=36, mask=WINDOWED, tiling=None, dtype="float32") -> str:
+    tiling = tiling or "{block_q: 384, block_kv: 384}"
+    return (
+        SPEC.replace("FRAMES", str(frames))
+        .replace("HEIGHT", str(height))
+        .replace("WIDTH", str(width))
+        .replace("MASK", mask)
+        .replace("TILING", tiling)
+        .replace("DTYPE", dtype)
+    )
+
+
+CASES = {
+    # 576 places in boxes of 128: the last box reaches past them (padding rows in the box).
+    "partial last box": dict(mask=WIDE_BAND),
+    "boxes fill the places": dict(height=16, width=32),
+    "four frames, 32 places a tile": dict(
+        frames=4, height=8, width=20, tiling="{block_q: 128, block_kv: 128}"
+    ),
+    # q boxes of 32 places, kv boxes of 64: only the kv side's last box holds padding.
+    "q and kv boxes differ": dict(
+        frames=4, height=8, width=20, tiling="{block_q: 128, block_kv: 256}"
+    ),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_reads_boxes_and_matches_float64(case, dtype, compile_text):
+    plan, module = compile_text(spec(dtype=dtype, **CASES[case]))
+    boxes = module.attention.cube_dma
+    lay, shape = plan.layout, module.attention.shape
+    assert boxes == PlaceBoxes(
+        lay.frames,
+        lay.tokens_per_frame,
+        shape.block_q // lay.frames,
+        shape.block_kv // lay.frames,
+    )
+    q, k, v = mixed_inputs(plan, dtype, seed=21, heads=2)
+    out = module.attention(q, k, v, interpret=POISONED)
+    check_per_head(plan, out, q, k, v, [0, 0], dtype)
+
+
+def test_the_wide_band_has_tiles_of_every_kind(compile_text):
+    """The partial-box case runs FULL tiles (no mask), BOUNDARY ones and skips EMPTY ones."""
+    plan, _ = compile_text(spec(mask=WIDE_BAND))
+    kinds = set(np.unique(plan.patterns[0].kinds).tolist())
+    assert kinds == {TileKind.EMPTY, TileKind.BOUNDARY, TileKind.FULL}
+
+
+def test_gradients_from_box_reads(compile_text):
+    """The backward pass permutes into kernel order, the forward's lse from box order too:
+    gradients equal float64."""
+    plan, module = compile_text(spec(mask=WIDE_BAND))
+    assert isinstance(module.attention.cube_dma, PlaceBoxes)
+    q, k, v = mixed_inputs(plan, "float32", seed=22, heads=2)
+    check_grads(plan, module, q, k, v, np.array([0, 0]), "float32")
+
+
+def test_user_order_call_equals_the_kernel_order_call(compile_text):
+    """The box call in the user's order and the plain-block call in the kernel's give the
+    same output once moved to the same order."""
+    plan, module = compile_text(spec(mask=WIDE_BAND))
+    attention = module.attention
+    q, k, v = mixed_inputs(plan, "float32", seed=23, heads=2)
+    user = attention(q, k, v, interpret=POISONED)
+    moved = [attention.to_kernel_order(x, interpret=True) for x in (q, k, v)]
+    kernel = attention(*moved, interpret=POISONED, token_order="kernel")
+    np.testing.assert_allclose(
+        np.asarray(attention.from_kernel_order(kernel, interpret=True)),
+        np.asarray(user),
+        rtol=2e-6,
+        atol=2e-6,
+    )
+
+
+def test_tile_positions_walk_a_box_frame_by_frame():
+    """Row r of a box of n places x F frames is place r % n, frame r // n of the tile: the
+    positions of a tile are a permutation of its kernel positions."""
+    frames, places, tile = 3, 128, 2
+    rows = jnp.arange(frames * places, dtype=jnp.int32)
+    got = np.asarray(tile_positions(tile, rows, frames * places, places))
+    start = tile * frames * places
+    assert sorted(got.tolist()) == list(range(start, start + frames * places))
+    place, frame = np.divmod(got - start, frames)
+    np.testing.assert_array_equal(place, np.arange(frames * places) % places)
+    np.testing.assert_array_equal(frame, np.arange(frames * places) // places)
+    np.testing.assert_array_equal(tile_positions(tile, rows, 384, 0), start + np.arange(384))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"mask": "{any_of: [{first_frame: {frames: 1}}, {temporal_stride: {rows: 0, cols: 1}}]}"},
+        {"tiling": "{block_q: 384, block_kv: 384, compute_q: 128, compute_kv: 128}"},
+        {"tiling": "{block_q: 384, block_kv: 256}"},
+        {"frames": 16, "height": 4, "width": 8, "tiling": "{block_q: 128, block_kv: 128}"},
+    ],
+    ids=["anchor frame", "compute blocks", "kv tile not whole places", "8 places a tile"],
+)
+def test_boxes_only_where_a_tile_is_a_box(change, compile_text):
+    """An anchor frame (kept first, frame-major), compute blocks smaller than the tile, a
+    tile of no whole number of places, or boxes under the bf16 row tile (16 places): the
+    wrapper moves the tokens instead, and the output still equals float64."""
+    plan, module = compile_text(spec(**change))
+    assert module.attention.cube_dma is None
+    q, k, v = mixed_inputs(plan, "float32", seed=24, heads=2)
+    out = module.attention(q, k, v, interpret=POISONED)
+    check_per_head(plan, out, q, k, v, [0, 0], "float32")
+
+
+@pytest.mark.parametrize("layout", ["{order: [w, h, f]}", "{order: [f, h, w]}"])
+def test_other_orders_have_no_place_boxes(layout, compile_text):
+    _, module = compile_text(spec(mask=WIDE_BAND).replace("{order: [h, w, f]}", layout))
+    assert module.attention.cube_dma is None
+
+
+def test_v5e_compiles_box_reads_with_no_data_movement(compile_text):
+    """AOT for a TPU v5e on this host: the forward call is the kernel alone (no transpose,
+    gather or copy of q, k, v or o around it), and its gradient compiles too (the backward
+    kernels permute their operands)."""
+    _, module = compile_text(spec(mask=WIDE_BAND, dtype="bfloat16"))
+    hlo = compile_for_v6e(module, topology_name="v5e:2x2").as_text()
+    assert mosaic_kernels(hlo) == ["svgen_attention"]
+    assert data_movement(hlo) == set()
+    grad_hlo = v5e_gradient_hlo(module)
+    assert sorted(set(mosaic_kernels(grad_hlo))) == ["svgen_attention", "svgen_attention_dkv"]
