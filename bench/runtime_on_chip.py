@@ -2,7 +2,8 @@
 in one process.
 
     python bench/runtime_on_chip.py [--chunks SPEC] [--packed SPEC --videos N]
-        [--select SPEC] [--selected SPEC] [--orders SPEC] [--positions P,...] [--blocks BQ,BKV,BKVC] [--iters N] [--json FILE]
+        [--select SPEC] [--selected SPEC] [--orders SPEC [--backward]] [--positions P,...]
+        [--blocks BQ,BKV,BKVC] [--iters N] [--json FILE]
         [--target CHIP] [--interpret]
 
 --chunks SPEC (a spec with `runtime.kv_cache` on a contiguous cache): one chunk step of
@@ -34,7 +35,10 @@ order and back included), in the kernel's order (`token_order="kernel"`: none), 
 mask compiled frame-major. The share of the call the permutation takes is what issue 45's
 <= 5 % target is about. Where the kernel reads its tiles from the user's order (box DMA,
 svgen.runtime.cube), the same call is timed once more with the tokens moved around the kernel
-instead (the wrapper's permutation, as without box DMA), its output compared too. Outputs of the user-order call and the frame-major one are compared
+instead (the wrapper's permutation, as without box DMA), its output compared too. With
+--backward every call is timed forward + backward too (the gradient of sum(o) in q, k, v),
+and where the kernel reads place boxes, once more with only the forward reading them (the
+backward moving its operands into kernel order, svgen.runtime.kernel.BOX_BACKWARD = False). Outputs of the user-order call and the frame-major one are compared
 (equal unless the mask counts positions in its order: band, prefix, i_q / i_k).
 
 Each row: the median of --iters calls after two warm-ups (first calls timed alone); svgen's
@@ -339,12 +343,14 @@ def bench_selected(spec, chip, options, videos: int, blocks, progress) -> dict:
 
 
 # ----------------------------------------------------------------------------- orders
-def bench_orders(spec, chip, options, progress) -> dict:
+def bench_orders(spec, chip, options, progress, backward: bool = False) -> dict:
     import dataclasses
 
     import jax
+    import jax.numpy as jnp
 
     from svgen.core.layout import FRAME_MAJOR
+    from svgen.runtime import kernel as tpu_kernel
 
     if spec.mask is None or spec.layout == FRAME_MAJOR:
         raise SystemExit(f"{spec.name}: --orders takes a one-pattern spec in another order")
@@ -358,31 +364,46 @@ def bench_orders(spec, chip, options, progress) -> dict:
         def call(attention, **kw):
             return jax.jit(lambda q, k, v: attention(q, k, v, interpret=interpret, **kw))
 
+        def step(attention, **kw):  # forward + backward: the gradient of sum(o)
+            def loss(q, k, v):
+                o = attention(q, k, v, interpret=interpret, **kw)
+                return jnp.sum(o.astype(jnp.float32))
+
+            return jax.jit(jax.grad(loss, (0, 1, 2)))
+
+        def both(name, attention, label, **kw):
+            result[name], out = _time(call(attention, **kw), (q, k, v), options, progress, label)
+            if backward:
+                result[name + "_backward"], _ = _time(
+                    step(attention, **kw), (q, k, v), options, progress, label + ", fwd + bwd"
+                )
+            return out
+
         result = {"spec": spec.name, "kind": "orders", "layout": _layout_words(plan.layout)}
-        result["user_order"], mine = _time(
-            call(module.attention), (q, k, v), options, progress, "orders: user order"
-        )
+        mine = both("user_order", module.attention, "orders: user order")
         boxes = module.attention.cube_dma
         if boxes is not None:  # the same call with the tokens moved around the kernel instead
             result["box_dma"] = type(boxes).__name__
+            if backward:  # the forward reading boxes, the backward moving its operands
+                tpu_kernel.BOX_BACKWARD = False
+                try:
+                    result["user_order_backward_moved"], _ = _time(
+                        step(module.attention),
+                        (q, k, v),
+                        options,
+                        progress,
+                        "orders: backward moved, fwd + bwd",
+                    )
+                finally:
+                    tpu_kernel.BOX_BACKWARD = True
             module.attention.cube_dma = None
             try:
-                result["user_order_moved"], moved = _time(
-                    call(module.attention), (q, k, v), options, progress, "orders: moved"
-                )
+                moved = both("user_order_moved", module.attention, "orders: moved")
             finally:
                 module.attention.cube_dma = boxes
             result["moved_difference"] = _difference(mine, moved)
-        result["kernel_order"], _ = _time(
-            call(module.attention, token_order="kernel"),
-            (q, k, v),
-            options,
-            progress,
-            "orders: kernel order",
-        )
-        result["frame_major"], theirs = _time(
-            call(plain.attention), (q, k, v), options, progress, "orders: frame-major"
-        )
+        both("kernel_order", module.attention, "orders: kernel order", token_order="kernel")
+        theirs = both("frame_major", plain.attention, "orders: frame-major")
         result["max_difference"] = _difference(mine, theirs)
         return result
 
@@ -413,6 +434,35 @@ def orders_table(results: list[dict]) -> list[str]:
         lines.append(
             f"| {r['spec']} | {r['layout']} | {_ms(r['user_order'])} | {_ms(r['kernel_order'])} | "
             f"{share} | {moved} | {_ms(r['frame_major'])} | {versus} | {diff} |"
+        )
+    return lines
+
+
+def orders_backward_table(results: list[dict]) -> list[str]:
+    """Forward + backward of the --orders calls, where --backward timed them."""
+    lines = [
+        "| spec | user order ms | kernel order ms | permutation share | backward moved ms | "
+        "all moved ms | frame-major ms |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        if "user_order_backward" not in r:
+            continue
+        user, kernel = (
+            r[k].get("median_ms") for k in ("user_order_backward", "kernel_order_backward")
+        )
+        share = f"{(user - kernel) / user:.1%}" if user and kernel else "-"
+        cells = [
+            _ms(r[k]) if k in r else "-"
+            for k in (
+                "user_order_backward_moved",
+                "user_order_moved_backward",
+                "frame_major_backward",
+            )
+        ]
+        lines.append(
+            f"| {r['spec']} | {_ms(r['user_order_backward'])} | {_ms(r['kernel_order_backward'])} | "
+            f"{share} | {' | '.join(cells)} |"
         )
     return lines
 
@@ -472,6 +522,9 @@ def main(argv=None) -> int:
     parser.add_argument("--select", type=pathlib.Path)
     parser.add_argument("--selected", type=pathlib.Path)
     parser.add_argument("--orders", type=pathlib.Path)
+    parser.add_argument(
+        "--backward", action="store_true", help="--orders: time forward + backward too"
+    )
     parser.add_argument("--positions", help="chunk positions, comma-separated (default: all)")
     parser.add_argument(
         "--blocks",
@@ -530,7 +583,7 @@ def main(argv=None) -> int:
         save()
     if args.orders is not None:
         spec = load_spec(args.orders, chip=chip)
-        report["results"].append(bench_orders(spec, chip, options, progress))
+        report["results"].append(bench_orders(spec, chip, options, progress, args.backward))
         save()
     others = [r for r in report["results"] if r["kind"] != "orders"]
     if others:
@@ -538,6 +591,8 @@ def main(argv=None) -> int:
     orders = [r for r in report["results"] if r["kind"] == "orders"]
     if orders:
         print("\n".join(orders_table(orders)))
+        if args.backward:
+            print("\n".join(orders_backward_table(orders)))
     return 0
 
 

@@ -2,7 +2,9 @@
 the user's [frames, places, d] array (svgen.runtime.cube), so that a call in the user's order
 moves no token. Every kernel against float64 on fresh random inputs, outputs NaN-poisoned."""
 
-import jax.numpy as jnp
+import math
+import re
+
 import numpy as np
 import pytest
 
@@ -79,10 +81,11 @@ def test_the_wide_band_has_tiles_of_every_kind(compile_text):
     assert kinds == {TileKind.EMPTY, TileKind.BOUNDARY, TileKind.FULL}
 
 
-def test_gradients_from_box_reads(compile_text):
-    """The backward pass permutes into kernel order, the forward's lse from box order too:
-    gradients equal float64."""
-    plan, module = compile_text(spec(mask=WIDE_BAND))
+@pytest.mark.parametrize("case", list(CASES))
+def test_gradients_from_box_reads(case, compile_text):
+    """The backward kernels read boxes too (D in the q boxes' order, dq accumulated in a
+    boxed HBM buffer): gradients equal float64."""
+    plan, module = compile_text(spec(**CASES[case]))
     assert isinstance(module.attention.cube_dma, PlaceBoxes)
     q, k, v = mixed_inputs(plan, "float32", seed=22, heads=2)
     check_grads(plan, module, q, k, v, np.array([0, 0]), "float32")
@@ -109,14 +112,18 @@ def test_tile_positions_walk_a_box_frame_by_frame():
     """Row r of a box of n places x F frames is place r % n, frame r // n of the tile: the
     positions of a tile are a permutation of its kernel positions."""
     frames, places, tile = 3, 128, 2
-    rows = jnp.arange(frames * places, dtype=jnp.int32)
-    got = np.asarray(tile_positions(tile, rows, frames * places, places))
-    start = tile * frames * places
-    assert sorted(got.tolist()) == list(range(start, start + frames * places))
+    block = frames * places
+    got = np.asarray(tile_positions(tile, block, places, (1, block), 1))[0]
+    start = tile * block
+    assert sorted(got.tolist()) == list(range(start, start + block))
     place, frame = np.divmod(got - start, frames)
-    np.testing.assert_array_equal(place, np.arange(frames * places) % places)
-    np.testing.assert_array_equal(frame, np.arange(frames * places) // places)
-    np.testing.assert_array_equal(tile_positions(tile, rows, 384, 0), start + np.arange(384))
+    np.testing.assert_array_equal(place, np.arange(block) % places)
+    np.testing.assert_array_equal(frame, np.arange(block) // places)
+    # a compute block's rows from an offset, in a column; and in order without boxes
+    column = np.asarray(tile_positions(tile, block, places, (block - 128, 1), 0, 128))[:, 0]
+    np.testing.assert_array_equal(column, got[128:])
+    plain = np.asarray(tile_positions(tile, block, 0, (1, 128), 1, 256))[0]
+    np.testing.assert_array_equal(plain, start + 256 + np.arange(128))
 
 
 @pytest.mark.parametrize(
@@ -148,11 +155,21 @@ def test_other_orders_have_no_place_boxes(layout, compile_text):
 
 def test_v5e_compiles_box_reads_with_no_data_movement(compile_text):
     """AOT for a TPU v5e on this host: the forward call is the kernel alone (no transpose,
-    gather or copy of q, k, v or o around it), and its gradient compiles too (the backward
-    kernels permute their operands)."""
-    _, module = compile_text(spec(mask=WIDE_BAND, dtype="bfloat16"))
+    gather or copy of q, k, v or o around it), and the gradient's program moves no tensor of
+    tokens x head_dim either (only D, a value per token, into the q boxes' order)."""
+    plan, module = compile_text(spec(mask=WIDE_BAND, dtype="bfloat16"))
     hlo = compile_for_v6e(module, topology_name="v5e:2x2").as_text()
     assert mosaic_kernels(hlo) == ["svgen_attention"]
     assert data_movement(hlo) == set()
     grad_hlo = v5e_gradient_hlo(module)
     assert sorted(set(mosaic_kernels(grad_hlo))) == ["svgen_attention", "svgen_attention_dkv"]
+    per_token = 2 * module.attention.shape.padded_seq_len  # heads x padded tokens
+    moved = [math.prod(dims) for dims in _moved_shapes(grad_hlo)]
+    assert moved and max(moved) <= per_token
+
+
+def _moved_shapes(hlo: str) -> list[tuple[int, ...]]:
+    """The shapes of the floating arrays XLA transposes, gathers, concatenates or copies (by
+    the JAX op behind each instruction, as tpu_helpers.data_movement reads them)."""
+    pattern = r'= (?:f32|bf16)\[([\d,]*)\][^\n]*op_name="[^"]*/(?:transpose|gather|concatenate|copy)[^"/]*"'
+    return [tuple(int(n) for n in dims.split(",") if n) for dims in re.findall(pattern, hlo)]

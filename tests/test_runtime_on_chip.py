@@ -136,6 +136,37 @@ def test_an_axis_order_against_the_same_mask_frame_major_in_the_interpreter(tmp_
     assert "| spec | call |" not in table  # no empty table of the other features
 
 
+BOXES = """
+svgen: 1
+name: tiny_boxes
+geometry: {frames: 4, height: 8, width: 16}
+attention: {heads: 2, head_dim: 128, dtype: float32}
+layout: {order: [h, w, f]}
+mask: {temporal_stride: {rows: 0, cols: 1}}
+tiling: {block_q: 128, block_kv: 128}
+"""
+
+
+def test_place_boxes_against_moving_the_tokens_with_backward_in_the_interpreter(tmp_path, capsys):
+    """--orders --backward on a spec whose tiles are place boxes: the call reading boxes, the
+    same call with the tokens moved around the kernel, and with only the backward moving
+    them, each forward and forward + backward, outputs compared."""
+    (tmp_path / "boxes.yaml").write_text(BOXES)
+    out = tmp_path / "boxes.json"
+    argv = ["--orders", str(tmp_path / "boxes.yaml"), "--backward", "--iters", "1"]
+    argv += ["--interpret", "--target", "v5e", "--json", str(out)]
+    assert runtime_on_chip.main(argv) == 0
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["box_dma"] == "PlaceBoxes"
+    for call in ("user_order", "user_order_moved", "kernel_order", "frame_major"):
+        for timed in (call, call + "_backward"):
+            assert "median_ms" in result[timed], (timed, result[timed])
+    assert "median_ms" in result["user_order_backward_moved"]
+    assert result["moved_difference"] < 1e-5 and result["max_difference"] < 1e-4
+    table = capsys.readouterr().out
+    assert table.count("| tiny_boxes |") == 2  # the forward table and the fwd + bwd one
+
+
 SELECTED = """
 svgen: 1
 name: tiny_selected

@@ -23,6 +23,7 @@ Rows with no allowed key have that lse too: zero gradient, never NaN.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -32,6 +33,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from svgen.runtime import chunks
+from svgen.runtime.cube import BoxRows, PlaceBoxes, tile_positions
 from svgen.runtime.coords import QueryCoords, TokenCoords, block_pieces, block_table_inputs
 from svgen.runtime.interpret import settled
 from svgen.core.kinds import TileKind
@@ -162,7 +164,9 @@ def _walk(
         def index_map(outer, step, slot, *refs):
             at = view(outer, step, refs)
             tile = at.q_block if kind.startswith("row") else at.kv_block(slot)
-            return (at.row, 0, tile) if kind.endswith("vec") else (at.row, tile, 0)
+            if kind.endswith("vec"):
+                return at.row, 0, tile
+            return (at.row, tile, 0) if variant.row_box is None else (at.row, 0, tile, 0)
 
         return index_map
 
@@ -243,7 +247,7 @@ def _run_blocks(view, kind, active, blocks, shape, masks, update, segments: bool
 
 def _dq_kernel(*refs, variant: BackwardVariant):
     """dq of each q tile: refs in the order of variant.operands() (svgen.runtime.variant)."""
-    r = variant.unpack(refs)
+    r = _box_rows(variant, variant.unpack(refs), ("q", "do", "dq"), ("k", "v"))
     shape, walk, patterns, sm_scale = (
         variant.shape,
         variant.walk,
@@ -272,7 +276,7 @@ def _dq_kernel(*refs, variant: BackwardVariant):
         p = jnp.exp2(_dot(q, k, 1, 1) - lanes(lse_col[block.rows, :], shape.ckv))
         if pattern is not None:
             shifts = block_shifts(id_refs, block.rows, block.cols) if segmented else None
-            keep = _keep(pattern, q_tile, kv_tile, block, shape, shifts, r.block_tables)
+            keep = _keep(pattern, q_tile, kv_tile, block, variant, shifts, r.block_tables)
             if segmented:  # the block spans run-time segments: only pairs of one segment
                 keep = keep & same_segment(id_refs, block.rows, block.cols)
             p = jnp.where(keep, p, 0.0)
@@ -304,7 +308,7 @@ def _dkv_kernel(*refs, variant: BackwardVariant):
     ring: (sink end, rows) of a chunk's walk against a rolling cache: the last table then
     also holds the ring's wrap and key shifts per row, which map the cache's slots to video
     keys in masked blocks (chunks.slot_keys)."""
-    r = variant.unpack(refs)
+    r = _box_rows(variant, variant.unpack(refs), ("k", "v", "dk", "dv"), ("q", "do"))
     shape, walk, patterns, fused_dq = (
         variant.shape,
         variant.walk,
@@ -341,7 +345,7 @@ def _dkv_kernel(*refs, variant: BackwardVariant):
         if pattern is not None:
             shifts = block_shifts(id_refs, block.rows, block.cols) if segmented else None
             keep_t = _keep_t(
-                pattern, kv_tile, q_tile, block, shape, q_first, key_map, shifts, r.block_tables
+                pattern, kv_tile, q_tile, block, variant, q_first, key_map, shifts, r.block_tables
             )
             if segmented:  # across run-time segments: only pairs of one (keys are rows here)
                 keep_t = keep_t & same_segment(id_refs, block.rows, block.cols)
@@ -354,8 +358,14 @@ def _dkv_kernel(*refs, variant: BackwardVariant):
 
     if fused_dq:
         work = active & (kind != TileKind.EMPTY)
-        queries = pl.ds(pl.multiple_of(q_tile * shape.block_kv, shape.block_kv), shape.block_kv)
-        tile_in_hbm = dq_hbm.at[view.row, queries, :]
+        if variant.col_box is None:
+            size = shape.block_kv
+            queries = pl.ds(pl.multiple_of(q_tile * size, size), size)
+            tile_in_hbm = dq_hbm.at[view.row, queries, :]
+        else:  # the q tile's box of the [rows, frames, places, d] buffer
+            size = variant.col_places
+            places = pl.ds(pl.multiple_of(q_tile * size, size), size)
+            tile_in_hbm = dq_hbm.at[view.row, :, places, :]
         read = pltpu.make_async_copy(tile_in_hbm, dq_buf, dq_sems.at[0])
         write = pltpu.make_async_copy(dq_buf, tile_in_hbm, dq_sems.at[1])
 
@@ -371,7 +381,7 @@ def _dkv_kernel(*refs, variant: BackwardVariant):
         @pl.when(work)
         def _():
             read.wait()
-            dq_buf[...] += dq_step[...]
+            dq_buf[...] += dq_step[...].reshape(dq_buf.shape)
             write.start()
             write.wait()  # before the next step reads a tile (maybe this one)
 
@@ -382,16 +392,30 @@ def _dkv_kernel(*refs, variant: BackwardVariant):
         dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
 
 
-def _positions(tile, size: int, index: int, width: int):
-    return tile * size + index * width + lax.broadcasted_iota(jnp.int32, (1, width), 1)
+def _box_rows(variant: BackwardVariant, r, row_names, col_names):
+    """The refs with place boxes' [frames, n, d] blocks read and written as [tile rows, d]
+    (cube.BoxRows) on the sides of the walk whose tiles are boxes."""
+    boxed = {}
+    for names, box in ((row_names, variant.row_box), (col_names, variant.col_box)):
+        if box is not None:
+            boxed.update({n: BoxRows(getattr(r, n)) for n in names if getattr(r, n) is not None})
+    return dataclasses.replace(r, **boxed) if boxed else r
 
 
-def _keep(pattern, q_tile, kv_tile, block, shape, shifts=None, tables=None):
+def _positions(tile, size: int, index: int, width: int, places: int = 0):
+    """Kernel positions of compute block `index` (of `width`) of a tile of `size`, row form;
+    places: the tile is a place box of that many places (cube.tile_positions)."""
+    return tile_positions(tile, size, places, (1, width), 1, index * width)
+
+
+def _keep(pattern, q_tile, kv_tile, block, variant, shifts=None, tables=None):
     """keep [cq, ckv] of a dq block (queries decoded in row form, read as columns).
     shifts: per-video frames' (query [cq, 1], key [1, ckv]) frame shifts."""
-    q = QueryCoords(_positions(q_tile, shape.block_q, block.qi, shape.cq), pattern.layout)
+    shape = variant.shape
+    q_pos = _positions(q_tile, shape.block_q, block.qi, shape.cq, variant.row_places)
+    q = QueryCoords(q_pos, pattern.layout)
     k = TokenCoords(
-        _positions(kv_tile, shape.block_kv, block.ki, shape.ckv),
+        _positions(kv_tile, shape.block_kv, block.ki, shape.ckv, variant.col_places),
         pattern.layout,
         block_pieces(tables, block, shape),
     )
@@ -401,16 +425,17 @@ def _keep(pattern, q_tile, kv_tile, block, shape, shifts=None, tables=None):
 
 
 def _keep_t(
-    pattern, kv_tile, q_tile, block, shape, q_first=None, key_map=None, shifts=None, tables=None
+    pattern, kv_tile, q_tile, block, variant, q_first=None, key_map=None, shifts=None, tables=None
 ):
     """keep^T [ckv, cq] of a dkv block: the same mask with keys as columns, queries as rows
     (shape is transposed: block.qi indexes keys). q_first: a chunked call's first query
     token in the video; key_map: a rolling cache's slot -> video key map. shifts: per-video
     frames' (key [ckv, 1], query [1, cq]) frame shifts."""
-    k_pos = _positions(kv_tile, shape.block_q, block.qi, shape.cq)
+    shape = variant.shape
+    k_pos = _positions(kv_tile, shape.block_q, block.qi, shape.cq, variant.row_places)
     pieces = block_pieces(tables, block, shape, transposed=True)
     k = QueryCoords(k_pos if key_map is None else key_map(k_pos), pattern.layout, pieces)
-    q_pos = _positions(q_tile, shape.block_kv, block.ki, shape.ckv)
+    q_pos = _positions(q_tile, shape.block_kv, block.ki, shape.ckv, variant.col_places)
     q = TokenCoords(q_pos if q_first is None else q_pos + q_first, pattern.layout)
     if shifts is not None:
         k, q = ShiftedFrames(k, shifts[0]), ShiftedFrames(q, shifts[1])
@@ -438,6 +463,7 @@ def backward(
     calls=None,
     chunk=None,
     ring_sink: int | None = None,
+    boxes: PlaceBoxes | None = None,
 ):
     """dq, dk, dv [rows, seq_len, d] (kernel order) of the forward call that gave o, lse;
     fused_dq: dq inside the dk/dv walk (one kernel) instead of its own kernel (None:
@@ -445,10 +471,31 @@ def backward(
     key ids [rows, 1, seq_len]) (svgen.runtime.segments). chunk: a KV-cache chunk's call,
     (its dk/dv walk's chunk operands as _walk takes them): q, o, do hold the chunk's rows,
     k and v the whole sequence's; dq, dk, dv come back so (always the fused walk). ring_sink:
-    the chunk's cache is rolling (shape.seq_len is the cache's; see _dkv_kernel)."""
+    the chunk's cache is rolling (shape.seq_len is the cache's; see _dkv_kernel). boxes:
+    place boxes (svgen.runtime.cube): q, k, v, o, do are the user's [rows, frames, places, d]
+    arrays and lse is in the forward's box order, the kernels read their tiles as boxes (the
+    dq fused into the dk/dv walk, whose HBM buffer is boxed too), and dq, dk, dv come back
+    in the user's order."""
     if fused_dq is None:
         fused_dq = FUSED_DQ
     fused_dq = fused_dq or chunk is not None
+    if boxes is not None:
+        return _box_backward(
+            q_scaled,
+            k,
+            v,
+            o,
+            lse,
+            do,
+            head_pattern,
+            static_pattern,
+            boxes,
+            dkv_tables=dkv_tables,
+            patterns=patterns,
+            shape=shape,
+            sm_scale=sm_scale,
+            interpret=interpret,
+        )
     pad = shape.padded_seq_len - shape.seq_len
     q_len = q_scaled.shape[1]
     q_pad = lse.shape[-1] - q_len  # whole q tiles
@@ -502,6 +549,52 @@ def backward(
     return dq[:, cut], dk[:, cut], dv[:, cut]
 
 
+def _box_backward(
+    q_scaled,
+    k,
+    v,
+    o,
+    lse,
+    do,
+    head_pattern,
+    static_pattern,
+    boxes: PlaceBoxes,
+    *,
+    dkv_tables,
+    patterns,
+    shape,
+    sm_scale,
+    interpret,
+):
+    """The backward pass of place boxes (see `backward`): the operands padded with zero
+    places up to whole boxes (as a plain call pads its sequence to whole tiles), D in the
+    q boxes' order (the lse's), one fused dk/dv walk."""
+    frames, places = boxes.frames, boxes.places
+    padded_places = shape.padded_seq_len // frames
+    extra = padded_places - places
+    pad = functools.partial(jnp.pad, pad_width=((0, 0), (0, 0), (0, extra), (0, 0)))
+    delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)  # D = rowsum
+    delta = boxes.to_box_order(jnp.pad(delta, ((0, 0), (0, 0), (0, extra))))
+    common = dict(head_pattern=head_pattern, static_pattern=static_pattern, interpret=interpret)
+    dk, dv, dq = _dkv_walk(
+        pad(k),
+        pad(v),
+        pad(q_scaled),
+        pad(do),
+        lse,
+        delta,
+        dkv_tables,
+        patterns,
+        shape,
+        sm_scale,
+        common,
+        fused_dq=True,
+        boxes=boxes,
+    )
+    cut = slice(0, places)
+    return (dq[:, :, cut] * sm_scale).astype(q_scaled.dtype), dk[:, :, cut], dv[:, :, cut]
+
+
 def _dkv_walk(
     kp,
     vp,
@@ -520,10 +613,12 @@ def _dkv_walk(
     ids=(),
     chunk=None,
     ring_sink=None,
+    boxes: PlaceBoxes | None = None,
 ):
     """The walk of the transposed tables: (dk, dv), and with fused_dq also dq (f32, unscaled,
     accumulated in an HBM buffer aliased from zeros). call, ids: run-time segments (the
-    call's transposed tables; query and key ids). ring_sink: a rolling cache's chunk."""
+    call's transposed tables; query and key ids). ring_sink: a rolling cache's chunk.
+    boxes: place boxes (kv tiles are the walk's rows, q tiles its columns)."""
     inputs = (kp, vp, qp, dop, lse, delta)
     if ids:  # keys are the rows here
         inputs = inputs + (ids[1], ids[0])
@@ -547,6 +642,8 @@ def _dkv_walk(
             id_rows=ids[0].shape[1] if ids else 0,
             chunked=chunk is not None,
             ring=ring,
+            row_box=None if boxes is None else boxes.kv_block,
+            col_box=None if boxes is None else boxes.block,
         ),
         tables=dkv_tables,
         call=call,

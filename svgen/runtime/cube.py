@@ -25,8 +25,11 @@ Two layouts have tiles that are boxes:
   its rows past them are padding, masked by position as there.
 
 The user's array goes in and the output comes out in the user's order, with no HBM pass over
-q, k, v or o. The backward pass permutes its operands into kernel order as for any other layout
-(with place boxes the forward's lse too, `lse_to_kernel_order`).
+q, k, v or o. With cubes the backward pass permutes its operands into kernel order as for any
+other layout; with place boxes its kernels read and write boxes too (svgen.runtime.backward:
+D in the q boxes' order, `to_box_order`, as the forward's lse; dq accumulated in a boxed HBM
+buffer), unless svgen.runtime.kernel.BOX_BACKWARD is False (then the lse is moved to kernel
+order, `lse_to_kernel_order`).
 """
 
 from __future__ import annotations
@@ -117,6 +120,14 @@ class PlaceBoxes:
     def box(self, tile):
         return 0, tile
 
+    def to_box_order(self, x):
+        """A per-token vector [rows, frames, padded places] in the user's order to the q
+        boxes' order, lane-major [rows, 1, padded length] (as the forward's lse)."""
+        rows, frames, places = x.shape
+        tiles = places // self.q_places
+        boxed = jnp.swapaxes(x.reshape(rows, frames, tiles, self.q_places), 1, 2)
+        return boxed.reshape(rows, 1, frames * places)
+
     def lse_to_kernel_order(self, lse):
         """The forward's lse [rows, 1, q tiles * block_q], each tile's rows in box order, to
         kernel order (what the backward kernels read)."""
@@ -126,12 +137,18 @@ class PlaceBoxes:
         return jnp.swapaxes(boxed, -1, -2).reshape(lse.shape)
 
 
-def tile_positions(tile, rows, block: int, places_per_box: int):
-    """The kernel positions of rows `rows` (int32, any shape) of tile `tile` of `block` tokens:
-    in order, or with place boxes (places_per_box > 0) row r is place r % n, frame r // n of
-    the box (lax.div / lax.rem: the operands are non-negative)."""
+def tile_positions(tile, block: int, places_per_box: int, shape, axis: int, offset=None):
+    """The kernel positions (int32 of `shape`) of the rows offset + iota(shape, axis) of tile
+    `tile` of `block` tokens: in order, or with place boxes (places_per_box > 0) row r is
+    place r % n, frame r // n of the box (lax.div / lax.rem: the operands are
+    non-negative). In order the sum is tile * block + offset + iota, in the order the kernels
+    always traced it (the same program)."""
     if not places_per_box:
-        return tile * block + rows
+        start = tile * block if offset is None else tile * block + offset
+        return start + lax.broadcasted_iota(jnp.int32, shape, axis)
+    rows = lax.broadcasted_iota(jnp.int32, shape, axis)
+    if offset is not None:
+        rows = offset + rows
     frames = block // places_per_box
     place, frame = lax.rem(rows, places_per_box), lax.div(rows, places_per_box)
     return tile * block + place * frames + frame

@@ -140,8 +140,7 @@ def _decode_query_coords(
     computed in row form too and transposed once. q_first: a chunked call's first query
     token in the video (svgen.runtime.chunks). q_places: the tile's rows are a place box's
     (svgen.runtime.cube)."""
-    rows = lax.broadcasted_iota(jnp.int32, (1, shape.block_q), 1)
-    pos = tile_positions(q_block, rows, shape.block_q, q_places)
+    pos = tile_positions(q_block, shape.block_q, q_places, (1, shape.block_q), 1)
     if q_first is not None:
         pos = pos + q_first
     q = QueryCoords(pos, layout)
@@ -277,8 +276,9 @@ def _store(step: _Step, rows, state, bounded: bool = False):
 def _key_positions(step: _Step, block: Block, shape: tuple[int, int]):
     """The block's key positions, int32 of `shape` ([1, ckv] or [ckv, 1])."""
     axis = 1 if shape[0] == 1 else 0
-    rows = block.ki * step.shape.ckv + lax.broadcasted_iota(jnp.int32, shape, axis)
-    return tile_positions(step.kv_block, rows, step.shape.block_kv, step.variant.box_kv_places)
+    offset = block.ki * step.shape.ckv
+    places = step.variant.box_kv_places
+    return tile_positions(step.kv_block, step.shape.block_kv, places, shape, axis, offset)
 
 
 def _keep_of(step: _Step, block: Block, pattern: PatternCode, padding: bool, segmented: bool):

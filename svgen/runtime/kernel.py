@@ -53,6 +53,11 @@ from svgen.core.tables import (
 # `bench/kernel_ab.py --runtime kernel.RESIDUAL_MASKS=False` to time the two on the chip.
 RESIDUAL_MASKS = True
 
+# Place boxes (svgen.runtime.cube) in the backward kernels too: False moves the backward's
+# operands into kernel order and its gradients back instead (the forward still reads boxes),
+# for timing the two on the chip.
+BOX_BACKWARD = True
+
 
 class TpuAttention(Attention):
     """`attention(q, k, v, *, head_pattern=None, interpret=False, sm_scale=None,
@@ -334,10 +339,12 @@ class TpuAttention(Attention):
 
         def backward_rule(residuals, do):
             q, k, v, hp, ids, chosen, o, lse = residuals
-            if cubes is not None:  # the backward kernels read tiles in kernel order
+            # Place boxes: the backward kernels read boxes too; cubes: they run in kernel order.
+            boxes = cubes if isinstance(cubes, PlaceBoxes) and BOX_BACKWARD else None
+            if cubes is not None and boxes is None:
                 q, k, v, o, do = (cube_order(x, layout, True, cubes.view) for x in (q, k, v, o, do))
-            if isinstance(cubes, PlaceBoxes):
-                lse = cubes.lse_to_kernel_order(lse)
+                if isinstance(cubes, PlaceBoxes):
+                    lse = cubes.lse_to_kernel_order(lse)
             q_scaled = (q.astype(jnp.float32) * q_scale).astype(q.dtype)
             dq, dk, dv = backward.backward(
                 q_scaled,
@@ -355,8 +362,9 @@ class TpuAttention(Attention):
                 sm_scale=sm_scale,
                 interpret=interpret,
                 calls=self._backward_calls(hp, ids, chosen),
+                boxes=boxes,
             )
-            if cubes is not None:
+            if cubes is not None and boxes is None:
                 dq, dk, dv = (cube_order(x, layout, False, cubes.view) for x in (dq, dk, dv))
             no_ids = None if ids is None else jax.tree.map(_no_cotangent, ids)
             not_chosen = None if chosen is None else jax.tree.map(_no_cotangent, chosen)

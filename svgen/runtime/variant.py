@@ -456,6 +456,20 @@ class BackwardVariant:
     id_rows: int = 0  # run-time segments' ids: rows of each id block (0: none)
     chunked: bool = False  # a chunk's walk: its last scalar operand holds per-row scalars
     ring: tuple[int, int] | None = None  # a rolling cache's chunk: (sink end, rows)
+    # Place boxes (svgen.runtime.cube): the walk's row tiles and column tiles are boxes
+    # (frames, n) of the user's [rows, frames, places, d] arrays, each tile's rows frame by
+    # frame; None: [rows, seq, d] tiles in kernel order.
+    row_box: tuple[int, int] | None = None
+    col_box: tuple[int, int] | None = None
+
+    @property
+    def row_places(self) -> int:
+        """Places per row tile's box (0: rows in kernel order)."""
+        return 0 if self.row_box is None else self.row_box[1]
+
+    @property
+    def col_places(self) -> int:
+        return 0 if self.col_box is None else self.col_box[1]
 
     def operands(self) -> tuple[Operand, ...]:
         """Every ref in pallas_call order. Index maps: `row` / `col` tiles of the walk
@@ -464,10 +478,14 @@ class BackwardVariant:
         shape, lanes, d = self.shape, 128, self.shape.head_dim
 
         def tile(name, index_map, role="input", height=1):
-            size = shape.block_q if index_map.startswith("row") else shape.block_kv
-            vector = index_map.endswith("vec")
-            block = (None, height, size) if vector else (None, size, d)
-            return Operand(name, role, index_map, block)
+            on_rows = index_map.startswith("row")
+            size = shape.block_q if on_rows else shape.block_kv
+            box = self.row_box if on_rows else self.col_box
+            if index_map.endswith("vec"):
+                return Operand(name, role, index_map, (None, height, size))
+            return Operand(
+                name, role, index_map, (None, size, d) if box is None else (None, *box, d)
+            )
 
         scalars = [Operand(f"table{i}", "scalar") for i in range(self.num_tables)]
         if self.kernel == "dq":
@@ -506,7 +524,12 @@ class BackwardVariant:
             scratch += [
                 # this step's dq contribution, and the q tile's dq read from HBM
                 Operand("dq_step", "scratch", shape=(shape.block_kv, d), dtype="float32"),
-                Operand("dq_buf", "scratch", shape=(shape.block_kv, d), dtype="float32"),
+                Operand(
+                    "dq_buf",
+                    "scratch",
+                    shape=(shape.block_kv, d) if self.col_box is None else (*self.col_box, d),
+                    dtype="float32",
+                ),
                 Operand("dq_sems", "scratch", shape=(2,), memory="dma_semaphore"),
             ]
         return (*scalars, *inputs, *outputs, *scratch)
