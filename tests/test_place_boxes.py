@@ -5,6 +5,8 @@ moves no token. Every kernel against float64 on fresh random inputs, outputs NaN
 import math
 import re
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -12,7 +14,13 @@ from svgen.runtime.cube import PlaceBoxes, tile_positions
 from svgen.core.kinds import TileKind
 
 from kernel_helpers import POISONED, check_grads, check_per_head, mixed_inputs
-from tpu_helpers import compile_for_v6e, data_movement, mosaic_kernels, v5e_gradient_hlo
+from tpu_helpers import (
+    compile_for_v6e,
+    data_movement,
+    mosaic_kernels,
+    tpu_device,
+    v5e_gradient_hlo,
+)
 
 SPEC = """\
 svgen: 1
@@ -173,3 +181,101 @@ def _moved_shapes(hlo: str) -> list[tuple[int, ...]]:
     the JAX op behind each instruction, as tpu_helpers.data_movement reads them)."""
     pattern = r'= (?:f32|bf16)\[([\d,]*)\][^\n]*op_name="[^"]*/(?:transpose|gather|concatenate|copy)[^"/]*"'
     return [tuple(int(n) for n in dims.split(",") if n) for dims in re.findall(pattern, hlo)]
+
+
+# -- heads of several layouts: a kernel call per run of heads of one layout --------------------
+
+MIXED = """\
+svgen: 1
+name: place_boxes_mixed
+geometry: {frames: 3, height: 16, width: 36}
+attention: {heads: 4, head_dim: 128, dtype: DTYPE}
+patterns:
+  spatial: {spatial_window: {frames: 0, rows: 2, cols: 3}}
+  temporal: WIDE_BAND
+  columns: {temporal_stride: {rows: 1, cols: 0}}
+heads:
+  candidates:
+    - {pattern: spatial}
+    - {pattern: temporal, layout: {order: [h, w, f]}}
+    - {pattern: columns, layout: {order: [w, h, f]}}
+  assign: ASSIGN
+tiling: {block_q: 384, block_kv: 384}
+""".replace("WIDE_BAND", WIDE_BAND)
+
+
+def mixed_spec(assign: str, dtype: str = "float32") -> str:
+    return MIXED.replace("ASSIGN", assign).replace("DTYPE", dtype)
+
+
+RUNS = {
+    "[spatial, spatial, temporal, temporal]": ((0, 2, 0), (2, 4, 1)),
+    "[temporal, spatial, temporal, spatial]": ((0, 1, 1), (1, 2, 0), (2, 3, 1), (3, 4, 0)),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("assign", list(RUNS))
+def test_heads_of_two_layouts_run_a_call_per_run(assign, dtype, compile_text):
+    """Frame-major heads and [h, w, f] heads with place boxes, in runs: one kernel call per
+    run of heads of one layout, each writing its heads' rows of the one output. Each head
+    equals float64 of its own pattern, in the user's order, batched too."""
+    plan, module = compile_text(mixed_spec(assign, dtype))
+    attention = module.attention
+    head_pattern = np.asarray(module.HEAD_PATTERN)
+    assert attention.cube_dma is None and attention._head_runs(head_pattern) == RUNS[assign]
+    q, k, v = mixed_inputs(plan, dtype, seed=25, heads=4)
+    out = attention(q, k, v, interpret=POISONED)
+    check_per_head(plan, out, q, k, v, head_pattern, dtype)
+    batched = attention(*(jnp.stack([x[::-1], x]) for x in (q, k, v)), interpret=POISONED)
+    np.testing.assert_array_equal(np.asarray(batched[1]), np.asarray(out))
+    for head in range(4):  # the first batch element holds the heads reversed
+        ref = attention(q[::-1], k[::-1], v[::-1], interpret=POISONED)
+        np.testing.assert_array_equal(np.asarray(batched[0][head]), np.asarray(ref[head]))
+
+
+def test_gradients_of_head_runs(compile_text):
+    """Under a gradient the tokens are moved and one call runs in kernel order (what the
+    backward kernels read): gradients equal float64."""
+    assign = "[temporal, spatial, temporal, spatial]"
+    plan, module = compile_text(mixed_spec(assign))
+    q, k, v = mixed_inputs(plan, "float32", seed=26, heads=4)
+    check_grads(plan, module, q, k, v, np.asarray(module.HEAD_PATTERN), "float32")
+
+
+@pytest.mark.parametrize(
+    "assign", ["[spatial, columns, temporal, spatial]", "runtime"], ids=["moved layout", "traced"]
+)
+def test_head_runs_only_where_every_head_reads_the_users_order(assign, compile_text):
+    """A head of a layout with no place boxes ([w, h, f]), or an assignment traced at run
+    time (no static runs): one call for every head, the tokens moved around it, the output
+    still float64's."""
+    plan, module = compile_text(mixed_spec(assign))
+    attention = module.attention
+    if assign == "runtime":
+        head_pattern = np.array([1, 0, 1, 0])
+        assert attention._head_runs(None) is None
+    else:
+        head_pattern = np.asarray(module.HEAD_PATTERN)
+        assert attention._head_runs(head_pattern) is None
+    q, k, v = mixed_inputs(plan, "float32", seed=27, heads=4)
+
+    def run(hp, q, k, v):
+        return attention(q, k, v, head_pattern=hp, interpret=POISONED)
+
+    out = jax.jit(run)(jnp.asarray(head_pattern), q, k, v)
+    check_per_head(plan, out, q, k, v, head_pattern, "float32")
+
+
+def test_v5e_compiles_head_runs_with_no_data_movement(compile_text):
+    """AOT for a TPU v5e: one kernel per run, each reading q, k, v where they lie (the box
+    view a bitcast of the user's array) and writing into one o: no transpose, gather, copy
+    or concatenation of tokens around them."""
+    _, module = compile_text(mixed_spec("[temporal, spatial, temporal, spatial]", "bfloat16"))
+    sharding = jax.sharding.SingleDeviceSharding(tpu_device("v5e:2x2"))
+    shape = (module.HEADS, module.SEQ_LEN, module.HEAD_DIM)
+    arg = jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=sharding)
+    call = jax.jit(lambda q, k, v: module.attention(q, k, v))  # the spec's static assignment
+    hlo = call.lower(arg, arg, arg).compile().as_text()
+    assert mosaic_kernels(hlo) == ["svgen_attention"] * 4
+    assert data_movement(hlo) == set()

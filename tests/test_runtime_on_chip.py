@@ -167,6 +167,38 @@ def test_place_boxes_against_moving_the_tokens_with_backward_in_the_interpreter(
     assert table.count("| tiny_boxes |") == 2  # the forward table and the fwd + bwd one
 
 
+MIXED_BOXES = """
+svgen: 1
+name: tiny_mixed_boxes
+geometry: {frames: 4, height: 8, width: 16}
+attention: {heads: 2, head_dim: 128, dtype: float32}
+patterns:
+  spatial: {spatial_window: {frames: 0, rows: 1, cols: 2}}
+  temporal: {temporal_stride: {rows: 0, cols: 1}}
+heads:
+  candidates:
+    - {pattern: spatial}
+    - {pattern: temporal, layout: {order: [h, w, f]}}
+  assign: [temporal, spatial]
+tiling: {block_q: 128, block_kv: 128}
+"""
+
+
+def test_head_runs_against_moving_the_tokens_in_the_interpreter(tmp_path, capsys):
+    """--orders on heads of two layouts: a kernel call per run reading the user's order,
+    against one call with the tokens moved around it (no frame-major twin of two patterns)."""
+    (tmp_path / "mixed.yaml").write_text(MIXED_BOXES)
+    out = tmp_path / "mixed.json"
+    argv = ["--orders", str(tmp_path / "mixed.yaml"), "--iters", "1", "--interpret"]
+    assert runtime_on_chip.main(argv + ["--target", "v5e", "--json", str(out)]) == 0
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["box_dma"] == "2 head runs"
+    for call in ("user_order", "user_order_moved", "kernel_order"):
+        assert "median_ms" in result[call], (call, result[call])
+    assert "frame_major" not in result and result["moved_difference"] < 1e-5
+    assert "| tiny_mixed_boxes | frame_major / temporal_major |" in capsys.readouterr().out
+
+
 SELECTED = """
 svgen: 1
 name: tiny_selected

@@ -198,7 +198,7 @@ def cube_dma(layouts: Sequence[TokenLayout], shape: KernelShape) -> "CubeDma | P
         return None  # (an identity layout's tiles are contiguous already: plain blocks)
     lay = layouts[0]
     if lay.is_temporal_major:
-        return _place_boxes(lay, shape)
+        return place_boxes(lay, shape)
     if not lay.is_tiled:
         return None
     a, b, c = lay.cube
@@ -214,12 +214,13 @@ def cube_dma(layouts: Sequence[TokenLayout], shape: KernelShape) -> "CubeDma | P
     return CubeDma(lay.frames, lay.height, lay.width, lay.cube) if fits else None
 
 
-def _place_boxes(lay: TokenLayout, shape: KernelShape) -> PlaceBoxes | None:
+def place_boxes(lay: TokenLayout, shape: KernelShape) -> PlaceBoxes | None:
     """Place boxes where each tile is whole places x every frame of a temporal-major layout
     with no anchor frames, no text and the video's own frame (see the module docstring)."""
     frames = lay.frames
     fits = (
-        lay.anchor_frames == 0
+        lay.is_temporal_major
+        and lay.anchor_frames == 0
         and lay.text_tokens == 0
         and not lay.transposed
         and not shape.bounded_softmax  # its bound reads every row of a tile, padding too

@@ -546,6 +546,8 @@ def flat_attention(
     selection=None,
     with_modes: bool = False,
     ring_sink: int | None = None,
+    head_run: tuple[int, int] | None = None,
+    out=None,
 ):
     """q, k, v: [batch*heads, seq_len, head_dim], each head in its pattern's order, or with
     `cubes` [batch*heads, frames, height, width, head_dim] in the user's order. Not padded
@@ -562,12 +564,18 @@ def flat_attention(
     `call` (None, query ids, key ids) too, a selection across run-time segments (its tables
     carry chosen words).
     with_modes (shape.bounded_softmax): also return int32 [rows, 1, q tiles * 128], each q
-    tile's softmax mode (1: it ran with the bound) in its 128 lanes."""
+    tile's softmax mode (1: it ran with the bound) in its 128 lanes.
+    head_run: (first head, heads of q): the call works for the run of len(head_pattern)
+    heads from that first one only (static tables), reading and writing their rows of q, k,
+    v and o in place; its lse holds those heads' rows only. out: an array of o's shape the
+    call writes its rows into (aliased: the other rows keep what they hold)."""
     if with_modes and not shape.bounded_softmax:
         raise ValueError(
             "softmax modes: the kernel was compiled without attention.softmax: bounded"
         )
     heads = int(head_pattern.shape[0])
+    # The call's rows: q's, or a head run's (batch x its heads).
+    rows = q.shape[0] if head_run is None else q.shape[0] // head_run[1] * heads
     source = _tables_of(call, chunk, selection)
     per_row = source != "static"  # a call's own tables: per row, never the flat walk
     flat = tables.flat and not per_row
@@ -596,23 +604,35 @@ def flat_attention(
         id_rows=id_inputs[0].shape[1] if call is not None else 0,  # 2: ids and frame shifts
         variants_table=tables.variants is not None,
         block_tables=block_table_shapes(patterns),
+        o_aliased=out is not None,
     )
 
-    index_maps = _index_maps(variant, cubes)
+    index_maps = _index_maps(variant, cubes, _row_map(head_run, heads))
     declared = variant.operands()
 
+    def spec(o):
+        if o.index_map == "any":  # left in HBM, never read: the aliased output's buffer
+            return pl.BlockSpec(memory_space=pl.ANY)
+        return pl.BlockSpec(o.block, index_maps[o.index_map])
+
     def specs(role: str) -> list:
-        return [pl.BlockSpec(o.block, index_maps[o.index_map]) for o in declared if o.role == role]
+        return [spec(o) for o in declared if o.role == role]
 
     bound_inputs = (key_bound(k),) if shape.bounded_softmax else ()
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=len(operands),
-        grid=(q.shape[0] // heads if flat else q.shape[0], steps, tables.slots),
+        grid=(rows // heads if flat else rows, steps, tables.slots),
         in_specs=specs("input"),
         out_specs=specs("output"),
         scratch_shapes=[scratch_buffer(o) for o in declared if o.role == "scratch"],
     )
-    out_shape = _out_shapes(q, shape, chunk, with_lse, with_modes)
+    out_shape = _out_shapes(q, shape, chunk, with_lse, with_modes, rows)
+    aliased = ()
+    if out is not None:
+        if interpret:  # Pallas's interpreter writes no partial block of an aliased output
+            out = _whole_blocks(out, shape, cubes)
+            out_shape[0] = jax.ShapeDtypeStruct(out.shape, out.dtype)
+        aliased = (out,)
     outputs = pl.pallas_call(
         functools.partial(_attention_kernel, variant=variant),
         grid_spec=grid_spec,
@@ -629,8 +649,11 @@ def flat_attention(
         ),
         interpret=interpret,
         name="svgen_attention",  # the kernel's name in profiles and libtpu dumps
-    )(*operands, q, k, v, *bound_inputs, *id_inputs, *block_table_inputs(patterns))
+        **_aliases(len(operands) + 3 + len(bound_inputs) + len(id_inputs), patterns, out),
+    )(*operands, q, k, v, *bound_inputs, *id_inputs, *block_table_inputs(patterns), *aliased)
     outputs = [settled(x, interpret) for x in outputs]
+    if outputs[0].shape != q.shape:  # _whole_blocks' padding off again
+        outputs[0] = outputs[0][tuple(slice(0, n) for n in q.shape)]
     return tuple(outputs) if with_lse or with_modes else outputs[0]
 
 
@@ -654,14 +677,50 @@ def _scalar_operands(tables, head_pattern, static_pattern, patterns: int, call, 
     return operands, steps, tables.max_pieces if patterns == 1 else None, ()
 
 
-def _index_maps(variant: ForwardVariant, cubes: CubeDma | PlaceBoxes | None) -> dict:
+def _row_map(head_run: tuple[int, int] | None, heads: int):
+    """A run of `heads` heads from head_run[0] among head_run[1]: its row b * heads + j is
+    row b * head_run[1] + head_run[0] + j of q, k, v and o. None: the rows are q's."""
+    if head_run is None:
+        return None
+    first, all_heads = head_run
+
+    def row_of(row):
+        return lax.div(row, heads) * all_heads + first + lax.rem(row, heads)
+
+    return row_of
+
+
+def _whole_blocks(out, shape: KernelShape, cubes):
+    """`out` zero-padded to whole q tiles (interpret mode only: on a TPU the last block's DMA
+    is cut at the array's end, aliased or not): its sequence, or a place box view's places."""
+    if cubes is None:
+        extra, axis = shape.padded_seq_len - out.shape[1], 1
+    else:
+        extra, axis = shape.padded_seq_len // cubes.frames - out.shape[2], 2
+    pad = [(0, 0)] * out.ndim
+    pad[axis] = (0, extra)
+    return jnp.pad(out, pad)
+
+
+def _aliases(index: int, patterns, out) -> dict:
+    """pallas_call's input_output_aliases for an `out` given after the inputs (index: the
+    first block-table input's place among the operands): it is output 0, o."""
+    if out is None:
+        return {}
+    return {"input_output_aliases": {index + len(block_table_inputs(patterns)): 0}}
+
+
+def _index_maps(variant: ForwardVariant, cubes: CubeDma | PlaceBoxes | None, row_of=None) -> dict:
     """The call's index maps by the names its variant's operands use (Operand.index_map):
-    each reads the grid step's entry from the scalar-prefetched tables."""
+    each reads the grid step's entry from the scalar-prefetched tables. row_of: a head
+    run's rows of q, k, v and o (_row_map)."""
 
     def view(outer, step, table_refs):
         return walk_view(table_refs, variant.walk, outer, step)
 
     def block_index(row, tile):
+        if row_of is not None:
+            row = row_of(row)
         return (row, tile, 0) if cubes is None else (row, *cubes.box(tile), 0)
 
     def q_index_map(outer, step, slot, *table_refs):
@@ -697,15 +756,16 @@ def _index_maps(variant: ForwardVariant, cubes: CubeDma | PlaceBoxes | None) -> 
     }
 
 
-def _out_shapes(q, shape, chunk, with_lse: bool, with_modes: bool) -> list:
-    """o, then the lse (the backward's residual) and the q tiles' softmax modes if asked."""
+def _out_shapes(q, shape, chunk, with_lse: bool, with_modes: bool, rows: int) -> list:
+    """o, then the lse (the backward's residual) and the q tiles' softmax modes if asked
+    (rows: the call's own, fewer than q's in a head run's call)."""
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
     if with_lse:
         lse_length = _lse_length(q, shape, chunk)
-        out_shape.append(jax.ShapeDtypeStruct((q.shape[0], 1, lse_length), jnp.float32))
+        out_shape.append(jax.ShapeDtypeStruct((rows, 1, lse_length), jnp.float32))
     if with_modes:
         q_tiles = -(-q.shape[1] // shape.block_q)
-        out_shape.append(jax.ShapeDtypeStruct((q.shape[0], 1, q_tiles * LANES), jnp.int32))
+        out_shape.append(jax.ShapeDtypeStruct((rows, 1, q_tiles * LANES), jnp.int32))
     return out_shape
 
 

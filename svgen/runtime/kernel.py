@@ -30,7 +30,7 @@ from svgen.runtime.calls import (
     layout_mover,
     poison_unknown_patterns,
 )
-from svgen.runtime.cube import PlaceBoxes, cube_dma, cube_order
+from svgen.runtime.cube import PlaceBoxes, cube_dma, cube_order, place_boxes
 from svgen.runtime.forward import flat_attention
 from svgen.runtime.softmax import LOG2_E
 from svgen.core.straight import straight_words
@@ -140,6 +140,11 @@ class TpuAttention(Attention):
             for p, r in zip(self.patterns, residuals)
         ]
         self.cube_dma = cube_dma(self.layouts, shape)
+        # Heads of several layouts: each layout's place boxes (svgen.runtime.cube), or None.
+        # A call whose heads are each of an identity layout or of one with place boxes runs
+        # a kernel call per run of heads of one layout, each reading the user's order
+        # (_head_runs).
+        self.layout_boxes = tuple(place_boxes(lay, shape) for lay in self.layouts)
         # Temporal-major heads: one Pallas pass per tensor (svgen.runtime.permute) instead of
         # XLA's reshape + transpose (4-5x the HBM traffic; bench/wrapper_cost.py). Never beside
         # cube DMA, which is for a tiled layout.
@@ -187,10 +192,14 @@ class TpuAttention(Attention):
         # Box DMA reads and writes the user's array: nothing to move either. Place boxes
         # take static tables only (run-time ids and selections are in kernel order).
         box_dma = None if call.in_kernel_order else self.cube_dma
-        if isinstance(box_dma, PlaceBoxes) and (ids is not None or self.select is not None):
+        static_tables = ids is None and self.select is None
+        if isinstance(box_dma, PlaceBoxes) and not static_tables:
             box_dma = None
+        runs = None
+        if not call.in_kernel_order and box_dma is None and static_tables:
+            runs = self._head_runs(static_pattern)
         mover = None
-        if not call.in_kernel_order and box_dma is None:
+        if not call.in_kernel_order and box_dma is None and runs is None:
             mover = self._order_mover(static_pattern, head_layout, call.interpret)
 
         def to_kernel(x):
@@ -214,10 +223,78 @@ class TpuAttention(Attention):
             box_dma,
             ids,
             chosen,
+            runs,
         )
         out = out.reshape(lead + (self.shape.seq_len, self.shape.head_dim))
         out = out if mover is None else mover(out, to_kernel=False)
         return poison_unknown_patterns(out, call.head_pattern, len(self.patterns)), chosen
+
+    def _head_runs(self, static_pattern) -> tuple[tuple[int, int, int], ...] | None:
+        """(first head, end, layout) of each run of consecutive heads of one layout, where a
+        static assignment gives heads of several layouts, each of them an identity layout or
+        one with place boxes, and some of them the latter: one kernel call per run then reads
+        the user's order (a flat walk over each run's heads). None: one call for every head."""
+        if static_pattern is None or len(self.layouts) < 2:
+            return None
+        layout_of_head = [int(self.layout_of_pattern[p]) for p in static_pattern]
+        boxes = [self.layout_boxes[i] for i in layout_of_head]
+        if all(b is None for b in boxes):
+            return None
+        if any(
+            b is None and not self.layouts[i].is_identity for b, i in zip(boxes, layout_of_head)
+        ):
+            return None
+        starts = [
+            h
+            for h in range(len(layout_of_head))
+            if h == 0 or layout_of_head[h] != layout_of_head[h - 1]
+        ]
+        ends = starts[1:] + [len(layout_of_head)]
+        return tuple((s, e, layout_of_head[s]) for s, e in zip(starts, ends))
+
+    def _run_calls(self, q, k, v, static_pattern, interpret, q_scale, runs):
+        """The forward kernel once per head run (_head_runs), each writing its heads' rows of
+        one o (aliased from call to call), q, k, v in the user's order: a run of place boxes
+        reads them as boxes, an identity run as they are."""
+        rows, heads, d = q.shape[0], len(static_pattern), self.shape.head_dim
+        o = None
+        for first, end, layout in runs:
+            boxes = self.layout_boxes[layout]
+
+            def view(x, boxes=boxes):
+                return x if boxes is None else x.reshape((rows, *boxes.view, d))
+
+            pattern = np.asarray(static_pattern[first:end])
+            o_run = flat_attention(
+                view(q),
+                view(k),
+                view(v),
+                jnp.asarray(pattern, jnp.int32),
+                pattern,
+                self.tables,
+                self.codes,
+                shape=self.shape,
+                interpret=interpret,
+                q_scale=q_scale,
+                cubes=boxes,
+                head_run=(first, heads),
+                out=None if o is None else view(o),
+            )
+            o = o_run.reshape(q.shape)
+        return o
+
+    def _run_mover(self, static_pattern, hp, interpret):
+        """mover(x, to_kernel) of [rows, seq, d] arrays of a head runs' call (each head's
+        layout by the static assignment), for its backward pass."""
+        heads = len(static_pattern)
+        mover = self._order_mover(
+            static_pattern, jnp.asarray(self.layout_of_pattern)[hp], interpret
+        )
+
+        def move(x, to_kernel):
+            return mover(x.reshape((-1, heads) + x.shape[1:]), to_kernel).reshape(x.shape)
+
+        return move
 
     def _call_ids(self, segment_ids, text_lengths, batch: int | None):
         """The call's ids per layout (segments.CallIds [batch, layouts, seq]), or None when
@@ -257,9 +334,13 @@ class TpuAttention(Attention):
             self.permute_kernel,
         )
 
-    def _forward(self, q, k, v, hp, static_pattern, interpret, q_scale, cubes, ids, chosen, **out):
-        """The forward kernel in kernel order (cube DMA: the user's 4-D view); `out`: its
-        extra outputs (with_lse, with_modes)."""
+    def _forward(
+        self, q, k, v, hp, static_pattern, interpret, q_scale, cubes, ids, chosen, runs, **out
+    ):
+        """The forward kernel in kernel order (cube DMA: the user's 4-D view; head runs: one
+        call per run, _run_calls); `out`: its extra outputs (with_lse, with_modes)."""
+        if runs is not None:  # (never with extra outputs: see _differentiable)
+            return self._run_calls(q, k, v, static_pattern, interpret, q_scale, runs)
         call = selection = None
         if chosen is not None:
             rows = None if ids is None else self._selection_ids(hp, ids)
@@ -320,25 +401,55 @@ class TpuAttention(Attention):
         cubes,
         ids,
         chosen,
+        runs=None,
     ):
         """The forward kernel with its VJP: the backward kernels of svgen.runtime.backward
         (head_pattern, the ids and the selection are not differentiated). ids: run-time
-        segments (segments.CallIds [batch, layouts, seq]) or None."""
+        segments (segments.CallIds [batch, layouts, seq]) or None. runs: head runs in the
+        user's order (_head_runs), forward only: under a gradient the tokens are moved."""
         layout = self.layouts[0]
+        forward = functools.partial(
+            self._forward,
+            static_pattern=static_pattern,
+            interpret=interpret,
+            q_scale=q_scale,
+            cubes=cubes,
+            runs=runs,
+        )
 
         def run(q, k, v, hp, ids, chosen):
-            return self._forward(
-                q, k, v, hp, static_pattern, interpret, q_scale, cubes, ids, chosen
-            )
+            return forward(q, k, v, hp, ids=ids, chosen=chosen)
 
         def forward_rule(q, k, v, hp, ids, chosen):
+            if runs is None:
+                o, lse = forward(q, k, v, hp, ids=ids, chosen=chosen, with_lse=True)
+                return o, (q, k, v, hp, ids, chosen, o, lse)
+            # Head runs under a gradient: the backward kernels read kernel order, so the
+            # forward runs there too, one call over the moved operands, which the backward
+            # then reads as they are (head runs would leave it moving q, k, v and o itself).
+            move = self._run_mover(static_pattern, hp, interpret)
+            q, k, v = (move(x, True) for x in (q, k, v))
             o, lse = self._forward(
-                q, k, v, hp, static_pattern, interpret, q_scale, cubes, ids, chosen, with_lse=True
+                q,
+                k,
+                v,
+                hp,
+                static_pattern,
+                interpret,
+                q_scale,
+                None,
+                ids,
+                chosen,
+                None,
+                with_lse=True,
             )
-            return o, (q, k, v, hp, ids, chosen, o, lse)
+            return move(o, False), (q, k, v, hp, ids, chosen, o, lse)
 
         def backward_rule(residuals, do):
-            q, k, v, hp, ids, chosen, o, lse = residuals
+            q, k, v, hp, ids, chosen, o, lse = residuals  # head runs: in kernel order
+            move = None if runs is None else self._run_mover(static_pattern, hp, interpret)
+            if move is not None:
+                do = move(do, True)
             # Place boxes: the backward kernels read boxes too; cubes: they run in kernel order.
             boxes = cubes if isinstance(cubes, PlaceBoxes) and BOX_BACKWARD else None
             if cubes is not None and boxes is None:
@@ -366,6 +477,8 @@ class TpuAttention(Attention):
             )
             if cubes is not None and boxes is None:
                 dq, dk, dv = (cube_order(x, layout, False, cubes.view) for x in (dq, dk, dv))
+            if move is not None:
+                dq, dk, dv = (move(x, False) for x in (dq, dk, dv))
             no_ids = None if ids is None else jax.tree.map(_no_cotangent, ids)
             not_chosen = None if chosen is None else jax.tree.map(_no_cotangent, chosen)
             return dq, dk, dv, _no_cotangent(hp), no_ids, not_chosen

@@ -237,6 +237,9 @@ class ForwardVariant:
     variants_table: bool = False
     # Block masks given as data: (tag, shape) of each table, a VMEM input read whole.
     block_tables: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # A head run's call (svgen.runtime.forward): o is written into the buffer of an input
+    # left in HBM (aliased), whose other heads' rows keep what earlier calls wrote there.
+    o_aliased: bool = False
 
     # ---------------------------------------------------------------- derived choices
     @property
@@ -300,6 +303,8 @@ class ForwardVariant:
         inputs += _block_table_operands(
             self.block_tables, shape.q_blocks_per_tile, shape.kv_blocks_per_tile, "blocks"
         )
+        if self.o_aliased:
+            inputs.append(Operand("o_in", "input", "any"))
         outputs = [Operand("o", "output", "q", q_block)]
         if self.with_lse:  # lane-major [1, block_q]: what the backward kernels broadcast
             outputs.append(Operand("lse", "output", "q_tile", (None, 1, shape.block_q)))
@@ -324,6 +329,7 @@ class ForwardVariant:
     def unpack(self, refs) -> "KernelRefs":
         """The kernel body's refs by name (KernelRefs), in the order of `operands`."""
         tables, named = named_refs("forward", self.operands(), refs)
+        named.pop("o_in", None)  # aliased to o: the kernel writes that
         block_tables = _named_block_tables(named)
         return KernelRefs(tables=tables, block_tables=block_tables, **named)
 
