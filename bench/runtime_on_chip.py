@@ -435,19 +435,23 @@ def orders_table(results: list[dict]) -> list[str]:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        user, kernel, plain = (
-            r.get(k, {}).get("median_ms") for k in ("user_order", "kernel_order", "frame_major")
-        )
-        share = f"{(user - kernel) / user:.1%}" if user and kernel else "-"
+        user, plain = (r.get(k, {}).get("median_ms") for k in ("user_order", "frame_major"))
         versus = f"{user / plain:.2f}x" if user and plain else "-"
         diff = "-" if r["max_difference"] is None else f"{r['max_difference']:.1e}"
-        moved = _ms(r["user_order_moved"]) if "user_order_moved" in r else "-"
-        lines.append(
-            f"| {r['spec']} | {r['layout']} | {_ms(r['user_order'])} | {_ms(r['kernel_order'])} | "
-            f"{share} | {moved} | {_ms(r['frame_major']) if 'frame_major' in r else '-'} | "
-            f"{versus} | {diff} |"
-        )
+        cells = [_cell(r, k) for k in ("user_order", "kernel_order")]
+        cells += [_share(r, ""), _cell(r, "user_order_moved"), _cell(r, "frame_major")]
+        lines.append(f"| {r['spec']} | {r['layout']} | {' | '.join(cells)} | {versus} | {diff} |")
     return lines
+
+
+def _cell(result: dict, key: str) -> str:
+    return _ms(result[key]) if key in result else "-"
+
+
+def _share(result: dict, suffix: str) -> str:
+    """The permutation's share of the user-order call (suffix "_backward": of the step)."""
+    user, kernel = (result[k + suffix].get("median_ms") for k in ("user_order", "kernel_order"))
+    return f"{(user - kernel) / user:.1%}" if user and kernel else "-"
 
 
 def orders_backward_table(results: list[dict]) -> list[str]:
@@ -460,22 +464,10 @@ def orders_backward_table(results: list[dict]) -> list[str]:
     for r in results:
         if "user_order_backward" not in r:
             continue
-        user, kernel = (
-            r[k].get("median_ms") for k in ("user_order_backward", "kernel_order_backward")
-        )
-        share = f"{(user - kernel) / user:.1%}" if user and kernel else "-"
-        cells = [
-            _ms(r[k]) if k in r else "-"
-            for k in (
-                "user_order_backward_moved",
-                "user_order_moved_backward",
-                "frame_major_backward",
-            )
-        ]
-        lines.append(
-            f"| {r['spec']} | {_ms(r['user_order_backward'])} | {_ms(r['kernel_order_backward'])} | "
-            f"{share} | {' | '.join(cells)} |"
-        )
+        keys = ("user_order_backward_moved", "user_order_moved_backward", "frame_major_backward")
+        cells = [_cell(r, "user_order_backward"), _cell(r, "kernel_order_backward")]
+        cells += [_share(r, "_backward"), *(_cell(r, k) for k in keys)]
+        lines.append(f"| {r['spec']} | {' | '.join(cells)} |")
     return lines
 
 

@@ -279,3 +279,44 @@ def test_v5e_compiles_head_runs_with_no_data_movement(compile_text):
     hlo = call.lower(arg, arg, arg).compile().as_text()
     assert mosaic_kernels(hlo) == ["svgen_attention"] * 4
     assert data_movement(hlo) == set()
+
+
+THREE_ORDERS = """\
+svgen: 1
+name: three_orders
+geometry: {frames: 4, height: 8, width: 32}
+attention: {heads: 4, head_dim: 128, dtype: DTYPE}
+patterns:
+  spatial: {spatial_window: {frames: 0, rows: 2, cols: 3}}
+  temporal: {temporal_stride: {rows: 0, cols: 1}}
+  rows: {spatial_window: {frames: 1, rows: 0, cols: 4}}
+heads:
+  candidates:
+    - {pattern: spatial}
+    - {pattern: temporal, layout: {order: [h, w, f]}}
+    - {pattern: rows, layout: {order: [h, f, w]}}
+  assign: [rows, temporal, spatial, rows]
+tiling: {block_q: 128, block_kv: 128}
+"""
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_head_runs_of_three_orders_with_cubes(dtype, compile_text):
+    """[h, f, w] heads are cubes of every frame x 1 row x every column: at tiles of one cube
+    their run reads cube boxes, beside a place box run and a frame-major one; each head
+    equals float64, and the v5e program moves no token."""
+    plan, module = compile_text(THREE_ORDERS.replace("DTYPE", dtype))
+    attention = module.attention
+    kinds = [type(b).__name__ for b in attention.layout_boxes]
+    assert kinds == ["NoneType", "PlaceBoxes", "CubeDma"]
+    head_pattern = np.asarray(module.HEAD_PATTERN)
+    assert attention._head_runs(head_pattern) == ((0, 1, 2), (1, 2, 1), (2, 3, 0), (3, 4, 2))
+    q, k, v = mixed_inputs(plan, dtype, seed=28, heads=4)
+    check_per_head(plan, attention(q, k, v, interpret=POISONED), q, k, v, head_pattern, dtype)
+    if dtype == "bfloat16":
+        sharding = jax.sharding.SingleDeviceSharding(tpu_device("v5e:2x2"))
+        shape = (module.HEADS, module.SEQ_LEN, module.HEAD_DIM)
+        arg = jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=sharding)
+        hlo = jax.jit(lambda q, k, v: attention(q, k, v)).lower(arg, arg, arg).compile().as_text()
+        assert mosaic_kernels(hlo) == ["svgen_attention"] * 4
+        assert data_movement(hlo) == set()

@@ -576,21 +576,8 @@ def _box_backward(
     delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)  # D = rowsum
     delta = boxes.to_box_order(jnp.pad(delta, ((0, 0), (0, 0), (0, extra))))
     common = dict(head_pattern=head_pattern, static_pattern=static_pattern, interpret=interpret)
-    dk, dv, dq = _dkv_walk(
-        pad(k),
-        pad(v),
-        pad(q_scaled),
-        pad(do),
-        lse,
-        delta,
-        dkv_tables,
-        patterns,
-        shape,
-        sm_scale,
-        common,
-        fused_dq=True,
-        boxes=boxes,
-    )
+    operands = (*(pad(x) for x in (k, v, q_scaled, do)), lse, delta, dkv_tables, patterns)
+    dk, dv, dq = _dkv_walk(*operands, shape, sm_scale, common, fused_dq=True, boxes=boxes)
     cut = slice(0, places)
     return (dq[:, :, cut] * sm_scale).astype(q_scaled.dtype), dk[:, :, cut], dv[:, :, cut]
 

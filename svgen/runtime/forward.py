@@ -692,7 +692,10 @@ def _row_map(head_run: tuple[int, int] | None, heads: int):
 
 def _whole_blocks(out, shape: KernelShape, cubes):
     """`out` zero-padded to whole q tiles (interpret mode only: on a TPU the last block's DMA
-    is cut at the array's end, aliased or not): its sequence, or a place box view's places."""
+    is cut at the array's end, aliased or not): its sequence, or a place box view's places
+    (cubes divide the video: no partial block)."""
+    if isinstance(cubes, CubeDma):
+        return out
     if cubes is None:
         extra, axis = shape.padded_seq_len - out.shape[1], 1
     else:

@@ -30,7 +30,7 @@ from svgen.runtime.calls import (
     layout_mover,
     poison_unknown_patterns,
 )
-from svgen.runtime.cube import PlaceBoxes, cube_dma, cube_order, place_boxes
+from svgen.runtime.cube import PlaceBoxes, cube_dma, cube_order
 from svgen.runtime.forward import flat_attention
 from svgen.runtime.softmax import LOG2_E
 from svgen.core.straight import straight_words
@@ -140,11 +140,11 @@ class TpuAttention(Attention):
             for p, r in zip(self.patterns, residuals)
         ]
         self.cube_dma = cube_dma(self.layouts, shape)
-        # Heads of several layouts: each layout's place boxes (svgen.runtime.cube), or None.
-        # A call whose heads are each of an identity layout or of one with place boxes runs
-        # a kernel call per run of heads of one layout, each reading the user's order
-        # (_head_runs).
-        self.layout_boxes = tuple(place_boxes(lay, shape) for lay in self.layouts)
+        # Heads of several layouts: each layout's box DMA (place boxes or cubes,
+        # svgen.runtime.cube), or None. A call whose heads are each of an identity layout or
+        # of one with box DMA runs a kernel call per run of heads of one layout, each reading
+        # the user's order (_head_runs).
+        self.layout_boxes = tuple(cube_dma((lay,), shape) for lay in self.layouts)
         # Temporal-major heads: one Pallas pass per tensor (svgen.runtime.permute) instead of
         # XLA's reshape + transpose (4-5x the HBM traffic; bench/wrapper_cost.py). Never beside
         # cube DMA, which is for a tiled layout.
@@ -232,8 +232,9 @@ class TpuAttention(Attention):
     def _head_runs(self, static_pattern) -> tuple[tuple[int, int, int], ...] | None:
         """(first head, end, layout) of each run of consecutive heads of one layout, where a
         static assignment gives heads of several layouts, each of them an identity layout or
-        one with place boxes, and some of them the latter: one kernel call per run then reads
-        the user's order (a flat walk over each run's heads). None: one call for every head."""
+        one with box DMA (place boxes or cubes), and some of them the latter: one kernel call
+        per run then reads the user's order (a flat walk over each run's heads). None: one
+        call for every head."""
         if static_pattern is None or len(self.layouts) < 2:
             return None
         layout_of_head = [int(self.layout_of_pattern[p]) for p in static_pattern]
