@@ -320,3 +320,27 @@ def test_head_runs_of_three_orders_with_cubes(dtype, compile_text):
         hlo = jax.jit(lambda q, k, v: attention(q, k, v)).lower(arg, arg, arg).compile().as_text()
         assert mosaic_kernels(hlo) == ["svgen_attention"] * 4
         assert data_movement(hlo) == set()
+
+
+def test_the_module_says_where_a_call_reads_its_tokens(compile_text):
+    """The generated module's docstring (and `svgen inspect`) says when a call in the user's
+    order moves no token, as the runtime decides it (svgen.core.boxes), and nothing where the
+    tokens are moved."""
+    _, boxed = compile_text(spec(mask=WIDE_BAND))
+    assert boxed.attention.cube_dma is not None
+    assert "place boxes of 3 frames x 128 places): a call in the user's order moves none" in (
+        boxed.__doc__
+    )
+    _, runs = compile_text(THREE_ORDERS.replace("DTYPE", "float32"))
+    assert runs.attention._head_runs(np.asarray(runs.HEAD_PATTERN)) is not None
+    line = "cube boxes of 4 frame(s) x 1 row(s) x 32 column(s); place boxes of 4 frames x 32 places"
+    assert line in runs.__doc__ and "under a gradient they are moved" in runs.__doc__
+    for moved in (
+        spec(mask="{any_of: [{first_frame: {frames: 1}}, {temporal_stride: {rows: 0, cols: 1}}]}"),
+        mixed_spec("[spatial, columns, temporal, spatial]"),
+    ):
+        _, module = compile_text(moved)
+        assert "Tokens:" not in module.__doc__
+    # the same candidates, the [w, h, f] one assigned to no head: head runs, and said so
+    _, assigned = compile_text(mixed_spec("[spatial, spatial, temporal, temporal]"))
+    assert "one kernel call per run of heads of one layout" in assigned.__doc__

@@ -11,6 +11,7 @@ import numpy as np
 
 from svgen.analysis import Plan
 from svgen.analysis.plan import pattern_shape
+from svgen.core.boxes import cube_fits, place_box_places
 from svgen.core.kinds import TileKind
 from svgen.core.straight import straight_words, word_glyphs, word_steps
 
@@ -131,7 +132,47 @@ def tpu_kernel_words(plan: Plan) -> list[str]:
             "svgen.runtime.softmax.BOUND_LIMIT, else online (attention.softmax_modes "
             "tells which)"
         )
-    return lines + _chunk_lines(plan) + _select_lines(plan)
+    return lines + _box_lines(plan) + _chunk_lines(plan) + _select_lines(plan)
+
+
+def _box_lines(plan: Plan) -> list[str]:
+    """Where a call in the user's order reads the tokens in place (svgen.core.boxes,
+    svgen.runtime.cube): every non-identity layout of the assigned patterns (of every
+    candidate where heads are assigned at run time) with tiles that are boxes of the user's
+    arrays, one layout (box DMA) or several (head runs). Nothing where tokens are moved."""
+    if plan.spec.select is not None or plan.spec.runtime.kv_cache:
+        return []
+    used = plan.patterns if plan.assign is None else [plan.patterns[i] for i in plan.assign]
+    layouts = [lay for lay in dict.fromkeys(p.layout for p in used) if not lay.is_identity]
+    boxes = [_box_words(plan, lay) for lay in layouts]
+    if not boxes or None in boxes:
+        return []
+    calls = " (calls without run-time inputs)" if plan.spec.runtime.any else ""
+    if len({p.layout for p in used}) == 1:  # one layout: box DMA
+        backward = "its backward too" if layouts[0].is_temporal_major else "its backward moves them"
+        return [
+            f"Tokens: each tile is read and written where it lies in the user's arrays "
+            f"({boxes[0]}): a call in the user's order moves none{calls}; {backward}"
+        ]
+    return [
+        f"Tokens: with a static assignment, one kernel call per run of heads of one layout, "
+        f"each reading its heads where they lie (frame-major tiles; {'; '.join(boxes)}): a "
+        f"forward call in the user's order moves none{calls}; under a gradient they are moved"
+    ]
+
+
+def _box_words(plan: Plan, lay) -> str | None:
+    """How a layout's tiles are boxes at the plan's tiling, or None where they are not."""
+    grid, compute = plan.patterns[0].grid, plan.patterns[0].compute_grid
+    blocks = (grid.block_q // compute.block_q) * (grid.block_kv // compute.block_kv)
+    bounded = plan.spec.attention.softmax == "bounded"
+    places = place_box_places(lay, grid.block_q, grid.block_kv, blocks, bounded)
+    if places is not None:
+        kv = "" if places[0] == places[1] else f" (kv tiles {places[1]})"
+        return f"place boxes of {lay.frames} frames x {places[0]} places{kv}"
+    if cube_fits(lay, grid.block_q, grid.block_kv):
+        return "cube boxes of {} frame(s) x {} row(s) x {} column(s)".format(*lay.cube)
+    return None
 
 
 def gpu_kernel_words(plan: Plan) -> list[str]:

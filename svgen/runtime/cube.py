@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from svgen.core.boxes import cube_fits, place_box_places
 from svgen.core.layout import TokenLayout
 from svgen.core.tables import KernelShape
 
@@ -155,11 +156,11 @@ def tile_positions(tile, block: int, places_per_box: int, shape, axis: int, offs
 
 
 class BoxRows:
-    """A cube DMA block [a, b, c, d] read and written as [cube tokens, d] values, as the
-    kernel body reads its blocks: `x[...]`, `x[pl.ds(start, size), :]` (static), `x[...] = y`.
-    The value reshape merges whole (8, 128) tiles (see _CUBE_COLS_MULTIPLE), so it moves no
-    data: on v6e it compiles to the same bundles as a ref reshape, which Pallas's TPU
-    interpreter does not run."""
+    """A box DMA block ([a, b, c, d] or [frames, n, d]) read and written as [box tokens, d]
+    values, as the kernel body reads its blocks: `x[...]`, `x[pl.ds(start, size), :]`
+    (static), `x[...] = y`. The value reshape merges whole (8, 128) tiles (see
+    svgen.core.boxes), so it moves no data: on v6e it compiles to the same bundles as a ref
+    reshape, which Pallas's TPU interpreter does not run."""
 
     def __init__(self, ref):
         self._ref = ref
@@ -181,62 +182,29 @@ class BoxRows:
         self._ref[...] = value.reshape(self._ref.shape)
 
 
-# The sublane tile of the box's last spatial axis: a [cube tokens, d] view of a 4-D VMEM block
-# merges whole (8, 128) tiles only when the cube's column count is a multiple of 8.
-_CUBE_COLS_MULTIPLE = 8
-
-
-# A place box [frames, n, d] is viewed as [frames * n, d] with no data moved only when n fills
-# whole sublane tiles of bf16, which packs 16 rows in one.
-_PLACES_MULTIPLE = 16
-
-
 def cube_dma(layouts: Sequence[TokenLayout], shape: KernelShape) -> "CubeDma | PlaceBoxes | None":
     """The box DMA of a kernel whose heads all use `layouts` (cubes or place boxes), or None
-    where it does not apply (then the wrapper permutes q, k, v into kernel order and o back)."""
+    where it does not apply (then the wrapper permutes q, k, v into kernel order and o back):
+    svgen.core.boxes decides."""
     if len(layouts) != 1 or layouts[0].is_identity:
         return None  # (an identity layout's tiles are contiguous already: plain blocks)
     lay = layouts[0]
     if lay.is_temporal_major:
         return place_boxes(lay, shape)
-    if not lay.is_tiled:
+    if not cube_fits(lay, shape.block_q, shape.block_kv):
         return None
-    a, b, c = lay.cube
-    cube_tokens = a * b * c
-    fits = (
-        lay.text_tokens == 0
-        and lay.frames % a == 0
-        and lay.height % b == 0
-        and lay.width % c == 0
-        and c % _CUBE_COLS_MULTIPLE == 0
-        and shape.block_q == shape.block_kv == cube_tokens
-    )
-    return CubeDma(lay.frames, lay.height, lay.width, lay.cube) if fits else None
+    return CubeDma(lay.frames, lay.height, lay.width, lay.cube)
 
 
 def place_boxes(lay: TokenLayout, shape: KernelShape) -> PlaceBoxes | None:
     """Place boxes where each tile is whole places x every frame of a temporal-major layout
-    with no anchor frames, no text and the video's own frame (see the module docstring)."""
-    frames = lay.frames
-    fits = (
-        lay.is_temporal_major
-        and lay.anchor_frames == 0
-        and lay.text_tokens == 0
-        and not lay.transposed
-        and not shape.bounded_softmax  # its bound reads every row of a tile, padding too
-        and all(
-            block % frames == 0 and (block // frames) % _PLACES_MULTIPLE == 0
-            for block in (shape.block_q, shape.block_kv)
-        )
-        # One compute block per tile: a compute block is then the tile, the same tokens in
-        # either order, so the tables' kinds (and residual masks) hold for the box as they
-        # are. A smaller compute block of a box is not a run of kernel positions.
-        and shape.compute_blocks == 1
+    (svgen.core.boxes.place_box_places; see the module docstring)."""
+    places = place_box_places(
+        lay, shape.block_q, shape.block_kv, shape.compute_blocks, shape.bounded_softmax
     )
-    if not fits:
+    if places is None:
         return None
-    places = lay.tokens_per_frame
-    return PlaceBoxes(frames, places, shape.block_q // frames, shape.block_kv // frames)
+    return PlaceBoxes(lay.frames, lay.tokens_per_frame, *places)
 
 
 def cube_order(x, layout: TokenLayout, to_kernel: bool, view: tuple[int, ...]):
