@@ -272,13 +272,19 @@ def test_v5e_compiles_head_runs_with_no_data_movement(compile_text):
     view a bitcast of the user's array) and writing into one o: no transpose, gather, copy
     or concatenation of tokens around them."""
     _, module = compile_text(mixed_spec("[temporal, spatial, temporal, spatial]", "bfloat16"))
+    hlo = _v5e_static_call_hlo(module)
+    assert mosaic_kernels(hlo) == ["svgen_attention"] * 4
+    assert data_movement(hlo) == set()
+
+
+def _v5e_static_call_hlo(module) -> str:
+    """The compiled HLO of a forward call with the spec's static assignment (head runs need
+    a concrete one; tpu_helpers.compile_for_v6e traces head_pattern), AOT for a v5e."""
     sharding = jax.sharding.SingleDeviceSharding(tpu_device("v5e:2x2"))
     shape = (module.HEADS, module.SEQ_LEN, module.HEAD_DIM)
     arg = jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=sharding)
-    call = jax.jit(lambda q, k, v: module.attention(q, k, v))  # the spec's static assignment
-    hlo = call.lower(arg, arg, arg).compile().as_text()
-    assert mosaic_kernels(hlo) == ["svgen_attention"] * 4
-    assert data_movement(hlo) == set()
+    call = jax.jit(lambda q, k, v: module.attention(q, k, v))
+    return call.lower(arg, arg, arg).compile().as_text()
 
 
 THREE_ORDERS = """\
@@ -314,10 +320,7 @@ def test_head_runs_of_three_orders_with_cubes(dtype, compile_text):
     q, k, v = mixed_inputs(plan, dtype, seed=28, heads=4)
     check_per_head(plan, attention(q, k, v, interpret=POISONED), q, k, v, head_pattern, dtype)
     if dtype == "bfloat16":
-        sharding = jax.sharding.SingleDeviceSharding(tpu_device("v5e:2x2"))
-        shape = (module.HEADS, module.SEQ_LEN, module.HEAD_DIM)
-        arg = jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=sharding)
-        hlo = jax.jit(lambda q, k, v: attention(q, k, v)).lower(arg, arg, arg).compile().as_text()
+        hlo = _v5e_static_call_hlo(module)
         assert mosaic_kernels(hlo) == ["svgen_attention"] * 4
         assert data_movement(hlo) == set()
 
