@@ -649,7 +649,7 @@ def flat_attention(
         ),
         interpret=interpret,
         name="svgen_attention",  # the kernel's name in profiles and libtpu dumps
-        **_aliases(len(operands) + 3 + len(bound_inputs) + len(id_inputs), patterns, out),
+        **_aliases(declared),
     )(*operands, q, k, v, *bound_inputs, *id_inputs, *block_table_inputs(patterns), *aliased)
     outputs = [settled(x, interpret) for x in outputs]
     if outputs[0].shape != q.shape:  # _whole_blocks' padding off again
@@ -705,12 +705,11 @@ def _whole_blocks(out, shape: KernelShape, cubes):
     return jnp.pad(out, pad)
 
 
-def _aliases(index: int, patterns, out) -> dict:
-    """pallas_call's input_output_aliases for an `out` given after the inputs (index: the
-    first block-table input's place among the operands): it is output 0, o."""
-    if out is None:
-        return {}
-    return {"input_output_aliases": {index + len(block_table_inputs(patterns)): 0}}
+def _aliases(declared) -> dict:
+    """pallas_call's input_output_aliases: the aliased output's buffer (the variant's `o_in`
+    input, at its place among the declared operands, scalars first) is output 0, o."""
+    names = [o.name for o in declared if o.role in ("scalar", "input")]
+    return {"input_output_aliases": {names.index("o_in"): 0}} if "o_in" in names else {}
 
 
 def _index_maps(variant: ForwardVariant, cubes: CubeDma | PlaceBoxes | None, row_of=None) -> dict:

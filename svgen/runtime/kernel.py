@@ -139,12 +139,12 @@ class TpuAttention(Attention):
             )
             for p, r in zip(self.patterns, residuals)
         ]
-        self.cube_dma = cube_dma(self.layouts, shape)
-        # Heads of several layouts: each layout's box DMA (place boxes or cubes,
-        # svgen.runtime.cube), or None. A call whose heads are each of an identity layout or
-        # of one with box DMA runs a kernel call per run of heads of one layout, each reading
-        # the user's order (_head_runs).
+        # Each layout's box DMA (place boxes or cubes, svgen.runtime.cube), or None. One
+        # layout: the kernel's (cube_dma). Several: a call whose heads are each of an identity
+        # layout or of one with box DMA runs a kernel call per run of heads of one layout,
+        # each reading the user's order (_head_runs).
         self.layout_boxes = tuple(cube_dma((lay,), shape) for lay in self.layouts)
+        self.cube_dma = self.layout_boxes[0] if len(self.layouts) == 1 else None
         # Temporal-major heads: one Pallas pass per tensor (svgen.runtime.permute) instead of
         # XLA's reshape + transpose (4-5x the HBM traffic; bench/wrapper_cost.py). Never beside
         # cube DMA, which is for a tiled layout.
@@ -430,20 +430,7 @@ class TpuAttention(Attention):
             # then reads as they are (head runs would leave it moving q, k, v and o itself).
             move = self._run_mover(static_pattern, hp, interpret)
             q, k, v = (move(x, True) for x in (q, k, v))
-            o, lse = self._forward(
-                q,
-                k,
-                v,
-                hp,
-                static_pattern,
-                interpret,
-                q_scale,
-                None,
-                ids,
-                chosen,
-                None,
-                with_lse=True,
-            )
+            o, lse = forward(q, k, v, hp, ids=ids, chosen=chosen, runs=None, with_lse=True)
             return move(o, False), (q, k, v, hp, ids, chosen, o, lse)
 
         def backward_rule(residuals, do):
