@@ -247,7 +247,7 @@ def _run_blocks(view, kind, active, blocks, shape, masks, update, segments: bool
 
 def _dq_kernel(*refs, variant: BackwardVariant):
     """dq of each q tile: refs in the order of variant.operands() (svgen.runtime.variant)."""
-    r = _box_rows(variant, variant.unpack(refs), ("q", "do", "dq"), ("k", "v"))
+    r = variant.unpack(refs)  # never place boxes: their backward fuses dq (_box_backward)
     shape, walk, patterns, sm_scale = (
         variant.shape,
         variant.walk,
