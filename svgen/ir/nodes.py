@@ -5,12 +5,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import pathlib
 from typing import Protocol
 
 import numpy as np
 import sympy
 
 from svgen.spec.expr import SYMBOLS, FloorDiv, FloorMod
+from svgen.spec.quoting import safe_text
 from svgen.core.layout import Coordinates
 
 from svgen.ir.evaluate import evaluate_sympy
@@ -544,11 +546,20 @@ class BlockData(NodeFacts):
             sympy.Integer(int(self.digest[:12], 16)),
         )
 
+    @property
+    def shown_file(self) -> str:
+        """How generated modules and reports name the file: as the spec gave it when
+        relative, by its name alone when absolute (a module must not depend on where it was
+        compiled; its sha256 names the content), through safe_text (a file name is never
+        code)."""
+        path = pathlib.PurePath(self.file)
+        return safe_text(path.name if path.is_absolute() else self.file)
+
     def describe(self):
         which = "" if self.head is None else f", head {self.head}"
-        name = "" if self.array is None else f", array {self.array}"
+        name = "" if self.array is None else f", array {safe_text(self.array)}"
         return (
-            f"blocks of {self.block} tokens from {self.file}{name}{which} "
+            f"blocks of {self.block} tokens from {self.shown_file}{name}{which} "
             f"(sha256 {self.digest[:12]}), {int(self.bits.sum()):,} of {self.bits.size:,} kept"
         )
 

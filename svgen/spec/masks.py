@@ -19,6 +19,7 @@ from svgen.spec.limits import (
 )
 from svgen.spec.model import Location, MaskTerm
 from svgen.spec.nodes import MISSING, Reader, join_path, key_text
+from svgen.spec.quoting import control_character
 
 # ----------------------------------------------------------------------------- masks
 
@@ -334,12 +335,19 @@ def _param_value(r: Reader, param: primitives.Param, node: Node, path: str) -> i
         return r.integer(node, path, param.minimum, param.maximum, param.limit)
     if param.kind == primitives.TEXT:
         value = r.string(node, path)
-        if not value or len(value) > MAX_PATH_CHARS or "\x00" in value:
+        if not value or len(value) > MAX_PATH_CHARS:
             raise r.error(
                 node,
                 path,
-                f"must be a non-empty string of at most {MAX_PATH_CHARS} characters with no NUL "
+                f"must be a non-empty string of at most {MAX_PATH_CHARS} characters "
                 f"(MAX_PATH_CHARS), got {r.describe(node)}",
+            )
+        control = control_character(value)
+        if control is not None:  # the generated module names it: a name is never code
+            raise r.error(
+                node,
+                path,
+                f"must hold no control character (line break, NUL, tab...), got {control}",
             )
         return value
     assert param.kind == primitives.FRACTION, param.kind
