@@ -8,6 +8,7 @@ import pathlib
 import sys
 
 from svgen import codegen
+from svgen.cli.files import read_output
 from svgen.cli.messages import EXIT_STALE
 from svgen.cli.ownership import orphans
 
@@ -33,9 +34,11 @@ def check_generated(
 def _problem(path: pathlib.Path, data: bytes, show_diff: bool) -> str | None:
     """What is wrong with the file at `path`, which should hold `data` (None: nothing); a
     module's differences go to stdout as a unified diff when `show_diff`."""
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return f"{path}: missing (run svgen compile)"
-    current = path.read_bytes()
+    current = read_output(path)
+    if current is None:
+        return f"{path}: not a file svgen wrote (a folder, FIFO or device in its place)"
     if current == data:
         return None
     if path.suffix != ".py":

@@ -1,12 +1,17 @@
 """Where the command's outputs go: folders and files checked before the work that fills
-them, and files written whole (a temporary file and an atomic rename) or not at all."""
+them, and files written whole (svgen.core.safe_io: a temporary file and an atomic rename)
+or not at all."""
 
 from __future__ import annotations
 
-import os
 import pathlib
 
+from svgen.core.safe_io import read_regular, write_atomically
 from svgen.spec.errors import SpecError
+
+#: What svgen reads back of a file in an output folder at most (a module's header, a module
+#: or table --check compares): far past any file it generates.
+MAX_OUTPUT_BYTES = 1 << 28
 
 
 def check_folder(path: pathlib.Path, option: str) -> None:
@@ -43,20 +48,38 @@ def check_file_target(path: pathlib.Path, option: str) -> None:
 
 
 def write_all(rendered: dict[pathlib.Path, bytes]) -> list[pathlib.Path]:
-    """Write changed files only, each through a temporary file and an atomic rename; a file
-    that cannot be written is a SpecError naming it (its temporary file removed)."""
+    """Write changed files only, each whole or not at all (svgen.core.safe_io: a temporary
+    file that follows no link, fsync'd, then renamed; a symlinked file is written through to
+    its target, and a file keeps its permission bits); a file that cannot be written (a
+    folder or FIFO in the way, no permission) is a SpecError naming it."""
     written = []
     for path, data in rendered.items():
-        if path.exists() and path.read_bytes() == data:
+        if holds(path, data):
             continue
-        tmp = path.with_name(f".{path.name}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
+            write_atomically(path, data)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
             done = f" ({len(written)} other file(s) written before)" if written else ""
             raise SpecError(f"cannot write it: {exc.strerror or exc}{done}", file=str(path))
         written.append(path)
     return written
+
+
+def holds(path: pathlib.Path, data: bytes) -> bool:
+    """Whether the regular file at `path` holds exactly `data` (read no further than that:
+    a FIFO or device there is never read, and is not `data`)."""
+    try:
+        return read_regular(path, len(data)) == data
+    except OSError:
+        return False
+
+
+def read_output(path: pathlib.Path, max_bytes: int = MAX_OUTPUT_BYTES) -> bytes | None:
+    """The bytes of a file in the output folder, None where it is not a regular file svgen
+    could have written (a folder, FIFO or device: never waited on) or is larger than
+    `max_bytes`."""
+    try:
+        return read_regular(path, max_bytes)
+    except OSError:
+        return None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pathlib
 
 from svgen import codegen
-from svgen.cli.files import header_root
+from svgen.cli.files import header_root, read_output
 
 
 def collisions(
@@ -65,11 +65,11 @@ def _owners(path: pathlib.Path, out_dir: pathlib.Path) -> list[pathlib.Path] | N
     spec; a table file belongs to each module in `out_dir` that loads it (none: left over).
     None for a module without svgen's header (not a generated file)."""
     if path.suffix == ".py":
-        header = codegen.parse_header(path.read_text(errors="replace"))
+        header = codegen.parse_header(_text(path))
         return None if header is None else [header_root(out_dir) / header.spec_path]
     quoted, found, root = f'"{path.name}"', [], header_root(out_dir)
     for module in sorted(out_dir.glob("*.py")):
-        text = module.read_text(errors="replace")
+        text = _text(module)
         header = codegen.parse_header(text)
         if header is not None and quoted in text:
             found.append(root / header.spec_path)
@@ -86,7 +86,14 @@ def orphans(out_dir: pathlib.Path, expected: set[pathlib.Path]) -> list[str]:
     for path in sorted(out_dir.glob("*.py")):
         if path in expected:
             continue
-        header = codegen.parse_header(path.read_text(errors="replace"))
+        header = codegen.parse_header(_text(path))
         if header and not (root / header.spec_path).exists():
             found.append(f"{path}: stale (its spec {header.spec_path} no longer exists)")
     return found
+
+
+def _text(path: pathlib.Path) -> str:
+    """A file of the output folder as text ("" where it is not a regular file: a FIFO there
+    is never waited on)."""
+    data = read_output(path)
+    return "" if data is None else data.decode(errors="replace")

@@ -5,6 +5,7 @@ keys (`apply_chip`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -12,8 +13,10 @@ import sys
 
 from svgen.cli.files import write_all
 from svgen.cli.progress import TuneProgress
+from svgen.core.safe_io import read_regular, writable_target
 from svgen.spec import load_spec
 from svgen.spec.errors import SpecError
+from svgen.spec.limits import MAX_SPEC_BYTES
 
 
 def tune_spec(args) -> int:
@@ -76,7 +79,7 @@ def _apply_tiling(spec_file: str, candidate, quiet: bool, chip: str | None = Non
         print(f"svgen: {spec_file}: {where} unchanged (already the first choice)", file=sys.stderr)
         return
     _rewritable(path, chip)  # still, after the tuning
-    write_all({path: text.encode("utf-8")})
+    write_all({path: _styled(text, _style(_read_bytes(path)))})
     print(f"svgen: {spec_file}: tiling " + "; ".join(changes), file=sys.stderr)
 
 
@@ -88,17 +91,18 @@ def _rewritable(path: pathlib.Path, chip: str | None = None) -> None:
     given) the rewrite cannot change alone."""
     spec = load_spec(path, chip=chip)
     try:
-        mode = path.stat().st_mode
+        real = writable_target(path)  # a symlinked spec: the file it points to
+        mode = real.stat().st_mode
     except OSError as exc:
-        raise SpecError(f"cannot read the spec file: {exc.strerror}", file=str(path)) from None
-    if not mode & 0o222 or not os.access(path, os.W_OK):
+        raise SpecError(f"cannot rewrite the spec file: {exc.strerror}", file=str(path)) from None
+    if not mode & 0o222 or not os.access(real, os.W_OK):
         raise SpecError(
             "--apply rewrites the spec in place, but the file is read-only", file=str(path)
         )
-    if not os.access(path.parent, os.W_OK | os.X_OK):
+    if not os.access(real.parent, os.W_OK | os.X_OK):
         raise SpecError(
             f"--apply rewrites the spec through a temporary file beside it, but its folder "
-            f"{path.parent} is read-only",
+            f"{real.parent} is read-only",
             file=str(path),
         )
     from svgen.perf.tune import Candidate
@@ -116,8 +120,8 @@ def _rewritten(path: pathlib.Path, candidate, chip: str | None = None) -> tuple[
     from svgen.perf.tune import rewrite_tiling
 
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeError) as exc:
+        text = _plain_text(_read_bytes(path))
+    except UnicodeError as exc:
         raise SpecError(f"cannot read the spec file: {exc}", file=str(path)) from None
     old = parse_spec(text, source=str(path), chip=chip)
     new_text, changes = rewrite_tiling(text, candidate, source=str(path), chip=chip)
@@ -149,10 +153,48 @@ def _rewritten(path: pathlib.Path, candidate, chip: str | None = None) -> tuple[
     return new_text, changes
 
 
+_BOM = "\ufeff"
+
+
+def _read_bytes(path: pathlib.Path) -> bytes:
+    """The spec file's bytes (a regular file, through a symlink, bounded like load_spec's)."""
+    try:
+        return read_regular(path, MAX_SPEC_BYTES)
+    except OSError as exc:
+        raise SpecError(
+            f"cannot read the spec file: {exc.strerror or exc}", file=str(path)
+        ) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Style:
+    """How a spec file writes its text, which --apply keeps: a UTF-8 byte order mark, and
+    CRLF line endings (those of its first line)."""
+
+    bom: bool
+    crlf: bool
+
+
+def _style(raw: bytes) -> _Style:
+    first_break = raw.find(b"\n")
+    return _Style(raw.startswith(_BOM.encode()), first_break > 0 and raw[first_break - 1] == 13)
+
+
+def _plain_text(raw: bytes) -> str:
+    """The spec's text as --apply rewrites it: no byte order mark, LF line endings."""
+    return raw.decode("utf-8").removeprefix(_BOM).replace("\r\n", "\n")
+
+
+def _styled(text: str, style: _Style) -> bytes:
+    """`text` (_plain_text's form) written in the spec file's own style."""
+    if style.crlf:
+        text = text.replace("\n", "\r\n")
+    return ((_BOM if style.bom else "") + text).encode("utf-8")
+
+
 def _without_tiling(spec, chip: str | None = None):
     """What a spec says besides the tiling --apply rewrites (the plain keys', or `chip`'s
     own) and align (every chip's), for --apply's check that only that tiling moved."""
-    import dataclasses
 
     def sizes(t):
         return None if t is None else dataclasses.replace(t, align="exact")

@@ -21,6 +21,7 @@ import pathlib
 
 import numpy as np
 
+from svgen.core.safe_io import read_json_cache, write_json_cache
 from svgen.perf.paths import PathCosts, read_paths
 from svgen.runtime.variant import backward_branches
 
@@ -132,18 +133,42 @@ def _svgen_imports(path: pathlib.Path, package: pathlib.Path) -> list[str]:
 
 
 def _cached(key: str, use_cache: bool, measure, from_json):
-    """The costs cached under `key`, else `measure()`'s, written atomically for next time."""
+    """The costs cached under `key`, else `measure()`'s, stored for next time (whole or not
+    at all; where the cache cannot be written, svgen runs on without it). A cache file that
+    is not what this function wrote (truncated, empty, of another shape, a folder, a FIFO, a
+    link to a device) is a miss, said in one line, and rewritten (svgen.core.safe_io)."""
     path = _cache_dir() / f"{key}.json"
-    if use_cache and path.exists():
-        return from_json(json.loads(path.read_text()))
+    if use_cache:
+        costs = read_json_cache(path, functools.partial(_checked_costs, from_json))
+        if costs is not None:
+            return costs
     costs = measure()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # One temporary per process: two processes measuring the same key (parallel test workers,
-    # two shells) must not replace each other's half-written file.
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(costs.to_json()))
-    tmp.replace(path)
+    write_json_cache(path, costs.to_json())
     return costs
+
+
+def _checked_costs(from_json, obj):
+    """`from_json(obj)` when `obj` is what its `to_json` writes, counts only (integers, and
+    None where a kernel is absent); ValueError (or the KeyError, TypeError... of reading a
+    wrong shape) otherwise."""
+    costs = from_json(obj)
+    if not _counts_only(obj) or json.loads(json.dumps(costs.to_json())) != obj:
+        raise ValueError("not the costs svgen caches")
+    return costs
+
+
+def _counts_only(obj) -> bool:
+    """Every leaf of the JSON value `obj` is an integer (or a flag) or None."""
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif item is not None and not isinstance(item, int):
+            return False
+    return True
 
 
 # ----------------------------------------------------------------------------- a call

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
+import sys
 import time
 from typing import Callable
 
+from svgen.core.safe_io import read_json_cache, write_json_cache
 from svgen.perf import chip_bench
 
 #: (block_q, block_kv, compute_q, compute_kv), in the order they are timed. First 1024 x 2048
@@ -81,20 +82,52 @@ def _cache_file():
 
 
 def _load_cache() -> dict:
-    try:
-        return json.loads(_cache_file().read_text())
-    except (OSError, ValueError):
+    """The measurements cached so far, by key: the well-formed entries of the cache file
+    (svgen.core.safe_io.read_json_cache: a file that is not a JSON object is ignored, said
+    in one line, and rewritten by the next `_store`; so is a malformed entry)."""
+    path = _cache_file()
+    entries = read_json_cache(path, _entries)
+    if entries is None:
         return {}
+    good = {key: value for key, value in entries.items() if _is_entry(value)}
+    if len(good) < len(entries):
+        print(
+            f"svgen: ignoring {len(entries) - len(good)} malformed entr"
+            f"{'y' if len(entries) - len(good) == 1 else 'ies'} of the cache file {path}; "
+            "it will be rewritten",
+            file=sys.stderr,
+        )
+    return good
+
+
+def _entries(value) -> dict:
+    if not isinstance(value, dict):
+        raise TypeError("the measured cache is a JSON object")
+    return value
+
+
+def _is_entry(value) -> bool:
+    """A measurement as `_store` writes it: ms (a number, or None for an infeasible
+    tiling), per_direction (direction -> ms) and error (text, or None)."""
+
+    def number(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    return (
+        isinstance(value, dict)
+        and (value.get("ms") is None or number(value["ms"]))
+        and isinstance(value.get("per_direction"), dict)
+        and all(number(ms) for ms in value["per_direction"].values())
+        and (value.get("error") is None or isinstance(value["error"], str))
+    )
 
 
 def _store(key: str, value: dict) -> None:
-    path = _cache_file()
+    """Add one measurement to the cache file (rewritten whole; where it cannot be written,
+    tuning runs on without it)."""
     data = _load_cache()
     data[key] = value
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    write_json_cache(_cache_file(), data, indent=1)
 
 
 def with_tiling(spec, tiling: tuple[int, int, int, int]):
