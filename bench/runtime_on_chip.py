@@ -533,7 +533,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--blocks",
         type=_blocks,
-        default=chip_bench.MASK_BLOCKS,
+        default=(1024, 1024, 512),
         help="Splash's block_q,block_kv,block_kv_compute (default: svgen bench's for a mask)",
     )
     parser.add_argument("--iters", type=int, default=10)

@@ -276,10 +276,10 @@ def _add_bench(sub) -> None:
         "--splash-blocks",
         type=positive_int,
         nargs=3,
-        default=[1024, 1024, 512],
         metavar=("Q", "KV", "KV_COMPUTE"),
-        help="Splash's blocks given the mask (default 1024 1024 512, its best measured on v5e; "
-        "where its mask tables outgrow SMEM, q and kv doubled up to twice)",
+        help="Splash given the mask at these blocks only (the mask as data, the fused "
+        "backward at the same blocks), instead of Splash at its best: the faster mask form "
+        "and a small search of forward and backward blocks, remembered per chip and spec",
     )
     p.add_argument(
         "--dense-blocks",

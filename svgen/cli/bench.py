@@ -94,7 +94,7 @@ def bench_specs(args) -> int:
         backward=args.backward,
         check_rows=args.check_rows,
         splash=not args.no_splash,
-        splash_blocks=tuple(args.splash_blocks),
+        splash_blocks=tuple(args.splash_blocks) if args.splash_blocks else None,
         interpret=args.interpret,
         **({"dense_blocks": (tuple(args.dense_blocks),)} if args.dense_blocks else {}),
     )
@@ -116,7 +116,7 @@ def bench_specs(args) -> int:
                 "warmup": options.warmup,
                 "iters": options.iters,
                 "check_rows": options.check_rows,
-                "splash_blocks": list(options.splash_blocks),
+                "splash_blocks": list(options.splash_blocks) if options.splash_blocks else "search",
                 "dense_blocks": [list(b) for b in options.dense_blocks],
             },
             "results": results,

@@ -10,12 +10,11 @@ For one spec and one tiling, `bench_spec`:
 3. times the module's forward call (and with `backward`, jax.grad of the outputs' sum
    through q, k, v): the first call (compile included) alone, then `warmup` calls, then the
    median of `iters` calls;
-4. times Splash given the same mask (svgen.perf.splash_mask) at `splash_blocks` (or, where
-   its mask tables outgrow SMEM, at the first larger blocks where they fit:
-   `mask_block_candidates`; its backward at the blocks its forward ran at, and not at all if
-   its forward could not run), and dense
-   Splash at the best of `DENSE_BLOCKS` (searched once per shape and process, and cached on
-   disk per chip, jax and libtpu version);
+4. times Splash given the same mask at its best (svgen.perf.splash_peer: one call per
+   pattern, inputs prepared outside the timed call, the faster of the mask as data and as
+   computed, a small search of forward and backward blocks, the winner cached per chip), and
+   dense Splash at the best of `DENSE_BLOCKS` (searched once per shape and process, and cached
+   on disk per chip, jax and libtpu version), its inputs prepared alike;
 5. checks svgen's and the masked Splash's outputs on `check_rows` sampled query rows of every
    head against a float32 reference on the same device, whose mask comes from the IR oracle
    (svgen.ir), not from the printed code both kernels' masks come from.
@@ -45,10 +44,6 @@ import numpy as np
 #: best measured on a v5e (docs/measured.md); 2048 x 2048 needs more than v5e's default
 #: scoped VMEM and is recorded as infeasible there.
 DENSE_BLOCKS = ((2048, 1024, 1024), (1024, 1024, 512), (1024, 1024, 1024), (512, 512, 512))
-#: Splash's blocks given a mask: the best of those measured on a v5e for the blog mask.
-MASK_BLOCKS = (1024, 1024, 512)
-# Larger Splash blocks tried where a mask's block tables outgrow SMEM (mask_block_candidates).
-MASK_BLOCK_DOUBLINGS = 2
 CHECK_ROWS = 256
 #: Largest |svgen - reference| accepted on a sampled row (outputs are convex combinations of
 #: v's rows; bf16 rounding of p and o stays well below this on normal inputs).
@@ -201,7 +196,8 @@ class Options:
     backward: bool = False
     check_rows: int = CHECK_ROWS
     splash: bool = True  # time Splash beside svgen (tune --measure leaves it out)
-    splash_blocks: tuple[int, int, int] = MASK_BLOCKS
+    # Splash given the mask at these blocks alone; None: at its best (svgen.perf.splash_peer)
+    splash_blocks: tuple[int, int, int] | None = None
     dense_blocks: tuple[tuple[int, int, int], ...] = DENSE_BLOCKS
     interpret: bool = False  # Pallas's interpreter: CPU tests only
     seed: int = 0
@@ -323,25 +319,10 @@ def max_error(out, reference, rows: np.ndarray) -> float:
 
 # ----------------------------------------------------------------------------- Splash
 def pad_tokens(x, padded: int):
-    import jax.numpy as jnp
+    """x [..., seq, d] with zero tokens up to `padded` (bench scripts' Splash inputs)."""
+    from svgen.perf import splash_peer
 
-    extra = padded - x.shape[-2]
-    return x if extra == 0 else jnp.pad(x, ((0, 0), (0, extra), (0, 0)))
-
-
-def splash_call(kernel, seq_len: int, padded: int, scale: float, backward: bool):
-    """A jitted call of a Splash kernel on [heads, seq, d] inputs: pads the tokens, scales q
-    (Splash takes scores as given: svgen's default scale 1 / sqrt(d), applied inside the
-    timed call as svgen applies it inside its own), drops the padding rows."""
-    import jax
-    import jax.numpy as jnp
-
-    def forward(q, k, v):
-        qs = pad_tokens(q * jnp.asarray(scale, q.dtype), padded)
-        out = kernel(qs, pad_tokens(k, padded), pad_tokens(v, padded))
-        return out[:, :seq_len]
-
-    return gradient_of(forward) if backward else jax.jit(forward)
+    return splash_peer.pad_tokens(x, padded)
 
 
 @dataclasses.dataclass
@@ -537,23 +518,26 @@ def _bench_splash(
     target,
     on_entry,
 ):
-    from svgen.perf import splash_mask
+    """Dense Splash at its best blocks, then Splash given the same mask at its best
+    (svgen.perf.splash_peer), each direction; figures recorded as they come."""
+    from svgen.perf import splash_peer
 
     seq, heads, d = int(module.SEQ_LEN), int(module.HEADS), int(module.HEAD_DIM)
-    scale = 1.0 / float(np.sqrt(d))
     directions = ["forward"] + (["backward"] if options.backward else [])
-    selecting = plan.spec.select is not None
-    built_mask: dict = {}  # Splash's mask last built: its padded length and the mask
+    peer = splash_peer.Peer(module, plan, assignment, qkv, options.interpret)
+    dense_peer = splash_peer.Peer(module, None, (0,) * heads, qkv, options.interpret, full=True)
+    peer_cache = splash_peer.PeerCache(None if options.interpret else cache_dir())
+    if options.splash_blocks is not None:  # `--splash-blocks`: those blocks, no search
+        peer_cache = splash_peer.PeerCache(None)
+    forward_winner = None
     for direction in directions:
         backward = direction == "backward"
 
         def time_dense(blocks, backward=backward):
-            padded = splash_mask.padded_length(seq, *blocks)
-            mask = splash_mask.full_mask(heads, padded)
             # Fused where it fits, else Splash's two backward kernels (the fused one keeps a
             # dq per kv block: 28.9 GB at 75,600 tokens and 1024-key blocks on a v5e).
-            sizes = (seq, padded, scale)
-            return _time_masked_splash(mask, blocks, backward, sizes, qkv, options, clock)[0]
+            timing, _, _ = _time_dense_splash(dense_peer, blocks, backward, options, clock)
+            return timing
 
         # The backward is timed at the forward's best blocks (a search there costs minutes
         # of chip time: Splash's backward compiles are its slowest).
@@ -569,119 +553,92 @@ def _bench_splash(
             "tried": best["tried"],
         }
         on_entry(result)
-        if selecting:
+        if plan.spec.select is not None:
             result[f"splash_mask_{direction}"] = {
                 "error": "not timed: this spec chooses blocks per call (select), a mask Splash "
                 "cannot be given ahead of time"
             }
             on_entry(result)
             continue
-        forward = result.get("splash_mask_forward", {})
-        if backward and "error" in forward:
+        if backward and forward_winner is None:
             # The backward builds the same mask tables and more: on the chip, a mask whose
             # forward ran out of SMEM held the compiler for minutes before it was killed.
-            why = f"not timed: Splash's forward given this mask failed ({forward['error']})"
-            result["splash_mask_backward"] = {"blocks": forward["blocks"], "error": why}
+            why = "not timed: Splash's forward given this mask failed in every configuration"
+            result["splash_mask_backward"] = {"error": why}
             on_entry(result)
             continue
-
         progress(f"{result['spec']}: Splash given the mask ({direction})")
-
-        def time_at(blocks, backward=backward):
-            padded = splash_mask.padded_length(seq, *blocks)
-            built = 0.0
-            if built_mask.get("padded") != padded:  # the forward's mask serves the backward
-                built_mask.clear()  # one sequence-squared mask alive at a time
-                start = time.perf_counter()
-                mask = splash_mask.splash_mask(module, padded, assignment, plan)
-                built = time.perf_counter() - start
-                built_mask.update(padded=padded, mask=mask)
-            timing, out, fused = _time_masked_splash(
-                built_mask["mask"], blocks, backward, (seq, padded, scale), qkv, options, clock
-            )
-            entry = {"blocks": list(blocks), "mask_build_s": round(built, 2), **timing.to_json()}
-            if backward:
-                entry["fused_backward"] = fused
-            return entry, out
-
-        def outgrown(blocks):
-            progress(f"{result['spec']}: Splash's mask tables outgrow SMEM at {blocks}")
-
-        # The backward at the blocks its forward ran at; the forward at the first of
-        # mask_block_candidates whose mask tables fit SMEM.
-        candidates = (
-            (tuple(forward["blocks"]),)
-            if backward
-            else mask_block_candidates(options.splash_blocks, seq)
+        entry, forward_winner = _best_masked_splash(
+            peer, peer_cache, direction, forward_winner, options, clock, progress,
+            splash_peer.cache_key(target, env, plan.spec, assignment, direction),
         )
-        entry, out = _first_that_fits(candidates, time_at, outgrown)
-        if "error" not in entry:
-            if tuple(entry["blocks"]) != tuple(options.splash_blocks):  # outgrew SMEM there
-                entry["moved_from"] = list(options.splash_blocks)
-            if not backward and reference is not None:
-                entry["max_error"] = max_error(out, reference, rows)
-                entry["ok"] = entry["max_error"] <= TOLERANCE[str(module.DTYPE)]
+        if not backward and "error" not in entry and reference is not None:
+            out = entry.pop("_output")
+            entry["max_error"] = max_error(peer.assemble(out), reference, rows)
+            entry["ok"] = entry["max_error"] <= TOLERANCE[str(module.DTYPE)]
+        entry.pop("_output", None)
         result[f"splash_mask_{direction}"] = entry
         on_entry(result)
     _speedups(result, directions)
 
 
-def mask_block_candidates(blocks: tuple[int, int, int], seq: int) -> tuple:
-    """Splash's blocks given a mask: `blocks`, then q and kv blocks doubled while they stay
-    within the sequence, at most MASK_BLOCK_DOUBLINGS times. Splash keeps its mask's block
-    tables in SMEM, and on a v5e hunyuan_720p_mixed's (24 heads, 119,056 tokens, 1024/1024)
-    needed 1.41 MB of its 1 MB; each doubling leaves about a quarter of the blocks."""
-    q, kv, compute = blocks
-    out = [blocks]
-    for _ in range(MASK_BLOCK_DOUBLINGS):
-        q, kv = 2 * q, 2 * kv
-        if max(q, kv) > seq:
-            break
-        out.append((q, kv, compute))
-    return tuple(out)
+def _best_masked_splash(peer, cache, direction, forward_winner, options, clock, progress, key):
+    """(the result entry, the forward's winning config): Splash given the mask at its best
+    configuration, or at `--splash-blocks` alone when those are not the default."""
+    from svgen.perf import splash_peer
+
+    backward = direction == "backward"
+
+    def time_config(config):
+        fn, args = peer.call(config, backward)
+        timing, out = time_calls(fn, args, warmup=options.warmup, iters=options.iters, clock=clock)
+        return timing, (None if backward else out)
+
+    if options.splash_blocks is not None:
+        fixed = splash_peer.Config("data", tuple(options.splash_blocks))
+        if backward:
+            fixed = dataclasses.replace(forward_winner, backward_blocks=fixed.blocks, fused=True)
+        found = splash_peer.best(
+            time_config, direction, key, cache, forward_winner, progress, only=fixed
+        )
+    else:
+        found = splash_peer.best(time_config, direction, key, cache, forward_winner, progress)
+    groups = peer.describe()
+    if found["config"] is None:
+        last = found["tried"][-1]["error"] if found["tried"] else "nothing tried"
+        return {"error": last, "tried": found["tried"], "calls": groups}, None
+    config = found["config"]
+    entry = {
+        "config": config.to_json(),
+        "label": config.label(),
+        "blocks": list(config.blocks),
+        "calls": groups,
+        "cached": found["cached"],
+        "mask_build_s": round(peer.mask_build_s, 2),
+        **found["timing"].to_json(),
+        "tried": found["tried"],
+        "_output": found["output"],
+    }
+    if backward:
+        entry["fused_backward"] = bool(config.fused)
+    return entry, (config if not backward else forward_winner)
 
 
-def _first_that_fits(candidates, time_at, outgrown):
-    """(entry, output) of `time_at` at the first of `candidates` that compiles and runs,
-    moving on only past Splash's mask tables outgrowing SMEM (`outgrown` is told); every
-    block size tried is in the entry's `tried` when there was more than one. A failure's
-    entry holds the last error, and output None."""
-    tried = []
-    for blocks in candidates:
-        try:
-            entry, out = time_at(blocks)
-        except Exception as exc:
-            tried.append({"blocks": list(blocks), "error": _short(exc)})
-            if not _out_of_smem(exc):
-                break  # larger blocks shrink Splash's mask tables, and nothing else
-            outgrown(blocks)
-            continue
-        if tried:
-            entry["tried"] = tried + [{"blocks": list(blocks)}]
-        return entry, out
-    return {**tried[-1], "tried": tried}, None
+def _time_dense_splash(dense_peer, blocks, backward, options, clock):
+    """(Timing, output, fused): dense Splash over every head at `blocks`, inputs prepared
+    outside the timed call as for the masked peer; its backward fused where it fits the
+    chip, else its two kernels."""
+    from svgen.perf import splash_mask, splash_peer
 
-
-def _out_of_smem(exc: Exception) -> bool:
-    """libtpu's compile error for scalar memory overflow ("Ran out of memory in memory space
-    smem")."""
-    return "memory space smem" in str(exc).lower()
-
-
-def _time_masked_splash(mask, blocks, backward, sizes, qkv, options, clock):
-    """(Timing, output, fused): Splash's backward fused where it fits the chip, else its two
-    kernels (the fused one keeps a dq per kv block, which a long sequence can overflow)."""
-    from svgen.perf import splash_mask
-
-    seq, padded, scale = sizes
+    splash_mask.padded_length(dense_peer.seq, *blocks)  # refuses absurd padding first
     error = None
     for fused in (True, False) if backward else (False,):
-        kernel = splash_mask.make_splash(mask, blocks, backward, options.interpret, fused=fused)
-        fn = splash_call(kernel, seq, padded, scale, backward)
+        config = splash_peer.Config(
+            "data", tuple(blocks), tuple(blocks) if backward else None, fused if backward else None
+        )
+        fn, args = dense_peer.call(config, backward)
         try:
-            timing, out = time_calls(
-                fn, qkv, warmup=options.warmup, iters=options.iters, clock=clock
-            )
+            timing, out = time_calls(fn, args, warmup=options.warmup, iters=options.iters, clock=clock)
         except Exception as exc:
             error = exc
             continue
@@ -720,19 +677,16 @@ def _tiling_json(t) -> dict:
 
 
 # ----------------------------------------------------------------------------- the table
-def _blocks_moved(masked: dict) -> str:
-    """Splash's blocks given the mask, where it ran at others than those first tried (its
-    mask tables outgrew SMEM: mask_block_candidates)."""
-    if "moved_from" not in masked:
-        return ""
-    return f" ({'/'.join(map(str, masked['blocks']))})"
-
+def _splash_config(masked: dict) -> str:
+    """Which Splash configuration won (svgen.perf.splash_peer.Config.label)."""
+    return f" ({masked['label']})" if masked.get("label") else ""
 
 def format_table(results: list[dict], chip: str) -> list[str]:
     """Markdown rows: one per (spec, direction)."""
     lines = [
         f"| spec ({chip}) | tiling | direction | svgen ms | first call s | dense Splash ms "
-        "(blocks) | Splash given the mask ms | vs dense | vs same mask | max error |",
+        "(blocks) | Splash given the mask, at its best ms (winner) | vs dense | vs same mask "
+        "| max error |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
@@ -763,7 +717,7 @@ def format_table(results: list[dict], chip: str) -> list[str]:
                             if dense.get("blocks")
                             else ""
                         ),
-                        _ms(masked) + _blocks_moved(masked),
+                        _ms(masked) + _splash_config(masked),
                         _x(r.get(f"speedup_vs_splash_dense_{direction}")),
                         _x(r.get(f"speedup_vs_splash_mask_{direction}")),
                         _err(mine, masked),

@@ -219,23 +219,29 @@ def _splash():
 
 
 def make_splash(
-    mask, blocks: tuple[int, int, int], backward: bool, interpret: bool = False, fused: bool = True
+    mask,
+    blocks: tuple[int, int, int],
+    backward: bool,
+    interpret: bool = False,
+    fused: bool = True,
+    backward_blocks: tuple[int, int, int] | None = None,
 ):
     """Splash's multi-head kernel for `mask` at blocks (block_q, block_kv, block_kv_compute);
-    with `backward`, its fused dq/dk/dv kernel at the same blocks (the faster of its two
-    backward kernels on a v5e: 622 against 760 ms dense, ../docs/measured.md)."""
+    with `backward`, its backward at `backward_blocks` (default: the forward's), fused
+    (one dq/dk/dv kernel) or its two kernels."""
     splash = _splash()
     bq, bkv, bkvc = blocks
     extra = {}
     if backward:
+        dq, dkv, dkvc = backward_blocks or blocks
         extra = dict(
-            block_q_dkv=bq,
-            block_kv_dkv=bkv,
-            block_kv_dkv_compute=bkvc,
+            block_q_dkv=dq,
+            block_kv_dkv=dkv,
+            block_kv_dkv_compute=dkvc,
             use_fused_bwd_kernel=fused,
         )
         if not fused:
-            extra.update(block_q_dq=bq, block_kv_dq=bkv)
+            extra.update(block_q_dq=dq, block_kv_dq=dkv)
     sizes = splash.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkvc, **extra)
     return splash.make_splash_mha(
         mask, head_shards=1, q_seq_shards=1, block_sizes=sizes, interpret=interpret
