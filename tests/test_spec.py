@@ -433,7 +433,7 @@ EXPECTED = {
     "not_with_list": "specs/demo.yaml:10:12: mask.any_of[2].not: a mask must be a mapping with exactly one key (one of: first_frame, spatial_window, temporal_stride, band, prefix, text, causal_frames, block_causal, cube_window, neighborhood, radial, blocks, expr, any_of, all_of, not, ref), got a list",
     "top_level_list": "specs/demo.yaml:1:1: must be a mapping at the top level, got a list",
     "geometry_not_mapping": "specs/demo.yaml:3:11: geometry: must be a mapping, got a string ('4x2x3')",
-    "unknown_tag": "specs/demo.yaml:4:20: attention.heads: unsupported YAML value: could not determine a constructor for the tag '!big'",
+    "unknown_tag": "specs/demo.yaml:4:20: attention.heads: YAML tags are not part of a spec (it is plain data): remove '!big'",
     # heads
     "both_mask_and_heads": "specs/demo.yaml:11:1: heads: give either mask (one pattern for every head) or heads (patterns per head), not both",
     "neither_mask_nor_heads": "specs/demo.yaml:1:1: missing required key 'mask' (or 'heads')",

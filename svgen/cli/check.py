@@ -10,7 +10,7 @@ import sys
 from svgen import codegen
 from svgen.cli.files import read_output
 from svgen.cli.messages import EXIT_STALE
-from svgen.cli.ownership import orphans
+from svgen.cli.ownership import orphaned_tables, orphans
 
 
 def check_generated(
@@ -22,6 +22,10 @@ def check_generated(
         if problem is not None:
             problems.append(problem)
     problems += orphans(out_dir, set(rendered))
+    problems += [
+        f"{path}: stale (no module loads it any more; run svgen compile to remove it)"
+        for path in orphaned_tables(out_dir, set(rendered))
+    ]
     for p in problems:
         print(f"svgen: {p}", file=sys.stderr)
     if problems:

@@ -19,7 +19,7 @@ from svgen.cli.check import check_generated
 from svgen.cli.files import check_folder, header_root, write_all
 from svgen.cli.messages import EXIT_BAD_INPUT, located, print_warnings
 from svgen.cli.options import OUT_DEFAULT
-from svgen.cli.ownership import collisions
+from svgen.cli.ownership import collisions, orphaned_tables, tables_loaded
 from svgen.cli.plan import plan_spec
 from svgen.perf import gpu_aot
 from svgen.report.inspect_text import density_bounds_words
@@ -51,7 +51,7 @@ def compile_specs(args) -> int:
         return EXIT_BAD_INPUT
     if check:
         return check_generated(compiled.rendered, out_dir, args.diff, args.quiet)
-    _write(compiled.rendered, args.quiet)
+    _write(compiled.rendered, out_dir, args.quiet)
     return 0
 
 
@@ -96,11 +96,24 @@ def _compile_one(
         _print_summary(spec_file, plan, launch, start)
 
 
-def _write(rendered: dict[pathlib.Path, bytes], quiet: bool) -> None:
+def _write(rendered: dict[pathlib.Path, bytes], out_dir: pathlib.Path, quiet: bool) -> None:
+    """Write the files, then remove the tables that the modules they replaced loaded and
+    nothing loads now (a data mask file that changed: its table has a new name)."""
+    loaded_before = set().union(*(tables_loaded(p) for p in rendered if p.suffix == ".py"))
     written = write_all(rendered)
+    removed = []
+    for path in orphaned_tables(out_dir, set(rendered), loaded_before):
+        try:
+            path.unlink()
+        except OSError as exc:
+            print(f"svgen: cannot remove {path}: {exc.strerror or exc}", file=sys.stderr)
+            continue
+        removed.append(path)
     if not quiet:
         for path in written:
             print(f"wrote {path}", file=sys.stderr)
+        for path in removed:
+            print(f"removed {path} (no module loads it any more)", file=sys.stderr)
         print(
             f"svgen: {len(written)} file(s) written, {len(rendered) - len(written)} unchanged",
             file=sys.stderr,

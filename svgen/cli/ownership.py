@@ -1,10 +1,11 @@
 """Which spec each generated file belongs to, read from the modules' headers: so that a
 compile replaces only files its own specs generated, and a check finds modules whose spec
-is gone."""
+is gone and tables that no module loads any more."""
 
 from __future__ import annotations
 
 import pathlib
+import re
 
 from svgen import codegen
 from svgen.cli.files import header_root, read_output
@@ -97,3 +98,35 @@ def _text(path: pathlib.Path) -> str:
     is never waited on)."""
     data = read_output(path)
     return "" if data is None else data.decode(errors="replace")
+
+
+# How a generated module names a table file beside it (templates/common/module.py.j2).
+_LOADS_RE = re.compile(r'pathlib\.Path\(__file__\)\.with_name\("([^"/\\]+\.npy)"\)')
+
+
+def tables_loaded(module: pathlib.Path) -> set[str]:
+    """The names of the table files the module at `module` loads (none: no such module)."""
+    return set(_LOADS_RE.findall(_text(module)))
+
+
+def orphaned_tables(
+    out_dir: pathlib.Path, rendered: set[pathlib.Path], loaded_before: set[str] = frozenset()
+) -> list[pathlib.Path]:
+    """Table files in `out_dir` that no module there loads any more, of this compile's
+    modules: those `loaded_before` (what the modules it replaced loaded) and a data mask's
+    tables of one of them. A data mask's table is named by its file's digest
+    (codegen.block_tables_filename), so a changed mask file leaves the old one behind."""
+    stems = [re.escape(p.stem) for p in rendered if p.suffix == ".py"]
+    if not stems:
+        return []
+    data_table = re.compile(
+        rf"(?:{'|'.join(stems)})_blocks_[0-9a-f]{{12}}_[0-9]+(?:_h[0-9]+)?(?:_a[0-9a-f]{{6}})?\.npy"
+    )
+    candidates = {out_dir / name for name in loaded_before}
+    candidates |= {p for p in out_dir.glob("*.npy") if data_table.fullmatch(p.name)}
+    still_loaded = set().union(*(tables_loaded(m) for m in out_dir.glob("*.py")))
+    return sorted(
+        p
+        for p in candidates
+        if p not in rendered and p.name not in still_loaded and p.is_file() and not p.is_symlink()
+    )

@@ -18,12 +18,16 @@ import dataclasses
 import functools
 import hashlib
 import io
+import lzma
+import struct
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 
 from svgen.spec.limits import MAX_BLOCK_ENTRIES, MAX_BLOCK_FILE_BYTES
+from svgen.spec.quoting import safe_text
 
 # Integer and boolean dtypes only: a float array of 0.0 / 1.0 is most likely a score map
 # that was not thresholded, and a threshold is the user's decision, not svgen's.
@@ -91,12 +95,44 @@ def _load(path, _mtime_ns, size, file, block, head, array, seq_len) -> BlockArra
         values = _npy_array(raw, file) if suffix == ".npy" else _npz_array(raw, file, array)
     except BlockDataError:
         raise
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
-        raise BlockDataError(f"cannot read {file} as {suffix}: {exc}") from None
+    except _UNREADABLE as exc:
+        raise BlockDataError(f"cannot read {file} as {suffix}: {_why_unreadable(exc)}") from None
     if suffix == ".npy" and array is not None:
         raise BlockDataError(f"`array` names an array of a .npz file; {file} is a .npy file")
     bits = _checked(values, file, block, head, seq_len)
     return BlockArray(bits, digest)
+
+
+# What reading a damaged or foreign file raises, from NumPy's header parser and from zipfile
+# and the decompressors it calls (an encrypted member: RuntimeError; an unknown compression
+# method: NotImplementedError; a corrupt deflate stream: zlib.error).
+_UNREADABLE = (
+    ValueError,
+    OSError,
+    EOFError,
+    KeyError,
+    IndexError,
+    OverflowError,
+    RuntimeError,
+    zipfile.BadZipFile,
+    zlib.error,
+    lzma.LZMAError,
+    struct.error,
+)
+
+
+def _why_unreadable(exc: BaseException) -> str:
+    """Why a file could not be read, in svgen's words: never the exception's own text,
+    which may quote the file's bytes (a text file's first line)."""
+    if isinstance(exc, zipfile.BadZipFile):
+        return "not a zip archive (a .npz is one), or a damaged one"
+    if isinstance(exc, NotImplementedError):
+        return "a member is compressed with a method zipfile cannot read (save with np.savez)"
+    if isinstance(exc, RuntimeError) and "encrypted" in str(exc):
+        return "a member is encrypted (save with np.savez, without a password)"
+    if isinstance(exc, (zlib.error, lzma.LZMAError, EOFError, OSError)):
+        return "a member's data is damaged (its compressed stream does not decode)"
+    return "not an array in NumPy's .npy format, or a damaged one"
 
 
 def _npy_array(raw: bytes, file: str) -> np.ndarray:
@@ -109,15 +145,14 @@ def _npy_array(raw: bytes, file: str) -> np.ndarray:
 def _npz_array(raw: bytes, file: str, array: str | None) -> np.ndarray:
     with zipfile.ZipFile(io.BytesIO(raw)) as archive:
         names = [n[: -len(".npy")] for n in archive.namelist() if n.endswith(".npy")]
+        listed = ", ".join(safe_text(n) for n in names[:8]) or "none"  # names are never code
         if array is None:
             if len(names) != 1:
-                listed = ", ".join(names[:8]) or "none"
                 raise BlockDataError(
                     f"{file} holds {len(names)} arrays ({listed}); name one with `array`"
                 )
             array = names[0]
         elif array not in names:
-            listed = ", ".join(names[:8]) or "none"
             raise BlockDataError(f"{file} has no array {array!r} (it holds: {listed})")
         with archive.open(array + ".npy") as member:
             data = member.read(MAX_BLOCK_FILE_BYTES + 1)

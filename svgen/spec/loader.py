@@ -90,11 +90,24 @@ class _BoundedLoader(yaml.SafeLoader):
                     self.peek_event().start_mark,
                     f"YAML nested more than {MAX_YAML_DEPTH} deep (MAX_YAML_DEPTH)",
                 )
+            self._refuse_tags()
             node = super().compose_node(parent, index)
             self._count(node)
             return node
         finally:
             self._path.pop()
+
+    def _refuse_tags(self) -> None:
+        """A spec is plain data: a YAML tag (`!custom`, `!!str`) gives a value that only some
+        readers accept (svgen tune re-reads the text with yaml.safe_load), so none is read."""
+        event = self.peek_event()
+        tag = getattr(event, "tag", None)
+        if tag is not None:
+            tag = tag.replace("tag:yaml.org,2002:", "!!", 1)  # as the spec writes it
+            raise self._error(
+                event.start_mark,
+                f"YAML tags are not part of a spec (it is plain data): remove {abbreviate(tag)}",
+            )
 
     def _alias(self, parent, index) -> Node:
         mark = self.peek_event().start_mark
