@@ -70,7 +70,8 @@ def test_each_calls_mask_is_its_patterns_mask_as_data_and_as_computed(compile_te
         computed = peer.mask(p, "computed")
         # what Splash's kernel computes on each partial block, here on every pair at once
         in_kernel = np.asarray(computed.mask_function(*np.broadcast_arrays(q, k)))
-        np.testing.assert_array_equal(in_kernel, want)
+        np.testing.assert_array_equal(in_kernel[:seq], want[:seq])
+        assert not in_kernel[:, seq:].any()  # padding keys never kept (padding rows dropped)
         np.testing.assert_array_equal(computed[128:256, 13:300], want[128:256, 13:300])
         assert computed == computed and computed != peer.mask(p, "computed")
 

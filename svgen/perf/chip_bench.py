@@ -482,13 +482,18 @@ def bench_spec(
                 entry["ok"] = entry["max_error"] <= TOLERANCE[str(module.DTYPE)]
             result[f"svgen_{direction}"] = entry
             on_entry(result)
+        out = None
         if options.splash:
+            # On the host from here: Splash's peers put on the device only what they time
+            # (its fused backward needs nearly all of a v5e's HBM at 75K tokens).
+            qkv_host = tuple(np.asarray(x) for x in (q, k, v))
+            del q, k, v
             _bench_splash(
                 result,
                 module,
                 plan,
                 assignment,
-                (q, k, v),
+                qkv_host,
                 rows,
                 reference,
                 options,
@@ -539,6 +544,8 @@ def _bench_splash(
             timing, _, _ = _time_dense_splash(dense_peer, blocks, backward, options, clock)
             return timing
 
+        peer.release()  # one set of prepared inputs on the device at a time
+
         # The backward is timed at the forward's best blocks (a search there costs minutes
         # of chip time: Splash's backward compiles are its slowest).
         candidates = options.dense_blocks
@@ -547,6 +554,7 @@ def _bench_splash(
             candidates = (first,) + tuple(b for b in options.dense_blocks if b != first)
         key = json.dumps([target, env, heads, seq, d, str(module.DTYPE), direction])
         best = dense.best(key, candidates, time_dense, progress, first_that_runs=backward)
+        dense_peer.release()
         result[f"splash_dense_{direction}"] = {
             "blocks": list(best["blocks"]) if best["blocks"] else None,
             **(best["timing"].to_json() if best["timing"] else {"error": "no block size compiled"}),

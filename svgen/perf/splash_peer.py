@@ -46,7 +46,7 @@ from svgen.perf import splash_mask
 #: v5e); the others are searched with the form that won there.
 FORWARD_BLOCKS = ((1024, 1024, 512), (512, 512, 512), (1024, 1024, 1024), (2048, 1024, 1024))
 #: The backward's dq/dk/dv blocks searched, after the forward winner's own blocks.
-BACKWARD_BLOCKS = ((1024, 1024, 512), (512, 512, 512))
+BACKWARD_BLOCKS = ((1024, 1024, 512), (512, 512, 512), (1024, 2048, 512))
 MASK_FORMS = ("computed", "data")
 
 
@@ -109,6 +109,8 @@ class ComputedKeep(splash_mask.mask_lib._ComputableMask):
     Equal only to itself, so heads sharing the object share Splash's processing."""
 
     def __init__(self, name: str, keep, seq_len: int, bits: np.ndarray):
+        # keep(q_pos, k_pos) on any int32 positions of the padded length (a computed mask of
+        # coordinates; one that reads tables does not lower inside Splash's kernel).
         padded = bits.shape[0]
         self.name = name
         self._bits = splash_mask.PackedKeep(name, bits)
@@ -116,10 +118,9 @@ class ComputedKeep(splash_mask.mask_lib._ComputableMask):
         def mask_function(q_pos, k_pos):
             import jax.numpy as jnp
 
-            last = seq_len - 1
-            kept = keep(jnp.minimum(q_pos, last), jnp.minimum(k_pos, last))
-            real = (q_pos < seq_len) & (k_pos < seq_len)
-            return jnp.broadcast_to(kept, real.shape) & real
+            # Padding keys are never kept; padding queries are dropped, whatever they keep.
+            kept = jnp.broadcast_to(keep(q_pos, k_pos), k_pos.shape)
+            return kept if padded == seq_len else kept & (k_pos < seq_len)
 
         super().__init__((padded, padded), mask_function)
 
@@ -160,26 +161,35 @@ class Peer:
 
     def prepare(self, padded: int) -> None:
         """Bits and inputs for `padded` tokens (kept while the padded length stays)."""
-        if padded == self._padded:
-            return
+        if padded != self._padded:
+            self._bits, self._inputs = {}, ()
+            start = time.perf_counter()
+            for p, _ in () if self.full else self.groups:
+                plan_pattern = self.plan.patterns[p] if self.plan is not None else None
+                self._bits[p] = splash_mask.packed_keep_bits(
+                    self.module.attention.patterns[p], self.seq, padded, plan_pattern=plan_pattern
+                )
+            self.mask_build_s = time.perf_counter() - start
+            self._padded = padded
+        if not self._inputs:
+            self._inputs = self._prepared_inputs(padded)
+
+    def _prepared_inputs(self, padded: int) -> tuple:
+        """Each group's q (scaled), k, v, padded: made once, outside any timed call."""
         import jax.numpy as jnp
 
-        self._bits, self._inputs = {}, ()
-        start = time.perf_counter()
-        for p, _ in () if self.full else self.groups:
-            plan_pattern = self.plan.patterns[p] if self.plan is not None else None
-            self._bits[p] = splash_mask.packed_keep_bits(
-                self.module.attention.patterns[p], self.seq, padded, plan_pattern=plan_pattern
-            )
-        self.mask_build_s = time.perf_counter() - start
         q, k, v = self.qkv
         inputs = []
         for _, heads in self.groups:
             idx = np.asarray(heads)
-            scaled = q[idx] * jnp.asarray(self.scale, q.dtype)  # once, outside the timed call
-            inputs += [pad_tokens(x, padded) for x in (scaled, k[idx], v[idx])]
-        self._inputs = tuple(inputs)
-        self._padded = padded
+            scaled = jnp.asarray(q[idx]) * jnp.asarray(self.scale, q.dtype)
+            inputs += [pad_tokens(jnp.asarray(x), padded) for x in (scaled, k[idx], v[idx])]
+        return tuple(inputs)
+
+    def release(self) -> None:
+        """Free the prepared inputs on the device (the bits stay on the host): Splash's fused
+        backward keeps a dq per kv block, and at 75K tokens needs nearly all of a v5e's HBM."""
+        self._inputs = ()
 
     def mask(self, p: int, form: str):
         """Pattern p's mask object in `form` (after `prepare`)."""
