@@ -7,6 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from svgen.core.program import ProgramLimits
 from svgen import ir
 from svgen.analysis.align import PairBudget
 from svgen.analysis.classify import Classification, TileGrid
@@ -253,6 +254,9 @@ class Plan:
     # runtime.per_video_frames: per pattern its VideoFramePlan, or None where the mask means
     # the same at every segment start; empty when no pattern needs one
     video_frames: tuple = ()
+    # Code left out of the TPU kernel to keep its program under the chip's budget (decided
+    # by `svgen compile` from libtpu's count: svgen.perf.program_size)
+    program: ProgramLimits = ProgramLimits()
 
     @property
     def backend(self) -> str:

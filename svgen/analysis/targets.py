@@ -31,13 +31,23 @@ class Target:
     # kernel gets the row sum free from [V | 1]; with 128 (v5e) that column block is a second
     # pass, and the row sum is taken across lanes instead (measured on a v5e: 1.22x faster).
     mxu_width: int = 256
+    # The largest forward kernel program (libtpu's final bundles) svgen emits for the chip:
+    # past the core's instruction memory a kernel ran 2-5x slower (svgen.perf.program_size).
+    program_bundles: int = 64_000
+    # whether that figure was measured on the chip (v5e), or is v5e's carried over as a
+    # conservative guess (v6e, v7x: not measured)
+    program_measured: bool = False
 
 
 # Clocks: assumed, not published (v5e: 4 MXUs of 128x128 at 1.5 GHz give its 197 TFLOP/s).
 # On v6e the schedule's MXU rate at 1.75 GHz is half the published 918 TFLOP/s (see
 # cost.Utilisation): the clock may be low by up to 2x; cycle ratios do not depend on it.
 TARGETS = {
-    "v5e": Target("v5e", "v5e:2x2", 1 * MIB, 128 * MIB, 1, 1.5, 819e9, 197e12, 128),
+    # v5e's program budget: the largest forward kernel measured at full speed was 64,358
+    # bundles, the smallest slow one 71,080 (docs/measured.md, "The program-size cliff").
+    "v5e": Target(
+        "v5e", "v5e:2x2", 1 * MIB, 128 * MIB, 1, 1.5, 819e9, 197e12, 128, 64_000, True
+    ),
     "v6e": Target("v6e", "v6e:2x2", 1 * MIB, 128 * MIB, 1, 1.75, 1640e9, 918e12),
     "v7x": Target("v7x", "tpu7x:2x2x1", 1 * MIB, 64 * MIB, 2, 2.2, 7370e9, 2307e12 / 2),
 }

@@ -85,6 +85,13 @@ def _add_compile(sub) -> None:
         help="with a GPU target: write the modules without their deviceless compile "
         "(nothing then checks that the kernel fits the GPU)",
     )
+    p.add_argument(
+        "--no-size-check",
+        action="store_true",
+        help="with a TPU target: write the modules without counting their forward kernel's "
+        "program against the chip's budget (libtpu's AOT compile on this host, cached); "
+        "nothing then keeps a kernel off the program-size cliff",
+    )
     add_budget(p, gpu=True)
     p.set_defaults(run=compile_specs)
 
@@ -92,6 +99,12 @@ def _add_compile(sub) -> None:
 def _add_inspect(sub) -> None:
     p = sub.add_parser("inspect", help="print what the compiler found for a spec")
     p.add_argument("spec", metavar="SPEC")
+    p.add_argument(
+        "--no-size-check",
+        action="store_true",
+        help="leave out the forward kernel's program size against the chip's budget (counted "
+        "by libtpu's AOT compile on this host, as `svgen compile` counts it)",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.add_argument(
         "--tiles",

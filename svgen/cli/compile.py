@@ -20,7 +20,7 @@ from svgen.cli.files import check_folder, header_root, write_all
 from svgen.cli.messages import EXIT_BAD_INPUT, located, print_warnings
 from svgen.cli.options import OUT_DEFAULT
 from svgen.cli.ownership import collisions, orphaned_tables, tables_loaded
-from svgen.cli.plan import plan_spec
+from svgen.cli.plan import fit_program, plan_spec
 from svgen.perf import gpu_aot
 from svgen.report.inspect_text import density_bounds_words
 from svgen.spec.errors import SpecError
@@ -72,9 +72,20 @@ def _compile_one(
         )
         return
     compiled.names[plan.spec.name] = spec_file
-    files = codegen.render(
-        plan, _spec_path_for_header(spec_file, out_dir), _regenerate_options(args, out_dir)
-    )
+
+    def render(plan: Plan) -> dict[str, bytes]:
+        return codegen.render(
+            plan, _spec_path_for_header(spec_file, out_dir), _regenerate_options(args, out_dir)
+        )
+
+    files = render(plan)
+    size = None
+    if plan.backend == "tpu" and not getattr(args, "no_size_check", False):
+        try:
+            plan, files, size = fit_program(plan, render, spec_file, args.quiet)
+        except SpecError as err:
+            compiled.errors.append(str(located(err)))
+            return
     clashes = collisions(files, spec_file, out_dir, compiled.owners, check)
     if clashes:
         compiled.errors += clashes
@@ -94,6 +105,8 @@ def _compile_one(
         compiled.owners[out_dir / filename] = spec_file
     if not args.quiet and not check:
         _print_summary(spec_file, plan, launch, start)
+        if size is not None:
+            print(f"  {size.words()}", file=sys.stderr)
 
 
 def _write(rendered: dict[pathlib.Path, bytes], out_dir: pathlib.Path, quiet: bool) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 
 from svgen.analysis import Plan
 from svgen.cli.files import check_file_target
-from svgen.cli.plan import plan_spec
+from svgen.cli.plan import fit_program, plan_spec
 from svgen.report.inspect_text import inspect_lines
 
 
@@ -25,12 +25,30 @@ def inspect_spec(args) -> int:
         _save_tiles(plan, args.tiles)
     if args.png:
         _write_pngs(plan, pathlib.Path(args.png))
+    size = _program_size(plan, args)
     if args.json:
-        print(json.dumps(plan.summary(), indent=2, sort_keys=False))
+        summary = plan.summary()
+        if size is not None:
+            summary["program"] = size.to_json()
+        print(json.dumps(summary, indent=2, sort_keys=False))
         return 0
     for line in inspect_lines(plan, args.spec):
         print(line)
+    if size is not None:
+        print(f"Program: {size.words()}")
     return 0
+
+
+def _program_size(plan: Plan, args):
+    """The forward kernel's program against its chip's budget, as `svgen compile` decides
+    it (None: not a TPU plan, or --no-size-check); a kernel over budget whatever is left out
+    is the compiler's error, raised here as there."""
+    if plan.backend != "tpu" or args.no_size_check:
+        return None
+    from svgen import codegen
+
+    _, _, size = fit_program(plan, lambda p: codegen.render(p, args.spec), args.spec, quiet=True)
+    return size
 
 
 def _save_tiles(plan: Plan, path: str) -> None:

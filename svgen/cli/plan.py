@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+
 from svgen.analysis import Plan, analyze
 from svgen.analysis.targets import TARGETS
 from svgen.cli.messages import print_warnings
 from svgen.cli.progress import Progress
 from svgen.report import lint
 from svgen.spec import load_spec
+from svgen.spec.errors import SpecError
 
 
 def plan_spec(
@@ -28,3 +31,32 @@ def plan_spec(
     if warn:
         print_warnings(lint.plan_warnings(plan))
     return plan
+
+
+def fit_program(plan: Plan, render, spec_file: str, quiet: bool):
+    """(plan, files, ProgramSize or None): the module whose forward kernel fits its chip's
+    program budget (svgen.perf.program_size), code left out where needed; a SpecError at the
+    spec's tiling where nothing is enough. Without libtpu here: the module as it is, and one
+    line saying its size was not counted."""
+    from svgen.perf import program_size
+
+    progress = (lambda line: None) if quiet else (
+        lambda line: print(f"{spec_file}: {line}", file=sys.stderr, flush=True)
+    )
+
+    def count_plan(candidate: Plan) -> int:
+        return program_size.forward_bundles(render(candidate), candidate)
+
+    def suggest(over: Plan) -> str | None:
+        progress("looking for a tiling that fits")
+        return program_size.tiling_suggestion(over.spec, over.target.name, count_plan)
+
+    try:
+        return program_size.fit(plan, render, suggest=suggest, progress=progress)
+    except program_size.Unavailable as exc:
+        if not quiet:
+            print(f"svgen: warning: {spec_file}: program size not counted: {exc}", file=sys.stderr)
+        return plan, render(plan), None
+    except program_size.OverBudget as exc:
+        raise SpecError(str(exc), file=spec_file, key="tiling") from None
+

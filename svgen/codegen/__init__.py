@@ -754,6 +754,19 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
         "runtime_imports": _runtime_imports(plan, patterns),
         "runtime_inputs": _runtime_inputs(spec.runtime, bool(plan.video_frames)),
         "runtime_words": _runtime_words(spec.runtime),
+        **_program_context(plan),
+    }
+
+
+def _program_context(plan: Plan) -> dict:
+    """What the module says of code the compiler left out to fit the chip's program budget
+    (nothing where nothing was: the module is then what it always was)."""
+    if plan.program.is_default or plan.backend != "tpu":
+        return {"program_limits": None}
+    return {
+        "program_limits": plan.program.source(),
+        "program_budget": f"{plan.target.name}'s budget of {plan.target.program_bundles:,} bundles",
+        "program_words": plan.program.words(),
     }
 
 

@@ -84,11 +84,15 @@ def joined_blocks(word: int, shape: KernelShape) -> int:
     return int(busy.sum() - busy.any(axis=1).sum())
 
 
-def straight_words(runs, shape: KernelShape, whole_mask: bool) -> tuple[StraightWord, ...]:
+def straight_words(
+    runs, shape: KernelShape, whole_mask: bool, max_words: int | None = None
+) -> tuple[StraightWord, ...]:
     """The words of a pattern's BOUNDARY tiles (its runs) that get a straight-line body, best
     first (ties: the smaller word). whole_mask: the pattern's BOUNDARY blocks run its whole
-    mask (it has no residual masks), so words with BOUNDARY blocks qualify."""
-    if shape.compute_blocks == 1:
+    mask (it has no residual masks), so words with BOUNDARY blocks qualify. max_words: at most
+    this many (None: MAX_WORDS; the compiler lowers it to keep a program under its budget)."""
+    max_words = MAX_WORDS if max_words is None else max_words
+    if shape.compute_blocks == 1 or max_words == 0:
         return ()
     runs = as_runs(runs)
     mixed = runs[runs[:, 3] == TileKind.BOUNDARY]
@@ -109,7 +113,7 @@ def straight_words(runs, shape: KernelShape, whole_mask: bool) -> tuple[Straight
         if joined:
             scored.append((joined, word))
     scored.sort(key=lambda s: (-s[0], s[1]))
-    chosen = [(j, w) for j, w in scored[:MAX_WORDS] if j >= MIN_JOINED_SHARE * busy_blocks]
+    chosen = [(j, w) for j, w in scored[:max_words] if j >= MIN_JOINED_SHARE * busy_blocks]
     return tuple(StraightWord(w, _boundary_in_padding_column(w, shape)) for _, w in chosen)
 
 

@@ -33,6 +33,7 @@ from svgen.runtime.calls import (
 from svgen.runtime.cube import PlaceBoxes, cube_dma, cube_order
 from svgen.runtime.forward import flat_attention
 from svgen.runtime.softmax import LOG2_E
+from svgen.core.program import ProgramLimits  # noqa: F401  (generated modules name it)
 from svgen.core.straight import straight_words
 from svgen.runtime.variant import Branches, PatternCode, Tables, forward_branches
 from svgen.core.tables import (
@@ -107,9 +108,13 @@ class TpuAttention(Attention):
         runtime: segments.RuntimeInputs = segments.RuntimeInputs(),
         kv_cache: chunks.KvCache | None = None,
         select: "select_policy.Selection | select_policy.HeadSelections | None" = None,
+        program: ProgramLimits = ProgramLimits(),
     ):
-        # Each pattern's residual masks, where they are in use (RESIDUAL_MASKS).
-        residuals = [tuple(p.residual_masks) if RESIDUAL_MASKS else () for p in patterns]
+        # Each pattern's residual masks, where they are in use (RESIDUAL_MASKS, and not left
+        # out by the compiler to keep the program under its chip's budget).
+        use_residuals = RESIDUAL_MASKS and program.residual_masks
+        residuals = [tuple(p.residual_masks) if use_residuals else () for p in patterns]
+        self.program = program
         tables = PieceTables.from_runs(
             [p.runs for p in patterns],
             slots,
@@ -134,7 +139,7 @@ class TpuAttention(Attention):
                 p.layout,
                 tuple(p.query_coords),
                 r,
-                straight_words(p.runs, shape, whole_mask=not r),
+                straight_words(p.runs, shape, whole_mask=not r, max_words=program.straight_words),
                 block_tables=tuple(p.block_tables),
             )
             for p, r in zip(self.patterns, residuals)

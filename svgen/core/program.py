@@ -1,0 +1,56 @@
+"""Code a kernel may leave out to keep its program small: the compiler's lever against the
+program-size cliff (svgen.perf.program_size). NumPy-free, shared by the compiler, which
+decides, and the runtime, which builds the kernel it was told to.
+
+On a TPU v5e a forward kernel of 64,358 bundles ran at the rate of the same kernel with no
+straight-line bodies (71.50 against 72.09 ms), and one of 71,080 bundles at half that rate
+(138.93 ms): past the chip's instruction memory the core fetches its program as it runs
+(docs/measured.md, "The program-size cliff"). Straight-line BOUNDARY bodies gained at most
+0.6 % where they fit, and residual-mask variants are what made the largest programs; both are
+given up, in that order, before a tiling is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramLimits:
+    """What the compiler left out of a kernel. straight_words: the most straight-line
+    BOUNDARY bodies a pattern gets (None: the runtime's default, straight.MAX_WORDS);
+    residual_masks: False runs every BOUNDARY block's whole mask."""
+
+    straight_words: int | None = None
+    residual_masks: bool = True
+
+    @property
+    def is_default(self) -> bool:
+        return self == ProgramLimits()
+
+    def source(self) -> str:
+        """The constructor call a generated module holds (its non-default fields only)."""
+        fields = []
+        if self.straight_words is not None:
+            fields.append(f"straight_words={self.straight_words}")
+        if not self.residual_masks:
+            fields.append("residual_masks=False")
+        return f"ProgramLimits({', '.join(fields)})"
+
+    def words(self) -> str:
+        """What was left out, in words ('' when nothing)."""
+        parts = []
+        if self.straight_words == 0:
+            parts.append("no straight-line BOUNDARY bodies")
+        elif self.straight_words is not None:
+            parts.append(f"at most {self.straight_words} straight-line BOUNDARY bodies a pattern")
+        if not self.residual_masks:
+            parts.append("whole masks on BOUNDARY blocks (no residual-mask variants)")
+        return "; ".join(parts)
+
+
+#: The steps the compiler takes, cheapest first, while a kernel is over its chip's budget.
+SHRINK_STEPS = (
+    ProgramLimits(straight_words=0),
+    ProgramLimits(straight_words=0, residual_masks=False),
+)

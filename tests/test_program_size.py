@@ -1,0 +1,168 @@
+"""The program-size budget (svgen.perf.program_size): the compiler counts each TPU module's
+forward kernel program with libtpu on this host, leaves out straight-line bodies and then
+residual-mask variants while it is over its chip's budget, and refuses, at the spec's tiling,
+with the sizes and a tiling that fits, where that is not enough. The code left out is named in
+the module, and the kernel built without it is still the mask's attention (float64 check)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from helpers import import_file
+from kernel_helpers import POISONED, check_per_head, mixed_inputs
+from svgen import codegen
+from svgen.analysis import analyze, targets
+from svgen.core.program import SHRINK_STEPS, ProgramLimits
+from svgen.perf import program_size
+from svgen.spec import parse_spec
+
+# A band with a prefix sink, 2 x 4 compute blocks per tile: two straight-line words.
+BAND = """\
+svgen: 1
+name: size_band
+geometry: {frames: 5, height: 8, width: 15}
+attention: {heads: 2, head_dim: 128, dtype: float32}
+layout: frame_major
+mask:
+  any_of:
+    - band: {width: 150}
+    - prefix: {tokens: 100}
+tiling: {block_q: 256, block_kv: 512, compute_q: 128, compute_kv: 128}
+"""
+# ... with a frame-local expr beside them: residual-mask variants (and no straight words).
+RESIDUAL = BAND.replace("size_band", "size_residual").replace(
+    "    - prefix: {tokens: 100}\n",
+    '    - prefix: {tokens: 100}\n    - expr: "f_q == f_k and abs(h_q - h_k) <= 1"\n',
+)
+
+
+def _plan(text=BAND, target="v5e"):
+    return analyze(parse_spec(text, source="size.yaml"), target_name=target)
+
+
+def _render(plan):
+    return codegen.render(plan, "specs/size.yaml")
+
+
+def test_limits_are_said_in_the_module_and_the_default_module_says_nothing(tmp_path):
+    plan = _plan()
+    plain = _render(plan)["size_band.py"].decode()
+    assert "program=" not in plain and "ProgramLimits" not in plain
+    limited = dataclasses.replace(plan, program=SHRINK_STEPS[-1])
+    files = _render(limited)
+    text = files["size_band.py"].decode()
+    assert "program=kernel.ProgramLimits(straight_words=0, residual_masks=False)," in text
+    assert "v5e's budget of 64,000 bundles" in text
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    module = import_file(tmp_path / "size_band.py")
+    assert module.attention.program == SHRINK_STEPS[-1]
+    assert all(not code.straight_words and not code.residual_masks for code in module.attention.codes)
+
+
+@pytest.mark.parametrize("text, code", [(BAND, "straight_words"), (RESIDUAL, "residual_masks")])
+def test_a_kernel_without_the_left_out_code_is_still_the_masks_attention(tmp_path, text, code):
+    """Fresh inputs, outputs poisoned, float64 reference: the module with its code and with
+    everything the compiler may leave out left out."""
+    plan = _plan(text)
+    for step, limits in enumerate((ProgramLimits(), SHRINK_STEPS[-1])):
+        folder = tmp_path / f"m{step}"
+        folder.mkdir()
+        for name, data in _render(dataclasses.replace(plan, program=limits)).items():
+            (folder / name).write_bytes(data)
+        module = import_file(folder / codegen.module_filename(plan.spec.name, "tpu"))
+        present = any(getattr(c, code) for c in module.attention.codes)
+        assert present == limits.is_default  # there by default, gone when left out
+        q, k, v = mixed_inputs(plan, "float32", seed=10 + step, heads=2)
+        # uninitialized memory is NaN: a row the kernel never writes fails the check
+        out = module.attention(q, k, v, interpret=POISONED)
+        check_per_head(plan, out, q, k, v, np.zeros(2, np.int32), "float32")
+
+
+def test_fit_leaves_out_the_cheapest_code_first_and_stops_when_it_fits():
+    plan = _plan()
+    counts = {ProgramLimits(): 90_000, SHRINK_STEPS[0]: 70_000, SHRINK_STEPS[1]: 50_000}
+    seen = []
+
+    def count(files, candidate):
+        seen.append(candidate.program)
+        return counts[candidate.program]
+
+    fitted, files, size = program_size.fit(plan, _render, count=count)
+    assert seen == [ProgramLimits(), *SHRINK_STEPS]
+    assert fitted.program == SHRINK_STEPS[1] and size.fits and size.bundles == 50_000
+    assert b"residual_masks=False" in files["size_band.py"]
+    assert "90,000 before the compiler left out" in size.words()
+    assert size.to_json()["tried"][0] == {"left_out": None, "bundles": 90_000}
+    counts[ProgramLimits()] = 60_000
+    seen.clear()
+    fitted, _, size = program_size.fit(plan, _render, count=count)
+    assert seen == [ProgramLimits()] and fitted.program.is_default and size.limits.is_default
+
+
+def test_over_budget_with_everything_left_out_is_refused_with_sizes_and_a_tiling():
+    plan = _plan()
+
+    def count(files, candidate):
+        return 80_000
+
+    with pytest.raises(program_size.OverBudget) as err:
+        program_size.fit(plan, _render, count=count, suggest=lambda p: "the tiling X fits")
+    text = str(err.value)
+    assert "over v5e's budget of 64,000 bundles" in text and "80,000" in text
+    assert text.endswith("the tiling X fits")
+
+
+def test_smaller_tilings_cut_the_larger_side_first_down_to_one_block():
+    assert program_size.smaller_tilings((1024, 2048, 512, 512)) == [
+        (1024, 1024, 512, 512),
+        (512, 1024, 512, 512),
+        (512, 512, 512, 512),
+    ]
+    assert program_size.smaller_tilings((512, 512, 512, 512)) == []
+
+
+def test_every_tpu_target_has_a_budget_and_only_v5es_is_measured():
+    assert targets.TARGETS["v5e"].program_measured
+    for name, target in targets.TARGETS.items():
+        assert 40_000 <= target.program_bundles <= 71_080, name  # under the slow v5e program
+        assert target.program_measured == (name == "v5e")
+
+
+def test_compile_counts_the_program_and_refuses_one_over_budget(tmp_path, monkeypatch, capsys):
+    """The real count (libtpu's AOT compile on this host): the default module fits v5e's
+    budget; with the budget set under it, straight words go first, then residual masks, and
+    where even that is over, `svgen compile` writes nothing and names a smaller tiling."""
+    from svgen.cli import main
+
+    spec = tmp_path / "size.yaml"
+    spec.write_text(BAND)
+    plan = _plan()
+    default = program_size.forward_bundles(_render(plan), plan)
+    without_straight = program_size.forward_bundles(
+        _render(dataclasses.replace(plan, program=SHRINK_STEPS[0])), plan
+    )
+    assert 0 < without_straight < default < targets.TARGETS["v5e"].program_bundles
+    out = tmp_path / "out"
+    assert main(["compile", str(spec), "--target", "v5e", "--out", str(out)]) == 0
+    assert f"forward kernel program {default:,} bundles of v5e's budget" in capsys.readouterr().err
+    assert "ProgramLimits" not in (out / "size_band.py").read_text()
+
+    tight = dataclasses.replace(
+        targets.TARGETS["v5e"], program_bundles=(default + without_straight) // 2
+    )
+    monkeypatch.setitem(targets.TARGETS, "v5e", tight)
+    assert main(["compile", str(spec), "--target", "v5e", "--out", str(out)]) == 0
+    assert "ProgramLimits(straight_words=0)" in (out / "size_band.py").read_text()
+    capsys.readouterr()
+
+    monkeypatch.setitem(targets.TARGETS, "v5e", dataclasses.replace(tight, program_bundles=100))
+    before = (out / "size_band.py").read_bytes()
+    assert main(["compile", str(spec), "--target", "v5e", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "size.yaml:" in err and "tiling: the forward kernel's program is over" in err
+    assert "svgen: nothing written" in err
+    assert (out / "size_band.py").read_bytes() == before
