@@ -509,13 +509,13 @@ def test_shipped_specs_warn_about_nothing(capsys):
 
 
 def test_cost_without_libtpu_says_what_to_install(project, capsys, monkeypatch):
-    """A CPU-only install (`pip install svgen`) has no libtpu: `svgen cost` says so, exit 2."""
+    """A CPU-only install (`pip install svgen-attention`) has no libtpu: `svgen cost` says so, exit 2."""
     from svgen import cli
 
     monkeypatch.setattr(cli, "_libtpu_installed", lambda: False)
     assert main(["cost", str(project / "specs" / "tiny.yaml")]) == 2
     err = capsys.readouterr().err
-    assert err == f"svgen: error: {cli.NO_LIBTPU}\n" and "pip install 'svgen[tpu]'" in err
+    assert err == f"svgen: error: {cli.NO_LIBTPU}\n" and "pip install 'svgen-attention[tpu]'" in err
 
 
 # A user predicate that the analysis, with its evaluation budget at 0, only bounds: the

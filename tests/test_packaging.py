@@ -1,10 +1,15 @@
-"""A plain (non-editable) install carries the templates, and CI runs the README's commands."""
+"""A plain (non-editable) install carries the templates under the distribution's own name, and
+CI runs the README's commands."""
 
+import re
 import subprocess
 import sys
 import zipfile
 
 from helpers import REPO
+
+#: The distribution's name: the public index's `svgen` is an unrelated SVG tool.
+DISTRIBUTION = "svgen-attention"
 
 
 def test_wheel_contains_the_templates(tmp_path):
@@ -25,7 +30,7 @@ def test_wheel_contains_the_templates(tmp_path):
         text=True,
     )
     assert result.returncode == 0, result.stderr
-    (wheel,) = tmp_path.glob("svgen-*.whl")
+    (wheel,) = tmp_path.glob(f"{DISTRIBUTION.replace('-', '_')}-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     templates = {
         f"svgen/templates/{name}"
@@ -64,8 +69,8 @@ def _requirements(names):
 
 
 def test_jax_is_a_range_and_libtpu_is_optional():
-    """`pip install svgen` takes a range of jax without libtpu (CPU-only environments, model
-    environments with their own jax); `svgen[tpu]` adds libtpu; the README's install
+    """`pip install svgen-attention` takes a range of jax without libtpu (CPU-only environments, model
+    environments with their own jax); `svgen-attention[tpu]` adds libtpu; the README's install
     (`.[dev]`) pins the exact jax[tpu] the tests and the cost model are checked with."""
     import jax
 
@@ -91,3 +96,32 @@ def test_gpu_toolchain_matches_the_tested_jax():
     pinned = [line for line in lines if line and not line.startswith("#")]
     assert pinned == gpu_aot.toolchain_packages()
     assert f"jax-cuda12-plugin=={jax.__version__}" in pinned
+
+
+def test_the_distribution_is_not_the_public_svgen():
+    """The project installs as `svgen-attention` (a name `pip install svgen` would not find:
+    that is an unrelated SVG tool) and is still imported and run as `svgen`."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["name"] == DISTRIBUTION
+    assert project["scripts"] == {"svgen": "svgen.cli:main"}
+
+
+#: An install line naming the public index's `svgen`: `pip install svgen` or `'svgen[tpu]'`.
+_OLD_NAME = re.compile(r"pip install +['\"]?svgen(?![\w-])|['\"]svgen\[")
+
+
+def test_no_install_line_names_the_public_svgen():
+    """Every install line in the docs and in svgen's messages names `svgen-attention`."""
+    texts = [REPO / "README.md", REPO / "CONTRIBUTING.md", REPO / "pyproject.toml"]
+    texts += sorted((REPO / "docs").rglob("*.md")) + sorted((REPO / "svgen").rglob("*.py"))
+    found = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for path in texts
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if _OLD_NAME.search(line)
+    ]
+    assert found == []
+    install = (REPO / "docs" / "install.md").read_text()
+    assert f"pip install {DISTRIBUTION}" in install and f"'{DISTRIBUTION}[tpu]'" in install

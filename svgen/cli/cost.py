@@ -10,10 +10,11 @@ import sys
 from svgen.cli.plan import plan_spec
 from svgen.spec.errors import SpecError
 
-#: What `svgen cost` says where libtpu is missing (a CPU-only install: `pip install svgen`).
+#: What `svgen cost` says where libtpu is missing (a CPU-only install:
+#: `pip install svgen-attention`).
 NO_LIBTPU = (
     "svgen cost compiles the kernel with libtpu, the TPU compiler, which is not "
-    "installed here; install it with: pip install 'svgen[tpu]'"
+    "installed here; install it with: pip install 'svgen-attention[tpu]'"
 )
 
 
