@@ -187,27 +187,43 @@ def tune_measured(args) -> int:
         progress=_progress(False),
         use_cache=not args.interpret,
     )
+    verdict = measured_tune.verdict(trials)
     if args.json:
-        print(json.dumps([_trial_json(t) for t in trials], indent=1))
+        print(
+            json.dumps(
+                {"trials": [_trial_json(t) for t in trials], "verdict": verdict.to_json()},
+                indent=1,
+            )
+        )
     else:
         for line in measured_tune.format_table(trials, chip, args.backward):
             print(line)
-    best = next((t for t in trials if t.ms is not None), None)
-    if best is None:
+    if verdict.winner is None:
         print("svgen: error: no candidate tiling compiled and ran", file=sys.stderr)
         return 1
     if args.apply:
         from svgen.cli.tune import apply_measured
 
-        apply_measured(args.spec, best.tiling, spec.tiling.align, target)
+        if verdict.tie:
+            # The fastest is as good a pick as any within noise; the user should know that
+            # another run could have ranked the two the other way.
+            print(f"svgen: applying the fastest, though {verdict.sentence()}", file=sys.stderr)
+        apply_measured(args.spec, verdict.winner.tiling, spec.tiling.align, target)
     return 0
 
 
 def _trial_json(t) -> dict:
+    """One candidate for `svgen tune --measure --json`: its median, fastest run and spread
+    (a fraction), or why it is infeasible, with every failed attempt's reason."""
     return {
         "tiling": dict(zip(("block_q", "block_kv", "compute_q", "compute_kv"), t.tiling)),
         "ms": t.ms,
+        "min_ms": t.min_ms,
+        "spread": t.spread,
+        "runs": t.runs,
         "per_direction_ms": t.per_direction,
         "error": t.error,
+        "attempts": len(t.failures) + (t.ms is not None),
+        "failures": list(t.failures),
         "cached": t.cached,
     }
