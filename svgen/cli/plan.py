@@ -51,7 +51,20 @@ def fit_program(plan: Plan, render, spec_file: str, quiet: bool):
         progress("looking for a tiling that fits")
         return program_size.tiling_suggestion(over.spec, over.target.name, count_plan)
 
+    def analyze_at(tiling) -> Plan | None:
+        from svgen.perf.measured_tune import with_tiling
+
+        try:
+            return analyze(with_tiling(plan.spec, tiling), target_name=plan.target.name)
+        except SpecError:  # a tiling the spec cannot take (larger than its sequence, say)
+            return None
+
     try:
+        if not plan.spec.tiling_given and plan.target.program_measured:
+            # No tiling given: the compiler picks one on a chip it has measured.
+            return program_size.chip_free(
+                plan, analyze_at, render, count=program_size.forward_bundles, progress=progress
+            )
         return program_size.fit(plan, render, suggest=suggest, progress=progress)
     except program_size.Unavailable as exc:
         if not quiet:

@@ -133,15 +133,16 @@ def fit(
     count: Callable = forward_bundles,
     suggest: Callable | None = None,
     progress: Callable[[str], None] = lambda line: None,
+    steps: tuple[ProgramLimits, ...] = SHRINK_STEPS,
 ):
     """(plan, files, ProgramSize): the plan (its `program` limits set where code was left
     out) and its rendered files, whose forward kernel fits the chip's budget. render(plan) ->
     files; count(files, plan) -> bundles; suggest(plan) -> words naming a tiling that fits
-    (or None). OverBudget where no shrink step is enough."""
+    (or None); steps: the shrink steps allowed. OverBudget where none is enough."""
     target = plan.target
     budget = target.program_bundles
     tried: list[tuple[ProgramLimits, int]] = []
-    for limits in (plan.program, *[s for s in SHRINK_STEPS if s != plan.program]):
+    for limits in (plan.program, *[s for s in steps if s != plan.program]):
         candidate = dataclasses.replace(plan, program=limits)
         files = render(candidate)
         progress(f"counting the forward kernel's program for {target.name} (libtpu)")
@@ -164,6 +165,37 @@ def fit(
         "cliff\"); fewer patterns or smaller compute blocks make a smaller program"
         + (f"; {hint}" if hint else "")
     )
+
+
+#: The tilings svgen picks on a TPU v5e for a spec that gives none, best first: the first whose
+#: forward program fits the budget, the first one only where no more than its straight-line
+#: bodies must be left out (its residual masks are what make its BOUNDARY blocks fast).
+#: Measured on a v5e (svgen bench, bench/results/v5e_rule_*.json, v5e_shipped_at_1024x2048.json,
+#: v5e_untuned_*.json; docs/measured.md, "A tiling without a chip"): 1024x2048 / 512x512 is the
+#: fastest tiling measured for every single-pattern 75K-token spec whose program fits (blog
+#: 69.97 ms against 80.57 at 512x1024 / 512x512, spatial 36.25 against 41.18, temporal 68.38
+#: against 71.23); where it does not fit, 512x1024 / 512x512 was the fastest measured (mixed,
+#: frame decay, HunyuanVideo text, cogvideox, and the untuned PARO-, Jenga- and
+#: Sparse-VideoGen-like specs: 72.02 against 84.76 ms at 512 x 512 for PARO's, 227.99 against
+#: 259.69 for Jenga's).
+V5E_TILINGS = ((1024, 2048, 512, 512), (512, 1024, 512, 512), (512, 512, 512, 512))
+
+
+def chip_free(plan, analyze_at: Callable, render: Callable, *, count=forward_bundles, progress=None):
+    """(plan, files, ProgramSize) at the first of V5E_TILINGS that the spec takes and whose
+    program fits (analyze_at(tiling) -> plan, or None where the spec cannot take it); the
+    spec's own default plan, fitted as usual, where none does."""
+    progress = progress or (lambda line: None)
+    for index, tiling in enumerate(V5E_TILINGS):
+        candidate = analyze_at(tiling)
+        if candidate is None:
+            continue
+        steps = SHRINK_STEPS[:1] if index == 0 else SHRINK_STEPS
+        try:
+            return fit(candidate, render, count=count, progress=progress, steps=steps)
+        except OverBudget:
+            progress(f"{tiling_words(tiling)} is over the budget: the next")
+    return fit(plan, render, count=count, progress=progress)
 
 
 def smaller_tilings(tiling: tuple[int, int, int, int]) -> list[tuple[int, int, int, int]]:

@@ -285,6 +285,7 @@ def parse_spec(text: str, *, source: str = "<string>", chip: str | None = None) 
         tilings=chip_tilings,
         tiling_chip=chip if chip in dict(chip_tilings) else None,
         plain_tiling=plain if chip in dict(chip_tilings) else None,
+        tiling_given="tiling" in top,
     )
     return dataclasses.replace(spec, digest=spec_digest(spec))
 

@@ -326,6 +326,9 @@ class Spec:
     tiling_chip: str | None = None
     # The plain keys' tiling when `tiling` is a chip's own; None: it is `tiling`.
     plain_tiling: Tiling | None = None
+    # False: the spec has no `tiling` section (the compiler may pick one for a chip it has
+    # measured: svgen.perf.program_size.chip_free). Not part of the digest.
+    tiling_given: bool = True
 
     @property
     def gpu_tiling(self) -> GpuTiling:
