@@ -198,9 +198,10 @@ def _add_tune(sub) -> None:
         "--measure",
         action="store_true",
         help="time candidate tilings on the attached TPU instead of ranking them with the "
-        "model (a candidate that fails to compile or run is infeasible); measurements are "
-        "cached per chip, versions, spec and tiling; --apply writes the winner under "
-        "tiling.<chip>",
+        "model (a candidate that fails to compile or run is infeasible, retried once by a "
+        "later run); measurements are cached per chip, versions, spec, tiling and the "
+        "kernels' source; the winner's margin is weighed against the spread of the two "
+        "fastest (a tie within noise is said); --apply writes the winner under tiling.<chip>",
     )
     p.add_argument(
         "--backward",
