@@ -204,3 +204,23 @@ def test_a_spec_without_a_tiling_gets_the_first_v5e_tiling_that_fits():
     sizes = {second: {ProgramLimits(): 30_000}}
     chosen, _, _ = program_size.chip_free(plan, skip_first, _render, count=counter(sizes))
     assert (chosen.spec.tiling.block_q, chosen.spec.tiling.block_kv) == second
+
+
+def test_the_tuner_never_picks_a_candidate_over_the_program_budget(tmp_path):
+    """svgen tune: a compiled candidate whose program is over the chip's budget is skipped
+    with the reason (its costs stay a point for estimates), and the pick is one that fits."""
+    from svgen.perf import tune
+    from tune_helpers import SPEC, synthetic_paths, write_spec
+
+    def measure(plan):
+        t = plan.spec.tiling
+        c = tune.Candidate(t.block_q, t.block_kv, t.cq, t.ckv, t.align)
+        paths = synthetic_paths(c, len(plan.patterns))
+        # every tiling of more than one compute block "compiles" past the budget
+        return dataclasses.replace(paths, program=100_000 if c.blocks > 1 else 20_000)
+
+    result = tune.tune(str(write_spec(tmp_path, SPEC)), target="v5e", measure=measure, confirm=50)
+    assert result.rows and all(r.candidate.blocks == 1 for r in result.rows if r.exact)
+    assert result.rows[0].candidate.blocks == 1
+    over = [why for _, why in result.dropped if "over v5e's budget of 64,000" in why]
+    assert over and all("100,000 bundles" in why for why in over)

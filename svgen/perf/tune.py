@@ -308,7 +308,8 @@ def tune(
     dropped += costs.skipped(plans)
     if not rows:
         raise SpecError(
-            f"libtpu ran out of VMEM compiling every candidate tiling ({dropped[-1][1]})",
+            f"no candidate tiling compiled within the chip's VMEM and program budgets "
+            f"({dropped[-1][1]})",
             file=spec_path,
             key="tiling",
         )
@@ -467,7 +468,8 @@ class _Costs:
 
     def exact(self, c: Candidate, plan: Plan):
         """The candidate's exact costs; None when libtpu refused its kernel (out of VMEM at
-        compile time, svgen.perf.cost.KernelOutOfVmem): the candidate is then skipped."""
+        compile time, svgen.perf.cost.KernelOutOfVmem) or its program is over the chip's
+        budget: the candidate is then skipped."""
         from svgen.perf.cost import KernelOutOfVmem
 
         if c.code_key in self.refused:
@@ -480,6 +482,11 @@ class _Costs:
             except KernelOutOfVmem as err:
                 self.refused[c.code_key] = err.message
                 self.progress(f"skipping {c.label()}: libtpu ran out of VMEM", self.compiles, 0)
+                return None
+            over = _over_program_budget(self.paths[c.code_key], plan)
+            if over:  # its costs stay a point for estimates; the candidate is never picked
+                self.refused[c.code_key] = over
+                self.progress(f"skipping {c.label()}: {over}", self.compiles, 0)
                 return None
         return self.paths[c.code_key]
 
@@ -504,6 +511,19 @@ class _Costs:
             paths, plan.tables, cost.model_head_pattern(plan), cost.padding_tile(plan)
         )
         return Row(c, plan, cycles, cost.dense_cycles(paths, plan), sum(steps.values()), exact)
+
+
+def _over_program_budget(paths, plan: Plan) -> str | None:
+    """Why a candidate's kernel is off the table for its program size (None: it fits, or its
+    size was not read): past the chip's budget a kernel ran 2-5x slower on a TPU v5e than
+    the model says (svgen.perf.program_size), and `svgen compile` would not emit it as costed."""
+    budget = plan.target.program_bundles
+    if not paths.program or paths.program <= budget:
+        return None
+    return (
+        f"its forward program is {paths.program:,} bundles, over {plan.target.name}'s budget "
+        f"of {budget:,}"
+    )
 
 
 def _confirm(rows: list[Row], costs: _Costs, top: int) -> list[Row]:
