@@ -45,6 +45,20 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1  # what a generated module computes i
 GRAD_TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2}
 
 
+def readme_blocks(language: str) -> list[str]:
+    """The README's fenced code blocks of one language (```sh, ```python), in order, as printed
+    (what CI runs and the README's snippet test runs are taken from here, never retyped)."""
+    readme = (REPO / "README.md").read_text()
+    return [block.split("```")[0].strip() for block in readme.split(f"```{language}\n")[1:]]
+
+
+def readme_first_kernel_output() -> str:
+    """What the README says its first Python snippet prints ("It prints `...`" after it)."""
+    readme = (REPO / "README.md").read_text()
+    after = readme.split("```python\n", 1)[1].split("```", 1)[1]
+    return after.split("It prints `", 1)[1].split("`", 1)[0]
+
+
 def dense_keep(mask, layout) -> np.ndarray:
     """keep[q, k] for every real pair, from the IR oracle (small geometries only)."""
     c = layout.coordinates(np.arange(layout.seq_len))

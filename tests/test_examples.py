@@ -1,4 +1,4 @@
-"""examples/video_dit_layer.py runs, picks the planted head kinds and stays close to dense;
+"""The README's first kernel runs exactly as printed; examples/video_dit_layer.py runs, picks the planted head kinds and stays close to dense;
 examples/packed_batch.py matches each packed video run alone; examples/autoregressive_video.py
 generates chunk by chunk with a KV cache what the full sequence computes at once;
 examples/selected_denoising.py follows its selection through a denoising schedule;
@@ -6,8 +6,13 @@ examples/paro_calibrated.py writes PAROAttention's per-head orders and calibrate
 examples/moc_routing.py and examples/vmoba_partitions.py write Mixture of Contexts' and VMoBA's rules."""
 
 import importlib.util
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
 
-from helpers import REPO
+from helpers import REPO, readme_blocks, readme_first_kernel_output
 
 
 def load_example(name: str):
@@ -93,3 +98,25 @@ def test_vmoba_partitions_example():
     assert {row["partition"] for row in result["rows"]} == {"1d", "2d", "3d"}
     for row in result["rows"]:
         assert row["error"] <= 1e-5 and 0.25 < row["kept_blocks"] < 1.0, row
+
+
+def test_readme_first_kernel_runs_as_printed(tmp_path):
+    """The README's compile line and first Python snippet, exactly as printed, in a folder laid
+    out like the repository (its `.venv`, `examples/first_kernel.yaml`), print what the README
+    says they print."""
+    (compile_line,) = [c for c in readme_blocks("sh") if "examples/first_kernel.yaml" in c]
+    snippet = readme_blocks("python")[0]
+    (tmp_path / ".venv").symlink_to(pathlib.Path(sys.prefix))  # the environment running us
+    (tmp_path / "examples").mkdir()
+    shutil.copy(REPO / "examples" / "first_kernel.yaml", tmp_path / "examples")
+    env = {**os.environ, "SVGEN_CACHE_DIR": str(tmp_path / "cache")}
+    compiled = subprocess.run(
+        ["bash", "-c", compile_line], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert compiled.returncode == 0, compiled.stderr
+    (tmp_path / "snippet.py").write_text(snippet + "\n")
+    ran = subprocess.run(
+        [".venv/bin/python", "snippet.py"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == readme_first_kernel_output() + "\n"

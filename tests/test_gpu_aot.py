@@ -2,7 +2,7 @@
 and the H200 on this CPU-only machine, through XLA, Triton and ptxas to sm_90a, and
 `svgen compile --target h100|h200` refuses what would not fit a block's shared memory.
 
-They need the toolchain the README's install command puts in .gpu-aot (JAX's CUDA plugin and
+They need the toolchain the README's developer install puts in .gpu-aot (JAX's CUDA plugin and
 ptxas); CI installs it, so a missing toolchain fails here rather than skipping.
 """
 

@@ -1,6 +1,6 @@
 """bench/gpu_bench.py as a user runs it: the static table (no GPU), the deviceless compile
 facts of svgen's GPU kernel next to JAX's dense Pallas flash attention (the toolchain of
-`.gpu-aot` must be installed: the README's install command; without it the test fails), and
+`.gpu-aot` must be installed: the README's developer install; without it the test fails), and
 the timing path in Pallas interpret mode on a scaled-down spec (no timing asserted)."""
 
 from __future__ import annotations

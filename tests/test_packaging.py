@@ -6,7 +6,7 @@ import subprocess
 import sys
 import zipfile
 
-from helpers import REPO
+from helpers import REPO, readme_blocks, readme_first_kernel_output
 
 #: The distribution's name: the public index's `svgen` is an unrelated SVG tool.
 DISTRIBUTION = "svgen-attention"
@@ -51,11 +51,24 @@ def test_wheel_contains_the_templates(tmp_path):
 
 
 def test_ci_runs_exactly_the_readme_commands():
-    readme = (REPO / "README.md").read_text()
+    """The README's first command installs what a user needs (no test tools, no GPU toolchain);
+    its developer install and test command are named apart; CI runs all three, in order."""
+    commands = readme_blocks("sh")
+    user_install = commands[0]
+    (developer_install,) = [c for c in commands if "'.[dev]'" in c]
+    (test,) = [c for c in commands if "pytest" in c]
+    assert user_install.startswith("python3 -m venv .venv && ")
+    assert "[dev]" not in user_install and "gpu-aot" not in user_install
+    assert "gpu-aot.txt" in developer_install
     ci = (REPO / ".ci" / "run").read_text()
-    blocks = readme.split("```sh\n")[1:3]
-    install, test = (b.split("```")[0].strip() for b in blocks)
-    assert install in ci and test in ci
+    places = [ci.find(command) for command in (user_install, developer_install, test)]
+    assert -1 not in places and places == sorted(places), places
+    assert "### Developer and CI set-up" in (REPO / "README.md").read_text()
+    # ... and, right after the first install, the first kernel (the README's compile line and
+    # first Python snippet) with nothing more installed, checking what the README says it prints.
+    (first_compile,) = [c for c in commands if "examples/first_kernel.yaml" in c]
+    assert places[0] < ci.find(first_compile) < places[1]
+    assert f"test \"$printed\" = '{readme_first_kernel_output()}'" in ci
 
 
 def _requirements(names):
@@ -69,9 +82,10 @@ def _requirements(names):
 
 
 def test_jax_is_a_range_and_libtpu_is_optional():
-    """`pip install svgen-attention` takes a range of jax without libtpu (CPU-only environments, model
-    environments with their own jax); `svgen-attention[tpu]` adds libtpu; the README's install
-    (`.[dev]`) pins the exact jax[tpu] the tests and the cost model are checked with."""
+    """`pip install svgen-attention` takes a range of jax without libtpu (CPU-only environments,
+    model environments with their own jax); `svgen-attention[tpu]` adds libtpu; the README's
+    developer install (`.[dev]`) pins the exact jax[tpu] the tests and the cost model are
+    checked with."""
     import jax
 
     groups = _requirements(["", "tpu", "dev"])
@@ -86,8 +100,8 @@ def test_jax_is_a_range_and_libtpu_is_optional():
 
 
 def test_gpu_toolchain_matches_the_tested_jax():
-    """gpu-aot.txt (the README's install) and the install hint of svgen.perf.gpu_aot name the same
-    packages, the CUDA plugin at exactly the jax version the tests run."""
+    """gpu-aot.txt (the README's developer install) and the install hint of svgen.perf.gpu_aot
+    name the same packages, the CUDA plugin at exactly the jax version the tests run."""
     import jax
 
     from svgen.perf import gpu_aot

@@ -9,9 +9,9 @@ The toolchain
 JAX's CUDA plugin and ptxas, at JAX's version: `jax-cuda12-plugin`, `jax-cuda12-pjrt` and
 `nvidia-cuda-nvcc-cu12` (about 223 MB to download, 570 MB on disk). A GPU machine with
 `jax[cuda12]` has them already. On a CPU-only machine they go into a directory of their own
-(`pip install --no-deps --target .gpu-aot ...`, the README's install command), never into the
-environment that runs svgen and its tests: there, every JAX process would find the plugin and
-log CUDA-driver messages on stderr. Where svgen looks (`toolchain_dir`), in order:
+(`pip install --no-deps --target .gpu-aot ...`, the README's developer install), never into
+the environment that runs svgen and its tests: there, every JAX process would find the plugin
+and log CUDA-driver messages on stderr. Where svgen looks (`toolchain_dir`), in order:
 $SVGEN_GPU_TOOLCHAIN when set (then nowhere else), `.gpu-aot` beside the svgen package (the
 repository root, for an editable install: found from any working directory), `.gpu-aot` in
 the working directory, the running environment. The error of a missing toolchain lists them.
@@ -84,7 +84,7 @@ def install_hint() -> str:
 
 def project_toolchain_dir() -> pathlib.Path:
     """`.gpu-aot` beside the svgen package: in the repository root for an editable install
-    (where the README's install command puts it), whatever the working directory."""
+    (where the README's developer install puts it), whatever the working directory."""
     package = pathlib.Path(__file__).resolve().parents[1]  # svgen/ (this is svgen/perf/)
     return package.parent / DEFAULT_TOOLCHAIN_DIR
 
