@@ -151,3 +151,42 @@ def test_divisors_near_a_cube_size():
     assert lint._divisors_near(45, 8) == [5, 9]
     assert lint._divisors_near(7, 4) == [7]  # a prime: only the whole axis
     assert lint._divisors_near(12, 13) == [12]
+
+
+def _anchored_blocks_spec(tmp_path, layout: str, anchor: bool) -> str:
+    """4 frames of 8 x 8 (256 tokens) in `layout`, a diagonal 64-token block mask from a file,
+    with or without a first-frame anchor beside it."""
+    np.save(tmp_path / "calibrated.npy", np.eye(4, dtype=np.uint8))
+    first = "    - first_frame: {frames: 1}\n" if anchor else ""
+    path = tmp_path / "paro.yaml"
+    path.write_text(
+        "svgen: 1\nname: paro\ngeometry: {frames: 4, height: 8, width: 8}\n"
+        "attention: {heads: 1, head_dim: 64, dtype: float32}\n"
+        f"layout: {layout}\nmask:\n  any_of:\n{first}"
+        "    - blocks: {file: calibrated.npy, block: 64}\n"
+        "tiling: {block_q: 128, block_kv: 128}\n"
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize("order", ["{order: [h, w, f]}", "{order: [w, h, f]}", "temporal_major"])
+def test_a_data_mask_shifted_by_an_anchor_frame_warns(tmp_path, order, capsys):
+    """first_frame in a temporal-major order moves the first frame first, and every other
+    token with it: the same block-mask file then indexes other tokens (issue 59, item 7).
+    The compiler says so at the `blocks` key, naming the shift; without the anchor, or in
+    frame-major order (no anchor frames), nothing warns."""
+    from svgen.cli import main
+    from svgen.spec import load_spec
+
+    path = _anchored_blocks_spec(tmp_path, order, anchor=True)
+    (warning,) = lint.plan_warnings(analyze(load_spec(path)))
+    assert warning.key == "mask.any_of[1].blocks" and warning.line == 9
+    assert "first_frame keeps the first 1 frame(s) (64 tokens) first" in warning.message
+    assert "(frame 1, place 0: position 64 here, 1 there)" in warning.message
+    assert main(["compile", path, "--out", str(tmp_path / "out"), "--no-size-check"]) == 0
+    assert f"svgen: warning: {warning}" in capsys.readouterr().err
+    for quiet in (
+        _anchored_blocks_spec(tmp_path, order, anchor=False),
+        _anchored_blocks_spec(tmp_path, "{order: [f, h, w]}", anchor=True),
+    ):
+        assert lint.plan_warnings(analyze(load_spec(quiet))) == []

@@ -25,6 +25,9 @@ from svgen.core.kinds import TileKind
 from svgen.core.layout import TILED, TokenLayout
 from svgen.spec import IMPLICIT_PATTERN, MaskTerm, Spec
 
+#: The primitive of a block mask given as data (svgen.spec.primitives).
+BLOCKS = "blocks"
+
 __all__ = ["SpecWarning", "spec_warnings", "plan_warnings", "EXTENT_LIMITS"]
 
 
@@ -95,7 +98,8 @@ def plan_warnings(plan) -> list[SpecWarning]:
     """Patterns that keep no pair at all (an analysis.Plan): their heads output zeros.
     Only certain findings: a user predicate whose count is a bound warns only when even the
     upper bound is zero. And TPU kernels estimated slower than the same kernel on a dense
-    mask (`_slower_than_dense`), and patterns whose residual masks a work limit left out."""
+    mask (`_slower_than_dense`), patterns whose residual masks a work limit left out, and
+    block masks given as data whose positions anchor frames shift (`_anchor_shifted_blocks`)."""
     out = []
     for pattern in plan.patterns:
         term = plan.spec.pattern_mask(pattern.name)
@@ -115,6 +119,7 @@ def plan_warnings(plan) -> list[SpecWarning]:
             slower = _slower_than_dense(pattern)
             if slower is not None:
                 out.append(_at(term, f"{what}: {slower}"))
+        out += _anchor_shifted_blocks(pattern, term, what)
         if pattern.residuals_skipped is not None:
             out.append(
                 _at(
@@ -135,6 +140,31 @@ def plan_warnings(plan) -> list[SpecWarning]:
             message = f"pattern {pattern.name!r} in its layout: {ragged}"
             out.append(SpecWarning(message, w.file, w.line, w.column, w.key))
     return out
+
+
+def _anchor_shifted_blocks(pattern, term: MaskTerm, what: str) -> list[SpecWarning]:
+    """A block mask given as data (`blocks`) indexes kernel positions. In a temporal-major
+    order ([h, w, f], [w, h, f]) a `first_frame` in the same pattern moves its frames first
+    (anchor frames), which moves every other video token too: a file calibrated in the
+    order without the anchor (PAROAttention's, say) would silently read other tokens. One
+    warning at each `blocks` term, naming the shift with the first token it moves."""
+    lay = pattern.layout
+    if not lay.anchor_frames:
+        return []
+    anchored = lay.anchor_frames * lay.tokens_per_frame
+    plain = lay.video_start + lay.anchor_frames  # frame A, place 0 without anchor frames
+    kernel = lay.video_start + anchored  # ... and with them: just past the anchor block
+    message = (
+        f"{what}: a block mask given as data indexes kernel positions, and first_frame keeps "
+        f"the first {lay.anchor_frames} frame(s) ({anchored:,} tokens) first in this "
+        f"layout's kernel order, which moves every other video token from where the same "
+        f"order without anchor frames has it (frame {lay.anchor_frames}, place 0: position "
+        f"{kernel:,} here, {plain:,} there): a mask file calibrated in that order indexes "
+        f"other tokens here. Index the file by kernel position (the generated module's "
+        f"layout constant, LAYOUT or <PATTERN>_LAYOUT, maps them to the user's tokens: "
+        f".original_index), or leave first_frame out of this pattern"
+    )
+    return [_at(t, message) for t in _walk(term) if t.op == BLOCKS]
 
 
 # Ragged cubes are worth a warning where they turn at least this share of the visited tiles
