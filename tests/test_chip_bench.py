@@ -179,6 +179,33 @@ def test_bench_without_a_tpu_is_one_line_and_exit_2(capsys):
     assert main(["tune", "--measure", "specs/wan21_720p_band.yaml"]) == 2
 
 
+@pytest.mark.parametrize(
+    "platforms, command",
+    [("tpu", "bench"), ("tpu", "tune --measure"), ("cuda", "bench")],
+)
+def test_jax_platforms_naming_a_missing_platform_is_one_line_and_exit_2(platforms, command):
+    """JAX_PLATFORMS=tpu on a machine without one (and `cuda`, whose plugin is not here) leaves
+    JAX no backend, which it says with an error of its own: still svgen's one line, exit 2.
+    In a child process: JAX starts its backends once a process."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    child = subprocess.run(
+        [sys.executable, "-m", "svgen.cli", *command.split(), "examples/first_kernel.yaml"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "JAX_PLATFORMS": platforms},
+    )
+    err = child.stderr.strip().splitlines()
+    assert child.returncode == 2, child.stderr
+    assert len(err) == 1 and err[0].startswith(f"svgen: error: svgen {command} times kernels")
+    assert f"JAX_PLATFORMS={platforms!r}" in err[0]
+
+
 def test_tiling_option_is_checked():
     from svgen.cli.bench import parse_tiling
     import argparse

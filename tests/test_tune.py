@@ -137,11 +137,42 @@ def test_tune_ranks_compiled_first_choices(tmp_path):
 def test_over_budget_candidates_never_appear(tmp_path):
     budget = 40  # bytes of SMEM (2 heads, 1,040 tokens): small tiles have more table entries
     result = tune.tune(str(write_spec(tmp_path)), smem_budget=budget, measure=fake_measure([]))
-    assert result.dropped and all("SMEM" in why for _, why in result.dropped)
+    over = [why for _, why in result.dropped if "single grid step" not in why]
+    assert over and all("SMEM" in why for why in over)
     assert all(r.plan.table_bytes <= budget for r in result.rows)
     dropped = {c for c, _ in result.dropped}
     assert not dropped & {r.candidate for r in result.rows}
     assert "over the SMEM budget" in "\n".join(tune.summary_lines(result))
+
+
+def test_tune_drops_candidates_of_one_grid_step(tmp_path):
+    """On a short sequence (1,040 tokens) tiles as long as it make kernels of a single grid
+    step, which the cost model cannot read (`svgen cost` refuses them, naming `tiling:`): tune
+    leaves them out, saying why, and ranks the rest, the spec's own tiling such a one too."""
+    from svgen.perf import cost
+
+    def measure(plan):
+        cost.check_costable(plan)  # what the real measure does before compiling
+        return synthetic_paths(
+            Candidate(
+                plan.spec.tiling.block_q,
+                plan.spec.tiling.block_kv,
+                plan.spec.tiling.cq,
+                plan.spec.tiling.ckv,
+                plan.spec.tiling.align,
+            ),
+            len(plan.patterns),
+        )
+
+    for own in ("{block_q: 512, block_kv: 512}", "{block_q: 2048, block_kv: 2048}"):
+        text = SPEC.replace("{block_q: 512, block_kv: 512}", own)
+        result = tune.tune(str(write_spec(tmp_path, text)), measure=measure)
+        one_step = {c for c, why in result.dropped if "single grid step" in why}
+        assert Candidate(2048, 2048, 1024, 1024, "exact") in one_step
+        assert (Candidate(2048, 2048, 2048, 2048, "exact") in one_step) == ("2048" in own)
+        assert result.rows and all(r.plan.grid_steps > 1 for r in result.rows)
+        assert any(line.startswith("| 1 |") for line in tune.format_table(result))
+        assert "single grid step" in "\n".join(tune.summary_lines(result))
 
 
 def test_tune_apply_keeps_comments_and_order(tmp_path, monkeypatch, capsys):

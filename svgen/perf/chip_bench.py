@@ -60,10 +60,18 @@ def attached_chip() -> str:
     """svgen's name of the attached TPU (v5e, v6e, v7x); NoChip when there is none."""
     import jax
 
+    # Where JAX_PLATFORMS names a platform this machine lacks (`tpu` without a TPU), JAX
+    # starts no backend at all and says so with a RuntimeError, or with an AssertionError
+    # where the platform's plugin is not even installed (`cuda` here): no TPU, either way.
+    no_backend = (RuntimeError, AssertionError)
     try:
         devices = jax.devices("tpu")
-    except RuntimeError:
-        seen = ", ".join(sorted({d.platform for d in jax.devices()}))
+    except no_backend:
+        try:
+            seen = ", ".join(sorted({d.platform for d in jax.devices()}))
+        except no_backend:
+            platforms = os.environ.get("JAX_PLATFORMS", "")
+            seen = f"none: JAX_PLATFORMS={platforms!r} names a platform JAX could not start"
         raise NoChip(f"JAX sees no TPU here (its devices: {seen})") from None
     kind = devices[0].device_kind
     for prefix, name in CHIP_KINDS:

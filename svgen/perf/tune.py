@@ -394,24 +394,32 @@ def _read(spec_path: str) -> str:
 
 
 def _analyze_all(text, spec_path, spec, aligns, target, smem_budget, progress, wide=False):
-    """{candidate: plan} of those within the budgets, and [(candidate, why)] of the rest.
-    The spec's own tiling first: its plan says whether the spec is narrow (NARROW_KEYS)."""
+    """{candidate: plan} of those within the budgets and of more than one grid step, and
+    [(candidate, why)] of the rest. The spec's own tiling first: its plan says whether the
+    spec is narrow (NARROW_KEYS)."""
     space = candidates(spec, aligns, wide=wide)
     own = space[: len(aligns)]
     plans, dropped = {}, []
 
-    def analyze_one(c: Candidate, done: int, total: int) -> None:
+    def analyze_one(c: Candidate, done: int, total: int) -> Plan | None:
         progress(f"analyzing {c.label()} {c.align}", done, total)
         try:
-            plans[c] = analyze(
+            plan = analyze(
                 candidate_spec(text, spec_path, c), smem_budget=smem_budget, target_name=target
             )
         except SpecError as err:
             dropped.append((c, err.message))
+            return None
+        if plan.grid_steps == 1:  # tiles as long as a short sequence: nothing to cost (svgen
+            # cost refuses it, blaming `tiling:`): libtpu leaves out the grid loop it reads
+            dropped.append((c, "a single grid step per head: the cost model has no step to read"))
+        else:
+            plans[c] = plan
+        return plan
 
-    for done, c in enumerate(own, 1):
-        analyze_one(c, done, len(space))
-    if plans and _is_narrow(next(iter(plans.values()))):
+    own_plans = [analyze_one(c, done, len(space)) for done, c in enumerate(own, 1)]
+    own_plans = [plan for plan in own_plans if plan is not None]
+    if own_plans and _is_narrow(own_plans[0]):
         space = candidates(spec, aligns, narrow=True, wide=wide)
     rest = [c for c in space if c not in own]
     for done, c in enumerate(rest, len(own) + 1):
