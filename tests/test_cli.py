@@ -278,7 +278,9 @@ def test_inspect_text_is_for_people(project, capsys, spec):
     docstring = next((project / "g").glob("*.py")).read_text()
     capsys.readouterr()
     *lines, program = out.splitlines()[1:]
-    assert re.fullmatch(r"Program: forward kernel program [\d,]+ bundles of v6e's budget .*", program)
+    assert re.fullmatch(
+        r"Program: forward kernel program [\d,]+ bundles of v6e's budget .*", program
+    )
     for line in lines:
         assert line.strip() in docstring, line
 
@@ -373,6 +375,70 @@ def test_output_is_identical_across_hash_seeds(tmp_path):
     assert outputs[0] == outputs[1]
     # a module per spec, and the run tables of patterns with more than 4,096 runs beside them
     assert len([name for name in outputs[0] if name.endswith(".py")]) == len(SPECS)
+
+
+def test_inspect_png_names_every_file_it_writes(project, capsys):
+    """--png FILE writes FILE for one pattern and FILE_<pattern>.png for each of several, and
+    names on stderr every file it writes (stdout stays the report; with --json, only JSON)."""
+    (project / "specs" / "two.yaml").write_text(TWO_PATTERNS)  # patterns spatial, temporal
+    png = project / "map.png"
+    argv = ["inspect", str(project / "specs" / "two.yaml"), "--png", str(png), "--json"]
+    assert main([*argv, "--no-size-check"]) == 0
+    out, err = capsys.readouterr()
+    json.loads(out)
+    written = [project / "map_spatial.png", project / "map_temporal.png"]
+    assert not png.exists() and all(path.is_file() for path in written)
+    for path in written:
+        pattern = path.stem.split("_")[1]
+        assert f"svgen: wrote {path} (the tile map of pattern {pattern!r})\n" in err
+    assert main(["inspect", str(project / "specs" / "tiny.yaml"), "--png", str(png)]) == 0
+    assert png.is_file() and f"svgen: wrote {png} (the tile map)\n" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "runtime, said",
+    [
+        (
+            "runtime: {segments: true, text_lengths: true}\n",
+            [
+                "  Run-time inputs (the spec's `runtime` section), given per call:",
+                "    segment_ids: int32 [seq_len] or [batch, seq_len], only pairs of one id",
+                "    text_lengths: int32 [] or [batch], the real text tokens (the rest: padding)",
+            ],
+        ),
+        (
+            "runtime: {kv_cache: {chunk_frames: 1}}\n",
+            [
+                "  Chunked calls (the spec's `runtime.kv_cache`), one compile for every",
+                "    q_frame_offset: int32 [], a chunk of 1 frames' queries against the KV cache",
+            ],
+        ),
+        (
+            "select: {candidate: {spatial_window: {frames: 1}}, top_k: {k: 1}}\n",
+            ["  Blocks chosen per call from q and k (the spec's `select`): the mask above is"],
+        ),
+        ("", []),
+    ],
+)
+def test_inspect_names_the_run_time_inputs(project, runtime, said, capsys):
+    """inspect's text says what each call takes besides q, k and v, in the generated
+    docstring's words: run-time inputs, a KV-cache chunk's offset, a selection's policy."""
+    text = "text_lengths" in runtime  # text lengths need text tokens; a KV cache, none
+    geometry = "{frames: 3, height: 4, width: 32, text_tokens: 128}"
+    spec = (
+        GOOD.replace(
+            "{frames: 3, height: 4, width: 30}",
+            geometry if text else "{frames: 3, height: 4, width: 32}",
+        )
+        + runtime
+    )
+    (project / "specs" / "inputs.yaml").write_text(spec)
+    assert main(["inspect", str(project / "specs" / "inputs.yaml"), "--no-size-check"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for line in said:
+        assert any(printed.startswith(line) for printed in lines), (line, lines[:12])
+    if not said:
+        assert not any("Run-time inputs" in line or "Chunked calls" in line for line in lines)
 
 
 def test_inspect_png_pixels_match_the_tile_kinds(project):

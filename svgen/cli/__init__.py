@@ -116,7 +116,8 @@ def _add_inspect(sub) -> None:
         "--png",
         metavar="FILE.png",
         help="write a picture of the tile map, colored by tile kind "
-        "(FILE_<pattern>.png per pattern when there are several)",
+        "(FILE_<pattern>.png per pattern when there are several; each file written is "
+        "named on stderr)",
     )
     add_budget(p, gpu=True)
     p.set_defaults(run=inspect_spec)

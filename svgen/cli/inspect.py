@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import sys
 
 import numpy as np
 
@@ -12,6 +13,7 @@ from svgen.analysis import Plan
 from svgen.cli.files import check_file_target
 from svgen.cli.plan import fit_program, plan_spec
 from svgen.report.inspect_text import inspect_lines
+from svgen.spec.quoting import safe_text
 
 
 def inspect_spec(args) -> int:
@@ -65,7 +67,9 @@ def _save_tiles(plan: Plan, path: str) -> None:
 
 def _write_pngs(plan: Plan, png: pathlib.Path) -> None:
     """A picture of each pattern's tile map: `png` itself for one pattern, else
-    FILE_<pattern>.png beside it."""
+    FILE_<pattern>.png beside it. Each file written is named on stderr (stdout may be the
+    JSON report): with several patterns no file is named `png`, and nothing is written
+    unsaid."""
     from svgen.report.pictures import write_tile_map_png
 
     single = len(plan.patterns) == 1
@@ -74,6 +78,8 @@ def _write_pngs(plan: Plan, png: pathlib.Path) -> None:
         if not single:
             path = path.with_name(f"{path.stem}_{pattern.name}{path.suffix}")
         write_tile_map_png(pattern.kinds, path, title=_png_title(plan, pattern, single))
+        which = "the tile map" if single else f"the tile map of pattern {pattern.name!r}"
+        print(f"svgen: wrote {safe_text(str(path))} ({which})", file=sys.stderr)
 
 
 def _png_title(plan: Plan, pattern, single: bool) -> str:

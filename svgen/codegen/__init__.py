@@ -388,28 +388,7 @@ def _select_entry(plan: Plan, stem: str, files: dict[str, bytes]) -> dict | None
     most = plan.select_max_blocks(0)
     entry = {
         "policy": _policy_text(select, most),
-        "doc_lines": textwrap.wrap(
-            "Blocks chosen per call from q and k (the spec's `select`): "
-            + (
-                "the mask above is always kept; "
-                if len(plan.patterns) == 1
-                else "each head's pattern above is always kept; "
-            )
-            + f"besides it, {_select_words(select, most)}. Candidates: the compute "
-            f"blocks that {ir.lower(plan.spec, select.candidate).describe()} touches"
-            + ("" if len(plan.patterns) == 1 else " (in each pattern's layout)")
-            + f"; a chosen block is attended whole. Scores: {_score_words(select)}. No "
-            "gradient flows through the selection."
-            + "".join(_own_select_words(plan, i) for i in range(len(plan.patterns)))
-            + (
-                " With the run-time inputs, a chosen block keeps only the pairs of one "
-                "segment (and real text), and a block whose queries and keys share no "
-                "segment is never chosen."
-                if plan.spec.runtime.any
-                else ""
-            ),
-            width=92,
-        ),
+        "doc_lines": select_doc_lines(plan),
         "candidates": [],
     }
     single = len(plan.patterns) == 1
@@ -433,6 +412,35 @@ def _select_entry(plan: Plan, stem: str, files: dict[str, bytes]) -> dict | None
         entry["candidates"].append(candidate)
     entry["any_file"] = any(c["file"] for c in entry["candidates"])
     return entry
+
+
+def select_doc_lines(plan: Plan) -> list[str]:
+    """The selection's paragraph of a module's docstring (`svgen inspect` prints it too): the
+    policy, its candidates and scores, per pattern where heads choose otherwise."""
+    select = plan.spec.select
+    most = plan.select_max_blocks(0)
+    return textwrap.wrap(
+        "Blocks chosen per call from q and k (the spec's `select`): "
+        + (
+            "the mask above is always kept; "
+            if len(plan.patterns) == 1
+            else "each head's pattern above is always kept; "
+        )
+        + f"besides it, {_select_words(select, most)}. Candidates: the compute "
+        f"blocks that {ir.lower(plan.spec, select.candidate).describe()} touches"
+        + ("" if len(plan.patterns) == 1 else " (in each pattern's layout)")
+        + f"; a chosen block is attended whole. Scores: {_score_words(select)}. No "
+        "gradient flows through the selection."
+        + "".join(_own_select_words(plan, i) for i in range(len(plan.patterns)))
+        + (
+            " With the run-time inputs, a chosen block keeps only the pairs of one "
+            "segment (and real text), and a block whose queries and keys share no "
+            "segment is never chosen."
+            if plan.spec.runtime.any
+            else ""
+        ),
+        width=92,
+    )
 
 
 def _policy_text(select, most: int) -> str:
@@ -753,7 +761,7 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
         "rolling": spec.runtime.rolling,
         "runtime_imports": _runtime_imports(plan, patterns),
         "runtime_inputs": _runtime_inputs(spec.runtime, bool(plan.video_frames)),
-        "runtime_words": _runtime_words(spec.runtime),
+        "runtime_words": wording.runtime_input_lines(spec.runtime),
         **_program_context(plan),
     }
 
@@ -768,32 +776,6 @@ def _program_context(plan: Plan) -> dict:
         "program_budget": f"{plan.target.name}'s budget of {plan.target.program_bundles:,} bundles",
         "program_words": plan.program.words(),
     }
-
-
-def _runtime_words(runtime) -> list[str]:
-    """What a module's docstring says of its run-time inputs, a line each."""
-    words = []
-    if runtime.segments:
-        words.append("segment_ids: int32 [seq_len] or [batch, seq_len], only pairs of one id")
-    if runtime.per_video_frames:
-        words.append(
-            "per-video frames: a video segment (whole frames) counts its frames from its own first"
-        )
-    if runtime.text_lengths:
-        words.append("text_lengths: int32 [] or [batch], the real text tokens (the rest: padding)")
-    if runtime.rolling:
-        words.append(
-            f"q_frame_offset: int32 [], a chunk of {runtime.chunk_frames} frames' queries against "
-            f"a rolling KV cache of {runtime.sink_frames} sink frames and a ring of "
-            f"{runtime.window_frames} (frame a >= {runtime.sink_frames} in slot "
-            f"{runtime.sink_frames} + (a - {runtime.sink_frames}) mod {runtime.window_frames})"
-        )
-    elif runtime.kv_cache:
-        words.append(
-            f"q_frame_offset: int32 [], a chunk of {runtime.chunk_frames} frames' queries against "
-            "the KV cache of the whole video"
-        )
-    return words
 
 
 def _runtime_inputs(runtime, per_video_frames: bool = False) -> str | None:

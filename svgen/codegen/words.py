@@ -316,3 +316,31 @@ def _budget_lines(budget) -> list[str]:
         f"query rows emptied (they output zeros)",
     ]
     return lines
+
+
+def runtime_input_lines(runtime) -> list[str]:
+    """What a call takes besides q, k and v (the spec's `runtime` section: segments, per-video
+    frames, text lengths, a KV-cache chunk's offset), a line each, as the module's docstring
+    and `svgen inspect` say it."""
+    words = []
+    if runtime.segments:
+        words.append("segment_ids: int32 [seq_len] or [batch, seq_len], only pairs of one id")
+    if runtime.per_video_frames:
+        words.append(
+            "per-video frames: a video segment (whole frames) counts its frames from its own first"
+        )
+    if runtime.text_lengths:
+        words.append("text_lengths: int32 [] or [batch], the real text tokens (the rest: padding)")
+    if runtime.rolling:
+        words.append(
+            f"q_frame_offset: int32 [], a chunk of {runtime.chunk_frames} frames' queries against "
+            f"a rolling KV cache of {runtime.sink_frames} sink frames and a ring of "
+            f"{runtime.window_frames} (frame a >= {runtime.sink_frames} in slot "
+            f"{runtime.sink_frames} + (a - {runtime.sink_frames}) mod {runtime.window_frames})"
+        )
+    elif runtime.kv_cache:
+        words.append(
+            f"q_frame_offset: int32 [], a chunk of {runtime.chunk_frames} frames' queries against "
+            "the KV cache of the whole video"
+        )
+    return words

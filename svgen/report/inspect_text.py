@@ -10,7 +10,7 @@ bounds are `density_lower` and `density_upper`.
 from __future__ import annotations
 
 from svgen.analysis import Plan
-from svgen.codegen import words
+from svgen.codegen import select_doc_lines, words
 from svgen.codegen.backends import backend_of
 from svgen.codegen.tilemap import render_tile_map
 
@@ -22,6 +22,7 @@ def inspect_lines(plan: Plan, spec_file: str) -> list[str]:
     backend = backend_of(plan)
     lines += [f"  {line}" for line in words.kernel_lines(plan, backend)]
     lines.append(f"  Heads: {words.heads_words(plan)}")
+    lines += _call_input_lines(plan)
     single = len(plan.patterns) == 1
     for index, pattern in enumerate(plan.patterns):
         title = "Pattern" if single else f"Pattern {index}, {pattern.name}"
@@ -30,6 +31,25 @@ def inspect_lines(plan: Plan, spec_file: str) -> list[str]:
         lines += [f"    {line}" for line in words.pattern_lines(pattern, residuals, plan, backend)]
         lines.append("    Tile map:")
         lines += [f"      {line}" for line in render_tile_map(pattern.kinds)]
+    return lines
+
+
+def _call_input_lines(plan: Plan) -> list[str]:
+    """What each call takes besides q, k and v, in the module docstring's words: the spec's
+    run-time inputs (segment ids, text lengths, a KV-cache chunk's frame offset) and a
+    selection's policy (blocks chosen from q and k). Nothing for a spec with neither."""
+    lines = []
+    runtime = plan.spec.runtime
+    inputs = words.runtime_input_lines(runtime)
+    if runtime.any:
+        lines += ["", "  Run-time inputs (the spec's `runtime` section), given per call: they only"]
+        lines += ["  remove pairs from the compiled mask, with no recompilation:"]
+    elif runtime.kv_cache:
+        lines += ["", "  Chunked calls (the spec's `runtime.kv_cache`), one compile for every"]
+        lines += ["  chunk position:"]
+    lines += [f"    {line}" for line in inputs]
+    if plan.spec.select is not None:
+        lines += [""] + [f"  {line}" for line in select_doc_lines(plan)]
     return lines
 
 
