@@ -60,7 +60,9 @@ def test_limits_are_said_in_the_module_and_the_default_module_says_nothing(tmp_p
         (tmp_path / name).write_bytes(data)
     module = import_file(tmp_path / "size_band.py")
     assert module.attention.program == SHRINK_STEPS[-1]
-    assert all(not code.straight_words and not code.residual_masks for code in module.attention.codes)
+    assert all(
+        not code.straight_words and not code.residual_masks for code in module.attention.codes
+    )
 
 
 @pytest.mark.parametrize("text, code", [(BAND, "straight_words"), (RESIDUAL, "residual_masks")])
@@ -173,7 +175,8 @@ def test_a_spec_without_a_tiling_gets_the_first_v5e_tiling_that_fits():
     left out, else 512x1024 / 512x512, else 512 x 512; tilings the spec cannot take are
     passed over."""
     big = BAND.replace("name: size_band", "name: size_big").replace(
-        "geometry: {frames: 5, height: 8, width: 15}", "geometry: {frames: 9, height: 16, width: 32}"
+        "geometry: {frames: 5, height: 8, width: 15}",
+        "geometry: {frames: 9, height: 16, width: 32}",
     )
     plan = _plan(big)
 

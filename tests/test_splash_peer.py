@@ -152,9 +152,14 @@ def test_the_backward_searches_fused_and_two_kernel_at_the_forwards_blocks_first
     ]
     assert all(c.blocks == forward.blocks and c.mask == "data" for c in configs)
     assert len({(c.backward_blocks, c.fused) for c in configs}) == len(configs)
-    ms = {("data", (512, 512, 512), c.backward_blocks, c.fused): 20.0 + i for i, c in enumerate(configs)}
+    ms = {
+        ("data", (512, 512, 512), c.backward_blocks, c.fused): 20.0 + i
+        for i, c in enumerate(configs)
+    }
     ms[("data", (512, 512, 512), (1024, 1024, 512), False)] = 3.0
-    found = splash_peer.best(_Clock(ms), "backward", "b", splash_peer.PeerCache(None), forward, print)
+    found = splash_peer.best(
+        _Clock(ms), "backward", "b", splash_peer.PeerCache(None), forward, print
+    )
     assert found["config"].label() == "data 512/512/512, two-kernel bwd 1024/1024/512"
 
 
@@ -186,7 +191,11 @@ def test_bench_finds_splash_at_its_best_in_the_interpreter(monkeypatch):
     monkeypatch.setattr(splash_peer, "BACKWARD_BLOCKS", ((128, 128, 128),))
     spec = parse_spec(MIXED, source="tiny.yaml")
     options = chip_bench.Options(
-        warmup=0, iters=1, interpret=True, check_rows=32, backward=True,
+        warmup=0,
+        iters=1,
+        interpret=True,
+        check_rows=32,
+        backward=True,
         dense_blocks=((128, 128, 128),),
     )
     result = chip_bench.bench_spec(spec, "v5e", options)

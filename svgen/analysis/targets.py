@@ -45,9 +45,7 @@ class Target:
 TARGETS = {
     # v5e's program budget: the largest forward kernel measured at full speed was 64,358
     # bundles, the smallest slow one 71,080 (docs/measured.md, "The program-size cliff").
-    "v5e": Target(
-        "v5e", "v5e:2x2", 1 * MIB, 128 * MIB, 1, 1.5, 819e9, 197e12, 128, 64_000, True
-    ),
+    "v5e": Target("v5e", "v5e:2x2", 1 * MIB, 128 * MIB, 1, 1.5, 819e9, 197e12, 128, 64_000, True),
     "v6e": Target("v6e", "v6e:2x2", 1 * MIB, 128 * MIB, 1, 1.75, 1640e9, 918e12),
     "v7x": Target("v7x", "tpu7x:2x2x1", 1 * MIB, 64 * MIB, 2, 2.2, 7370e9, 2307e12 / 2),
 }

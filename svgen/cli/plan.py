@@ -40,8 +40,10 @@ def fit_program(plan: Plan, render, spec_file: str, quiet: bool):
     line saying its size was not counted."""
     from svgen.perf import program_size
 
-    progress = (lambda line: None) if quiet else (
-        lambda line: print(f"{spec_file}: {line}", file=sys.stderr, flush=True)
+    progress = (
+        (lambda line: None)
+        if quiet
+        else (lambda line: print(f"{spec_file}: {line}", file=sys.stderr, flush=True))
     )
 
     def count_plan(candidate: Plan) -> int:
@@ -72,4 +74,3 @@ def fit_program(plan: Plan, render, spec_file: str, quiet: bool):
         return plan, render(plan), None
     except program_size.OverBudget as exc:
         raise SpecError(str(exc), file=spec_file, key="tiling") from None
-

@@ -585,7 +585,13 @@ def _bench_splash(
             continue
         progress(f"{result['spec']}: Splash given the mask ({direction})")
         entry, forward_winner = _best_masked_splash(
-            peer, peer_cache, direction, forward_winner, options, clock, progress,
+            peer,
+            peer_cache,
+            direction,
+            forward_winner,
+            options,
+            clock,
+            progress,
             splash_peer.cache_key(target, env, plan.spec, assignment, direction),
         )
         if not backward and "error" not in entry and reference is not None:
@@ -654,7 +660,9 @@ def _time_dense_splash(dense_peer, blocks, backward, options, clock):
         )
         fn, args = dense_peer.call(config, backward)
         try:
-            timing, out = time_calls(fn, args, warmup=options.warmup, iters=options.iters, clock=clock)
+            timing, out = time_calls(
+                fn, args, warmup=options.warmup, iters=options.iters, clock=clock
+            )
         except Exception as exc:
             error = exc
             continue
@@ -696,6 +704,7 @@ def _tiling_json(t) -> dict:
 def _splash_config(masked: dict) -> str:
     """Which Splash configuration won (svgen.perf.splash_peer.Config.label)."""
     return f" ({masked['label']})" if masked.get("label") else ""
+
 
 def format_table(results: list[dict], chip: str) -> list[str]:
     """Markdown rows: one per (spec, direction)."""

@@ -161,8 +161,8 @@ def fit(
     raise OverBudget(
         f"the forward kernel's program is over {target.name}'s budget of {budget:,} bundles "
         f"even with the code the compiler may leave out: {sizes}. Past the core's instruction "
-        "memory a kernel ran 2-5x slower on a TPU v5e (docs/measured.md, \"The program-size "
-        "cliff\"); fewer patterns or smaller compute blocks make a smaller program"
+        'memory a kernel ran 2-5x slower on a TPU v5e (docs/measured.md, "The program-size '
+        'cliff"); fewer patterns or smaller compute blocks make a smaller program'
         + (f"; {hint}" if hint else "")
     )
 
@@ -181,7 +181,9 @@ def fit(
 V5E_TILINGS = ((1024, 2048, 512, 512), (512, 1024, 512, 512), (512, 512, 512, 512))
 
 
-def chip_free(plan, analyze_at: Callable, render: Callable, *, count=forward_bundles, progress=None):
+def chip_free(
+    plan, analyze_at: Callable, render: Callable, *, count=forward_bundles, progress=None
+):
     """(plan, files, ProgramSize) at the first of V5E_TILINGS that the spec takes and whose
     program fits (analyze_at(tiling) -> plan, or None where the spec cannot take it); the
     spec's own default plan, fitted as usual, where none does."""
@@ -230,7 +232,9 @@ def tiling_suggestion(spec, target: str, count_plan: Callable) -> str | None:
             continue
         bundles = count_plan(plan)
         if bundles <= plan.target.program_bundles:
-            return f"{tiling_words(tiling)} fits ({bundles:,} bundles): give it as `tiling.{target}`"
+            return (
+                f"{tiling_words(tiling)} fits ({bundles:,} bundles): give it as `tiling.{target}`"
+            )
     return None
 
 

@@ -95,9 +95,7 @@ class Config:
 def head_groups(assignment) -> tuple[tuple[int, tuple[int, ...]], ...]:
     """((pattern, its heads), ...) in pattern order: one Splash call each."""
     patterns = sorted(set(int(p) for p in assignment))
-    return tuple(
-        (p, tuple(h for h, q in enumerate(assignment) if int(q) == p)) for p in patterns
-    )
+    return tuple((p, tuple(h for h, q in enumerate(assignment) if int(q) == p)) for p in patterns)
 
 
 # ----------------------------------------------------------------------------- the masks
@@ -207,7 +205,9 @@ class Peer:
         import jax
         import jax.numpy as jnp
 
-        padded = splash_mask.padded_length(self.seq, *config.blocks, *(config.backward_blocks or ()))
+        padded = splash_mask.padded_length(
+            self.seq, *config.blocks, *(config.backward_blocks or ())
+        )
         self.prepare(padded)
         kernels = []
         for p, heads in self.groups:
@@ -225,9 +225,7 @@ class Peer:
             )
 
         def forward(*inputs):
-            return tuple(
-                kernel(*inputs[3 * g : 3 * g + 3]) for g, kernel in enumerate(kernels)
-            )
+            return tuple(kernel(*inputs[3 * g : 3 * g + 3]) for g, kernel in enumerate(kernels))
 
         if not backward:
             return jax.jit(forward), self._inputs
@@ -287,7 +285,9 @@ def search(time_config: Callable, direction: str, forward_winner: Config | None,
         try:
             timing = time_config(config)
         except Exception as exc:  # a config that does not compile or run is infeasible
-            tried.append({"config": config.to_json(), "label": config.label(), "error": _short(exc)})
+            tried.append(
+                {"config": config.to_json(), "label": config.label(), "error": _short(exc)}
+            )
             return None
         tried.append({"config": config.to_json(), "label": config.label(), **timing.to_json()})
         return timing
@@ -396,8 +396,16 @@ def cache_key(target: str, env: dict, spec, assignment, direction: str) -> str:
         t = spec.tiling
         tiling = [t.block_q, t.block_kv, t.cq, t.ckv, t.align]
     text = json.dumps(
-        [target, env, spec.digest, tiling, [int(p) for p in assignment], direction,
-         FORWARD_BLOCKS, BACKWARD_BLOCKS],
+        [
+            target,
+            env,
+            spec.digest,
+            tiling,
+            [int(p) for p in assignment],
+            direction,
+            FORWARD_BLOCKS,
+            BACKWARD_BLOCKS,
+        ],
         sort_keys=True,
     )
     return hashlib.sha256(text.encode()).hexdigest()[:32]
@@ -428,8 +436,7 @@ def best(
     def result(config: Config | None, tried: list, cached: bool) -> dict:
         out = fastest[2] if config is not None and fastest[1] == config else None
         timing = timings.get(config)
-        return {"config": config, "timing": timing, "output": out, "tried": tried,
-                "cached": cached}
+        return {"config": config, "timing": timing, "output": out, "tried": tried, "cached": cached}
 
     if only is not None:
         winner, tried = _retime(timed, only, direction, progress, cached=False)
