@@ -140,6 +140,7 @@ def test_compile_counts_the_program_and_refuses_one_over_budget(tmp_path, monkey
     where even that is over, `svgen compile` writes nothing and names a smaller tiling."""
     from svgen.cli import main
 
+    monkeypatch.setattr(program_size, "SMALL_TILE_PAIRS", 0)  # count even these small tiles
     spec = tmp_path / "size.yaml"
     spec.write_text(BAND)
     plan = _plan()
@@ -227,3 +228,14 @@ def test_the_tuner_never_picks_a_candidate_over_the_program_budget(tmp_path):
     assert result.rows[0].candidate.blocks == 1
     over = [why for _, why in result.dropped if "over v5e's budget of 64,000" in why]
     assert over and all("100,000 bundles" in why for why in over)
+
+
+def test_small_tiles_are_not_counted():
+    """Tiles of at most 512 x 512 pairs and at most four patterns: no count (a libtpu compile
+    each), since no such program has come near a budget; larger tiles are counted."""
+    assert program_size.small_by_construction(_plan())  # 256 x 512 tiles
+    big = BAND.replace(
+        "tiling: {block_q: 256, block_kv: 512, compute_q: 128, compute_kv: 128}",
+        "tiling: {block_q: 512, block_kv: 1024, compute_q: 256, compute_kv: 256}",
+    )
+    assert not program_size.small_by_construction(_plan(big))

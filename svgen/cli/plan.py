@@ -61,6 +61,8 @@ def fit_program(plan: Plan, render, spec_file: str, quiet: bool):
         except SpecError:  # a tiling the spec cannot take (larger than its sequence, say)
             return None
 
+    if plan.spec.tiling_given and program_size.small_by_construction(plan):
+        return plan, render(plan), None  # small tiles: no program comes near the budget
     try:
         if not plan.spec.tiling_given and plan.target.program_measured:
             # No tiling given: the compiler picks one on a chip it has measured.

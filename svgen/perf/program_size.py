@@ -29,6 +29,20 @@ from typing import Callable
 from svgen.core.program import SHRINK_STEPS, ProgramLimits
 
 
+#: Kernels whose tiles hold at most this many query x key pairs, of at most SMALL_PATTERNS
+#: patterns, are not counted: the largest such program seen is 23,439 bundles (cogvideox_mixed
+#: at 512 x 512 tiles, two patterns with residual masks, v6e), a third of the budget, and a
+#: count costs a libtpu compile (about 10 s even for a tiny kernel).
+SMALL_TILE_PAIRS = 512 * 512
+SMALL_PATTERNS = 4
+
+
+def small_by_construction(plan) -> bool:
+    """The kernel cannot come near its chip's budget (see SMALL_TILE_PAIRS): not counted."""
+    t = plan.spec.tiling
+    return t.block_q * t.block_kv <= SMALL_TILE_PAIRS and len(plan.patterns) <= SMALL_PATTERNS
+
+
 class OverBudget(Exception):
     """The forward kernel is over its chip's budget with every shrink step taken."""
 
