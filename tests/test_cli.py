@@ -270,17 +270,15 @@ def test_inspect_text_is_for_people(project, capsys, spec):
     if spec == "two":
         assert "Heads: static: 0-1 spatial, 2-3 temporal, 4 spatial" in out
         assert "Layout: temporal_major, the first 1 frame(s) kept first as anchors" in out
-    # One wording: the lines are the generated module's docstring's, but for the last, the
-    # program's size against the chip's budget (a count of this host's libtpu, which the
-    # module does not record: its bytes must not depend on the libtpu that compiled it).
+    # One wording: the lines are the generated module's docstring's, but for the program's
+    # size against the chip's budget where it was counted (a count of this host's libtpu,
+    # which the module does not record: its bytes must not depend on the libtpu that
+    # compiled it; these small tiles are not counted, svgen.perf.program_size).
     module = main(["compile", str(project / "specs" / f"{spec}.yaml"), "--out", str(project / "g")])
     assert module == 0
     docstring = next((project / "g").glob("*.py")).read_text()
     capsys.readouterr()
-    *lines, program = out.splitlines()[1:]
-    assert re.fullmatch(
-        r"Program: forward kernel program [\d,]+ bundles of v6e's budget .*", program
-    )
+    lines = [line for line in out.splitlines()[1:] if not line.startswith("Program: ")]
     for line in lines:
         assert line.strip() in docstring, line
 

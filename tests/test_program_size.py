@@ -239,3 +239,23 @@ def test_small_tiles_are_not_counted():
         "tiling: {block_q: 512, block_kv: 1024, compute_q: 256, compute_kv: 256}",
     )
     assert not program_size.small_by_construction(_plan(big))
+
+
+def test_inspect_prints_the_program_against_the_budget(tmp_path, monkeypatch, capsys):
+    import json
+
+    from svgen.cli import main
+
+    monkeypatch.setattr(program_size, "SMALL_TILE_PAIRS", 0)  # count even these small tiles
+    spec = tmp_path / "size.yaml"
+    spec.write_text(BAND)
+    assert main(["inspect", str(spec), "--target", "v5e"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("Program: forward kernel program ")
+    assert last.endswith("bundles of v5e's budget of 64,000 (measured on the chip)")
+    assert main(["inspect", str(spec), "--target", "v5e", "--json"]) == 0
+    program = json.loads(capsys.readouterr().out)["program"]
+    assert program["fits"] and program["budget"] == 64_000 and program["left_out"] is None
+    assert f"{program['forward_bundles']:,} bundles" in last
+    assert main(["inspect", str(spec), "--target", "v5e", "--no-size-check"]) == 0
+    assert "Program:" not in capsys.readouterr().out
