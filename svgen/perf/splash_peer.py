@@ -32,13 +32,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import pathlib
 import time
 from typing import Callable
 
 import numpy as np
 
+from svgen.core.safe_io import read_json_cache, write_json_cache
 from svgen.perf import splash_mask
 
 #: Splash's forward blocks searched given a mask (block_q, block_kv, block_kv_compute): the
@@ -317,21 +317,18 @@ def search(time_config: Callable, direction: str, forward_winner: Config | None,
 
 @dataclasses.dataclass
 class PeerCache:
-    """The winning config per key, on disk (a JSON object; anything else in the file is
-    ignored and rewritten)."""
+    """The winning config per key, on disk (svgen.core.safe_io: a file that is not the JSON
+    object this writes is a miss, said in one line, and rewritten)."""
 
     cache_dir: pathlib.Path | None
-    MAX_BYTES = 4 << 20
 
     def _file(self) -> pathlib.Path | None:
         return None if self.cache_dir is None else self.cache_dir / "splash_peer.json"
 
     def load(self) -> dict:
         path = self._file()
-        if path is None:
-            return {}
-        data = _read_json_object(path, self.MAX_BYTES)
-        return data if isinstance(data, dict) else {}
+        data = None if path is None else read_json_cache(path, _as_object)
+        return data or {}
 
     def get(self, key: str) -> Config | None:
         entry = self.load().get(key)
@@ -343,49 +340,13 @@ class PeerCache:
             return
         data = self.load()
         data[key] = config.to_json()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            _write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
-        except OSError:
-            pass  # a cache that cannot be written only costs the next run a search
+        write_json_cache(path, data, indent=1)  # a cache that cannot be written: a search next run
 
 
-def _read_json_object(path: pathlib.Path, max_bytes: int):
-    """The JSON in a regular file of at most `max_bytes`, else None (never follows a FIFO or a
-    device: a cache is input)."""
-    import stat
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
-            return None
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            raw = f.read(max_bytes + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return None
-
-
-def _write_atomic(path: pathlib.Path, text: str) -> None:
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
+def _as_object(value) -> dict:
+    if not isinstance(value, dict):
+        raise TypeError("not a JSON object")
+    return value
 
 
 def cache_key(target: str, env: dict, spec, assignment, direction: str) -> str:
