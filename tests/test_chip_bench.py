@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from helpers import brute_force_align, dense_keep
-from svgen.perf import chip_bench, splash_mask
+from svgen.perf import bench_table, chip_bench, splash_mask
 from svgen.spec import parse_spec
 
 MIXED = """
@@ -151,7 +151,7 @@ def test_bench_spec_in_the_interpreter_checks_outputs_and_computes_speedups():
     assert result["speedup_vs_splash_mask_forward"] == pytest.approx(
         result["splash_mask_forward"]["median_ms"] / result["svgen_forward"]["median_ms"], rel=1e-3
     )
-    table = chip_bench.format_table([result], "cpu")
+    table = bench_table.format_table([result], "cpu")
     assert table[2].startswith("| tiny_mixed | 128x128 | forward |")
 
 

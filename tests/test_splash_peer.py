@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from helpers import dense_keep
-from svgen.perf import chip_bench, splash_mask, splash_peer
+from svgen.perf import bench_table, chip_bench, splash_mask, splash_peer
 from svgen.spec import parse_spec
 
 # Two patterns of different layouts chosen at run time (heads 0, 2: band; head 1: the same
@@ -208,5 +208,5 @@ def test_bench_finds_splash_at_its_best_in_the_interpreter(monkeypatch):
     assert backward["config"]["blocks"] == forward["config"]["blocks"]
     assert len(backward["tried"]) == 4 - 2 * (forward["blocks"] == [128, 128, 128])
     assert "speedup_vs_splash_mask_backward" in result
-    table = chip_bench.format_table([result], "cpu")
+    table = bench_table.format_table([result], "cpu")
     assert f"({forward['label']})" in table[2] and f"({backward['label']})" in table[3]

@@ -80,7 +80,7 @@ def _load(path: str, target: str, tiling):
 
 
 def bench_specs(args) -> int:
-    from svgen.perf import chip_bench
+    from svgen.perf import bench_table, chip_bench
 
     chip = _chip("bench", args)
     if chip is None:
@@ -148,7 +148,7 @@ def bench_specs(args) -> int:
         elif options.splash:
             peers.setdefault(spec.source, result)
         keep(result)
-    for line in chip_bench.format_table(results, chip):
+    for line in bench_table.format_table(results, chip):
         print(line)
     if args.json:
         save(complete=True)
