@@ -73,7 +73,8 @@ def test_multi_tile_pieces_compile(tmp_path):
     from helpers import compile_spec_text
 
     text = (REPO / "specs" / "wan21_720p_band.yaml").read_text()
-    plan, module = compile_spec_text(text, tmp_path, smem_budget=1800)
+    # 3,112 bytes at one slot per tile (1024 x 2048): a 3,200-byte budget takes 8 slots.
+    plan, module = compile_spec_text(text, tmp_path, smem_budget=3200)
     assert plan.tables.slots > 1
     assert "tpu_custom_call" in compile_for_v6e(module).as_text()
 

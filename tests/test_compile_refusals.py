@@ -57,7 +57,8 @@ def test_tune_skips_kernels_libtpu_refuses(tmp_path):
 def test_tune_refuses_when_libtpu_refuses_every_kernel(tmp_path):
     with pytest.raises(SpecError) as err:
         tune.tune(str(write_spec(tmp_path)), measure=refusing_measure(lambda c: True, []))
-    assert "every candidate" in err.value.message and err.value.key == "tiling"
+    assert "no candidate tiling compiled" in err.value.message and err.value.key == "tiling"
+    assert "CompileTimeScopedVmemOom" in err.value.message
 
 
 # `svgen cost` with the kernel compiled at a 1 MiB scoped limit, whatever the module asks for.
