@@ -50,7 +50,7 @@ def check_spec(path: pathlib.Path, target: str, backward: bool) -> dict:
     result = {"spec": spec.name, "tiling": f"{t.block_q}x{t.block_kv}/{t.cq}x{t.ckv}"}
     with tempfile.TemporaryDirectory(prefix="svgen-aot-") as folder:
         _, module = chip_bench.compile_module(spec, target, pathlib.Path(folder))
-        q, k, v, head_pattern = measure._aot_args(module, target)
+        q, k, v, head_pattern = measure.aot_args(module, target)
 
         def forward(q, k, v, hp):
             return module.attention(q, k, v, head_pattern=hp)

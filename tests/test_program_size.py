@@ -7,6 +7,7 @@ the module, and the kernel built without it is still the mask's attention (float
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -144,14 +145,19 @@ def test_compile_counts_the_program_and_refuses_one_over_budget(tmp_path, monkey
     spec = tmp_path / "size.yaml"
     spec.write_text(BAND)
     plan = _plan()
-    default = program_size.forward_bundles(_render(plan), plan)
-    without_straight = program_size.forward_bundles(
+    counts = program_size.kernel_bundles(_render(plan), plan)
+    # One compile counts the forward kernel and the backward's (the dk/dv walk with dq fused).
+    assert set(counts) == {"svgen_attention", "svgen_attention_dkv"}
+    default = counts["svgen_attention"]
+    without_straight = program_size.kernel_bundles(
         _render(dataclasses.replace(plan, program=SHRINK_STEPS[0])), plan
-    )
+    )["svgen_attention"]
     assert 0 < without_straight < default < targets.TARGETS["v5e"].program_bundles
     out = tmp_path / "out"
     assert main(["compile", str(spec), "--target", "v5e", "--out", str(out)]) == 0
-    assert f"forward kernel program {default:,} bundles of v5e's budget" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"forward kernel program {default:,} bundles of v5e's budget" in err
+    assert f"dkv {counts['svgen_attention_dkv']:,}" in err
     assert "ProgramLimits" not in (out / "size_band.py").read_text()
 
     tight = dataclasses.replace(
@@ -252,10 +258,101 @@ def test_inspect_prints_the_program_against_the_budget(tmp_path, monkeypatch, ca
     assert main(["inspect", str(spec), "--target", "v5e"]) == 0
     last = capsys.readouterr().out.splitlines()[-1]
     assert last.startswith("Program: forward kernel program ")
-    assert last.endswith("bundles of v5e's budget of 64,000 (measured on the chip)")
+    assert "bundles of v5e's budget of 64,000 (measured on the chip) [dkv " in last
     assert main(["inspect", str(spec), "--target", "v5e", "--json"]) == 0
     program = json.loads(capsys.readouterr().out)["program"]
     assert program["fits"] and program["budget"] == 64_000 and program["left_out"] is None
     assert f"{program['forward_bundles']:,} bundles" in last
     assert main(["inspect", str(spec), "--target", "v5e", "--no-size-check"]) == 0
     assert "Program:" not in capsys.readouterr().out
+
+
+# Three patterns, two layouts, chosen per head at run time: one kernel call per pattern.
+THREE = """\
+svgen: 1
+name: size_three
+geometry: {frames: 4, height: 8, width: 16}
+attention: {heads: 4, head_dim: 128, dtype: float32}
+patterns:
+  near:
+    any_of:
+      - first_frame: {frames: 1}
+      - band: {width: 200}
+  place:
+    temporal_stride: {rows: 1, cols: 1}
+  frame:
+    expr: "f_q == f_k and abs(h_q - h_k) <= 2"
+heads:
+  candidates:
+    - {pattern: near, layout: frame_major}
+    - {pattern: place, layout: temporal_major}
+    - {pattern: frame, layout: frame_major}
+  assign: runtime
+tiling: {block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}
+"""
+
+
+def _module_with(plan, limits, folder):
+    folder.mkdir()
+    for name, data in _render(dataclasses.replace(plan, program=limits)).items():
+        (folder / name).write_bytes(data)
+    return import_file(folder / codegen.module_filename(plan.spec.name, "tpu"))
+
+
+def test_pattern_calls_are_the_first_step_of_a_module_of_several_patterns_on_one_core():
+    from svgen.core.program import shrink_steps
+
+    steps = shrink_steps(3, tensor_cores=1)
+    assert steps[0] == ProgramLimits(pattern_calls=True)
+    assert [dataclasses.replace(s, pattern_calls=False) for s in steps[1:]] == list(SHRINK_STEPS)
+    assert all(s.pattern_calls for s in steps)
+    # One pattern, or a chip of two cores (its per-head walk would step through every head).
+    assert shrink_steps(1, tensor_cores=1) == SHRINK_STEPS
+    assert shrink_steps(3, tensor_cores=2) == SHRINK_STEPS
+    assert "one forward kernel per pattern" in steps[0].words()
+    assert steps[0].source() == "ProgramLimits(pattern_calls=True)"
+
+
+def test_one_call_per_pattern_is_still_each_heads_attention(tmp_path):
+    """Fresh inputs, outputs poisoned, float64 reference: static and traced assignments
+    (one of them leaving a pattern unused, so that its call walks no steps), forward and
+    jax.grad, the module of one kernel per pattern against its plan's masks."""
+    import jax
+    import jax.numpy as jnp
+    from kernel_helpers import check_grads
+
+    plan = _plan(THREE)
+    module = _module_with(plan, ProgramLimits(pattern_calls=True), tmp_path / "split")
+    assert module.attention.program.pattern_calls and module.attention.tables.flat
+    q, k, v = mixed_inputs(plan, "float32", seed=31, heads=4)
+    for assignment in ([0, 1, 2, 1], [2, 2, 0, 0]):
+        hp = np.asarray(assignment, np.int32)
+        out = module.attention(q, k, v, head_pattern=hp, interpret=POISONED)
+        check_per_head(plan, out, q, k, v, hp, "float32")
+        traced = jax.jit(
+            lambda q, k, v, hp: module.attention(q, k, v, head_pattern=hp, interpret=POISONED)
+        )(q, k, v, jnp.asarray(hp))
+        check_per_head(plan, traced, q, k, v, hp, "float32")
+    check_grads(plan, module, q, k, v, [1, 0, 2, 2], "float32", jit_pattern=True)
+
+
+def test_one_call_per_pattern_traces_one_kernel_per_pattern_each_with_its_own_code(tmp_path):
+    """The split module's jaxpr holds a kernel per pattern, each named for it and carrying one
+    pattern's code; the union's holds one kernel of every pattern."""
+    import jax
+    import jax.numpy as jnp
+
+    plan = _plan(THREE)
+    split = _module_with(plan, ProgramLimits(pattern_calls=True), tmp_path / "split")
+    union = _module_with(plan, ProgramLimits(), tmp_path / "union")
+    q, k, v = mixed_inputs(plan, "float32", seed=3, heads=4)
+    hp = jnp.zeros(4, jnp.int32)
+
+    def kernels(module):
+        text = str(jax.make_jaxpr(lambda q, k, v, hp: module.attention(q, k, v, head_pattern=hp))(
+            q, k, v, hp
+        ))
+        return sorted(set(re.findall(r"name=(svgen_attention\w*)", text)))
+
+    assert kernels(union) == ["svgen_attention"]
+    assert kernels(split) == [f"svgen_attention_pattern{i}" for i in range(3)]

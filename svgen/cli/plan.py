@@ -34,7 +34,7 @@ def plan_spec(
 
 
 def fit_program(plan: Plan, render, spec_file: str, quiet: bool):
-    """(plan, files, ProgramSize or None): the module whose forward kernel fits its chip's
+    """(plan, files, ProgramSize or None): the module whose kernels fit their chip's
     program budget (svgen.perf.program_size), code left out where needed; a SpecError at the
     spec's tiling where nothing is enough. Without libtpu here: the module as it is, and one
     line saying its size was not counted."""
@@ -46,12 +46,16 @@ def fit_program(plan: Plan, render, spec_file: str, quiet: bool):
         else (lambda line: print(f"{spec_file}: {line}", file=sys.stderr, flush=True))
     )
 
-    def count_plan(candidate: Plan) -> int:
-        return program_size.forward_bundles(render(candidate), candidate)
+    def fits_at(candidate: Plan):
+        """The ProgramSize of the candidate with what the compiler may leave out, or None."""
+        try:
+            return program_size.fit(candidate, render)[2]
+        except program_size.OverBudget:
+            return None
 
     def suggest(over: Plan) -> str | None:
         progress("looking for a tiling that fits")
-        return program_size.tiling_suggestion(over.spec, over.target.name, count_plan)
+        return program_size.tiling_suggestion(over.spec, over.target.name, fits_at)
 
     def analyze_at(tiling) -> Plan | None:
         from svgen.perf.measured_tune import with_tiling
@@ -66,10 +70,13 @@ def fit_program(plan: Plan, render, spec_file: str, quiet: bool):
     try:
         if not plan.spec.tiling_given and plan.target.program_measured:
             # No tiling given: the compiler picks one on a chip it has measured.
-            return program_size.chip_free(
-                plan, analyze_at, render, count=program_size.forward_bundles, progress=progress
-            )
-        return program_size.fit(plan, render, suggest=suggest, progress=progress)
+            fitted = program_size.chip_free(plan, analyze_at, render, progress=progress)
+        else:
+            fitted = program_size.fit(plan, render, suggest=suggest, progress=progress)
+        warning = fitted[2].warning()
+        if warning:  # said whether quiet or not, as every warning is
+            print(f"svgen: warning: {spec_file}: {warning}", file=sys.stderr)
+        return fitted
     except program_size.Unavailable as exc:
         if not quiet:
             print(f"svgen: warning: {spec_file}: program size not counted: {exc}", file=sys.stderr)

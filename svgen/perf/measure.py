@@ -147,6 +147,25 @@ def _cached(key: str, use_cache: bool, measure, from_json):
     return costs
 
 
+def counts_key(kind: str, target: str, digest: str) -> str:
+    """A cache key for counts taken of one compile (kind: what is counted; digest: what was
+    compiled), with JAX's versions and svgen's kernel sources, as every key here has."""
+    import jax
+    import jaxlib
+
+    text = json.dumps(
+        [CACHE_VERSION, kind, target, digest, jax.__version__, jaxlib.__version__]
+        + [kernel_source_digest()]
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def cached_counts(key: str, count, from_json):
+    """count()'s value cached under `key` as `_cached` keeps costs (counts only, whole or
+    not at all)."""
+    return _cached(key, True, count, from_json)
+
+
 def _checked_costs(from_json, obj):
     """`from_json(obj)` when `obj` is what its `to_json` writes, counts only (integers, and
     None where a kernel is absent); ValueError (or the KeyError, TypeError... of reading a
@@ -239,14 +258,14 @@ def _compile(module, target: str):
 
     return tpu_schedule.compile_and_dump(
         run,
-        *_aot_args(module, target),
-        *_runtime_args(module, target),
+        *aot_args(module, target),
+        *runtime_args(module, target),
         kernel_name=KERNEL_NAME,
         target=target,
     )
 
 
-def _runtime_args(module, target: str) -> tuple:
+def runtime_args(module, target: str) -> tuple:
     """Traced run-time inputs of the module's full size (one batch element), in the order
     of `attention.runtime.arguments()`."""
     import jax
@@ -262,7 +281,7 @@ def _runtime_args(module, target: str) -> tuple:
     )
 
 
-def _aot_args(module, target: str) -> tuple:
+def aot_args(module, target: str) -> tuple:
     """q, k, v and a traced head_pattern of the module's full size, placed on the target."""
     import jax
     import jax.numpy as jnp
@@ -322,7 +341,7 @@ def _compile_chunk(module, target: str):
 
     from svgen.perf import tpu_schedule
 
-    q, k, v, head_pattern = _aot_args(module, target)
+    q, k, v, head_pattern = aot_args(module, target)
     kv_cache = module.attention.kv_cache
     chunk = jax.ShapeDtypeStruct(
         (module.HEADS, kv_cache.rows, module.HEAD_DIM), q.dtype, sharding=q.sharding
@@ -524,7 +543,7 @@ def _compile_training(module, target: str, names: list[str], fused: bool) -> dic
     default, backward.FUSED_DQ = backward.FUSED_DQ, fused  # read when traced, in this compile
     try:
         return tpu_schedule.compile_and_dump_kernels(
-            grads, *_aot_args(module, target), kernel_names=names, target=target
+            grads, *aot_args(module, target), kernel_names=names, target=target
         )
     finally:
         backward.FUSED_DQ = default

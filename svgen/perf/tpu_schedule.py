@@ -533,8 +533,14 @@ def _base_name(dump: str) -> str:
     """The kernel's own name in a dump file name: ``<id>-<name>-<nn>-final_bundles.txt``,
     without JAX's transformation prefixes (``jvp_``, ``transpose_``) and suffixes (``_``,
     ``.1``)."""
-    name = dump.split("-", 1)[1].rsplit("-", 2)[0]
-    name = re.sub(r"^(?:(?:jvp|transpose|vmap|remat|checkpoint)_)+", "", name)
+    return base_kernel_name(dump.split("-", 1)[1].rsplit("-", 2)[0])
+
+
+def base_kernel_name(name: str) -> str:
+    """A program's name in a dump (compile_programs' keys) without JAX's transformation
+    prefixes and suffixes and compile_programs' `#n`: ``transpose_jvp_svgen_attention_dkv__.1``
+    is ``svgen_attention_dkv``."""
+    name = re.sub(r"^(?:(?:jvp|transpose|vmap|remat|checkpoint)_)+", "", name.split("#")[0])
     return re.sub(r"_*(?:\.\d+)?$", "", name)
 
 

@@ -548,6 +548,7 @@ def flat_attention(
     ring_sink: int | None = None,
     head_run: tuple[int, int] | None = None,
     out=None,
+    only_pattern: int | None = None,
 ):
     """q, k, v: [batch*heads, seq_len, head_dim], each head in its pattern's order, or with
     `cubes` [batch*heads, frames, height, width, head_dim] in the user's order. Not padded
@@ -568,7 +569,10 @@ def flat_attention(
     head_run: (first head, heads of q): the call works for the run of len(head_pattern)
     heads from that first one only (static tables), reading and writing their rows of q, k,
     v and o in place; its lse holds those heads' rows only. out: an array of o's shape the
-    call writes its rows into (aliased: the other rows keep what they hold)."""
+    call writes its rows into (aliased: the other rows keep what they hold).
+    only_pattern: one call of a module's kernel per pattern (ProgramLimits.pattern_calls):
+    `patterns` holds that pattern's code only and the flat walk visits the heads that chose
+    it; the other heads' rows of o are left as `out` holds them, of the lse undefined."""
     if with_modes and not shape.bounded_softmax:
         raise ValueError(
             "softmax modes: the kernel was compiled without attention.softmax: bounded"
@@ -580,7 +584,7 @@ def flat_attention(
     per_row = source != "static"  # a call's own tables: per row, never the flat walk
     flat = tables.flat and not per_row
     operands, steps, single, id_inputs = _scalar_operands(
-        tables, head_pattern, static_pattern, len(patterns), call, chunk, selection
+        tables, head_pattern, static_pattern, len(patterns), call, chunk, selection, only_pattern
     )
     variant = ForwardVariant(
         shape=shape,
@@ -648,7 +652,8 @@ def flat_attention(
             ),
         ),
         interpret=interpret,
-        name="svgen_attention",  # the kernel's name in profiles and libtpu dumps
+        # The kernel's name in profiles and libtpu dumps.
+        name="svgen_attention" + ("" if only_pattern is None else f"_pattern{only_pattern}"),
         **_aliases(declared),
     )(*operands, q, k, v, *bound_inputs, *id_inputs, *block_table_inputs(patterns), *aliased)
     outputs = [settled(x, interpret) for x in outputs]
@@ -657,9 +662,12 @@ def flat_attention(
     return tuple(outputs) if with_lse or with_modes else outputs[0]
 
 
-def _scalar_operands(tables, head_pattern, static_pattern, patterns: int, call, chunk, selection):
+def _scalar_operands(
+    tables, head_pattern, static_pattern, patterns: int, call, chunk, selection, only_pattern=None
+):
     """(the scalar operands, grid steps per row, the single pattern's piece count or None,
-    the run-time id inputs) of a call whose tables are the module's or the call's own."""
+    the run-time id inputs) of a call whose tables are the module's or the call's own.
+    only_pattern: a call of that pattern's heads (flat_attention)."""
     if selection is not None:  # with `call` (None, query ids, key ids): across segments
         ids = () if call is None else tuple(call[1:])
         return selection.scalar_operands(head_pattern), selection.steps, None, ids
@@ -670,10 +678,12 @@ def _scalar_operands(tables, head_pattern, static_pattern, patterns: int, call, 
     if call is not None:
         call_tables, q_ids, kv_ids = call
         return call_tables.scalar_operands(head_pattern), call_tables.steps, None, (q_ids, kv_ids)
-    per_head, steps = head_operands(tables, head_pattern, static_pattern)
+    per_head, steps = head_operands(tables, head_pattern, static_pattern, only_pattern)
     operands = per_head + tuple(jnp.asarray(t) for t in tables.piece_operands())
     if tables.variants is not None:  # the last scalar operand (see _attention_kernel)
         operands += (jnp.asarray(tables.variants),)
+    if only_pattern is not None:  # every head the call walks has this pattern's pieces
+        return operands, steps, int(tables.num_pieces[only_pattern]), ()
     return operands, steps, tables.max_pieces if patterns == 1 else None, ()
 
 

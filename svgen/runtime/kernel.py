@@ -347,6 +347,8 @@ class TpuAttention(Attention):
         call per run, _run_calls); `out`: its extra outputs (with_lse, with_modes)."""
         if runs is not None:  # (never with extra outputs: see _differentiable)
             return self._run_calls(q, k, v, static_pattern, interpret, q_scale, runs)
+        if self._calls_per_pattern(ids, chosen, out):
+            return self._pattern_calls(q, k, v, hp, static_pattern, interpret, q_scale, cubes, **out)
         call = selection = None
         if chosen is not None:
             rows = None if ids is None else self._selection_ids(hp, ids)
@@ -371,6 +373,53 @@ class TpuAttention(Attention):
             selection=selection,
             **out,
         )
+
+    def _calls_per_pattern(self, ids, chosen, out) -> bool:
+        """One forward kernel call per pattern (ProgramLimits.pattern_calls): where the
+        compiler asked for it and the call walks the module's own tables flat (no run-time
+        ids, no selection, no softmax modes asked for)."""
+        return (
+            self.program.pattern_calls
+            and self.tables.flat
+            and ids is None
+            and chosen is None
+            and not out.get("with_modes", False)
+        )
+
+    def _pattern_calls(
+        self, q, k, v, hp, static_pattern, interpret, q_scale, cubes, with_lse=False, **unused
+    ):
+        """The forward kernel once per pattern, each call walking the heads that chose it with
+        that pattern's code only and writing their rows of one o (aliased from call to call);
+        the lse of each row is taken from its head's call. A pattern no head chose (static
+        assignment) is not called; a traced assignment calls every pattern, a call with no
+        heads walking no steps (its grid is dynamic)."""
+        o = lse = None
+        heads = int(hp.shape[0])
+        row_pattern = jnp.tile(hp, q.shape[0] // heads)[:, None, None]  # rows: batch x heads
+        for index, code in enumerate(self.codes):
+            if static_pattern is not None and index not in static_pattern:
+                continue
+            result = flat_attention(
+                q,
+                k,
+                v,
+                hp,
+                static_pattern,
+                self.tables,
+                [code],
+                shape=self.shape,
+                interpret=interpret,
+                q_scale=q_scale,
+                cubes=cubes,
+                with_lse=with_lse,
+                out=o,
+                only_pattern=index,
+            )
+            o, lse_p = result if with_lse else (result, None)
+            if with_lse:
+                lse = lse_p if lse is None else jnp.where(row_pattern == index, lse_p, lse)
+        return (o, lse) if with_lse else o
 
     def _id_rows(self, hp, ids):
         return segments.kernel_id_rows(ids, jnp.asarray(self.layout_of_pattern)[hp])

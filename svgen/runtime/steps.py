@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
@@ -276,13 +277,20 @@ class Block:
         return BITS_PER_BLOCK * self.index
 
 
-def head_operands(tables: PieceTables, head_pattern, static_pattern):
+def head_operands(tables: PieceTables, head_pattern, static_pattern, only_pattern=None):
     """The per-head scalar-prefetch operands and the grid's middle size (see the module
-    docstring); static_pattern: head_pattern as NumPy when it is not traced."""
+    docstring); static_pattern: head_pattern as NumPy when it is not traced. only_pattern:
+    the flat walk of that pattern's heads only (one kernel call per pattern): every other
+    head has no pieces, so its rows are neither read nor written."""
     heads = int(head_pattern.shape[0])
     # Per head, where its pattern's pieces are: one SMEM read per lookup instead of two.
     head_first = jnp.asarray(tables.first_piece)[head_pattern]
     head_count = jnp.asarray(tables.num_pieces)[head_pattern]
+    if only_pattern is not None:
+        assert tables.flat, "one call per pattern walks the heads flat"
+        head_count = jnp.where(head_pattern == only_pattern, head_count, 0).astype(jnp.int32)
+        if static_pattern is not None:
+            static_pattern = np.where(static_pattern == only_pattern, only_pattern, -1)
     operands = (head_pattern, head_first, head_count)
     if not tables.flat:
         return operands, tables.max_pieces
@@ -295,7 +303,8 @@ def head_operands(tables: PieceTables, head_pattern, static_pattern):
     step_piece = head_first[step_head] + jnp.arange(bound, dtype=jnp.int32) - first_step[step_head]
     step_piece = jnp.clip(step_piece, 0, tables.entries.shape[0] - 1)
     if static_pattern is not None:
-        steps = int(tables.num_pieces[static_pattern].sum())
+        chosen = static_pattern[static_pattern >= 0]
+        steps = int(tables.num_pieces[chosen].sum())
     else:  # a dynamic grid size: Mosaic reads it at run time
         steps = jnp.sum(head_count)
     return operands + (
