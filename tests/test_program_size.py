@@ -334,11 +334,12 @@ def test_one_call_per_pattern_is_still_each_heads_attention(tmp_path):
         )(q, k, v, jnp.asarray(hp))
         check_per_head(plan, traced, q, k, v, hp, "float32")
     check_grads(plan, module, q, k, v, [1, 0, 2, 2], "float32", jit_pattern=True)
+    check_grads(plan, module, q, k, v, [2, 0, 0, 2], "float32")  # static: pattern 1 unused
 
 
 def test_one_call_per_pattern_traces_one_kernel_per_pattern_each_with_its_own_code(tmp_path):
-    """The split module's jaxpr holds a kernel per pattern, each named for it and carrying one
-    pattern's code; the union's holds one kernel of every pattern."""
+    """The split module's jaxpr holds a forward and a dk/dv kernel per pattern, each named for
+    it; the union's one of each for every pattern."""
     import jax
     import jax.numpy as jnp
 
@@ -356,3 +357,16 @@ def test_one_call_per_pattern_traces_one_kernel_per_pattern_each_with_its_own_co
 
     assert kernels(union) == ["svgen_attention"]
     assert kernels(split) == [f"svgen_attention_pattern{i}" for i in range(3)]
+
+    def grad_kernels(module):
+        def loss(q, k, v, hp):
+            return jnp.sum(module.attention(q, k, v, head_pattern=hp))
+
+        text = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v, hp))
+        return sorted(set(re.findall(r"name=(svgen_attention\w*)", text)))
+
+    assert grad_kernels(union) == ["svgen_attention", "svgen_attention_dkv"]
+    assert grad_kernels(split) == sorted(
+        [f"svgen_attention_pattern{i}" for i in range(3)]
+        + [f"svgen_attention_dkv_pattern{i}" for i in range(3)]
+    )

@@ -122,6 +122,7 @@ def _walk(
     aliases=None,
     call=None,
     chunk=None,
+    only_pattern: int | None = None,
 ):
     """One pallas_call over `tables` (forward or transposed) for every head, with the forward
     kernel's grid. variant_of(walk, num_tables): the kernel's BackwardVariant
@@ -129,7 +130,8 @@ def _walk(
     map, and the scratch. call: run-time segments' CallTables (svgen.runtime.segments), which
     replace `tables`' pieces (`tables` still says slots, lengths and blocks); per-head walk.
     chunk: a KV-cache chunk's (CallTables, first query token and defined flag per row, exact
-    walk), as the forward kernel takes it (svgen.runtime.chunks)."""
+    walk), as the forward kernel takes it (svgen.runtime.chunks). only_pattern: the flat walk
+    of that pattern's heads only (a call of one pattern's code, `_pattern_calls`)."""
     heads = int(head_pattern.shape[0])
     flat = tables.flat and call is None and chunk is None
     if chunk is not None:
@@ -137,9 +139,11 @@ def _walk(
         operands = chunk_call.scalar_operands(head_pattern) + (q_first,)
         steps, single = chunk_call.steps, EXACT_GRID if exact else None
     elif call is None:
-        per_head, steps = head_operands(tables, head_pattern, static_pattern)
+        per_head, steps = head_operands(tables, head_pattern, static_pattern, only_pattern)
         operands = per_head + tuple(jnp.asarray(t) for t in tables.piece_operands())
         single = tables.max_pieces if tables.num_pieces.size == 1 else None
+        if only_pattern is not None:  # every head the call walks has this pattern's pieces
+            single = int(tables.num_pieces[only_pattern])
     else:
         operands = call.scalar_operands(head_pattern)
         steps, single = call.steps, None
@@ -464,6 +468,7 @@ def backward(
     chunk=None,
     ring_sink: int | None = None,
     boxes: PlaceBoxes | None = None,
+    pattern_calls: bool = False,
 ):
     """dq, dk, dv [rows, seq_len, d] (kernel order) of the forward call that gave o, lse;
     fused_dq: dq inside the dk/dv walk (one kernel) instead of its own kernel (None:
@@ -475,7 +480,8 @@ def backward(
     place boxes (svgen.runtime.cube): q, k, v, o, do are the user's [rows, frames, places, d]
     arrays and lse is in the forward's box order, the kernels read their tiles as boxes (the
     dq fused into the dk/dv walk, whose HBM buffer is boxed too), and dq, dk, dv come back
-    in the user's order."""
+    in the user's order. pattern_calls: the fused dk/dv walk once per pattern
+    (ProgramLimits.pattern_calls), where the walk is flat over the module's own tables."""
     if fused_dq is None:
         fused_dq = FUSED_DQ
     fused_dq = fused_dq or chunk is not None
@@ -529,6 +535,9 @@ def backward(
         ring_sink=ring_sink,
     )
     cut = slice(0, shape.seq_len)
+    if pattern_calls and fused_dq and calls is None and chunk is None and dkv_tables.flat:
+        dk, dv, dq = _pattern_calls(walk_dkv, len(patterns), static_pattern)
+        return (dq[:, :q_len] * sm_scale).astype(qp.dtype), dk[:, cut], dv[:, cut]
     if fused_dq:
         dk, dv, dq = walk_dkv(fused_dq=True)
         return (dq[:, :q_len] * sm_scale).astype(qp.dtype), dk[:, cut], dv[:, cut]
@@ -547,6 +556,19 @@ def backward(
     )[0]
     dk, dv = walk_dkv(fused_dq=False)
     return dq[:, cut], dk[:, cut], dv[:, cut]
+
+
+def _pattern_calls(walk_dkv, patterns: int, static_pattern):
+    """The fused dk/dv walk once per pattern (ProgramLimits.pattern_calls), each call walking
+    the heads that chose it with that pattern's code only: dk and dv written row by row into
+    the previous call's (aliased), dq accumulated in one HBM buffer. A pattern no head chose
+    (static assignment) is not called; a traced one's call walks no steps."""
+    carried = None
+    for index in range(patterns):
+        if static_pattern is not None and index not in static_pattern:
+            continue
+        carried = walk_dkv(fused_dq=True, only_pattern=index, carried=carried)
+    return carried
 
 
 def _box_backward(
@@ -601,20 +623,30 @@ def _dkv_walk(
     chunk=None,
     ring_sink=None,
     boxes: PlaceBoxes | None = None,
+    only_pattern: int | None = None,
+    carried=None,
 ):
     """The walk of the transposed tables: (dk, dv), and with fused_dq also dq (f32, unscaled,
     accumulated in an HBM buffer aliased from zeros). call, ids: run-time segments (the
     call's transposed tables; query and key ids). ring_sink: a rolling cache's chunk.
-    boxes: place boxes (kv tiles are the walk's rows, q tiles its columns)."""
+    boxes: place boxes (kv tiles are the walk's rows, q tiles its columns). only_pattern:
+    the walk of that pattern's heads with its code only (fused_dq), `carried`: the previous
+    such call's (dk, dv, dq), which this one writes its rows into and accumulates onto."""
+    if only_pattern is not None:
+        patterns = [patterns[only_pattern]]
     inputs = (kp, vp, qp, dop, lse, delta)
     if ids:  # keys are the rows here
         inputs = inputs + (ids[1], ids[0])
     inputs = inputs + block_table_inputs(patterns)
     outputs, aliases = (kp, vp), {}
     if fused_dq:
-        dq_zero = jnp.zeros(qp.shape, jnp.float32)
-        inputs, outputs = inputs + (dq_zero,), outputs + (dq_zero,)
+        dq_in = jnp.zeros(qp.shape, jnp.float32) if carried is None else carried[2]
+        inputs, outputs = inputs + (dq_in,), outputs + (dq_in,)
         aliases = {len(inputs) - 1: len(outputs) - 1}
+    rows_aliased = carried is not None
+    if rows_aliased:  # dk and dv: the other patterns' rows kept, this one's written
+        inputs = inputs + tuple(carried[:2])
+        aliases.update({len(inputs) - 2: 0, len(inputs) - 1: 1})
     ring = None if ring_sink is None else (ring_sink, kp.shape[0])
     return _walk(
         _dkv_kernel,
@@ -631,6 +663,7 @@ def _dkv_walk(
             ring=ring,
             row_box=None if boxes is None else boxes.kv_block,
             col_box=None if boxes is None else boxes.block,
+            rows_aliased=rows_aliased,
         ),
         tables=dkv_tables,
         call=call,
@@ -638,6 +671,7 @@ def _dkv_walk(
         inputs=inputs,
         outputs=outputs,
         aliases=aliases,
-        name="svgen_attention_dkv",
+        name="svgen_attention_dkv" + ("" if only_pattern is None else f"_pattern{only_pattern}"),
+        only_pattern=only_pattern,
         **common,
     )

@@ -516,6 +516,7 @@ class TpuAttention(Attention):
                 interpret=interpret,
                 calls=self._backward_calls(hp, ids, chosen),
                 boxes=boxes,
+                pattern_calls=self.program.pattern_calls,
             )
             if cubes is not None and boxes is None:
                 dq, dk, dv = (cube_order(x, layout, False, cubes.view) for x in (dq, dk, dv))

@@ -467,6 +467,9 @@ class BackwardVariant:
     # frame; None: [rows, seq, d] tiles in kernel order.
     row_box: tuple[int, int] | None = None
     col_box: tuple[int, int] | None = None
+    # One call of several, one per pattern (ProgramLimits.pattern_calls): dk and dv come in
+    # as aliased HBM buffers that the call writes its heads' rows of.
+    rows_aliased: bool = False
 
     @property
     def row_places(self) -> int:
@@ -538,12 +541,16 @@ class BackwardVariant:
                 ),
                 Operand("dq_sems", "scratch", shape=(2,), memory="dma_semaphore"),
             ]
+        if self.rows_aliased:  # left in HBM, never read: the aliased outputs' buffers
+            inputs += [Operand("dk_in", "input", "any"), Operand("dv_in", "input", "any")]
         return (*scalars, *inputs, *outputs, *scratch)
 
     def unpack(self, refs) -> "BackwardRefs":
         """The kernel body's refs by name (BackwardRefs), in the order of `operands`."""
         tables, named = named_refs(self.kernel, self.operands(), refs)
         named.pop("dq_zero", None)  # aliased to dq_hbm: the kernel reads and writes that
+        named.pop("dk_in", None)  # aliased to dk and dv: the kernel writes those
+        named.pop("dv_in", None)
         block_tables = _named_block_tables(named)
         return BackwardRefs(tables=tables, block_tables=block_tables, **named)
 
