@@ -13,81 +13,21 @@ locations removed. Two trees whose digests agree lower the same kernels to Mosai
 chip times are the same: a pure restructuring of svgen.runtime proves itself this way
 (record the digests before, compare after), and a kernel change shows which kernels it
 touched.
+
+What `svgen bench` times (its fixed head assignment, kernel order, the tables' contents and
+the XLA ops around the kernels) is fingerprinted by svgen.perf.fingerprint, which this script
+shares its kernel digests with: `svgen fingerprint --check`.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import pathlib
-import re
 import sys
 import tempfile
 
-# A kernel's source location as Pallas names it ("kernel at /path/forward.py:147"), and the
-# file:line references jaxpr printing may add: they move with any edit.
-_LOCATION = re.compile(r"\s+at\s+[^\s,)]+:\d+|[\w./-]+\.py:\d+(?::\d+)?")
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(_LOCATION.sub("", text).encode()).hexdigest()[:16]
-
-
-def pallas_kernels(closed_jaxpr) -> list[tuple[str, str]]:
-    """(kernel name, digest) of every pallas_call in a traced program, in trace order."""
-    found: list[tuple[str, str]] = []
-
-    def visit(jaxpr):
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "pallas_call":
-                info = eqn.params.get("name_and_src_info")
-                name = getattr(info, "name", None) or str(eqn.params.get("name", "pallas_call"))
-                text = "\n".join(
-                    f"{key}={_describe(eqn.params[key])}"
-                    for key in sorted(eqn.params)
-                    if key not in ("name_and_src_info", "debug", "cost_estimate")
-                )
-                found.append((name, _digest(text)))
-                continue
-            for sub in _subjaxprs(eqn.params):
-                visit(sub)
-
-    visit(closed_jaxpr.jaxpr)
-    return found
-
-
-# Fields that name where an operand came from or hold callables: not the kernel.
-_NOT_THE_KERNEL = {"origin", "debug", "get_grid_indices", "local_grid_env"}
-
-
-def _describe(value) -> str:
-    """A grid mapping's every field (its block mappings' index-map jaxprs included, which its
-    repr leaves out), recursively; anything else as printed."""
-    import dataclasses
-
-    if isinstance(value, (tuple, list)):
-        return "(" + ", ".join(_describe(v) for v in value) + ")"
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = (
-            f"{f.name}={_describe(getattr(value, f.name))}"
-            for f in dataclasses.fields(value)
-            if f.name not in _NOT_THE_KERNEL
-        )
-        return f"{type(value).__name__}(" + ", ".join(fields) + ")"
-    return str(value)
-
-
-def _subjaxprs(params):
-    from jax.extend import core
-
-    for value in params.values():
-        values = value if isinstance(value, (tuple, list)) else (value,)
-        for v in values:
-            if isinstance(v, core.ClosedJaxpr):
-                yield v.jaxpr
-            elif isinstance(v, core.Jaxpr):
-                yield v
+from svgen.perf.fingerprint import pallas_kernels
 
 
 def _calls(module):

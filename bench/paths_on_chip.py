@@ -115,7 +115,7 @@ def tile_counts(module, assignment) -> dict:
 
 
 def bench_item(spec, chip: str, variants, options, progress) -> dict:
-    result = {"spec": spec.name, "tiling": chip_bench._tiling_json(spec.tiling)}
+    result = {"spec": spec.name, "tiling": chip_bench.tiling_json(spec.tiling)}
     with tempfile.TemporaryDirectory(prefix="paths-on-chip-") as folder:
         progress(f"{spec.name}: compile for {chip}")
         plan, module = chip_bench.compile_module(spec, chip, pathlib.Path(folder))

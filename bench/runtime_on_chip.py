@@ -60,7 +60,7 @@ import time
 
 import numpy as np
 
-from svgen.perf import chip_bench
+from svgen.perf import chip_bench, splash_peer
 from svgen.perf.splash_mask import PackedKeep, make_splash, packed_keep, pattern_keep
 from svgen.spec import load_spec
 
@@ -98,8 +98,8 @@ def _splash_fn(mask_lib, masks, blocks, interpret, rows, keys, scale, segments=N
     padded_rows, padded_keys = masks[0].shape
 
     def call(q, k, v):
-        q = chip_bench.pad_tokens(q * jnp.asarray(scale, q.dtype), padded_rows)
-        k, v = (chip_bench.pad_tokens(x, padded_keys) for x in (k, v))
+        q = splash_peer.pad_tokens(q * jnp.asarray(scale, q.dtype), padded_rows)
+        k, v = (splash_peer.pad_tokens(x, padded_keys) for x in (k, v))
         out = kernel(q, k, v) if segments is None else kernel(q, k, v, segment_ids=segments)
         return out[:, :rows]
 

@@ -20,6 +20,7 @@ from svgen.cli.bench import bench_specs, parse_tiling, tune_measured
 from svgen.cli.compile import compile_specs
 from svgen.cli.cost import NO_LIBTPU, cost_spec
 from svgen.cli.cost import libtpu_installed as _libtpu_installed
+from svgen.cli.fingerprint import fingerprint_specs
 from svgen.cli.inspect import inspect_spec
 from svgen.cli.messages import EXIT_BAD_INPUT, located
 from svgen.analysis.targets import TARGETS
@@ -55,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_cost(sub)
     _add_tune(sub)
     _add_bench(sub)
+    _add_fingerprint(sub)
     _add_schema(sub)
     return parser
 
@@ -308,6 +310,28 @@ def _add_bench(sub) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
     p.add_argument("--interpret", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(run=bench_specs)
+
+
+def _add_fingerprint(sub) -> None:
+    p = sub.add_parser(
+        "fingerprint",
+        help="digest what `svgen bench` times (kernels, tables, the ops around them), no chip",
+    )
+    p.add_argument(
+        "specs", nargs="*", metavar="SPEC", help="spec files (default: the references' specs)"
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--write", action="store_true", help="rewrite bench/results/fingerprints.json"
+    )
+    mode.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 if they differ from bench/results/fingerprints.json",
+    )
+    p.add_argument("--root", default=".", help="the checkout (default: .)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
+    p.set_defaults(run=fingerprint_specs)
 
 
 def _add_schema(sub) -> None:

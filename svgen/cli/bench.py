@@ -175,8 +175,9 @@ def tune_measured(args) -> int:
         return EXIT_BAD_INPUT
     target = args.target or (chip if chip != "cpu-interpret" else "v5e")
     spec = _load(args.spec, target, None)
+    # No fingerprint per candidate: tune keeps no results file to tie it to.
     options = chip_bench.Options(
-        warmup=1, iters=args.iters, check_rows=64, interpret=args.interpret
+        warmup=1, iters=args.iters, check_rows=64, interpret=args.interpret, fingerprint=False
     )
     trials = measured_tune.tune(
         spec,

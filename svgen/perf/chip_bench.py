@@ -40,6 +40,11 @@ from typing import Callable
 
 import numpy as np
 
+from svgen.core import safe_io
+
+# Where a measurement ran (callers and tests reach them through this module).
+from svgen.perf.provenance import commit, source_digest, versions  # noqa: F401
+
 #: Splash's dense blocks searched (block_q, block_kv, block_kv_compute): its defaults and the
 #: best measured on a v5e (docs/measured.md); 2048 x 2048 needs more than v5e's default
 #: scoped VMEM and is recorded as infeasible there.
@@ -111,58 +116,6 @@ def script_report(chip: str, interpret: bool) -> dict:
     return report
 
 
-def versions() -> dict:
-    """What a measurement depends on besides the kernel: jax, jaxlib, libtpu, the device."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    import jax
-
-    out = {"jax": jax.__version__}
-    for package in ("jaxlib", "libtpu", "libtpu-nightly"):
-        try:
-            out[package] = version(package)
-        except PackageNotFoundError:
-            pass
-    device = jax.devices()[0]
-    out["device_kind"] = device.device_kind
-    out["platform"] = device.platform
-    return out
-
-
-def commit() -> str | None:
-    """The svgen checkout's commit (with '+' when the tree has changes), or None."""
-    import subprocess
-
-    root = pathlib.Path(__file__).resolve().parents[2]
-
-    def git(*args: str) -> str:
-        run = subprocess.run(
-            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True
-        )
-        return run.stdout.strip()
-
-    try:
-        head = git("rev-parse", "--short", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return head + ("+" if dirty else "")
-
-
-def source_digest(root: pathlib.Path | None = None) -> str:
-    """sha256 (first 16 hex digits) of svgen's own source: its Python modules and templates.
-    It names the code that ran where `commit` cannot: a copy of the tree whose git metadata
-    is stale or absent (a TPU host sent the working tree, say) reports an older commit."""
-    root = root or pathlib.Path(__file__).resolve().parents[2]
-    digest = hashlib.sha256()
-    files = sorted([*root.glob("svgen/**/*.py"), *root.glob("templates/**/*")])
-    for path in files:
-        if path.is_file():
-            digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-            digest.update(path.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
-
-
 # ----------------------------------------------------------------------------- timing
 @dataclasses.dataclass(frozen=True)
 class Timing:
@@ -209,6 +162,7 @@ class Options:
     dense_blocks: tuple[tuple[int, int, int], ...] = DENSE_BLOCKS
     interpret: bool = False  # Pallas's interpreter: CPU tests only
     seed: int = 0
+    fingerprint: bool = True  # record what was timed (svgen.perf.fingerprint)
 
 
 # ----------------------------------------------------------------------------- the module
@@ -253,6 +207,13 @@ def svgen_forward(module, assignment, interpret: bool):
         )
 
     return jax.jit(forward)
+
+
+def timed_calls(module, assignment, interpret: bool) -> dict:
+    """{direction: jitted function of q, k, v}: what `svgen bench` times, the forward and
+    jax.grad through it (svgen.perf.fingerprint traces these same functions)."""
+    forward = svgen_forward(module, assignment, interpret)
+    return {"forward": forward, "backward": gradient_of(forward)}
 
 
 def gradient_of(forward):
@@ -326,13 +287,6 @@ def max_error(out, reference, rows: np.ndarray) -> float:
 
 
 # ----------------------------------------------------------------------------- Splash
-def pad_tokens(x, padded: int):
-    """x [..., seq, d] with zero tokens up to `padded` (bench scripts' Splash inputs)."""
-    from svgen.perf import splash_peer
-
-    return splash_peer.pad_tokens(x, padded)
-
-
 @dataclasses.dataclass
 class SplashDense:
     """Dense Splash's best blocks per (chip, versions, shape, direction): searched in this
@@ -346,21 +300,12 @@ class SplashDense:
 
     def _load(self) -> dict:
         path = self._file()
-        try:
-            return json.loads(path.read_text()) if path is not None else {}
-        except (OSError, ValueError):
-            return {}
+        found = None if path is None else safe_io.read_json_cache(path, _a_dict)
+        return found or {}
 
     def _store(self, key: str, blocks) -> None:
-        path = self._file()
-        if path is None:
-            return
-        data = self._load()
-        data[key] = list(blocks)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        if self._file() is not None:
+            safe_io.write_json_cache(self._file(), {**self._load(), key: list(blocks)}, indent=1)
 
     def best(
         self, key: str, candidates, time_blocks, progress, first_that_runs: bool = False
@@ -410,6 +355,12 @@ class SplashDense:
         return result
 
 
+def _a_dict(value) -> dict:
+    if not isinstance(value, dict):
+        raise TypeError("not a JSON object")
+    return value
+
+
 def _public(tried):
     return [{k: v for k, v in t.items() if k != "_t"} for t in tried]
 
@@ -455,7 +406,7 @@ def bench_spec(
         "source": spec.source,
         "spec_digest": spec.digest,
         "target": target,
-        "tiling": _tiling_json(spec.tiling),
+        "tiling": tiling_json(spec.tiling),
     }
     with tempfile.TemporaryDirectory(prefix="svgen-bench-") as folder:
         progress(f"{spec.name}: compile for {target}")
@@ -469,10 +420,12 @@ def bench_spec(
         checked = options.check_rows > 0 and spec.select is None
         if checked:
             reference = reference_rows(plan, assignment, q, k, v, rows)
-        forward = svgen_forward(module, assignment, options.interpret)
+        calls = timed_calls(module, assignment, options.interpret)
         directions = ["forward"] + (["backward"] if options.backward else [])
+        if options.fingerprint:
+            result["fingerprint"] = _fingerprint(module, assignment, directions)
         for direction in directions:
-            fn = forward if direction == "forward" else gradient_of(forward)
+            fn = calls[direction]
             progress(f"{spec.name}: svgen {direction}")
             try:
                 timing, out = time_calls(
@@ -513,6 +466,46 @@ def bench_spec(
                 on_entry,
             )
     return result
+
+
+def fingerprint_module(module, assignment, directions=("forward", "backward")) -> dict:
+    """The fingerprint (svgen.perf.fingerprint) of what bench times for an imported module at
+    `assignment`, per direction: the calls of a chip (not interpreted), on q, k, v's shapes."""
+    import jax
+    import jax.numpy as jnp
+
+    from svgen.perf import fingerprint
+
+    shape = (int(module.HEADS), int(module.SEQ_LEN), int(module.HEAD_DIM))
+    qkv = jax.ShapeDtypeStruct(shape, jnp.dtype(module.DTYPE))
+    calls = timed_calls(module, assignment, interpret=False)
+    return fingerprint.of_calls({d: calls[d] for d in directions}, (qkv, qkv, qkv))
+
+
+def fingerprint_spec(spec, target: str, directions=("forward", "backward")) -> dict:
+    """fingerprint_module of the spec compiled as bench compiles it, with its tiling and
+    head assignment (the form of bench/results/fingerprints.json)."""
+    from svgen.perf.splash_mask import head_patterns
+
+    with tempfile.TemporaryDirectory(prefix="svgen-fingerprint-") as folder:
+        plan, module = compile_module(spec, target, pathlib.Path(folder))
+        assignment = head_patterns(module)
+        calls = fingerprint_module(module, assignment, directions)
+    names = [plan.patterns[p].name for p in assignment]
+    return {
+        "spec": spec.name,
+        "target": target,
+        "tiling": tiling_json(spec.tiling),
+        "head_patterns": names,
+        **calls,
+    }
+
+
+def _fingerprint(module, assignment, directions) -> dict:
+    try:  # a result is worth its figures without it: say why it could not be taken
+        return fingerprint_module(module, assignment, directions)
+    except Exception as exc:  # noqa: BLE001 - the timing goes on
+        return {"error": _short(exc)}
 
 
 def _bench_splash(
@@ -690,7 +683,7 @@ def _speedups(result: dict, directions) -> None:
                 result[f"speedup_vs_{peer}_{direction}"] = round(theirs / mine, 3)
 
 
-def _tiling_json(t) -> dict:
+def tiling_json(t) -> dict:
     return {
         "block_q": t.block_q,
         "block_kv": t.block_kv,
