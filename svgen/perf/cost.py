@@ -38,21 +38,27 @@ from svgen.perf.measure import (
 from svgen.perf.paths import SEGMENT_BOUNDARY, PathCosts
 
 
-#: What every figure of `svgen cost` and `svgen tune` is, said beside them: the static model
-#: is not calibrated to a chip, and this is its error measured on one (docs/measured.md).
-MODEL_CAVEAT = (
-    "an estimate from libtpu's static schedule, not a measurement: on a TPU v5e the chip took "
-    "1.09-1.14x its figures in 23 of 25 one-level tilings of the shipped specs and 1.06x on "
-    "the blog spec's 1024 x 2048 / 1024 x 512 tiles, but 4.3-7.6x where the kernel's program "
-    "was large (over 70K bundles; docs/measured.md); time a spec on a chip with `svgen bench`"
-)
+def _v5e():
+    """What the chip showed (svgen.analysis.targets.V5E_MEASURED): the figures quoted here."""
+    from svgen.analysis.targets import V5E_MEASURED
 
-#: Kernel programs measured on a TPU v5e (docs/measured.md, "Kernel size" and "Program size
-#: decided on the chip"): every kernel of at most the first number of bundles ran at the rate
-#: its paths predict (1.09-1.14x the static model where it was computed; the blog spec's
-#: 48,887-bundle program at the dense FULL path's rate), every one of at least the second
-#: 2.1-5.0x over it. The model does not see a program's size.
-PROGRAM_BUNDLES_MEASURED = (48_887, 71_080)
+    return V5E_MEASURED
+
+
+def _model_caveat() -> str:
+    m = _v5e()
+    least, most, typical = m.model_typical
+    return (
+        "an estimate from libtpu's static schedule, not a measurement: on a TPU v5e the chip "
+        f"took {least:.2f}-{most:.2f}x its figures in {typical} of {m.model_pairs} one-level "
+        f"tilings of the shipped specs, but up to {m.model_worst:.1f}x where the kernel's "
+        "program was large (docs/measured.md); time a spec on a chip with `svgen bench`"
+    )
+
+
+#: What every figure of `svgen cost` and `svgen tune` is, said beside them: the static model
+#: is not calibrated to a chip, and this is its error measured on one.
+MODEL_CAVEAT = _model_caveat()
 
 
 def program_caveat(
@@ -60,15 +66,19 @@ def program_caveat(
 ) -> str | None:
     """What the chip showed for a program this large, or None (not read, or small enough);
     residual_masks / straight_words: the kernel has them, the code the static model chose
-    that makes programs large (docs/measured.md, "Which code makes the large programs")."""
-    fine, slow = PROGRAM_BUNDLES_MEASURED
+    that makes programs large (docs/measured.md, "The program-size cliff"). The model does
+    not see a program's size."""
+    m = _v5e()
+    fine, slow = m.program_fast_bundles, m.program_slow_bundles
     if bundles <= fine:
         return None
+    lo, hi = m.program_slowdown
+    slower = f"{lo:.1f}-{hi:.1f}x slower than a smaller program of the same spec"
     seen = (
-        f"programs of {slow:,} bundles or more ran 2.1-5.0x over this model's figure"
+        f"programs of {slow:,} bundles or more ran {slower}"
         if bundles >= slow
         else f"programs of {fine:,} to {slow:,} bundles were not measured, larger ones ran "
-        "2.1-5.0x over this model's figure"
+        + slower
     )
     without = [
         setting
@@ -86,7 +96,7 @@ def program_caveat(
     )
     return (
         f"the kernel's program is {bundles:,} bundles: on a TPU v5e {seen} (docs/measured.md, "
-        f"Kernel size); time it with `svgen bench`, or take a smaller tiling{smaller}"
+        f"the program-size cliff); time it with `svgen bench`, or take a smaller tiling{smaller}"
     )
 
 

@@ -35,13 +35,12 @@ from svgen.perf import chip_bench, measure
 
 #: (block_q, block_kv, compute_q, compute_kv), in the order they are timed. First 1024 x 2048
 #: tiles of eight 512 x 512 compute blocks: on a v5e the fastest of the tilings timed for the
-#: blog, spatial and both Self-Forcing specs, forward and forward + backward (the blog spec
-#: 69.94 ms against 71.99 at 1024 x 2048 / 1024 x 512 and 75.65 at 1024 x 1024 / 1024 x 512;
-#: docs/measured.md, fourth session). Then tiles of 1024 x 1024 keys split into two compute
-#: blocks (straight-line code overlaps one block's softmax with the other's matmuls: the FULL
-#: path ran 1.10x faster than unsplit), the other 1024 x 2048 tiles where the program stays
-#: small, then one-level tiles (1.2-5x faster than the two-level tiles of large programs that
-#: the static model chose), the largest first.
+#: blog, spatial and both Self-Forcing specs, forward and forward + backward (docs/measured.md,
+#: "A tiling without a chip"). Then tiles of 1024 x 1024 keys split into two compute blocks
+#: (straight-line code overlaps one block's softmax with the other's matmuls: the FULL path
+#: ran faster than unsplit), the other 1024 x 2048 tiles where the program stays small, then
+#: one-level tiles (faster than the two-level tiles of large programs that the static model
+#: chose), the largest first.
 MEASURED_TILINGS = (
     (1024, 2048, 512, 512),
     (1024, 1024, 1024, 512),

@@ -77,7 +77,7 @@ class PathCosts:
     straight: tuple = ()
     # The whole kernel program's bundles (0: not read, as for the tuner's interpolated
     # paths). On a v5e, large programs ran far slower than their paths add up to
-    # (svgen.perf.cost.PROGRAM_BUNDLES_MEASURED).
+    # (svgen.perf.cost.program_caveat).
     program: int = 0
 
     def to_json(self) -> dict:

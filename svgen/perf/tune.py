@@ -523,8 +523,8 @@ class _Costs:
 
 def _over_program_budget(paths, plan: Plan) -> str | None:
     """Why a candidate's kernel is off the table for its program size (None: it fits, or its
-    size was not read): past the chip's budget a kernel ran 2-5x slower on a TPU v5e than
-    the model says (svgen.perf.program_size), and `svgen compile` would not emit it as costed."""
+    size was not read): past the chip's budget a kernel ran slower on a TPU v5e than the model
+    says (svgen.analysis.targets.V5E_MEASURED), and `svgen compile` would not emit it as costed."""
     budget = plan.target.program_bundles
     if not paths.program or paths.program <= budget:
         return None
