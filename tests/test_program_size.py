@@ -313,6 +313,24 @@ def test_pattern_calls_are_the_first_step_of_a_module_of_several_patterns_on_one
     assert steps[0].source() == "ProgramLimits(pattern_calls=True)"
 
 
+def test_the_budget_holds_the_forward_kernels_and_a_backward_one_over_it_is_a_warning():
+    counts = {
+        "svgen_attention_pattern0": 47_736,
+        "svgen_attention_pattern1": 45_218,
+        "svgen_attention_dkv_pattern0": 70_000,
+        "svgen_attention_dkv_pattern1": 60_823,
+    }
+    assert program_size.forward_bundles(counts) == 47_736
+    plan = _plan()
+    _, _, size = program_size.fit(plan, _render, count=lambda files, candidate: counts)
+    assert size.bundles == 47_736 and size.fits
+    assert size.backward_over == (("svgen_attention_dkv_pattern0", 70_000),)
+    assert "dkv_pattern0 70,000 bundles" in size.warning()
+    assert size.to_json()["backward_over_budget"] == ["svgen_attention_dkv_pattern0"]
+    counts["svgen_attention_dkv_pattern0"] = 50_000
+    assert program_size.fit(plan, _render, count=lambda f, c: counts)[2].warning() is None
+
+
 def test_one_call_per_pattern_is_still_each_heads_attention(tmp_path):
     """Fresh inputs, outputs poisoned, float64 reference: static and traced assignments
     (one of them leaving a pattern unused, so that its call walks no steps), forward and

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import re
 import pathlib
 import sys
 import tempfile
@@ -121,7 +122,7 @@ class ProgramSize:
 
 def is_backward(kernel: str) -> bool:
     """A backward kernel's name (the dq and dk/dv walks)."""
-    return kernel.endswith(("_dq", "_dkv"))
+    return re.match(r"svgen_attention_(dq|dkv)(_pattern\d+)?$", kernel) is not None
 
 
 def _short(kernel: str) -> str:
