@@ -41,17 +41,15 @@ from svgen.runtime.refine import SEGMENT_BOUNDARY
 from svgen.runtime.segments import block_shifts, same_segment
 from svgen.runtime.softmax import LOG2_E
 from svgen.runtime.steps import (
-    EXACT_GRID,
     Block,
-    head_operands,
     lanes,
     scratch_buffer,
+    table_source,
     walk_step,
     walk_view,
 )
 from svgen.runtime.variant import (
     BackwardVariant,
-    TableWalk,
     block_table_bytes,
     block_table_shapes,
     or_chosen,
@@ -133,23 +131,20 @@ def _walk(
     walk), as the forward kernel takes it (svgen.runtime.chunks). only_pattern: the flat walk
     of that pattern's heads only (a call of one pattern's code, `_pattern_calls`)."""
     heads = int(head_pattern.shape[0])
-    flat = tables.flat and call is None and chunk is None
-    if chunk is not None:
-        chunk_call, q_first, exact = chunk
-        operands = chunk_call.scalar_operands(head_pattern) + (q_first,)
-        steps, single = chunk_call.steps, EXACT_GRID if exact else None
-    elif call is None:
-        per_head, steps = head_operands(tables, head_pattern, static_pattern, only_pattern)
-        operands = per_head + tuple(jnp.asarray(t) for t in tables.piece_operands())
-        single = tables.max_pieces if tables.num_pieces.size == 1 else None
-        if only_pattern is not None:  # every head the call walks has this pattern's pieces
-            single = int(tables.num_pieces[only_pattern])
-    else:
-        operands = call.scalar_operands(head_pattern)
-        steps, single = call.steps, None
-    per_row = call is not None or chunk is not None
-    has_chosen = call is not None and call.chosen is not None
-    walk = TableWalk.of(tables, heads, single, flat, per_row, has_chosen)
+    # (kind: the backward reads no variants word and no kind of its own: "segments" stands
+    # for any call's own tables here.)
+    source = table_source(
+        tables,
+        head_pattern,
+        static_pattern,
+        kind="segments",
+        call_tables=call,
+        chunk=chunk,
+        only_pattern=only_pattern,
+    )
+    operands, steps = source.operands, source.steps
+    walk = source.walk(tables, heads)
+    flat = walk.flat
     variant = variant_of(walk, len(operands))
 
     def view(outer, step, refs):

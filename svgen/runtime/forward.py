@@ -69,12 +69,11 @@ from svgen.runtime.softmax import (
     softmax_step,
 )
 from svgen.runtime.steps import (
-    EXACT_GRID,
     Block,
     StepView,
-    head_operands,
     lanes,
     scratch_buffer,
+    table_source,
     walk_step,
     walk_view,
 )
@@ -90,7 +89,6 @@ from svgen.runtime.variant import (
     ForwardVariant,
     KernelRefs,
     PatternCode,
-    TableWalk,
     block_table_bytes,
     block_table_shapes,
     every_key,
@@ -580,19 +578,16 @@ def flat_attention(
     heads = int(head_pattern.shape[0])
     # The call's rows: q's, or a head run's (batch x its heads).
     rows = q.shape[0] if head_run is None else q.shape[0] // head_run[1] * heads
-    source = _tables_of(call, chunk, selection)
-    per_row = source != "static"  # a call's own tables: per row, never the flat walk
-    flat = tables.flat and not per_row
-    operands, steps, single, id_inputs = _scalar_operands(
-        tables, head_pattern, static_pattern, len(patterns), call, chunk, selection, only_pattern
-    )
+    source = _table_source(tables, head_pattern, static_pattern, call, chunk, selection, only_pattern)
+    operands, steps = source.operands, source.steps
+    id_inputs = () if call is None else tuple(call[1:])  # query and key ids
+    walk = source.walk(tables, heads)
+    flat = walk.flat
     variant = ForwardVariant(
         shape=shape,
         patterns=tuple(patterns),
-        walk=TableWalk.of(
-            tables, heads, single, flat, per_row, selection is not None and call is not None
-        ),
-        tables=source,
+        walk=walk,
+        tables=source.kind,
         num_tables=len(operands),
         dtype=jnp.dtype(q.dtype).name,
         q_scale=q_scale,
@@ -662,29 +657,19 @@ def flat_attention(
     return tuple(outputs) if with_lse or with_modes else outputs[0]
 
 
-def _scalar_operands(
-    tables, head_pattern, static_pattern, patterns: int, call, chunk, selection, only_pattern=None
-):
-    """(the scalar operands, grid steps per row, the single pattern's piece count or None,
-    the run-time id inputs) of a call whose tables are the module's or the call's own.
-    only_pattern: a call of that pattern's heads (flat_attention)."""
-    if selection is not None:  # with `call` (None, query ids, key ids): across segments
-        ids = () if call is None else tuple(call[1:])
-        return selection.scalar_operands(head_pattern), selection.steps, None, ids
+def _table_source(tables, head_pattern, static_pattern, call, chunk, selection, only_pattern):
+    """The call's TableSource (svgen.runtime.steps.table_source): the module's static tables
+    (with their residual variants), a selection's (with `call` (None, query ids, key ids):
+    across segments), a chunk's, or run-time segments' (call: (CallTables, ids, ids))."""
+    if selection is not None:
+        return table_source(tables, head_pattern, None, kind="selection", call_tables=selection)
     if chunk is not None:
-        chunk_tables, q_first, exact = chunk
-        operands = chunk_tables.scalar_operands(head_pattern) + (q_first,)
-        return operands, chunk_tables.steps, EXACT_GRID if exact else None, ()
+        return table_source(tables, head_pattern, None, chunk=chunk)
     if call is not None:
-        call_tables, q_ids, kv_ids = call
-        return call_tables.scalar_operands(head_pattern), call_tables.steps, None, (q_ids, kv_ids)
-    per_head, steps = head_operands(tables, head_pattern, static_pattern, only_pattern)
-    operands = per_head + tuple(jnp.asarray(t) for t in tables.piece_operands())
-    if tables.variants is not None:  # the last scalar operand (see _attention_kernel)
-        operands += (jnp.asarray(tables.variants),)
-    if only_pattern is not None:  # every head the call walks has this pattern's pieces
-        return operands, steps, int(tables.num_pieces[only_pattern]), ()
-    return operands, steps, tables.max_pieces if patterns == 1 else None, ()
+        return table_source(tables, head_pattern, None, kind="segments", call_tables=call[0])
+    return table_source(
+        tables, head_pattern, static_pattern, only_pattern=only_pattern, with_variants=True
+    )
 
 
 def _row_map(head_run: tuple[int, int] | None, heads: int):
@@ -779,15 +764,6 @@ def _out_shapes(q, shape, chunk, with_lse: bool, with_modes: bool, rows: int) ->
         q_tiles = -(-q.shape[1] // shape.block_q)
         out_shape.append(jax.ShapeDtypeStruct((rows, 1, q_tiles * LANES), jnp.int32))
     return out_shape
-
-
-def _tables_of(call, chunk, selection) -> str:
-    """Where a call's tables come from (svgen.runtime.variant.Tables)."""
-    if selection is not None:
-        return "selection"
-    if chunk is not None:
-        return "chunk"
-    return "static" if call is None else "segments"
 
 
 def _lse_length(q, shape: KernelShape, chunk) -> int:
