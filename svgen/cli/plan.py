@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from svgen.analysis import Plan, analyze
 from svgen.analysis.targets import TARGETS
 from svgen.cli.messages import print_warnings
 from svgen.cli.progress import Progress
+from svgen.core.program import shrink_steps
 from svgen.report import lint
 from svgen.spec import load_spec
 from svgen.spec.errors import SpecError
@@ -47,9 +49,12 @@ def fit_program(plan: Plan, render, spec_file: str, quiet: bool):
     )
 
     def fits_at(candidate: Plan):
-        """The ProgramSize of the candidate with what the compiler may leave out, or None."""
+        """The ProgramSize of the candidate with everything the compiler may leave out (one
+        count a tiling: what fits then is what a smaller step might), or None."""
+        steps = shrink_steps(len(candidate.patterns), candidate.target.cores_per_chip)
+        smallest = dataclasses.replace(candidate, program=steps[-1])
         try:
-            return program_size.fit(candidate, render)[2]
+            return program_size.fit(smallest, render, steps=())[2]
         except program_size.OverBudget:
             return None
 
