@@ -2,21 +2,22 @@
 compiles it for the target on this host (AOT, no chip needed).
 
     python bench/kernel_size.py SPEC[@BQxBKV[/CQxCKV]]... [--target v5e]
-        [--runtime MODULE.NAME=VALUE]...
+        [--runtime MODULE.NAME=VALUE]... [--json FILE]
 
 --runtime sets a constant of svgen.runtime.MODULE (or svgen.core.MODULE) while each module is imported and compiled
 (for example straight.MAX_WORDS=2: at most two straight-line BOUNDARY bodies a pattern).
+--json writes the counts with the commit, svgen's source digest and libtpu's version: the
+figures `svgen report` reads (bench/results/v5e_program_sizes.json).
 
-On a TPU v5e the chip ran every kernel of up to 43K bundles within 1.09-1.14x of the static
-model, and every one of 71K or more 1.3-6.3x slower than the model or than the same tiling's
-dense kernel (docs/measured.md, "Kernel size"). A program that large likely no longer fits
-the core's instruction memory. Straight-line bodies, residual-mask variants and patterns all
-add code.
+What the chip did with programs of each size: docs/measured.md, "The program-size cliff". A
+program past the budget (Target.program_bundles) likely no longer fits the core's instruction
+memory. Straight-line bodies, residual-mask variants and patterns all add code.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 import sys
 import tempfile
@@ -41,7 +42,9 @@ def main(argv=None) -> int:
     parser.add_argument("items", nargs="+", type=parse_item, metavar="SPEC[@TILING]")
     parser.add_argument("--target", default="v5e", choices=("v5e", "v6e", "v7x"))
     parser.add_argument("--runtime", type=parse_runtime_setting, action="append", default=[])
+    parser.add_argument("--json", type=pathlib.Path, help="also write the counts here")
     args = parser.parse_args(argv)
+    rows = []
     print("| spec | tiling | forward kernel bundles |")
     print("|---|---|---:|")
     for path, tiling in args.items:
@@ -53,11 +56,34 @@ def main(argv=None) -> int:
         t = spec.tiling
         name = f"{t.block_q}x{t.block_kv}/{t.cq}x{t.ckv}"
         print(f"| {spec.name} | {name} | {bundles:,} |", flush=True)
+        runtime = {f"{module}.{const}": value for module, const, value in args.runtime}
+        rows.append(
+            {
+                "source": str(path),
+                "spec": spec.name,
+                "tiling": name,
+                "runtime": runtime,
+                "bundles": bundles,
+            }
+        )
         print(
             f"kernel_size: {spec.name} compiled in {time.monotonic() - start:.0f} s",
             file=sys.stderr,
         )
+    if args.json:
+        report = {**chip_bench.script_report(args.target, interpret=True), "counted_on": "cpu"}
+        report["libtpu"] = _libtpu_version()
+        args.json.write_text(json.dumps({**report, "results": rows}, indent=1) + "\n")
     return 0
+
+
+def _libtpu_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("libtpu")
+    except PackageNotFoundError:
+        return None
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from svgen.cli.cost import NO_LIBTPU, cost_spec
 from svgen.cli.cost import libtpu_installed as _libtpu_installed
 from svgen.cli.fingerprint import fingerprint_specs
 from svgen.cli.inspect import inspect_spec
+from svgen.cli.report import report_pages
 from svgen.cli.messages import EXIT_BAD_INPUT, located
 from svgen.analysis.targets import TARGETS
 from svgen.cli.options import OUT_DEFAULT, add_budget, positive_int
@@ -56,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_cost(sub)
     _add_tune(sub)
     _add_bench(sub)
+    _add_report(sub)
     _add_fingerprint(sub)
     _add_schema(sub)
     return parser
@@ -310,6 +312,20 @@ def _add_bench(sub) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
     p.add_argument("--interpret", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(run=bench_specs)
+
+
+def _add_report(sub) -> None:
+    p = sub.add_parser(
+        "report",
+        help="write docs/measured.md's tables and the README's headline from bench/results",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if a page is not what the results give",
+    )
+    p.add_argument("--root", default=".", help="the checkout to read and write (default: .)")
+    p.set_defaults(run=report_pages)
 
 
 def _add_fingerprint(sub) -> None:
