@@ -264,6 +264,23 @@ def test_missing_markers_are_an_error(root, capsys):
     assert "no markers for at-head" in capsys.readouterr().err
 
 
+def test_links_into_the_page_name_its_sections():
+    """Other pages link to docs/measured.md's sections instead of repeating its figures: every
+    such link must land on a heading (GitHub's anchors: lower case, punctuation dropped)."""
+    import re
+
+    page = (REPO / rt.PAGE).read_text()
+    anchors = {
+        re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        for line in page.splitlines()
+        if line.startswith("#")
+    }
+    docs = [REPO / "README.md", REPO / "CONTRIBUTING.md", *(REPO / "docs").glob("*.md")]
+    for doc in docs:
+        for anchor in re.findall(r"measured\.md#([\w-]+)", doc.read_text()):
+            assert anchor in anchors, f"{doc.name} links to measured.md#{anchor}, not a heading"
+
+
 def test_a_timing_with_code_left_out_is_not_the_specs_figure(root):
     """`svgen bench --program` times another kernel at the same tiling: not the spec's."""
     path = root / "bench" / "results" / "new.json"
