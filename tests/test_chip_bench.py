@@ -385,3 +385,42 @@ def test_bench_at_several_tilings_times_splash_once_per_exact_spec(tmp_path, mon
     assert second["speedup_vs_splash_mask_forward"] == 2.0  # 512 / 256
     assert second["speedup_vs_splash_dense_forward"] == 4.0
     assert "splash_from_tiling" not in results[3]
+
+
+def test_program_option_is_checked():
+    from svgen.cli.bench import parse_program
+    from svgen.core.program import ProgramLimits
+    import argparse
+
+    assert parse_program("none") == ProgramLimits()
+    assert parse_program("pattern_calls") == ProgramLimits(pattern_calls=True)
+    assert parse_program("pattern_calls+straight_words=0+whole_masks") == ProgramLimits(
+        straight_words=0, residual_masks=False, pattern_calls=True
+    )
+    for bad in ("pattern_calls=1", "straight_words", "none+pattern_calls", "everything"):
+        with pytest.raises(argparse.ArgumentTypeError, match="pattern_calls, straight_words"):
+            parse_program(bad)
+
+
+def test_bench_times_each_program_asked_for_with_its_code_left_out(tmp_path, monkeypatch):
+    """`--program` repeated: the spec once per program, in one process, Splash with the first
+    only; the module each time is compiled with that program's code left out (the module's
+    own ProgramLimits), and the result names it."""
+    from svgen.cli import main
+    from svgen.core.program import ProgramLimits
+
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(MIXED)
+    seen = []
+    real_compile = chip_bench.compile_module
+
+    def fake_bench(spec, target, options, on_entry=lambda result: None, **_):
+        _, module = real_compile(spec, target, tmp_path / str(len(seen)), options.program)
+        seen.append((module.attention.program, options.splash))
+        return {"spec": spec.name, "tiling": {}, "program": options.program.source()}
+
+    monkeypatch.setattr(chip_bench, "bench_spec", fake_bench)
+    monkeypatch.setattr(bench_table, "format_table", lambda results, chip: [])
+    args = ["bench", str(spec), "--interpret", "--program", "none", "--program", "pattern_calls"]
+    assert main(args) == 0
+    assert seen == [(ProgramLimits(), True), (ProgramLimits(pattern_calls=True), False)]

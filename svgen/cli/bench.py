@@ -69,6 +69,33 @@ def parse_tiling(text: str) -> tuple[int, int, int, int]:
     return bq, bkv, cq, ckv
 
 
+def parse_program(text: str):
+    """What a timed module leaves out of its kernels (svgen.core.program.ProgramLimits), as
+    `svgen compile` says it in the module: `none`, or `+`-joined `pattern_calls`,
+    `straight_words=N`, `whole_masks` (an argparse type)."""
+    import argparse
+
+    from svgen.core.program import ProgramLimits
+
+    fields: dict = {}
+    for part in text.split("+"):
+        name, _, value = part.strip().partition("=")
+        if name == "none" and text.strip() == "none":
+            continue
+        if name == "pattern_calls" and not value:
+            fields["pattern_calls"] = True
+        elif name == "whole_masks" and not value:
+            fields["residual_masks"] = False
+        elif name == "straight_words" and value.isdigit():
+            fields["straight_words"] = int(value)
+        else:
+            raise argparse.ArgumentTypeError(
+                "expected none, or pattern_calls, straight_words=N and whole_masks joined by "
+                f"'+' (such as pattern_calls+straight_words=0), got {text!r}"
+            )
+    return ProgramLimits(**fields)
+
+
 def _load(path: str, target: str, tiling):
     """The spec read for `target`, with `tiling` in place of its own where given (checked as
     the spec reader checks a tiling, by reading the spec again with it)."""
@@ -86,8 +113,14 @@ def bench_specs(args) -> int:
     if chip is None:
         return EXIT_BAD_INPUT
     target = args.target or (chip if chip != "cpu-interpret" else "v5e")
-    # Every spec read first, at each tiling asked for (or its own).
-    specs = [_load(path, target, t) for path in args.specs for t in args.tiling or [None]]
+    # Every spec read first, at each tiling asked for (or its own), each with every program
+    # asked for (or nothing left out).
+    specs = [
+        (_load(path, target, t), program)
+        for path in args.specs
+        for t in args.tiling or [None]
+        for program in args.program or [parse_program("none")]
+    ]
     options = chip_bench.Options(
         warmup=args.warmup,
         iters=args.iters,
@@ -129,15 +162,16 @@ def bench_specs(args) -> int:
             save(complete=False)
 
     peers: dict = {}  # per spec: the result whose Splash figures its other tilings share
-    for spec in specs:
+    for spec, program in specs:
         results.append({"spec": spec.name})
-        # Splash gets the same mask at every tiling of an exact spec: timed once per spec
-        # (an aligned spec's rounded mask changes with the tiling).
+        # Splash gets the same mask at every tiling (and program) of an exact spec: timed once
+        # per spec (an aligned spec's rounded mask changes with the tiling).
         peer = peers.get(spec.source) if spec.tiling.align == "exact" else None
+        spec_options = dataclasses.replace(options, program=program)
         result = chip_bench.bench_spec(
             spec,
             target,
-            options if peer is None else dataclasses.replace(options, splash=False),
+            spec_options if peer is None else dataclasses.replace(spec_options, splash=False),
             progress=progress,
             dense=dense,
             env=env,

@@ -41,6 +41,7 @@ from typing import Callable
 import numpy as np
 
 from svgen.core import safe_io
+from svgen.core.program import ProgramLimits
 
 # Where a measurement ran (callers and tests reach them through this module).
 from svgen.perf.provenance import commit, source_digest, versions  # noqa: F401
@@ -163,15 +164,21 @@ class Options:
     interpret: bool = False  # Pallas's interpreter: CPU tests only
     seed: int = 0
     fingerprint: bool = True  # record what was timed (svgen.perf.fingerprint)
+    # What the module leaves out of its kernels (svgen.core.program): `svgen compile`
+    # decides it by counting programs on the host; a chip host times what it is given.
+    program: ProgramLimits = ProgramLimits()
 
 
 # ----------------------------------------------------------------------------- the module
-def compile_module(spec, target: str, folder: pathlib.Path):
-    """(plan, imported module) of `spec` compiled for `target` into `folder`."""
+def compile_module(
+    spec, target: str, folder: pathlib.Path, program: ProgramLimits = ProgramLimits()
+):
+    """(plan, imported module) of `spec` compiled for `target` into `folder`, with `program`'s
+    code left out."""
     from svgen import codegen
     from svgen.analysis import analyze
 
-    plan = analyze(spec, target_name=target)
+    plan = dataclasses.replace(analyze(spec, target_name=target), program=program)
     folder.mkdir(parents=True, exist_ok=True)
     for filename, data in codegen.render(plan, spec.source).items():
         (folder / filename).write_bytes(data)
@@ -407,10 +414,11 @@ def bench_spec(
         "spec_digest": spec.digest,
         "target": target,
         "tiling": tiling_json(spec.tiling),
+        "program": options.program.source(),
     }
     with tempfile.TemporaryDirectory(prefix="svgen-bench-") as folder:
         progress(f"{spec.name}: compile for {target}")
-        plan, module = compile_module(spec, target, pathlib.Path(folder))
+        plan, module = compile_module(spec, target, pathlib.Path(folder), options.program)
         assignment = head_patterns(module)
         result["head_patterns"] = [plan.patterns[p].name for p in assignment]
         q, k, v = draw_inputs(module, options.seed)
