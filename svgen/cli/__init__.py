@@ -16,7 +16,7 @@ import argparse
 import os
 import sys
 
-from svgen.cli.bench import bench_specs, parse_tiling, tune_measured
+from svgen.cli.bench import bench_specs, parse_program, parse_tiling, tune_measured
 from svgen.cli.compile import compile_specs
 from svgen.cli.cost import NO_LIBTPU, cost_spec
 from svgen.cli.cost import libtpu_installed as _libtpu_installed
@@ -289,6 +289,15 @@ def _add_bench(sub) -> None:
         metavar="BQxBKV[/CQxCKV]",
         help="time this tiling instead of the spec's (such as 1024x1024); repeat it to time "
         "each spec at several tilings in one process, Splash once per exact spec",
+    )
+    p.add_argument(
+        "--program",
+        type=parse_program,
+        action="append",
+        metavar="LIMITS",
+        help="time the module with this code left out, as `svgen compile` writes it in "
+        "the module's program=ProgramLimits(...): pattern_calls, straight_words=N, "
+        "whole_masks, joined by '+' (default: none); repeat it to time each in one process",
     )
     p.add_argument("--no-splash", action="store_true", help="time svgen alone")
     p.add_argument(
