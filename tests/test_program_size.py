@@ -368,9 +368,11 @@ def test_one_call_per_pattern_traces_one_kernel_per_pattern_each_with_its_own_co
     hp = jnp.zeros(4, jnp.int32)
 
     def kernels(module):
-        text = str(jax.make_jaxpr(lambda q, k, v, hp: module.attention(q, k, v, head_pattern=hp))(
-            q, k, v, hp
-        ))
+        text = str(
+            jax.make_jaxpr(lambda q, k, v, hp: module.attention(q, k, v, head_pattern=hp))(
+                q, k, v, hp
+            )
+        )
         return sorted(set(re.findall(r"name=(svgen_attention\w*)", text)))
 
     assert kernels(union) == ["svgen_attention"]

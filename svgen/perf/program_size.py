@@ -35,7 +35,7 @@ import sys
 import tempfile
 from typing import Callable
 
-from svgen.core.program import SHRINK_STEPS, ProgramLimits, shrink_steps
+from svgen.core.program import ProgramLimits, shrink_steps
 
 
 #: Kernels whose tiles hold at most this many query x key pairs, of at most SMALL_PATTERNS

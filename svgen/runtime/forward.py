@@ -578,7 +578,9 @@ def flat_attention(
     heads = int(head_pattern.shape[0])
     # The call's rows: q's, or a head run's (batch x its heads).
     rows = q.shape[0] if head_run is None else q.shape[0] // head_run[1] * heads
-    source = _table_source(tables, head_pattern, static_pattern, call, chunk, selection, only_pattern)
+    source = _table_source(
+        tables, head_pattern, static_pattern, call, chunk, selection, only_pattern
+    )
     operands, steps = source.operands, source.steps
     id_inputs = () if call is None else tuple(call[1:])  # query and key ids
     walk = source.walk(tables, heads)

@@ -348,7 +348,9 @@ class TpuAttention(Attention):
         if runs is not None:  # (never with extra outputs: see _differentiable)
             return self._run_calls(q, k, v, static_pattern, interpret, q_scale, runs)
         if self._calls_per_pattern(ids, chosen, out):
-            return self._pattern_calls(q, k, v, hp, static_pattern, interpret, q_scale, cubes, **out)
+            return self._pattern_calls(
+                q, k, v, hp, static_pattern, interpret, q_scale, cubes, **out
+            )
         call = selection = None
         if chosen is not None:
             rows = None if ids is None else self._selection_ids(hp, ids)
