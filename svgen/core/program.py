@@ -2,12 +2,11 @@
 program-size cliff (svgen.perf.program_size). NumPy-free, shared by the compiler, which
 decides, and the runtime, which builds the kernel it was told to.
 
-On a TPU v5e a forward kernel of 64,358 bundles ran at the rate of the same kernel with no
-straight-line bodies (71.50 against 72.09 ms), and one of 71,080 bundles at half that rate
-(138.93 ms): past the chip's instruction memory the core fetches its program as it runs
-(docs/measured.md, "The program-size cliff"). Straight-line BOUNDARY bodies gained at most
-0.6 % where they fit, and residual-mask variants are what made the largest programs; both are
-given up, in that order, before a tiling is refused.
+On a TPU v5e, past the chip's instruction memory a kernel ran at a fraction of the rate of a
+smaller program doing the same work (the core fetches its program as it runs); straight-line
+BOUNDARY bodies gained little where they fit, and residual-mask variants are what made the
+largest programs (docs/measured.md, "The program-size cliff"). Both are given up, in that
+order, before a tiling is refused.
 
 A module of several patterns first splits its forward kernel into one call per pattern
 (`pattern_calls`): each call walks only the heads of its pattern and carries only that

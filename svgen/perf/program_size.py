@@ -2,10 +2,9 @@
 unsaid.
 
 A kernel's code grows with its patterns' paths, its straight-line BOUNDARY bodies, its
-residual-mask variants and its compute blocks per tile. On a TPU v5e, forward kernels of up to
-64,358 bundles ran at the rate their work predicts, and every one of 71,080 bundles or more
-ran 1.3-6x slower than a smaller program doing the same work (docs/measured.md, "The
-program-size cliff"): the core then fetches its program while it runs. The chip's budget is
+residual-mask variants and its compute blocks per tile. On a TPU v5e, forward kernels up to a
+size ran at the rate their work predicts, and every one past it ran several times slower than a
+smaller program doing the same work (docs/measured.md, "The program-size cliff"): the core then fetches its program while it runs. The chip's budget is
 `Target.program_bundles` (svgen.analysis.targets).
 
 `fit` counts every kernel program of a rendered module (the forward kernel, and the dq and
@@ -39,9 +38,9 @@ from svgen.core.program import ProgramLimits, shrink_steps
 
 
 #: Kernels whose tiles hold at most this many query x key pairs, of at most SMALL_PATTERNS
-#: patterns, are not counted: the largest such program seen is 23,439 bundles (cogvideox_mixed
-#: at 512 x 512 tiles, two patterns with residual masks, v6e), a third of the budget, and a
-#: count costs a libtpu compile (about 10 s even for a tiny kernel).
+#: patterns, are not counted: the largest such program seen (cogvideox_mixed at 512 x 512 tiles,
+#: two patterns with residual masks, v6e; bench/results/v5e_program_sizes.json) is a third of
+#: the budget, and a count costs a libtpu compile (seconds even for a tiny kernel).
 SMALL_TILE_PAIRS = 512 * 512
 SMALL_PATTERNS = 4
 
@@ -102,7 +101,7 @@ class ProgramSize:
         sizes = ", ".join(f"{_short(n)} {b:,} bundles" for n, b in self.backward_over)
         return (
             f"backward kernel program over {self.target}'s budget of {self.budget:,} ({sizes}): "
-            "jax.grad through this module may run 2-5x slower than its work; fewer compute "
+            "jax.grad through this module may run several times slower than its work; fewer compute "
             "blocks per tile make a smaller program"
         )
 
@@ -299,7 +298,7 @@ def fit(
     raise OverBudget(
         f"the forward kernel's program is over {target.name}'s budget of {budget:,} bundles "
         f"even with the code the compiler may leave out: {sizes}. Past the core's instruction "
-        'memory a kernel ran 2-5x slower on a TPU v5e (docs/measured.md, "The program-size '
+        'memory a kernel ran several times slower on a TPU v5e (docs/measured.md, "The program-size '
         'cliff"); fewer patterns or smaller compute blocks make a smaller program'
         + (f"; {hint}" if hint else "")
     )
@@ -308,14 +307,11 @@ def fit(
 #: The tilings svgen picks on a TPU v5e for a spec that gives none, best first: the first whose
 #: forward program fits the budget, the first one only where no more than its straight-line
 #: bodies must be left out (its residual masks are what make its BOUNDARY blocks fast).
-#: Measured on a v5e (svgen bench, bench/results/v5e_rule_*.json, v5e_shipped_at_1024x2048.json,
-#: v5e_untuned_*.json; docs/measured.md, "A tiling without a chip"): 1024x2048 / 512x512 is the
-#: fastest tiling measured for every single-pattern 75K-token spec whose program fits (blog
-#: 69.97 ms against 80.57 at 512x1024 / 512x512, spatial 36.25 against 41.18, temporal 68.38
-#: against 71.23); where it does not fit, 512x1024 / 512x512 was the fastest measured (mixed,
-#: frame decay, HunyuanVideo text, cogvideox, and the untuned PARO-, Jenga- and
-#: Sparse-VideoGen-like specs: 72.02 against 84.76 ms at 512 x 512 for PARO's, 227.99 against
-#: 259.69 for Jenga's).
+#: Measured on a v5e (svgen bench; docs/measured.md, "A tiling without a chip", generated from
+#: bench/results): 1024x2048 / 512x512 was the fastest tiling measured for every single-pattern
+#: 75K-token spec whose program fits; where it does not fit, 512x1024 / 512x512 was the fastest
+#: measured. Several patterns at the first tiling in one kernel per pattern (pattern_calls) are
+#: not yet timed on a chip.
 V5E_TILINGS = ((1024, 2048, 512, 512), (512, 1024, 512, 512), (512, 512, 512, 512))
 
 
