@@ -1,8 +1,10 @@
 """The mask IR as Python source for a BOUNDARY tile: one named line per primitive.
 
 It lives in the analysis because what it prints decides what the kernel keeps in VMEM: the
-query values each pattern decodes once per q tile (`query_values`), which the analysis
-counts before it checks the tiling's VMEM once; codegen places the same source in the module.
+query values each pattern decodes once per q tile (svgen.analysis.mask_source), which the
+analysis counts before it checks the tiling's VMEM once. Each mask is printed once, by the
+analysis (svgen.analysis.mask_functions); codegen places that source in the module. What the
+source reads of q and whether it calls coords are noted as it is printed, never read back.
 
 Leaves print their sympy predicate over `q.<coord>` / `k.<coord>` (runtime.coords.TokenCoords);
 combinators combine the names, so the generated function reads like the spec. Floor division
@@ -13,14 +15,26 @@ for TPU from a CPU host; by a power of two, as an arithmetic shift and a bitwise
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-import re
 
 import sympy
 
 from svgen import ir
+from svgen.analysis.mask_source import MaskSource, QueryFunction, query_values
 from svgen.analysis.residuals import FIELDS_OPS
+from svgen.analysis.code_text import is_sum, strip_group
+from svgen.analysis.predicate_shapes import (
+    abs_window,
+    chain_pairs,
+    divides,
+    equality_sides,
+    key_side_positive,
+    mixes_sides,
+    non_negative,
+    same_residue,
+)
 from svgen.spec import int_range, primitives
 from svgen.spec.expr import (
     SYMBOLS,
@@ -49,28 +63,6 @@ def _code_name(node_class: type) -> str:
     return primitive.code_name
 
 
-@dataclasses.dataclass(frozen=True)
-class QueryFunction:
-    """A module-level function of the queries alone that a mask reads through `q.once`
-    (runtime.coords): the kernel computes it once per q tile, beside the decoded
-    coordinates, instead of on every BOUNDARY block."""
-
-    name: str
-    owner: str  # the mask function that reads it
-    lines: tuple[str, ...]  # statements, without indentation
-    result: str
-    query_coords: tuple[str, ...]  # the attributes of q it reads, sorted
-    reader: str = "coords.fields"  # the call whose query side it is
-
-
-@dataclasses.dataclass(frozen=True)
-class MaskSource:
-    lines: tuple[str, ...]  # statements, without indentation
-    result: str  # the expression the function returns
-    query_coords: tuple[str, ...]  # the attributes of q the statements read, sorted
-    query_functions: tuple[QueryFunction, ...] = ()  # what they read through q.once
-
-
 def emit_mask(
     mask: ir.Node, layout: TokenLayout, owner: str = "boundary_mask", shared: dict | None = None
 ) -> MaskSource:
@@ -80,44 +72,19 @@ def emit_mask(
     mask is often a part of the whole mask)."""
     emitter = _Emitter(layout, owner, {} if shared is None else shared)
     result = emitter.node(mask)
-    code = [line for line in emitter.lines if not line.startswith("#")] + [result]
     return MaskSource(
-        tuple(emitter.lines), result, _query_reads(code), tuple(emitter.query_functions)
+        tuple(emitter.lines),
+        result,
+        tuple(sorted(emitter.reads)),
+        tuple(emitter.query_functions),
+        emitter.calls_coords,
     )
-
-
-def _query_reads(code: list[str]) -> tuple[str, ...]:
-    """The coordinates of q that the code reads (q.once is a call, not a coordinate)."""
-    found = {m.group(1) for line in code for m in _QUERY_ATTRIBUTE.finditer(line)}
-    return tuple(sorted(found - {"once"}))
-
-
-def aligned_mask() -> MaskSource:
-    """An aligned pattern's mask (tiling.align): its blocks are FULL or EMPTY, and the kernel
-    runs the masked path only for FULL blocks of the column holding padding keys, where it
-    tests k < seq_len itself. Every pair of a visited block is kept; no coordinates."""
-    return MaskSource(
-        ("# Aligned (tiling.align): every real pair of a visited block is kept.",), "True", ()
-    )
-
-
-def query_values(sources, per_video_frames: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(coordinates, query function names) a pattern's kernel decodes once per q tile, each a
-    [block_q, 128] int32 buffer in VMEM: the coordinates its mask functions (`sources`, the
-    whole mask's and its residual masks') read, then their query functions. With per-video
-    frames a query function is computed on every block instead (video_frames.ShiftedFrames),
-    from coordinates that must then be decoded too."""
-    names = {c for s in sources for c in s.query_coords}
-    functions = [f for s in sources for f in s.query_functions]
-    if per_video_frames:
-        names |= {c for f in functions for c in f.query_coords}
-    return tuple(sorted(names)), tuple(f.name for f in functions)
 
 
 def query_value_count(mask, layout: TokenLayout, residual_masks=(), per_video: bool = False):
-    """How many query values (`query_values`) the kernel of a pattern with this mask and these
-    residual masks keeps: what codegen will print, counted (the names do not change it: query
-    functions are shared by value)."""
+    """How many query values (mask_source.query_values) the kernel of a pattern with this
+    mask and these residual masks keeps: what codegen will print, counted (the names do not
+    change it: query functions are shared by value)."""
     shared: dict = {}
     sources = [emit_mask(mask, layout, "boundary_mask", shared)]
     sources += [
@@ -125,9 +92,6 @@ def query_value_count(mask, layout: TokenLayout, residual_masks=(), per_video: b
     ]
     coords, functions = query_values(sources, per_video)
     return len(coords) + len(functions)
-
-
-_QUERY_ATTRIBUTE = re.compile(r"\bq\.(\w+)")
 
 
 class _Emitter:
@@ -141,6 +105,32 @@ class _Emitter:
         self.domain = int_range.coordinate_domain(
             layout.frames, layout.height, layout.width, layout.seq_len
         )
+        # What the printed statements read of q and whether they call coords, noted as they
+        # are printed (nothing printed is thrown away): the kernel decodes each coordinate
+        # read once per q tile, and the module imports coords for its calls.
+        self.reads: set[str] = set()
+        self.calls_coords = False
+
+    def read(self, side: str, attribute: str) -> str:
+        """`side.attribute` printed, noted when it is a coordinate of the queries."""
+        if side == "q":
+            self.reads.add(attribute)
+        return f"{side}.{attribute}"
+
+    def coords_call(self, function: str, arguments: str) -> str:
+        """A call of svgen.runtime.coords printed (the module then imports coords)."""
+        self.calls_coords = True
+        return f"coords.{function}({arguments})"
+
+    @contextlib.contextmanager
+    def query_side(self):
+        """Printing a query function's value: what it reads of q is its own (a function
+        computed once per q tile), not the statements'; yields the set that collects it."""
+        statements, self.reads = self.reads, set()
+        try:
+            yield self.reads
+        finally:
+            self.reads = statements
 
     def fresh(self, base: str) -> str:
         n = self.taken.get(base, 0)
@@ -165,14 +155,16 @@ class _Emitter:
             self.lines.append(f"{name} = jnp.{fill}(k.pos, dtype=jnp.bool_)")
         elif isinstance(node, ir.BlockData):
             self.lines.append(f"# {node.describe()}")
-            self.lines.append(
-                f'{name} = coords.block_bits(q.pos, k.pos, k.tables["{node.tag}"], {node.block})'
+            bits = self.coords_call(
+                "block_bits",
+                f'{self.read("q", "pos")}, k.pos, k.tables["{node.tag}"], {node.block}',
             )
+            self.lines.append(f"{name} = {bits}")
         else:
             predicate = self._specialize(node.predicate())
             self._check_device_range(predicate, node)
             self.lines.append(f"# {node.describe()}")
-            self.lines.append(f"{name} = {_strip(self.boolean(predicate, top=True))}")
+            self.lines.append(f"{name} = {strip_group(self.boolean(predicate, top=True))}")
         return name
 
     def _within_unless(self, node: ir.AnyOf) -> str | None:
@@ -193,9 +185,8 @@ class _Emitter:
         unless = [self.node(c) for c in key_only]
         name = self.fresh(_code_name(ir.AnyOf))
         self.lines.append(f"# {rest[0].describe()}; or any key kept by {' or '.join(unless)}")
-        self.lines.append(
-            f"{name} = coords.within({parts[0]}, {parts[1]}, unless={' | '.join(unless)})"
-        )
+        within = self.coords_call("within", f"{parts[0]}, {parts[1]}, unless={' | '.join(unless)}")
+        self.lines.append(f"{name} = {within}")
         return name
 
     def _check_device_range(self, predicate, node) -> None:
@@ -242,11 +233,11 @@ class _Emitter:
             text = self._is_text_test(e)
             if text is not None:
                 return text
-            residues = _same_residue(e)
+            residues = same_residue(e)
             if residues is not None and self._fits_int32(*residues):
                 a, b = residues
                 op = "==" if isinstance(e, sympy.Eq) else "!="
-                return f"({_strip(self.integer(a))} {op} {_strip(self.integer(b))})"
+                return f"({strip_group(self.integer(a))} {op} {strip_group(self.integer(b))})"
         within = self._abs_within(e)
         if within is not None:
             return within
@@ -260,7 +251,8 @@ class _Emitter:
         }
         for cls, op in ops.items():
             if isinstance(e, cls):
-                return f"({_strip(self.integer(e.args[0]))} {op} {_strip(self.integer(e.args[1]))})"
+                left, right = (strip_group(self.integer(side)) for side in e.args)
+                return f"({left} {op} {right})"
         raise TypeError(f"cannot print boolean {e}")
 
     def _same_place(self, args: list) -> list[str]:
@@ -276,7 +268,7 @@ class _Emitter:
             return []
         args.remove(rows)
         args.remove(cols)
-        return ["(q.place == k.place)"]
+        return [f"({self.read('q', 'place')} == k.place)"]
 
     def _chains(self, args: list) -> list[str]:
         """Pairs a <= x and x <= a + c among the conjuncts (removed from `args`), each as one
@@ -284,15 +276,15 @@ class _Emitter:
         instead of three, for a clamped window (NATTEN's neighborhood) read on every pair."""
 
         def printable(x) -> bool:
-            return _mixes_sides(x) and int_range.int32_overflow(sympy.Ge(x, 0), self.domain) is None
+            return mixes_sides(x) and int_range.int32_overflow(sympy.Ge(x, 0), self.domain) is None
 
         printed = []
-        for first, second, x, width in _chain_pairs(args, printable):
+        for first, second, x, width in chain_pairs(args, printable):
             if width > int_range.INT32_MAX:  # a literal past int32: left as two compares
                 continue
             args.remove(first)
             args.remove(second)
-            printed.append(f"coords.within({_strip(self.integer(x))}, {width})")
+            printed.append(self.coords_call("within", f"{strip_group(self.integer(x))}, {width}"))
         return printed
 
     def _fields(self, args: list, alone: bool) -> list[str]:
@@ -314,28 +306,37 @@ class _Emitter:
         if _separate_ops(terms) <= FIELDS_OPS:
             return []
         query, key = [], []
-        for term, (scale, shift, bits) in zip(terms, layout):
-            for c in term.conjuncts:
-                args.remove(c)
-            a, b = sympy.expand(scale * term.a), sympy.expand(scale * term.b)
-            query.append(f"({_strip(self.integer(a))}, {shift})")
-            key.append(f"({_strip(self.integer(b))}, {shift}, {bits})")
-        name = self._query_function(f"coords.pack({', '.join(query)})")
-        call = f"coords.fields(q.once({name}), {', '.join(key)})"
+        with self.query_side() as query_reads:
+            for term, (scale, shift, bits) in zip(terms, layout):
+                for c in term.conjuncts:
+                    args.remove(c)
+                a, b = sympy.expand(scale * term.a), sympy.expand(scale * term.b)
+                query.append(f"({strip_group(self.integer(a))}, {shift})")
+                key.append(f"({strip_group(self.integer(b))}, {shift}, {bits})")
+        name = self._query_function(f"coords.pack({', '.join(query)})", query_reads)
+        call = self.coords_call("fields", f"q.once({name}), {', '.join(key)}")
         return self._call_line("fields", call, alone and not args)
 
-    def _query_function(self, value: str, reader: str = "coords.fields") -> str:
-        """The name of a QueryFunction returning `value` (an expression of q alone): one
-        already written with that value, else a new one named after the mask function and
-        the call that reads it (`reader`: coords.fields' packing, coords.within's side)."""
+    def _query_function(self, value: str, reads: set, reader: str = "coords.fields") -> str:
+        """The name of a QueryFunction returning `value` (an expression of q alone, reading
+        `reads` of it): one already written with that value, else a new one named after the
+        mask function and the call that reads it (`reader`: coords.fields' packing,
+        coords.within's side)."""
         if value in self.shared:
             return self.shared[value]
         stem, result = ("fields", "packed") if reader == "coords.fields" else ("side", "side")
         name = self.fresh(f"{self.owner}_{stem}")
         self.shared[value] = name
-        line = f"{result} = {value}"
         self.query_functions.append(
-            QueryFunction(name, self.owner, (line,), result, _query_reads([line]), reader)
+            QueryFunction(
+                name,
+                self.owner,
+                (f"{result} = {value}",),
+                result,
+                tuple(sorted(reads)),
+                reader,
+                value,
+            )
         )
         return name
 
@@ -346,17 +347,17 @@ class _Emitter:
         to their field (m * a and m * b, printed; m reaches about 2 * width)."""
         found = []
         for conjuncts, a, b, width in self._window_terms(args):
-            found.append((conjuncts, *_key_side_positive(a, b, width), width, "window"))
+            found.append((conjuncts, *key_side_positive(a, b, width), width, "window"))
         taken = {c for t in found for c in t[0]}
         for x in args:
             if x in taken:
                 continue
             if isinstance(x, sympy.Eq):
-                pair = _equality_sides(x)
+                pair = equality_sides(x)
                 if pair is not None:
-                    found.append(((x,), *_key_side_positive(*pair, 0), 0, "equality"))
+                    found.append(((x,), *key_side_positive(*pair, 0), 0, "equality"))
                 continue
-            low = _non_negative(x)
+            low = non_negative(x)
             pair = None if low is None else split_sides(low)
             if pair is not None:
                 found.append(((x,), *pair, None, "bound"))
@@ -383,7 +384,7 @@ class _Emitter:
         for x in args:
             if not isinstance(x, sympy.Eq):
                 continue
-            pair = _equality_sides(x)
+            pair = equality_sides(x)
             if pair is None or not self._fits_int32(*pair):
                 continue
             (la, ha), (lb, hb) = (int_range.value_range(side, self.domain) for side in pair)
@@ -393,10 +394,10 @@ class _Emitter:
         for x, *_ in found:
             args.remove(x)
         printed = ", ".join(
-            f"({_strip(self.integer(a - lo))}, {_strip(self.integer(b - lo))}, {n})"
+            f"({strip_group(self.integer(a - lo))}, {strip_group(self.integer(b - lo))}, {n})"
             for _, a, b, lo, n in found
         )
-        return self._call_line("same", f"coords.same({printed})", alone and not args)
+        return self._call_line("same", self.coords_call("same", printed), alone and not args)
 
     def _call_line(self, name: str, call: str, whole: bool) -> list[str]:
         """A fused conjunction's call: returned inline when it is the `whole` conjunction,
@@ -420,24 +421,24 @@ class _Emitter:
         its causal and first-frame forms, 3-D windows and the frame-decay spec 1-8% cheaper;
         of the dilated neighborhoods (sides divided, `h_k // 2`) 3-6% dearer, cause not
         found, so windows with a divided side are not fused."""
-        found = [t for t in self._window_terms(args) if not _divides(t[1]) and not _divides(t[2])]
+        found = [t for t in self._window_terms(args) if not divides(t[1]) and not divides(t[2])]
         if len(found) < 2:
             return []
         common = _common_width([c for _, _, _, c in found])
         if common is None:
             return []
         width, scales = common
-        terms = [_key_side_positive(m * a, m * b, width) for (_, a, b, _), m in zip(found, scales)]
+        terms = [key_side_positive(m * a, m * b, width) for (_, a, b, _), m in zip(found, scales)]
         if not all(self._fits_int32(a, b) for a, b in terms):
             return []
         for conjuncts, *_ in found:
             for c in conjuncts:
                 args.remove(c)
         printed = ", ".join(
-            f"({_strip(self.integer(a))}, {_strip(self.integer(b))})" for a, b in terms
+            f"({strip_group(self.integer(a))}, {strip_group(self.integer(b))})" for a, b in terms
         )
         return self._call_line(
-            "windows", f"coords.windows({printed}, width={width})", alone and not args
+            "windows", self.coords_call("windows", f"{printed}, width={width}"), alone and not args
         )
 
     def _fits_int32(self, a, b) -> bool:
@@ -457,11 +458,11 @@ class _Emitter:
     def _window_terms(self, args: list) -> list[tuple[tuple, object, object, int]]:
         """(the conjuncts, a, b, c) of each window 0 <= a - b <= c among `args`, in their
         order, a reading only the query's coordinates and b only the key's."""
-        pairs = _chain_pairs(args, lambda x: split_sides(x) is not None)
+        pairs = chain_pairs(args, lambda x: split_sides(x) is not None)
         found = [((first, second), *split_sides(x), width) for first, second, x, width in pairs]
         paired = {c for first, second, _, _ in pairs for c in (first, second)}
         for x in args:
-            term = None if x in paired else _abs_window(x)
+            term = None if x in paired else abs_window(x)
             if term is not None:
                 found.append(((x,), *term))
         return found
@@ -470,7 +471,7 @@ class _Emitter:
         """|x| <= c as one unsigned compare of x + c against 2c (runtime.coords.within):
         two full-tile VALU ops instead of four; the constant joins the narrow operand."""
         parts = self._within_parts(e)
-        return None if parts is None else f"coords.within({parts[0]}, {parts[1]})"
+        return None if parts is None else self.coords_call("within", f"{parts[0]}, {parts[1]}")
 
     def _within_parts(self, e) -> tuple[str, int] | None:
         """(x + c printed, 2c) when e is |x| <= c (or |x| < c + 1), else None."""
@@ -482,7 +483,7 @@ class _Emitter:
         if not self._sides_fit_int32(shifted, sympy.Integer(width)):
             return None  # x + c or 2c leaves int32 where x and c do not: printed with abs
         grouped = self._grouped_sides(shifted, width)
-        return grouped or _strip(self.integer(shifted)), width
+        return grouped or strip_group(self.integer(shifted)), width
 
     def _grouped_sides(self, shifted, width: int) -> str | None:
         """x printed as query side - key side for 0 <= x <= width where a side sums several
@@ -494,12 +495,14 @@ class _Emitter:
         sides = split_sides(shifted)
         if sides is None or not self._fits_int32(*sides):
             return None
-        a, b = _key_side_positive(*sides, width)
+        a, b = key_side_positive(*sides, width)
         constant, query = sympy.expand(a).as_coeff_Add()
         terms = [len(sympy.Add.make_args(side)) for side in (query, b)]
         if max(terms) < 2:
             return None
-        name = self._query_function(_strip(self.integer(query)), reader="coords.within")
+        with self.query_side() as query_reads:
+            value = strip_group(self.integer(query))
+        name = self._query_function(value, query_reads, reader="coords.within")
         return f"q.once({name}) - {self.integer(sympy.expand(b - constant))}"
 
     def _is_text_test(self, e):
@@ -516,14 +519,15 @@ class _Emitter:
             return None
         side = sym.name[-1]
         truth = (int(val) == 1) == isinstance(e, sympy.Eq)
-        return f"{side}.is_text" if truth else f"~{side}.is_text"
+        test = self.read(side, "is_text")
+        return test if truth else f"~{test}"
 
     def integer(self, e) -> str:
         if isinstance(e, sympy.Symbol):
             if e.name.startswith("is_text_"):
-                return f"{e.name[-1]}.is_text_int"
+                return self.read(e.name[-1], "is_text_int")
             coord, side = e.name.split("_")
-            return f"{side}.{_COORD[coord]}"
+            return self.read(side, _COORD[coord])
         if isinstance(e, sympy.Integer):
             v = int(e)
             return str(v) if v >= 0 else f"({v})"
@@ -535,8 +539,8 @@ class _Emitter:
                 negative = _is_negative_term(t)
                 body = self.integer(-t if negative else t)
                 # "a + (b - c)" may lose its parentheses, "a - (b - c)" and "-(b - c)" not.
-                if not (negative and _is_sum(_strip(body))):
-                    body = _strip(body)
+                if not (negative and is_sum(strip_group(body))):
+                    body = strip_group(body)
                 out += (
                     (" - " if negative else " + ") + body
                     if out
@@ -552,13 +556,13 @@ class _Emitter:
                 return f"(-{factors})"
             return f"({self.integer(coeff)} * {factors})"
         if isinstance(e, sympy.Abs):
-            return f"jnp.abs({_strip(self.integer(e.args[0]))})"
+            return f"jnp.abs({strip_group(self.integer(e.args[0]))})"
         if isinstance(e, (sympy.Min, sympy.Max)):
             fn = "jnp.minimum" if isinstance(e, sympy.Min) else "jnp.maximum"
             args = [self.integer(a) for a in sorted(e.args, key=_print_order)]
-            out = _strip(args[0])
+            out = strip_group(args[0])
             for a in args[1:]:
-                out = f"{fn}({out}, {_strip(a)})"
+                out = f"{fn}({out}, {strip_group(a)})"
             return out
         if isinstance(e, (FloorDiv, FloorMod)):
             numerator, divisor = e.args
@@ -568,14 +572,14 @@ class _Emitter:
                 # and x % 2^n the low bits x & (2^n - 1), for negative x too (both floor), one
                 # VALU op each where lax.div / lax.rem cost a sequence; no shift needed.
                 # Calls, not the operators: & and >> bind looser than + and -.
-                value = _strip(self.integer(numerator))
+                value = strip_group(self.integer(numerator))
                 if isinstance(e, FloorMod):
                     return f"jnp.bitwise_and({value}, {d - 1})"
                 return f"jnp.right_shift({value}, {d.bit_length() - 1})"
             # lax.div / lax.rem truncate toward zero: shift the dividend by a multiple of d
             # to make it non-negative (sympy folds the shift into its constant term).
             shift = int_range.non_negative_shift(numerator, d, self.domain)
-            shifted = _strip(self.integer(sympy.Add(numerator, shift)))
+            shifted = strip_group(self.integer(sympy.Add(numerator, shift)))
             if isinstance(e, FloorMod):
                 return f"lax.rem({shifted}, {d})"
             return (
@@ -652,87 +656,6 @@ def _field_layout(terms) -> list[tuple[int, int, int]] | None:
     return layout if shift <= 32 else None
 
 
-def _non_negative(e):
-    """x with e <=> x >= 0, for an integer comparison e (None for other conjuncts)."""
-    if isinstance(e, sympy.Le):
-        return sympy.expand(e.args[1] - e.args[0])
-    if isinstance(e, sympy.Ge):
-        return sympy.expand(e.args[0] - e.args[1])
-    if isinstance(e, sympy.Lt):
-        return sympy.expand(e.args[1] - e.args[0] - 1)
-    if isinstance(e, sympy.Gt):
-        return sympy.expand(e.args[0] - e.args[1] - 1)
-    return None
-
-
-def _chain_pairs(args: list, accept) -> list[tuple]:
-    """(first, second, x, c) for each pair of conjuncts x >= 0 and x <= c, a window
-    a <= y <= a + c written as two comparisons (x = y - a, or its mirror a + c - y): first
-    before second in `args`, each conjunct in one pair at most, x accepted by `accept`."""
-    lows = [_non_negative(a) for a in args]
-    pairs, used = [], set()
-    for i, x in enumerate(lows):
-        if x is None or i in used or not accept(x):
-            continue
-        for j in range(i + 1, len(lows)):
-            if lows[j] is None or j in used:
-                continue
-            width = sympy.expand(x + lows[j])
-            if isinstance(width, sympy.Integer) and int(width) >= 0:
-                pairs.append((args[i], args[j], x, int(width)))
-                used |= {i, j}
-                break
-    return pairs
-
-
-def _divides(e) -> bool:
-    return bool(e.atoms(FloorDiv, FloorMod))
-
-
-def _key_side_positive(a, b, width: int) -> tuple:
-    """(a, b), or the same window as (width - a, -b) (0 <= x <= width exactly when
-    0 <= width - x <= width) when b's leading coefficient is negative: `6 * q.frame + 24,
-    6 * k.frame` rather than `24 - 6 * q.frame, (-6) * k.frame`."""
-    lead = sympy.Add.make_args(sympy.expand(b))[0]
-    if lead.as_coeff_Mul()[0].is_negative:
-        return sympy.expand(width - a), sympy.expand(-b)
-    return a, b
-
-
-def _abs_window(e) -> tuple | None:
-    """(a, b, 2c) for |x| <= c with x + c = a - b split by side (split_sides)."""
-    found = abs_upper_bound(e)
-    if found is None:
-        return None
-    x, bound = found
-    sides = split_sides(x + bound)
-    return None if sides is None else (*sides, 2 * bound)
-
-
-def _equality_sides(e) -> tuple | None:
-    """(a, b) for an equality a == b between a query-side and a key-side value, or a same
-    residue (a - b) % d == 0 as (a % d, b % d); None for any other."""
-    return _same_residue(e) or split_sides(e.args[0] - e.args[1])
-
-
-def _same_residue(e) -> tuple | None:
-    """(a % d, b % d) for (a - b) % d == 0 or != 0, a reading only query and b only key
-    coordinates: the same residue (floor modulo of integers) or not, one full-block compare
-    of a query-side and a key-side value, where the modulo of the difference is a subtract,
-    a modulo (a bitwise and by a power of two) and a compare on every pair (a dilated
-    neighborhood's parity, the frame-decay spec's stride)."""
-    mod, zero = e.args
-    if isinstance(mod, sympy.Integer):
-        mod, zero = zero, mod
-    if not (isinstance(mod, FloorMod) and zero == 0):
-        return None
-    sides = split_sides(mod.args[0])
-    if sides is None:
-        return None
-    d = mod.args[1]
-    return FloorMod(sides[0], d), FloorMod(sides[1], d)
-
-
 def _common_width(widths: list[int]) -> tuple[int, list[int]] | None:
     """(W, m per window) with m * c <= W < m * (c + 1) for each width c (m = W + 1 for
     c = 0), W the smallest such at most MAX_COMMON_WIDTH: then for an integer x,
@@ -747,43 +670,6 @@ def _common_width(widths: list[int]) -> tuple[int, list[int]] | None:
         else:
             return common, scales
     return None
-
-
-def _mixes_sides(e) -> bool:
-    """Reads both a query and a key coordinate: printed, an op on every pair of a block."""
-    sides = {s.name[-1] for s in e.free_symbols}
-    return sides == {"q", "k"}
-
-
-def is_group(s: str) -> bool:
-    """Whether printed code `s` is one parenthesized group, (...) (codegen's line breaker
-    asks it too)."""
-    if not (s.startswith("(") and s.endswith(")")):
-        return False
-    depth = 0
-    for i, ch in enumerate(s):
-        depth += ch == "("
-        depth -= ch == ")"
-        if depth == 0 and i < len(s) - 1:
-            return False
-    return True
-
-
-def _strip(s: str) -> str:
-    """Drop one pair of enclosing parentheses when they enclose the whole string."""
-    return s[1:-1] if is_group(s) else s
-
-
-def _is_sum(s: str) -> bool:
-    """Whether a printed expression has a binary + or - outside all parentheses (the printer
-    writes binary operators with spaces around them, unary minus without)."""
-    depth = 0
-    for i, ch in enumerate(s):
-        depth += ch == "("
-        depth -= ch == ")"
-        if depth == 0 and s.startswith((" + ", " - "), i):
-            return True
-    return False
 
 
 def _print_order(e):

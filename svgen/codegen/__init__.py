@@ -26,7 +26,8 @@ from svgen.analysis import Plan
 from svgen.codegen import pyformat
 from svgen.codegen import words as wording
 from svgen.codegen.backends import backend_of
-from svgen.analysis.mask_code import MaskSource, aligned_mask, emit_mask, query_values
+from svgen.analysis.mask_code import emit_mask
+from svgen.analysis.mask_source import MaskSource, aligned_mask, query_values
 from svgen.codegen.tilemap import render_tile_map
 from svgen.core.kinds import TileKind
 from svgen.core.tables import block_table_shape, variant_bits

@@ -9,7 +9,7 @@ formatter over rendered modules of random masks to keep this honest.
 
 from __future__ import annotations
 
-from svgen.analysis.mask_code import is_group
+from svgen.analysis.code_text import is_group
 
 LINE_LENGTH = 100
 INDENT = "    "
