@@ -22,7 +22,7 @@ import math
 import sympy
 
 from svgen import ir
-from svgen.analysis.mask_source import MaskSource, QueryFunction, query_values
+from svgen.analysis.mask_source import MaskSource, QueryFunction
 from svgen.analysis.residuals import FIELDS_OPS
 from svgen.analysis.code_text import is_sum, strip_group
 from svgen.analysis.predicate_shapes import (
@@ -79,19 +79,6 @@ def emit_mask(
         tuple(emitter.query_functions),
         emitter.calls_coords,
     )
-
-
-def query_value_count(mask, layout: TokenLayout, residual_masks=(), per_video: bool = False):
-    """How many query values (mask_source.query_values) the kernel of a pattern with this
-    mask and these residual masks keeps: what codegen will print, counted (the names do not
-    change it: query functions are shared by value)."""
-    shared: dict = {}
-    sources = [emit_mask(mask, layout, "boundary_mask", shared)]
-    sources += [
-        emit_mask(m, layout, f"residual_mask_{j}", shared) for j, m in enumerate(residual_masks, 1)
-    ]
-    coords, functions = query_values(sources, per_video)
-    return len(coords) + len(functions)
 
 
 class _Emitter:

@@ -11,6 +11,7 @@ from svgen.core.program import ProgramLimits
 from svgen import ir
 from svgen.analysis.align import PairBudget
 from svgen.analysis.classify import Classification, TileGrid
+from svgen.analysis.mask_functions import MaskFunctions
 from svgen.analysis.residuals import Residuals
 from svgen.analysis.tables import BlockTable
 from svgen.core.gpu_tables import GpuTables
@@ -54,6 +55,10 @@ class PatternPlan:
     # Why residual masks were not searched to the end, when a work limit stopped their
     # analysis (the limit's name); None when they were.
     residuals_skipped: str | None = None
+    # Its mask functions as printed, once, by the analysis (svgen.analysis.mask_functions:
+    # the whole mask's, then its residual masks'), what the module holds; None for plans of
+    # masks no module prints (a selection's candidate, a per-video group).
+    mask_functions: MaskFunctions | None = None
 
     @property
     def compute_kinds(self) -> np.ndarray:

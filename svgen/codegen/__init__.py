@@ -27,7 +27,7 @@ from svgen.codegen import pyformat
 from svgen.codegen import words as wording
 from svgen.codegen.backends import backend_of
 from svgen.analysis.mask_code import emit_mask
-from svgen.analysis.mask_source import MaskSource, aligned_mask, query_values
+from svgen.analysis.mask_source import MaskSource
 from svgen.codegen.tilemap import render_tile_map
 from svgen.core.kinds import TileKind
 from svgen.core.tables import block_table_shape, variant_bits
@@ -92,10 +92,11 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
     for pattern in plan.patterns:
         prefix = "" if single else f"{pattern.name}_"
         runs = pattern.table.runs
+        printed = pattern.mask_functions
         entry = {
             "runs_name": f"{prefix.upper()}STEP_RUNS" if single else f"{prefix.upper()}RUNS",
             "layout_name": f"{prefix.upper()}LAYOUT",
-            "mask_name": f"{prefix}boundary_mask",
+            "mask_name": printed.boundary_name,
             "inline_runs": None,
             "tables_file": None,
             "tables_sha256": None,
@@ -109,16 +110,11 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
         else:
             entry["inline_runs"] = _format_runs(runs)
         stem = name if single else f"{name}_{pattern.name}"
-        shared: dict[str, str] = {}  # one query function per packing in the pattern's masks
-        entry["source"] = (
-            aligned_mask()
-            if pattern.budget
-            else emit_mask(pattern.mask, pattern.layout, entry["mask_name"], shared)
-        )
+        entry["source"] = printed.boundary
+        entry["query_values"] = [pyformat.string(c) for c in printed.query_coords]
+        entry["query_values"] += list(printed.query_functions)
         entry.update(
-            _variants_entry(
-                pattern, prefix, single, inline_limit, stem, files, shared, plan.spec.tiling
-            )
+            _variants_entry(pattern, prefix, single, inline_limit, stem, files, plan.spec.tiling)
         )
         entry["block_tables"] = (
             [] if pattern.budget else _block_tables(pattern, plan.spec.tiling, name, files)
@@ -126,8 +122,6 @@ def render(plan: Plan, spec_path: str, options: Sequence[str] = ()) -> dict[str,
         entry.update(_chunk_entry(plan, len(patterns), stem, files))
         entry["video"] = _video_entry(plan, len(patterns), stem, files)
         patterns.append(entry)
-    for entry in patterns:
-        entry["query_values"] = _query_values(entry, plan.spec)
     context = _context(plan, spec_path, patterns)
     context["select"] = _select_entry(plan, name, files)
     context["any_tables_file"] |= bool(context["select"] and context["select"]["any_file"])
@@ -221,12 +215,11 @@ def _variants_entry(
     inline_limit: int,
     stem: str,
     files: dict[str, bytes],
-    shared: dict[str, str],
     tiling,
 ) -> dict:
     """A pattern's residual masks (svgen.analysis.residuals): their functions' names and
-    what each is, and its runs' variant words, inline or in a .npy beside the module.
-    shared: the query functions of the pattern's masks so far, by value (emit_mask)."""
+    what each is, as the analysis printed them, and its runs' variant words, inline or in a
+    .npy beside the module."""
     entry = {"variants_name": None, "inline_variants": None, "variants_file": None}
     entry["variants_sha256"] = None
     entry["residuals"] = []
@@ -244,11 +237,10 @@ def _variants_entry(
         files[entry["variants_file"]] = data
     else:
         entry["inline_variants"] = _format_variants(runs, words, bits)
-    names = wording.residual_names(pattern, prefix)
+    printed = pattern.mask_functions
+    names = printed.residual_names
     entry["residual_masks_lines"] = _keyword_lines("residual_masks", names)
-    for j, variant in enumerate(found.variants, 1):
-        name = wording.residual_name(prefix, j)
-        source = emit_mask(variant.mask, pattern.layout, name, shared)
+    for variant, name, source in zip(found.variants, names, printed.residuals, strict=True):
         entry["residuals"].append(
             {
                 "name": name,
@@ -275,15 +267,6 @@ def _query_function_entries(source: MaskSource) -> list[dict]:
         }
         for f in source.query_functions
     ]
-
-
-def _query_values(entry: dict, spec) -> list[str]:
-    """What a pattern's kernel decodes once per q tile (its `query_coords`), as printed: the
-    coordinates its mask functions read, then their query functions, by name (the analysis
-    counted the same values when it sized the kernel's VMEM: mask_code.query_value_count)."""
-    sources = [entry["source"]] + [r["source"] for r in entry["residuals"]]
-    coords, functions = query_values(sources, spec.runtime.per_video_frames)
-    return [pyformat.string(c) for c in coords] + list(functions)
 
 
 def _keyword_lines(keyword: str, items: list[str]) -> list[str]:
@@ -652,18 +635,13 @@ def _mask_lines(lines) -> list[str]:
     return out
 
 
-def _runtime_imports(plan: Plan, patterns: list[dict]) -> str:
+def _runtime_imports(plan: Plan) -> str:
     # libtpu's environment (quiet on a host without a TPU) and the backend that builds
     # `attention`: the TPU kernel's front door, or the GPU kernel (which needs nothing of the
     # TPU one). The table format (svgen.core.tables) the template imports itself.
     names = set(backend_of(plan).runtime_modules)
-    lines = [
-        line
-        for p in patterns
-        for line in (*p["mask_lines"], *(x for r in p["residuals"] for x in r["mask_lines"]))
-    ]
-    if any("coords." in line for line in lines):
-        names.add("coords")  # boundary masks call coords.within / coords.TokenCoords
+    if any(s.calls_coords for p in plan.patterns for s in p.mask_functions.sources):
+        names.add("coords")  # mask functions call coords.within, coords.fields...
     if plan.spec.runtime.any:
         names.add("segments")
     if plan.video_frames:
@@ -760,7 +738,7 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
         "any_tables_file": any(p["tables_file"] or p["chunk_tables_file"] for p in pattern_files),
         "kv_cache": bool(plan.chunk_runs),
         "rolling": spec.runtime.rolling,
-        "runtime_imports": _runtime_imports(plan, patterns),
+        "runtime_imports": _runtime_imports(plan),
         "runtime_inputs": _runtime_inputs(spec.runtime, bool(plan.video_frames)),
         "runtime_words": wording.runtime_input_lines(spec.runtime),
         **_program_context(plan),

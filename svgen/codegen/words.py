@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from svgen.analysis import Plan
+from svgen.analysis.mask_functions import residual_mask_name
 from svgen.analysis.plan import pattern_shape
 from svgen.core.boxes import cube_fits, place_box_places
 from svgen.core.kinds import TileKind
@@ -25,20 +26,13 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
-def residual_name(prefix: str, j: int) -> str:
-    """The module's function for a pattern's j-th residual mask (prefix: the pattern's name
-    and "_" in a module of several patterns)."""
-    return f"{prefix}residual_mask_{j}"
-
-
 def residual_names(pattern, prefix: str) -> list[str]:
-    """The module's functions for every residual mask of a pattern (none without them)."""
+    """The module's functions for every residual mask of a pattern (none without them;
+    prefix: the pattern's name and "_" in a module of several patterns), named as the
+    analysis printed them (svgen.analysis.mask_functions)."""
     found = pattern.residuals
-    return (
-        []
-        if found is None
-        else [residual_name(prefix, j) for j in range(1, len(found.variants) + 1)]
-    )
+    count = 0 if found is None else len(found.variants)
+    return [residual_mask_name(prefix, j) for j in range(1, count + 1)]
 
 
 def kernel_lines(plan: Plan, backend) -> list[str]:
