@@ -258,7 +258,8 @@ def test_inspect_prints_the_program_against_the_budget(tmp_path, monkeypatch, ca
     assert main(["inspect", str(spec), "--target", "v5e"]) == 0
     last = capsys.readouterr().out.splitlines()[-1]
     assert last.startswith("Program: forward kernel program ")
-    assert "bundles of v5e's budget of 64,000 (measured on the chip) [dkv " in last
+    assert "bundles of v5e's budget of 64,000 (measured on the chip) [forward " in last
+    assert ", dkv " in last  # the backward kernel beside it
     assert main(["inspect", str(spec), "--target", "v5e", "--json"]) == 0
     program = json.loads(capsys.readouterr().out)["program"]
     assert program["fits"] and program["budget"] == 64_000 and program["left_out"] is None
