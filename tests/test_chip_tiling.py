@@ -393,6 +393,11 @@ def test_apply_measured_creates_the_chip_tiling(tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------- the commands
+# The commands below carry the chip's tiling; the program-size count they would take (a libtpu
+# compile of the kernel and its gradient, minutes at the plain 2048 x 4096 tiles) is
+# tests/test_program_size.py's, so they leave it out.
+UNCOUNTED = ("--no-size-check",)
+QUIET = ("-q", *UNCOUNTED)
 
 
 def test_plan_spec_picks_the_targets_tiling(tmp_path):
@@ -410,40 +415,40 @@ def test_the_module_and_inspect_say_which_tiling_is_in_effect(tmp_path, capsys):
     lines = {}
     for target in ("v5e", "v6e"):
         out = tmp_path / target
-        assert cli.main(["compile", str(path), "--target", target, "--out", str(out), "-q"]) == 0
+        assert cli.main(["compile", str(path), "--target", target, "--out", str(out), *QUIET]) == 0
         module = (out / "chips.py").read_text()
         lines[target] = [line for line in module.splitlines() if line.startswith("Target: ")]
     assert lines["v5e"][0].startswith("Target: v5e (tiling.v5e); VMEM ")
     assert lines["v6e"][0].startswith("Target: v6e (the plain tiling: no tiling.v6e); VMEM ")
     capsys.readouterr()
-    assert cli.main(["inspect", str(path), "--target", "v5e", "--json"]) == 0
+    assert cli.main(["inspect", str(path), "--target", "v5e", "--json", *UNCOUNTED]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert (summary["tiling_chip"], summary["tiling_from"], summary["block_q"]) == (
         "v5e",
         "tiling.v5e",
         1024,
     )
-    assert cli.main(["inspect", str(path), "--json"]) == 0
+    assert cli.main(["inspect", str(path), "--json", *UNCOUNTED]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert (summary["tiling_chip"], summary["tiling_from"]) == ("v6e", "tiling")
-    assert cli.main(["inspect", str(path), "--target", "v5e"]) == 0
+    assert cli.main(["inspect", str(path), "--target", "v5e", *UNCOUNTED]) == 0
     assert "  Target: v5e (tiling.v5e); VMEM" in capsys.readouterr().out
 
 
 def test_inspect_of_a_spec_without_chip_keys_has_no_tiling_source(tmp_path, capsys):
     path = tmp_path / "small_band.yaml"
     path.write_text(SMALL_BAND)
-    assert cli.main(["inspect", str(path), "--target", "v5e", "--json"]) == 0
+    assert cli.main(["inspect", str(path), "--target", "v5e", "--json", *UNCOUNTED]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert "tiling_chip" not in summary and "tiling_from" not in summary
-    assert cli.main(["inspect", str(path), "--target", "v5e"]) == 0
+    assert cli.main(["inspect", str(path), "--target", "v5e", *UNCOUNTED]) == 0
     assert "  Target: v5e; VMEM" in capsys.readouterr().out
 
 
 def test_a_refusal_of_the_chips_tiling_points_at_it(tmp_path, capsys):
     path = _spec_file(tmp_path, _with_v5e("  v5e: {block_q: 8192, block_kv: 8192}\n"))
     out = tmp_path / "out"
-    assert cli.main(["compile", str(path), "--target", "v5e", "--out", str(out), "-q"]) == 2
+    assert cli.main(["compile", str(path), "--target", "v5e", "--out", str(out), *QUIET]) == 2
     err = capsys.readouterr().err
     assert f"{path}:16:8: tiling.v5e: the kernel needs" in err and "on v5e" in err
-    assert cli.main(["compile", str(path), "--target", "v6e", "--out", str(out), "-q"]) == 0
+    assert cli.main(["compile", str(path), "--target", "v6e", "--out", str(out), *QUIET]) == 0
