@@ -29,3 +29,22 @@ def compile_text(tmp_path):
         return compile_spec_text(text, tmp_path / f"gen{next(counter)}", **analyze_options)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def shared_compile(tmp_path_factory):
+    """shared_compile(spec_text, **analyze_options) -> (plan, imported module), compiled once a
+    test process (each xdist worker) per text and options, and the same module for every test
+    that asks: with kernel_helpers.jitted, a kernel of one module, shapes and call arguments is
+    traced and compiled once, however many tests run it. Only for tests that leave the module
+    as it is (a module changed by one test would be another test's too)."""
+    folder = tmp_path_factory.mktemp("shared")
+    modules: dict[str, tuple] = {}
+
+    def run(text: str, **analyze_options):
+        key = repr((text, sorted(analyze_options.items())))
+        if key not in modules:
+            modules[key] = compile_spec_text(text, folder / f"gen{len(modules)}", **analyze_options)
+        return modules[key]
+
+    return run

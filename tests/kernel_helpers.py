@@ -5,6 +5,8 @@ against float64. The NumPy-only helpers are in helpers.py."""
 
 from __future__ import annotations
 
+import weakref
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -88,21 +90,63 @@ def reference_grads(plan, q, k, v, head_pattern, do, sm_scale=None, keeps=None):
     return grads
 
 
+# attention -> {(what, static arguments): its jitted program}, kept while the attention lives.
+_PROGRAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _static_key(static: dict) -> str:
+    return repr(sorted((k, np.asarray(v).tolist()) for k, v in static.items()))
+
+
+def _program(attention, what: str, static: dict, build):
+    """The jitted program `build(attention proxy)` of this attention, `what` and static
+    arguments, built once: jax.jit's cache keeps its compiled executables by shapes and dtypes,
+    so a second call of the same shapes runs without tracing or compiling again (an eager call
+    of the attention traces and compiles its pallas_calls anew each time)."""
+    programs = _PROGRAMS.setdefault(attention, {})
+    key = (what, _static_key(static))
+    if key not in programs:
+        # A proxy: the program must not keep the attention (the key) alive.
+        programs[key] = jax.jit(build(weakref.proxy(attention)))
+    return programs[key]
+
+
+def jitted(attention, method: str | None = None, /, **static):
+    """attention(q, k, v, *args, **static) (or attention.<method>(...)) as a program jitted over
+    its positional arguments, built once per attention, method and static keyword arguments
+    (arrays among them, such as a head_pattern, are constants of the program, as when given to
+    an eager call). With conftest's shared_compile, every test that runs one module's kernel at
+    one shape shares one compile."""
+
+    def build(target):
+        def run(*args):
+            return (target if method is None else getattr(target, method))(*args, **static)
+
+        return run
+
+    return _program(attention, f"call {method}", static, build)
+
+
 def check_grads(plan, module, q, k, v, head_pattern, dtype, jit_pattern=False, keeps=None):
-    """jax.grad of sum(attention * do) in interpret mode (NaN-poisoned) against float64."""
+    """jax.grad of sum(attention * do) in interpret mode (NaN-poisoned) against float64; the
+    program jitted once per module and head_pattern (traced with jit_pattern), do an input."""
     do = np.random.default_rng(7).standard_normal(q.shape).astype(np.float32)
+    static = {} if jit_pattern else {"head_pattern": np.asarray(head_pattern)}
 
-    def loss(q, k, v, hp):
-        out = module.attention(q, k, v, head_pattern=hp, interpret=POISONED)
-        return jnp.sum(out.astype(jnp.float32) * do)
+    def build(attention):
+        def loss(q, k, v, hp, do):
+            out = attention(q, k, v, head_pattern=hp, interpret=POISONED)
+            return jnp.sum(out.astype(jnp.float32) * do)
 
-    grad = jax.grad(loss, argnums=(0, 1, 2))
-    hp = jnp.asarray(head_pattern, jnp.int32) if jit_pattern else np.asarray(head_pattern)
-    got = (
-        jax.jit(grad)(q, k, v, hp)
-        if jit_pattern
-        else jax.jit(lambda q, k, v: grad(q, k, v, hp))(q, k, v)
-    )
+        grad = jax.grad(loss, argnums=(0, 1, 2))
+        if jit_pattern:
+            return grad
+        hp = static["head_pattern"]
+        return lambda q, k, v, do: grad(q, k, v, hp, do)
+
+    program = _program(module.attention, "grad", static, build)
+    hp = jnp.asarray(head_pattern, jnp.int32)
+    got = program(q, k, v, hp, do) if jit_pattern else program(q, k, v, do)
     want = reference_grads(plan, q, k, v, np.asarray(head_pattern), do, keeps=keeps)
     for name, a, b in zip(("dq", "dk", "dv"), got, want):
         a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)

@@ -18,7 +18,7 @@ from svgen.runtime.reference import masked_attention_reference
 from svgen.spec import SpecError, parse_spec
 
 from helpers import TOLERANCE, user_order_keep
-from kernel_helpers import POISONED, check_grads
+from kernel_helpers import POISONED, check_grads, jitted
 
 BASE_SPEC = """\
 svgen: 1
@@ -35,16 +35,18 @@ NO_KEY_ROWS = '{expr: "f_q >= 1 and abs(f_q - f_k) <= 1 and abs(h_q - h_k) <= 2"
 SCALE = 1 / np.sqrt(128) * 1.4426950408889634  # sm_scale * log2(e): base-2 score units
 
 
-def compile_bounded(compile_text, dtype="float32", layout="frame_major", mask=WINDOW, text=0):
+def compile_bounded(shared_compile, dtype="float32", layout="frame_major", mask=WINDOW, text=0):
+    """The module of one spec, shared by the tests that call it (conftest.shared_compile): its
+    kernel is compiled once per dtype and shape, whatever inputs each test gives it."""
     text = BASE_SPEC.format(dtype=dtype, layout=layout, mask=mask, text=text)
-    return compile_text(text)
+    return shared_compile(text)
 
 
 def check(plan, module, q, k, v, dtype, want_modes, tolerance=None):
     q, k, v = (jnp.asarray(x, dtype) for x in (q, k, v))
-    out = np.asarray(module.attention(q, k, v, interpret=POISONED).astype(jnp.float32))
+    out = np.asarray(jitted(module.attention, interpret=POISONED)(q, k, v).astype(jnp.float32))
     assert np.all(np.isfinite(out)), "unwritten (NaN) or non-finite output rows"
-    modes = np.asarray(module.attention.softmax_modes(q, k, v, interpret=True))
+    modes = np.asarray(jitted(module.attention, "softmax_modes", interpret=True)(q, k, v))
     assert np.all(modes == want_modes), modes
     keep = user_order_keep(plan.patterns[0])
     q64, k64, v64 = (np.asarray(x.astype(jnp.float32), np.float64) for x in (q, k, v))
@@ -70,29 +72,29 @@ def bound_of(q, k):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("layout", ["frame_major", "temporal_major"])
-def test_random_inputs_take_the_bounded_path(dtype, layout, compile_text):
-    plan, module = compile_bounded(compile_text, dtype, layout)
+def test_random_inputs_take_the_bounded_path(dtype, layout, shared_compile):
+    plan, module = compile_bounded(shared_compile, dtype, layout)
     q, k, v = normal(plan.layout.seq_len, seed=1)
     assert np.all(bound_of(q, k) <= softmax.BOUND_LIMIT)  # N(0, 1) at d 128: about 21
     check(plan, module, q, k, v, dtype, want_modes=1)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_text_tokens_and_padded_rows(dtype, compile_text):
+def test_text_tokens_and_padded_rows(dtype, shared_compile):
     # 400 tokens: the last q tile holds 16 real rows and 112 past the array (garbage in
     # VMEM), which must not push the tile off the bounded path.
     mask = "{any_of: [{first_frame: {frames: 1}}, {spatial_window: {frames: 1}}, {text: {}}]}"
-    plan, module = compile_bounded(compile_text, dtype, mask=mask, text=16)
+    plan, module = compile_bounded(shared_compile, dtype, mask=mask, text=16)
     assert plan.layout.seq_len % 128 != 0
     q, k, v = normal(plan.layout.seq_len, seed=2)
     check(plan, module, q, k, v, dtype, want_modes=1)
 
 
-def test_norms_scaled_by_100_fall_back(compile_text):
+def test_norms_scaled_by_100_fall_back(shared_compile):
     # Scores 10^4 times larger: the f32 QK^T's own rounding (any kernel's) moves outputs by
     # ~1e-4 against float64. The fallback is the online kernel, to the bit.
-    plan, module = compile_bounded(compile_text)
-    _, online = compile_text(
+    plan, module = compile_bounded(shared_compile)
+    _, online = shared_compile(
         BASE_SPEC.format(dtype="float32", layout="frame_major", mask=WINDOW, text=0).replace(
             ", softmax: bounded", ""
         )
@@ -100,21 +102,21 @@ def test_norms_scaled_by_100_fall_back(compile_text):
     q, k, v = normal(plan.layout.seq_len, seed=3)
     q, k = 100 * q, 100 * k
     out = check(plan, module, q, k, v, "float32", want_modes=0, tolerance=1e-3)
-    assert np.array_equal(out, np.asarray(online.attention(q, k, v, interpret=POISONED)))
+    assert np.array_equal(out, np.asarray(jitted(online.attention, interpret=POISONED)(q, k, v)))
 
 
-def test_bfloat16_past_the_bound_falls_back(compile_text):
+def test_bfloat16_past_the_bound_falls_back(shared_compile):
     # bf16 at norms x 100 is past what bf16 q can resolve for any kernel (the online one
     # included): x 2 is past the bound (about 4 x 21) and still resolvable.
-    plan, module = compile_bounded(compile_text, "bfloat16")
+    plan, module = compile_bounded(shared_compile, "bfloat16")
     q, k, v = normal(plan.layout.seq_len, seed=4)
     assert np.all(bound_of(2 * q, 2 * k) > softmax.BOUND_LIMIT)
     check(plan, module, 2 * q, 2 * k, v, "bfloat16", want_modes=0)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_one_key_far_above_every_other(dtype, compile_text):
-    plan, module = compile_bounded(compile_text, dtype)
+def test_one_key_far_above_every_other(dtype, shared_compile):
+    plan, module = compile_bounded(shared_compile, dtype)
     n = plan.layout.seq_len
     q, k, v = normal(n, seed=5)
     # Key 7 (frame 0: every query keeps it) along the mean query direction: its score is
@@ -130,10 +132,10 @@ def test_one_key_far_above_every_other(dtype, compile_text):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_best_score_far_below_the_bound(dtype, compile_text):
+def test_best_score_far_below_the_bound(dtype, shared_compile):
     # Every query along u, every key against it: each row's best score is about -R, its
     # bound R just within BOUND_LIMIT: the largest probability is near 2^-(2 R) ~ 2^-78.
-    plan, module = compile_bounded(compile_text, dtype)
+    plan, module = compile_bounded(shared_compile, dtype)
     n = plan.layout.seq_len
     rng = np.random.default_rng(6)
     u, a, k = _keys_near_the_limit(rng, n, toward=-1.0)
@@ -162,8 +164,8 @@ def _check_near_the_limit(plan, module, q, k, rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_all_equal_scores(dtype, compile_text):
-    plan, module = compile_bounded(compile_text, dtype)
+def test_all_equal_scores(dtype, shared_compile):
+    plan, module = compile_bounded(shared_compile, dtype)
     n = plan.layout.seq_len
     _, k, v = normal(n, seed=8)
     q = np.zeros_like(k)  # every score 0: each row is the mean of its kept values
@@ -174,27 +176,27 @@ def test_all_equal_scores(dtype, compile_text):
 
 
 @pytest.mark.parametrize("scale", [1.0, 100.0])
-def test_rows_without_keys_are_zero_in_both_modes(scale, compile_text):
-    plan, module = compile_bounded(compile_text, mask=NO_KEY_ROWS)
+def test_rows_without_keys_are_zero_in_both_modes(scale, shared_compile):
+    plan, module = compile_bounded(shared_compile, mask=NO_KEY_ROWS)
     keep = user_order_keep(plan.patterns[0])
     assert not keep[:96].any() and keep[96:].any(axis=1).all()  # frame 0: 96 rows, no key
     q, k, v = normal(plan.layout.seq_len, seed=10)
     check(plan, module, scale * q, scale * k, v, "float32", want_modes=int(scale == 1.0))
 
 
-def test_a_call_mixes_modes_per_q_tile(compile_text):
-    plan, module = compile_bounded(compile_text)
+def test_a_call_mixes_modes_per_q_tile(shared_compile):
+    plan, module = compile_bounded(shared_compile)
     q, k, v = normal(plan.layout.seq_len, seed=11)
     q[:, 128:256] *= 10  # q tile 1 only: past the bound
     check(plan, module, q, k, v, "float32", want_modes=np.array([[1, 0, 1]] * 2))
 
 
 @pytest.mark.parametrize("scale", [1.0, 20.0])
-def test_gradients(scale, compile_text):
-    plan, module = compile_bounded(compile_text)
+def test_gradients(scale, shared_compile):
+    plan, module = compile_bounded(shared_compile)
     q, k, v = normal(plan.layout.seq_len, seed=12)
     q, k = (x * np.float32(np.sqrt(scale)) for x in (q, k))
-    modes = np.asarray(module.attention.softmax_modes(q, k, v, interpret=True))
+    modes = np.asarray(jitted(module.attention, "softmax_modes", interpret=True)(q, k, v))
     assert np.all(modes == int(scale == 1.0))
     check_grads(plan, module, q, k, v, [0, 0], "float32")
 
@@ -227,21 +229,21 @@ def test_softmax_key_in_the_spec():
         parse_spec(text.replace("softmax: bounded", "softmax: fast"), source="test.yaml")
 
 
-def test_modes_refused_without_the_key(compile_text):
+def test_modes_refused_without_the_key(shared_compile):
     text = BASE_SPEC.format(dtype="float32", layout="frame_major", mask=WINDOW, text=0)
-    _, module = compile_text(text.replace(", softmax: bounded", ""))
+    _, module = shared_compile(text.replace(", softmax: bounded", ""))
     with pytest.raises(ValueError, match="compiled without `attention.softmax: bounded`"):
         module.attention.softmax_modes(None, None, None)
     assert not module.SHAPE.bounded_softmax
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_one_bound_for_rows_of_every_norm(dtype, compile_text):
+def test_one_bound_for_rows_of_every_norm(dtype, shared_compile):
     # The bound is the tile's: its largest row's |q| max|k|, subtracted in every row. Row 0
     # of each q tile is long and along the keys (best score ~ +R); the others are short
     # (1e-3 of it) or as long but against the keys (best score ~ -R): exp2(-2 R) ~ 2^-78,
     # the case the limit is set for, beside rows whose scores all sit near 0.
-    plan, module = compile_bounded(compile_text, dtype)
+    plan, module = compile_bounded(shared_compile, dtype)
     n = plan.layout.seq_len
     rng = np.random.default_rng(12)
     u, a, k = _keys_near_the_limit(rng, n, toward=1.0)
