@@ -348,6 +348,10 @@ def test_generated_module_runs_from_another_directory(project, tmp_path_factory)
 
 
 def test_output_is_identical_across_hash_seeds(tmp_path):
+    """Every shipped spec compiled under two hash seeds writes the same bytes. Without the
+    program-size counts: these modules' headers name another folder, so each count would be a
+    libtpu compile of its own (12 full-size ones); the counts of the modules as shipped are
+    test_repository_generated_files_are_up_to_date's."""
     outputs = []
     for seed in ("0", "12345"):
         out = tmp_path / seed / "generated"  # the same name: the Regenerate line repeats it
@@ -359,6 +363,7 @@ def test_output_is_identical_across_hash_seeds(tmp_path):
                 "svgen.cli",
                 "compile",
                 "-q",
+                "--no-size-check",
                 "--out",
                 str(out),
                 *[str(p) for p in SPECS],
