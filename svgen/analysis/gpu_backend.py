@@ -35,7 +35,18 @@ class GpuBackend:
         return f"the {self.chip.name} (GPU) kernel"
 
     def check_layouts(self, spec: Spec, layouts) -> None:
-        """Curve layouts run in the TPU kernels; the GPU kernel does not take them yet."""
+        """Curve layouts run in the TPU kernels; the GPU kernel does not take them yet. Nor
+        int8 QK^T (attention.qk: int8), a TPU kernel's path."""
+        if spec.attention.qk == "int8":
+            where = spec.attention.qk_where
+            raise SpecError(
+                f"qk: int8 runs in the TPU kernels only; the {self.chip.name} (GPU) kernel "
+                "computes QK^T in the spec's dtype (leave qk out, or compile for a TPU target)",
+                file=spec.source,
+                line=where.line if where else None,
+                column=where.column if where else None,
+                key="attention.qk",
+            )
         if any(lay.curve for lay in layouts):
             raise SpecError(
                 f"a curve layout does not run in the {self.chip.name} (GPU) kernel yet; it runs "

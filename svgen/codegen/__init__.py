@@ -597,6 +597,7 @@ def _context(plan: Plan, spec_path: str, pattern_files: list[dict]) -> dict:
         "patterns": patterns,
         "constants": _constants(plan),
         "bounded_softmax": spec.attention.softmax == "bounded",
+        "qk_int8": spec.attention.qk == "int8",
         # some head's kernel order is not the user's: attention(..., token_order="kernel")
         "reorders": any(not p.layout.is_identity for p in plan.patterns),
         "pattern_names": pyformat.literal_tuple([pyformat.string(p.name) for p in plan.patterns]),

@@ -126,6 +126,13 @@ def tpu_kernel_words(plan: Plan) -> list[str]:
             "svgen.runtime.softmax.BOUND_LIMIT, else online (attention.softmax_modes "
             "tells which)"
         )
+    if plan.spec.attention.qk == "int8":
+        lines.append(
+            "QK^T: int8 (attention.qk): k smoothed by its mean over the keys, q and k quantized "
+            "per compute block (svgen.runtime.quantize), int32 products rescaled; P·V in "
+            f"{plan.spec.attention.dtype}; jax.grad runs the {plan.spec.attention.dtype} "
+            "backward"
+        )
     return lines + _box_lines(plan) + _chunk_lines(plan) + _select_lines(plan)
 
 
@@ -135,6 +142,8 @@ def _box_lines(plan: Plan) -> list[str]:
     candidate where heads are assigned at run time) with tiles that are boxes of the user's
     arrays, one layout (box DMA) or several (head runs). Nothing where tokens are moved."""
     if plan.spec.select is not None or plan.spec.runtime.kv_cache:
+        return []
+    if plan.spec.attention.qk == "int8":  # quantized in kernel order: svgen.runtime.cube
         return []
     used = plan.patterns if plan.assign is None else [plan.patterns[i] for i in plan.assign]
     layouts = [lay for lay in dict.fromkeys(p.layout for p in used) if not lay.is_identity]

@@ -261,6 +261,9 @@ class KernelShape(ComputeBlocks):
     # runs without a running max (svgen.runtime.forward, "bounded max"); the others online.
     bounded_softmax: bool = False
     mxu_width: int = 256  # of the target chip: decides where the row sum comes from
+    # The spec's `attention.qk: int8`: the forward kernel's QK^T in int8, q and k (smoothed)
+    # quantized per compute block before it (svgen.runtime.quantize); P·V in the dtype.
+    qk_int8: bool = False
 
     @property
     def padding_kv_tile(self) -> int | None:

@@ -188,6 +188,10 @@ def cube_dma(layouts: Sequence[TokenLayout], shape: KernelShape) -> "CubeDma | P
     svgen.core.boxes decides."""
     if len(layouts) != 1 or layouts[0].is_identity:
         return None  # (an identity layout's tiles are contiguous already: plain blocks)
+    if shape.qk_int8:
+        # int8 QK^T quantizes q and k per compute block of kernel order before the kernel
+        # (svgen.runtime.quantize): the tokens are moved there, and the kernel reads tiles.
+        return None
     lay = layouts[0]
     if lay.is_temporal_major:
         return place_boxes(lay, shape)

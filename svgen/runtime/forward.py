@@ -58,6 +58,7 @@ from svgen.runtime.cube import BoxRows, CubeDma, PlaceBoxes, tile_positions
 from svgen.runtime.interpret import settled
 from svgen.core.kinds import TileKind
 from svgen.core.layout import TokenLayout
+from svgen.runtime.quantize import QK_PRODUCTS, quantized_operands
 from svgen.runtime.refine import SEGMENT_BOUNDARY
 from svgen.runtime.segments import block_shifts, same_segment
 from svgen.runtime.select import PADDED
@@ -226,9 +227,10 @@ def _attention_kernel(*refs, variant: ForwardVariant):
 def _init(step: _Step):
     """First step of a q tile: scale q, reset the softmax state, decode query coordinates."""
     variant, r, shape = step.variant, step.refs, step.shape
-    # q scaled once per q tile by sm_scale * log2(e): scores come out in base 2 (exp2,
-    # no per-score multiply), and the wrapper makes no pass over q for it.
-    r.q_scaled[...] = (r.q[...].astype(jnp.float32) * variant.q_scale).astype(r.q_scaled.dtype)
+    # q scaled once per q tile by sm_scale * log2(e) (float QK^T; int8's scales carry it):
+    # scores come out in base 2 (exp2, no per-score multiply), and the wrapper makes no
+    # pass over q for it.
+    QK_PRODUCTS[variant.qk].init(r, variant.q_scale)
     if variant.bounded:
         r.m[...] = bounded_init(
             r.q_scaled, r.key_bound, r.mode, step.q_block, variant.q_rows, shape
@@ -318,9 +320,8 @@ def _update(
         # in VMEM there. Their probabilities are 0, but 0 * NaN is not: zero those rows.
         row = _key_positions(step, block, (shape.ckv, 1))
         v = jnp.where(row < shape.seq_len, v, jnp.zeros_like(v))
-    return softmax_step(
-        state, r.q_scaled[block.rows, :], r.k[block.cols, :], v, keep, shape, bounded
-    )
+    scores = QK_PRODUCTS[step.variant.qk].scores(r, block)
+    return softmax_step(state, scores, v, keep, shape, bounded)
 
 
 def _masked(
@@ -585,13 +586,18 @@ def flat_attention(
     id_inputs = () if call is None else tuple(call[1:])  # query and key ids
     walk = source.walk(tables, heads)
     flat = walk.flat
+    dtype = q.dtype  # of o (q and k may be quantized below)
+    qk_inputs = ()
+    if shape.qk_int8:  # int8 QK^T: q and k quantized per compute block (svgen.runtime.quantize)
+        assert cubes is None, "int8 QK^T reads kernel order (svgen.runtime.cube.cube_dma)"
+        q, k, *qk_inputs = quantized_operands(q, k, shape, q_scale)
     variant = ForwardVariant(
         shape=shape,
         patterns=tuple(patterns),
         walk=walk,
         tables=source.kind,
         num_tables=len(operands),
-        dtype=jnp.dtype(q.dtype).name,
+        dtype=jnp.dtype(dtype).name,
         q_scale=q_scale,
         with_lse=with_lse,
         with_modes=with_modes,
@@ -627,7 +633,7 @@ def flat_attention(
         out_specs=specs("output"),
         scratch_shapes=[scratch_buffer(o) for o in declared if o.role == "scratch"],
     )
-    out_shape = _out_shapes(q, shape, chunk, with_lse, with_modes, rows)
+    out_shape = _out_shapes(q, dtype, shape, chunk, with_lse, with_modes, rows)
     aliased = ()
     if out is not None:
         if interpret:  # Pallas's interpreter writes no partial block of an aliased output
@@ -642,7 +648,7 @@ def flat_attention(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
             vmem_limit_bytes=_vmem_limit(
                 shape,
-                q.dtype,
+                dtype,
                 variant.query_coords,
                 ids=call is not None,
                 tables=block_table_bytes(variant.block_tables, shape.compute_blocks),
@@ -652,7 +658,17 @@ def flat_attention(
         # The kernel's name in profiles and libtpu dumps.
         name="svgen_attention" + ("" if only_pattern is None else f"_pattern{only_pattern}"),
         **_aliases(declared),
-    )(*operands, q, k, v, *bound_inputs, *id_inputs, *block_table_inputs(patterns), *aliased)
+    )(
+        *operands,
+        q,
+        k,
+        v,
+        *bound_inputs,
+        *qk_inputs,
+        *id_inputs,
+        *block_table_inputs(patterns),
+        *aliased,
+    )
     outputs = [settled(x, interpret) for x in outputs]
     if outputs[0].shape != q.shape:  # _whole_blocks' padding off again
         outputs[0] = outputs[0][tuple(slice(0, n) for n in q.shape)]
@@ -755,10 +771,10 @@ def _index_maps(variant: ForwardVariant, cubes: CubeDma | PlaceBoxes | None, row
     }
 
 
-def _out_shapes(q, shape, chunk, with_lse: bool, with_modes: bool, rows: int) -> list:
-    """o, then the lse (the backward's residual) and the q tiles' softmax modes if asked
-    (rows: the call's own, fewer than q's in a head run's call)."""
-    out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
+def _out_shapes(q, dtype, shape, chunk, with_lse: bool, with_modes: bool, rows: int) -> list:
+    """o (of `dtype`), then the lse (the backward's residual) and the q tiles' softmax modes
+    if asked (rows: the call's own, fewer than q's in a head run's call)."""
+    out_shape = [jax.ShapeDtypeStruct(q.shape, dtype)]
     if with_lse:
         lse_length = _lse_length(q, shape, chunk)
         out_shape.append(jax.ShapeDtypeStruct((rows, 1, lse_length), jnp.float32))

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from svgen.runtime import backward, chunks, permute, segments
+from svgen.runtime import backward, chunks, permute, quantize, segments
 from svgen.runtime import select as select_policy
 from svgen.runtime.calls import (
     Attention,
@@ -157,6 +157,12 @@ class TpuAttention(Attention):
         # A rolling cache's call: masked blocks map its slots to video keys (svgen.runtime.chunks).
         self.ring_sink = None if kv_cache is None else kv_cache.ring_sink
 
+    def _smoothed(self, k):
+        """k as the kernel reads it: with int8 QK^T (attention.qk: int8), minus its mean over
+        the keys per head (svgen.runtime.quantize.smooth_keys: the softmax does not change;
+        JAX differentiates it, and the backward kernels read this k too)."""
+        return quantize.smooth_keys(k) if self.shape.qk_int8 else k
+
     # ------------------------------------------------------------------ tables built late
     # Built on the first call that needs them, so that importing a module stays cheap.
     @functools.cache
@@ -189,6 +195,7 @@ class TpuAttention(Attention):
 
     # ------------------------------------------------------------------ a whole sequence
     def _static_call(self, q, k, v, call: StaticCall):
+        k = self._smoothed(k)
         batch = q.shape[0] if q.ndim == 4 else None
         ids = self._call_ids(call.segment_ids, call.text_lengths, batch)
         static_pattern, head_pattern, head_layout = self.resolved(call.head_pattern, q.shape[-3])
@@ -548,6 +555,7 @@ class TpuAttention(Attention):
         folds its axis into the rows (each element may have its own position); the VJP runs
         the fused dk/dv walk over the chunk positions' transposed tables."""
         q_scale = float(sm_scale) * LOG2_E
+        k = self._smoothed(k)
 
         def forward(q, k, v, hp, position, defined, with_lse=False):
             chunk = self._chunk_operands(self.chunk_tables(), position, hp, defined, q.shape[0])

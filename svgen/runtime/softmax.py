@@ -76,19 +76,17 @@ def bounded_init(q_scaled, key_bound_ref, mode_ref, q_block, q_rows: int, shape:
     return jnp.broadcast_to(jnp.where(within, bound, MASK_VALUE), (shape.block_q, LANES))
 
 
-def softmax_step(state, q, k, v, keep, shape: "KernelShape", bounded: bool = False):
+def softmax_step(state, scores, v, keep, shape: "KernelShape", bounded: bool = False):
     """One softmax update of (m, acc[, l]) with a compute block's keys.
 
-    q is pre-scaled into base 2; keep is None (FULL: no mask) or a bool [cq, ckv].
+    scores: f32 [cq, ckv], the block's QK^T in base 2 (svgen.runtime.quantize.QK_PRODUCTS:
+    in the operands' dtype or int8); keep is None (FULL: no mask) or a bool [cq, ckv].
     bounded: m is the row's score bound, fixed for the q tile (see `BOUND_LIMIT`): no row
     max, no rescale of acc and l, and the next QK^T need not wait for this block's max.
     """
     m_prev, acc_prev, l_prev = state
-    precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
-    scores = lax.dot_general(
-        q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32, precision=precision
-    )
-    assert scores.shape == (shape.cq, shape.ckv), (scores.shape, q.shape, k.shape)
+    precision = lax.Precision.HIGHEST if v.dtype == jnp.float32 else None
+    assert scores.shape == (shape.cq, shape.ckv), scores.shape
     if keep is not None:
         scores = jnp.where(keep, scores, MASK_VALUE)
     m_next = m_prev if bounded else jnp.maximum(m_prev, jnp.max(scores, axis=1, keepdims=True))

@@ -31,6 +31,12 @@ from svgen.core.tables import BoundaryMask, KernelShape
 # (svgen.runtime.select). All but the first are read per row (batch x head).
 Tables = Literal["static", "segments", "chunk", "selection"]
 
+# How the forward kernel computes QK^T (svgen.runtime.quantize.QK_PRODUCTS): "float" in the
+# operands' dtype, q scaled in init into the q_scaled scratch; "int8" (the spec's
+# attention.qk: int8) from q and k quantized per compute block before the kernel, with their
+# scales as two more inputs, and no q_scaled.
+QkProduct = Literal["float", "int8"]
+
 
 @dataclasses.dataclass(frozen=True)
 class PatternCode:
@@ -216,7 +222,7 @@ class ForwardVariant:
     # the variants word per piece, or (a chunk) the per-row scalars: the kernel reads
     # either as the last scalar operand.
     num_tables: int
-    dtype: str  # of q, k, v and o
+    dtype: str  # of the call's q, k, v and o (before int8 QK^T quantizes q and k)
     q_scale: float  # sm_scale * log2(e): q is scaled by it in init
     with_lse: bool = False  # an lse output (the backward pass's residual)
     with_modes: bool = False  # a softmax-mode output (attention.softmax_modes)
@@ -245,6 +251,10 @@ class ForwardVariant:
     @property
     def bounded(self) -> bool:
         return self.shape.bounded_softmax
+
+    @property
+    def qk(self) -> QkProduct:
+        return "int8" if self.shape.qk_int8 else "float"
 
     @property
     def segments(self) -> bool:
@@ -295,6 +305,11 @@ class ForwardVariant:
         ]
         if self.bounded:
             inputs.append(Operand("key_bound", "input", "row", (None, 1, lanes)))
+        if self.qk == "int8":  # per compute block, in its 128 lanes (svgen.runtime.quantize)
+            inputs += [
+                Operand("q_scales", "input", "q_tile", (None, 1, shape.q_blocks_per_tile * lanes)),
+                Operand("k_scales", "input", "kv_ids", (None, 1, shape.kv_blocks_per_tile * lanes)),
+            ]
         if self.segments:
             inputs += [
                 Operand("q_ids", "input", "q_tile", (None, self.id_rows, shape.block_q)),
@@ -316,9 +331,12 @@ class ForwardVariant:
         ]
         if not shape.row_sum_on_mxu:
             scratch.append(Operand("l", "scratch", shape=(shape.block_q, lanes), dtype="float32"))
-        scratch.append(
-            Operand("q_scaled", "scratch", shape=(shape.block_q, shape.head_dim), dtype=self.dtype)
-        )
+        if self.qk == "float":  # the q tile scaled once, in init
+            scratch.append(
+                Operand(
+                    "q_scaled", "scratch", shape=(shape.block_q, shape.head_dim), dtype=self.dtype
+                )
+            )
         if self.query_coords:
             coords = (self.query_coords, shape.block_q, lanes)
             scratch.append(Operand("coords", "scratch", shape=coords, dtype="int32"))
@@ -421,8 +439,10 @@ class KernelRefs:
     o: object
     m: object
     acc: object
-    q_scaled: object
+    q_scaled: object = None
     key_bound: object = None
+    q_scales: object = None  # int8 QK^T: q's and k's block scales (svgen.runtime.quantize)
+    k_scales: object = None
     q_ids: object = None
     kv_ids: object = None
     lse: object = None

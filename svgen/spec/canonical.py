@@ -20,6 +20,7 @@ from svgen.spec.model import (
     MaskTerm,
     Runtime,
     SOFTMAX_MODES,
+    QK_MODES,
     Select,
     Spec,
     Tiling,
@@ -72,6 +73,8 @@ def _canonical_obj(name, geometry, attention, layout, mask, patterns, heads, til
         obj["heads"] = _heads_json(heads)
     if attention.softmax != SOFTMAX_MODES[0]:  # declared only: older digests stay valid
         obj["attention"]["softmax"] = attention.softmax
+    if attention.qk != QK_MODES[0]:  # declared only, as softmax
+        obj["attention"]["qk"] = attention.qk
     return obj
 
 

@@ -33,6 +33,10 @@ DTYPES = ("bfloat16", "float32")
 #: scores from the norms of q and k where it is small enough, online elsewhere
 #: (svgen.runtime.softmax).
 SOFTMAX_MODES = ("online", "bounded")
+#: attention.qk: how the kernel computes QK^T. "dtype", in the spec's dtype; "int8", q and
+#: k (k smoothed by its mean over the keys) quantized to int8 per compute block, multiplied
+#: int8 x int8 -> int32 and rescaled (svgen.runtime.quantize); P·V stays in the dtype.
+QK_MODES = ("dtype", "int8")
 HEAD_DIMS = (64, 128, 256)
 #: How `tiling.align` rounds the mask to whole compute blocks (svgen.analysis.align says how
 #: each mode decides); "exact" keeps the mask as written.
@@ -116,6 +120,9 @@ class Attention:
     head_dim: int
     dtype: str  # "bfloat16" | "float32"
     softmax: str = "online"  # one of SOFTMAX_MODES
+    qk: str = "dtype"  # one of QK_MODES
+    # Where `qk` was written (None: not written), for errors a later stage raises about it.
+    qk_where: Location | None = field(default=None, compare=False, hash=False)
 
 
 @dataclass(frozen=True)

@@ -172,6 +172,13 @@ def _attention() -> dict:
             "description": "bounded: q tiles whose score bound |q| max|k| is small enough run "
             "without a running row max (faster, same results); the others run online",
         },
+        "qk": {
+            "enum": list(spec.QK_MODES),
+            "default": spec.QK_MODES[0],
+            "description": "int8: QK^T in int8 (k smoothed by its mean over the keys, q and k "
+            "quantized per compute block, int32 products rescaled; P·V in the dtype); TPU "
+            "only, not with softmax: bounded; jax.grad runs the float backward",
+        },
     }
     return _section(spec.ATTENTION_KEYS, keys, spec.ATTENTION_REQUIRED, "heads and their size")
 

@@ -42,6 +42,7 @@ from svgen.spec.model import (
     LAYOUTS,
     Runtime,
     SOFTMAX_MODES,
+    QK_MODES,
     PatternSelect,
     Select,
     TPU_CHIPS,
@@ -77,7 +78,7 @@ KV_CACHE_KEYS = ("chunk_frames", "sink_frames", "window_frames")
 GEOMETRY_KEYS = ("frames", "height", "width", "text_tokens", "text_position")
 #: The least value of each size in ``geometry`` (their most: MAX_SEQ_LEN, and so their total).
 GEOMETRY_MINIMUMS = {"frames": 1, "height": 1, "width": 1, "text_tokens": 0}
-ATTENTION_KEYS = ("heads", "head_dim", "dtype", "softmax")
+ATTENTION_KEYS = ("heads", "head_dim", "dtype", "softmax", "qk")
 ATTENTION_REQUIRED = ("heads", "head_dim", "dtype")
 TILING_KEYS = ("block_q", "block_kv", "compute_q", "compute_kv", "align")
 #: The keys of a chip's own tiling (`tiling: {v5e: {...}}`): align is every chip's (it
@@ -174,7 +175,19 @@ def read_attention(r: Reader, node: Node, path: str) -> Attention:
     softmax = SOFTMAX_MODES[0]
     if "softmax" in e:
         softmax = r.choice(e["softmax"][1], join_path(path, "softmax"), SOFTMAX_MODES)
-    return Attention(heads, head_dim, dtype, softmax)
+    qk, qk_where = QK_MODES[0], None
+    if "qk" in e:
+        qk_node = e["qk"][1]
+        qk = r.choice(qk_node, join_path(path, "qk"), QK_MODES)
+        qk_where = r.location(qk_node, join_path(path, "qk"))
+        if qk == "int8" and softmax == "bounded":
+            raise r.error(
+                qk_node,
+                join_path(path, "qk"),
+                "qk: int8 does not run with softmax: bounded yet (the bound is of the float "
+                "scores); leave one of them out",
+            )
+    return Attention(heads, head_dim, dtype, softmax, qk, qk_where)
 
 
 def _read_block(r: Reader, node: Node, path: str, key: str) -> int:
