@@ -17,7 +17,9 @@ For one spec and one tiling, `bench_spec`:
    on disk per chip, jax and libtpu version), its inputs prepared alike;
 5. checks svgen's and the masked Splash's outputs on `check_rows` sampled query rows of every
    head against a float32 reference on the same device, whose mask comes from the IR oracle
-   (svgen.ir), not from the printed code both kernels' masks come from.
+   (svgen.ir), not from the printed code both kernels' masks come from; for a spec with
+   `attention.qk: int8`, also the cosine similarity and relative L1 of svgen's output on
+   those rows, on normal inputs and on keys with channel outliers (svgen.perf.int8_error).
 
 Everything a measurement depends on is injected: `clock` (a function returning seconds) and
 `interpret` (Pallas's interpreter, for CPU tests), so the logic is tested without a chip;
@@ -41,6 +43,7 @@ from typing import Callable
 import numpy as np
 
 from svgen.core import safe_io
+from svgen.perf import int8_error
 from svgen.core.program import ProgramLimits
 
 # Where a measurement ran (callers and tests reach them through this module).
@@ -54,6 +57,9 @@ CHECK_ROWS = 256
 #: Largest |svgen - reference| accepted on a sampled row (outputs are convex combinations of
 #: v's rows; bf16 rounding of p and o stays well below this on normal inputs).
 TOLERANCE = {"bfloat16": 2e-2, "float32": 1e-4}
+#: The same for int8 QK^T (attention.qk: int8), whose error is mostly its scores' rounding;
+#: its bounds are svgen.perf.int8_error's, on cosine similarity and relative L1.
+INT8_TOLERANCE = 5e-2
 #: device_kind prefixes -> svgen's target names.
 CHIP_KINDS = (("TPU v5 lite", "v5e"), ("TPU v5e", "v5e"), ("TPU v6", "v6e"), ("TPU7x", "v7x"))
 
@@ -283,6 +289,11 @@ def _reference_keep(pattern, rows: np.ndarray, seq: int) -> np.ndarray:
     return np.broadcast_to(pattern.mask.evaluate(qc, kc), (len(rows), seq))
 
 
+def tolerance(module) -> float:
+    """The largest max_error accepted of a module's output (its dtype's, or int8 QK^T's)."""
+    return INT8_TOLERANCE if module.SHAPE.qk_int8 else TOLERANCE[str(module.DTYPE)]
+
+
 def max_error(out, reference, rows: np.ndarray) -> float:
     """max |out[:, rows] - reference| (inf when anything is not finite)."""
     import jax.numpy as jnp
@@ -448,7 +459,13 @@ def bench_spec(
                 del out  # three sequence-long gradients: not kept while Splash runs
             if direction == "forward" and reference is not None:
                 entry["max_error"] = max_error(out, reference, rows)
-                entry["ok"] = entry["max_error"] <= TOLERANCE[str(module.DTYPE)]
+                entry["ok"] = entry["max_error"] <= tolerance(module)
+                if module.SHAPE.qk_int8:  # cosine and relative L1 on both input kinds
+                    out = None  # not kept beside the error inputs
+                    entry["int8_error"] = int8_error.int8_errors(
+                        plan, module, assignment, fn, rows, options.seed
+                    )
+                    entry["ok"] = entry["ok"] and all(e["ok"] for e in entry["int8_error"].values())
             result[f"svgen_{direction}"] = entry
             on_entry(result)
         out = None
@@ -598,7 +615,7 @@ def _bench_splash(
         if not backward and "error" not in entry and reference is not None:
             out = entry.pop("_output")
             entry["max_error"] = max_error(peer.assemble(out), reference, rows)
-            entry["ok"] = entry["max_error"] <= TOLERANCE[str(module.DTYPE)]
+            entry["ok"] = entry["max_error"] <= TOLERANCE[str(module.DTYPE)]  # Splash: bf16
         entry.pop("_output", None)
         result[f"splash_mask_{direction}"] = entry
         on_entry(result)

@@ -161,7 +161,7 @@ class TpuAttention(Attention):
         """k as the kernel reads it: with int8 QK^T (attention.qk: int8), minus its mean over
         the keys per head (svgen.runtime.quantize.smooth_keys: the softmax does not change;
         JAX differentiates it, and the backward kernels read this k too)."""
-        return quantize.smooth_keys(k) if self.shape.qk_int8 else k
+        return quantize.smooth_keys(k) if self.shape.qk_int8 and quantize.SMOOTH_KEYS else k
 
     # ------------------------------------------------------------------ tables built late
     # Built on the first call that needs them, so that importing a module stays cheap.
