@@ -709,7 +709,7 @@ def test_sm_scale_in_a_spec_is_refused_where_it_is_written(written):
         parse_spec(text, source="specs/demo.yaml")
     assert str(info.value) == (
         "specs/demo.yaml:4:55: attention.sm_scale: unknown key 'sm_scale'; allowed "
-        "keys: heads, head_dim, dtype, softmax (the softmax scale is not part of a spec: pass "
+        "keys: heads, head_dim, dtype, softmax, qk (the softmax scale is not part of a spec: pass "
         "sm_scale=... to the generated attention())"
     )
 
