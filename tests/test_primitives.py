@@ -222,7 +222,7 @@ def test_registering_twice_or_removing_a_builtin_is_refused():
 
 # ----------------------------------------------------------------------------- a new primitive
 # The three steps of CONTRIBUTING.md's "Adding a mask primitive", written here instead of in
-# svgen/ir/nodes.py, svgen/analysis/rowsets.py and svgen/spec/primitives.py.
+# svgen/ir/builtin_nodes.py, svgen/analysis/rowsets.py and svgen/spec/primitives.py.
 
 
 # Step 1: the IR node, its oracle written from the documented meaning.

@@ -16,8 +16,11 @@ through the primitive registry, `svgen.spec.primitives`.
 are errors naming the chain), desugars spec terms to nodes and simplifies the result. Which
 spec key becomes which node, with which parameters, is declared in that registry.
 
-The parts: `nodes` (the algebra and `simplify`), `evaluate` (the predicate oracle), `lower`
-(spec terms to nodes) and `recognize` (built-ins found inside user predicates).
+The parts: `nodes` (every node by name, and `simplify`: `facts` says what a node provides,
+`builtin_nodes` holds the built-ins over token coordinates, `predicates` the user `expr` and the
+built-ins lowered to predicates, `block_data` a block mask given as data, `algebra` any_of,
+all_of, not and `simplify`), `evaluate` (the predicate oracle), `lower` (spec terms to nodes)
+and `recognize` (built-ins found inside user predicates).
 """
 
 from __future__ import annotations
