@@ -33,11 +33,14 @@ On the blog spec (wan21_720p_band, 44 tilings; 88 candidates with two align mode
 tune compiles 12 kernels in about 4 minutes on a 2-core machine; an exhaustive run (88
 compiles, 12.8 minutes) finds the same first choice. Estimates were 2.6% off on average; the
 worst (up to 14% low) are one-block tiles, which the confirm loop compiles if they rank high.
+
+The parts: this module (the search space and the ranking), `tune_rows` (Candidate, Row,
+TuneResult), `path_estimate` (estimate_paths), `tune_text` (the table and summary the
+command prints) and `tiling_rewrite` (--apply).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from typing import Callable, Sequence
@@ -56,7 +59,13 @@ from svgen.spec import (
     parse_spec,
 )
 from svgen.analysis.targets import DEFAULT_TARGET, TARGETS
-from svgen.perf.paths import PathCosts, mean
+from svgen.perf.path_estimate import estimate_paths
+from svgen.perf.tune_rows import Candidate, Row, TuneResult
+
+# The table, the --apply rewrite and the result types live in modules of their own;
+# svgen.perf.tune keeps their names for the commands and tests that read them here.
+from svgen.perf.tiling_rewrite import rewrite_tiling  # noqa: F401
+from svgen.perf.tune_text import format_table, summary_lines  # noqa: F401
 
 TILE_SIZES = (512, 1024, 2048, 4096)
 COMPUTE_SIZES = (
@@ -80,138 +89,6 @@ WIDE_KV_SIZES = (8192,)
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 Measure = Callable[[Plan], object]  # a plan -> its exact cost.PathCosts (compiles)
-
-
-@dataclasses.dataclass(frozen=True, order=True)
-class Candidate:
-    block_q: int
-    block_kv: int
-    compute_q: int
-    compute_kv: int
-    align: str = "exact"
-
-    @property
-    def compute_shape(self) -> tuple[int, int]:
-        return self.compute_q, self.compute_kv
-
-    @property
-    def blocks(self) -> int:
-        return (self.block_q // self.compute_q) * (self.block_kv // self.compute_kv)
-
-    @property
-    def tiling_key(self) -> tuple[int, int, int, int]:
-        return self.block_q, self.block_kv, self.compute_q, self.compute_kv
-
-    @property
-    def aligned(self) -> bool:
-        """Every aligned mode generates the same mask-free code; exact keeps the mask."""
-        return self.align != "exact"
-
-    @property
-    def code_key(self) -> tuple[int, int, int, int, bool]:
-        """What the kernel's code depends on: the tiling and whether the mask is aligned."""
-        return self.tiling_key + (self.aligned,)
-
-    def label(self) -> str:
-        tile = f"{self.block_q}x{self.block_kv}"
-        if self.blocks == 1:
-            return tile
-        return f"{tile} / {self.compute_q}x{self.compute_kv}"
-
-    def tiling(self) -> dict:
-        """The spec's `tiling` mapping (compute blocks and align only when they matter)."""
-        out = {"block_q": self.block_q, "block_kv": self.block_kv}
-        if self.blocks > 1:
-            out.update(compute_q=self.compute_q, compute_kv=self.compute_kv)
-        if self.align != "exact":
-            out["align"] = self.align
-        return out
-
-
-@dataclasses.dataclass
-class Row:
-    """One costed candidate."""
-
-    candidate: Candidate
-    plan: Plan
-    cycles: int
-    dense_cycles: int
-    steps: int  # grid steps of one call, all heads
-    exact: bool  # compiled (True) or estimated from its probe
-    estimated_cycles: int | None = None  # the estimate, when it was also compiled
-    current: bool = False  # the spec's own tiling
-
-    @property
-    def ms(self) -> float:
-        return self.cycles / (self.plan.target.clock_ghz * 1e6)
-
-    def to_json(self, dense_reference: int) -> dict:
-        p = self.plan
-        out = {
-            "tiling": self.candidate.tiling(),
-            "label": self.candidate.label(),
-            "align": self.candidate.align,
-            "steps": self.steps,
-            "visited_fraction": _visited(p),
-            "smem_bytes": p.table_bytes,
-            "vmem_bytes": p.kernel.vmem.limit(),
-            "cycles": self.cycles,
-            "ms": self.ms,
-            "speedup_vs_dense": dense_reference / self.cycles,
-            "dense_cycles": self.dense_cycles,
-            "cost": "compiled" if self.exact else "estimated",
-            "current": self.current,
-        }
-        if self.estimated_cycles is not None:
-            out["estimated_cycles"] = self.estimated_cycles
-        if len(p.patterns) == 1:
-            out.update(_pattern_pairs(p.only))
-        else:
-            out["patterns"] = {x.name: _pattern_pairs(x) for x in p.patterns}
-        return out
-
-
-@dataclasses.dataclass
-class TuneResult:
-    spec: Spec
-    target: str
-    rows: list[Row]  # ranked, fastest first
-    dropped: list[tuple[Candidate, str]]  # over a budget: (candidate, why)
-    compiles: int
-    seconds: float
-
-    @property
-    def choice(self) -> Row:
-        return self.rows[0]
-
-    @property
-    def dense_reference(self) -> int:
-        """The fastest dense (keep-everything) kernel among the compiled candidates: one
-        denominator for every row's speedup."""
-        compiled = [r.dense_cycles for r in self.rows if r.exact] or [
-            r.dense_cycles for r in self.rows
-        ]
-        return min(compiled)
-
-    def to_json(self) -> dict:
-        from svgen.perf.cost import MODEL_CAVEAT
-
-        ref = self.dense_reference
-        return {
-            "estimate": MODEL_CAVEAT,
-            "spec": self.spec.name,
-            "target": self.target,
-            "seconds": self.seconds,
-            "compiles": self.compiles,
-            "candidates": len(self.rows) + len(self.dropped),
-            "dense_reference_cycles": ref,
-            "choice": self.choice.to_json(ref),
-            "rows": [r.to_json(ref) for r in self.rows],
-            "dropped": [
-                {"tiling": c.tiling(), "label": c.label(), "align": c.align, "reason": why}
-                for c, why in self.dropped
-            ],
-        }
 
 
 def candidates(
@@ -314,72 +191,6 @@ def tune(
             key="tiling",
         )
     return TuneResult(spec, target, rows, dropped, costs.compiles, time.perf_counter() - start)
-
-
-def estimate_paths(points: Sequence[tuple[Candidate, object]], c: Candidate, seq_len: int):
-    """Per-path costs of candidate `c` from the exact ones of `points` (candidates of the
-    same compute-block shape, and their PathCosts), by what libtpu's schedules show:
-      * bookkeeping, a compute block's cost by kind inside a BOUNDARY tile (FULL, BOUNDARY,
-        BOUNDARY with the padding test) and the pipeline step do not depend on the tile;
-      * a BOUNDARY tile's branch overhead grows with its number of blocks;
-      * a FULL tile's straight-line body costs, per row of blocks, r0 + (blocks in the row)
-        x c (the state is loaded and stored once per row): fitted when the points have two
-        row lengths, else r0 = 0 through the one (over-estimating longer rows a little);
-      * init and finalize grow with the q tile's rows.
-    With one block per tile the kernel has no blocks word: a BOUNDARY tile is then the
-    bookkeeping, the branch overhead of one block and one masked block."""
-    first = points[0][1]
-    bk = round(mean(p.bookkeeping for _, p in points))
-    r0, per_block = _fit_rows(points)
-    rk = c.block_kv // c.compute_kv
-    full = bk + round((c.block_q // c.compute_q) * (r0 + rk * per_block))
-    scale = [c.block_q / k.block_q for k, _ in points]
-    init = tuple(
-        round(mean(p.init[i] * r for (_, p), r in zip(points, scale)))
-        for i in range(len(first.init))
-    )
-    finalize = round(mean(p.finalize * r for (_, p), r in zip(points, scale)))
-    column = (seq_len - 1) % c.block_kv // c.compute_kv if seq_len % c.compute_kv else -1
-    multi = [(k, p) for k, p in points if k.blocks > 1] or list(points)
-    mixed, blocks = [], []
-    for index in range(len(first.mixed)):
-        overhead = mean((p.mixed[index] - p.bookkeeping) / k.blocks for k, p in multi)
-        per_block_costs = [b for _, p in multi for b in p.block[index]]
-        f = mean(b[0] for b in per_block_costs if b[0])
-        b = mean(b[1] for b in per_block_costs)
-        extra = max(x[2] - x[1] for x in per_block_costs)
-        if c.blocks == 1:
-            mixed.append(bk)
-            blocks.append(((0, round(b + overhead), round(b + overhead + extra)),))
-            continue
-        mixed.append(bk + round(overhead * c.blocks))
-        blocks.append(
-            tuple(
-                (round(f), round(b), round(b + extra) if i % rk == column else round(b))
-                for i in range(c.blocks)
-            )
-        )
-    return PathCosts(
-        bk,
-        full,
-        tuple(mixed),
-        tuple(blocks),
-        init,
-        finalize,
-        round(mean(p.pipeline for _, p in points)),
-    )
-
-
-def _fit_rows(points) -> tuple[float, float]:
-    """(r0, c) of a FULL tile's body per row of blocks, r0 + blocks_in_row * c, by least
-    squares over the points (r0 = 0 when they all have one row length)."""
-    xs = [k.block_kv // k.compute_kv for k, _ in points]
-    ys = [(p.full - p.bookkeeping) / (k.block_q // k.compute_q) for k, p in points]
-    if len(set(xs)) < 2:
-        return 0.0, mean(y / x for x, y in zip(xs, ys))
-    mx, my = mean(xs), mean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return my - slope * mx, slope
 
 
 # ----------------------------------------------------------------------------- internals
@@ -570,187 +381,3 @@ def _compile_measure(spec_path: str) -> Measure:
         return cost.cost_plan(plan, spec_path, chunks=False).paths
 
     return measure
-
-
-def _visited(plan: Plan) -> float:
-    return sum(p.visited_fraction for p in plan.patterns) / len(plan.patterns)
-
-
-def _pattern_pairs(pattern) -> dict:
-    """Density (of the mask the kernel runs) and, aligned, what aligning changed."""
-    b = pattern.budget
-    if b is None:
-        return {"density": pattern.density}
-    return {
-        "density": b.density,
-        "exact_density": b.exact_density,
-        "recall": b.recall,
-        "precision": b.precision,
-        "rows_emptied": b.rows_emptied,
-    }
-
-
-# ----------------------------------------------------------------------------- output
-def format_table(result: TuneResult) -> list[str]:
-    """The ranked table (Markdown, so it pastes into a README), then a line per dropped kind."""
-    ref = result.dense_reference
-    aligned = any(r.candidate.align != "exact" for r in result.rows)
-    head = (
-        [
-            "#",
-            "tiles / compute blocks",
-            "align",
-            "steps",
-            "visited",
-            "SMEM B",
-            "VMEM MiB",
-            "cycles",
-            "ms",
-            "vs dense",
-            "density",
-        ]
-        + (["recall"] if aligned else [])
-        + ["cost"]
-    )
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for rank, r in enumerate(result.rows, 1):
-        j = r.to_json(ref)
-        density, recall = _per_pattern(j, "density"), _per_pattern(j, "recall")
-        cells = [
-            str(rank),
-            r.candidate.label() + (" (current)" if r.current else ""),
-            r.candidate.align,
-            f"{r.steps:,}",
-            f"{j['visited_fraction']:.4f}",
-            f"{j['smem_bytes']:,}",
-            f"{j['vmem_bytes'] / 2**20:.0f}",
-            f"{r.cycles:,}",
-            f"{r.ms:.2f}",
-            f"{j['speedup_vs_dense']:.2f}x",
-            density,
-        ]
-        if aligned:
-            cells.append(recall)
-        cells.append(j["cost"])
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
-
-
-def _per_pattern(row: dict, key: str) -> str:
-    """A row's value of `key`, one per pattern (comma-separated) for several patterns."""
-    values = [row] if "patterns" not in row else list(row["patterns"].values())
-    return ", ".join(f"{v[key]:.4f}" for v in values if key in v)
-
-
-def summary_lines(result: TuneResult) -> list[str]:
-    from svgen.perf.cost import MODEL_CAVEAT
-
-    c = result.choice
-    lines = [
-        f"{result.spec.name}: {len(result.rows)} candidates costed on {result.target} "
-        f"({result.compiles} kernels compiled or read from the cost cache, the rest "
-        f"estimated from them), {len(result.dropped)} over a budget; "
-        f"{result.seconds:.0f} s",
-        f"vs dense: against the fastest dense (keep-everything) kernel among the compiled "
-        f"candidates, {result.dense_reference:,} cycles",
-        f"first choice: {c.candidate.label()}, align {c.candidate.align}: "
-        f"{c.ms:.2f} ms (static model)",
-        f"every figure here is {MODEL_CAVEAT}; `svgen tune --measure` times the candidates on "
-        "an attached TPU",
-    ]
-    reasons: dict[str, int] = {}
-    for _, why in result.dropped:
-        kind = "VMEM" if "VMEM" in why else "SMEM" if "SMEM" in why or "scalar" in why else why
-        reasons[kind] = reasons.get(kind, 0) + 1
-    for kind, n in sorted(reasons.items()):
-        lines.append(
-            f"dropped: {n} candidate(s) over the {kind} budget"
-            if kind in ("VMEM", "SMEM")
-            else f"dropped: {n} candidate(s): {kind}"
-        )
-    return lines
-
-
-# ----------------------------------------------------------------------------- --apply
-def rewrite_tiling(
-    text: str, c: Candidate, source: str = "<string>", chip: str | None = None
-) -> tuple[str, list[str]]:
-    """The spec text with the candidate's tiling, through a round-trip YAML parser (comments,
-    key order and flow style kept), and what changed, in words. Keys the file has are set;
-    missing ones are added only when they matter (compute blocks other than the whole tile,
-    an align mode other than exact).
-
-    `chip` (a TPU target's name): the candidate's sizes go under `tiling.<chip>` (that chip's
-    own tiling; a flow mapping of the keys that matter when the spec has none yet, and
-    `tiling:` itself when missing), its align at the plain `tiling.align` (every chip's:
-    align changes the mask); the changes name them `<chip>.block_q`, ... and `align`.
-
-    A `tiling` mapping (or `tiling.<chip>`) that is a YAML anchor or alias (`tiling: &t
-    {...}` with `gpu: *t`) is refused: the rewrite would change every key sharing it (the
-    GPU's tiles would get compute blocks). Anchored scalars inside it are fine: a new value
-    replaces the alias."""
-    import io
-
-    from ruamel.yaml import YAML
-    from ruamel.yaml.comments import CommentedMap
-    from ruamel.yaml.util import load_yaml_guess_indent
-
-    _, sequence, offset = load_yaml_guess_indent(text)
-    rt = YAML()
-    rt.preserve_quotes = True
-    rt.width = 4096
-    rt.indent(mapping=2, sequence=sequence or 4, offset=offset if offset is not None else 2)
-    data = rt.load(text)
-    wanted = {
-        "block_q": c.block_q,
-        "block_kv": c.block_kv,
-        "compute_q": c.compute_q,
-        "compute_kv": c.compute_kv,
-        "align": c.align,
-    }
-    needed = c.tiling()
-    tiling = data.get("tiling")
-    _refuse_anchor(tiling, data, "tiling", source)
-    if not isinstance(tiling, dict):
-        tiling = CommentedMap()
-        tiling.fa.set_flow_style()
-        data["tiling"] = tiling
-    changes = []
-    sizes, prefix = tiling, ""
-    if chip is not None:
-        sizes, prefix = tiling.get(chip), f"{chip}."
-        _refuse_anchor(sizes, tiling, f"tiling.{chip}", source)
-        if not isinstance(sizes, dict):
-            sizes = CommentedMap()
-            sizes.fa.set_flow_style()
-            tiling[chip] = sizes
-    for key, value in wanted.items():
-        where, shown = (tiling, key) if key == "align" else (sizes, prefix + key)
-        if key in where:
-            if where[key] != value:
-                changes.append(f"{shown}: {where[key]} -> {value}")
-                where[key] = value
-        elif key in needed:
-            changes.append(f"{shown}: (not given) -> {value}")
-            where[key] = value
-    out = io.StringIO()
-    rt.dump(data, out)
-    return out.getvalue(), changes
-
-
-def _refuse_anchor(mapping, parent, path: str, source: str) -> None:
-    """A SpecError when ``mapping`` (``parent``'s value at the last key of ``path``) is a
-    YAML anchor: rewriting it would change every key that shares it."""
-    from ruamel.yaml.comments import CommentedMap
-
-    if isinstance(mapping, CommentedMap) and mapping.anchor.value is not None:
-        line, column = parent.lc.key(path.rpartition(".")[2])
-        raise SpecError(
-            f"--apply does not rewrite a tiling written with a YAML anchor or alias "
-            f"(&{mapping.anchor.value}): it would change every key that shares it; write "
-            f"{path}'s keys out in full, then run again",
-            file=source,
-            line=line + 1,
-            column=column + 1,
-            key=path,
-        )
