@@ -62,21 +62,19 @@ def within_bounds(error: dict) -> bool:
     return bool(error["cosine"] >= COSINE_MIN and error["rel_l1"] <= REL_L1_MAX)
 
 
-def int8_errors(plan, module, assignment, forward, rows: np.ndarray, seed: int) -> dict:
-    """{kind: {"cosine", "rel_l1", "ok"}} of `forward` (q, k, v in kernel order -> o, as
-    `svgen bench` times it) against chip_bench's float32 reference on the sampled `rows`, for
-    every input kind; "ok": within COSINE_MIN and REL_L1_MAX."""
+def int8_errors(forward, reference, shape, dtype, rows: np.ndarray, seed: int) -> dict:
+    """{kind: {"cosine", "rel_l1", "ok"}} of `forward` (q, k, v [heads, seq, head_dim] of
+    `shape` and `dtype`, in kernel order -> o, as `svgen bench` times it) against
+    `reference` (q, k, v -> float32 [heads, len(rows), head_dim]: chip_bench.reference_rows)
+    on the sampled `rows`, for every input kind; "ok": within COSINE_MIN and REL_L1_MAX."""
     import jax.numpy as jnp
 
-    from svgen.perf.chip_bench import reference_rows
-
-    shape = (int(module.HEADS), int(module.SEQ_LEN), int(module.HEAD_DIM))
     out = {}
     for kind in INPUT_KINDS:
-        q, k, v = error_inputs(shape, jnp.dtype(module.DTYPE), seed, kind)
-        reference = reference_rows(plan, assignment, q, k, v, rows)
+        q, k, v = error_inputs(shape, dtype, seed, kind)
+        expected = reference(q, k, v)
         got = jnp.asarray(forward(q, k, v))[:, rows].astype(jnp.float32)
-        error = output_error(got, reference)
+        error = output_error(got, expected)
         out[kind] = {**error, "ok": within_bounds(error)}
     return out
 
