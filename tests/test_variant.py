@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import pytest
 
 from svgen.perf import measure
-from svgen.runtime import backward, forward
-from svgen.runtime.variant import BackwardVariant, ForwardVariant, TableWalk
+from svgen.runtime import backward, branch_tree, forward
+from svgen.runtime.variant import BackwardVariant, ForwardVariant, TableWalk, backward_branches
 
 from helpers import REPO, STRAIGHT_BAND
 
@@ -166,3 +166,37 @@ def test_the_cost_cache_key_covers_every_module_the_kernels_import():
     }
     assert not missing, missing
     assert "svgen/runtime/variant.py" in sources and "svgen/core/vmem.py" in sources
+
+
+def test_the_declared_step_names_every_branch_the_body_emits(compile_text):
+    """svgen.runtime.branch_tree.step: the tree svgen.perf.paths reads, each branch by name (tests/test_paths.py
+    reads schedules laid out from it)."""
+    _, module = compile_text(BAND)
+    shape = module.SHAPE
+    static = module.attention.forward_branches("static")
+    assert static.padding_column == shape.padding_block_column is not None
+    init, full, mixed, finalize = branch_tree.step(static)
+    assert (init.name, full.name, mixed.name, finalize.name) == (
+        "init",
+        "full",
+        "mixed[0]",
+        "finalize",
+    )
+    words = len(static.straight[0])
+    assert [b.name for b in mixed.children] == [f"straight[{i}]" for i in range(words)] + ["blocks"]
+    blocks = mixed.children[-1].children
+    names = [f"{kind}@{i}" for i in range(shape.compute_blocks) for kind in ("full", "boundary")]
+    assert [b.name for b in blocks] == names
+    for index in range(shape.compute_blocks):  # the masked body's twins on the padding column
+        twins = [b.name for b in blocks[2 * index + 1].children]
+        on_padding = index % shape.kv_blocks_per_tile == shape.padding_block_column
+        assert twins == (["plain", "padding"] if on_padding else [])
+    # a selection's calls: a PADDED branch after the blocks of the padding column, no words
+    selection = branch_tree.step(module.attention.forward_branches("selection"))[2].children
+    padded = [b.name for b in selection if b.name.startswith("padded@")]
+    column = shape.padding_block_column
+    assert padded == [
+        f"padded@{i}" for i in range(shape.compute_blocks) if i % shape.kv_blocks_per_tile == column
+    ]
+    # the backward kernels test no padding keys: no twins
+    assert backward_branches(shape, 1).padding_column is None

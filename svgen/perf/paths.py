@@ -2,18 +2,19 @@
 
 The TPU TensorCore issues one VLIW bundle per cycle, in order. libtpu compiles the kernel for
 the target on this host (no TPU needed) and dumps its final schedule; `svgen.perf.tpu_schedule`
-counts the bundles along each control-flow path of one grid step. The kernel's phases are
-`pl.when` branches in a fixed order (see `svgen.runtime.forward`), inside the pipeline's
-per-step branch:
+counts the bundles along each control-flow path of one grid step. The kernel's branches are
+declared beside its variant (`svgen.runtime.branch_tree.step`: a tree of named `pl.when`
+branches in the order the body emits them), inside the pipeline's per-step branch:
 
-    init, full, mixed[pattern 0], ..., mixed[pattern P-1], finalize
+    init, full, mixed[0], ..., mixed[P-1], finalize
 
-and, inside each `mixed` branch of a kernel with several compute blocks per tile, one FULL and
-one BOUNDARY branch per compute block, row-major; where the pattern has straight words
-(svgen.core.straight), first one branch per word (its straight-line body), then one branch
-holding those per-block branches. The BOUNDARY branch of the block column that
-can hold padding keys has two variants (without and with the padding test, chosen by the kv
-tile); so does a one-block tile's `mixed` branch. Per path:
+and, inside each `mixed[p]` branch of a kernel with several compute blocks per tile,
+full@i and boundary@i per compute block i, row-major; where the pattern has straight words
+(svgen.core.straight), first straight[j] per word (its straight-line body), then `blocks`
+holding those per-block branches. A masked body on the block column that can hold padding
+keys has two twins, plain and padding (without and with the padding test, chosen by the kv
+tile). `read_paths` finds each declared branch in the schedule by its place in that tree (the
+count at each level checked) and reads every cost by name. Per path:
 
     bookkeeping   a step with every body skipped (table reads, index maps, DMA issue/waits)
     full          a FULL tile: bookkeeping + the unmasked body
@@ -22,18 +23,18 @@ tile); so does a one-block tile's `mixed` branch. Per path:
 
 This module owns that mapping (`read_paths`) and its result (`PathCosts`, with the cost of a
 step on a tile of each kind). It is apart from the compiling (`svgen.perf.measure`) and the
-model over the tables (`svgen.perf.cost`) because it is the one place that must agree with
-the kernel's branch structure: it needs neither JAX nor a plan, only a parsed schedule.
+model over the tables (`svgen.perf.cycle_model`) because it is the one place that reads the
+kernel's branch structure: it needs neither JAX nor a plan, only a parsed schedule and the
+kernel's declared branches.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from svgen.core.kinds import TileKind
 from svgen.core.tables import variant_bits, variant_mask
+from svgen.runtime import branch_tree
 from svgen.runtime.variant import Branches
 
 # svgen.runtime.refine.SEGMENT_BOUNDARY (that module imports JAX; the cost model reads
@@ -153,56 +154,32 @@ class PathCosts:
 
 
 def read_paths(schedule, branches: Branches) -> PathCosts:
-    """Map the kernel's branches onto its phases (order checked against their contents).
-    `branches`: what the kernel emits (svgen.runtime.variant.Branches, from the kernel's
-    variant), which this reads as follows.
-    residuals: per pattern, its residual masks (svgen.analysis.residuals): each BOUNDARY
-    block's branch then holds one branch per variant, the whole mask's first.
-    segmented: the kernel reads run-time tables, so every BOUNDARY tile of one compute
-    block has a SEGMENT_BOUNDARY twin (a phase of its own) and every compute block of a
-    BOUNDARY tile a third branch (svgen.runtime.forward). padded_column: the kernel reads a
-    selection's tables (svgen.runtime.select) and this block column of a tile can hold
-    padding keys: each of its blocks (q_blocks_per_tile of them) has a third branch, PADDED
-    (with one compute block per tile: a phase of its own after the mixed ones).
-    bounded: the kernel has every FULL / BOUNDARY phase twice (`attention.softmax: bounded`),
-    each set inside one branch on the q tile's mode, the bounded set first: the paths of
-    those, with the online twins' as `fallback`.
-    straight: per pattern, its straight words (svgen.core.straight): each BOUNDARY tile's
-    branch then holds one branch per word, then one holding the per-block branches."""
-    patterns, compute_blocks = branches.patterns, branches.compute_blocks
-    segmented, padded_column = branches.segmented, branches.padded_column
-    bounded, residuals, straight = branches.bounded, branches.residuals, branches.straight
-    q_blocks_per_tile = branches.q_blocks_per_tile
+    """Map the kernel's branches onto its phases. `branches`: what the kernel emits
+    (svgen.runtime.variant.Branches, from the kernel's variant), whose declared tree
+    (svgen.runtime.branch_tree.step) names every branch of a grid step: each is found in the schedule by
+    its place in that tree (the count at each level checked), and each cost read by name.
+    A bounded kernel's sets (`attention.softmax: bounded`) give the bounded paths, with the
+    online twins' as `fallback`."""
     loop_branches = schedule.branches_in_loop()
     stage = min(b.depth for b in loop_branches)
-    # full, the mixed phases (and their twins), the PADDED tile phase: once, or per twin
-    body_phases = len(branches.phases())
-    top = [b for b in loop_branches if b.depth == stage + 1]
-    if bounded:  # init, the bounded set's branch, the online set's, finalize
-        init, *sets, finalize = _kernel_phases(top, 1)
-        halves = [_phases_inside(loop_branches, s, stage + 2, body_phases) for s in sets]
-    else:
-        init, *bodies, finalize = _kernel_phases(top, body_phases - 1)
-        halves = [bodies]
-    read = [
-        _read_phases(
-            schedule,
-            loop_branches,
-            stage,
-            [init, *half, finalize],
-            patterns,
-            compute_blocks,
-            segmented,
-            padded_column,
-            q_blocks_per_tile,
-            {s.address for s in sets if s is not set_} if bounded else set(),
-            residuals or (0,) * patterns,
-            # A bounded kernel's online twin has no straight bodies (svgen.runtime.forward).
-            (straight if half is halves[0] else ()) or ((),) * patterns,
-        )  # fmt: skip
-        for half, set_ in zip(halves, sets if bounded else [None])
-    ]
-    paths = dataclasses.replace(read[0], fallback=read[1]) if bounded else read[0]
+    step = branch_tree.step(branches)
+    top = _kernel_phases([b for b in loop_branches if b.depth == stage + 1], len(step) - 2)
+    pipeline = {b.address for b in loop_branches if b.depth == stage}
+    if not branches.bounded:
+        reader = _StepReader(schedule, loop_branches, pipeline, never=set())
+        return _with_program(_read_set(reader, reader.matched(step, top), branches), schedule)
+    init, *sets, finalize = top
+    read = []
+    for declared, found in zip(step[1:-1], sets):
+        inner = _phases_inside(loop_branches, found, stage + 2, len(declared.children))
+        never = {s.address for s in sets if s is not found}
+        reader = _StepReader(schedule, loop_branches, pipeline, never)
+        phases = reader.matched((step[0], *declared.children, step[-1]), [init, *inner, finalize])
+        read.append(_read_set(reader, phases, branches))
+    return _with_program(dataclasses.replace(read[0], fallback=read[1]), schedule)
+
+
+def _with_program(paths: PathCosts, schedule) -> PathCosts:
     return dataclasses.replace(paths, program=len(schedule.bundles))
 
 
@@ -219,47 +196,50 @@ def _phases_inside(loop_branches, branch, depth: int, expected: int) -> list:
     return phases
 
 
-# Long (~135 lines): its helpers close over the schedule and the phase set, so they nest here.
-def _read_phases(
-    schedule,
-    loop_branches,
-    stage: int,
-    top: list,
-    patterns: int,
-    compute_blocks: int,
-    segmented: bool,
-    padded_column: int | None,
-    q_blocks_per_tile: int,
-    never: set[int],
-    residuals: tuple[int, ...],
-    straight: tuple,
-) -> PathCosts:
-    """`read_paths` over one set of phases: init, full, mixed..., finalize; the branches at
-    `never` (a bounded kernel's other twins) are skipped on every path."""
-    twins = 2 if segmented and compute_blocks == 1 else 1
-    padded_phase = padded_column is not None and compute_blocks == 1
-    if padded_phase:  # the PADDED tile phase follows the mixed ones
-        padded_tile = top.pop(-2)
-    init, full, *mixed_phases, finalize = top
-    mixed, segment_tiles = mixed_phases[::twins], mixed_phases[1::twins] if twins == 2 else []
-    phases = {b.address for b in top}
+@dataclasses.dataclass(frozen=True)
+class _Found:
+    """A declared branch (svgen.runtime.branch_tree.Branch) and the schedule's branch that is
+    it, with its declared children found likewise (a leaf's inside is not read)."""
 
-    def cost(skipped):
-        return schedule.path_cost(skipped | never)
+    name: str
+    branch: object  # svgen.perf.tpu_schedule.Branch
+    children: tuple["_Found", ...] = ()
 
-    def only(*run):  # a step where the given phases run and every other phase is skipped
-        return cost(phases - {b.address for b in run})
+    @property
+    def address(self) -> int:
+        return self.branch.address
 
-    bookkeeping = only()
-    per_pattern_blocks = []
-    mixed_base = []
+    def __getitem__(self, name: str) -> "_Found":
+        for child in self.children:
+            if child.name == name:
+                return child
+        raise KeyError(f"no branch {name} inside {self.name}")
 
-    def inside(branch):
+    def __contains__(self, name: str) -> bool:
+        return any(child.name == name for child in self.children)
+
+    def addresses(self) -> set[int]:
+        return {c.address for c in self.children}
+
+
+class _StepReader:
+    """Path costs of one grid step of the schedule: the bundles run when the branches at the
+    given addresses are skipped (and always those of `never`, a bounded kernel's other set),
+    and the declared branches found in it."""
+
+    def __init__(self, schedule, loop_branches, pipeline: set[int], never: set[int]):
+        self.schedule, self.loop_branches = schedule, loop_branches
+        self.pipeline, self.never = pipeline, never
+
+    def cost(self, skipped: set[int]) -> int:
+        return self.schedule.path_cost(skipped | self.never)
+
+    def inside(self, branch) -> list:
         """The branches directly inside `branch` (by span, so that a branch the scheduler
         put in the delay slots of its parent still counts as its child)."""
         within = [
             b
-            for b in loop_branches
+            for b in self.loop_branches
             if branch.address < b.address < branch.target and b.target <= branch.target
         ]
         return [
@@ -268,153 +248,170 @@ def _read_phases(
             if not any(c.address < b.address < c.target and b.target <= c.target for c in within)
         ]
 
-    def variants(branch, skipped: set[int], base: int) -> tuple[int, int]:
-        """(without, with) the padding test of a masked body inside `branch`."""
-        pair = inside(branch)
-        if not pair:
-            cost_here = cost(skipped) - base
-            return cost_here, cost_here
-        if len(pair) != 2:
-            raise RuntimeError(f"expected 2 padding variants of a masked block, found {len(pair)}")
-        plain, padded = pair
-        return (cost(skipped | {padded.address}) - base, cost(skipped | {plain.address}) - base)
-
-    def boundary_costs(branch, skipped: set[int], base: int, count: int) -> list:
-        """[(without, with) the padding test] per variant 0..count of a BOUNDARY block."""
-        if not count:
-            return [variants(branch, skipped, base)]
-        inner = inside(branch)
-        if len(inner) != count + 1:
+    def matched(self, declared, found) -> dict[str, _Found]:
+        """The declared branches `declared`, found in order as the schedule's `found`."""
+        if len(found) != len(declared):
+            names = ", ".join(d.name for d in declared)
             raise RuntimeError(
-                f"expected {count + 1} residual-mask variants of a masked block, found {len(inner)}"
+                f"expected {len(declared)} branches ({names}), found {len(found)}: "
+                "the kernel and the cost model disagree"
             )
-        addresses = {b.address for b in inner}
-        return [variants(b, skipped | (addresses - {b.address}), base) for b in inner]
+        return {d.name: self.found(d, f) for d, f in zip(declared, found)}
 
-    per_pattern_residual = []
-    per_pattern_straight = []
-    padded_blocks: list[tuple[int, int]] = []
-    if padded_phase:
-        padded_blocks.append(variants(padded_tile, phases - {padded_tile.address}, bookkeeping))
-        phases = phases | {padded_tile.address}
-    kv_blocks = compute_blocks // q_blocks_per_tile
-    per_pattern_segment = []
-    for m in segment_tiles:
-        per_pattern_segment.append((variants(m, phases - {m.address}, bookkeeping),))
-    per_block = 3 if segmented else 2
-    for pattern_index, m in enumerate(mixed):
-        others = phases - {m.address}
-        count = residuals[pattern_index]
-        if compute_blocks == 1:
-            per_pattern_straight.append(())
-            mixed_base.append(bookkeeping)
-            costs = boundary_costs(m, others, bookkeeping, count)
-            per_pattern_blocks.append(((0, *costs[0]),))
-            per_pattern_residual.append((tuple(costs[1:]),))
-            continue
-        words = straight[pattern_index]
-        if words:  # one branch per straight word, then the per-block branches in one
-            *bodies, block_branches = inside(m)
-            if len(bodies) != len(words):
-                raise RuntimeError(
-                    f"expected {len(words)} straight-line bodies in a BOUNDARY tile, "
-                    f"found {len(bodies)}"
-                )
-            addresses = {b.address for b in bodies} | {block_branches.address}
-            per_pattern_straight.append(
-                tuple(
-                    (w.word, w.avoid_padding_tile, cost(others | (addresses - {b.address})))
-                    for w, b in zip(words, bodies)
-                )
-            )
-            others = others | {b.address for b in bodies}
-            inner = inside(block_branches)
-        else:
-            per_pattern_straight.append(())
-            inner = inside(m)
-        widths = [
-            per_block + (padded_column is not None and index % kv_blocks == padded_column)
-            for index in range(compute_blocks)
+    def found(self, declared, branch) -> _Found:
+        if not declared.children:
+            return _Found(declared.name, branch)
+        children = self.matched(declared.children, self.inside(branch))
+        return _Found(declared.name, branch, tuple(children.values()))
+
+    def masked(self, body: _Found, skipped: set[int], base: int) -> tuple[int, int]:
+        """(without, with) the padding test: a masked body's extra bundles over `base`,
+        the phases of `skipped` skipped (the same twice where it has no PADDING_TWINS)."""
+        if not body.children:
+            cost = self.cost(skipped) - base
+            return cost, cost
+        plain, padding = body["plain"], body["padding"]
+        return (
+            self.cost(skipped | {padding.address}) - base,
+            self.cost(skipped | {plain.address}) - base,
+        )
+
+    def variants(self, block: _Found, residuals: int, skipped: set[int], base: int) -> list:
+        """[(without, with) the padding test] per variant 0..residuals of a BOUNDARY block."""
+        if not residuals:
+            return [self.masked(block, skipped, base)]
+        bodies = [block[f"variant[{j}]"] for j in range(residuals + 1)]
+        every = block.addresses()
+        return [self.masked(b, skipped | (every - {b.address}), base) for b in bodies]
+
+
+def _read_set(reader: _StepReader, phases: dict[str, _Found], branches: Branches) -> PathCosts:
+    """`read_paths` over one set of phases (init, full, the mixed ones and their twins,
+    finalize), each found in the schedule under its declared name."""
+    init, finalize = phases["init"], phases["finalize"]
+    padded = phases.get("padded")
+    # The step's bookkeeping is read with a one-block selection's padded tile running (as
+    # the model always read it; its tile costs add up the same, since each BOUNDARY step's
+    # extra bundles are taken over this same bookkeeping).
+    skippable = {f.address for name, f in phases.items() if name != "padded"}
+    bookkeeping = reader.cost(skippable)
+    padded_blocks = []
+    if padded is not None:
+        padded_blocks.append(reader.masked(padded, skippable, bookkeeping))
+    every_phase = {f.address for f in phases.values()}
+    tiles = [
+        _boundary_tile(reader, branches, p, phases[f"mixed[{p}]"], every_phase, bookkeeping)
+        for p in range(branches.patterns)
+    ]
+    if branches.compute_blocks == 1:  # a one-block tile across segments: a phase of its own
+        segment = [
+            (reader.masked(phases[name], every_phase - {phases[name].address}, bookkeeping),)
+            for name in (f"segment[{p}]" for p in range(branches.patterns))
+            if name in phases
         ]
-        if len(inner) != sum(widths):
-            raise RuntimeError(
-                f"expected {sum(widths)} compute-block branches in a "
-                f"BOUNDARY tile, found {len(inner)}"
-            )
-        addresses = {b.address for b in inner}
-        base = cost(others | addresses)
-        mixed_base.append(base)
-        blocks, segment_blocks, residual_blocks = [], [], []
-        starts = np.cumsum([0] + widths)
-        for index in range(compute_blocks):
-            f, b, *sg = inner[starts[index] : starts[index + 1]]
-            if padded_column is not None:
-                pad = sg.pop() if sg else None
-                padded_blocks.append(
-                    (0, 0)
-                    if pad is None
-                    else variants(pad, others | (addresses - {pad.address}), base)
-                )
-            costs = boundary_costs(b, others | (addresses - {b.address}), base, count)
-            blocks.append((cost(others | (addresses - {f.address})) - base, *costs[0]))
-            residual_blocks.append(tuple(costs[1:]))
-            if sg:
-                segment_blocks.append(variants(sg[0], others | (addresses - {sg[0].address}), base))
-        per_pattern_blocks.append(tuple(blocks))
-        per_pattern_residual.append(tuple(residual_blocks))
-        if segmented:
-            per_pattern_segment.append(tuple(segment_blocks))
-    stage_branch = [b for b in loop_branches if b.depth == stage]
-    pipeline = cost({b.address for b in stage_branch}) if stage_branch else bookkeeping
+    else:
+        segment = [t.segment for t in tiles] if branches.segmented else []
+    padded_blocks += [costs for t in tiles for costs in t.padded]
+    pipeline = reader.cost(reader.pipeline) if reader.pipeline else bookkeeping
+    run_init = every_phase - {init.address}
     return PathCosts(
         bookkeeping,
-        only(full),
-        tuple(mixed_base),
-        tuple(per_pattern_blocks),
-        _init_per_pattern(init, inside(init), patterns, only, cost, phases),
-        only(finalize) - bookkeeping,
+        reader.cost(every_phase - {phases["full"].address}),
+        tuple(t.base for t in tiles),
+        tuple(t.blocks for t in tiles),
+        _init_per_pattern(reader, init, branches.patterns, run_init, reader.cost(every_phase)),
+        reader.cost(every_phase - {finalize.address}) - bookkeeping,
         pipeline,
-        tuple(per_pattern_segment),
+        tuple(segment),
         tuple(padded_blocks),
-        residual_block=tuple(per_pattern_residual) if any(residuals) else (),
-        straight=tuple(per_pattern_straight) if any(per_pattern_straight) else (),
+        residual_block=tuple(t.residual for t in tiles) if any(branches.residuals) else (),
+        straight=tuple(t.straight for t in tiles) if any(t.straight for t in tiles) else (),
     )
 
 
-def _kernel_phases(top: list, patterns: int) -> list:
-    """init, full, mixed per pattern, finalize among the step's top-level branches: the run
-    of 2 + patterns + 1 branches whose FULL and BOUNDARY ones do matmuls and whose last does
-    none (the pipeline's own conditional DMA issues and waits sit around them at the same
-    depth; a bounded kernel's init does one, its rows' norms). `patterns`: the BOUNDARY
-    phases (twice the patterns when each has a SEGMENT_BOUNDARY twin); for a bounded kernel,
-    1: its two sets of phases, one branch each."""
-    expected = 2 + patterns + 1
-    for start in range(1, len(top) - expected + 2):
-        run = top[start - 1 : start - 1 + expected]
-        if all(b.mix.get("vmatmul") for b in run[1 : 1 + 1 + patterns]) and not run[-1].mix.get(
-            "vmatmul"
-        ):
+@dataclasses.dataclass(frozen=True)
+class _TileCosts:
+    """What a BOUNDARY tile of one pattern costs (PathCosts' entries of the pattern)."""
+
+    base: int  # the step with every block EMPTY
+    blocks: tuple  # per block: (FULL, BOUNDARY, BOUNDARY on the padding tile)
+    residual: tuple  # per block: per residual variant (plain, on the padding tile)
+    straight: tuple = ()  # per straight word: (word, avoid_padding_tile, the whole step)
+    segment: tuple = ()  # per block: a SEGMENT_BOUNDARY block's (plain, padding)
+    padded: tuple = ()  # per block of a selection: a PADDED block's (plain, padding)
+
+
+def _boundary_tile(
+    reader: _StepReader, branches: Branches, pattern: int, tile: _Found, phases, bookkeeping
+) -> _TileCosts:
+    """The costs of a BOUNDARY tile of `pattern` (its phase `tile`), every other phase of
+    `phases` skipped."""
+    others = phases - {tile.address}
+    residuals = branches.residuals[pattern]
+    if branches.compute_blocks == 1:
+        first, *rest = reader.variants(tile, residuals, others, bookkeeping)
+        return _TileCosts(bookkeeping, ((0, *first),), (tuple(rest),))
+    straight = ()
+    per_block = tile
+    if "blocks" in tile:  # straight-line bodies, then the per-block branches in one
+        per_block, words = tile["blocks"], branches.straight[pattern]
+        every = tile.addresses()
+        straight = tuple(
+            (w.word, w.avoid_padding_tile, reader.cost(others | (every - {body.address})))
+            for w, body in zip(words, (tile[f"straight[{i}]"] for i in range(len(words))))
+        )
+        others = others | (every - {per_block.address})
+    every = per_block.addresses()
+    base = reader.cost(others | every)
+
+    def extra(branch: _Found) -> tuple[int, int]:  # the block's branch run alone
+        return reader.masked(branch, others | (every - {branch.address}), base)
+
+    blocks, residual, segment, padded = [], [], [], []
+    for index in range(branches.compute_blocks):
+        full, boundary = per_block[f"full@{index}"], per_block[f"boundary@{index}"]
+        skipped = others | (every - {boundary.address})
+        first, *rest = reader.variants(boundary, residuals, skipped, base)
+        blocks.append((extra(full)[0], *first))
+        residual.append(tuple(rest))
+        if branches.segmented:
+            segment.append(extra(per_block[f"segment@{index}"]))
+        if branches.padded_column is not None:  # (0, 0): a block off the padding column
+            name = f"padded@{index}"
+            padded.append(extra(per_block[name]) if name in per_block else (0, 0))
+    return _TileCosts(base, tuple(blocks), tuple(residual), straight, tuple(segment), tuple(padded))
+
+
+def _kernel_phases(top: list, phases: int) -> list:
+    """init, the `phases` between (full and the mixed ones, or a bounded kernel's two sets)
+    and finalize among the step's top-level branches: the run of phases + 2 branches whose
+    middle ones do matmuls and whose last does none (the pipeline's own conditional DMA
+    issues and waits sit around them at the same depth; a bounded kernel's init does one,
+    its rows' norms)."""
+    expected = phases + 2
+    for start in range(len(top) - expected + 1):
+        run = top[start : start + expected]
+        if all(b.mix.get("vmatmul") for b in run[1:-1]) and not run[-1].mix.get("vmatmul"):
             return run
     raise RuntimeError(
-        f"expected {expected} kernel phases (init, full, {patterns} mixed, "
-        f"finalize) in the schedule, found none among {len(top)} branches: "
-        "the kernel and the cost model disagree"
+        f"expected {expected} kernel phases (init, {phases} with matmuls, finalize) in the "
+        f"schedule, found none among {len(top)} branches: the kernel and the cost model disagree"
     )
 
 
-def _init_per_pattern(init, decodes, patterns: int, only, cost, phases) -> tuple[int, ...]:
-    """init's cost for a head of each pattern: with several patterns that decode query
-    coordinates, init holds one decode branch per such pattern, and a head runs its own."""
-    bookkeeping = only()
-    if patterns == 1 or not decodes:
-        return (only(init) - bookkeeping,) * patterns
-    if len(decodes) != patterns:
+def _init_per_pattern(reader, init: _Found, patterns: int, run_init, every) -> tuple[int, ...]:
+    """init's cost for a head of each pattern (`every`: the step with every phase skipped,
+    `run_init`: all but init): with several patterns that decode query coordinates, init
+    holds one decode branch per such pattern, and a head runs its own."""
+    decodes = reader.inside(init.branch)
+    bookkeeping = every
+    whole = reader.cost(run_init) - bookkeeping
+    if patterns == 1 or not decodes or len(decodes) != patterns:
         # Patterns without query coordinates have no decode branch: charge every head the
         # dearest decode (an upper bound, said here rather than guessed per pattern).
-        return (only(init) - bookkeeping,) * patterns
-    run_init = phases - {init.address}
+        return (whole,) * patterns
     return tuple(
-        cost(run_init | {d.address for d in decodes if d is not mine}) - bookkeeping
+        reader.cost(run_init | {d.address for d in decodes if d is not mine}) - bookkeeping
         for mine in decodes
     )
 

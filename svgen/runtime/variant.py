@@ -176,7 +176,7 @@ class Operand:
 @dataclasses.dataclass(frozen=True)
 class Branches:
     """The kernel's branches in the order the body emits them, as the cost model reads them
-    (svgen.perf.paths.read_paths). Per step:
+    (svgen.perf.paths.read_paths, through their tree: svgen.runtime.branch_tree). Per step:
 
         init, full, mixed[0] (+ its segment twin), ..., mixed[P-1] (+ twin)[, padded], finalize
 
@@ -196,6 +196,10 @@ class Branches:
     bounded: bool
     residuals: tuple[int, ...]  # per pattern, its residual masks
     straight: tuple[tuple[StraightWord, ...], ...]  # per pattern, its straight words
+    # The block column whose masked bodies branch on the kv tile holding padding keys
+    # (without, then with the padding test); None: no kv tile holds padding keys, or the
+    # kernel never tests them (the backward kernels: their padding keys are zero rows).
+    padding_column: int | None = None
 
     def phases(self) -> tuple[str, ...]:
         """The top-level phases of one set, by name (a bounded kernel has two such sets
@@ -396,6 +400,7 @@ def forward_branches(
         bounded=shape.bounded_softmax,
         residuals=tuple(len(p.residual_masks) if variants else 0 for p in patterns),
         straight=tuple(p.straight_words if straight else () for p in patterns),
+        padding_column=None if shape.padding_kv_tile is None else shape.padding_block_column,
     )
 
 
