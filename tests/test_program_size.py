@@ -178,14 +178,20 @@ def test_compile_counts_the_program_and_refuses_one_over_budget(tmp_path, monkey
 
 
 def test_a_spec_without_a_tiling_gets_the_first_v5e_tiling_that_fits():
-    """The chip-free pick: 1024x2048 / 512x512 where it fits with at most its straight words
-    left out, else 512x1024 / 512x512, else 512 x 512; tilings the spec cannot take are
-    passed over."""
+    """The chip-free pick: 1024x2048 / 512x512 where it fits with what the compiler may leave
+    out, else 1024x1024 / 512x512, else 512x1024 / 512x512, else 512 x 512 (V5E_TILINGS);
+    tilings the spec cannot take are passed over."""
     big = BAND.replace("name: size_band", "name: size_big").replace(
         "geometry: {frames: 5, height: 8, width: 15}",
         "geometry: {frames: 9, height: 16, width: 32}",
     )
     plan = _plan(big)
+    assert [t[:2] for t in program_size.V5E_TILINGS] == [
+        (1024, 2048),
+        (1024, 1024),
+        (512, 1024),
+        (512, 512),
+    ]
 
     def analyze_at(tiling):
         from svgen.perf.measured_tune import with_tiling
@@ -195,25 +201,29 @@ def test_a_spec_without_a_tiling_gets_the_first_v5e_tiling_that_fits():
     def counter(sizes):
         def count(files, candidate):
             t = candidate.spec.tiling
-            return sizes[(t.block_q, t.block_kv)].get(candidate.program, 10**6)
+            return sizes.get((t.block_q, t.block_kv), {}).get(candidate.program, 10**6)
 
         return count
 
-    first, second = (1024, 2048), (512, 1024)
-    fits_first = {first: {ProgramLimits(): 70_000, SHRINK_STEPS[0]: 60_000}}
-    chosen, _, size = program_size.chip_free(plan, analyze_at, _render, count=counter(fits_first))
-    assert (chosen.spec.tiling.block_q, chosen.spec.tiling.block_kv) == first
-    assert chosen.program == SHRINK_STEPS[0] and size.fits
-    # the first tiling would need its residual masks left out: the second instead
+    def picked(sizes, at=analyze_at):
+        chosen, _, size = program_size.chip_free(plan, at, _render, count=counter(sizes))
+        return (chosen.spec.tiling.block_q, chosen.spec.tiling.block_kv), chosen.program, size
+
+    first, second, third = (1024, 2048), (1024, 1024), (512, 1024)
+    # straight-line bodies left out are enough at the first tiling
+    sizes = {first: {ProgramLimits(): 70_000, SHRINK_STEPS[0]: 60_000}}
+    tiling, program, size = picked(sizes)
+    assert (tiling, program) == (first, SHRINK_STEPS[0]) and size.fits
+    # whole masks left out too: still the first tiling (measured faster than a smaller one)
     sizes = {first: {SHRINK_STEPS[1]: 50_000}, second: {ProgramLimits(): 30_000}}
-    chosen, _, _ = program_size.chip_free(plan, analyze_at, _render, count=counter(sizes))
-    assert (chosen.spec.tiling.block_q, chosen.spec.tiling.block_kv) == second
-    assert chosen.program.is_default
+    assert picked(sizes)[:2] == (first, SHRINK_STEPS[1])
+    # the first tiling over the budget whatever is left out: the second
+    sizes = {first: {}, second: {ProgramLimits(): 30_000}, third: {ProgramLimits(): 20_000}}
+    tiling, program, _ = picked(sizes)
+    assert tiling == second and program.is_default
     # a tiling the spec cannot take (analyze_at: None) is passed over
-    skip_first = lambda t: None if t[:2] == first else analyze_at(t)  # noqa: E731
-    sizes = {second: {ProgramLimits(): 30_000}}
-    chosen, _, _ = program_size.chip_free(plan, skip_first, _render, count=counter(sizes))
-    assert (chosen.spec.tiling.block_q, chosen.spec.tiling.block_kv) == second
+    skip = lambda t: None if t[:2] in (first, second) else analyze_at(t)  # noqa: E731
+    assert picked({third: {ProgramLimits(): 30_000}}, skip)[0] == third
 
 
 def test_the_tuner_never_picks_a_candidate_over_the_program_budget(tmp_path):

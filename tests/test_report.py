@@ -52,6 +52,8 @@ PAGE = """# Measured
 <!-- svgen report: end of cliff -->
 <!-- svgen report: tilings (generated) -->
 <!-- svgen report: end of tilings -->
+<!-- svgen report: left-out (generated) -->
+<!-- svgen report: end of left-out -->
 <!-- svgen report: model (generated) -->
 <!-- svgen report: end of model -->
 <!-- svgen report: files (generated) -->
@@ -289,3 +291,22 @@ def test_a_timing_with_code_left_out_is_not_the_specs_figure(root):
     path.write_text(json.dumps(data))
     (row,) = [line for line in rt.at_head(rp.load(root), root) if line.startswith("| tiny")]
     assert "| 2.00 | aaaaaaa" in row  # the old run's figure: the new one left code out
+
+
+def test_a_timing_with_code_left_out_has_its_own_row(root):
+    """The left-out table: what was left out, in words, beside Splash at its best (the same
+    spec's newest yardstick figure) and the spec's fastest kernel with its default code."""
+    path = root / "bench" / "results" / "new.json"
+    data = json.loads(path.read_text())
+    data["results"].append(dict(_result(T256, 1.2), program="ProgramLimits(pattern_calls=True)"))
+    path.write_text(json.dumps(data))
+    rows = [line for line in _section(_page(root), "left-out") if line.startswith("| tiny")]
+    (row,) = rows
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "128x256 / 128x128" and cells[2] == "one forward kernel per pattern"
+    assert cells[3] == "1.20" and cells[4] == "1.80" and cells[5] == "1.50x"
+    assert cells[6].startswith("1.50 (128x128; bbbbbbb)") and cells[7] == "1.25x"
+    assert rp.program_words("ProgramLimits(straight_words=0, residual_masks=False)") == (
+        "no straight-line BOUNDARY bodies; whole masks on BOUNDARY blocks (no residual-mask "
+        "variants)"
+    )

@@ -305,33 +305,36 @@ def fit(
 
 
 #: The tilings svgen picks on a TPU v5e for a spec that gives none, best first: the first whose
-#: forward program fits the budget, the first one only where no more than its straight-line
-#: bodies must be left out (its residual masks are what make its BOUNDARY blocks fast).
-#: Measured on a v5e (svgen bench; docs/measured.md, "A tiling without a chip", generated from
-#: bench/results): 1024x2048 / 512x512 was the fastest tiling measured for every single-pattern
-#: 75K-token spec whose program fits; where it does not fit, 512x1024 / 512x512 was the fastest
-#: measured. Several patterns at the first tiling in one kernel per pattern (pattern_calls) are
-#: not yet timed on a chip.
-V5E_TILINGS = ((1024, 2048, 512, 512), (512, 1024, 512, 512), (512, 512, 512, 512))
+#: forward programs fit the budget, with what the compiler may leave out (shrink_steps: one
+#: kernel per pattern, straight-line bodies, whole masks). Measured on a v5e (svgen bench;
+#: docs/measured.md, "A tiling without a chip", generated from bench/results):
+#: 1024x2048 / 512x512 was the fastest tiling measured for every 75K-token spec whose programs
+#: fit, with its default code or with code left out to fit (jenga-like with its residual masks
+#: left out 203.81 ms, against 207.25 at 1024x1024 and 228.09 at 512x1024; hunyuan_720p_text
+#: 187.95 against 207.29 at 512x1024; one kernel per pattern: sparse-vDiT-like 59.07 against
+#: 70.04, PARO-like 58.86 against 62.05 and 71.95, wan21_720p_mixed 26.61 against 31.05).
+#: Where it does not fit, 1024x1024 / 512x512 was within 2 % of the best measured (jenga-like,
+#: PARO-like) and 512x1024 / 512x512 the fastest of the rest.
+V5E_TILINGS = (
+    (1024, 2048, 512, 512),
+    (1024, 1024, 512, 512),
+    (512, 1024, 512, 512),
+    (512, 512, 512, 512),
+)
 
 
 def chip_free(plan, analyze_at: Callable, render: Callable, *, count=kernel_bundles, progress=None):
     """(plan, files, ProgramSize) at the first of V5E_TILINGS that the spec takes and whose
-    program fits (analyze_at(tiling) -> plan, or None where the spec cannot take it); the
-    spec's own default plan, fitted as usual, where none does."""
+    programs fit with what the compiler may leave out (analyze_at(tiling) -> plan, or None
+    where the spec cannot take it); the spec's own default plan, fitted as usual, where none
+    does."""
     progress = progress or (lambda line: None)
-    for index, tiling in enumerate(V5E_TILINGS):
+    for tiling in V5E_TILINGS:
         candidate = analyze_at(tiling)
         if candidate is None:
             continue
-        # The first tiling only where no more than straight-line bodies (and, with several
-        # patterns, the union of their kernels) are given up: its residual masks are what
-        # make its BOUNDARY blocks fast.
-        steps = shrink_steps(len(candidate.patterns), candidate.target.cores_per_chip)
-        if index == 0:
-            steps = tuple(s for s in steps if s.residual_masks)
         try:
-            return fit(candidate, render, count=count, progress=progress, steps=steps)
+            return fit(candidate, render, count=count, progress=progress)
         except OverBudget:
             progress(f"{tiling_words(tiling)} is over the budget: the next")
     return fit(plan, render, count=count, progress=progress)

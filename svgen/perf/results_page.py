@@ -23,6 +23,7 @@ import ast
 import dataclasses
 import json
 import pathlib
+import re
 
 RESULTS = pathlib.Path("bench/results")
 MANIFEST = RESULTS / "manifest.json"
@@ -130,6 +131,8 @@ class Results:
     fingerprints: (
         dict  # source -> the reference fingerprint of HEAD's code (svgen.perf.fingerprint)
     )
+    # Timings of kernels with code left out (`svgen bench --program`), never a spec's figure.
+    left_out: tuple[Timing, ...] = ()
 
 
 def _default_program(program) -> bool:
@@ -141,6 +144,19 @@ def _default_program(program) -> bool:
         return program == ProgramLimits().source()
     except (ImportError, AttributeError):
         return False
+
+
+def program_words(program: str) -> str:
+    """What a result's `program` (ProgramLimits(...) as `svgen bench` records it) left out, in
+    words."""
+    from svgen.core.program import ProgramLimits
+
+    values = {"True": True, "False": False, "None": None}
+    fields = {}
+    for item in re.findall(r"(\w+)=(\w+)", program or ""):
+        name, text = item
+        fields[name] = values[text] if text in values else int(text)
+    return ProgramLimits(**fields).words() or "nothing"
 
 
 def tiling_of(t: dict) -> Tiling:
@@ -209,14 +225,14 @@ def load(root: pathlib.Path) -> Results:
                 order,
             )
         )
-    # The spec's own kernels only: see Timing.default_code.
-    timings = tuple(
+    # The spec's own kernels apart from those with code left out: see Timing.default_code.
+    every = tuple(
         t
         for s in sources
         if s.kind == "svgen bench"
         for t in (Timing(s, r) for r in s.data["results"] if "tiling" in r and "source" in r)
-        if t.default_code
     )
+    timings = tuple(t for t in every if t.default_code)
     variants = tuple(v for s in sources if s.kind == "kernel_ab" for v in _variants(s))
     sizes_source = next((s for s in sources if "sizes" in s.sections), None)
     sizes = {}
@@ -237,6 +253,7 @@ def load(root: pathlib.Path) -> Results:
         model,
         manifest["headline"],
         fingerprints,
+        tuple(t for t in every if not t.default_code),
     )
 
 
@@ -274,7 +291,7 @@ def newest_splash(results: Results, spec: str, direction: str) -> Timing | None:
     `direction` (an exact spec's Splash figures hold for every svgen tiling)."""
     found = [
         t
-        for t in results.timings
+        for t in (*results.timings, *results.left_out)
         if t.spec == spec and t.source.yardstick and t.ms(f"splash_mask_{direction}")
     ]
     return max(found, key=lambda t: t.source.order, default=None)
@@ -381,29 +398,31 @@ def runtime_words(runtime: tuple) -> str:
     return ", ".join(f"{name}={value}" for name, value in runtime)
 
 
-#: What the chip-free rule may leave out at its first tiling (svgen.perf.program_size.chip_free:
-#: straight-line bodies, never residual masks), as kernel_size's --runtime names it.
+#: Straight-line bodies left out, as kernel_size's --runtime names it: the one shrink step of
+#: svgen.perf.program_size.chip_free that the counted programs cover.
 WITHOUT_STRAIGHT = (("straight.MAX_WORDS", 0),)
 
 
-def chip_free_pick(results: Results, spec: str) -> tuple[Tiling, tuple] | None:
+def chip_free_pick(results: Results, spec: str, patterns: int = 1) -> tuple[Tiling, tuple] | None:
     """(tiling, runtime settings) that `svgen compile --target v5e` takes for a spec that
     gives none, from the counted programs: the first of V5E_TILINGS whose default program
-    fits the budget, the first one also with its straight-line bodies left out
-    (svgen.perf.program_size.chip_free); None where a count it needs was not taken. One
-    kernel per pattern (ProgramLimits.pattern_calls, a later shrink step) is not modelled."""
+    fits the budget, or fits with its straight-line bodies left out
+    (svgen.perf.program_size.chip_free). None where a count it needs was not taken, and where
+    a tiling is over the budget with both: the compiler's further steps there (one kernel per
+    pattern, whole masks) are not counted in the results. With several `patterns`, one kernel
+    per pattern is the compiler's first step: past the default program, nothing is counted."""
     from svgen.perf.program_size import V5E_TILINGS
 
     limit = budget()
-    for index, tiling in enumerate(V5E_TILINGS):
+    for tiling in V5E_TILINGS:
         t = (*tiling, "exact")
-        tries = [()] + ([WITHOUT_STRAIGHT] if index == 0 else [])
-        counts = [bundles(results, spec, t, r) for r in tries]
-        for runtime, count in zip(tries, counts):
-            if count is not None and count <= limit:
+        for runtime in ((), WITHOUT_STRAIGHT) if patterns < 2 else ((),):
+            count = bundles(results, spec, t, runtime)
+            if count is None:
+                return None
+            if count <= limit:
                 return t, runtime
-        if counts[0] is None:
-            return None
+        return None
     return None
 
 

@@ -142,9 +142,15 @@ def _at_head(results: rp.Results, root: pathlib.Path, t: rp.Timing) -> str:
 
     if load_spec(root / t.spec, chip=rp.CHIP).tiling_given:
         return "the spec's" if rp.head_tiling(root, t.spec) == t.tiling else "another"
-    return (
-        "the chip-free pick" if rp.chip_free_pick(results, t.spec) == (t.tiling, ()) else "another"
-    )
+    pick = rp.chip_free_pick(results, t.spec, _patterns(root, t.spec))
+    return "the chip-free pick" if pick == (t.tiling, ()) else "another"
+
+
+def _patterns(root: pathlib.Path, spec: str) -> int:
+    """How many patterns the spec's heads choose among (1 for one mask)."""
+    from svgen.spec import load_spec
+
+    return max(1, len(load_spec(root / spec, chip=rp.CHIP).patterns))
 
 
 def cliff(results: rp.Results, root: pathlib.Path) -> list[str]:
@@ -210,15 +216,15 @@ def tilings(results: rp.Results, root: pathlib.Path) -> list[str]:
             if t is not None:
                 timed[tiling] = t.ms("svgen_forward")
             cells.append(f"{_ms(t.ms('svgen_forward'))} ({t.source.commit})" if t else "")
-        fastest = min(timed, key=timed.get) if timed else None
-        pick = _pick_words(results, spec)
+        fastest = _fastest(results, spec)
+        pick = _pick_words(results, root, spec)
         given = load_spec(root / spec, chip=rp.CHIP).tiling_given
         splash = rp.newest_splash(results, spec, "forward")
         rows.append(
             [
                 pathlib.Path(spec).stem,
                 *cells,
-                rp.tiling_words(fastest) if fastest else "-",
+                fastest,
                 rp.tiling_words(rp.head_tiling(root, spec)) if given else "none given",
                 pick,
                 _ms(splash.ms("splash_mask_forward")) if splash else "-",
@@ -232,12 +238,72 @@ def tilings(results: rp.Results, root: pathlib.Path) -> list[str]:
         "chip-free pick",
         "Splash at its best ms",
     ]
-    return _table(header, ["---"] + ["--:"] * 3 + ["---"] * 3 + ["--:"], rows)
+    return _table(header, ["---"] + ["--:"] * len(candidates) + ["---"] * 3 + ["--:"], rows)
 
 
-def _pick_words(results: rp.Results, spec: str) -> str:
+def left_out(results: rp.Results, root: pathlib.Path) -> list[str]:
+    """Kernels timed with code left out (`svgen bench --program`: one kernel per pattern,
+    straight-line bodies, whole masks), each beside Splash at its best and the fastest kernel
+    of the same spec with its default code."""
+    rows = []
+    for t in sorted(results.left_out, key=lambda t: (t.name, t.tiling, t.source.order)):
+        mine = t.ms("svgen_forward")
+        if not mine:
+            continue
+        splash = rp.newest_splash(results, t.spec, "forward")
+        theirs = splash.ms("splash_mask_forward") if splash else None
+        default = [d for d in results.timings if d.spec == t.spec and d.ms("svgen_forward")]
+        best = min(default, key=lambda d: d.ms("svgen_forward"), default=None)
+        first = t.result["svgen_forward"].get("first_call_s")
+        rows.append(
+            [
+                t.name,
+                rp.tiling_words(t.tiling),
+                rp.program_words(t.result.get("program")),
+                _ms(mine) + (f" (first call {first:.1f} s)" if first else ""),
+                _ms(theirs) if theirs else "-",
+                _x(mine, theirs),
+                (
+                    f"{_ms(best.ms('svgen_forward'))} ({rp.tiling_words(best.tiling)}; "
+                    f"{best.source.commit})"
+                    if best
+                    else "-"
+                ),
+                _x(mine, best.ms("svgen_forward")) if best else "-",
+                _when(t),
+            ]
+        )
+    header = [
+        "spec",
+        "tiling",
+        "left out",
+        "svgen forward ms",
+        "Splash at its best ms",
+        "svgen over it",
+        "the spec's fastest with its default code, ms",
+        "this over that",
+        "timed at",
+    ]
+    return _table(header, ["---"] * 3 + ["--:"] * 5 + ["---"], rows)
+
+
+def _fastest(results: rp.Results, spec: str) -> str:
+    """The spec's fastest forward kernel measured at any tiling, with code left out or not."""
+    timed = [
+        t for t in (*results.timings, *results.left_out) if t.spec == spec and t.ms("svgen_forward")
+    ]
+    if not timed:
+        return "-"
+    best = min(timed, key=lambda t: t.ms("svgen_forward"))
+    words = rp.tiling_words(best.tiling)
+    if not best.default_code:
+        words += f", {rp.program_words(best.result.get('program'))}"
+    return f"{words} ({_ms(best.ms('svgen_forward'))})"
+
+
+def _pick_words(results: rp.Results, root: pathlib.Path, spec: str) -> str:
     """The chip-free pick, its program's bundles, and whether that kernel was timed."""
-    pick = rp.chip_free_pick(results, spec)
+    pick = rp.chip_free_pick(results, spec, _patterns(root, spec))
     if pick is None:
         return "not counted"
     tiling, runtime = pick
@@ -295,6 +361,8 @@ def files(results: rp.Results, root: pathlib.Path) -> list[str]:
     for t in results.timings:
         if t.source.yardstick and (t.ms("splash_mask_forward") or t.ms("splash_mask_backward")):
             use(t.source, "vs Splash")
+    for t in results.left_out:
+        use(t.source, "code left out")
     for s in results.sources:
         for section in s.sections:
             use(s, section)
@@ -345,6 +413,7 @@ PAGE_SECTIONS = {
     "vs-splash": vs_splash,
     "cliff": cliff,
     "tilings": tilings,
+    "left-out": left_out,
     "model": model,
     "files": files,
 }
