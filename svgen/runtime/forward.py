@@ -441,28 +441,61 @@ def _mixed(step: _Step, pattern: PatternCode, bounded: bool):
 
 def _body_paths(step: _Step, bounded: bool, in_mode):
     """The FULL and BOUNDARY paths of a step, for q tiles of one softmax mode (in_mode: True,
-    or the bounded kernel's traced mode test), in the order of variant.Branches.phases."""
-    variant, shape, view, kind, active = step.variant, step.shape, step.view, step.kind, step.active
-    every_block_full = (TileKind.FULL,) * shape.compute_blocks
-    pl.when(_both(active & (kind == TileKind.FULL), in_mode))(
+    or the bounded kernel's traced mode test): the phases the variant's Branches declares
+    (Branches.phases, the names svgen.runtime.branch_tree and the cost model read), each
+    emitted by name in that order."""
+    is_pattern = {}  # pattern index -> its test, made once and shared by its phases
+    for name in step.variant.branches.phases():
+        phase, _, index = name.rstrip("]").partition("[")
+        _PHASES[phase](step, int(index or 0), is_pattern, bounded, in_mode)
+
+
+def _full_phase(step: _Step, _, is_pattern, bounded: bool, in_mode):
+    """A FULL tile: every compute block unmasked, straight-line."""
+    every_block_full = (TileKind.FULL,) * step.shape.compute_blocks
+    pl.when(_both(step.active & (step.kind == TileKind.FULL), in_mode))(
         functools.partial(_straight, step, every_block_full, None, bounded)
     )
-    for index, pattern in enumerate(variant.patterns):
-        is_pattern = True if len(variant.patterns) == 1 else view.pattern == index
-        pl.when(_both(active & (kind == TileKind.BOUNDARY) & is_pattern, in_mode))(
-            functools.partial(_mixed, step, pattern, bounded)
-        )
-        if variant.segments and not variant.walk.has_blocks:
-            # One compute block per tile: the tile's kind says whether it spans segments.
-            across = _both(active & (kind == SEGMENT_BOUNDARY) & is_pattern, in_mode)
-            _across_segments(step, step.blocks[0], across, pattern, bounded)
-    if variant.padded and not variant.walk.has_blocks and shape.padding_kv_tile is not None:
-        # A selected tile of one compute block holding the end of the keys.
-        pl.when(_both(active & (kind == PADDED), in_mode))(
-            functools.partial(
-                _masked, step, step.blocks[0], every_key(variant.patterns[0]), bounded=bounded
-            )
-        )
+
+
+def _pattern_test(step: _Step, index: int, is_pattern: dict):
+    """Whether the step's head runs pattern `index` (True with one pattern)."""
+    if index not in is_pattern:
+        patterns = step.variant.patterns
+        is_pattern[index] = True if len(patterns) == 1 else step.view.pattern == index
+    return is_pattern[index]
+
+
+def _mixed_phase(step: _Step, index: int, is_pattern, bounded: bool, in_mode):
+    """A BOUNDARY tile of pattern `index`."""
+    this = _pattern_test(step, index, is_pattern)
+    pl.when(_both(step.active & (step.kind == TileKind.BOUNDARY) & this, in_mode))(
+        functools.partial(_mixed, step, step.variant.patterns[index], bounded)
+    )
+
+
+def _segment_phase(step: _Step, index: int, is_pattern, bounded: bool, in_mode):
+    """One compute block per tile across run-time segments: the tile's kind says so."""
+    this = _pattern_test(step, index, is_pattern)
+    across = _both(step.active & (step.kind == SEGMENT_BOUNDARY) & this, in_mode)
+    _across_segments(step, step.blocks[0], across, step.variant.patterns[index], bounded)
+
+
+def _padded_phase(step: _Step, _, is_pattern, bounded: bool, in_mode):
+    """A selected tile of one compute block holding the end of the keys."""
+    every = every_key(step.variant.patterns[0])
+    pl.when(_both(step.active & (step.kind == PADDED), in_mode))(
+        functools.partial(_masked, step, step.blocks[0], every, bounded=bounded)
+    )
+
+
+# Each phase of Branches.phases by its name (mixed[p], segment[p]: the pattern's index).
+_PHASES = {
+    "full": _full_phase,
+    "mixed": _mixed_phase,
+    "segment": _segment_phase,
+    "padded": _padded_phase,
+}
 
 
 def _finalize(step: _Step):
