@@ -41,11 +41,16 @@ def svgen(tmp_path, *args) -> subprocess.CompletedProcess:
     )
 
 
+def cost_json(tmp_path, spec: str, *flags) -> dict:
+    """`svgen cost SPEC --json FLAGS` in tmp_path (svgen), its report."""
+    result = svgen(tmp_path, "cost", spec, "--json", *flags)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
 def test_cost_json_on_a_small_spec(tmp_path):
     (tmp_path / "small.yaml").write_text(SMALL)
-    result = svgen(tmp_path, "cost", "small.yaml", "--json")
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
+    report = cost_json(tmp_path, "small.yaml")
     for key in (
         "target",
         "cycles",
@@ -109,9 +114,7 @@ def test_cost_backward_on_a_small_spec(tmp_path):
     """`svgen cost --backward`: the kernels of a jax.grad call, each modelled over its own
     tables; the dq read-modify-write traffic of the fused walk is charged; totals add up."""
     (tmp_path / "small.yaml").write_text(SMALL)
-    result = svgen(tmp_path, "cost", "small.yaml", "--json", "--backward")
-    assert result.returncode == 0, result.stderr
-    training = json.loads(result.stdout)["training"]
+    training = cost_json(tmp_path, "small.yaml", "--backward")["training"]
     cycles = training["cycles"]
     assert set(cycles) == {"forward", "dkv", "dq_hbm"}  # dq fused into the dk/dv walk
     assert all(value > 0 for value in cycles.values())
@@ -180,23 +183,8 @@ def test_cost_of_every_chunk_position(tmp_path):
         + "runtime: {kv_cache: {chunk_frames: 2}}\n"
     )
     (tmp_path / "chunks.yaml").write_text(text)
-    env = {**__import__("os").environ, "SVGEN_CACHE_DIR": str(tmp_path / "cache")}
-    run = [sys.executable, "-m", "svgen.cli"]
-    result = subprocess.run(
-        run + ["cost", "chunks.yaml", "--json"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
-    chunks = report["chunks"]
-    inspected = json.loads(
-        subprocess.run(
-            run + ["inspect", "chunks.yaml", "--json"], cwd=tmp_path, capture_output=True, text=True
-        ).stdout
-    )["kv_cache"]
+    chunks = cost_json(tmp_path, "chunks.yaml")["chunks"]
+    inspected = json.loads(svgen(tmp_path, "inspect", "chunks.yaml", "--json").stdout)["kv_cache"]
     assert chunks["chunk_frames"] == inspected["chunk_frames"] == 2
     positions = chunks["positions"]
     assert [p["first_frame"] for p in positions] == [0, 2, 4, 6]
@@ -210,9 +198,7 @@ def test_cost_of_every_chunk_position(tmp_path):
     assert chunks["total_cycles"] == sum(p["cycles"] for p in positions)
     # The first chunk sees the fewest keys (block-causal): it is the cheapest.
     assert positions[0]["cycles"] == min(p["cycles"] for p in positions)
-    text_report = subprocess.run(
-        run + ["cost", "chunks.yaml"], cwd=tmp_path, capture_output=True, text=True, env=env
-    ).stdout
+    text_report = svgen(tmp_path, "cost", "chunks.yaml").stdout
     assert "KV-cache chunks of 2 frame(s)" in text_report and "frames 6-7:" in text_report
 
 
@@ -224,16 +210,7 @@ def test_cost_of_a_select_spec_bounds_the_call(tmp_path):
         "select:\n  candidate: {spatial_window: {frames: 2}}\n  top_k: {k: 2, max: 4}\n"
     )
     (tmp_path / "select.yaml").write_text(text)
-    env = {**__import__("os").environ, "SVGEN_CACHE_DIR": str(tmp_path / "cache")}
-    result = subprocess.run(
-        [sys.executable, "-m", "svgen.cli", "cost", "select.yaml", "--json"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
+    report = cost_json(tmp_path, "select.yaml")
     paths, bounds = report["paths"], report["select"]
     # 2 x 2 blocks per tile; keys 2,048 .. 2,239 of the last tile are its first block
     # column: only blocks 0 and 2 can be PADDED. A PADDED block is a FULL one plus the
@@ -261,13 +238,7 @@ def test_cost_of_a_select_spec_bounds_the_call(tmp_path):
         policy["pooling"], policy["pooling_floor"]
     )
     assert 0 < policy["pooling_floor"] and policy["cycles"] < bounds["none"]["cycles"]
-    text = subprocess.run(
-        [sys.executable, "-m", "svgen.cli", "cost", "select.yaml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=env,
-    ).stdout
+    text = svgen(tmp_path, "cost", "select.yaml").stdout
     assert (
         f"selection per call (pooling, block scores, top_k, tables; XLA programs before the kernel): {policy['cycles']:,} cycles"
         in text
@@ -304,9 +275,7 @@ def test_cost_of_a_bounded_softmax_kernel(tmp_path, runtime):
     SEGMENT_BOUNDARY branches too."""
     spec = SMALL.replace("dtype: bfloat16}", "dtype: bfloat16, softmax: bounded}") + runtime
     (tmp_path / "small.yaml").write_text(spec)
-    result = svgen(tmp_path, "cost", "small.yaml", "--json")
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
+    report = cost_json(tmp_path, "small.yaml")
     bounded, online = report["paths"], report["paths"]["fallback"]
     assert "fallback" not in online
     assert bounded["bookkeeping"] < bounded["full"] < online["full"]
