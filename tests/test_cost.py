@@ -247,6 +247,24 @@ def test_cost_of_a_select_spec_bounds_the_call(tmp_path):
     assert f"{sampled['cycles']:,} cycles" in text
 
 
+def test_a_one_block_selection_reads_no_negative_path(tmp_path):
+    """A selection over tiles of one compute block has a padded phase of its own: the step's
+    bookkeeping is read with it skipped too, so no path's extra bundles come out negative
+    (they did: the padded tile's work was taken into every skipped step)."""
+    text = SMALL.replace("name: small_cost", "name: small_select_one").replace(
+        "tiling: {block_q: 256, block_kv: 512, compute_q: 128, compute_kv: 256}",
+        "tiling: {block_q: 256, block_kv: 256}",
+    ) + ("select:\n  candidate: {spatial_window: {frames: 2}}\n  top_k: {k: 2, max: 4}\n")
+    (tmp_path / "select.yaml").write_text(text)
+    paths = cost_json(tmp_path, "select.yaml")["paths"]
+    assert len(paths["padded_block"]) == 1  # the one block of a tile: a phase of its own
+    assert paths["bookkeeping"] > 0 and paths["full"] > paths["bookkeeping"]
+    assert paths["finalize"] > 0 and all(m >= paths["bookkeeping"] for m in paths["mixed"])
+    blocks = [x for pattern in paths["block"] for block in pattern for x in block]
+    assert blocks and min(blocks) >= 0
+    assert min(paths["padded_block"][0]) > 0
+
+
 def test_sampled_selection_takes_k_selectable_blocks_a_row(compile_text):
     """The blocks `svgen cost` models a select spec's own amount on: k per compute block row
     (fewer where fewer can be chosen), only selectable ones, the same for the same seed."""

@@ -28,7 +28,8 @@ from svgen.runtime.variant import backward_branches
 KERNEL_NAME = "svgen_attention"
 # The format of the cached costs (PathCosts and its kin); what the kernels trace is in the key by
 # its source (kernel_sources), so an edit to a kernel needs no bump here.
-CACHE_VERSION = 7  # 5: residual_block (kernels with residual masks); 6: straight; 7: program
+CACHE_VERSION = 8  # 5: residual_block (kernels with residual masks); 6: straight; 7: program;
+# 8: a one-block selection's bookkeeping read with its padded phase skipped (paths._read_set)
 
 
 # ----------------------------------------------------------------------------- the cache

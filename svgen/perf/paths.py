@@ -290,15 +290,14 @@ def _read_set(reader: _StepReader, phases: dict[str, _Found], branches: Branches
     finalize), each found in the schedule under its declared name."""
     init, finalize = phases["init"], phases["finalize"]
     padded = phases.get("padded")
-    # The step's bookkeeping is read with a one-block selection's padded tile running (as
-    # the model always read it; its tile costs add up the same, since each BOUNDARY step's
-    # extra bundles are taken over this same bookkeeping).
-    skippable = {f.address for name, f in phases.items() if name != "padded"}
-    bookkeeping = reader.cost(skippable)
+    # The step's bookkeeping: every phase skipped, a one-block selection's padded tile too
+    # (read with it running, the bookkeeping took the padded tile's work into every skipped
+    # step and left the FULL, BOUNDARY and finalize figures negative).
+    every_phase = {f.address for f in phases.values()}
+    bookkeeping = reader.cost(every_phase)
     padded_blocks = []
     if padded is not None:
-        padded_blocks.append(reader.masked(padded, skippable, bookkeeping))
-    every_phase = {f.address for f in phases.values()}
+        padded_blocks.append(reader.masked(padded, every_phase - {padded.address}, bookkeeping))
     tiles = [
         _boundary_tile(reader, branches, p, phases[f"mixed[{p}]"], every_phase, bookkeeping)
         for p in range(branches.patterns)
