@@ -424,3 +424,60 @@ def test_bench_times_each_program_asked_for_with_its_code_left_out(tmp_path, mon
     args = ["bench", str(spec), "--interpret", "--program", "none", "--program", "pattern_calls"]
     assert main(args) == 0
     assert seen == [(ProgramLimits(), True), (ProgramLimits(pattern_calls=True), False)]
+
+
+UNTILED = """
+svgen: 1
+name: tiny_untiled
+geometry: {frames: 4, height: 16, width: 32}
+attention: {heads: 2, head_dim: 128, dtype: bfloat16}
+layout: frame_major
+patterns:
+  spatial: {spatial_window: {frames: 1}}
+  temporal: {temporal_stride: {rows: 0, cols: 0}}
+heads:
+  candidates: [{pattern: spatial}, {pattern: temporal}]
+  assign: runtime
+"""
+
+
+def test_bench_times_the_module_svgen_compile_writes(tmp_path, monkeypatch):
+    """With neither --tiling nor --program, `svgen bench` times what `svgen compile --target`
+    writes: for a spec with no tiling, the tiling svgen picks and the code it leaves out to
+    fit the program budget (here, with a fake count: one kernel per pattern at 1024 x 2048),
+    not the spec's default 512 x 512 tiles with everything in."""
+    import re
+
+    from svgen.cli import main
+    from svgen.core.program import ProgramLimits
+    from svgen.perf import program_size
+
+    spec_file = tmp_path / "untiled.yaml"
+    spec_file.write_text(UNTILED)
+
+    def fake_count(files, plan):  # over the budget unless one kernel per pattern
+        return {"svgen_attention": 30_000 if plan.program.pattern_calls else 90_000}
+
+    monkeypatch.setattr(program_size, "kernel_bundles", fake_count)
+    seen = []
+
+    def fake_bench(spec, target, options, on_entry=lambda result: None, **_):
+        t = spec.tiling
+        seen.append(((t.block_q, t.block_kv, t.cq, t.ckv), options.program))
+        return {"spec": spec.name, "tiling": {}, "program": options.program.source()}
+
+    monkeypatch.setattr(chip_bench, "bench_spec", fake_bench)
+    monkeypatch.setattr(bench_table, "format_table", lambda results, chip: [])
+    assert main(["bench", str(spec_file), "--interpret", "--quiet"]) == 0
+    out = tmp_path / "out"
+    assert main(["compile", str(spec_file), "--target", "v5e", "--out", str(out), "-q"]) == 0
+    module = (out / "tiny_untiled.py").read_text()
+    sizes = ("BLOCK_Q", "BLOCK_KV", "COMPUTE_Q", "COMPUTE_KV")
+    tiles = tuple(int(re.search(rf"^{name} = (\d+)$", module, re.M).group(1)) for name in sizes)
+    assert seen == [((1024, 2048, 512, 512), ProgramLimits(pattern_calls=True))]
+    assert tiles == seen[0][0]
+    assert "program=kernel.ProgramLimits(pattern_calls=True)" in module
+    # Told a tiling, it times that tiling with nothing left out, as before.
+    seen.clear()
+    assert main(["bench", str(spec_file), "--interpret", "--quiet", "--tiling", "512x512"]) == 0
+    assert seen == [((512, 512, 512, 512), ProgramLimits())]

@@ -287,8 +287,10 @@ def _add_bench(sub) -> None:
         type=parse_tiling,
         action="append",
         metavar="BQxBKV[/CQxCKV]",
-        help="time this tiling instead of the spec's (such as 1024x1024); repeat it to time "
-        "each spec at several tilings in one process, Splash once per exact spec",
+        help="time this tiling instead of the module `svgen compile --target` writes (the "
+        "spec's tiling, or the one svgen picks where it gives none, with the code it leaves "
+        "out to fit); such as 1024x1024; repeat it to time each spec at several tilings in "
+        "one process, Splash once per exact spec",
     )
     p.add_argument(
         "--program",
@@ -297,7 +299,8 @@ def _add_bench(sub) -> None:
         metavar="LIMITS",
         help="time the module with this code left out, as `svgen compile` writes it in "
         "the module's program=ProgramLimits(...): pattern_calls, straight_words=N, "
-        "whole_masks, joined by '+' (default: none); repeat it to time each in one process",
+        "whole_masks, joined by '+' (default with --tiling: none; with neither option, what "
+        "`svgen compile` leaves out); repeat it to time each in one process",
     )
     p.add_argument("--no-splash", action="store_true", help="time svgen alone")
     p.add_argument(

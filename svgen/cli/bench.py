@@ -106,6 +106,23 @@ def _load(path: str, target: str, tiling):
     return spec if tiling is None else measured_tune.with_tiling(spec, tiling)
 
 
+def _as_compiled(path: str, target: str, quiet: bool):
+    """(spec, ProgramLimits) of the module `svgen compile --target` writes for `path`."""
+    from svgen.cli.compile import as_compiled
+
+    plan = as_compiled(path, target, quiet)
+    if not quiet:
+        t = plan.spec.tiling
+        left_out = plan.program.words() or "nothing left out"
+        print(
+            f"svgen bench: {path}: timing the module svgen compile writes: "
+            f"{t.block_q}x{t.block_kv}/{t.cq}x{t.ckv}, {left_out}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return plan.spec, plan.program
+
+
 def bench_specs(args) -> int:
     from svgen.perf import bench_table, chip_bench
 
@@ -113,14 +130,18 @@ def bench_specs(args) -> int:
     if chip is None:
         return EXIT_BAD_INPUT
     target = args.target or (chip if chip != "cpu-interpret" else "v5e")
-    # Every spec read first, at each tiling asked for (or its own), each with every program
-    # asked for (or nothing left out).
-    specs = [
-        (_load(path, target, t), program)
-        for path in args.specs
-        for t in args.tiling or [None]
-        for program in args.program or [parse_program("none")]
-    ]
+    # Every spec read first: at each tiling asked for, each with every program asked for;
+    # with neither asked for, the module `svgen compile --target` writes (its tiling or the
+    # one svgen picks, with the code it leaves out to fit the program budget).
+    if args.tiling is None and args.program is None:
+        specs = [_as_compiled(path, target, args.quiet) for path in args.specs]
+    else:
+        specs = [
+            (_load(path, target, t), program)
+            for path in args.specs
+            for t in args.tiling or [None]
+            for program in args.program or [parse_program("none")]
+        ]
     options = chip_bench.Options(
         warmup=args.warmup,
         iters=args.iters,

@@ -4,6 +4,7 @@ compiled."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import pathlib
@@ -131,6 +132,26 @@ def _write(rendered: dict[pathlib.Path, bytes], out_dir: pathlib.Path, quiet: bo
             f"svgen: {len(written)} file(s) written, {len(rendered) - len(written)} unchanged",
             file=sys.stderr,
         )
+
+
+def as_compiled(spec_file: str, target: str, quiet: bool) -> Plan:
+    """The plan that `svgen compile SPEC --target TARGET` writes with its other options at
+    their defaults: the spec's tiling for the chip, or the tiling svgen picks where it gives
+    none, with any code left out to fit the chip's program budget (rendered as that command
+    renders it, so the program counts it caches are shared). What `svgen bench` times unless
+    told a tiling or program."""
+    args = argparse.Namespace(target=target, smem_budget=DEFAULT_SMEM_BUDGET)
+    out_dir = pathlib.Path(OUT_DEFAULT)
+    plan = plan_spec(spec_file, quiet, DEFAULT_SMEM_BUDGET, target, warn=False)
+    if plan.backend != "tpu":
+        return plan
+
+    def render(plan: Plan) -> dict[str, bytes]:
+        return codegen.render(
+            plan, _spec_path_for_header(spec_file, out_dir), _regenerate_options(args, out_dir)
+        )
+
+    return fit_program(plan, render, spec_file, quiet)[0]
 
 
 def _spec_path_for_header(spec_file: str, out_dir: pathlib.Path) -> str:
