@@ -8,13 +8,10 @@ from __future__ import annotations
 import json
 import pathlib
 
-import pytest
 
 from helpers import REPO
 from svgen.perf import chip_bench, fingerprint
 from svgen.spec import load_spec
-
-pytest.importorskip("jax")
 
 SMALL = ("examples/first_kernel.yaml", "examples/dit_small.yaml")
 FAILURE = (

@@ -15,7 +15,6 @@ message (file:line:col and key where it is about a spec), no traceback, nothing 
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -552,7 +551,6 @@ def _refused_in_child(project, args: list[str], *words: str) -> str:
     return done.stderr
 
 
-@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="svgen cost needs libtpu")
 def test_cost_refusals_name_line_and_column(project):
     """Over the VMEM, over the SMEM budget, and a kernel of one grid step (libtpu compiles
     it without a loop): file:line:col: tiling, before any compile."""
