@@ -34,7 +34,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO))
 
-from svgen.perf import tpu_schedule  # noqa: E402
+from svgen.estimate import tpu_schedule  # noqa: E402
 
 tpu_schedule.ensure_dump_flags()  # before anything starts libtpu
 
@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
 from splash_cost import dense_splash_cost  # noqa: E402
-from svgen.perf import cost  # noqa: E402
+from svgen.estimate import cost  # noqa: E402
 from svgen.analysis import analyze  # noqa: E402
 from svgen.core.kinds import TileKind  # noqa: E402
 from svgen.spec import ALIGN_MODES, parse_spec  # noqa: E402

@@ -24,7 +24,8 @@ import sys
 import tempfile
 import time
 
-from svgen.perf import chip_bench, measure
+from svgen.chip import chip_bench
+from svgen.estimate import measure
 from svgen.spec import load_spec
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

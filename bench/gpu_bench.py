@@ -23,9 +23,9 @@ Default (static, no GPU, no timing): one markdown table, one row per (spec, patt
 
 These are work counts, not times: no speed claim is made without a GPU.
 
---compile (no GPU; the toolchain of `.gpu-aot`, see svgen/perf/gpu_aot.py): per spec, the
+--compile (no GPU; the toolchain of `.gpu-aot`, see svgen/chip/gpu_aot.py): per spec, the
 deviceless compile facts for --target of svgen's GPU module at the spec's own `gpu` tiling (or
-at each --tiles tile when given), from `svgen.perf.gpu_aot.compile_module`: grid, threads, shared
+at each --tiles tile when given), from `svgen.chip.gpu_aot.compile_module`: grid, threads, shared
 memory, registers, spills (ptxas), wgmma instructions in the PTX; beside it JAX's dense Pallas
 Triton flash attention (`jax.experimental.pallas.ops.gpu.attention.mha`, its default 128 x 128
 blocks) compiled the same way, in a child process (this script with --dense-child) against
@@ -74,7 +74,7 @@ import time
 
 import numpy as np
 
-from svgen.perf import gpu_aot
+from svgen.chip import gpu_aot
 from svgen.runtime import libtpu_env
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -249,7 +249,7 @@ def use_repo_toolchain() -> None:
 
 def dense_child(target: str, seq: int, heads: int, head_dim: int) -> dict:
     """In a child process (toolchain on PYTHONPATH, JAX_PLATFORMS=cpu): JAX's dense Pallas
-    Triton mha compiled for `target` without a GPU, as svgen.perf.gpu_aot compiles svgen's kernel
+    Triton mha compiled for `target` without a GPU, as svgen.chip.gpu_aot compiles svgen's kernel
     (the same topology, target description and dump), on [1, seq, heads, head_dim] bf16."""
     import jax
     import jax.numpy as jnp
@@ -392,7 +392,7 @@ def print_compile(rows: list[dict], notes: list[str], target: str) -> None:
     print()
     print(
         "These are compile facts, not times: what XLA, Triton and ptxas produce for the chip "
-        "on this host without a GPU (svgen.perf.gpu_aot); shared memory of the "
+        "on this host without a GPU (svgen.chip.gpu_aot); shared memory of the "
         f"{chip.shared_memory_per_block:,} bytes a block may use. Tiles per head: svgen's "
         "visited tiles (of all its tiles), dense mha's all; vs dense: the score entries a "
         "head computes, over dense mha's. No speed claim without a GPU (run `--time` on one)."

@@ -15,7 +15,7 @@ against today's in one process, today's compiled once). They are
 timed in turn, each the median of `--iters` calls after two warm-ups (first calls timed
 alone), both checked on sampled rows against a float32 reference. Splash given the same mask
 and dense Splash at its best blocks are timed beside them by `svgen bench`'s engine
-(svgen.perf.chip_bench), unless `--no-splash`. A table goes to stdout; `--json` keeps every figure, saved after
+(svgen.chip.chip_bench), unless `--no-splash`. A table goes to stdout; `--json` keeps every figure, saved after
 each spec, with the chip, versions and commit.
 
 Without a TPU it stops with one line (exit 2), unless `--interpret` (Pallas's interpreter
@@ -36,8 +36,8 @@ import tempfile
 import time
 
 from svgen.cli.bench import parse_tiling
-from svgen.perf import chip_bench, measured_tune
-from svgen.perf.splash_mask import head_patterns
+from svgen.chip import chip_bench, measured_tune
+from svgen.chip.splash_mask import head_patterns
 from svgen.spec import load_spec
 
 

@@ -15,7 +15,7 @@ chip times are the same: a pure restructuring of svgen.runtime proves itself thi
 touched.
 
 What `svgen bench` times (its fixed head assignment, kernel order, the tables' contents and
-the XLA ops around the kernels) is fingerprinted by svgen.perf.fingerprint, which this script
+the XLA ops around the kernels) is fingerprinted by svgen.chip.fingerprint, which this script
 shares its kernel digests with: `svgen fingerprint --check`.
 """
 
@@ -27,7 +27,7 @@ import pathlib
 import sys
 import tempfile
 
-from svgen.perf.fingerprint import pallas_kernels
+from svgen.chip.fingerprint import pallas_kernels
 
 
 def _calls(module):
@@ -91,7 +91,7 @@ def fingerprint(spec, target: str) -> dict[str, list[tuple[str, str]]]:
     """Per call of the spec's module, its kernels' (name, digest)."""
     import jax
 
-    from svgen.perf import chip_bench
+    from svgen.chip import chip_bench
 
     with tempfile.TemporaryDirectory(prefix="svgen-fingerprint-") as folder:
         _, module = chip_bench.compile_module(spec, target, pathlib.Path(folder))

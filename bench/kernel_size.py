@@ -25,7 +25,8 @@ import time
 
 from kernel_ab import parse_item, parse_runtime_setting, runtime_overrides
 
-from svgen.perf import chip_bench, measure, measured_tune
+from svgen.chip import chip_bench, measured_tune
+from svgen.estimate import measure
 from svgen.spec import load_spec
 
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from svgen.perf import cost  # noqa: E402
+from svgen.estimate import cost  # noqa: E402
 from svgen.analysis import analyze  # noqa: E402
 from svgen.analysis.chunks import runs_of_position  # noqa: E402
 from svgen.core.kinds import TileKind  # noqa: E402

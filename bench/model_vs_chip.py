@@ -26,8 +26,9 @@ import numpy as np  # noqa: E402
 from scipy.stats import spearmanr  # noqa: E402
 
 from svgen.analysis import analyze  # noqa: E402
-from svgen.perf import cost, measured_tune  # noqa: E402
-from svgen.perf.tpu_schedule import ensure_dump_flags  # noqa: E402
+from svgen.estimate import cost  # noqa: E402
+from svgen.chip import measured_tune  # noqa: E402
+from svgen.estimate.tpu_schedule import ensure_dump_flags  # noqa: E402
 from svgen.spec import load_spec  # noqa: E402
 
 #: A prediction "holds" when the chip's time is within this fraction of the model's.

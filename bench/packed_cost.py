@@ -43,7 +43,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from svgen import codegen  # noqa: E402
-from svgen.perf import cost, measure  # noqa: E402
+from svgen.estimate import cost, measure  # noqa: E402
 from svgen.analysis import analyze  # noqa: E402
 from svgen.runtime import segments  # noqa: E402
 from svgen.runtime.refine import SEGMENT_BOUNDARY  # noqa: E402

@@ -36,8 +36,8 @@ import jax
 import numpy as np
 from kernel_ab import parse_item
 
-from svgen.perf import chip_bench, measured_tune
-from svgen.perf.splash_mask import head_patterns
+from svgen.chip import chip_bench, measured_tune
+from svgen.chip.splash_mask import head_patterns
 from svgen.core import tables
 from svgen.spec import load_spec
 

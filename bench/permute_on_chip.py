@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from svgen.perf import chip_bench
+from svgen.chip import chip_bench
 from svgen.spec import load_spec
 
 

@@ -33,8 +33,8 @@ whose start libtpu never marks (the exit bundle); that region is marked there be
 parsing. Each op is attributed to the function of ``refine.py`` (or of this script) that
 emitted it, from the stack frames of the optimized HLO, to say what dominates.
 
-Next to it: the attention kernel's modelled cycles for the same spec (``svgen.perf.cost.cost_plan``,
-cached under ~/.cache/svgen/cost; one kernel compile per spec the first time), for the heads
+Next to it: the attention kernel's modelled cycles for the same spec
+(``svgen.estimate.cost.cost_plan``, cached under ~/.cache/svgen/cost; one kernel compile per spec the first time), for the heads
 as ``svgen cost`` assigns them (run-time specs: candidates in turn). The program's memory is
 read from the compiled executable (``memory_analysis``: arguments, outputs, temporaries) and
 its ``cost_analysis`` bytes accessed (XLA's per-op estimate: its gathers count far more
@@ -55,7 +55,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO))
 
-from svgen.perf import tpu_schedule  # noqa: E402
+from svgen.estimate import tpu_schedule  # noqa: E402
 
 tpu_schedule.ensure_dump_flags()  # before anything starts libtpu
 
@@ -64,7 +64,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from splash_cost import _compile_dumps  # noqa: E402
-from svgen.perf import cost  # noqa: E402
+from svgen.estimate import cost  # noqa: E402
 from svgen.analysis import analyze  # noqa: E402
 from svgen.runtime.refine import (  # noqa: E402
     StaticVisits,

@@ -23,12 +23,12 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from svgen.perf import tpu_schedule  # noqa: E402
+from svgen.estimate import tpu_schedule  # noqa: E402
 
 tpu_schedule.ensure_dump_flags()  # before anything starts libtpu
 
-from svgen.perf import cost  # noqa: E402
-from svgen.perf.paths import mean_rounded  # noqa: E402
+from svgen.estimate import cost  # noqa: E402
+from svgen.estimate.paths import mean_rounded  # noqa: E402
 from svgen.analysis import analyze  # noqa: E402
 from svgen.core.kinds import TileKind  # noqa: E402
 from svgen.spec import load_spec  # noqa: E402

@@ -60,8 +60,8 @@ import time
 
 import numpy as np
 
-from svgen.perf import chip_bench, splash_peer
-from svgen.perf.splash_mask import PackedKeep, make_splash, packed_keep, pattern_keep
+from svgen.chip import chip_bench, splash_peer
+from svgen.chip.splash_mask import PackedKeep, make_splash, packed_keep, pattern_keep
 from svgen.spec import load_spec
 
 
@@ -183,7 +183,7 @@ def bench_packed(spec, chip, options, videos: int, blocks, progress) -> dict:
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
 
-    from svgen.perf import splash_mask
+    from svgen.chip import splash_mask
 
     with tempfile.TemporaryDirectory(prefix="runtime-on-chip-") as folder:
         plan, module = chip_bench.compile_module(spec, chip, pathlib.Path(folder))
@@ -224,7 +224,7 @@ def bench_select(spec, chip, options, blocks, progress) -> dict:
     import jax
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
 
-    from svgen.perf import splash_mask
+    from svgen.chip import splash_mask
 
     with tempfile.TemporaryDirectory(prefix="runtime-on-chip-") as folder:
         plan, module = chip_bench.compile_module(spec, chip, pathlib.Path(folder))
@@ -276,7 +276,7 @@ def bench_selected(spec, chip, options, videos: int, blocks, progress) -> dict:
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
 
-    from svgen.perf import splash_mask
+    from svgen.chip import splash_mask
 
     with tempfile.TemporaryDirectory(prefix="runtime-on-chip-") as folder:
         plan, module = chip_bench.compile_module(spec, chip, pathlib.Path(folder))

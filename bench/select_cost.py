@@ -34,7 +34,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO))
 
-from svgen.perf import tpu_schedule  # noqa: E402
+from svgen.estimate import tpu_schedule  # noqa: E402
 
 tpu_schedule.ensure_dump_flags()  # before anything starts libtpu
 
@@ -43,7 +43,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from refine_cost import memory, op_cycles  # noqa: E402
 from splash_cost import _compile_dumps  # noqa: E402
-from svgen.perf import cost  # noqa: E402
+from svgen.estimate import cost  # noqa: E402
 from svgen.analysis import analyze  # noqa: E402
 from svgen.spec import load_spec  # noqa: E402
 from svgen.analysis.targets import TARGETS  # noqa: E402

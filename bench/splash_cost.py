@@ -4,7 +4,7 @@
 
 Builds the Splash Attention forward shipped with JAX (``make_splash_mha`` over a
 ``MultiHeadMask`` of ``FullMask``), AOT-compiles it for the target with libtpu, and reads the
-kernel's final VLIW schedule (``svgen.perf.tpu_schedule``): one bundle issues per cycle, so the
+kernel's final VLIW schedule (``svgen.estimate.tpu_schedule``): one bundle issues per cycle, so the
 bundles executed along a control-flow path of one grid step are that step's cycles (DMA waits
 count one bundle each; stalls the schedule does not show are not modelled).
 
@@ -88,10 +88,10 @@ import os
 import sys
 
 try:
-    from svgen.perf import tpu_schedule
+    from svgen.estimate import tpu_schedule
 except ImportError:  # run from a checkout without svgen installed
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from svgen.perf import tpu_schedule
+    from svgen.estimate import tpu_schedule
 
 FWD_KERNEL = "splash_mha_fwd"
 """Substring of the forward kernel's name (``get_kernel_name(..., phase="fwd")``)."""
@@ -228,7 +228,7 @@ def _grid_cost(
     }
 
 
-# One copy of the compile-and-read helpers, in the product (svgen.perf.tpu_schedule).
+# One copy of the compile-and-read helpers, in the product (svgen.estimate.tpu_schedule).
 _compile_dumps = tpu_schedule.compile_programs
 _rough_cycles = tpu_schedule.rough_cycles
 

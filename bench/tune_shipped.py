@@ -4,7 +4,7 @@ spec in one process (a chip is opened once), forward only, over a short list of 
     PYTHONPATH=. python bench/tune_shipped.py --json out/tune.json [--budget 45] [SPEC...]
 
 Prints a table per spec (stdout) and writes every trial as JSON after each spec, so an
-interrupted run keeps what it timed. Needs a TPU (svgen.perf.chip_bench.attached_chip).
+interrupted run keeps what it timed. Needs a TPU (svgen.chip.chip_bench.attached_chip).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from svgen.runtime import libtpu_env
 
 libtpu_env.prepare()
 
-from svgen.perf import chip_bench, measured_tune  # noqa: E402
+from svgen.chip import chip_bench, measured_tune  # noqa: E402
 from svgen.spec import load_spec  # noqa: E402
 
 #: 1024 x 1024 tiles of two compute blocks first (on a v5e 1.10x faster than one block,

@@ -37,7 +37,7 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from svgen.perf import tpu_schedule  # noqa: E402
+from svgen.estimate import tpu_schedule  # noqa: E402
 
 tpu_schedule.ensure_dump_flags()  # before anything starts libtpu
 
@@ -53,7 +53,7 @@ import yaml  # noqa: E402
 from jax import lax  # noqa: E402
 
 from svgen import codegen  # noqa: E402
-from svgen.perf import cost  # noqa: E402
+from svgen.estimate import cost  # noqa: E402
 from svgen.analysis import analyze  # noqa: E402
 from svgen.runtime import kernel, permute  # noqa: E402
 from svgen.spec import parse_spec  # noqa: E402

@@ -20,12 +20,12 @@ def test_generated_kernels_and_gradients_compile_for_v6e(spec_path):
     """Every shipped module at full size, its forward call and jax.grad through it: Mosaic and
     libtpu take the forward kernel (saving lse under the gradient) and the dk/dv walk that also
     accumulates dq (no dq kernel of its own). One compile of both, the one `svgen compile`
-    counts a module's programs with (svgen.perf.program_size.kernel_bundles), cached by the
+    counts a module's programs with (svgen.chip.program_size.kernel_bundles), cached by the
     module's files: the suite compiles each shipped module once, here or in test_cli's
     `compile --check` of the same files, and CI's `svgen compile specs/*.yaml` before it."""
     from svgen.analysis import analyze
     from svgen.cli.ownership import tables_loaded
-    from svgen.perf import program_size
+    from svgen.chip import program_size
     from svgen.spec import load_spec
 
     module = REPO / "generated" / f"{spec_path.stem}.py"

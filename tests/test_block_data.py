@@ -143,7 +143,7 @@ def test_kernels_match_float64(tmp_path, block, layout, text, tiling):
 def test_profile_reads_the_whole_table(tmp_path):
     """The module's reference path (profile, the Splash mask of `svgen bench`) gathers from
     the whole table; it keeps what the kernels keep."""
-    from svgen.perf.splash_mask import pattern_keep
+    from svgen.chip.splash_mask import pattern_keep
 
     tiling = "{block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}"
     plan, module = compile_spec_text(

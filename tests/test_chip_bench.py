@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from helpers import brute_force_align, dense_keep
-from svgen.perf import bench_table, chip_bench, splash_mask
+from svgen.chip import bench_table, chip_bench, splash_mask
 from svgen.spec import parse_spec
 
 MIXED = """
@@ -450,7 +450,7 @@ def test_bench_times_the_module_svgen_compile_writes(tmp_path, monkeypatch):
 
     from svgen.cli import main
     from svgen.core.program import ProgramLimits
-    from svgen.perf import program_size
+    from svgen.chip import program_size
 
     spec_file = tmp_path / "untiled.yaml"
     spec_file.write_text(UNTILED)

@@ -15,8 +15,8 @@ from svgen import cli, codegen
 from svgen.analysis.targets import TARGETS
 from svgen.cli.plan import plan_spec
 from svgen.cli.tune import apply_chip, apply_measured
-from svgen.perf import tune
-from svgen.perf.tune import Candidate, rewrite_tiling
+from svgen.estimate import tune
+from svgen.estimate.tune import Candidate, rewrite_tiling
 from svgen.spec import TPU_CHIPS, SpecError, Tiling, load_spec, parse_spec
 from svgen.spec.limits import MAX_SEQ_LEN
 from svgen.spec.schema import spec_schema

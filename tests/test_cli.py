@@ -273,7 +273,7 @@ def test_inspect_text_is_for_people(project, capsys, spec):
     # One wording: the lines are the generated module's docstring's, but for the program's
     # size against the chip's budget where it was counted (a count of this host's libtpu,
     # which the module does not record: its bytes must not depend on the libtpu that
-    # compiled it; these small tiles are not counted, svgen.perf.program_size).
+    # compiled it; these small tiles are not counted, svgen.chip.program_size).
     module = main(["compile", str(project / "specs" / f"{spec}.yaml"), "--out", str(project / "g")])
     assert module == 0
     docstring = next((project / "g").glob("*.py")).read_text()

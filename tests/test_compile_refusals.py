@@ -8,10 +8,10 @@ import textwrap
 
 import pytest
 
-from svgen.perf import tune
-from svgen.perf.cost import KernelOutOfVmem
+from svgen.estimate import tune
+from svgen.estimate.cost import KernelOutOfVmem
 from svgen.spec.errors import SpecError
-from svgen.perf.tune import Candidate
+from svgen.estimate.tune import Candidate
 
 from helpers import REPO
 from tune_helpers import fake_measure, write_spec

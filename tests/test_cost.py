@@ -12,8 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from svgen.perf import cost
-from svgen.perf.cost import PathCosts, model_cycles
+from svgen.estimate import cost
+from svgen.estimate.cost import PathCosts, model_cycles
 from svgen.core.tables import PieceTables
 from svgen.core.kinds import TileKind
 

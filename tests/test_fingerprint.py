@@ -1,4 +1,4 @@
-"""svgen.perf.fingerprint: what `svgen bench` times, digested on a CPU host. The committed
+"""svgen.chip.fingerprint: what `svgen bench` times, digested on a CPU host. The committed
 references must be what HEAD's code gives (recomputed here for two small specs), the
 fingerprint must be of the calls bench times (its fixed head assignment, kernel order), and it
 must see the tables' contents and the ops around the kernels but not where code sits."""
@@ -10,7 +10,7 @@ import pathlib
 
 
 from helpers import REPO
-from svgen.perf import chip_bench, fingerprint
+from svgen.chip import chip_bench, fingerprint
 from svgen.spec import load_spec
 
 SMALL = ("examples/first_kernel.yaml", "examples/dit_small.yaml")

@@ -1,5 +1,5 @@
-"""Deviceless GPU compiles (svgen.perf.gpu_aot): every shipped spec's GPU kernel compiles for the H100
-and the H200 on this CPU-only machine, through XLA, Triton and ptxas to sm_90a, and
+"""Deviceless GPU compiles (svgen.chip.gpu_aot): every shipped spec's GPU kernel compiles for
+the H100 and the H200 on this CPU-only machine, through XLA, Triton and ptxas to sm_90a, and
 `svgen compile --target h100|h200` refuses what would not fit a block's shared memory.
 
 They need the toolchain the README's developer install puts in .gpu-aot (JAX's CUDA plugin and
@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from svgen import codegen
-from svgen.perf import gpu_aot
+from svgen.chip import gpu_aot
 from svgen.analysis import analyze
 from svgen.spec import SpecError, load_spec
 from svgen.analysis.targets import GPU_TARGETS

@@ -156,7 +156,7 @@ def test_each_head_walks_only_its_own_patterns_pieces(name, compile_text):
     )
     assert grid == (1, int(tables.num_pieces[head_pattern].sum()), 1)
     # The cost model walks the same tables: no skipped step.
-    from svgen.perf.cost import PathCosts, model_cycles
+    from svgen.estimate.cost import PathCosts, model_cycles
 
     paths = PathCosts(1, 2, (3, 3), (((4, 5, 6),) * 4,) * 2, (7, 7), 8, 9)
     _, steps, _ = model_cycles(paths, tables, head_pattern)

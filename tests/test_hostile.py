@@ -572,7 +572,8 @@ def test_cost_refusals_name_line_and_column(project):
 
 
 class _FakeTune:
-    """`svgen.perf.tune.tune` without its compiles: the spec's tiling with larger tiles first."""
+    """`svgen.estimate.tune.tune` without its compiles: the spec's tiling with larger tiles
+    first."""
 
     def __init__(self, then=None):
         self.then = then
@@ -580,7 +581,7 @@ class _FakeTune:
     def __call__(self, spec, **kwargs):
         from types import SimpleNamespace
 
-        from svgen.perf.tune import Candidate
+        from svgen.estimate.tune import Candidate
 
         if self.then:
             self.then()
@@ -592,7 +593,7 @@ class _FakeTune:
 def test_tune_apply_on_a_read_only_spec(project, capsys, monkeypatch):
     """Refused before tuning, and after it when the file became read-only meanwhile; no
     temporary file left."""
-    from svgen.perf import tune
+    from svgen.estimate import tune
 
     spec = _write(project, "fixed", SMALL + "mask: {band: {width: 1}}\n" + TILING)
     monkeypatch.setattr(tune, "tune", _FakeTune())
@@ -619,7 +620,7 @@ def test_tune_apply_on_a_read_only_spec(project, capsys, monkeypatch):
 def test_tune_apply_on_a_tiling_written_with_an_anchor(project, capsys, monkeypatch, tiling, at):
     """The rewrite would give the GPU section compute blocks: refused, located, before any
     tuning, saying that anchors in `tiling` are not rewritten."""
-    from svgen.perf import tune
+    from svgen.estimate import tune
 
     monkeypatch.setattr(tune, "tune", _FakeTune(then=lambda: pytest.fail("tuned")))
     spec = _write(project, "shared", SMALL + "mask: {band: {width: 1}}\n" + tiling)
@@ -634,7 +635,7 @@ def test_tune_apply_never_writes_a_rewrite_that_changes_more_than_the_tiling(
 ):
     """The rewritten text must read back as the same spec but for its tiling; if not (a YAML
     construct the round trip mishandles), refused, located, instead of an assertion."""
-    from svgen.perf import tune
+    from svgen.estimate import tune
 
     monkeypatch.setattr(tune, "tune", _FakeTune())
     real = tune.rewrite_tiling

@@ -1,7 +1,7 @@
 """int8 QK^T (issue 61; the spec's `attention.qk: int8`, svgen.runtime.quantize): the spec key
 and its refusals, the kernel against float64 dense attention in Pallas's NaN-poisoned
 interpreter (one pattern with two-level tiles, two patterns with a traced assignment,
-jax.grad through it), its error bounds on both input kinds of svgen.perf.int8_error (and
+jax.grad through it), its error bounds on both input kinds of svgen.chip.int8_error (and
 that the smoothing is what holds them on keys with channel outliers), `svgen bench`'s
 report of them, and one AOT compile for a TPU v5e."""
 
@@ -117,8 +117,8 @@ def test_bench_reports_the_error_within_bounds_and_smoothing_holds_them(
     """`svgen bench`'s check of an int8 spec (interpreter): cosine and relative L1 on both
     input kinds within the bounds, in the result and the table; the same module with k left
     unsmoothed is off them on the channel-outlier keys (so the bound can fail)."""
-    from svgen.perf import bench_table, chip_bench, int8_error
-    from svgen.perf.splash_mask import head_patterns
+    from svgen.chip import bench_table, chip_bench, int8_error
+    from svgen.chip.splash_mask import head_patterns
     from svgen.runtime import quantize
 
     spec = parse_spec(int8_text(BAND, tiling=TWO_LEVEL), source="int8.yaml")
@@ -143,7 +143,7 @@ def test_bench_reports_the_error_within_bounds_and_smoothing_holds_them(
 
 
 def test_output_error_of_known_arrays():
-    from svgen.perf.int8_error import output_error, within_bounds
+    from svgen.chip.int8_error import output_error, within_bounds
 
     a = np.array([[1.0, 2.0], [3.0, 4.0]])
     assert output_error(a, a) == {"cosine": 1.0, "rel_l1": 0.0}

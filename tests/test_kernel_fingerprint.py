@@ -45,7 +45,7 @@ def test_a_change_to_the_kernel_body_or_its_index_maps_changes_its_digest(monkey
 
 
 def test_source_locations_do_not_count():
-    from svgen.perf.fingerprint import digest
+    from svgen.chip.fingerprint import digest
 
     assert digest("kernel at /a/svgen/runtime/forward.py:147 x") == digest(
         "kernel at /b/svgen/runtime/forward.py:203 x"

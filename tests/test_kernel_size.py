@@ -53,7 +53,7 @@ def test_a_second_pattern_makes_a_larger_program_and_svgen_cost_reports_it(tmp_p
 
 def test_svgen_cost_reads_the_program_and_warns_past_what_the_chip_ran_well():
     from svgen.analysis.targets import V5E_MEASURED
-    from svgen.perf.cost import program_caveat
+    from svgen.estimate.cost import program_caveat
 
     # the figures come from the one record of what the chip showed (svgen report checks it)
     fine, slow = V5E_MEASURED.program_fast_bundles, V5E_MEASURED.program_slow_bundles

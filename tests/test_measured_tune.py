@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from svgen.perf import chip_bench, measure, measured_tune
+from svgen.chip import chip_bench, measured_tune
+from svgen.estimate import measure
 from svgen.spec import parse_spec
 
 TINY = """

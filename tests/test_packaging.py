@@ -100,11 +100,11 @@ def test_jax_is_a_range_and_libtpu_is_optional():
 
 
 def test_gpu_toolchain_matches_the_tested_jax():
-    """gpu-aot.txt (the README's developer install) and the install hint of svgen.perf.gpu_aot
+    """gpu-aot.txt (the README's developer install) and the install hint of svgen.chip.gpu_aot
     name the same packages, the CUDA plugin at exactly the jax version the tests run."""
     import jax
 
-    from svgen.perf import gpu_aot
+    from svgen.chip import gpu_aot
 
     lines = (REPO / "gpu-aot.txt").read_text().splitlines()
     pinned = [line for line in lines if line and not line.startswith("#")]

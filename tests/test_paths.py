@@ -1,4 +1,4 @@
-"""svgen.perf.paths reads a grid step's paths from the branches the kernel declares
+"""svgen.estimate.paths reads a grid step's paths from the branches the kernel declares
 (svgen.runtime.branch_tree.step), each by its name. On a schedule laid out from that
 declaration, every branch a body of its own size, each path costs the bodies it runs; a
 schedule that lacks a declared branch is refused, naming what was expected. No libtpu: the
@@ -11,9 +11,9 @@ import dataclasses
 import pytest
 
 from svgen.core.straight import StraightWord
-from svgen.perf import paths
-from svgen.perf.tpu_schedule import DELAY_SLOTS, Bundle, Loop, Schedule
-from svgen.perf.tpu_schedule import Branch as Jump
+from svgen.estimate import paths
+from svgen.estimate.tpu_schedule import DELAY_SLOTS, Bundle, Loop, Schedule
+from svgen.estimate.tpu_schedule import Branch as Jump
 from svgen.runtime.branch_tree import step
 from svgen.runtime.variant import Branches
 

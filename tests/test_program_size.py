@@ -1,4 +1,4 @@
-"""The program-size budget (svgen.perf.program_size): the compiler counts each TPU module's
+"""The program-size budget (svgen.chip.program_size): the compiler counts each TPU module's
 forward kernel program with libtpu on this host, leaves out straight-line bodies and then
 residual-mask variants while it is over its chip's budget, and refuses, at the spec's tiling,
 with the sizes and a tiling that fits, where that is not enough. The code left out is named in
@@ -17,7 +17,7 @@ from kernel_helpers import POISONED, check_per_head, mixed_inputs
 from svgen import codegen
 from svgen.analysis import analyze, targets
 from svgen.core.program import SHRINK_STEPS, ProgramLimits
-from svgen.perf import program_size
+from svgen.chip import program_size
 from svgen.spec import parse_spec
 
 # A band with a prefix sink, 2 x 4 compute blocks per tile: two straight-line words.
@@ -194,7 +194,7 @@ def test_a_spec_without_a_tiling_gets_the_first_v5e_tiling_that_fits():
     ]
 
     def analyze_at(tiling):
-        from svgen.perf.measured_tune import with_tiling
+        from svgen.chip.measured_tune import with_tiling
 
         return analyze(with_tiling(plan.spec, tiling), target_name="v5e")
 
@@ -229,7 +229,7 @@ def test_a_spec_without_a_tiling_gets_the_first_v5e_tiling_that_fits():
 def test_the_tuner_never_picks_a_candidate_over_the_program_budget(tmp_path):
     """svgen tune: a compiled candidate whose program is over the chip's budget is skipped
     with the reason (its costs stay a point for estimates), and the pick is one that fits."""
-    from svgen.perf import tune
+    from svgen.estimate import tune
     from tune_helpers import SPEC, synthetic_paths, write_spec
 
     def measure(plan):

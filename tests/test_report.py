@@ -13,8 +13,8 @@ import pytest
 
 from helpers import REPO
 from svgen.cli import main
-from svgen.perf import results_page as rp
-from svgen.perf import results_tables as rt
+from svgen.chip import results_page as rp
+from svgen.chip import results_tables as rt
 
 REGENERATE = "run `svgen report` (after adding the results file to bench/results/manifest.json)"
 

@@ -17,7 +17,7 @@ from svgen import ir
 from svgen.report import lint
 from svgen.analysis import analyze, residuals
 from svgen.analysis.classify import TileGrid, classify_tiles
-from svgen.perf.cost import PathCosts, model_cycles
+from svgen.estimate.cost import PathCosts, model_cycles
 from svgen.spec.expr import parse_predicate
 from svgen.core.kinds import TileKind
 from svgen.core.layout import TokenLayout

@@ -14,7 +14,7 @@ sys.path.insert(0, "bench")
 import runtime_on_chip  # noqa: E402
 
 from helpers import dense_keep  # noqa: E402
-from svgen.perf.splash_mask import PackedKeep, packed_keep, pattern_keep  # noqa: E402
+from svgen.chip.splash_mask import PackedKeep, packed_keep, pattern_keep  # noqa: E402
 
 CHUNKS = """
 svgen: 1

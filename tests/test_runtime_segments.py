@@ -358,7 +358,7 @@ def test_heads_sharded_with_shard_map(per_video):
 
 
 def test_the_cost_model_knows_the_run_time_kind():
-    from svgen.perf import cost
+    from svgen.estimate import cost
     from svgen.runtime import refine
     from svgen.core.kinds import TileKind
 

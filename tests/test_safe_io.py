@@ -18,8 +18,9 @@ from svgen.cli import main
 from svgen.cli.files import write_all
 from svgen.core import safe_io
 from svgen.core.safe_io import read_json_cache, read_regular, write_atomically, write_json_cache
-from svgen.perf import measure, measured_tune
-from svgen.perf.paths import PathCosts
+from svgen.estimate import measure
+from svgen.chip import measured_tune
+from svgen.estimate.paths import PathCosts
 from svgen.spec.errors import SpecError
 
 SPEC = """\
@@ -116,12 +117,12 @@ def test_check_reports_a_fifo_in_place_of_a_module_without_waiting(tmp_path, mon
 
 # ----------------------------------------------------------------------------- tune --apply
 class _FakeTune:
-    """svgen.perf.tune.tune without its compiles: 256 x 256 tiles are the first choice."""
+    """svgen.estimate.tune.tune without its compiles: 256 x 256 tiles are the first choice."""
 
     def __call__(self, spec, **kwargs):
         from types import SimpleNamespace
 
-        from svgen.perf.tune import Candidate
+        from svgen.estimate.tune import Candidate
 
         result = SimpleNamespace(choice=SimpleNamespace(candidate=Candidate(256, 256, 256, 256)))
         result.to_json = lambda: {}
@@ -130,7 +131,7 @@ class _FakeTune:
 
 @pytest.fixture
 def fake_tune(monkeypatch):
-    from svgen.perf import tune
+    from svgen.estimate import tune
 
     monkeypatch.setattr(tune, "tune", _FakeTune())
 
@@ -328,6 +329,6 @@ def test_the_measured_cache_drops_what_it_did_not_write(tmp_path, monkeypatch, c
 
 
 def test_the_safe_io_module_is_the_ground_floor():
-    """Importable from svgen.perf and svgen.cli alike: the standard library only."""
+    """Importable from svgen.estimate, svgen.chip and svgen.cli alike: the standard library only."""
     source = pathlib.Path(safe_io.__file__).read_text()
     assert "import svgen" not in source and "from svgen" not in source

@@ -1280,7 +1280,7 @@ def test_sampled_rows_are_read_checked_and_in_the_digest():
 
 def test_heads_selection_is_refused_by_the_cost_model():
     from svgen.analysis import analyze
-    from svgen.perf.cost import check_costable
+    from svgen.estimate.cost import check_costable
 
     text = HEADS_SPEC % dict(name="cost", assign="[spatial, temporal, spatial]", rule=TOP_K)
     plan = analyze(parse_spec(text, source="s.yaml"))

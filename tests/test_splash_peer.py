@@ -1,4 +1,4 @@
-"""Splash at its best as `svgen bench`'s peer (svgen.perf.splash_peer), on a CPU: each call's
+"""Splash at its best as `svgen bench`'s peer (svgen.chip.splash_peer), on a CPU: each call's
 mask (as data and as computed in the kernel) is the spec's mask of that call's pattern in
 kernel order with padding never kept, the timed call holds the Splash kernels alone, the
 search keeps the faster form and blocks, the winner is cached and re-timed, a stale winner is
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from helpers import dense_keep
-from svgen.perf import bench_table, chip_bench, splash_mask, splash_peer
+from svgen.chip import bench_table, chip_bench, splash_mask, splash_peer
 from svgen.spec import parse_spec
 
 # Two patterns of different layouts chosen at run time (heads 0, 2: band; head 1: the same

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from svgen.analysis import residuals
-from svgen.perf.cost import PathCosts, model_cycles
+from svgen.estimate.cost import PathCosts, model_cycles
 from svgen.core import straight
 from svgen.core.kinds import TileKind
 from svgen.runtime.reference import masked_attention_reference

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from helpers import REPO, unprepared_environment
-from svgen.perf.tpu_schedule import DELAY_SLOTS, op_family, parse_bundles
+from svgen.estimate.tpu_schedule import DELAY_SLOTS, op_family, parse_bundles
 
 # A listing in libtpu's format: straight-line code, the grid loop [0x2, 0x1f] (exit test
 # immediate 6) holding a forward branch at 0x4 (target: region 20 at 0x18) whose body holds a
@@ -108,7 +108,7 @@ def test_unterminated_bundle_is_an_error():
 # of this suite load it (get_topology_desc) without them.
 E2E_SCRIPT = textwrap.dedent("""
     import json
-    from svgen.perf import tpu_schedule
+    from svgen.estimate import tpu_schedule
     tpu_schedule.ensure_dump_flags()
     import jax, jax.numpy as jnp
     from jax.experimental import pallas as pl
@@ -181,7 +181,7 @@ def test_dump_flags_after_libtpu_started_is_an_error():
         textwrap.dedent("""
         import jax
         jax.devices("cpu")  # probes the TPU plugin: libtpu loads
-        from svgen.perf import tpu_schedule
+        from svgen.estimate import tpu_schedule
         try:
             tpu_schedule.ensure_dump_flags()
         except RuntimeError as error:

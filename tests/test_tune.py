@@ -12,9 +12,9 @@ import sys
 import textwrap
 
 from svgen import cli
-from svgen.perf import tune
+from svgen.estimate import tune
 from svgen.spec import parse_spec
-from svgen.perf.tune import Candidate, estimate_paths, rewrite_tiling
+from svgen.estimate.tune import Candidate, estimate_paths, rewrite_tiling
 from tune_helpers import SEQ_LEN, SPEC, fake_measure, synthetic_paths, write_spec
 
 
@@ -149,7 +149,7 @@ def test_tune_drops_candidates_of_one_grid_step(tmp_path):
     """On a short sequence (1,040 tokens) tiles as long as it make kernels of a single grid
     step, which the cost model cannot read (`svgen cost` refuses them, naming `tiling:`): tune
     leaves them out, saying why, and ranks the rest, the spec's own tiling such a one too."""
-    from svgen.perf import cost
+    from svgen.estimate import cost
 
     def measure(plan):
         cost.check_costable(plan)  # what the real measure does before compiling
@@ -241,7 +241,7 @@ def test_a_small_real_tune(tmp_path):
     script = textwrap.dedent(f"""
         import sys
         from svgen import cli
-        from svgen.perf import tune
+        from svgen.estimate import tune
         tune.TILE_SIZES, tune.COMPUTE_SIZES, tune.NARROW_SIZES = (512,), (512,), ()
         sys.exit(cli.main(["tune", {str(spec)!r}, "--json"]))
     """)

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from svgen.perf import measure
+from svgen.estimate import measure
 from svgen.runtime import backward, branch_tree, forward
 from svgen.runtime.variant import BackwardVariant, ForwardVariant, TableWalk, backward_branches
 
@@ -169,8 +169,8 @@ def test_the_cost_cache_key_covers_every_module_the_kernels_import():
 
 
 def test_the_declared_step_names_every_branch_the_body_emits(compile_text):
-    """svgen.runtime.branch_tree.step: the tree svgen.perf.paths reads, each branch by name (tests/test_paths.py
-    reads schedules laid out from it)."""
+    """svgen.runtime.branch_tree.step: the tree svgen.estimate.paths reads, each branch by name
+    (tests/test_paths.py reads schedules laid out from it)."""
     _, module = compile_text(BAND)
     shape = module.SHAPE
     static = module.attention.forward_branches("static")

@@ -2,8 +2,8 @@
 imports another): a small band spec, per-path costs of the shape libtpu's schedules have
 (so estimate_paths is exact on them), and a stand-in for the compile."""
 
-from svgen.perf.cost import PathCosts
-from svgen.perf.tune import Candidate
+from svgen.estimate.cost import PathCosts
+from svgen.estimate.tune import Candidate
 
 SPEC = """\
 # yaml-language-server: $schema=../svgen.schema.json

@@ -2,7 +2,7 @@
 classification tiles of `gpu_classification_tiling` (the plan's spec carries that tiling:
 what the generated module's SHAPE and docstring say), runs of the tile kinds themselves,
 then the CSR tables of all patterns. What fits the GPU's shared memory and registers is the
-deviceless compile's to check (svgen.perf.gpu_aot), not the analysis's; its tables live in
+deviceless compile's to check (svgen.chip.gpu_aot), not the analysis's; its tables live in
 global memory, so no SMEM budget is checked."""
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ class TpuKernelPlan:
     target: Target
     vmem: VmemNeed
     backend: ClassVar[str] = "tpu"
-    # The static model estimates its speed from its grid steps (svgen.perf.cost; lint).
+    # The static model estimates its speed from its grid steps (svgen.estimate.cost; lint).
     steps_estimated: ClassVar[bool] = True
     # Its BOUNDARY tiles may run straight-line bodies (svgen.core.straight).
     straight_bodies: ClassVar[bool] = True
@@ -260,7 +260,7 @@ class Plan:
     # the same at every segment start; empty when no pattern needs one
     video_frames: tuple = ()
     # Code left out of the TPU kernel to keep its program under the chip's budget (decided
-    # by `svgen compile` from libtpu's count: svgen.perf.program_size)
+    # by `svgen compile` from libtpu's count: svgen.chip.program_size)
     program: ProgramLimits = ProgramLimits()
 
     @property

@@ -97,7 +97,8 @@ def target(name: str) -> Target:
 @dataclasses.dataclass(frozen=True)
 class GpuTarget:
     """An NVIDIA GPU: what `svgen compile --target` checks a GPU kernel's launch against, and
-    the XLA target description a deviceless compile uses (svgen/analysis/gpu_specs/, svgen.perf.gpu_aot)."""
+    the XLA target description a deviceless compile uses (svgen/analysis/gpu_specs/,
+    svgen.chip.gpu_aot)."""
 
     name: str
     description: str

@@ -29,7 +29,7 @@ from svgen.cli.options import OUT_DEFAULT, add_budget, positive_int
 from svgen.cli.progress import Progress as _Progress  # noqa: F401 - tests import it from here
 from svgen.cli.schema import print_schema
 from svgen.cli.tune import tune_spec
-from svgen.perf.tune import DEFAULT_CONFIRM
+from svgen.estimate.tune import DEFAULT_CONFIRM
 from svgen.runtime import libtpu_env
 from svgen.spec import ALIGN_MODES
 from svgen.spec.errors import SpecError

@@ -1,6 +1,6 @@
 """`svgen bench`: time specs' kernels on the attached TPU beside Splash Attention (dense at its
 best blocks, and given the same mask), in one process; and `svgen tune --measure`, which
-picks a tiling by timing candidates there (svgen.perf.chip_bench, svgen.perf.measured_tune).
+picks a tiling by timing candidates there (svgen.chip.chip_bench, svgen.chip.measured_tune).
 
 Both need a TPU: without one they say so in one line and exit 2. Progress goes to stderr, a
 line per item; the table to stdout; `--json FILE` writes every figure with the chip, the
@@ -23,7 +23,7 @@ NO_CHIP = "svgen {command} times kernels on an attached TPU, and there is none: 
 
 def _chip(command: str, args) -> str | None:
     """The chip to time on (None after printing why there is none)."""
-    from svgen.perf import chip_bench
+    from svgen.chip import chip_bench
 
     try:
         chip = chip_bench.attached_chip() if not args.interpret else "cpu-interpret"
@@ -99,7 +99,7 @@ def parse_program(text: str):
 def _load(path: str, target: str, tiling):
     """The spec read for `target`, with `tiling` in place of its own where given (checked as
     the spec reader checks a tiling, by reading the spec again with it)."""
-    from svgen.perf import measured_tune
+    from svgen.chip import measured_tune
     from svgen.spec import load_spec
 
     spec = load_spec(path, chip=target)
@@ -124,7 +124,7 @@ def _as_compiled(path: str, target: str, quiet: bool):
 
 
 def bench_specs(args) -> int:
-    from svgen.perf import bench_table, chip_bench
+    from svgen.chip import bench_table, chip_bench
 
     chip = _chip("bench", args)
     if chip is None:
@@ -223,7 +223,7 @@ def bench_specs(args) -> int:
 
 def tune_measured(args) -> int:
     """`svgen tune --measure`."""
-    from svgen.perf import chip_bench, measured_tune
+    from svgen.chip import chip_bench, measured_tune
 
     chip = _chip("tune --measure", args)
     if chip is None:

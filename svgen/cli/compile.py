@@ -22,7 +22,7 @@ from svgen.cli.messages import EXIT_BAD_INPUT, located, print_warnings
 from svgen.cli.options import OUT_DEFAULT
 from svgen.cli.ownership import collisions, orphaned_tables, tables_loaded
 from svgen.cli.plan import fit_program, plan_spec
-from svgen.perf import gpu_aot
+from svgen.chip import gpu_aot
 from svgen.report.inspect_text import density_bounds_words
 from svgen.spec.errors import SpecError
 
@@ -178,7 +178,7 @@ def _regenerate_options(args, out_dir: pathlib.Path) -> list[str]:
 
 
 def _gpu_compile(files: dict[str, bytes], plan: Plan, target: str) -> dict:
-    """The deviceless compile of a GPU module (svgen.perf.gpu_aot), from a scratch directory:
+    """The deviceless compile of a GPU module (svgen.chip.gpu_aot), from a scratch directory:
     nothing reaches the output directory before it passed."""
     with tempfile.TemporaryDirectory(prefix="svgen-gpu-") as tmp:
         for filename, data in files.items():
@@ -259,7 +259,7 @@ class _CompileSide:
 
 _SIDES = {
     "tpu": _CompileSide(compile_check=None, summary=_tpu_summary, notes=_tpu_notes),
-    # A GPU module is compiled for its target without a GPU (svgen.perf.gpu_aot).
+    # A GPU module is compiled for its target without a GPU (svgen.chip.gpu_aot).
     "gpu": _CompileSide(compile_check=_gpu_compile, summary=_gpu_summary, notes=lambda p: []),
 }
 

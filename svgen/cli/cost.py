@@ -24,10 +24,10 @@ def libtpu_installed() -> bool:
 
 def cost_spec(args) -> int:
     """The cost report of `args.spec`; libtpu must be installed (svgen.cli checks first)."""
-    from svgen.perf import cost, cost_text
+    from svgen.estimate import cost, cost_text
 
     # libtpu must learn where to dump its schedules before anything starts it.
-    from svgen.perf.tpu_schedule import NoGridLoop, ensure_dump_flags
+    from svgen.estimate.tpu_schedule import NoGridLoop, ensure_dump_flags
 
     ensure_dump_flags()
     plan = plan_spec(args.spec, quiet=args.json, smem_budget=args.smem_budget, target=args.target)

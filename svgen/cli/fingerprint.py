@@ -1,4 +1,4 @@
-"""`svgen fingerprint`: the fingerprints of what `svgen bench` times (svgen.perf.fingerprint),
+"""`svgen fingerprint`: the fingerprints of what `svgen bench` times (svgen.chip.fingerprint),
 for the specs of the references (bench/results/fingerprints.json) or those named.
 
 Without options it prints them as JSON; `--write` rewrites the references (after a kernel
@@ -19,7 +19,7 @@ from svgen.cli.messages import EXIT_STALE
 
 
 def fingerprint_specs(args) -> int:
-    from svgen.perf import chip_bench, fingerprint
+    from svgen.chip import chip_bench, fingerprint
     from svgen.spec import load_spec
 
     root = pathlib.Path(args.root)

@@ -37,10 +37,10 @@ def plan_spec(
 
 def fit_program(plan: Plan, render, spec_file: str, quiet: bool):
     """(plan, files, ProgramSize or None): the module whose kernels fit their chip's
-    program budget (svgen.perf.program_size), code left out where needed; a SpecError at the
+    program budget (svgen.chip.program_size), code left out where needed; a SpecError at the
     spec's tiling where nothing is enough. Without libtpu here: the module as it is, and one
     line saying its size was not counted."""
-    from svgen.perf import program_size
+    from svgen.chip import program_size
 
     progress = (
         (lambda line: None)
@@ -63,7 +63,7 @@ def fit_program(plan: Plan, render, spec_file: str, quiet: bool):
         return program_size.tiling_suggestion(over.spec, over.target.name, fits_at)
 
     def analyze_at(tiling) -> Plan | None:
-        from svgen.perf.measured_tune import with_tiling
+        from svgen.chip.measured_tune import with_tiling
 
         try:
             return analyze(with_tiling(plan.spec, tiling), target_name=plan.target.name)

@@ -1,5 +1,5 @@
 """`svgen report`: docs/measured.md's tables and the README's headline, written from the chip's
-results in bench/results (svgen.perf.results_tables), between their pages' marker comments.
+results in bench/results (svgen.chip.results_tables), between their pages' marker comments.
 
 `--check` writes nothing and exits 1 where a page is not what the results give (a result
 added without `svgen report`, a table edited by hand), or where svgen.analysis.targets'
@@ -17,7 +17,7 @@ from svgen.cli.messages import EXIT_BAD_INPUT, EXIT_STALE
 
 
 def report_pages(args) -> int:
-    from svgen.perf import results_page, results_tables
+    from svgen.chip import results_page, results_tables
 
     root = pathlib.Path(args.root)
     try:

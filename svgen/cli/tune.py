@@ -20,7 +20,7 @@ from svgen.spec.limits import MAX_SPEC_BYTES
 
 
 def tune_spec(args) -> int:
-    from svgen.perf import tune
+    from svgen.estimate import tune
 
     chip = None
     if args.apply:  # before minutes of tuning: the spec can be rewritten at all
@@ -63,7 +63,7 @@ def apply_measured(
     """`svgen tune --measure --apply`: the measured winner (block_q, block_kv, compute_q,
     compute_kv) under `tiling.<chip>`, created where the spec has none; `align` is the
     spec's own (every chip's, left as it is)."""
-    from svgen.perf.tune import Candidate
+    from svgen.estimate.tune import Candidate
 
     _apply_tiling(spec_file, Candidate(*tiling, align), quiet=False, chip=chip)
 
@@ -105,7 +105,7 @@ def _rewritable(path: pathlib.Path, chip: str | None = None) -> None:
             f"{real.parent} is read-only",
             file=str(path),
         )
-    from svgen.perf.tune import Candidate
+    from svgen.estimate.tune import Candidate
 
     t = spec.tiling
     _rewritten(path, Candidate(t.block_q, t.block_kv, t.cq, t.ckv, t.align), chip)
@@ -117,7 +117,7 @@ def _rewritten(path: pathlib.Path, candidate, chip: str | None = None) -> tuple[
     the same spec with that tiling for `chip` (every other chip's unchanged but for align,
     which is every chip's)."""
     from svgen.spec import parse_spec
-    from svgen.perf.tune import rewrite_tiling
+    from svgen.estimate.tune import rewrite_tiling
 
     try:
         text = _plain_text(_read_bytes(path))

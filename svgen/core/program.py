@@ -1,5 +1,5 @@
 """Code a kernel may leave out to keep its program small: the compiler's lever against the
-program-size cliff (svgen.perf.program_size). NumPy-free, shared by the compiler, which
+program-size cliff (svgen.chip.program_size). NumPy-free, shared by the compiler, which
 decides, and the runtime, which builds the kernel it was told to.
 
 On a TPU v5e, past the chip's instruction memory a kernel ran at a fraction of the rate of a

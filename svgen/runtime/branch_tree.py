@@ -1,7 +1,7 @@
 """The TPU kernels' branches declared as a tree: every `pl.when` branch one grid step of a
 kernel emits, by name, in the order its body emits them, from the kernel's `Branches`
 (svgen.runtime.variant). The cost model finds each in libtpu's schedule by its place in this
-tree and reads every path's cost by name (svgen.perf.paths.read_paths), without JAX.
+tree and reads every path's cost by name (svgen.estimate.paths.read_paths), without JAX.
 
     init, full, mixed[p] (segment[p]) per pattern, [padded,] finalize
 

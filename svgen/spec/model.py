@@ -334,7 +334,7 @@ class Spec:
     # The plain keys' tiling when `tiling` is a chip's own; None: it is `tiling`.
     plain_tiling: Tiling | None = None
     # False: the spec has no `tiling` section (the compiler may pick one for a chip it has
-    # measured: svgen.perf.program_size.chip_free). Not part of the digest.
+    # measured: svgen.chip.program_size.chip_free). Not part of the digest.
     tiling_given: bool = True
 
     @property

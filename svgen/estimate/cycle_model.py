@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from svgen.core.kinds import TileKind
-from svgen.perf.cost_report import ChunkReport, TrainingReport, Utilisation
-from svgen.perf.measure import TrainingPaths, dkv_tables
-from svgen.perf.paths import SEGMENT_BOUNDARY, PathCosts
+from svgen.estimate.cost_report import ChunkReport, TrainingReport, Utilisation
+from svgen.estimate.measure import TrainingPaths, dkv_tables
+from svgen.estimate.paths import SEGMENT_BOUNDARY, PathCosts
 
 
 def model_cycles(

@@ -1,5 +1,5 @@
 """The generated parts of docs/measured.md and the README's headline, from the chip's results
-(svgen.perf.results_page), and how they are written into their pages: between marker
+(svgen.chip.results_page), and how they are written into their pages: between marker
 comments, byte for byte the same for the same results, so that `svgen report --check` can
 tell a page that is behind its results.
 
@@ -13,7 +13,7 @@ import pathlib
 import re
 import textwrap
 
-from svgen.perf import results_page as rp
+from svgen.chip import results_page as rp
 
 PAGE = pathlib.Path("docs/measured.md")
 README = pathlib.Path("README.md")
@@ -155,7 +155,7 @@ def _patterns(root: pathlib.Path, spec: str) -> int:
 
 def cliff(results: rp.Results, root: pathlib.Path) -> list[str]:
     """Forward kernels by program size against the same spec's fastest program within the
-    budget, and what they say (svgen.perf.results_page.facts)."""
+    budget, and what they say (svgen.chip.results_page.facts)."""
     rows = []
     for r in rp.cliff_rows(results):
         reference = "-"
@@ -203,7 +203,7 @@ def cliff(results: rp.Results, root: pathlib.Path) -> list[str]:
 def tilings(results: rp.Results, root: pathlib.Path) -> list[str]:
     """Forward ms per spec at each tiling a chip-free compile may take, the fastest measured,
     the spec's v5e tiling at HEAD and the pick from the counted programs."""
-    from svgen.perf.program_size import V5E_TILINGS
+    from svgen.chip.program_size import V5E_TILINGS
     from svgen.spec import load_spec
 
     candidates = [(*t, "exact") for t in V5E_TILINGS]

@@ -140,7 +140,7 @@ def kernel_bundles(files: dict[str, bytes], plan) -> dict[str, int]:
     import subprocess
 
     from svgen import codegen
-    from svgen.perf import measure
+    from svgen.estimate import measure
 
     try:
         import jax  # noqa: F401  (the child needs it too; JAX is optional for compiling)
@@ -153,7 +153,7 @@ def kernel_bundles(files: dict[str, bytes], plan) -> dict[str, int]:
                 (pathlib.Path(tmp) / filename).write_bytes(data)
             module = codegen.module_filename(plan.spec.name, plan.backend)
             child = subprocess.run(
-                [sys.executable, "-m", "svgen.perf.program_size", tmp, module, plan.target.name],
+                [sys.executable, "-m", "svgen.chip.program_size", tmp, module, plan.target.name],
                 capture_output=True,
                 text=True,
                 timeout=COUNT_TIMEOUT_S,
@@ -208,7 +208,7 @@ def _files_key(files: dict[str, bytes], target: str) -> str:
     versions and svgen's kernel sources."""
     import hashlib
 
-    from svgen.perf import measure
+    from svgen.estimate import measure
 
     digest = hashlib.sha256()
     for name in sorted(files):
@@ -238,7 +238,7 @@ def _count_in_this_process(folder: str, module_file: str, target: str) -> dict[s
     import jax
     import jax.numpy as jnp
 
-    from svgen.perf import measure, tpu_schedule
+    from svgen.estimate import measure, tpu_schedule
 
     tpu_schedule.ensure_dump_flags()
     module = _import(pathlib.Path(folder) / module_file, module_file.removesuffix(".py"))
@@ -369,7 +369,7 @@ def tiling_suggestion(spec, target: str, fits_at: Callable) -> str | None:
     (smaller_tilings), else 512 x 512 tiles; fits_at(plan) -> its ProgramSize with what the
     compiler may leave out, or None where it is over budget. None where no tiling fits."""
     from svgen.analysis import analyze
-    from svgen.perf.measured_tune import with_tiling
+    from svgen.chip.measured_tune import with_tiling
 
     t = spec.tiling
     candidates = smaller_tilings((t.block_q, t.block_kv, t.cq, t.ckv))

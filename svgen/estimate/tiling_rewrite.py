@@ -4,7 +4,7 @@ order and flow style kept (a round-trip YAML parser)."""
 from __future__ import annotations
 
 from svgen.spec.errors import SpecError
-from svgen.perf.tune_rows import Candidate
+from svgen.estimate.tune_rows import Candidate
 
 
 def rewrite_tiling(

@@ -1,9 +1,9 @@
-"""`svgen tune`'s text: a `TuneResult` (svgen.perf.tune_rows) as the ranked table and the
+"""`svgen tune`'s text: a `TuneResult` (svgen.estimate.tune_rows) as the ranked table and the
 summary lines the command prints."""
 
 from __future__ import annotations
 
-from svgen.perf.tune_rows import TuneResult
+from svgen.estimate.tune_rows import TuneResult
 
 
 def format_table(result: TuneResult) -> list[str]:
@@ -58,7 +58,7 @@ def _per_pattern(row: dict, key: str) -> str:
 
 
 def summary_lines(result: TuneResult) -> list[str]:
-    from svgen.perf.cost import MODEL_CAVEAT
+    from svgen.estimate.cost import MODEL_CAVEAT
 
     c = result.choice
     lines = [

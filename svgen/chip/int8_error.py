@@ -11,7 +11,7 @@ Two kinds of inputs, q, k, v [heads, seq, head_dim] in the module's dtype:
   the same amount (the softmax does not see it), but without the smoothing it sets k's int8
   scale, and the keys' own variation is left a few levels of it.
 
-Per kind, on the sampled rows of every head (svgen.perf.chip_bench.sampled_rows, the same
+Per kind, on the sampled rows of every head (svgen.chip.chip_bench.sampled_rows, the same
 float32 reference `svgen bench` checks against: chip_bench.reference_rows): the cosine
 similarity of the output with the reference, and the relative L1 error, sum |o - ref| /
 sum |ref|, over all of those rows and heads. Bounds (issue 61): cosine >= COSINE_MIN and

@@ -59,13 +59,13 @@ from svgen.spec import (
     parse_spec,
 )
 from svgen.analysis.targets import DEFAULT_TARGET, TARGETS
-from svgen.perf.path_estimate import estimate_paths
-from svgen.perf.tune_rows import Candidate, Row, TuneResult
+from svgen.estimate.path_estimate import estimate_paths
+from svgen.estimate.tune_rows import Candidate, Row, TuneResult
 
 # The table, the --apply rewrite and the result types live in modules of their own;
-# svgen.perf.tune keeps their names for the commands and tests that read them here.
-from svgen.perf.tiling_rewrite import rewrite_tiling  # noqa: F401
-from svgen.perf.tune_text import format_table, summary_lines  # noqa: F401
+# svgen.estimate.tune keeps their names for the commands and tests that read them here.
+from svgen.estimate.tiling_rewrite import rewrite_tiling  # noqa: F401
+from svgen.estimate.tune_text import format_table, summary_lines  # noqa: F401
 
 TILE_SIZES = (512, 1024, 2048, 4096)
 COMPUTE_SIZES = (
@@ -287,9 +287,9 @@ class _Costs:
 
     def exact(self, c: Candidate, plan: Plan):
         """The candidate's exact costs; None when libtpu refused its kernel (out of VMEM at
-        compile time, svgen.perf.cost.KernelOutOfVmem) or its program is over the chip's
+        compile time, svgen.estimate.cost.KernelOutOfVmem) or its program is over the chip's
         budget: the candidate is then skipped."""
-        from svgen.perf.cost import KernelOutOfVmem
+        from svgen.estimate.cost import KernelOutOfVmem
 
         if c.code_key in self.refused:
             return None
@@ -315,7 +315,7 @@ class _Costs:
 
     def row(self, c: Candidate, plan: Plan) -> Row:
         """The candidate costed exactly when its code was compiled, else estimated."""
-        from svgen.perf import cost
+        from svgen.estimate import cost
 
         paths = self.paths.get(c.code_key)
         exact = paths is not None
@@ -369,12 +369,12 @@ def _confirm(rows: list[Row], costs: _Costs, top: int) -> list[Row]:
 def _compile_measure(spec_path: str) -> Measure:
     """Per-path costs from libtpu's schedule (svgen cost). The dump flags must be set before
     libtpu starts: here, before the first compile (nothing earlier in a tune touches JAX)."""
-    from svgen.perf.tpu_schedule import ensure_dump_flags
+    from svgen.estimate.tpu_schedule import ensure_dump_flags
 
     ensure_dump_flags()
 
     def measure(plan: Plan):
-        from svgen.perf import cost
+        from svgen.estimate import cost
 
         # The full-sequence kernel's paths rank tilings (a kv_cache spec's chunked call has the
         # same body per step; compiling it too would double every costed candidate's compile).

@@ -1,13 +1,13 @@
 """The tuner's estimates: a candidate's per-path costs from those compiled for candidates of
 the same compute-block shape and mask code (what libtpu's schedules show grows with the tile,
-and what does not; svgen.perf.tune's docstring)."""
+and what does not; svgen.estimate.tune's docstring)."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from svgen.perf.paths import PathCosts, mean
-from svgen.perf.tune_rows import Candidate
+from svgen.estimate.paths import PathCosts, mean
+from svgen.estimate.tune_rows import Candidate
 
 
 def estimate_paths(points: Sequence[tuple[Candidate, object]], c: Candidate, seq_len: int):

@@ -121,7 +121,7 @@ class TuneResult:
         return min(compiled)
 
     def to_json(self) -> dict:
-        from svgen.perf.cost import MODEL_CAVEAT
+        from svgen.estimate.cost import MODEL_CAVEAT
 
         ref = self.dense_reference
         return {

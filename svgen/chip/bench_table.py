@@ -1,15 +1,15 @@
 """The table `svgen bench` prints: a Markdown row per spec and direction, from the results of
-svgen.perf.chip_bench (svgen, dense Splash at its best blocks, Splash given the same mask at
+svgen.chip.chip_bench (svgen, dense Splash at its best blocks, Splash given the same mask at
 its best and which configuration won, the speedups, the sampled rows' errors, and for an int8
-spec its cosine similarity and relative L1 on both input kinds: svgen.perf.int8_error)."""
+spec its cosine similarity and relative L1 on both input kinds: svgen.chip.int8_error)."""
 
 from __future__ import annotations
 
-from svgen.perf import int8_error
+from svgen.chip import int8_error
 
 
 def _splash_config(masked: dict) -> str:
-    """Which Splash configuration won (svgen.perf.splash_peer.Config.label)."""
+    """Which Splash configuration won (svgen.chip.splash_peer.Config.label)."""
     return f" ({masked['label']})" if masked.get("label") else ""
 
 
@@ -77,6 +77,6 @@ def _err(mine: dict, masked: dict) -> str:
     for label, entry in (("svgen", mine), ("Splash", masked)):
         if "max_error" in entry:
             parts.append(f"{label} {entry['max_error']:.1e}{'' if entry['ok'] else ' FAIL'}")
-    if "int8_error" in mine:  # attention.qk: int8 (svgen.perf.int8_error)
+    if "int8_error" in mine:  # attention.qk: int8 (svgen.chip.int8_error)
         parts.append("int8 vs float32: " + int8_error.error_words(mine["int8_error"]))
     return ", ".join(parts) or "-"

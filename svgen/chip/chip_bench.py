@@ -10,7 +10,7 @@ For one spec and one tiling, `bench_spec`:
 3. times the module's forward call (and with `backward`, jax.grad of the outputs' sum
    through q, k, v): the first call (compile included) alone, then `warmup` calls, then the
    median of `iters` calls;
-4. times Splash given the same mask at its best (svgen.perf.splash_peer: one call per
+4. times Splash given the same mask at its best (svgen.chip.splash_peer: one call per
    pattern, inputs prepared outside the timed call, the faster of the mask as data and as
    computed, a small search of forward and backward blocks, the winner cached per chip), and
    dense Splash at the best of `DENSE_BLOCKS` (searched once per shape and process, and cached
@@ -19,7 +19,7 @@ For one spec and one tiling, `bench_spec`:
    head against a float32 reference on the same device, whose mask comes from the IR oracle
    (svgen.ir), not from the printed code both kernels' masks come from; for a spec with
    `attention.qk: int8`, also the cosine similarity and relative L1 of svgen's output on
-   those rows, on normal inputs and on keys with channel outliers (svgen.perf.int8_error).
+   those rows, on normal inputs and on keys with channel outliers (svgen.chip.int8_error).
 
 Everything a measurement depends on is injected: `clock` (a function returning seconds) and
 `interpret` (Pallas's interpreter, for CPU tests), so the logic is tested without a chip;
@@ -47,7 +47,7 @@ from svgen.core.program import ProgramLimits
 
 # The float32 reference and what an output may differ from it (callers and tests reach them
 # through this module).
-from svgen.perf.output_check import (  # noqa: F401
+from svgen.chip.output_check import (  # noqa: F401
     INT8_TOLERANCE,
     TOLERANCE,
     _reference_keep,
@@ -59,7 +59,7 @@ from svgen.perf.output_check import (  # noqa: F401
 )
 
 # Where a measurement ran (callers and tests reach them through this module).
-from svgen.perf.provenance import commit, source_digest, versions  # noqa: F401
+from svgen.chip.provenance import commit, source_digest, versions  # noqa: F401
 
 #: Splash's dense blocks searched (block_q, block_kv, block_kv_compute): its defaults and the
 #: best measured on a v5e (docs/measured.md); 2048 x 2048 needs more than v5e's default
@@ -170,12 +170,12 @@ class Options:
     backward: bool = False
     check_rows: int = CHECK_ROWS
     splash: bool = True  # time Splash beside svgen (tune --measure leaves it out)
-    # Splash given the mask at these blocks alone; None: at its best (svgen.perf.splash_peer)
+    # Splash given the mask at these blocks alone; None: at its best (svgen.chip.splash_peer)
     splash_blocks: tuple[int, int, int] | None = None
     dense_blocks: tuple[tuple[int, int, int], ...] = DENSE_BLOCKS
     interpret: bool = False  # Pallas's interpreter: CPU tests only
     seed: int = 0
-    fingerprint: bool = True  # record what was timed (svgen.perf.fingerprint)
+    fingerprint: bool = True  # record what was timed (svgen.chip.fingerprint)
     # What the module leaves out of its kernels (svgen.core.program): `svgen compile`
     # decides it by counting programs on the host; a chip host times what it is given.
     program: ProgramLimits = ProgramLimits()
@@ -230,7 +230,7 @@ def svgen_forward(module, assignment, interpret: bool):
 
 def timed_calls(module, assignment, interpret: bool) -> dict:
     """{direction: jitted function of q, k, v}: what `svgen bench` times, the forward and
-    jax.grad through it (svgen.perf.fingerprint traces these same functions)."""
+    jax.grad through it (svgen.chip.fingerprint traces these same functions)."""
     forward = svgen_forward(module, assignment, interpret)
     return {"forward": forward, "backward": gradient_of(forward)}
 
@@ -357,7 +357,7 @@ def bench_spec(
     or each process searches them again). on_entry(result): called with the result so far
     after each figure is recorded, so that a caller can save what a run stopped part way (a
     time limit, a chip that fails) had measured."""
-    from svgen.perf.splash_mask import head_patterns
+    from svgen.chip.splash_mask import head_patterns
 
     env = versions() if env is None else env
 
@@ -434,12 +434,12 @@ def bench_spec(
 
 
 def fingerprint_module(module, assignment, directions=("forward", "backward")) -> dict:
-    """The fingerprint (svgen.perf.fingerprint) of what bench times for an imported module at
+    """The fingerprint (svgen.chip.fingerprint) of what bench times for an imported module at
     `assignment`, per direction: the calls of a chip (not interpreted), on q, k, v's shapes."""
     import jax
     import jax.numpy as jnp
 
-    from svgen.perf import fingerprint
+    from svgen.chip import fingerprint
 
     shape = (int(module.HEADS), int(module.SEQ_LEN), int(module.HEAD_DIM))
     qkv = jax.ShapeDtypeStruct(shape, jnp.dtype(module.DTYPE))
@@ -450,7 +450,7 @@ def fingerprint_module(module, assignment, directions=("forward", "backward")) -
 def fingerprint_spec(spec, target: str, directions=("forward", "backward")) -> dict:
     """fingerprint_module of the spec compiled as bench compiles it, with its tiling and
     head assignment (the form of bench/results/fingerprints.json)."""
-    from svgen.perf.splash_mask import head_patterns
+    from svgen.chip.splash_mask import head_patterns
 
     with tempfile.TemporaryDirectory(prefix="svgen-fingerprint-") as folder:
         plan, module = compile_module(spec, target, pathlib.Path(folder))
@@ -490,8 +490,8 @@ def _bench_splash(
     on_entry,
 ):
     """Dense Splash at its best blocks, then Splash given the same mask at its best
-    (svgen.perf.splash_peer), each direction; figures recorded as they come."""
-    from svgen.perf import splash_peer
+    (svgen.chip.splash_peer), each direction; figures recorded as they come."""
+    from svgen.chip import splash_peer
 
     seq, heads, d = int(module.SEQ_LEN), int(module.HEADS), int(module.HEAD_DIM)
     directions = ["forward"] + (["backward"] if options.backward else [])
@@ -565,7 +565,7 @@ def _bench_splash(
 def _best_masked_splash(peer, cache, direction, forward_winner, options, clock, progress, key):
     """(the result entry, the forward's winning config): Splash given the mask at its best
     configuration, or at `--splash-blocks` alone when those are not the default."""
-    from svgen.perf import splash_peer
+    from svgen.chip import splash_peer
 
     backward = direction == "backward"
 
@@ -608,7 +608,7 @@ def _time_dense_splash(dense_peer, blocks, backward, options, clock):
     """(Timing, output, fused): dense Splash over every head at `blocks`, inputs prepared
     outside the timed call as for the masked peer; its backward fused where it fits the
     chip, else its two kernels."""
-    from svgen.perf import splash_mask, splash_peer
+    from svgen.chip import splash_mask, splash_peer
 
     splash_mask.padded_length(dense_peer.seq, *blocks)  # refuses absurd padding first
     error = None

@@ -1,12 +1,12 @@
 """`svgen cost`: a static model of a generated kernel's time on a TPU, from libtpu's schedule.
 
-libtpu compiles the kernel for the target on this host (`svgen.perf.measure`) and the bundles
-of each control-flow path of one grid step are read from its schedule (`svgen.perf.paths`,
+libtpu compiles the kernel for the target on this host (`svgen.estimate.measure`) and the bundles
+of each control-flow path of one grid step are read from its schedule (`svgen.estimate.paths`,
 whose docstring maps the kernel's phases onto paths). This module costs a spec: `cost_plan`
 (render, compile, model one call; what it refuses before compiling, and libtpu's VMEM
 refusal in one line) and the dense kernel at its best tiling (`dense_best`). The model over
-the tables is `svgen.perf.cycle_model` (`model_cycles`), the report's dataclasses
-`svgen.perf.cost_report`, its text `svgen.perf.cost_text`.
+the tables is `svgen.estimate.cycle_model` (`model_cycles`), the report's dataclasses
+`svgen.estimate.cost_report`, its text `svgen.estimate.cost_text`.
 
 The modelled time is the sum over the tables of every head of the cost of each step (read
 from the same tables the kernel walks) plus the pipeline's two extra iterations. It is a
@@ -22,17 +22,17 @@ import pathlib
 import re
 
 from svgen.spec.errors import SpecError
-from svgen.perf.measure import (
+from svgen.estimate.measure import (
     measure_chunk_paths,
     measure_paths,
     measure_select_policy,
     measure_training_paths,
 )
 
-# The report, and the model over the tables, live in modules of their own; svgen.perf.cost
+# The report, and the model over the tables, live in modules of their own; svgen.estimate.cost
 # keeps their names for the commands, benches and tests that read them here (PathCosts and
-# SEGMENT_BOUNDARY, of svgen.perf.paths, too).
-from svgen.perf.cost_report import (  # noqa: F401
+# SEGMENT_BOUNDARY, of svgen.estimate.paths, too).
+from svgen.estimate.cost_report import (  # noqa: F401
     MODEL_CAVEAT,
     ChunkReport,
     CostReport,
@@ -40,7 +40,7 @@ from svgen.perf.cost_report import (  # noqa: F401
     Utilisation,
     program_caveat,
 )
-from svgen.perf.cycle_model import (  # noqa: F401
+from svgen.estimate.cycle_model import (  # noqa: F401
     dense_cycles,
     fallback_cycles,
     key_bytes,
@@ -55,7 +55,7 @@ from svgen.perf.cycle_model import (  # noqa: F401
     sampled_selection,
     utilisation,
 )
-from svgen.perf.paths import SEGMENT_BOUNDARY, PathCosts  # noqa: F401
+from svgen.estimate.paths import SEGMENT_BOUNDARY, PathCosts  # noqa: F401
 
 
 def check_costable(plan) -> None:

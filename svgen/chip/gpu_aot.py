@@ -16,7 +16,7 @@ $SVGEN_GPU_TOOLCHAIN when set (then nowhere else), `.gpu-aot` beside the svgen p
 repository root, for an editable install: found from any working directory), `.gpu-aot` in
 the working directory, the running environment. The error of a missing toolchain lists them.
 
-The compile runs in a child process (`python -m svgen.perf.gpu_aot MODULE --target NAME`) with the
+The compile runs in a child process (`python -m svgen.chip.gpu_aot MODULE --target NAME`) with the
 toolchain first on PYTHONPATH and JAX_PLATFORMS=cpu: without a driver the plugin would fail
 its CUDA check and not register, and the topology call would say "not implemented for cuda".
 The child compiles `module.attention` on q, k, v of the spec's shape and dtype (a traced
@@ -85,7 +85,7 @@ def install_hint() -> str:
 def project_toolchain_dir() -> pathlib.Path:
     """`.gpu-aot` beside the svgen package: in the repository root for an editable install
     (where the README's developer install puts it), whatever the working directory."""
-    package = pathlib.Path(__file__).resolve().parents[1]  # svgen/ (this is svgen/perf/)
+    package = pathlib.Path(__file__).resolve().parents[1]  # svgen/ (this is svgen/chip/)
     return package.parent / DEFAULT_TOOLCHAIN_DIR
 
 
@@ -142,7 +142,7 @@ def child_env(toolchain: pathlib.Path | None) -> dict[str, str]:
 def compile_module(module_path: pathlib.Path, target: str, hint: bool = True) -> dict:
     """The launch facts of a generated GPU module compiled for `target`, from a child
     process; GpuCompileError with the child's facts when the compile fails."""
-    command = [sys.executable, "-m", "svgen.perf.gpu_aot", str(module_path), "--target", target]
+    command = [sys.executable, "-m", "svgen.chip.gpu_aot", str(module_path), "--target", target]
     if not hint:
         command.append("--no-hint")
     try:
@@ -439,9 +439,9 @@ def _child(module_path: pathlib.Path, target: str, hint: bool) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m svgen.perf.gpu_aot",
+        prog="python -m svgen.chip.gpu_aot",
         description="Compile a generated GPU module for a GPU target without a GPU "
-        "(run with the toolchain on PYTHONPATH and JAX_PLATFORMS=cpu; svgen.perf.gpu_aot "
+        "(run with the toolchain on PYTHONPATH and JAX_PLATFORMS=cpu; svgen.chip.gpu_aot "
         "compile_module does); prints one JSON object.",
     )
     parser.add_argument("module", type=pathlib.Path)

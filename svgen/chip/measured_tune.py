@@ -1,9 +1,9 @@
 """`svgen tune --measure`: a spec's tiling chosen by timing candidates on the attached TPU.
 
-The static model (svgen.perf.tune) ranks tilings differently from a v5e (docs/measured.md:
+The static model (svgen.estimate.tune) ranks tilings differently from a v5e (docs/measured.md:
 it chose 2048 x 4096 two-level tiles that the chip runs 2.4x slower than 1024 x 1024 ones),
 so here nothing is ranked by it: each candidate is compiled for the chip and timed
-(svgen.perf.chip_bench, without Splash), forward and, for a spec used in training, forward
+(svgen.chip.chip_bench, without Splash), forward and, for a spec used in training, forward
 plus backward. A candidate that fails to compile or to run, or whose output misses the
 float32 reference on sampled rows, is infeasible, never slow.
 
@@ -31,7 +31,8 @@ import time
 from typing import Callable
 
 from svgen.core.safe_io import read_json_cache, write_json_cache
-from svgen.perf import chip_bench, measure
+from svgen.chip import chip_bench
+from svgen.estimate import measure
 
 #: (block_q, block_kv, compute_q, compute_kv), in the order they are timed. First 1024 x 2048
 #: tiles of eight 512 x 512 compute blocks: on a v5e the fastest of the tilings timed for the
@@ -208,7 +209,7 @@ def _cached_trial(tiling, entry: dict) -> Trial:
 
 def _cache_key(chip: str, env: dict, spec, tiling, backward: bool) -> str:
     """What a measurement depends on. The kernels' source digest is in it so that no timing
-    of an older kernel outlives an edit to one (svgen.perf.measure.kernel_source_digest:
+    of an older kernel outlives an edit to one (svgen.estimate.measure.kernel_source_digest:
     svgen.runtime.kernel and every svgen module it imports)."""
     kernels = measure.kernel_source_digest()
     return json.dumps([chip, env, spec.digest, kernels, list(tiling), backward])

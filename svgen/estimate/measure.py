@@ -4,9 +4,9 @@ cache of what their schedules cost.
 `measure_paths` (the forward call), `measure_chunk_paths` (a KV-cache module's chunked call),
 `measure_training_paths` (a jax.grad call's kernels) and `measure_select_policy` (a select
 module's per-call selection program) each compile with libtpu on this host
-(`svgen.perf.tpu_schedule`), read the costs from the schedule (`svgen.perf.paths`) and cache
+(`svgen.estimate.tpu_schedule`), read the costs from the schedule (`svgen.estimate.paths`) and cache
 them under a key of everything the schedule depends on (`_cache_key`). Apart from the model
-(`svgen.perf.cost`) because this is the part that runs libtpu and touches the disk; the model
+(`svgen.estimate.cost`) because this is the part that runs libtpu and touches the disk; the model
 walks tables with NumPy and is tested on hand-made `PathCosts` without compiling anything.
 """
 
@@ -22,7 +22,7 @@ import pathlib
 import numpy as np
 
 from svgen.core.safe_io import read_json_cache, write_json_cache
-from svgen.perf.paths import PathCosts, read_paths
+from svgen.estimate.paths import PathCosts, read_paths
 from svgen.runtime.variant import backward_branches
 
 KERNEL_NAME = "svgen_attention"
@@ -250,7 +250,7 @@ def measure_paths(module, target: str, *, use_cache: bool = True, progress=None)
 def _compile(module, target: str):
     """The kernel's schedule; a module with run-time inputs is compiled with them (traced),
     so what is measured is the kernel that reads run-time segments."""
-    from svgen.perf import tpu_schedule
+    from svgen.estimate import tpu_schedule
 
     names = module.attention.runtime.arguments()
 
@@ -272,7 +272,7 @@ def runtime_args(module, target: str) -> tuple:
     import jax
     import jax.numpy as jnp
 
-    from svgen.perf import tpu_schedule
+    from svgen.estimate import tpu_schedule
 
     sharding = tpu_schedule.tpu_sharding(target)
     shapes = {"segment_ids": (module.SEQ_LEN,), "text_lengths": ()}
@@ -287,7 +287,7 @@ def aot_args(module, target: str) -> tuple:
     import jax
     import jax.numpy as jnp
 
-    from svgen.perf import tpu_schedule
+    from svgen.estimate import tpu_schedule
 
     sharding = tpu_schedule.tpu_sharding(target)
     arg = jax.ShapeDtypeStruct(
@@ -340,7 +340,7 @@ def _compile_chunk(module, target: str):
     import jax
     import jax.numpy as jnp
 
-    from svgen.perf import tpu_schedule
+    from svgen.estimate import tpu_schedule
 
     q, k, v, head_pattern = aot_args(module, target)
     kv_cache = module.attention.kv_cache
@@ -417,7 +417,7 @@ def _count_policy(module, target: str) -> PolicyCost:
     import jax
     import jax.numpy as jnp
 
-    from svgen.perf import tpu_schedule
+    from svgen.estimate import tpu_schedule
 
     select = module.attention.select
     sharding = tpu_schedule.tpu_sharding(target)
@@ -534,7 +534,7 @@ def _compile_training(module, target: str, names: list[str], fused: bool) -> dic
     import jax
     import jax.numpy as jnp
 
-    from svgen.perf import tpu_schedule
+    from svgen.estimate import tpu_schedule
     from svgen.runtime import backward
 
     def loss(q, k, v, hp):

@@ -1,7 +1,7 @@
 """Per-path costs of one grid step, read from libtpu's bundle schedule of a kernel.
 
 The TPU TensorCore issues one VLIW bundle per cycle, in order. libtpu compiles the kernel for
-the target on this host (no TPU needed) and dumps its final schedule; `svgen.perf.tpu_schedule`
+the target on this host (no TPU needed) and dumps its final schedule; `svgen.estimate.tpu_schedule`
 counts the bundles along each control-flow path of one grid step. The kernel's branches are
 declared beside its variant (`svgen.runtime.branch_tree.step`: a tree of named `pl.when`
 branches in the order the body emits them), inside the pipeline's per-step branch:
@@ -22,8 +22,8 @@ count at each level checked) and reads every cost by name. Per path:
     init/finalize once per q tile
 
 This module owns that mapping (`read_paths`) and its result (`PathCosts`, with the cost of a
-step on a tile of each kind). It is apart from the compiling (`svgen.perf.measure`) and the
-model over the tables (`svgen.perf.cycle_model`) because it is the one place that reads the
+step on a tile of each kind). It is apart from the compiling (`svgen.estimate.measure`) and the
+model over the tables (`svgen.estimate.cycle_model`) because it is the one place that reads the
 kernel's branch structure: it needs neither JAX nor a plan, only a parsed schedule and the
 kernel's declared branches.
 """
@@ -78,7 +78,7 @@ class PathCosts:
     straight: tuple = ()
     # The whole kernel program's bundles (0: not read, as for the tuner's interpolated
     # paths). On a v5e, large programs ran far slower than their paths add up to
-    # (svgen.perf.cost.program_caveat).
+    # (svgen.estimate.cost.program_caveat).
     program: int = 0
 
     def to_json(self) -> dict:
@@ -202,7 +202,7 @@ class _Found:
     it, with its declared children found likewise (a leaf's inside is not read)."""
 
     name: str
-    branch: object  # svgen.perf.tpu_schedule.Branch
+    branch: object  # svgen.estimate.tpu_schedule.Branch
     children: tuple["_Found", ...] = ()
 
     @property

@@ -7,14 +7,14 @@ The JSON files are what `svgen bench` and the bench scripts wrote on the chip; t
 (their `source_digest` names the code either way). From them this module picks, for each
 shipped spec, the newest timing at the v5e tiling the spec carries at HEAD; the timings
 against Splash given the same mask at its best (files whose options say `splash_blocks:
-search`, svgen.perf.splash_peer: the only Splash figures presented as current); the
+search`, svgen.chip.splash_peer: the only Splash figures presented as current); the
 program-size cliff and the tilings a spec takes without a chip (with the forward programs'
 bundles, bench/results/v5e_program_sizes.json); and the static model against the chip. It
 also derives the figures that svgen's code quotes (`facts`), which `svgen report --check`
 holds equal to the one place they are written by hand, svgen.analysis.targets.
 
 Everything here is plain data: no JAX, no chip, byte-for-byte the same output for the same
-files (svgen.perf.results_tables renders it).
+files (svgen.chip.results_tables renders it).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Source:
 
     @property
     def yardstick(self) -> bool:
-        """Splash given the mask was timed at its best (svgen.perf.splash_peer's search)."""
+        """Splash given the mask was timed at its best (svgen.chip.splash_peer's search)."""
         return self.data.get("options", {}).get("splash_blocks") == "search"
 
     @property
@@ -129,7 +129,7 @@ class Results:
     model: Source | None
     headline: str  # the spec whose figures the README quotes
     fingerprints: (
-        dict  # source -> the reference fingerprint of HEAD's code (svgen.perf.fingerprint)
+        dict  # source -> the reference fingerprint of HEAD's code (svgen.chip.fingerprint)
     )
     # Timings of kernels with code left out (`svgen bench --program`), never a spec's figure.
     left_out: tuple[Timing, ...] = ()
@@ -399,7 +399,7 @@ def runtime_words(runtime: tuple) -> str:
 
 
 #: Straight-line bodies left out, as kernel_size's --runtime names it: the one shrink step of
-#: svgen.perf.program_size.chip_free that the counted programs cover.
+#: svgen.chip.program_size.chip_free that the counted programs cover.
 WITHOUT_STRAIGHT = (("straight.MAX_WORDS", 0),)
 
 
@@ -407,11 +407,11 @@ def chip_free_pick(results: Results, spec: str, patterns: int = 1) -> tuple[Tili
     """(tiling, runtime settings) that `svgen compile --target v5e` takes for a spec that
     gives none, from the counted programs: the first of V5E_TILINGS whose default program
     fits the budget, or fits with its straight-line bodies left out
-    (svgen.perf.program_size.chip_free). None where a count it needs was not taken, and where
+    (svgen.chip.program_size.chip_free). None where a count it needs was not taken, and where
     a tiling is over the budget with both: the compiler's further steps there (one kernel per
     pattern, whole masks) are not counted in the results. With several `patterns`, one kernel
     per pattern is the compiler's first step: past the default program, nothing is counted."""
-    from svgen.perf.program_size import V5E_TILINGS
+    from svgen.chip.program_size import V5E_TILINGS
 
     limit = budget()
     for tiling in V5E_TILINGS:

@@ -24,7 +24,7 @@ knew it would, and searches what such a user would tune:
   fails); every configuration tried is recorded in the result.
 
 Nothing here decides anything from a clock of its own: timing goes through the `time_config`
-callable the caller passes (svgen.perf.chip_bench), so the search is tested without a chip.
+callable the caller passes (svgen.chip.chip_bench), so the search is tested without a chip.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import Callable
 import numpy as np
 
 from svgen.core.safe_io import read_json_cache, write_json_cache
-from svgen.perf import splash_mask
+from svgen.chip import splash_mask
 
 #: Splash's forward blocks searched given a mask (block_q, block_kv, block_kv_compute): the
 #: first is where the search of the mask form starts (the best measured for the blog mask on a

@@ -1,13 +1,13 @@
 """What `svgen cost` reports: the model's caveats (what its figures are against a chip's,
 and what the chip showed for large programs), `CostReport` and its parts (`Utilisation`,
-`ChunkReport`, `TrainingReport`), each as its JSON. The text is svgen.perf.cost_text."""
+`ChunkReport`, `TrainingReport`), each as its JSON. The text is svgen.estimate.cost_text."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from svgen.perf.measure import PolicyCost, TrainingPaths
-from svgen.perf.paths import PathCosts
+from svgen.estimate.measure import PolicyCost, TrainingPaths
+from svgen.estimate.paths import PathCosts
 
 
 def _v5e():

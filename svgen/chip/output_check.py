@@ -1,19 +1,19 @@
 """What `svgen bench` checks a kernel's output against: a float32 reference of the sampled
 query rows, computed on the same device from the IR oracle (svgen.ir), not from the printed
 mask code both svgen's and Splash's kernels run; the largest error accepted per dtype; and,
-for int8 QK^T, svgen.perf.int8_error's cosine and relative L1 on two input kinds."""
+for int8 QK^T, svgen.chip.int8_error's cosine and relative L1 on two input kinds."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from svgen.perf import int8_error
+from svgen.chip import int8_error
 
 #: Largest |svgen - reference| accepted on a sampled row (outputs are convex combinations of
 #: v's rows; bf16 rounding of p and o stays well below this on normal inputs).
 TOLERANCE = {"bfloat16": 2e-2, "float32": 1e-4}
 #: The same for int8 QK^T (attention.qk: int8), whose error is mostly its scores' rounding;
-#: its bounds are svgen.perf.int8_error's, on cosine similarity and relative L1.
+#: its bounds are svgen.chip.int8_error's, on cosine similarity and relative L1.
 INT8_TOLERANCE = 5e-2
 
 
@@ -54,7 +54,7 @@ def reference_rows(plan, assignment, q, k, v, rows: np.ndarray):
 
 def _reference_keep(pattern, rows: np.ndarray, seq: int) -> np.ndarray:
     """bool [len(rows), seq]: the pattern's mask on the sampled rows, kernel order."""
-    from svgen.perf import splash_mask
+    from svgen.chip import splash_mask
 
     keys = np.arange(seq)
     if pattern.budget is not None:  # aligned: whole compute blocks kept or dropped
@@ -66,7 +66,7 @@ def _reference_keep(pattern, rows: np.ndarray, seq: int) -> np.ndarray:
 
 
 def int8_errors(module, plan, assignment, forward, rows: np.ndarray, options) -> dict:
-    """svgen.perf.int8_error's cosine and relative L1 of an int8 module's `forward` on both
+    """svgen.chip.int8_error's cosine and relative L1 of an int8 module's `forward` on both
     input kinds, against this module's float32 reference on the sampled rows (options: its
     seed, chip_bench.Options')."""
 

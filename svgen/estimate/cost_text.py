@@ -1,4 +1,4 @@
-"""`svgen cost`'s text: a `CostReport` (svgen.perf.cost) as the lines the command prints.
+"""`svgen cost`'s text: a `CostReport` (svgen.estimate.cost) as the lines the command prints.
 
 Apart from the model because it is presentation only: it computes nothing the JSON report
 does not hold, and no other module reads it.
@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from svgen.perf.cost import (
+from svgen.estimate.cost import (
     MODEL_CAVEAT,
     CostReport,
     TrainingReport,
     key_bytes,
     program_caveat,
 )
-from svgen.perf.paths import PathCosts, mean_rounded
+from svgen.estimate.paths import PathCosts, mean_rounded
 from svgen.core.kinds import TileKind
 from svgen.core.straight import word_glyphs
 
@@ -214,7 +214,7 @@ def _training_lines(training: TrainingReport, plan, clock_ghz: float, per_tile, 
 
 
 def _path_lines(p: PathCosts, plan, per_tile: float, per_block: float) -> list[str]:
-    """One kernel's per-path bundles (see svgen.perf.paths)."""
+    """One kernel's per-path bundles (see svgen.estimate.paths)."""
     lines = [f"    program: {p.program:,} bundles"] if p.program else []
     caveat = program_caveat(p.program, bool(p.residual_block), bool(p.straight))
     if caveat:
