@@ -207,7 +207,7 @@ def test_jax_platforms_naming_a_missing_platform_is_one_line_and_exit_2(platform
 
 
 def test_tiling_option_is_checked():
-    from svgen.cli.bench import parse_tiling
+    from svgen.chip.measured_tune import parse_tiling
     import argparse
 
     assert parse_tiling("1024x1024") == (1024, 1024, 1024, 1024)
@@ -255,7 +255,7 @@ def test_dense_blocks_given_are_timed_as_given_not_the_remembered_ones(tmp_path)
 
 
 def test_dense_blocks_found_by_one_caller_are_reused_by_another(tmp_path):
-    """bench/kernel_ab.py passes no env, `svgen bench` passes versions(): both must key the
+    """svgen.chip.kernel_ab passes no env, `svgen bench` passes versions(): both must key the
     remembered blocks alike, or every process of a chip session searches dense Splash again."""
     spec = parse_spec(MIXED, source="tiny.yaml")
     options = interpreter_options(check_rows=0, dense_blocks=((128, 128, 128), (256, 256, 256)))

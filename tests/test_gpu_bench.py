@@ -1,7 +1,8 @@
-"""bench/gpu_bench.py as a user runs it: the static table (no GPU), the deviceless compile
-facts of svgen's GPU kernel next to JAX's dense Pallas flash attention (the toolchain of
-`.gpu-aot` must be installed: the README's developer install; without it the test fails), and
-the timing path in Pallas interpret mode on a scaled-down spec (no timing asserted)."""
+"""svgen.chip.gpu_bench as a user runs it (python -m): the static table (no GPU), the
+deviceless compile facts of svgen's GPU kernel next to JAX's dense Pallas flash attention (the
+toolchain of `.gpu-aot` must be installed: the README's developer install; without it the test
+fails), and the timing path in Pallas interpret mode on a scaled-down spec (no timing
+asserted)."""
 
 from __future__ import annotations
 
@@ -15,14 +16,13 @@ from helpers import REPO
 from svgen.analysis import analyze
 from svgen.spec import GpuTiling, load_spec
 
-SCRIPT = REPO / "bench" / "gpu_bench.py"
 STATIC_SPECS = ["wan21_720p_mixed", "wan21_720p_temporal"]
 COMPILE_SPEC = "wan21_720p_band"
 
 
 def run_bench(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(SCRIPT), *args],
+        [sys.executable, "-m", "svgen.chip.gpu_bench", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

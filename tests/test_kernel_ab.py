@@ -1,25 +1,21 @@
-"""bench/kernel_ab.py's settings on a CPU: the svgen.runtime constants it sets for the "before"
+"""svgen.chip.kernel_ab's settings on a CPU: the svgen.runtime constants it sets for the "before"
 kernel (parsed strictly, set while that module is built and traced, restored after), and one
-run of the script in Pallas's interpreter whose "before" runs fewer straight-line bodies."""
+run of the tool in Pallas's interpreter whose "before" runs fewer straight-line bodies."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import types
 
 import pytest
 
-sys.path.insert(0, "bench")
-import kernel_ab  # noqa: E402
+from svgen.chip import kernel_ab
+from svgen.core import straight
+from svgen.runtime import kernel
 
-from svgen.core import straight  # noqa: E402
-
-from svgen.runtime import kernel  # noqa: E402
-
-from helpers import REPO, STRAIGHT_BAND  # noqa: E402
-from kernel_helpers import POISONED, check_per_head, mixed_inputs  # noqa: E402
+from helpers import REPO, STRAIGHT_BAND
+from kernel_helpers import POISONED, check_per_head, mixed_inputs
 
 BAND = STRAIGHT_BAND.format(name="ab_band")
 

@@ -1,16 +1,13 @@
-"""bench/kernel_fingerprint.py: the digests that prove a restructuring of the kernels left
+"""svgen.chip.kernel_fingerprint: the digests that prove a restructuring of the kernels left
 them as they were. They must be stable, blind to where the code sits, and see any change
 to what a kernel computes or how its grid reads its tables."""
 
 from __future__ import annotations
 
 import pathlib
-import sys
 
-sys.path.insert(0, "bench")
-import kernel_fingerprint  # noqa: E402
-
-from svgen.spec import load_spec  # noqa: E402
+from svgen.chip import kernel_fingerprint
+from svgen.spec import load_spec
 
 BOUNDED = pathlib.Path("bench/specs/features/bounded.yaml")
 

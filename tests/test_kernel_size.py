@@ -1,4 +1,4 @@
-"""bench/kernel_size.py: a kernel's program size as libtpu compiles it for v5e on this host.
+"""svgen.chip.kernel_size: a kernel's program size as libtpu compiles it for v5e on this host.
 Every pattern a module carries adds its code, so two patterns make a larger program."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def _run(*args: str) -> str:
     # libtpu takes its bundle-dump flags only when it loads: a fresh process, as `svgen cost` runs.
     import subprocess
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "bench")])}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(
         [sys.executable, *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=600
     )
@@ -33,7 +33,8 @@ def test_a_second_pattern_makes_a_larger_program_and_svgen_cost_reports_it(tmp_p
 
     (tmp_path / "one.yaml").write_text(ONE)
     (tmp_path / "two.yaml").write_text(MIXED)
-    table = _run("bench/kernel_size.py", str(tmp_path / "one.yaml"), str(tmp_path / "two.yaml"))
+    specs = (str(tmp_path / "one.yaml"), str(tmp_path / "two.yaml"))
+    table = _run("-m", "svgen.chip.kernel_size", *specs)
     one, two = (int(n.replace(",", "")) for n in re.findall(r"\| ([0-9,]+) \|", table))
     assert ONE != MIXED and 0 < one < two
     report = json.loads(
@@ -62,7 +63,8 @@ def test_svgen_cost_reads_the_program_and_warns_past_what_the_chip_ran_well():
     assert f"{lo:.1f}-{hi:.1f}x" in program_caveat(slow)
     assert f"{slow:,} bundles" in program_caveat(slow)
     assert "not measured" in program_caveat(fine + 1)
-    assert "kernel_ab" not in program_caveat(slow)
+    assert "--program" not in program_caveat(slow)
     both = program_caveat(slow, residual_masks=True, straight_words=True)
-    assert "--runtime kernel.RESIDUAL_MASKS=False / straight.MAX_WORDS=0" in both
+    # svgen bench's own options, each a module timed in the same process
+    assert "`svgen bench --program whole_masks --program straight_words=0`" in both
     assert "straight" not in program_caveat(slow, residual_masks=True)

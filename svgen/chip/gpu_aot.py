@@ -2,7 +2,7 @@
 ptxas accept its kernel for a Hopper target (sm_90a), and what the kernel launches.
 
 `svgen compile --target h100|h200` runs it on every GPU module before writing anything; the
-tests run it on every shipped spec for both targets; `bench/gpu_bench.py` reads its facts.
+tests run it on every shipped spec for both targets; svgen.chip.gpu_bench reads its facts.
 
 The toolchain
 -------------

@@ -223,6 +223,21 @@ def _store(key: str, value: dict) -> None:
     write_json_cache(_cache_file(), data, indent=1)
 
 
+def parse_tiling(text: str) -> tuple[int, int, int, int]:
+    """`BQxBKV` or `BQxBKV/CQxCKV` (an argparse type)."""
+    import argparse
+
+    try:
+        tile, _, compute = text.partition("/")
+        bq, bkv = (int(x) for x in tile.split("x"))
+        cq, ckv = (int(x) for x in compute.split("x")) if compute else (bq, bkv)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected BQxBKV or BQxBKV/CQxCKV (such as 1024x1024), got {text!r}"
+        ) from None
+    return bq, bkv, cq, ckv
+
+
 def with_tiling(spec, tiling: tuple[int, int, int, int]):
     """The spec with another tiling (its align kept); its digest names the spec, the tiling
     is part of every cache key beside it."""

@@ -16,7 +16,8 @@ import argparse
 import os
 import sys
 
-from svgen.cli.bench import bench_specs, parse_program, parse_tiling, tune_measured
+from svgen.chip.measured_tune import parse_tiling
+from svgen.cli.bench import bench_specs, parse_program, tune_measured
 from svgen.cli.compile import compile_specs
 from svgen.cli.cost import NO_LIBTPU, cost_spec
 from svgen.cli.cost import libtpu_installed as _libtpu_installed

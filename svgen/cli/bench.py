@@ -54,21 +54,6 @@ def _progress(quiet: bool):
     return line
 
 
-def parse_tiling(text: str) -> tuple[int, int, int, int]:
-    """`BQxBKV` or `BQxBKV/CQxCKV` (an argparse type)."""
-    import argparse
-
-    try:
-        tile, _, compute = text.partition("/")
-        bq, bkv = (int(x) for x in tile.split("x"))
-        cq, ckv = (int(x) for x in compute.split("x")) if compute else (bq, bkv)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected BQxBKV or BQxBKV/CQxCKV (such as 1024x1024), got {text!r}"
-        ) from None
-    return bq, bkv, cq, ckv
-
-
 def parse_program(text: str):
     """What a timed module leaves out of its kernels (svgen.core.program.ProgramLimits), as
     `svgen compile` says it in the module: `none`, or `+`-joined `pattern_calls`,

@@ -68,7 +68,8 @@ def check_costable(plan) -> None:
         raise SpecError(
             "svgen cost models a selection of one pattern; this one chooses among the blocks "
             f"of {len(plan.patterns)} patterns (heads:), which the model does not walk: time "
-            "it on a chip (svgen bench, bench/runtime_on_chip.py --select)",
+            "it on a chip (svgen bench; against Splash given every block it could choose: "
+            "python -m svgen.chip.runtime_features --select SPEC)",
             file=plan.spec.source,
             key="select",
         )

@@ -52,17 +52,18 @@ def program_caveat(
         else f"programs of {fine:,} to {slow:,} bundles were not measured, larger ones ran "
         + slower
     )
+    # svgen bench's --program (svgen.core.program.ProgramLimits): the module timed with that
+    # code left out, each in turn.
     without = [
-        setting
-        for setting, present in (
-            ("kernel.RESIDUAL_MASKS=False", residual_masks),
-            ("straight.MAX_WORDS=0", straight_words),
+        f"--program {limit}"
+        for limit, present in (
+            ("whole_masks", residual_masks),
+            ("straight_words=0", straight_words),
         )
         if present
     ]
     smaller = (
-        f"; `bench/kernel_ab.py --runtime {' / '.join(without)}` times it without the code "
-        "that makes it large"
+        f"; `svgen bench {' '.join(without)}` times it without the code that makes it large"
         if without
         else ""
     )

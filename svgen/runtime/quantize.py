@@ -39,7 +39,7 @@ from svgen.runtime.steps import lanes
 
 #: False quantizes k as it comes, unsmoothed: for measuring what the smoothing buys
 #: (svgen.chip.int8_error; tests/test_int8_qk.py), and for timing the two on a chip
-#: (`bench/kernel_ab.py --runtime quantize.SMOOTH_KEYS=False`).
+#: (`python -m svgen.chip.kernel_ab SPEC --runtime quantize.SMOOTH_KEYS=False`).
 SMOOTH_KEYS = True
 #: The largest int8 magnitude used (symmetric: -127..127).
 INT8_MAX = 127.0

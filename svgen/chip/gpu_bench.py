@@ -1,16 +1,16 @@
 """svgen's GPU (Pallas Triton) forward kernel: what can be said about its speed, with and
 without a GPU (issue 12).
 
-    python bench/gpu_bench.py [--specs NAME,...] [--tiles 64x64,128x64]
-    python bench/gpu_bench.py --compile [--target h100|h200] [--specs ...] [--tiles ...]
-    python bench/gpu_bench.py --time [--runs N] [--specs ...]        # needs a CUDA GPU
-    python bench/gpu_bench.py --time --interpret --tiny [--specs ...]  # CPU, tests the script
+    python -m svgen.chip.gpu_bench [--specs NAME,...] [--tiles 64x64,128x64]
+    python -m svgen.chip.gpu_bench --compile [--target h100|h200] [--specs ...] [--tiles ...]
+    python -m svgen.chip.gpu_bench --time [--runs N] [--specs ...]        # needs a CUDA GPU
+    python -m svgen.chip.gpu_bench --time --interpret --tiny [--specs ...]  # CPU, tests it
 
 Every mode works from what `svgen compile SPEC --target h100` produces: for each shipped spec
-(specs/*.yaml) and GPU tile, the GPU plan `analyze(spec, target_name="h100")` with the spec's
-`gpu` tiles set to that tile (classified at the GPU tiles themselves), its CSR tables
-(`plan.tables`, svgen.core.gpu_tables.GpuTables) and, for --compile and --time, the
-`<name>_gpu.py` module rendered from it into a scratch directory.
+(the checkout's specs/*.yaml, named by --specs) and GPU tile, the GPU plan `analyze(spec,
+target_name="h100")` with the spec's `gpu` tiles set to that tile (classified at the GPU tiles
+themselves), its CSR tables (`plan.tables`, svgen.core.gpu_tables.GpuTables) and, for
+--compile and --time, the `<name>_gpu.py` module rendered from it into a scratch directory.
 
 Default (static, no GPU, no timing): one markdown table, one row per (spec, pattern, tile):
 
@@ -25,12 +25,12 @@ These are work counts, not times: no speed claim is made without a GPU.
 
 --compile (no GPU; the toolchain of `.gpu-aot`, see svgen/chip/gpu_aot.py): per spec, the
 deviceless compile facts for --target of svgen's GPU module at the spec's own `gpu` tiling (or
-at each --tiles tile when given), from `svgen.chip.gpu_aot.compile_module`: grid, threads, shared
-memory, registers, spills (ptxas), wgmma instructions in the PTX; beside it JAX's dense Pallas
-Triton flash attention (`jax.experimental.pallas.ops.gpu.attention.mha`, its default 128 x 128
-blocks) compiled the same way, in a child process (this script with --dense-child) against
-the same target description, on [1, seq, heads, d] bf16 inputs with seq zero-padded to a
-multiple of 128, its launch facts read from XLA's dump the same way. Also per row: the tiles a
+at each --tiles tile when given), from `svgen.chip.gpu_aot.compile_module`: grid, threads,
+shared memory, registers, spills (ptxas), wgmma instructions in the PTX; beside it JAX's dense
+Pallas Triton flash attention (`jax.experimental.pallas.ops.gpu.attention.mha`, its default
+128 x 128 blocks) compiled the same way, in a child process (this module with --dense-child)
+against the same target description, on [1, seq, heads, d] bf16 inputs with seq zero-padded to
+a multiple of 128, its launch facts read from XLA's dump the same way. Also per row: the tiles a
 head visits (svgen: its pattern's visited tiles; dense: all of them) and the score entries
 that makes relative to dense. Compile facts, not times.
 
@@ -54,7 +54,7 @@ module's head assignment (HEAD_PATTERN, or head h -> pattern h % patterns), jit,
                  spec's mask is the call's own selection, made by the module on the same q, k
 
 --interpret --tiny runs the same timing code on the CPU in Pallas interpret mode, on the specs
-scaled down to 520 video tokens (+ 40 text), 2 heads: it tests this script; its times mean
+scaled down to 520 video tokens (+ 40 text), 2 heads: it tests this module; its times mean
 nothing.
 """
 
@@ -77,7 +77,7 @@ import numpy as np
 from svgen.chip import gpu_aot
 from svgen.runtime import libtpu_env
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]  # the checkout: its specs/ and .gpu-aot
 
 TINY_GEOMETRY = {"frames": 5, "height": 4, "width": 26}  # 520 video tokens
 TINY_VIDEO_TOKENS = 520
@@ -238,7 +238,7 @@ def print_notes(notes: list[str]) -> None:
 
 def use_repo_toolchain() -> None:
     """Where neither $SVGEN_GPU_TOOLCHAIN nor the working directory names a toolchain, the
-    repository's `.gpu-aot` (so the script runs from any directory)."""
+    repository's `.gpu-aot` (so the module runs from any directory)."""
 
     local = pathlib.Path(gpu_aot.DEFAULT_TOOLCHAIN_DIR) / "jax_cuda12_plugin"
     repo = REPO / gpu_aot.DEFAULT_TOOLCHAIN_DIR
@@ -280,9 +280,9 @@ def dense_child(target: str, seq: int, heads: int, head_dim: int) -> dict:
 
 
 def compile_dense(target: str, seq: int, heads: int, head_dim: int) -> dict:
-    """dense_child's facts, from this script re-run with --dense-child in a child process."""
+    """dense_child's facts, from this module re-run with --dense-child in a child process."""
 
-    command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--dense-child"]
+    command = [sys.executable, "-m", "svgen.chip.gpu_bench", "--dense-child"]
     command += ["--target", target, "--seq", str(seq), "--heads", str(heads)]
     command += ["--head-dim", str(head_dim)]
     try:

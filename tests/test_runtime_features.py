@@ -1,4 +1,4 @@
-"""bench/runtime_on_chip.py on a CPU, in Pallas's interpreter: a chunk step, a packed batch and
+"""svgen.chip.runtime_features on a CPU, in Pallas's interpreter: a chunk step, a packed batch and
 a selection call of small specs, svgen's output against Splash's given the same mask (and
 segment ids), and the masks it hands Splash (a chunk's rectangle, a selection's superset)
 against brute force."""
@@ -6,15 +6,12 @@ against brute force."""
 from __future__ import annotations
 
 import json
-import sys
 
 import numpy as np
 
-sys.path.insert(0, "bench")
-import runtime_on_chip  # noqa: E402
-
-from helpers import dense_keep  # noqa: E402
-from svgen.chip.splash_mask import PackedKeep, packed_keep, pattern_keep  # noqa: E402
+from helpers import dense_keep
+from svgen.chip import runtime_features
+from svgen.chip.splash_mask import PackedKeep, packed_keep, pattern_keep
 
 CHUNKS = """
 svgen: 1
@@ -64,7 +61,7 @@ tiling: {block_q: 128, block_kv: 128}
 
 def test_the_select_superset_is_the_mask_and_every_selectable_block(compile_text):
     plan, module = compile_text(SELECT)
-    bits = runtime_on_chip.superset_keep_bits(module, 512)
+    bits = runtime_features.superset_keep_bits(module, 512)
     keep = PackedKeep("superset", bits)[0:512, 0:512]
     selectable = np.kron(module.attention.select.selectable, np.ones((128, 128), bool))
     np.testing.assert_array_equal(keep, dense_keep(plan.mask, plan.layout) | selectable)
@@ -92,7 +89,7 @@ def test_chunk_steps_and_a_packed_batch_in_the_interpreter(tmp_path, capsys):
     (tmp_path / "select.yaml").write_text(SELECT)
     argv += ["--select", str(tmp_path / "select.yaml")]
     argv += ["--blocks", "128,128,128", "--iters", "1", "--interpret", "--target", "v5e"]
-    assert runtime_on_chip.main(argv + ["--json", str(out)]) == 0
+    assert runtime_features.main(argv + ["--json", str(out)]) == 0
     chunks, packed, select = json.loads(out.read_text())["results"]
     for kernel in ("svgen", "splash_mask", "splash_dense"):
         assert "median_ms" in select[kernel], (kernel, select[kernel])
@@ -125,7 +122,7 @@ def test_an_axis_order_against_the_same_mask_frame_major_in_the_interpreter(tmp_
     (tmp_path / "orders.yaml").write_text(ORDERS)
     out = tmp_path / "orders.json"
     argv = ["--orders", str(tmp_path / "orders.yaml"), "--iters", "1", "--interpret"]
-    assert runtime_on_chip.main(argv + ["--target", "v5e", "--json", str(out)]) == 0
+    assert runtime_features.main(argv + ["--target", "v5e", "--json", str(out)]) == 0
     (result,) = json.loads(out.read_text())["results"]
     for call in ("user_order", "kernel_order", "frame_major"):
         assert "median_ms" in result[call], (call, result[call])
@@ -155,7 +152,7 @@ def test_place_boxes_against_moving_the_tokens_with_backward_in_the_interpreter(
     out = tmp_path / "boxes.json"
     argv = ["--orders", str(tmp_path / "boxes.yaml"), "--backward", "--iters", "1"]
     argv += ["--interpret", "--target", "v5e", "--json", str(out)]
-    assert runtime_on_chip.main(argv) == 0
+    assert runtime_features.main(argv) == 0
     (result,) = json.loads(out.read_text())["results"]
     assert result["box_dma"] == "PlaceBoxes"
     for call in ("user_order", "user_order_moved", "kernel_order", "frame_major"):
@@ -190,7 +187,7 @@ def test_head_runs_against_moving_the_tokens_in_the_interpreter(tmp_path, capsys
     (tmp_path / "mixed.yaml").write_text(MIXED_BOXES)
     out = tmp_path / "mixed.json"
     argv = ["--orders", str(tmp_path / "mixed.yaml"), "--iters", "1", "--interpret"]
-    assert runtime_on_chip.main(argv + ["--target", "v5e", "--json", str(out)]) == 0
+    assert runtime_features.main(argv + ["--target", "v5e", "--json", str(out)]) == 0
     (result,) = json.loads(out.read_text())["results"]
     assert result["box_dma"] == "2 head runs"
     for call in ("user_order", "user_order_moved", "kernel_order"):
@@ -228,7 +225,7 @@ def test_splash_given_the_mask_a_call_selected_agrees_in_the_interpreter(tmp_pat
     out = tmp_path / "selected.json"
     argv = ["--selected", str(tmp_path / "selected.yaml"), "--videos", "2", "--iters", "1"]
     argv += ["--blocks", "128,128,128", "--interpret", "--target", "v5e"]
-    assert runtime_on_chip.main(argv + ["--json", str(out)]) == 0
+    assert runtime_features.main(argv + ["--json", str(out)]) == 0
     (result,) = json.loads(out.read_text())["results"]
     for kernel in ("svgen", "svgen_backward", "splash_mask", "splash_dense"):
         assert "median_ms" in result[kernel], (kernel, result[kernel])
@@ -241,7 +238,7 @@ def test_a_selected_mask_is_the_pattern_and_the_chosen_blocks(compile_text):
     plan, module = compile_text(SELECTED.replace("runtime: {segments: true}\n", ""))
     chosen = np.zeros(module.attention.select.selectable.shape[1:], bool)
     chosen[2, 0] = chosen[3, 1] = True
-    bits = runtime_on_chip.selected_keep_bits(module, 1, chosen, 1024)
+    bits = runtime_features.selected_keep_bits(module, 1, chosen, 1024)
     keep = PackedKeep("head", bits)[0:1024, 0:1024]
     blocks = np.kron(chosen, np.ones((128, 128), bool))
     np.testing.assert_array_equal(keep, dense_keep(plan.patterns[1].mask, plan.layout) | blocks)
@@ -256,6 +253,6 @@ def test_splash_given_the_chosen_mask_in_a_curve_order_agrees_in_the_interpreter
     (tmp_path / "curve.yaml").write_text(text.replace("tiny_selected", "tiny_curve"))
     out = tmp_path / "curve.json"
     argv = ["--selected", str(tmp_path / "curve.yaml"), "--iters", "1", "--blocks", "128,128,128"]
-    assert runtime_on_chip.main(argv + ["--interpret", "--target", "v5e", "--json", str(out)]) == 0
+    assert runtime_features.main(argv + ["--interpret", "--target", "v5e", "--json", str(out)]) == 0
     (result,) = json.loads(out.read_text())["results"]
     assert min(result["chosen_blocks"]) > 0 and result["max_difference"] < 1e-4

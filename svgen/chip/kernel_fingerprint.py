@@ -1,12 +1,13 @@
 """A digest of every kernel a spec's module traces: what a refactor of the kernels must leave
 unchanged, checked on this host (no TPU, no libtpu compile).
 
-    python bench/kernel_fingerprint.py SPEC... [--target v5e] [--json FILE] [--compare FILE]
+    python -m svgen.chip.kernel_fingerprint SPEC... [--target v5e] [--json FILE] [--compare FILE]
 
 For each spec the module is compiled into a temporary folder and its calls are traced with
 jax.make_jaxpr: the forward call (with the spec's run-time inputs, traced, where it has
-them), jax.grad through it (with dq fused into the dk/dv walk, and in its own kernel), a KV-cache chunk's call and its gradient (specs with a KV
-cache) and `softmax_modes` (`softmax: bounded`). Each Pallas kernel of a trace (svgen's
+them), jax.grad through it (with dq fused into the dk/dv walk, and in its own kernel), a
+KV-cache chunk's call and its gradient (specs with a KV cache) and `softmax_modes` (`softmax:
+bounded`). Each Pallas kernel of a trace (svgen's
 kernels, the permute kernel, a selection's programs) is one line: its name and the sha256 of
 its kernel jaxpr with its parameters (grid, block specs, compiler parameters), source
 locations removed. Two trees whose digests agree lower the same kernels to Mosaic, so their
@@ -15,7 +16,7 @@ chip times are the same: a pure restructuring of svgen.runtime proves itself thi
 touched.
 
 What `svgen bench` times (its fixed head assignment, kernel order, the tables' contents and
-the XLA ops around the kernels) is fingerprinted by svgen.chip.fingerprint, which this script
+the XLA ops around the kernels) is fingerprinted by svgen.chip.fingerprint, which this module
 shares its kernel digests with: `svgen fingerprint --check`.
 """
 

@@ -1,7 +1,7 @@
 """svgen's run-time features on the attached TPU, each against what a user would run instead,
 in one process.
 
-    python bench/runtime_on_chip.py [--chunks SPEC] [--packed SPEC --videos N]
+    python -m svgen.chip.runtime_features [--chunks SPEC] [--packed SPEC --videos N]
         [--select SPEC] [--selected SPEC] [--orders SPEC [--backward]] [--positions P,...]
         [--blocks BQ,BKV,BKVC] [--iters N] [--json FILE]
         [--target CHIP] [--interpret]
@@ -39,8 +39,9 @@ of heads of one layout; svgen.runtime.cube), the same call is timed once more wi
 moved around the kernel instead (the wrapper's permutation), its output compared too. With
 --backward every call is timed forward + backward too (the gradient of sum(o) in q, k, v),
 and where the kernel reads place boxes, once more with only the forward reading them (the
-backward moving its operands into kernel order, svgen.runtime.kernel.BOX_BACKWARD = False). Outputs of the user-order call and the frame-major one are compared
-(equal unless the mask counts positions in its order: band, prefix, i_q / i_k).
+backward moving its operands into kernel order, svgen.runtime.kernel.BOX_BACKWARD = False).
+Outputs of the user-order call and the frame-major one are compared (equal unless the mask
+counts positions in its order: band, prefix, i_q / i_k).
 
 Each row: the median of --iters calls after two warm-ups (first calls timed alone); svgen's
 output and Splash's (given the same mask) compared on every row. A table goes to stdout;
@@ -548,11 +549,11 @@ def main(argv=None) -> int:
         )
     if args.videos < 1:
         parser.error("--videos must be at least 1")
-    chip = chip_bench.script_chip("runtime_on_chip", args.interpret, args.target)
+    chip = chip_bench.script_chip("runtime_features", args.interpret, args.target)
     if chip is None:
         return 2
     options = chip_bench.Options(iters=args.iters, interpret=args.interpret)
-    progress = chip_bench.script_progress("runtime_on_chip")
+    progress = chip_bench.script_progress("runtime_features")
     report = chip_bench.script_report(chip, args.interpret)
     report["results"] = []
 

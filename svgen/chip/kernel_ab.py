@@ -1,22 +1,26 @@
 """A kernel change, before and after, on the attached TPU, in one process.
 
-    python bench/kernel_ab.py SPEC[@BQxBKV[/CQxCKV]]... [--set NAME=VALUE]...
+    python -m svgen.chip.kernel_ab SPEC[@BQxBKV[/CQxCKV]]... [--set NAME=VALUE]...
         [--runtime MODULE.NAME=VALUE]... [--variant MODULE.NAME=VALUE[,...]]...
         [--backward] [--iters N] [--no-splash] [--json FILE] [--target CHIP] [--interpret]
 
 "After" is the module `svgen compile` writes today for the chip; "before" is the same module
 with the named constants set back (for example `--set MXU_WIDTH=256`: the row sum from
 [V | 1], as every chip ran it before v5e learned to take it across lanes), and with the named
-svgen.runtime / svgen.core constants set while it is imported and traced (for example `--runtime
-straight.MAX_WORDS=2`: two straight-line BOUNDARY bodies a pattern instead of eight, a smaller
-kernel program). Each `--variant` is one more "before", its svgen.runtime / svgen.core constants
-comma-separated (`--variant straight.MAX_WORDS=0 --variant straight.MAX_WORDS=2`: two kernels
-against today's in one process, today's compiled once). They are
-timed in turn, each the median of `--iters` calls after two warm-ups (first calls timed
-alone), both checked on sampled rows against a float32 reference. Splash given the same mask
-and dense Splash at its best blocks are timed beside them by `svgen bench`'s engine
-(svgen.chip.chip_bench), unless `--no-splash`. A table goes to stdout; `--json` keeps every figure, saved after
-each spec, with the chip, versions and commit.
+svgen.runtime / svgen.core constants set while it is imported and traced (for example
+`--runtime straight.MAX_WORDS=2`: two straight-line BOUNDARY bodies a pattern instead of
+eight, a smaller kernel program). Each `--variant` is one more "before", its svgen.runtime /
+svgen.core constants comma-separated (`--variant straight.MAX_WORDS=0 --variant
+straight.MAX_WORDS=2`: two kernels against today's in one process, today's compiled once).
+They are timed in turn, each the median of `--iters` calls after two warm-ups (first calls
+timed alone), both checked on sampled rows against a float32 reference. Splash given the same
+mask and dense Splash at its best blocks are timed beside them by `svgen bench`'s engine
+(svgen.chip.chip_bench), unless `--no-splash`. A table goes to stdout; `--json` keeps every
+figure, saved after each spec, with the chip, versions and commit.
+
+The constants' parsing and setting (`parse_runtime_setting`, `runtime_overrides`) and the
+SPEC@TILING items (`parse_item`) are shared with svgen.chip.kernel_size and
+svgen.chip.path_isolation.
 
 Without a TPU it stops with one line (exit 2), unless `--interpret` (Pallas's interpreter
 on the CPU: checks the script, times nothing that means anything).
@@ -35,8 +39,8 @@ import sys
 import tempfile
 import time
 
-from svgen.cli.bench import parse_tiling
 from svgen.chip import chip_bench, measured_tune
+from svgen.chip.measured_tune import parse_tiling
 from svgen.chip.splash_mask import head_patterns
 from svgen.spec import load_spec
 

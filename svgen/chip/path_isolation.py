@@ -1,7 +1,7 @@
 """Where a spec's forward time goes on the attached TPU: its kernel timed with the tables
 rewritten to isolate each path, all in one process.
 
-    python bench/paths_on_chip.py SPEC[@BQxBKV[/CQxCKV]]... [--iters N] [--json FILE]
+    python -m svgen.chip.path_isolation SPEC[@BQxBKV[/CQxCKV]]... [--iters N] [--json FILE]
         [--variants shipped,unmasked,steps,dense] [--interpret]
 
 Variants of one compiled module (same tiling, same grid walk):
@@ -34,9 +34,9 @@ import time
 
 import jax
 import numpy as np
-from kernel_ab import parse_item
 
 from svgen.chip import chip_bench, measured_tune
+from svgen.chip.kernel_ab import parse_item
 from svgen.chip.splash_mask import head_patterns
 from svgen.core import tables
 from svgen.spec import load_spec
@@ -209,7 +209,7 @@ def main(argv=None) -> int:
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
-    chip = chip_bench.script_chip("paths_on_chip", args.interpret, args.target)
+    chip = chip_bench.script_chip("path_isolation", args.interpret, args.target)
     if chip is None:
         return 2
     options = chip_bench.Options(
@@ -218,7 +218,7 @@ def main(argv=None) -> int:
         check_rows=args.check_rows,
         interpret=args.interpret,
     )
-    progress = chip_bench.script_progress("paths_on_chip")
+    progress = chip_bench.script_progress("path_isolation")
     report = {
         "chip": chip,
         "commit": chip_bench.commit(),

@@ -1,11 +1,12 @@
 """The size of a spec's forward kernel program on a TPU: its final bundles, as libtpu
 compiles it for the target on this host (AOT, no chip needed).
 
-    python bench/kernel_size.py SPEC[@BQxBKV[/CQxCKV]]... [--target v5e]
+    python -m svgen.chip.kernel_size SPEC[@BQxBKV[/CQxCKV]]... [--target v5e]
         [--runtime MODULE.NAME=VALUE]... [--json FILE]
 
---runtime sets a constant of svgen.runtime.MODULE (or svgen.core.MODULE) while each module is imported and compiled
-(for example straight.MAX_WORDS=2: at most two straight-line BOUNDARY bodies a pattern).
+--runtime sets a constant of svgen.runtime.MODULE (or svgen.core.MODULE) while each module is
+imported and compiled (for example straight.MAX_WORDS=2: at most two straight-line BOUNDARY
+bodies a pattern; svgen.chip.kernel_ab's settings).
 --json writes the counts with the commit, svgen's source digest and libtpu's version: the
 figures `svgen report` reads (bench/results/v5e_program_sizes.json).
 
@@ -23,9 +24,8 @@ import sys
 import tempfile
 import time
 
-from kernel_ab import parse_item, parse_runtime_setting, runtime_overrides
-
 from svgen.chip import chip_bench, measured_tune
+from svgen.chip.kernel_ab import parse_item, parse_runtime_setting, runtime_overrides
 from svgen.estimate import measure
 from svgen.spec import load_spec
 
