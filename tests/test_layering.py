@@ -199,3 +199,68 @@ def test_each_room_imports_only_what_the_house_map_allows():
         if a != "svgen" and b != "svgen" and _room(b) not in MAY_IMPORT[_room(a)]
     )
     assert wrong == []
+
+
+def _strings_outside_docstrings(path) -> list[str]:
+    """Every string constant of a module but its docstrings (a docstring may cite a study as
+    the source of a figure; a string the code uses is a message, a path or an import)."""
+    tree = ast.parse(path.read_text())
+    docstrings = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            if isinstance(body[0].value, ast.Constant):
+                docstrings.add(id(body[0].value))
+    return [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
+    ]
+
+
+STUDIES = sorted(p.stem for p in (REPO / "bench").glob("*.py"))
+
+
+def _names_a_study(text: str) -> bool:
+    """A study's file, or an import of one (in code a test hands a child process)."""
+    return any(
+        f"{s}.py" in text or f"import {s}" in text or f"from {s} import" in text for s in STUDIES
+    )
+
+
+def test_no_test_imports_or_runs_a_study():
+    """bench/ holds studies (bench/README.md); the tools are svgen.chip's. A test imports no
+    study, puts no bench/ on sys.path and names no study's file to load or run."""
+    assert len(STUDIES) > 10  # the scripts are where this test looks for them
+    wrong = []
+    for path in sorted((REPO / "tests").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            wrong += [f"{path.name} imports {n}" for n in names if n.split(".")[0] in STUDIES]
+            on_path = isinstance(node, ast.Call) and ast.unparse(node.func) in (
+                "sys.path.insert",
+                "sys.path.append",
+            )
+            if on_path and "bench" in ast.unparse(node):
+                wrong.append(f"{path.name}: {ast.unparse(node)}")
+        wrong += [
+            f"{path.name}: {t!r}" for t in _strings_outside_docstrings(path) if _names_a_study(t)
+        ]
+    assert wrong == []
+
+
+def test_no_string_of_svgen_names_a_study():
+    """What svgen prints (and runs) never points into bench/'s scripts: a study is not a tool
+    (comments and docstrings may cite one as the source of a figure)."""
+    wrong = [
+        f"{path.relative_to(REPO)}: {text!r}"
+        for path in sorted((REPO / "svgen").rglob("*.py"))
+        for text in _strings_outside_docstrings(path)
+        if any(f"bench/{s}.py" in text for s in STUDIES)
+    ]
+    assert wrong == []
