@@ -31,6 +31,7 @@ def parts(spec, chip, options, videos: int, progress) -> dict:
 
     from svgen.runtime.forward import flat_attention
     from svgen.runtime.softmax import LOG2_E
+    from svgen.runtime.tpu_call import TableSource
 
     with tempfile.TemporaryDirectory(prefix="select-parts-") as folder:
         plan, module = chip_bench.compile_module(spec, chip, pathlib.Path(folder))
@@ -76,23 +77,12 @@ def parts(spec, chip, options, videos: int, progress) -> dict:
                 return att.select.forward_tables(chosen, hp, rows)
 
             built = timed(f"{name}: tables", tables, chosen)
-            call = None if call_ids is None else (None, *att._id_rows(hp, call_ids))
+            id_rows = () if call_ids is None else tuple(att._id_rows(hp, call_ids))
 
-            def kernel(q, k, v, built, call=call):
-                return flat_attention(
-                    q,
-                    k,
-                    v,
-                    hp,
-                    static,
-                    att.tables,
-                    att.codes,
-                    shape=att.shape,
-                    interpret=interpret,
-                    q_scale=scale * LOG2_E,
-                    call=call,
-                    selection=built,
-                )
+            def kernel(q, k, v, built, id_rows=id_rows):
+                source = TableSource("selection", built)
+                call = att._forward_call(interpret, scale * LOG2_E, source=source, ids=id_rows)
+                return flat_attention(q, k, v, hp, static, call)
 
             timed(f"{name}: kernel", kernel, q, k, v, built)
             result[f"{name}: steps"] = int(built.steps)

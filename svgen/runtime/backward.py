@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -35,21 +34,15 @@ from jax.experimental.pallas import tpu as pltpu
 from svgen.runtime import chunks
 from svgen.runtime.cube import BoxRows, PlaceBoxes, tile_positions
 from svgen.runtime.coords import QueryCoords, TokenCoords, block_pieces, block_table_inputs
-from svgen.runtime.interpret import settled
 from svgen.core.kinds import TileKind
 from svgen.runtime.refine import SEGMENT_BOUNDARY
 from svgen.runtime.segments import block_shifts, same_segment
 from svgen.runtime.softmax import LOG2_E
-from svgen.runtime.steps import (
-    Block,
-    lanes,
-    scratch_buffer,
-    table_source,
-    walk_step,
-    walk_view,
-)
+from svgen.runtime.steps import Block, lanes, walk_step
+from svgen.runtime.tpu_call import IndexMaps, KernelCall, TableSource, shape_of
 from svgen.runtime.variant import (
     BackwardVariant,
+    PatternCode,
     block_table_bytes,
     block_table_shapes,
     or_chosen,
@@ -104,107 +97,6 @@ def backward_vmem_limit(shape, tables: int = 0) -> int | None:
 # The floor is v6e's default scoped limit; the cap leaves room on v7x (64 MiB a core).
 BACKWARD_VMEM_FLOOR = 32 * 1024 * 1024
 BACKWARD_VMEM_CAP = 48 * 1024 * 1024
-
-
-def _walk(
-    kernel_body,
-    variant_of,
-    *,
-    tables: PieceTables,
-    head_pattern,
-    static_pattern,
-    inputs,
-    outputs,
-    interpret,
-    name,
-    aliases=None,
-    call=None,
-    chunk=None,
-    only_pattern: int | None = None,
-):
-    """One pallas_call over `tables` (forward or transposed) for every head, with the forward
-    kernel's grid. variant_of(walk, num_tables): the kernel's BackwardVariant
-    (svgen.runtime.variant), whose operands say each input's and output's block and index
-    map, and the scratch. call: run-time segments' CallTables (svgen.runtime.segments), which
-    replace `tables`' pieces (`tables` still says slots, lengths and blocks); per-head walk.
-    chunk: a KV-cache chunk's (CallTables, first query token and defined flag per row, exact
-    walk), as the forward kernel takes it (svgen.runtime.chunks). only_pattern: the flat walk
-    of that pattern's heads only (a call of one pattern's code, `_pattern_calls`)."""
-    heads = int(head_pattern.shape[0])
-    # (kind: the backward reads no variants word and no kind of its own: "segments" stands
-    # for any call's own tables here.)
-    source = table_source(
-        tables,
-        head_pattern,
-        static_pattern,
-        kind="segments",
-        call_tables=call,
-        chunk=chunk,
-        only_pattern=only_pattern,
-    )
-    operands, steps = source.operands, source.steps
-    walk = source.walk(tables, heads)
-    flat = walk.flat
-    variant = variant_of(walk, len(operands))
-
-    def view(outer, step, refs):
-        return walk_view(refs, walk, outer, step)
-
-    def index_map_of(kind: str):
-        if kind.startswith("blocks"):  # a tile's block-table pieces, queries first
-
-            def blocks_index_map(outer, step, slot, *refs):
-                at = view(outer, step, refs)
-                tiles = (at.q_block, at.kv_block(slot))
-                return (*(tiles if kind == "blocks" else tiles[::-1]), 0, 0)
-
-            return blocks_index_map
-
-        def index_map(outer, step, slot, *refs):
-            at = view(outer, step, refs)
-            tile = at.q_block if kind.startswith("row") else at.kv_block(slot)
-            if kind.endswith("vec"):
-                return at.row, 0, tile
-            return (at.row, tile, 0) if variant.row_box is None else (at.row, 0, tile, 0)
-
-        return index_map
-
-    def spec(operand):
-        if operand.index_map == "any":  # left in HBM: the kernel moves it with its own DMAs
-            return pl.BlockSpec(memory_space=pl.ANY)
-        return pl.BlockSpec(operand.block, index_map_of(operand.index_map))
-
-    declared = variant.operands()
-    grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=len(operands),
-        grid=(
-            inputs[0].shape[0] // heads if flat else inputs[0].shape[0],
-            steps,
-            tables.slots,
-        ),
-        in_specs=[spec(o) for o in declared if o.role == "input"],
-        out_specs=[spec(o) for o in declared if o.role == "output"],
-        scratch_shapes=[scratch_buffer(o) for o in declared if o.role == "scratch"],
-    )
-    outputs = pl.pallas_call(
-        functools.partial(kernel_body, variant=variant),
-        grid_spec=grid_spec,
-        out_shape=[jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outputs],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary", "arbitrary"),
-            vmem_limit_bytes=backward_vmem_limit(
-                variant.shape,
-                block_table_bytes(
-                    block_table_shapes(variant.patterns), variant.shape.compute_blocks
-                ),
-            ),
-        ),
-        interpret=interpret,
-        name=name,
-        # {input index among inputs: output index}, offset past the scalar-prefetch tables.
-        input_output_aliases={len(operands) + i: o for i, o in (aliases or {}).items()},
-    )(*operands, *inputs)
-    return [settled(x, interpret) for x in outputs]
 
 
 def _run_blocks(view, kind, active, blocks, shape, masks, update, segments: bool = False):
@@ -442,61 +334,61 @@ def _keep_t(
 
 
 # ----------------------------------------------------------------------------- the call
-def backward(
-    q_scaled,
-    k,
-    v,
-    o,
-    lse,
-    do,
-    head_pattern,
-    static_pattern,
-    *,
-    forward_tables: PieceTables,
-    dkv_tables: PieceTables,
-    patterns,
-    shape: KernelShape,
-    sm_scale: float,
-    interpret,
-    fused_dq: bool | None = None,
-    calls=None,
-    chunk=None,
-    ring_sink: int | None = None,
-    boxes: PlaceBoxes | None = None,
-    pattern_calls: bool = False,
-):
-    """dq, dk, dv [rows, seq_len, d] (kernel order) of the forward call that gave o, lse;
-    fused_dq: dq inside the dk/dv walk (one kernel) instead of its own kernel (None:
-    FUSED_DQ). calls: run-time segments, (forward CallTables, dk/dv CallTables, query ids,
-    key ids [rows, 1, seq_len]) (svgen.runtime.segments). chunk: a KV-cache chunk's call,
-    (its dk/dv walk's chunk operands as _walk takes them): q, o, do hold the chunk's rows,
-    k and v the whole sequence's; dq, dk, dv come back so (always the fused walk). ring_sink:
-    the chunk's cache is rolling (shape.seq_len is the cache's; see _dkv_kernel). boxes:
-    place boxes (svgen.runtime.cube): q, k, v, o, do are the user's [rows, frames, places, d]
-    arrays and lse is in the forward's box order, the kernels read their tiles as boxes (the
-    dq fused into the dk/dv walk, whose HBM buffer is boxed too), and dq, dk, dv come back
-    in the user's order. pattern_calls: the fused dk/dv walk once per pattern
-    (ProgramLimits.pattern_calls), where the walk is flat over the module's own tables."""
-    if fused_dq is None:
-        fused_dq = FUSED_DQ
-    fused_dq = fused_dq or chunk is not None
-    if boxes is not None:
-        return _box_backward(
-            q_scaled,
-            k,
-            v,
-            o,
-            lse,
-            do,
-            head_pattern,
-            static_pattern,
-            boxes,
-            dkv_tables=dkv_tables,
-            patterns=patterns,
-            shape=shape,
-            sm_scale=sm_scale,
-            interpret=interpret,
-        )
+@dataclasses.dataclass(frozen=True, eq=False)  # eq=False: its sources and ids may be traced
+class BackwardCall:
+    """The backward kernels of one forward call, as svgen.runtime.kernel asks for them.
+
+    forward_tables, dkv_tables  the module's piece tables of the dq walk (the forward's)
+                and of the dk/dv walk (transposed): they say each walk's slots, and are its
+                pieces where its source is static;
+    dq_source, dkv_source  where each walk's tables come from
+                (svgen.runtime.tpu_call.TableSource): the module's, run-time segments', a
+                selection's, or (the dk/dv walk) a KV-cache chunk's: q, o and do then hold
+                the chunk's rows, k and v the whole sequence's, and dq, dk, dv come back so
+                (always the fused walk); ring_sink: the chunk's cache is rolling
+                (shape.seq_len is the cache's; see _dkv_kernel);
+    ids         run-time (query ids, key ids) [rows, id rows, seq_len] in kernel order;
+    boxes       place boxes (svgen.runtime.cube): q, k, v, o, do are the user's [rows,
+                frames, places, d] arrays and lse is in the forward's box order; the kernels
+                read their tiles as boxes (dq fused into the dk/dv walk, whose HBM buffer is
+                boxed too), and dq, dk, dv come back in the user's order;
+    pattern_calls  the fused dk/dv walk once per pattern (ProgramLimits.pattern_calls),
+                where it walks the module's own tables flat.
+    """
+
+    forward_tables: PieceTables
+    dkv_tables: PieceTables
+    patterns: tuple[PatternCode, ...]
+    shape: KernelShape
+    sm_scale: float
+    interpret: object
+    dq_source: TableSource = TableSource()
+    dkv_source: TableSource = TableSource()
+    ids: tuple = ()
+    ring_sink: int | None = None
+    boxes: PlaceBoxes | None = None
+    pattern_calls: bool = False
+
+    @property
+    def fused_dq(self) -> bool:
+        """dq inside the dk/dv walk: FUSED_DQ (read when traced), and always in a chunk's."""
+        return FUSED_DQ or self.dkv_source.kind == "chunk"
+
+    @property
+    def per_pattern(self) -> bool:
+        """The fused dk/dv walk once per pattern: asked for, and possible (the walk is flat
+        over the module's own tables)."""
+        own_tables = self.dkv_source.kind == "static" and self.dkv_tables.flat
+        return self.pattern_calls and self.fused_dq and own_tables
+
+
+def backward(q_scaled, k, v, o, lse, do, head_pattern, static_pattern, call: BackwardCall):
+    """dq, dk, dv [rows, seq_len, d] (kernel order; see BackwardCall for chunks and boxes) of
+    the forward call that gave o and lse. q_scaled: its q scaled by sm_scale * log2(e), as
+    the forward kernel scales it. static_pattern: head_pattern as NumPy where not traced."""
+    if call.boxes is not None:
+        return _box_backward(q_scaled, k, v, o, lse, do, head_pattern, static_pattern, call)
+    shape, sm_scale = call.shape, call.sm_scale
     pad = shape.padded_seq_len - shape.seq_len
     q_len = q_scaled.shape[1]
     q_pad = lse.shape[-1] - q_len  # whole q tiles
@@ -505,50 +397,17 @@ def backward(
     delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)  # D = rowsum
     delta = jnp.pad(delta, ((0, 0), (0, q_pad)))[:, None, :]
     qp, kp, vp, dop = zero_q(q_scaled), zero(k), zero(v), zero_q(do)
-    common = dict(head_pattern=head_pattern, static_pattern=static_pattern, interpret=interpret)
-    fwd_call = dkv_call = None
-    ids = ()
-    if calls is not None:
-        fwd_call, dkv_call, *ids = calls
-        ids = tuple(jnp.pad(x, ((0, 0), (0, 0), (0, pad))) for x in ids)
-    walk_dkv = functools.partial(
-        _dkv_walk,
-        kp,
-        vp,
-        qp,
-        dop,
-        lse,
-        delta,
-        dkv_tables,
-        patterns,
-        shape,
-        sm_scale,
-        common,
-        call=dkv_call,
-        ids=ids,
-        chunk=chunk,
-        ring_sink=ring_sink,
-    )
+    ids = tuple(jnp.pad(x, ((0, 0), (0, 0), (0, pad))) for x in call.ids)
+    walks = _Walks(call, head_pattern, static_pattern, qp, kp, vp, dop, lse, delta, ids)
+    walk_dkv = walks.dkv
     cut = slice(0, shape.seq_len)
-    if pattern_calls and fused_dq and calls is None and chunk is None and dkv_tables.flat:
-        dk, dv, dq = _pattern_calls(walk_dkv, len(patterns), static_pattern)
+    if call.per_pattern:
+        dk, dv, dq = _pattern_calls(walk_dkv, len(call.patterns), static_pattern)
         return (dq[:, :q_len] * sm_scale).astype(qp.dtype), dk[:, cut], dv[:, cut]
-    if fused_dq:
+    if call.fused_dq:
         dk, dv, dq = walk_dkv(fused_dq=True)
         return (dq[:, :q_len] * sm_scale).astype(qp.dtype), dk[:, cut], dv[:, cut]
-    id_rows = ids[0].shape[1] if ids else 0  # 2: ids and per-video frame shifts
-    dq = _walk(
-        _dq_kernel,
-        lambda walk, num_tables: BackwardVariant(
-            "dq", shape, tuple(patterns), walk, num_tables, sm_scale, id_rows=id_rows
-        ),
-        tables=forward_tables,
-        inputs=(qp, kp, vp, dop, lse, delta, *ids, *block_table_inputs(patterns)),
-        call=fwd_call,
-        outputs=(qp,),
-        name="svgen_attention_dq",
-        **common,
-    )[0]
+    dq = walks.dq()
     dk, dv = walk_dkv(fused_dq=False)
     return dq[:, cut], dk[:, cut], dv[:, cut]
 
@@ -566,107 +425,116 @@ def _pattern_calls(walk_dkv, patterns: int, static_pattern):
     return carried
 
 
-def _box_backward(
-    q_scaled,
-    k,
-    v,
-    o,
-    lse,
-    do,
-    head_pattern,
-    static_pattern,
-    boxes: PlaceBoxes,
-    *,
-    dkv_tables,
-    patterns,
-    shape,
-    sm_scale,
-    interpret,
-):
-    """The backward pass of place boxes (see `backward`): the operands padded with zero
+def _box_backward(q_scaled, k, v, o, lse, do, head_pattern, static_pattern, call):
+    """The backward pass of place boxes (BackwardCall.boxes): the operands padded with zero
     places up to whole boxes (as a plain call pads its sequence to whole tiles), D in the
     q boxes' order (the lse's), one fused dk/dv walk."""
+    boxes = call.boxes
     frames, places = boxes.frames, boxes.places
-    padded_places = shape.padded_seq_len // frames
+    padded_places = call.shape.padded_seq_len // frames
     extra = padded_places - places
     pad = functools.partial(jnp.pad, pad_width=((0, 0), (0, 0), (0, extra), (0, 0)))
     delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)  # D = rowsum
     delta = boxes.to_box_order(jnp.pad(delta, ((0, 0), (0, 0), (0, extra))))
-    common = dict(head_pattern=head_pattern, static_pattern=static_pattern, interpret=interpret)
-    operands = (*(pad(x) for x in (k, v, q_scaled, do)), lse, delta, dkv_tables, patterns)
-    dk, dv, dq = _dkv_walk(*operands, shape, sm_scale, common, fused_dq=True, boxes=boxes)
+    kp, vp, qp, dop = (pad(x) for x in (k, v, q_scaled, do))
+    walks = _Walks(call, head_pattern, static_pattern, qp, kp, vp, dop, lse, delta)
+    dk, dv, dq = walks.dkv(fused_dq=True)
     cut = slice(0, places)
-    return (dq[:, :, cut] * sm_scale).astype(q_scaled.dtype), dk[:, :, cut], dv[:, :, cut]
+    dq = (dq[:, :, cut] * call.sm_scale).astype(q_scaled.dtype)
+    return dq, dk[:, :, cut], dv[:, :, cut]
 
 
-def _dkv_walk(
-    kp,
-    vp,
-    qp,
-    dop,
-    lse,
-    delta,
-    dkv_tables,
-    patterns,
-    shape,
-    sm_scale,
-    common,
-    *,
-    fused_dq,
-    call=None,
-    ids=(),
-    chunk=None,
-    ring_sink=None,
-    boxes: PlaceBoxes | None = None,
-    only_pattern: int | None = None,
-    carried=None,
-):
-    """The walk of the transposed tables: (dk, dv), and with fused_dq also dq (f32, unscaled,
-    accumulated in an HBM buffer aliased from zeros). call, ids: run-time segments (the
-    call's transposed tables; query and key ids). ring_sink: a rolling cache's chunk.
-    boxes: place boxes (kv tiles are the walk's rows, q tiles its columns). only_pattern:
-    the walk of that pattern's heads with its code only (fused_dq), `carried`: the previous
-    such call's (dk, dv, dq), which this one writes its rows into and accumulates onto."""
-    if only_pattern is not None:
-        patterns = [patterns[only_pattern]]
-    inputs = (kp, vp, qp, dop, lse, delta)
-    if ids:  # keys are the rows here
-        inputs = inputs + (ids[1], ids[0])
-    inputs = inputs + block_table_inputs(patterns)
-    outputs, aliases = (kp, vp), {}
-    if fused_dq:
-        dq_in = jnp.zeros(qp.shape, jnp.float32) if carried is None else carried[2]
-        inputs, outputs = inputs + (dq_in,), outputs + (dq_in,)
-        aliases = {len(inputs) - 1: len(outputs) - 1}
-    rows_aliased = carried is not None
-    if rows_aliased:  # dk and dv: the other patterns' rows kept, this one's written
-        inputs = inputs + tuple(carried[:2])
-        aliases.update({len(inputs) - 2: 0, len(inputs) - 1: 1})
-    ring = None if ring_sink is None else (ring_sink, kp.shape[0])
-    return _walk(
-        _dkv_kernel,
-        lambda walk, num_tables: BackwardVariant(
+@dataclasses.dataclass(frozen=True)
+class _Walks:
+    """The backward's two walks over its operands padded to whole tiles (or boxes), with D
+    = rowsum(dO * o): the dq walk of the forward tables (`dq`) and the dk/dv walk of the
+    transposed ones (`dkv`), each one KernelCall (svgen.runtime.tpu_call). Each walk makes
+    its inputs, then decodes its tables: the order its ops always ran in (another computes
+    the same, but changes the lowered program's text)."""
+
+    call: BackwardCall
+    head_pattern: object
+    static_pattern: object
+    q: object  # q_scaled
+    k: object
+    v: object
+    do: object
+    lse: object
+    delta: object
+    ids: tuple = ()  # run-time (query ids, key ids), padded
+
+    def dq(self):
+        """dq of the dq walk (its finalize applies sm_scale)."""
+        call = self.call
+        inputs = dict(q=self.q, k=self.k, v=self.v, do=self.do, lse=self.lse, delta=self.delta)
+        inputs.update(zip(("row_ids", "col_ids"), self.ids))
+        inputs.update(block_table_inputs(call.patterns))
+        tables = call.dq_source.decode(call.forward_tables, self.head_pattern, self.static_pattern)
+        variant = BackwardVariant(
+            "dq",
+            call.shape,
+            tuple(call.patterns),
+            tables.walk,
+            len(tables.operands),
+            call.sm_scale,
+            id_rows=self._id_rows,
+        )
+        outputs = {"dq": shape_of(self.q)}
+        return self._run(_dq_kernel, variant, tables, inputs, outputs, "svgen_attention_dq")[0]
+
+    def dkv(self, fused_dq: bool, only_pattern: int | None = None, carried=None) -> list:
+        """(dk, dv), and with fused_dq also dq (f32, unscaled, accumulated in an HBM buffer
+        aliased from zeros). only_pattern: the walk of that pattern's heads with its code
+        only (fused_dq), `carried`: the previous such call's (dk, dv, dq), which this one
+        writes its rows into and accumulates onto."""
+        call, source = self.call, self.call.dkv_source
+        patterns = call.patterns
+        if only_pattern is not None:
+            patterns, source = [patterns[only_pattern]], source.for_pattern(only_pattern)
+        inputs = dict(k=self.k, v=self.v, q=self.q, do=self.do, lse=self.lse, delta=self.delta)
+        inputs.update(zip(("col_ids", "row_ids"), self.ids))  # keys are the rows here
+        inputs.update(block_table_inputs(patterns))
+        outputs = {"dk": shape_of(self.k), "dv": shape_of(self.v)}
+        if fused_dq:
+            dq_in = jnp.zeros(self.q.shape, jnp.float32) if carried is None else carried[2]
+            inputs["dq_zero"], outputs["dq_hbm"] = dq_in, shape_of(dq_in)
+        if carried is not None:  # dk and dv: the other patterns' rows kept, this one's written
+            inputs["dk_in"], inputs["dv_in"] = carried[:2]
+        tables = source.decode(call.dkv_tables, self.head_pattern, self.static_pattern)
+        variant = self._dkv_variant(tables, patterns, fused_dq, rows_aliased=carried is not None)
+        name = "svgen_attention_dkv" + ("" if only_pattern is None else f"_pattern{only_pattern}")
+        return self._run(_dkv_kernel, variant, tables, inputs, outputs, name)
+
+    @property
+    def _id_rows(self) -> int:
+        return self.ids[0].shape[1] if self.ids else 0  # 2: ids and per-video frame shifts
+
+    def _dkv_variant(self, tables, patterns, fused_dq: bool, rows_aliased: bool):
+        call, boxes = self.call, self.call.boxes
+        return BackwardVariant(
             "dkv",
-            transposed_shape(shape),
+            transposed_shape(call.shape),
             tuple(patterns),
-            walk,
-            num_tables,
-            sm_scale,
+            tables.walk,
+            len(tables.operands),
+            call.sm_scale,
             fused_dq=fused_dq,
-            id_rows=ids[0].shape[1] if ids else 0,
-            chunked=chunk is not None,
-            ring=ring,
+            id_rows=self._id_rows,
+            chunked=tables.kind == "chunk",
+            ring=None if call.ring_sink is None else (call.ring_sink, self.k.shape[0]),
             row_box=None if boxes is None else boxes.kv_block,
             col_box=None if boxes is None else boxes.block,
             rows_aliased=rows_aliased,
-        ),
-        tables=dkv_tables,
-        call=call,
-        chunk=chunk,
-        inputs=inputs,
-        outputs=outputs,
-        aliases=aliases,
-        name="svgen_attention_dkv" + ("" if only_pattern is None else f"_pattern{only_pattern}"),
-        only_pattern=only_pattern,
-        **common,
-    )
+        )
+
+    def _run(self, body, variant: BackwardVariant, tables, inputs: dict, outputs: dict, name):
+        """One walk's pallas_call: the grid of the forward kernel, the backward's VMEM limit."""
+        call = self.call
+        box = None if call.boxes is None else call.boxes.box
+        maps = IndexMaps(tables.walk, box=box, row_first=False)
+        table_bytes = block_table_bytes(
+            block_table_shapes(variant.patterns), variant.shape.compute_blocks
+        )
+        limit = backward_vmem_limit(variant.shape, table_bytes)
+        kernel = KernelCall(body, variant, tables, maps, limit, name, call.interpret)
+        return kernel(self.q.shape[0], inputs, outputs)

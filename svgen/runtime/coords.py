@@ -251,12 +251,13 @@ class BlockTable:
     ckv: int
 
 
-def block_table_inputs(patterns) -> tuple:
-    """The patterns' block tables as the kernels' inputs, in the order of
-    variant.unique_block_tables (bf16: 0 and 1, what the MXU multiplies)."""
+def block_table_inputs(patterns) -> dict:
+    """The patterns' block tables as the kernels' `blocks_<tag>` inputs, by name, in the
+    order of variant.unique_block_tables (bf16: 0 and 1, what the MXU multiplies)."""
     from svgen.runtime.variant import unique_block_tables
 
-    return tuple(jnp.asarray(t, jnp.bfloat16) for t in unique_block_tables(patterns).values())
+    tables = unique_block_tables(patterns)
+    return {f"blocks_{tag}": jnp.asarray(t, jnp.bfloat16) for tag, t in tables.items()}
 
 
 def block_pieces(refs: dict | None, block, shape, transposed: bool = False) -> dict:

@@ -50,12 +50,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 
 from svgen.runtime import chunks
 from svgen.runtime.coords import QueryCoords, TokenCoords, block_pieces, block_table_inputs
 from svgen.runtime.cube import BoxRows, CubeDma, PlaceBoxes, tile_positions
-from svgen.runtime.interpret import settled
 from svgen.core.kinds import TileKind
 from svgen.core.layout import TokenLayout
 from svgen.runtime.quantize import QK_PRODUCTS, quantized_operands
@@ -69,15 +67,8 @@ from svgen.runtime.softmax import (
     key_bound,
     softmax_step,
 )
-from svgen.runtime.steps import (
-    Block,
-    StepView,
-    lanes,
-    scratch_buffer,
-    table_source,
-    walk_step,
-    walk_view,
-)
+from svgen.runtime.steps import Block, StepView, lanes, walk_step
+from svgen.runtime.tpu_call import IndexMaps, KernelCall, ScalarTables, TableSource
 from svgen.core.tables import (
     KIND_MASK,
     LANES,
@@ -160,7 +151,7 @@ def _both(condition, in_mode):
 
 # ------------------------------------------------------------------------------ the kernel
 # The body is a sequence of pl.when branches (init, the FULL and BOUNDARY paths, finalize;
-# svgen.runtime.variant.Branches says their order, which svgen.perf.paths reads in libtpu's
+# svgen.runtime.variant.Branches says their order, which svgen.estimate.paths reads in libtpu's
 # schedule). Each phase is a function of the step below; its variant holds every static
 # choice, its refs are unpacked by name from the variant's operands.
 
@@ -215,7 +206,7 @@ def _attention_kernel(*refs, variant: ForwardVariant):
     if variant.bounded:
         # Every path twice, each set in one branch on the tile's mode (one SMEM load a step),
         # so that a step tests only its own set's conditions: the bounded set first, then
-        # the online fallback (the order svgen.perf.paths reads).
+        # the online fallback (the order svgen.estimate.paths reads).
         bounded_mode = r.mode[0] != 0
         pl.when(bounded_mode)(functools.partial(_body_paths, step, True, True))
         pl.when(jnp.logical_not(bounded_mode))(functools.partial(_body_paths, step, False, True))
@@ -557,169 +548,125 @@ def _vmem_limit(
     return max(shape.vmem_limit_bytes or 0, need.limit())
 
 
-# Long (~150 lines): the call's operands by table source, the variant, and the index maps its
-# operands name (closures over the walk: they run in the grid's scalar prologue).
-def flat_attention(
-    q,
-    k,
-    v,
-    head_pattern,
-    static_pattern,
-    tables: PieceTables,
-    patterns,
-    *,
-    shape,
-    interpret,
-    q_scale: float,
-    with_lse: bool = False,
-    cubes: CubeDma | PlaceBoxes | None = None,
-    call=None,
-    chunk=None,
-    selection=None,
-    with_modes: bool = False,
-    ring_sink: int | None = None,
-    head_run: tuple[int, int] | None = None,
-    out=None,
-    only_pattern: int | None = None,
-):
-    """q, k, v: [batch*heads, seq_len, head_dim], each head in its pattern's order, or with
-    `cubes` [batch*heads, frames, height, width, head_dim] in the user's order. Not padded
-    to whole tiles: the last tile's blocks reach past the arrays (the DMA reads what exists;
-    rows past seq_len are discarded queries and masked keys), so no HBM pass pads them.
-    with_lse: also return each row's log-sum-exp of its base-2 scores, f32 [rows, 1,
-    padded_seq_len] (what the backward pass needs).
-    call: run-time segments, (CallTables, query ids, key ids [batch*heads, 1, seq]): the
-    call's tables replace `tables` (which still say slots and the walk), per-head walk.
-    chunk: a KV-cache chunk's call (svgen.runtime.chunks), (CallTables, per-row scalars,
-    exact): q holds the chunk's rows only, k and v the whole sequence's, or with ring_sink
-    a rolling cache's (shape.seq_len its length; see _attention_kernel).
-    selection: a selection's per-row CallTables (svgen.runtime.select), per-head walk; with
-    `call` (None, query ids, key ids) too, a selection across run-time segments (its tables
-    carry chosen words).
-    with_modes (shape.bounded_softmax): also return int32 [rows, 1, q tiles * 128], each q
-    tile's softmax mode (1: it ran with the bound) in its 128 lanes.
-    head_run: (first head, heads of q): the call works for the run of len(head_pattern)
-    heads from that first one only (static tables), reading and writing their rows of q, k,
-    v and o in place; its lse holds those heads' rows only. out: an array of o's shape the
-    call writes its rows into (aliased: the other rows keep what they hold).
-    only_pattern: one call of a module's kernel per pattern (ProgramLimits.pattern_calls):
-    `patterns` holds that pattern's code only and the flat walk visits the heads that chose
-    it; the other heads' rows of o are left as `out` holds them, of the lse undefined."""
-    if with_modes and not shape.bounded_softmax:
+# ------------------------------------------------------------------------------ the call
+@dataclasses.dataclass(frozen=True, eq=False)  # eq=False: its source and ids may be traced
+class ForwardCall:
+    """One call of the forward kernel as svgen.runtime.kernel asks for it (besides q, k, v,
+    the heads' patterns and an aliased o: see flat_attention).
+
+    tables      the module's piece tables: they say the slots and the walk, and are the
+                call's pieces where `source` is static;
+    patterns    the patterns' code (a pattern's call: that pattern's only);
+    source      where the call's tables come from (svgen.runtime.tpu_call.TableSource):
+                the module's, run-time segments', a selection's, or a KV-cache chunk's (q
+                then holds the chunk's rows only, k and v the whole sequence's, or with
+                ring_sink a rolling cache's, shape.seq_len its length);
+    ids         run-time (query ids, key ids) [batch*heads, id rows, seq_len] in kernel
+                order: segment tables, or a selection across segments;
+    cubes       box DMA (svgen.runtime.cube): q, k, v and o in the user's order, read and
+                written as boxes;
+    head_run    (first head, heads of q): the call works for the run of len(head_pattern)
+                heads from that first one only (static tables), reading and writing their
+                rows of q, k, v and o in place; its lse holds those heads' rows only;
+    with_lse    also return each row's log-sum-exp of its base-2 scores, f32 [rows, 1,
+                padded_seq_len] (what the backward pass needs);
+    with_modes  (shape.bounded_softmax) also return int32 [rows, 1, q tiles * 128], each q
+                tile's softmax mode (1: it ran with the bound) in its 128 lanes.
+    """
+
+    tables: PieceTables
+    patterns: tuple[PatternCode, ...]
+    shape: KernelShape
+    q_scale: float  # sm_scale * log2(e): q is scaled by it in init
+    interpret: object
+    source: TableSource = TableSource()
+    ids: tuple = ()
+    cubes: CubeDma | PlaceBoxes | None = None
+    ring_sink: int | None = None
+    head_run: tuple[int, int] | None = None
+    with_lse: bool = False
+    with_modes: bool = False
+
+    @property
+    def name(self) -> str:
+        """The kernel's name in profiles and libtpu dumps (a pattern's call: its index)."""
+        only = self.source.only_pattern
+        return "svgen_attention" + ("" if only is None else f"_pattern{only}")
+
+
+def flat_attention(q, k, v, head_pattern, static_pattern, call: ForwardCall, out=None):
+    """o of the forward kernel, and the lse and softmax modes where `call` asks for them.
+    q, k, v: [batch*heads, seq_len, head_dim], each head in its pattern's order, or with
+    call.cubes the user's [batch*heads, frames, height, width, head_dim] (place boxes:
+    [..., frames, places, head_dim]). Not padded to whole tiles: the last tile's blocks
+    reach past the arrays (the DMA reads what exists; rows past seq_len are discarded
+    queries and masked keys), so no HBM pass pads them. static_pattern: head_pattern as
+    NumPy where it is not traced. out: an array of o's shape the call writes its rows into
+    (aliased: the other rows keep what they hold), for a head run's call or a pattern's
+    (ProgramLimits.pattern_calls; the other heads' rows of its lse are undefined)."""
+    shape = call.shape
+    if call.with_modes and not shape.bounded_softmax:
         raise ValueError(
             "softmax modes: the kernel was compiled without attention.softmax: bounded"
         )
+    # The wrapper's ops in the order they always ran (tables, int8 operands, key bound, block
+    # tables): another order computes the same but changes the lowered program's text.
+    tables = call.source.decode(call.tables, head_pattern, static_pattern, variants=True)
+    inputs = {"q": q, "k": k, "v": v}
+    if shape.qk_int8:  # int8 QK^T: q and k quantized per compute block (svgen.runtime.quantize)
+        assert call.cubes is None, "int8 QK^T reads kernel order (svgen.runtime.cube.cube_dma)"
+        quantized = quantized_operands(q, k, shape, call.q_scale)
+        inputs.update(zip(("q", "k", "q_scales", "k_scales"), quantized))
+    variant = _variant(call, tables, q, o_aliased=out is not None)
+    if shape.bounded_softmax:
+        inputs["key_bound"] = key_bound(inputs["k"])
+    inputs.update(zip(("q_ids", "kv_ids"), call.ids))
     heads = int(head_pattern.shape[0])
     # The call's rows: q's, or a head run's (batch x its heads).
-    rows = q.shape[0] if head_run is None else q.shape[0] // head_run[1] * heads
-    source = _table_source(
-        tables, head_pattern, static_pattern, call, chunk, selection, only_pattern
-    )
-    operands, steps = source.operands, source.steps
-    id_inputs = () if call is None else tuple(call[1:])  # query and key ids
-    walk = source.walk(tables, heads)
-    flat = walk.flat
-    dtype = q.dtype  # of o (q and k may be quantized below)
-    qk_inputs = ()
-    if shape.qk_int8:  # int8 QK^T: q and k quantized per compute block (svgen.runtime.quantize)
-        assert cubes is None, "int8 QK^T reads kernel order (svgen.runtime.cube.cube_dma)"
-        q, k, *qk_inputs = quantized_operands(q, k, shape, q_scale)
-    variant = ForwardVariant(
-        shape=shape,
-        patterns=tuple(patterns),
-        walk=walk,
-        tables=source.kind,
-        num_tables=len(operands),
-        dtype=jnp.dtype(dtype).name,
-        q_scale=q_scale,
-        with_lse=with_lse,
-        with_modes=with_modes,
+    rows = q.shape[0] if call.head_run is None else q.shape[0] // call.head_run[1] * heads
+    out_shapes = _out_shapes(q, call, rows)
+    if out is not None:
+        if call.interpret:  # Pallas's interpreter writes no partial block of an aliased output
+            out = _whole_blocks(out, shape, call.cubes)
+            out_shapes["o"] = jax.ShapeDtypeStruct(out.shape, out.dtype)
+        inputs["o_in"] = out
+    inputs.update(block_table_inputs(call.patterns))
+    box = None if call.cubes is None else call.cubes.box
+    maps = IndexMaps(tables.walk, box=box, row_of=_row_map(call.head_run, heads))
+    table_bytes = block_table_bytes(variant.block_tables, shape.compute_blocks)
+    limit = _vmem_limit(shape, q.dtype, variant.query_coords, bool(call.ids), table_bytes)
+    kernel = KernelCall(_attention_kernel, variant, tables, maps, limit, call.name, call.interpret)
+    outputs = kernel(rows, inputs, out_shapes)
+    if outputs[0].shape != q.shape:  # _whole_blocks' padding off again
+        outputs[0] = outputs[0][tuple(slice(0, n) for n in q.shape)]
+    return tuple(outputs) if call.with_lse or call.with_modes else outputs[0]
+
+
+def _variant(call: ForwardCall, tables: ScalarTables, q, o_aliased: bool) -> ForwardVariant:
+    """The kernel's variant for `call` over its decoded tables; q: the call's as given (int8
+    QK^T quantizes it later), whose dtype o has."""
+    cubes = call.cubes
+    return ForwardVariant(
+        shape=call.shape,
+        patterns=tuple(call.patterns),
+        walk=tables.walk,
+        tables=tables.kind,
+        num_tables=len(tables.operands),
+        dtype=jnp.dtype(q.dtype).name,
+        q_scale=call.q_scale,
+        with_lse=call.with_lse,
+        with_modes=call.with_modes,
         q_rows=q.shape[1] if q.ndim == 3 else 0,
-        chunk_rows=q.shape[0] if chunk is not None else 0,
-        ring_sink=ring_sink,
+        chunk_rows=q.shape[0] if tables.kind == "chunk" else 0,
+        ring_sink=call.ring_sink,
         cube=None if cubes is None else cubes.block,
         kv_cube=None if cubes is None else cubes.kv_block,
         box_q_places=0 if cubes is None else cubes.q_places,
         box_kv_places=0 if cubes is None else cubes.kv_places,
-        id_rows=id_inputs[0].shape[1] if call is not None else 0,  # 2: ids and frame shifts
-        variants_table=tables.variants is not None,
-        block_tables=block_table_shapes(patterns),
-        o_aliased=out is not None,
-    )
-
-    index_maps = _index_maps(variant, cubes, _row_map(head_run, heads))
-    declared = variant.operands()
-
-    def spec(o):
-        if o.index_map == "any":  # left in HBM, never read: the aliased output's buffer
-            return pl.BlockSpec(memory_space=pl.ANY)
-        return pl.BlockSpec(o.block, index_maps[o.index_map])
-
-    def specs(role: str) -> list:
-        return [spec(o) for o in declared if o.role == role]
-
-    bound_inputs = (key_bound(k),) if shape.bounded_softmax else ()
-    grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=len(operands),
-        grid=(rows // heads if flat else rows, steps, tables.slots),
-        in_specs=specs("input"),
-        out_specs=specs("output"),
-        scratch_shapes=[scratch_buffer(o) for o in declared if o.role == "scratch"],
-    )
-    out_shape = _out_shapes(q, dtype, shape, chunk, with_lse, with_modes, rows)
-    aliased = ()
-    if out is not None:
-        if interpret:  # Pallas's interpreter writes no partial block of an aliased output
-            out = _whole_blocks(out, shape, cubes)
-            out_shape[0] = jax.ShapeDtypeStruct(out.shape, out.dtype)
-        aliased = (out,)
-    outputs = pl.pallas_call(
-        functools.partial(_attention_kernel, variant=variant),
-        grid_spec=grid_spec,
-        out_shape=out_shape,
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary", "arbitrary"),
-            vmem_limit_bytes=_vmem_limit(
-                shape,
-                dtype,
-                variant.query_coords,
-                ids=call is not None,
-                tables=block_table_bytes(variant.block_tables, shape.compute_blocks),
-            ),
-        ),
-        interpret=interpret,
-        # The kernel's name in profiles and libtpu dumps.
-        name="svgen_attention" + ("" if only_pattern is None else f"_pattern{only_pattern}"),
-        **_aliases(declared),
-    )(
-        *operands,
-        q,
-        k,
-        v,
-        *bound_inputs,
-        *qk_inputs,
-        *id_inputs,
-        *block_table_inputs(patterns),
-        *aliased,
-    )
-    outputs = [settled(x, interpret) for x in outputs]
-    if outputs[0].shape != q.shape:  # _whole_blocks' padding off again
-        outputs[0] = outputs[0][tuple(slice(0, n) for n in q.shape)]
-    return tuple(outputs) if with_lse or with_modes else outputs[0]
-
-
-def _table_source(tables, head_pattern, static_pattern, call, chunk, selection, only_pattern):
-    """The call's TableSource (svgen.runtime.steps.table_source): the module's static tables
-    (with their residual variants), a selection's (with `call` (None, query ids, key ids):
-    across segments), a chunk's, or run-time segments' (call: (CallTables, ids, ids))."""
-    if selection is not None:
-        return table_source(tables, head_pattern, None, kind="selection", call_tables=selection)
-    if chunk is not None:
-        return table_source(tables, head_pattern, None, chunk=chunk)
-    if call is not None:
-        return table_source(tables, head_pattern, None, kind="segments", call_tables=call[0])
-    return table_source(
-        tables, head_pattern, static_pattern, only_pattern=only_pattern, with_variants=True
+        id_rows=call.ids[0].shape[1] if call.ids else 0,  # 2: ids and frame shifts
+        variants_table=call.tables.variants is not None,
+        block_tables=block_table_shapes(call.patterns),
+        o_aliased=o_aliased,
     )
 
 
@@ -751,75 +698,22 @@ def _whole_blocks(out, shape: KernelShape, cubes):
     return jnp.pad(out, pad)
 
 
-def _aliases(declared) -> dict:
-    """pallas_call's input_output_aliases: the aliased output's buffer (the variant's `o_in`
-    input, at its place among the declared operands, scalars first) is output 0, o."""
-    names = [o.name for o in declared if o.role in ("scalar", "input")]
-    return {"input_output_aliases": {names.index("o_in"): 0}} if "o_in" in names else {}
+def _out_shapes(q, call: ForwardCall, rows: int) -> dict:
+    """o (of q's dtype), then the lse (the backward's residual) and the q tiles' softmax
+    modes if asked (rows: the call's own, fewer than q's in a head run's call)."""
+    out_shapes = {"o": jax.ShapeDtypeStruct(q.shape, q.dtype)}
+    if call.with_lse:
+        lse_length = _lse_length(q, call.shape, chunked=call.source.kind == "chunk")
+        out_shapes["lse"] = jax.ShapeDtypeStruct((rows, 1, lse_length), jnp.float32)
+    if call.with_modes:
+        q_tiles = -(-q.shape[1] // call.shape.block_q)
+        out_shapes["modes"] = jax.ShapeDtypeStruct((rows, 1, q_tiles * LANES), jnp.int32)
+    return out_shapes
 
 
-def _index_maps(variant: ForwardVariant, cubes: CubeDma | PlaceBoxes | None, row_of=None) -> dict:
-    """The call's index maps by the names its variant's operands use (Operand.index_map):
-    each reads the grid step's entry from the scalar-prefetched tables. row_of: a head
-    run's rows of q, k, v and o (_row_map)."""
-
-    def view(outer, step, table_refs):
-        return walk_view(table_refs, variant.walk, outer, step)
-
-    def block_index(row, tile):
-        if row_of is not None:
-            row = row_of(row)
-        return (row, tile, 0) if cubes is None else (row, *cubes.box(tile), 0)
-
-    def q_index_map(outer, step, slot, *table_refs):
-        at = view(outer, step, table_refs)
-        return block_index(at.row, at.q_block)
-
-    def kv_index_map(outer, step, slot, *table_refs):
-        at = view(outer, step, table_refs)
-        return block_index(at.row, at.kv_block(slot))
-
-    def row_index_map(outer, step, slot, *table_refs):
-        return view(outer, step, table_refs).row, 0, 0
-
-    def q_tile_index_map(outer, step, slot, *table_refs):
-        at = view(outer, step, table_refs)
-        return at.row, 0, at.q_block
-
-    def kv_ids_index_map(outer, step, slot, *table_refs):
-        at = view(outer, step, table_refs)
-        return at.row, 0, at.kv_block(slot)
-
-    def blocks_index_map(outer, step, slot, *table_refs):  # a tile's block-table pieces
-        at = view(outer, step, table_refs)
-        return at.q_block, at.kv_block(slot), 0, 0
-
-    return {
-        "q": q_index_map,
-        "kv": kv_index_map,
-        "row": row_index_map,
-        "q_tile": q_tile_index_map,
-        "kv_ids": kv_ids_index_map,
-        "blocks": blocks_index_map,
-    }
-
-
-def _out_shapes(q, dtype, shape, chunk, with_lse: bool, with_modes: bool, rows: int) -> list:
-    """o (of `dtype`), then the lse (the backward's residual) and the q tiles' softmax modes
-    if asked (rows: the call's own, fewer than q's in a head run's call)."""
-    out_shape = [jax.ShapeDtypeStruct(q.shape, dtype)]
-    if with_lse:
-        lse_length = _lse_length(q, shape, chunk)
-        out_shape.append(jax.ShapeDtypeStruct((rows, 1, lse_length), jnp.float32))
-    if with_modes:
-        q_tiles = -(-q.shape[1] // shape.block_q)
-        out_shape.append(jax.ShapeDtypeStruct((rows, 1, q_tiles * LANES), jnp.int32))
-    return out_shape
-
-
-def _lse_length(q, shape: KernelShape, chunk) -> int:
+def _lse_length(q, shape: KernelShape, chunked: bool) -> int:
     """The lse rows: the padded sequence, or whole q tiles of a chunked call's rows (q is
     [rows, chunk tokens, d] then; with cube DMA it is 5-D, never chunked)."""
-    if chunk is None:
+    if not chunked:
         return shape.padded_seq_len
     return -(-q.shape[1] // shape.block_q) * shape.block_q

@@ -31,8 +31,9 @@ from svgen.runtime.calls import (
     poison_unknown_patterns,
 )
 from svgen.runtime.cube import PlaceBoxes, cube_dma, cube_order
-from svgen.runtime.forward import flat_attention
+from svgen.runtime.forward import ForwardCall, flat_attention
 from svgen.runtime.softmax import LOG2_E
+from svgen.runtime.tpu_call import TableSource
 from svgen.core.program import ProgramLimits  # noqa: F401  (generated modules name it)
 from svgen.core.straight import straight_words
 from svgen.runtime.variant import Branches, PatternCode, Tables, forward_branches
@@ -284,13 +285,7 @@ class TpuAttention(Attention):
                 view(v),
                 jnp.asarray(pattern, jnp.int32),
                 pattern,
-                self.tables,
-                self.codes,
-                shape=self.shape,
-                interpret=interpret,
-                q_scale=q_scale,
-                cubes=boxes,
-                head_run=(first, heads),
+                self._forward_call(interpret, q_scale, cubes=boxes, head_run=(first, heads)),
                 out=None if o is None else view(o),
             )
             o = o_run.reshape(q.shape)
@@ -358,30 +353,23 @@ class TpuAttention(Attention):
             return self._pattern_calls(
                 q, k, v, hp, static_pattern, interpret, q_scale, cubes, **out
             )
-        call = selection = None
+        own = {}  # the call's own tables (and ids), where it brings them
         if chosen is not None:
             rows = None if ids is None else self._selection_ids(hp, ids)
             selection = self.select.forward_tables(chosen.blocks, hp, rows)
-            if ids is not None:  # a selection across segments: its tables, and the ids
-                call = (None, *self._id_rows(hp, ids))
+            own["source"] = TableSource("selection", selection)
         elif ids is not None:
-            call = (self.call_tables(False).tables(ids, hp), *self._id_rows(hp, ids))
-        return flat_attention(
-            q,
-            k,
-            v,
-            hp,
-            static_pattern,
-            self.tables,
-            self.codes,
-            shape=self.shape,
-            interpret=interpret,
-            q_scale=q_scale,
-            cubes=cubes,
-            call=call,
-            selection=selection,
-            **out,
-        )
+            own["source"] = TableSource("segments", self.call_tables(False).tables(ids, hp))
+        if ids is not None:  # run-time segments, or a selection across them
+            own["ids"] = tuple(self._id_rows(hp, ids))
+        call = self._forward_call(interpret, q_scale, cubes=cubes, **own, **out)
+        return flat_attention(q, k, v, hp, static_pattern, call)
+
+    def _forward_call(self, interpret, q_scale: float, **options) -> ForwardCall:
+        """A forward kernel call over this module's tables, codes and shape (options: the
+        other fields of forward.ForwardCall, or those three replaced)."""
+        fields = dict(tables=self.tables, patterns=tuple(self.codes), shape=self.shape)
+        return ForwardCall(interpret=interpret, q_scale=q_scale, **{**fields, **options})
 
     def _calls_per_pattern(self, ids, chosen, out) -> bool:
         """One forward kernel call per pattern (ProgramLimits.pattern_calls): where the
@@ -409,22 +397,15 @@ class TpuAttention(Attention):
         for index, code in enumerate(self.codes):
             if static_pattern is not None and index not in static_pattern:
                 continue
-            result = flat_attention(
-                q,
-                k,
-                v,
-                hp,
-                static_pattern,
-                self.tables,
-                [code],
-                shape=self.shape,
-                interpret=interpret,
-                q_scale=q_scale,
+            call = self._forward_call(
+                interpret,
+                q_scale,
+                patterns=(code,),
+                source=TableSource(only_pattern=index),
                 cubes=cubes,
                 with_lse=with_lse,
-                out=o,
-                only_pattern=index,
             )
+            result = flat_attention(q, k, v, hp, static_pattern, call, out=o)
             o, lse_p = result if with_lse else (result, None)
             if with_lse:
                 lse = lse_p if lse is None else jnp.where(row_pattern == index, lse_p, lse)
@@ -433,24 +414,38 @@ class TpuAttention(Attention):
     def _id_rows(self, hp, ids):
         return segments.kernel_id_rows(ids, jnp.asarray(self.layout_of_pattern)[hp])
 
-    def _backward_calls(self, hp, ids, chosen):
-        """The backward walks' per-call tables (run-time ids or a selection), or None."""
+    def _backward_sources(self, hp, ids, chosen) -> dict:
+        """Where the backward walks' tables come from, as backward.BackwardCall's dq_source,
+        dkv_source and ids: a selection's or run-time segments' own; {}: the module's."""
         if chosen is not None:
             # The selection is a constant of the gradient: the backward walks visit the same
             # blocks (the dq kernel's tables unused when dq is fused; XLA drops them).
             slots = self.dkv_tables().slots
-            if ids is None:
-                return self.select.backward_tables(chosen.blocks, hp, slots)
-            rows = self._selection_ids(hp, ids)
+            rows = None if ids is None else self._selection_ids(hp, ids)
             tables = self.select.backward_tables(chosen.blocks, hp, slots, rows)
-            return (*tables, *self._id_rows(hp, ids))
-        if ids is None:
-            return None
-        # Both walks' tables: the dq kernel's (unused when dq is fused into the dk/dv walk;
-        # XLA drops what nothing reads) and the dk/dv kernel's.
-        self.call_tables(True).check_smem(ids.query.shape[0], self.shape.heads)
-        tables_of = (self.call_tables(t).tables(ids, hp) for t in (False, True))
-        return (*tables_of, *self._id_rows(hp, ids))
+            kind = "selection"
+        elif ids is not None:
+            # Both walks' tables: the dq kernel's (unused when dq is fused into the dk/dv
+            # walk; XLA drops what nothing reads) and the dk/dv kernel's.
+            self.call_tables(True).check_smem(ids.query.shape[0], self.shape.heads)
+            tables = tuple(self.call_tables(t).tables(ids, hp) for t in (False, True))
+            kind = "segments"
+        else:
+            return {}
+        sources = dict(
+            dq_source=TableSource(kind, tables[0]), dkv_source=TableSource(kind, tables[1])
+        )
+        return sources if ids is None else dict(sources, ids=tuple(self._id_rows(hp, ids)))
+
+    def _backward_call(
+        self, shape, dkv_tables, sm_scale: float, interpret, **options
+    ) -> backward.BackwardCall:
+        """The backward kernels' call over this module's tables and codes (options: the
+        other fields of backward.BackwardCall)."""
+        codes = tuple(self.codes)
+        return backward.BackwardCall(
+            self.tables, dkv_tables, codes, shape, sm_scale, interpret, **options
+        )
 
     def _differentiable(
         self,
@@ -508,25 +503,16 @@ class TpuAttention(Attention):
                 if isinstance(cubes, PlaceBoxes):
                     lse = cubes.lse_to_kernel_order(lse)
             q_scaled = (q.astype(jnp.float32) * q_scale).astype(q.dtype)
-            dq, dk, dv = backward.backward(
-                q_scaled,
-                k,
-                v,
-                o,
-                lse,
-                do,
-                hp,
-                static_pattern,
-                forward_tables=self.tables,
-                dkv_tables=self.dkv_tables(),
-                patterns=self.codes,
-                shape=self.shape,
-                sm_scale=sm_scale,
-                interpret=interpret,
-                calls=self._backward_calls(hp, ids, chosen),
+            call = self._backward_call(
+                self.shape,
+                self.dkv_tables(),
+                sm_scale,
+                interpret,
                 boxes=boxes,
                 pattern_calls=self.program.pattern_calls,
+                **self._backward_sources(hp, ids, chosen),
             )
+            dq, dk, dv = backward.backward(q_scaled, k, v, o, lse, do, hp, static_pattern, call)
             if cubes is not None and boxes is None:
                 dq, dk, dv = (cube_order(x, layout, False, cubes.view) for x in (dq, dk, dv))
             if move is not None:
@@ -540,14 +526,16 @@ class TpuAttention(Attention):
         return core(q, k, v, head_pattern, ids, chosen)
 
     # ------------------------------------------------------------------ a KV-cache chunk
-    def _chunk_operands(self, table, position, hp, defined, rows):
+    def _chunk_source(self, table, position, hp, defined, rows) -> TableSource:
+        """A chunk's tables over `table` (the forward's or the transposed), with each row's
+        first query token in the video, defined flag and ring shifts."""
         kv_cache = self.kv_cache
         heads = int(hp.shape[0])
         call, exact = kv_cache.call_tables(table, position, hp, rows // heads)
         scalars = [position * kv_cache.rows, defined.astype(jnp.int32)]
         scalars += kv_cache.ring_scalars(position)
         per_row = [jnp.broadcast_to(x, (rows,)).astype(jnp.int32) for x in scalars]
-        return call, jnp.concatenate(per_row), exact
+        return TableSource("chunk", call, jnp.concatenate(per_row), exact)
 
     def _chunk_call(self, q, k, v, head_pattern, position, defined, interpret, sm_scale):
         """A chunked call in kernel order: q [rows, chunk tokens, d] (rows = batch * heads),
@@ -558,22 +546,16 @@ class TpuAttention(Attention):
         k = self._smoothed(k)
 
         def forward(q, k, v, hp, position, defined, with_lse=False):
-            chunk = self._chunk_operands(self.chunk_tables(), position, hp, defined, q.shape[0])
-            return flat_attention(
-                q,
-                k,
-                v,
-                hp,
-                None,
-                self.tables,
-                self.codes,
+            source = self._chunk_source(self.chunk_tables(), position, hp, defined, q.shape[0])
+            call = self._forward_call(
+                interpret,
+                q_scale,
                 shape=self.chunk_shape,
-                interpret=interpret,
-                q_scale=q_scale,
-                with_lse=with_lse,
-                chunk=chunk,
+                source=source,
                 ring_sink=self.ring_sink,
+                with_lse=with_lse,
             )
+            return flat_attention(q, k, v, hp, None, call)
 
         def forward_rule(q, k, v, hp, position, defined):
             o, lse = forward(q, k, v, hp, position, defined, with_lse=True)
@@ -583,24 +565,15 @@ class TpuAttention(Attention):
             q, k, v, hp, position, defined, o, lse = residuals
             q_scaled = (q.astype(jnp.float32) * q_scale).astype(q.dtype)
             dkv = self.kv_cache.transposed_tables(self.chunk_shape)
-            dq, dk, dv = backward.backward(
-                q_scaled,
-                k,
-                v,
-                o,
-                lse,
-                do,
-                hp,
-                None,
-                forward_tables=self.tables,
-                dkv_tables=dkv,
-                patterns=self.codes,
-                shape=self.chunk_shape,
-                sm_scale=float(sm_scale),
-                interpret=interpret,
-                chunk=self._chunk_operands(dkv, position, hp, defined, q.shape[0]),
+            call = self._backward_call(
+                self.chunk_shape,
+                dkv,
+                float(sm_scale),
+                interpret,
+                dkv_source=self._chunk_source(dkv, position, hp, defined, q.shape[0]),
                 ring_sink=self.ring_sink,
             )
+            dq, dk, dv = backward.backward(q_scaled, k, v, o, lse, do, hp, None, call)
             return dq, dk, dv, _no_cotangent(hp), _no_cotangent(position), _no_cotangent(defined)
 
         core = jax.custom_vjp(chunks.rows_folded(forward))
@@ -642,16 +615,9 @@ class TpuAttention(Attention):
             x = x if mover is None else mover(x, to_kernel=True)
             return x.reshape((-1,) + x.shape[-2:])
 
+        call = self._forward_call(interpret, float(sm_scale) * LOG2_E, with_modes=True)
         _, modes = flat_attention(
-            *(to_kernel(x) for x in (q, k, v)),
-            head_pattern,
-            static_pattern,
-            self.tables,
-            self.codes,
-            shape=self.shape,
-            interpret=interpret,
-            q_scale=float(sm_scale) * LOG2_E,
-            with_modes=True,
+            *(to_kernel(x) for x in (q, k, v)), head_pattern, static_pattern, call
         )
         return modes[:, 0, ::LANES].reshape(q.shape[:-2] + (-1,))
 

@@ -314,65 +314,6 @@ def head_operands(tables: PieceTables, head_pattern, static_pattern, only_patter
     ), steps
 
 
-@dataclasses.dataclass(frozen=True)
-class TableSource:
-    """Where a call's tables come from, decoded in this one place for the forward, dq and
-    dk/dv kernels: the scalar-prefetch operands, the grid's middle size, and what a step
-    needs to read them (svgen.runtime.variant.TableWalk)."""
-
-    kind: str  # svgen.runtime.variant.Tables: static, segments, chunk or selection
-    operands: tuple  # the scalar-prefetch operands, in the kernels' order
-    steps: object  # the grid's middle size: an int, or traced (a dynamic grid)
-    # The piece count where every row walks one pattern's pieces: static, or EXACT_GRID.
-    single: int | None
-    per_row: bool  # the call's own tables: per row (batch x head), never the flat walk
-    has_chosen: bool  # a selection across run-time segments: a chosen word per piece
-
-    def walk(self, tables: PieceTables, heads: int):
-        """The call's TableWalk over `tables` (which say its slots, lengths and blocks)."""
-        from svgen.runtime.variant import TableWalk
-
-        flat = tables.flat and not self.per_row
-        return TableWalk.of(tables, heads, self.single, flat, self.per_row, self.has_chosen)
-
-
-def table_source(
-    tables: PieceTables,
-    head_pattern,
-    static_pattern,
-    *,
-    kind: str = "static",
-    call_tables=None,
-    chunk=None,
-    only_pattern: int | None = None,
-    with_variants: bool = False,
-) -> TableSource:
-    """The TableSource of a call over the module's `tables` (kind "static"), or over its own:
-    call_tables (svgen.runtime.segments.CallTables of run-time segments or a selection, kind
-    "segments" or "selection"), or chunk ((CallTables, per-row scalars, exact), kind
-    "chunk", whose per-row scalars are the last operand). only_pattern: the flat walk of
-    that pattern's heads (one call per pattern). with_variants: the static tables' residual
-    variants word per piece as the last operand (the forward kernel reads it)."""
-    if chunk is not None:
-        chunk_tables, per_row_scalars, exact = chunk
-        operands = chunk_tables.scalar_operands(head_pattern) + (per_row_scalars,)
-        return TableSource(
-            "chunk", operands, chunk_tables.steps, EXACT_GRID if exact else None, True, False
-        )
-    if call_tables is not None:
-        operands = call_tables.scalar_operands(head_pattern)
-        has_chosen = call_tables.chosen is not None
-        return TableSource(kind, operands, call_tables.steps, None, True, has_chosen)
-    per_head, steps = head_operands(tables, head_pattern, static_pattern, only_pattern)
-    operands = per_head + tuple(jnp.asarray(t) for t in tables.piece_operands())
-    if with_variants and tables.variants is not None:
-        operands += (jnp.asarray(tables.variants),)
-    single = tables.max_pieces if tables.num_pieces.size == 1 else None
-    if only_pattern is not None:  # every head the call walks has this pattern's pieces
-        single = int(tables.num_pieces[only_pattern])
-    return TableSource("static", operands, steps, single, False, False)
-
-
 def scratch_buffer(operand):
     """A kernel's scratch buffer as its variant declares it (svgen.runtime.variant.Operand)."""
     from jax.experimental.pallas import tpu as pltpu

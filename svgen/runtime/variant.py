@@ -7,10 +7,10 @@ call builder. From it follow
 * the kernel's operands, in the order the pallas_call passes them (`operands`): the scalar
   tables prefetched into SMEM, the VMEM inputs, the outputs and the scratch, each by name.
   The kernel body unpacks its refs by these names (`unpack`); the call builder makes its
-  BlockSpecs and scratch from the same list (svgen.runtime.forward.flat_attention), so the
+  BlockSpecs and scratch from the same list (svgen.runtime.tpu_call.KernelCall), so the
   two cannot drift apart;
 * the kernel's branches, in the order the body emits them (`branches`): what the cost model
-  reads in libtpu's schedule (svgen.perf.paths) instead of a parallel list of flags.
+  reads in libtpu's schedule (svgen.estimate.paths) instead of a parallel list of flags.
 
 A new kernel path is a field here, its operands or branches below, and its phase function in
 svgen.runtime.forward.
@@ -161,8 +161,10 @@ class TableWalk:
 class Operand:
     """One ref of the kernel, by name. role: scalar (prefetched into SMEM), input, output,
     scratch. index_map (inputs and outputs): which of the call builder's index maps places
-    its block, and block: the block's shape (None: a squeezed dimension). shape and dtype: a
-    scratch buffer's; memory: its space (vmem, smem)."""
+    its block (svgen.runtime.tpu_call.IndexMaps; "any": left in HBM), and block: the block's
+    shape (None: a squeezed dimension). shape and dtype: a scratch buffer's; memory: its
+    space (vmem, smem). aliases (an input): the output whose buffer it is (pallas_call's
+    input_output_aliases); the kernel body reads and writes that output's ref only."""
 
     name: str
     role: Literal["scalar", "input", "output", "scratch"]
@@ -171,12 +173,13 @@ class Operand:
     shape: tuple[int, ...] = ()
     dtype: str = ""
     memory: str = "vmem"
+    aliases: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
 class Branches:
     """The kernel's branches in the order the body emits them, as the cost model reads them
-    (svgen.perf.paths.read_paths, through their tree: svgen.runtime.branch_tree). Per step:
+    (svgen.estimate.paths.read_paths, through their tree: svgen.runtime.branch_tree). Per step:
 
         init, full, mixed[0] (+ its segment twin), ..., mixed[P-1] (+ twin)[, padded], finalize
 
@@ -303,32 +306,34 @@ class ForwardVariant:
         kv_block = (None, shape.block_kv, d) if self.kv_cube is None else (None, *self.kv_cube, d)
         scalars = [Operand(f"table{i}", "scalar") for i in range(self.num_tables)]
         inputs = [
-            Operand("q", "input", "q", q_block),
-            Operand("k", "input", "kv", kv_block),
-            Operand("v", "input", "kv", kv_block),
+            Operand("q", "input", "row", q_block),
+            Operand("k", "input", "col", kv_block),
+            Operand("v", "input", "col", kv_block),
         ]
         if self.bounded:
-            inputs.append(Operand("key_bound", "input", "row", (None, 1, lanes)))
+            inputs.append(Operand("key_bound", "input", "per_row", (None, 1, lanes)))
         if self.qk == "int8":  # per compute block, in its 128 lanes (svgen.runtime.quantize)
             inputs += [
-                Operand("q_scales", "input", "q_tile", (None, 1, shape.q_blocks_per_tile * lanes)),
-                Operand("k_scales", "input", "kv_ids", (None, 1, shape.kv_blocks_per_tile * lanes)),
+                Operand("q_scales", "input", "row_vec", (None, 1, shape.q_blocks_per_tile * lanes)),
+                Operand(
+                    "k_scales", "input", "col_vec", (None, 1, shape.kv_blocks_per_tile * lanes)
+                ),
             ]
         if self.segments:
             inputs += [
-                Operand("q_ids", "input", "q_tile", (None, self.id_rows, shape.block_q)),
-                Operand("kv_ids", "input", "kv_ids", (None, self.id_rows, shape.block_kv)),
+                Operand("q_ids", "input", "row_vec", (None, self.id_rows, shape.block_q)),
+                Operand("kv_ids", "input", "col_vec", (None, self.id_rows, shape.block_kv)),
             ]
         inputs += _block_table_operands(
             self.block_tables, shape.q_blocks_per_tile, shape.kv_blocks_per_tile, "blocks"
         )
         if self.o_aliased:
-            inputs.append(Operand("o_in", "input", "any"))
-        outputs = [Operand("o", "output", "q", q_block)]
+            inputs.append(Operand("o_in", "input", "any", aliases="o"))
+        outputs = [Operand("o", "output", "row", q_block)]
         if self.with_lse:  # lane-major [1, block_q]: what the backward kernels broadcast
-            outputs.append(Operand("lse", "output", "q_tile", (None, 1, shape.block_q)))
+            outputs.append(Operand("lse", "output", "row_vec", (None, 1, shape.block_q)))
         if self.with_modes:  # the q tile's mode in its 128 lanes
-            outputs.append(Operand("modes", "output", "q_tile", (None, 1, lanes)))
+            outputs.append(Operand("modes", "output", "row_vec", (None, 1, lanes)))
         scratch = [
             Operand("m", "scratch", shape=(shape.block_q, lanes), dtype="float32"),
             Operand("acc", "scratch", shape=(shape.block_q, shape.acc_width), dtype="float32"),
@@ -351,7 +356,6 @@ class ForwardVariant:
     def unpack(self, refs) -> "KernelRefs":
         """The kernel body's refs by name (KernelRefs), in the order of `operands`."""
         tables, named = named_refs("forward", self.operands(), refs)
-        named.pop("o_in", None)  # aliased to o: the kernel writes that
         block_tables = _named_block_tables(named)
         return KernelRefs(tables=tables, block_tables=block_tables, **named)
 
@@ -386,7 +390,7 @@ def forward_branches(
     """The forward kernel's branches for a call whose tables come from `tables`:
     variants_table, whether the module's static tables hold residual-mask variants; ids,
     whether it reads run-time ids. A module's cost model asks this of the call it compiles
-    (svgen.perf.measure; not of a selection across segments, whose SEGMENT_BOUNDARY blocks
+    (svgen.estimate.measure; not of a selection across segments, whose SEGMENT_BOUNDARY blocks
     branch once more, on the chosen word)."""
     variants, straight = reads_variants(tables, variants_table), runs_straight(tables)
     segmented = tables == "segments" or (tables == "selection" and ids)
@@ -422,14 +426,16 @@ def backward_branches(shape: KernelShape, patterns: int) -> Branches:
 
 def named_refs(kernel: str, operands: tuple[Operand, ...], refs) -> tuple[tuple, dict]:
     """(the scalar refs, the others by name) of a kernel whose refs are `operands`; a
-    ValueError naming them all when the counts differ."""
+    ValueError naming them all when the counts differ. An aliased input is left out: the
+    body reads and writes its output's ref (Operand.aliases)."""
     if len(refs) != len(operands):
         raise ValueError(
             f"the {kernel} kernel got {len(refs)} refs, its variant declares "
             f"{len(operands)}: {[o.name for o in operands]}"
         )
     scalars = tuple(r for o, r in zip(operands, refs) if o.role == "scalar")
-    return scalars, {o.name: r for o, r in zip(operands, refs) if o.role != "scalar"}
+    named = {o.name: r for o, r in zip(operands, refs) if o.role != "scalar" and not o.aliases}
+    return scalars, named
 
 
 @dataclasses.dataclass(frozen=True)
@@ -553,7 +559,7 @@ class BackwardVariant:
             Operand("dv_acc", "scratch", shape=(shape.block_q, d), dtype="float32"),
         ]
         if self.fused_dq:  # an f32 dq buffer in HBM, aliased from a zero input
-            inputs.append(Operand("dq_zero", "input", "any"))
+            inputs.append(Operand("dq_zero", "input", "any", aliases="dq_hbm"))
             outputs.append(Operand("dq_hbm", "output", "any"))
             scratch += [
                 # this step's dq contribution, and the q tile's dq read from HBM
@@ -567,15 +573,15 @@ class BackwardVariant:
                 Operand("dq_sems", "scratch", shape=(2,), memory="dma_semaphore"),
             ]
         if self.rows_aliased:  # left in HBM, never read: the aliased outputs' buffers
-            inputs += [Operand("dk_in", "input", "any"), Operand("dv_in", "input", "any")]
+            inputs += [
+                Operand("dk_in", "input", "any", aliases="dk"),
+                Operand("dv_in", "input", "any", aliases="dv"),
+            ]
         return (*scalars, *inputs, *outputs, *scratch)
 
     def unpack(self, refs) -> "BackwardRefs":
         """The kernel body's refs by name (BackwardRefs), in the order of `operands`."""
         tables, named = named_refs(self.kernel, self.operands(), refs)
-        named.pop("dq_zero", None)  # aliased to dq_hbm: the kernel reads and writes that
-        named.pop("dk_in", None)  # aliased to dk and dv: the kernel writes those
-        named.pop("dv_in", None)
         block_tables = _named_block_tables(named)
         return BackwardRefs(tables=tables, block_tables=block_tables, **named)
 
