@@ -1,5 +1,5 @@
 """Helpers the kernel tests share (no test module imports another) that need JAX or
-Pallas: the NaN-poisoned interpreter, the generated mask function run over every pair,
+Pallas: the NaN-poisoned interpreter (POISONED), the generated mask function run over every pair,
 random q, k, v and per-head checks of a kernel's output against float64, and gradients
 against float64. The NumPy-only helpers are in helpers.py."""
 
@@ -11,14 +11,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.experimental.pallas import tpu as pltpu
 
 from helpers import GRAD_TOLERANCE, TOLERANCE, mask_function_source, user_order_keep
 from svgen.runtime import coords
 from svgen.core.layout import TokenLayout
 from svgen.runtime.reference import masked_attention_reference
 
-POISONED = pltpu.InterpretParams(uninitialized_memory="nan")
+#: How the kernel tests run a kernel on the CPU: Pallas's HLO interpreter (`interpret=True`),
+#: which starts every output and scratch buffer as NaN (ints at their minimum) and pads a block
+#: that reaches past its array with NaN too, so a row the kernel never writes, or a padding key
+#: it fails to mask, stays NaN and fails the float64 comparison (checked by
+#: test_kernels.test_the_interpreter_poisons_what_a_kernel_leaves_unwritten). Pallas's TPU
+#: interpreter (pltpu.InterpretParams(uninitialized_memory="nan")) poisons the same, and
+#: simulates DMAs and semaphores besides in host callbacks: its programs took about twice as
+#: long to compile and run, and cannot be cached; tests of DMA order and races use it
+#: directly (test_permute).
+POISONED = True
 
 
 def emitted_function(mask, layout: TokenLayout, name: str = "boundary_mask"):

@@ -29,15 +29,28 @@ tiling: {block_q: 256, block_kv: 512, compute_q: 128, compute_kv: 256}
 """
 
 
+_CACHE: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _shared_cost_cache(tmp_path_factory):
+    """One cost cache for this module's commands (in each test process): the tests cost the
+    same small spec's kernels (its forward under --backward, its dense twin), each compiled
+    once; the cache is keyed by the kernels' files, so a spec of other content compiles anew."""
+    _CACHE["dir"] = str(tmp_path_factory.mktemp("cost_cache"))
+    yield
+    _CACHE.clear()
+
+
 def svgen(tmp_path, *args) -> subprocess.CompletedProcess:
-    """`svgen ARGS` in tmp_path, in a process of its own, with a cost cache of its own there
-    (a second call with the same spec reads what the first compiled)."""
+    """`svgen ARGS` in tmp_path, in a process of its own, with the module's cost cache (a
+    second call with the same spec reads what the first compiled)."""
     return subprocess.run(
         [sys.executable, "-m", "svgen.cli", *args],
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        env={**os.environ, "SVGEN_CACHE_DIR": str(tmp_path / "cache")},
+        env={**os.environ, "SVGEN_CACHE_DIR": _CACHE["dir"]},
     )
 
 

@@ -2,8 +2,8 @@
 (what every backend must do, the shipped specs scaled down among it, is test_kernel_base.py).
 
 Interpret mode runs the Pallas TPU kernel on the CPU with NaN-initialized buffers
-(InterpretParams(uninitialized_memory="nan")): an output row the kernel never writes stays
-NaN and fails the comparison.
+(kernel_helpers.POISONED: Pallas's HLO interpreter): an output row the kernel never writes
+stays NaN and fails the comparison.
 """
 
 import zlib
@@ -17,6 +17,7 @@ from svgen.core.vmem import row_sum_on_mxu
 
 from helpers import MASK_SPECS, REPO, TOLERANCE, TWO_LEVEL, dense_keep, scaled_spec_text
 from kernel_helpers import POISONED, check_per_head, mixed_inputs
+from spec_corpus import ANCHOR, any_of, spec_text
 
 
 def run_and_compare(plan, module, dtype, seed, batch=None):
@@ -91,15 +92,19 @@ def test_row_sum_on_the_mxu_only_where_a_pass_has_room(head_dim, mxu_width, on_m
     assert shape.acc_width == head_dim + (128 if on_mxu else 0)
 
 
+# Four anchor frames and a window of three: runs of many tiles.
+LONG_RUNS = any_of("{first_frame: {frames: 4}}", "{spatial_window: {frames: 3}}")
+
+
 def test_two_level_tiles_with_multi_tile_pieces(compile_text):
-    text = """
-svgen: 1
-name: long_runs_two_level
-geometry: {frames: 12, height: 4, width: 32}
-attention: {heads: 2, head_dim: 64, dtype: float32}
-mask: {any_of: [{first_frame: {frames: 4}}, {spatial_window: {frames: 3}}]}
-tiling: {block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}
-"""
+    text = spec_text(
+        "long_runs_two_level",
+        (12, 4, 32),
+        2,
+        head_dim=64,
+        mask=LONG_RUNS,
+        tiling="{block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}",
+    )
     plan, module = compile_text(text, smem_budget=140)
     assert plan.tables.slots > 1 and plan.tables.blocks is not None
     run_and_compare(plan, module, "float32", seed=12)
@@ -107,32 +112,24 @@ tiling: {block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}
 
 def test_pieces_longer_than_one_tile(compile_text):
     """A tight SMEM budget cuts runs into multi-tile pieces with skipped slots: same result."""
-    text = """
-svgen: 1
-name: long_runs
-geometry: {frames: 12, height: 4, width: 32}
-attention: {heads: 2, head_dim: 128, dtype: float32}
-mask: {any_of: [{first_frame: {frames: 4}}, {spatial_window: {frames: 3}}]}
-tiling: {block_q: 128, block_kv: 128}
-"""
+    text = spec_text("long_runs", (12, 4, 32), 2, mask=LONG_RUNS)
     plan, module = compile_text(text, smem_budget=200)
     assert plan.tables.slots > 1 and plan.grid_steps > plan.table.visited_steps
     run_and_compare(plan, module, "float32", seed=11)
 
 
-BLOCK_CAUSAL = """
-svgen: 1
-name: block_causal_text
-geometry: {frames: 7, height: 4, width: 20, text_tokens: 30, text_position: TEXT}
-attention: {heads: 2, head_dim: 64, dtype: float32}
-patterns:
-  chunks: {any_of: [{block_causal: {frames: 3}}, {text: {}}]}
-  anchored: {any_of: [{block_causal: {frames: 2}}, {first_frame: {frames: 1}}, {text: {}}]}
-heads:
-  candidates: [{pattern: chunks}, {pattern: anchored, layout: temporal_major}]
-  assign: [chunks, anchored]
-tiling: {block_q: 128, block_kv: 128}
-"""
+BLOCK_CAUSAL = spec_text(
+    "block_causal_text",
+    (7, 4, 20, 30, "TEXT"),
+    2,
+    head_dim=64,
+    patterns={
+        "chunks": any_of("{block_causal: {frames: 3}}", "{text: {}}"),
+        "anchored": any_of("{block_causal: {frames: 2}}", ANCHOR, "{text: {}}"),
+    },
+    layouts={"anchored": "temporal_major"},
+    assign="[chunks, anchored]",
+)
 
 
 @pytest.mark.parametrize("text", ["first", "last"])
@@ -145,3 +142,46 @@ def test_block_causal_with_text_tokens(text, compile_text):
     q, k, v = mixed_inputs(plan, "float32", seed=21, heads=2)
     out = module.attention(q, k, v, interpret=POISONED)
     check_per_head(plan, out, q, k, v, module.HEAD_PATTERN, "float32")
+
+
+def test_the_interpreter_poisons_what_a_kernel_leaves_unwritten():
+    """What every kernel test relies on (kernel_helpers.POISONED): in the interpreter, an
+    output block the kernel never writes, its scratch before the first write, and the part of
+    an input block past the array's end are NaN, never zeros or stale values."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    from kernel_helpers import POISONED
+
+    def kernel(x_ref, o_ref, seen_ref, scratch_ref):
+        i = pl.program_id(0)
+
+        @pl.when(i == 0)
+        def _():  # block 0 of o: the sum of the input block with the untouched scratch
+            o_ref[...] = x_ref[...] + scratch_ref[...]
+
+        @pl.when(i == 1)  # block 1 of o: never written; seen: the last input block as read
+        def _():
+            seen_ref[...] = x_ref[...]
+
+    x = jnp.ones((12, 128), jnp.float32)  # two blocks of 8 rows: the second reaches past 12
+    out, seen = pl.pallas_call(
+        kernel,
+        grid=(2,),
+        in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+        out_specs=[
+            pl.BlockSpec((8, 128), lambda i: (i, 0)),
+            pl.BlockSpec((8, 128), lambda i: (0, 0)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct((16, 128), jnp.float32),
+            jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        ],
+        scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32)],
+        interpret=POISONED,
+    )(x)
+    out, seen = np.asarray(out), np.asarray(seen)
+    assert np.all(np.isnan(out))  # block 0 read the NaN scratch; block 1 never written
+    assert np.all(seen[:4] == 1.0) and np.all(np.isnan(seen[4:]))  # rows 12-15: past x
