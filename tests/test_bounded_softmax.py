@@ -252,3 +252,60 @@ def test_one_bound_for_rows_of_every_norm(dtype, shared_compile):
     q = (0.999 * a * sign[None, :, None] * u).astype(np.float32)
     q = np.broadcast_to(q, (2, n, 128)).copy()
     _check_near_the_limit(plan, module, q, k, rng, dtype)
+
+
+# Heads of two layouts with a static assignment: one kernel call per run of heads of one
+# layout (svgen.runtime.kernel._head_runs), frame-major heads beside [h, f, w] heads read as
+# cube boxes. Place boxes are off with the bounded softmax (svgen.core.boxes), cubes are not.
+HEAD_RUNS = """\
+svgen: 1
+name: bounded_head_runs
+geometry: {frames: 4, height: 8, width: 32}
+attention: {heads: 2, head_dim: 128, dtype: float32, softmax: bounded}
+patterns:
+  spatial: {spatial_window: {frames: 0, rows: 2, cols: 3}}
+  rows: {spatial_window: {frames: 1, rows: 0, cols: 4}}
+heads:
+  candidates:
+    - {pattern: spatial}
+    - {pattern: rows, layout: {order: [h, f, w]}}
+  assign: [spatial, rows]
+tiling: {block_q: 128, block_kv: 128}
+"""
+
+
+def test_a_head_runs_call_reads_its_own_heads_key_bound(shared_compile):
+    """The second run's call (head 1) must read head 1's key bound, not the call's row 0's
+    (head 0's): head 0 has N(0, 1) keys (bound about 21: bounded), head 1 keys 40 times as
+    long (bound about 840: online). Head 0's bound in head 1's tiles would run them bounded
+    with scores ~150 past R: exp2 overflows to inf, and the output is not finite."""
+    plan, module = shared_compile(HEAD_RUNS)
+    attention = module.attention
+    head_pattern = np.asarray(module.HEAD_PATTERN)
+    kinds = [type(b).__name__ for b in attention.layout_boxes]
+    assert kinds == ["NoneType", "CubeDma"]
+    assert attention._head_runs(head_pattern) == ((0, 1, 0), (1, 2, 1))
+    q, k, v = normal(plan.layout.seq_len, seed=14)
+    small_k = k.copy()
+    k[1] *= 40
+    bounds = bound_of(q, k)
+    assert bounds[0] <= softmax.BOUND_LIMIT < 10 * bounds[0] < bounds[1]
+    modes = np.asarray(jitted(attention, "softmax_modes", interpret=True)(q, k, v))
+    assert np.all(modes[0] == 1) and np.all(modes[1] == 0), modes
+    out = np.asarray(jitted(attention, interpret=POISONED)(q, k, v))
+    assert np.all(np.isfinite(out)), "non-finite rows: a head read another head's key bound"
+    q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
+    for head, tolerance in enumerate((TOLERANCE["float32"], 1e-3)):
+        keep = user_order_keep(plan.patterns[head_pattern[head]])
+        ref = masked_attention_reference(q64[head], k64[head], v64[head], keep)
+        err = np.max(np.abs(out[head] - ref)) / np.max(np.abs(ref))
+        assert err <= tolerance, f"head {head}: relative error {err:.2e}"
+    # Batched: element 1 is the call above, element 0 has only short keys; row b of the second
+    # run's call is row 2 b + 1 of k, whose bound element 1 must read (element 0's head 1's
+    # would overflow as above).
+    batched = jitted(attention, interpret=POISONED)(
+        *(np.stack(pair) for pair in ((q, q), (small_k, k), (v, v)))
+    )
+    np.testing.assert_array_equal(np.asarray(batched[1]), out)
+    small = np.asarray(jitted(attention, interpret=POISONED)(q, small_k, v))
+    np.testing.assert_array_equal(np.asarray(batched[0]), small)

@@ -123,7 +123,9 @@ class IndexMaps:
     # None: [rows, seq, d] tiles in kernel order.
     box: Callable | None = None
     # A head run's call (svgen.runtime.forward): its row of q, k, v and o, as the tile maps
-    # place them (row, col); None: the rows are the operands'.
+    # place them (row, col), and of the key bound (per_row); None: the rows are the
+    # operands'. The vector maps place the call's own rows: its lse and modes (a head run
+    # has no int8 scales and no run-time ids: svgen.runtime.kernel._head_runs).
     row_of: Callable | None = None
     # Whether a map reads the step's row before its tile (the forward's maps) or after (the
     # backward's). Both orders are in the kernels' lowered programs; each kernel keeps its
@@ -158,7 +160,9 @@ class IndexMaps:
         return (row, tile, 0) if self.box is None else (row, *self.box(tile), 0)
 
     def _per_row(self, outer, step, slot, *table_refs):
-        return self._view(outer, step, table_refs).row, 0, 0
+        row = self._view(outer, step, table_refs).row
+        # A head run's row of the key bound, which is every row's (the call's k's).
+        return (row if self.row_of is None else self.row_of(row)), 0, 0
 
     def _blocks(self, transposed: bool, outer, step, slot, *table_refs):
         at = self._view(outer, step, table_refs)
