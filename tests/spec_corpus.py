@@ -136,6 +136,19 @@ def _hsub(old, new):
     return HEADS_BASE.replace(old, new)
 
 
+# HEADS_BASE's heads section: its candidates and its assignment, as the cases cut them.
+_CANDIDATES = (
+    "  candidates:\n    - {pattern: spatial}\n    - {pattern: temporal, layout: temporal_major}\n"
+)
+_ASSIGN = "assign: [spatial, temporal, spatial]"
+_HEADS = "heads:\n" + _CANDIDATES + "  " + _ASSIGN + "\n"
+
+
+def _assigned(value: str) -> str:
+    """HEADS_BASE with ``value`` as heads.assign."""
+    return _hsub(_ASSIGN, "assign: " + value)
+
+
 CASES = [  # (id, spec text)
     (
         "unknown_top_level_key",
@@ -214,50 +227,13 @@ CASES = [  # (id, spec text)
     ("unknown_tag", _sub("heads: 2,", "heads: !big 2,")),
     # heads
     ("both_mask_and_heads", _hsub("heads:\n", "mask: {text: {}}\nheads:\n")),
-    (
-        "neither_mask_nor_heads",
-        _hsub(
-            "heads:\n  candidates:\n    - {pattern: spatial}\n"
-            "    - {pattern: temporal, layout: temporal_major}\n"
-            "  assign: [spatial, temporal, spatial]\n",
-            "",
-        ),
-    ),
-    (
-        "heads_not_mapping",
-        _hsub(
-            "heads:\n  candidates:\n    - {pattern: spatial}\n"
-            "    - {pattern: temporal, layout: temporal_major}\n"
-            "  assign: [spatial, temporal, spatial]\n",
-            "heads: [spatial]\n",
-        ),
-    ),
+    ("neither_mask_nor_heads", _hsub(_HEADS, "")),
+    ("heads_not_mapping", _hsub(_HEADS, "heads: [spatial]\n")),
     ("heads_unknown_key", _hsub("  assign:", "  default: spatial\n  assign:")),
-    ("heads_missing_assign", _hsub("  assign: [spatial, temporal, spatial]\n", "")),
-    (
-        "heads_missing_candidates",
-        _hsub(
-            "  candidates:\n    - {pattern: spatial}\n"
-            "    - {pattern: temporal, layout: temporal_major}\n",
-            "",
-        ),
-    ),
-    (
-        "candidates_empty",
-        _hsub(
-            "  candidates:\n    - {pattern: spatial}\n"
-            "    - {pattern: temporal, layout: temporal_major}\n",
-            "  candidates: []\n",
-        ),
-    ),
-    (
-        "candidates_not_list",
-        _hsub(
-            "  candidates:\n    - {pattern: spatial}\n"
-            "    - {pattern: temporal, layout: temporal_major}\n",
-            "  candidates: {pattern: spatial}\n",
-        ),
-    ),
+    ("heads_missing_assign", _hsub("  " + _ASSIGN + "\n", "")),
+    ("heads_missing_candidates", _hsub(_CANDIDATES, "")),
+    ("candidates_empty", _hsub(_CANDIDATES, "  candidates: []\n")),
+    ("candidates_not_list", _hsub(_CANDIDATES, "  candidates: {pattern: spatial}\n")),
     ("candidate_not_mapping", _hsub("- {pattern: spatial}", "- spatial")),
     (
         "candidate_missing_pattern",
@@ -278,31 +254,14 @@ CASES = [  # (id, spec text)
         ),
     ),
     ("candidate_bad_layout", _hsub("layout: temporal_major}", "layout: column_major}")),
-    (
-        "assign_too_short",
-        _hsub("assign: [spatial, temporal, spatial]", "assign: [spatial, temporal]"),
-    ),
-    (
-        "assign_too_long",
-        _hsub(
-            "assign: [spatial, temporal, spatial]", "assign: [spatial, temporal, spatial, spatial]"
-        ),
-    ),
-    (
-        "assign_unknown_name",
-        _hsub("assign: [spatial, temporal, spatial]", "assign: [spatial, temporal, radial]"),
-    ),
-    (
-        "assign_not_a_candidate",
-        _hsub("assign: [spatial, temporal, spatial]", "assign: [spatial, local, spatial]"),
-    ),
-    (
-        "assign_entry_not_name",
-        _hsub("assign: [spatial, temporal, spatial]", "assign: [spatial, 1, spatial]"),
-    ),
-    ("assign_wrong_string", _hsub("assign: [spatial, temporal, spatial]", "assign: spatial")),
-    ("assign_mapping", _hsub("assign: [spatial, temporal, spatial]", "assign: {0: spatial}")),
-    ("assign_integer", _hsub("assign: [spatial, temporal, spatial]", "assign: 3")),
+    ("assign_too_short", _assigned("[spatial, temporal]")),
+    ("assign_too_long", _assigned("[spatial, temporal, spatial, spatial]")),
+    ("assign_unknown_name", _assigned("[spatial, temporal, radial]")),
+    ("assign_not_a_candidate", _assigned("[spatial, local, spatial]")),
+    ("assign_entry_not_name", _assigned("[spatial, 1, spatial]")),
+    ("assign_wrong_string", _assigned("spatial")),
+    ("assign_mapping", _assigned("{0: spatial}")),
+    ("assign_integer", _assigned("3")),
     # gpu
     ("gpu_not_mapping", BASE + "gpu: 64\n"),
     ("gpu_unknown_key", BASE + "gpu: {warps: 4}\n"),
@@ -376,3 +335,81 @@ def _bad_values(minimum: int, maximum: int) -> list:
         "'7'",
         "[1]",
     ]
+
+
+# -- small specs from their sections (the kernel, tool and bench tests) ---------------------
+
+#: The tiling of most small specs: one 128 x 128 block a tile.
+TILES = "{block_q: 128, block_kv: 128}"
+#: The first frame, kept for every query (a YAML flow term, as the terms below).
+ANCHOR = "{first_frame: {frames: 1}}"
+GEOMETRY_KEYS = ("frames", "height", "width", "text_tokens", "text_position")
+
+
+def any_of(*terms: str) -> str:
+    """The union of YAML flow terms, as one."""
+    return "{any_of: [" + ", ".join(terms) + "]}"
+
+
+#: The small specs' spatial pattern: the first frame and the query's own frame.
+SPATIAL = any_of(ANCHOR, "{spatial_window: {frames: 1}}")
+#: Their temporal pattern: the first frame and the query's own place in every frame.
+TEMPORAL = any_of(ANCHOR, "{temporal_stride: {rows: 0, cols: 0}}")
+
+
+def spec_text(
+    name: str,
+    geometry: tuple | str,
+    heads: int,
+    *,
+    head_dim: int = 128,
+    dtype: str = "float32",
+    layout: str | None = None,
+    mask: str | None = None,
+    patterns: dict[str, str] | None = None,
+    layouts: dict[str, str] | None = None,
+    assign: str = "runtime",
+    tiling: str | None = TILES,
+    **sections: str,
+) -> str:
+    """A spec's YAML text, a section a line, values as YAML flow text: ``geometry`` (frames,
+    height, width[, text_tokens[, text_position]], or its text), the attention's ``heads``, head_dim and
+    dtype, the default ``layout`` where given, and either one ``mask`` or ``patterns`` (name ->
+    term) chosen per head by ``assign`` among candidates in that order, each written
+    `    - {pattern: NAME}` or, with a ``layouts`` entry, `    - {pattern: NAME, layout: L}`.
+    Then ``tiling`` (None: no tiling section) and any other section (runtime=, select=...)."""
+    if not isinstance(geometry, str):
+        place = ", ".join(f"{key}: {value}" for key, value in zip(GEOMETRY_KEYS, geometry))
+        geometry = f"{{{place}}}"
+    lines = [
+        "svgen: 1",
+        f"name: {name}",
+        f"geometry: {geometry}",
+        f"attention: {{heads: {heads}, head_dim: {head_dim}, dtype: {dtype}}}",
+    ]
+    lines += [f"layout: {layout}"] if layout else []
+    lines += [f"mask: {mask}"] if mask else []
+    if patterns:
+        lines += ["patterns:"] + [f"  {key}: {term}" for key, term in patterns.items()]
+        lines += ["heads:", "  candidates:"]
+        for key in patterns:
+            where = f", layout: {layouts[key]}" if key in (layouts or {}) else ""
+            lines.append(f"    - {{pattern: {key}{where}}}")
+        lines.append(f"  assign: {assign}")
+    lines += [f"tiling: {tiling}"] if tiling else []
+    lines += [f"{key}: {value}" for key, value in sections.items()]
+    return "\n".join(lines) + "\n"
+
+
+#: Two patterns of two layouts chosen per head at run time, text tokens, a sequence (1576
+#: tokens) that no 256-token block divides: the chip tools' tests' spec (test_chip_bench.py's
+#: MIXED, test_kernel_size.py's).
+TINY_MIXED = spec_text(
+    "tiny_mixed",
+    (4, 8, 12, 40),
+    3,
+    dtype="bfloat16",
+    layout="frame_major",
+    patterns={"spatial": SPATIAL, "temporal": TEMPORAL},
+    layouts={"temporal": "temporal_major"},
+)

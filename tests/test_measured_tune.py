@@ -10,22 +10,12 @@ import json
 
 import pytest
 
+from spec_corpus import SPATIAL, spec_text
 from svgen.chip import chip_bench, measured_tune
 from svgen.estimate import measure
 from svgen.spec import parse_spec
 
-TINY = """
-svgen: 1
-name: tiny
-geometry: {frames: 4, height: 8, width: 12, text_tokens: 40}
-attention: {heads: 3, head_dim: 128, dtype: bfloat16}
-layout: frame_major
-mask:
-  any_of:
-    - first_frame: {frames: 1}
-    - spatial_window: {frames: 1}
-tiling: {block_q: 128, block_kv: 128}
-"""
+TINY = spec_text("tiny", (4, 8, 12, 40), 3, dtype="bfloat16", layout="frame_major", mask=SPATIAL)
 # Besides the spec's own 128 x 128 tiling: the candidates each test times.
 TILINGS = ((256, 256, 256, 256), (512, 512, 512, 512))
 

@@ -7,19 +7,12 @@ import json
 
 import numpy as np
 
+from spec_corpus import ANCHOR, any_of, spec_text
 from svgen.chip import path_isolation
 
-TINY = """
-svgen: 1
-name: tiny_band
-geometry: {frames: 4, height: 8, width: 16}
-attention: {heads: 2, head_dim: 128, dtype: bfloat16}
-mask:
-  any_of:
-    - first_frame: {frames: 1}
-    - band: {width: 100}
-tiling: {block_q: 128, block_kv: 128}
-"""
+TINY = spec_text(
+    "tiny_band", (4, 8, 16), 2, dtype="bfloat16", mask=any_of(ANCHOR, "{band: {width: 100}}")
+)
 
 RUNS = np.array([(0, 0, 2, 2, 0), (0, 2, 1, 1, 0b0110), (1, 1, 3, 1, 0b1001)])
 

@@ -10,53 +10,37 @@ import json
 import numpy as np
 
 from helpers import dense_keep
+from spec_corpus import ANCHOR, SPATIAL, any_of, spec_text
 from svgen.chip import runtime_features
 from svgen.chip.splash_mask import PackedKeep, packed_keep, pattern_keep
 
-CHUNKS = """
-svgen: 1
-name: tiny_chunks
-geometry: {frames: 6, height: 8, width: 16}
-attention: {heads: 2, head_dim: 128, dtype: float32}
-layout: frame_major
-mask:
-  any_of:
-    - first_frame: {frames: 1}
-    - spatial_window: {frames: 1}
-tiling: {block_q: 128, block_kv: 128}
-runtime: {kv_cache: {chunk_frames: 2}}
-"""
+CHUNKS = spec_text(
+    "tiny_chunks",
+    (6, 8, 16),
+    2,
+    layout="frame_major",
+    mask=SPATIAL,
+    runtime="{kv_cache: {chunk_frames: 2}}",
+)
 
-PACKED = """
-svgen: 1
-name: tiny_packed
-geometry: {frames: 4, height: 8, width: 16}
-attention: {heads: 2, head_dim: 128, dtype: float32}
-layout: frame_major
-mask:
-  any_of:
-    - band: {width: 160}
-    - prefix: {tokens: 64}
-tiling: {block_q: 128, block_kv: 128}
-runtime: {segments: true}
-"""
+PACKED = spec_text(
+    "tiny_packed",
+    (4, 8, 16),
+    2,
+    layout="frame_major",
+    mask=any_of("{band: {width: 160}}", "{prefix: {tokens: 64}}"),
+    runtime="{segments: true}",
+)
 
 
-SELECT = """
-svgen: 1
-name: tiny_select
-geometry: {frames: 4, height: 8, width: 16}
-attention: {heads: 2, head_dim: 128, dtype: float32}
-layout: frame_major
-mask:
-  any_of:
-    - first_frame: {frames: 1}
-    - spatial_window: {frames: 0}
-select:
-  candidate: {spatial_window: {frames: 2}}
-  top_k: {k: 1}
-tiling: {block_q: 128, block_kv: 128}
-"""
+SELECT = spec_text(
+    "tiny_select",
+    (4, 8, 16),
+    2,
+    layout="frame_major",
+    mask=any_of(ANCHOR, "{spatial_window: {frames: 0}}"),
+    select="{candidate: {spatial_window: {frames: 2}}, top_k: {k: 1}}",
+)
 
 
 def test_the_select_superset_is_the_mask_and_every_selectable_block(compile_text):
@@ -104,18 +88,13 @@ def test_chunk_steps_and_a_packed_batch_in_the_interpreter(tmp_path, capsys):
     assert "| tiny_select | select (Splash: superset) |" in table
 
 
-ORDERS = """
-svgen: 1
-name: tiny_columns
-geometry: {frames: 4, height: 8, width: 16}
-attention: {heads: 2, head_dim: 128, dtype: float32}
-layout: {order: [w, h, f]}
-mask:
-  any_of:
-    - first_frame: {frames: 1}
-    - spatial_window: {frames: 1, rows: 1, cols: 3}
-tiling: {block_q: 128, block_kv: 128}
-"""
+ORDERS = spec_text(
+    "tiny_columns",
+    (4, 8, 16),
+    2,
+    layout="{order: [w, h, f]}",
+    mask=any_of(ANCHOR, "{spatial_window: {frames: 1, rows: 1, cols: 3}}"),
+)
 
 
 def test_an_axis_order_against_the_same_mask_frame_major_in_the_interpreter(tmp_path, capsys):
@@ -133,15 +112,13 @@ def test_an_axis_order_against_the_same_mask_frame_major_in_the_interpreter(tmp_
     assert "| spec | call |" not in table  # no empty table of the other features
 
 
-BOXES = """
-svgen: 1
-name: tiny_boxes
-geometry: {frames: 4, height: 8, width: 16}
-attention: {heads: 2, head_dim: 128, dtype: float32}
-layout: {order: [h, w, f]}
-mask: {temporal_stride: {rows: 0, cols: 1}}
-tiling: {block_q: 128, block_kv: 128}
-"""
+BOXES = spec_text(
+    "tiny_boxes",
+    (4, 8, 16),
+    2,
+    layout="{order: [h, w, f]}",
+    mask="{temporal_stride: {rows: 0, cols: 1}}",
+)
 
 
 def test_place_boxes_against_moving_the_tokens_with_backward_in_the_interpreter(tmp_path, capsys):
@@ -164,21 +141,17 @@ def test_place_boxes_against_moving_the_tokens_with_backward_in_the_interpreter(
     assert table.count("| tiny_boxes |") == 2  # the forward table and the fwd + bwd one
 
 
-MIXED_BOXES = """
-svgen: 1
-name: tiny_mixed_boxes
-geometry: {frames: 4, height: 8, width: 16}
-attention: {heads: 2, head_dim: 128, dtype: float32}
-patterns:
-  spatial: {spatial_window: {frames: 0, rows: 1, cols: 2}}
-  temporal: {temporal_stride: {rows: 0, cols: 1}}
-heads:
-  candidates:
-    - {pattern: spatial}
-    - {pattern: temporal, layout: {order: [h, w, f]}}
-  assign: [temporal, spatial]
-tiling: {block_q: 128, block_kv: 128}
-"""
+MIXED_BOXES = spec_text(
+    "tiny_mixed_boxes",
+    (4, 8, 16),
+    2,
+    patterns={
+        "spatial": "{spatial_window: {frames: 0, rows: 1, cols: 2}}",
+        "temporal": "{temporal_stride: {rows: 0, cols: 1}}",
+    },
+    layouts={"temporal": "{order: [h, w, f]}"},
+    assign="[temporal, spatial]",
+)
 
 
 def test_head_runs_against_moving_the_tokens_in_the_interpreter(tmp_path, capsys):
@@ -196,26 +169,17 @@ def test_head_runs_against_moving_the_tokens_in_the_interpreter(tmp_path, capsys
     assert "| tiny_mixed_boxes | frame_major / temporal_major |" in capsys.readouterr().out
 
 
-SELECTED = """
-svgen: 1
-name: tiny_selected
-geometry: {frames: 8, height: 8, width: 16}
-attention: {heads: 2, head_dim: 128, dtype: float32}
-layout: frame_major
-patterns:
-  local: {any_of: [{first_frame: {frames: 1}}, {spatial_window: {frames: 0}}]}
-  wide: {any_of: [{first_frame: {frames: 1}}, {spatial_window: {frames: 1}}]}
-heads:
-  candidates: [{pattern: local}, {pattern: wide}]
-  assign: [local, wide]
-runtime: {segments: true}
-select:
-  candidate: {causal_frames: {}}
-  top_k: {k: 1}
-  patterns:
-    wide: {candidate: {spatial_window: {frames: 3}}, top_k: {k: 2}}
-tiling: {block_q: 128, block_kv: 128}
-"""
+SELECTED = spec_text(
+    "tiny_selected",
+    (8, 8, 16),
+    2,
+    layout="frame_major",
+    patterns={"local": any_of(ANCHOR, "{spatial_window: {frames: 0}}"), "wide": SPATIAL},
+    assign="[local, wide]",
+    runtime="{segments: true}",
+    select="{candidate: {causal_frames: {}}, top_k: {k: 1}, "
+    "patterns: {wide: {candidate: {spatial_window: {frames: 3}}, top_k: {k: 2}}}}",
+)
 
 
 def test_splash_given_the_mask_a_call_selected_agrees_in_the_interpreter(tmp_path, capsys):

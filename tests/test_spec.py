@@ -16,8 +16,10 @@ from spec_corpus import (
     INTEGER_PARAMS,
     MINIMAL,
     MIXED,
+    SPATIAL,
     _bad_values,
     _limits_spec,
+    spec_text,
 )
 from svgen.spec.errors import SpecError
 from svgen.spec.limits import MAX_SEQ_LEN, MAX_SPEC_BYTES
@@ -244,17 +246,15 @@ SPATIAL_DIGEST = "77fc9c45d81818d477f1004f8cb332251e9848fc2fc585e070f798e33c570e
 
 
 # The Wan spatial spec as first shipped (512 x 512 tiles); its digest predates `heads`.
-SPATIAL_AS_FIRST_SHIPPED = """svgen: 1
-name: wan21_720p_spatial
-geometry: {frames: 21, height: 45, width: 80, text_tokens: 0, text_position: last}
-attention: {heads: 10, head_dim: 128, dtype: bfloat16}
-layout: frame_major
-mask:
-  any_of:
-    - first_frame: {frames: 1}
-    - spatial_window: {frames: 1}
-tiling: {block_q: 512, block_kv: 512}
-"""
+SPATIAL_AS_FIRST_SHIPPED = spec_text(
+    "wan21_720p_spatial",
+    (21, 45, 80, 0, "last"),
+    10,
+    dtype="bfloat16",
+    layout="frame_major",
+    mask=SPATIAL,
+    tiling="{block_q: 512, block_kv: 512}",
+)
 
 
 def test_mask_only_digest_is_unchanged():

@@ -11,33 +11,24 @@ import numpy as np
 import pytest
 
 from helpers import dense_keep
+from spec_corpus import TEMPORAL, any_of, spec_text
 from svgen.chip import bench_table, chip_bench, splash_mask, splash_peer
 from svgen.spec import parse_spec
 
 # Two patterns of different layouts chosen at run time (heads 0, 2: band; head 1: the same
 # place in every frame, temporal-major), and a sequence that Splash's blocks must pad.
-MIXED = """
-svgen: 1
-name: tiny_two_orders
-geometry: {frames: 4, height: 8, width: 12, text_tokens: 40}
-attention: {heads: 3, head_dim: 128, dtype: bfloat16}
-layout: frame_major
-patterns:
-  band:
-    any_of:
-      - band: {width: 100}
-      - prefix: {tokens: 20}
-  temporal:
-    any_of:
-      - first_frame: {frames: 1}
-      - temporal_stride: {rows: 0, cols: 0}
-heads:
-  candidates:
-    - {pattern: band}
-    - {pattern: temporal, layout: temporal_major}
-  assign: runtime
-tiling: {block_q: 128, block_kv: 128}
-"""
+MIXED = spec_text(
+    "tiny_two_orders",
+    (4, 8, 12, 40),
+    3,
+    dtype="bfloat16",
+    layout="frame_major",
+    patterns={
+        "band": any_of("{band: {width: 100}}", "{prefix: {tokens: 20}}"),
+        "temporal": TEMPORAL,
+    },
+    layouts={"temporal": "temporal_major"},
+)
 
 
 def _peer(compile_text, padded_blocks=(128, 128, 128)):
