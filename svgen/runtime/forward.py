@@ -53,13 +53,14 @@ from jax.experimental import pallas as pl
 
 from svgen.runtime import chunks
 from svgen.runtime.coords import QueryCoords, TokenCoords, block_pieces, block_table_inputs
-from svgen.runtime.cube import BoxRows, CubeDma, PlaceBoxes, tile_positions
+from svgen.runtime.cube import BoxRows, tile_positions
+from svgen.runtime.forward_call import ForwardCall
 from svgen.core.kinds import TileKind
 from svgen.core.layout import TokenLayout
 from svgen.runtime.quantize import QK_PRODUCTS, quantized_operands
 from svgen.runtime.refine import SEGMENT_BOUNDARY
 from svgen.runtime.segments import block_shifts, same_segment
-from svgen.runtime.select import PADDED
+from svgen.runtime.select_walk import PADDED
 from svgen.runtime.softmax import (
     EMPTY_ROW_LSE,
     MASK_VALUE,
@@ -68,21 +69,19 @@ from svgen.runtime.softmax import (
     softmax_step,
 )
 from svgen.runtime.steps import Block, StepView, lanes, walk_step
-from svgen.runtime.tpu_call import IndexMaps, KernelCall, ScalarTables, TableSource
+from svgen.runtime.tpu_call import IndexMaps, KernelCall
 from svgen.core.tables import (
     KIND_MASK,
     LANES,
     variant_bits,
     variant_mask,
     KernelShape,
-    PieceTables,
 )
 from svgen.runtime.variant import (
     ForwardVariant,
     KernelRefs,
     PatternCode,
     block_table_bytes,
-    block_table_shapes,
     every_key,
     or_chosen,
 )
@@ -549,51 +548,6 @@ def _vmem_limit(
 
 
 # ------------------------------------------------------------------------------ the call
-@dataclasses.dataclass(frozen=True, eq=False)  # eq=False: its source and ids may be traced
-class ForwardCall:
-    """One call of the forward kernel as svgen.runtime.kernel asks for it (besides q, k, v,
-    the heads' patterns and an aliased o: see flat_attention).
-
-    tables      the module's piece tables: they say the slots and the walk, and are the
-                call's pieces where `source` is static;
-    patterns    the patterns' code (a pattern's call: that pattern's only);
-    source      where the call's tables come from (svgen.runtime.tpu_call.TableSource):
-                the module's, run-time segments', a selection's, or a KV-cache chunk's (q
-                then holds the chunk's rows only, k and v the whole sequence's, or with
-                ring_sink a rolling cache's, shape.seq_len its length);
-    ids         run-time (query ids, key ids) [batch*heads, id rows, seq_len] in kernel
-                order: segment tables, or a selection across segments;
-    cubes       box DMA (svgen.runtime.cube): q, k, v and o in the user's order, read and
-                written as boxes;
-    head_run    (first head, heads of q): the call works for the run of len(head_pattern)
-                heads from that first one only (static tables), reading and writing their
-                rows of q, k, v and o in place; its lse holds those heads' rows only;
-    with_lse    also return each row's log-sum-exp of its base-2 scores, f32 [rows, 1,
-                padded_seq_len] (what the backward pass needs);
-    with_modes  (shape.bounded_softmax) also return int32 [rows, 1, q tiles * 128], each q
-                tile's softmax mode (1: it ran with the bound) in its 128 lanes.
-    """
-
-    tables: PieceTables
-    patterns: tuple[PatternCode, ...]
-    shape: KernelShape
-    q_scale: float  # sm_scale * log2(e): q is scaled by it in init
-    interpret: object
-    source: TableSource = TableSource()
-    ids: tuple = ()
-    cubes: CubeDma | PlaceBoxes | None = None
-    ring_sink: int | None = None
-    head_run: tuple[int, int] | None = None
-    with_lse: bool = False
-    with_modes: bool = False
-
-    @property
-    def name(self) -> str:
-        """The kernel's name in profiles and libtpu dumps (a pattern's call: its index)."""
-        only = self.source.only_pattern
-        return "svgen_attention" + ("" if only is None else f"_pattern{only}")
-
-
 def flat_attention(q, k, v, head_pattern, static_pattern, call: ForwardCall, out=None):
     """o of the forward kernel, and the lse and softmax modes where `call` asks for them.
     q, k, v: [batch*heads, seq_len, head_dim], each head in its pattern's order, or with
@@ -617,103 +571,26 @@ def flat_attention(q, k, v, head_pattern, static_pattern, call: ForwardCall, out
         assert call.cubes is None, "int8 QK^T reads kernel order (svgen.runtime.cube.cube_dma)"
         quantized = quantized_operands(q, k, shape, call.q_scale)
         inputs.update(zip(("q", "k", "q_scales", "k_scales"), quantized))
-    variant = _variant(call, tables, q, o_aliased=out is not None)
+    variant = call.variant(tables, q, o_aliased=out is not None)
     if shape.bounded_softmax:
         inputs["key_bound"] = key_bound(inputs["k"])
     inputs.update(zip(("q_ids", "kv_ids"), call.ids))
     heads = int(head_pattern.shape[0])
     # The call's rows: q's, or a head run's (batch x its heads).
     rows = q.shape[0] if call.head_run is None else q.shape[0] // call.head_run[1] * heads
-    out_shapes = _out_shapes(q, call, rows)
+    out_shapes = call.out_shapes(q, rows)
     if out is not None:
         if call.interpret:  # Pallas's interpreter writes no partial block of an aliased output
-            out = _whole_blocks(out, shape, call.cubes)
+            out = call.whole_blocks(out)
             out_shapes["o"] = jax.ShapeDtypeStruct(out.shape, out.dtype)
         inputs["o_in"] = out
     inputs.update(block_table_inputs(call.patterns))
     box = None if call.cubes is None else call.cubes.box
-    maps = IndexMaps(tables.walk, box=box, row_of=_row_map(call.head_run, heads))
+    maps = IndexMaps(tables.walk, box=box, row_of=call.row_map(heads))
     table_bytes = block_table_bytes(variant.block_tables, shape.compute_blocks)
     limit = _vmem_limit(shape, q.dtype, variant.query_coords, bool(call.ids), table_bytes)
     kernel = KernelCall(_attention_kernel, variant, tables, maps, limit, call.name, call.interpret)
     outputs = kernel(rows, inputs, out_shapes)
-    if outputs[0].shape != q.shape:  # _whole_blocks' padding off again
+    if outputs[0].shape != q.shape:  # whole_blocks' padding off again
         outputs[0] = outputs[0][tuple(slice(0, n) for n in q.shape)]
     return tuple(outputs) if call.with_lse or call.with_modes else outputs[0]
-
-
-def _variant(call: ForwardCall, tables: ScalarTables, q, o_aliased: bool) -> ForwardVariant:
-    """The kernel's variant for `call` over its decoded tables; q: the call's as given (int8
-    QK^T quantizes it later), whose dtype o has."""
-    cubes = call.cubes
-    return ForwardVariant(
-        shape=call.shape,
-        patterns=tuple(call.patterns),
-        walk=tables.walk,
-        tables=tables.kind,
-        num_tables=len(tables.operands),
-        dtype=jnp.dtype(q.dtype).name,
-        q_scale=call.q_scale,
-        with_lse=call.with_lse,
-        with_modes=call.with_modes,
-        q_rows=q.shape[1] if q.ndim == 3 else 0,
-        chunk_rows=q.shape[0] if tables.kind == "chunk" else 0,
-        ring_sink=call.ring_sink,
-        cube=None if cubes is None else cubes.block,
-        kv_cube=None if cubes is None else cubes.kv_block,
-        box_q_places=0 if cubes is None else cubes.q_places,
-        box_kv_places=0 if cubes is None else cubes.kv_places,
-        id_rows=call.ids[0].shape[1] if call.ids else 0,  # 2: ids and frame shifts
-        variants_table=call.tables.variants is not None,
-        block_tables=block_table_shapes(call.patterns),
-        o_aliased=o_aliased,
-    )
-
-
-def _row_map(head_run: tuple[int, int] | None, heads: int):
-    """A run of `heads` heads from head_run[0] among head_run[1]: its row b * heads + j is
-    row b * head_run[1] + head_run[0] + j of q, k, v and o. None: the rows are q's."""
-    if head_run is None:
-        return None
-    first, all_heads = head_run
-
-    def row_of(row):
-        return lax.div(row, heads) * all_heads + first + lax.rem(row, heads)
-
-    return row_of
-
-
-def _whole_blocks(out, shape: KernelShape, cubes):
-    """`out` zero-padded to whole q tiles (interpret mode only: on a TPU the last block's DMA
-    is cut at the array's end, aliased or not): its sequence, or a place box view's places
-    (cubes divide the video: no partial block)."""
-    if isinstance(cubes, CubeDma):
-        return out
-    if cubes is None:
-        extra, axis = shape.padded_seq_len - out.shape[1], 1
-    else:
-        extra, axis = shape.padded_seq_len // cubes.frames - out.shape[2], 2
-    pad = [(0, 0)] * out.ndim
-    pad[axis] = (0, extra)
-    return jnp.pad(out, pad)
-
-
-def _out_shapes(q, call: ForwardCall, rows: int) -> dict:
-    """o (of q's dtype), then the lse (the backward's residual) and the q tiles' softmax
-    modes if asked (rows: the call's own, fewer than q's in a head run's call)."""
-    out_shapes = {"o": jax.ShapeDtypeStruct(q.shape, q.dtype)}
-    if call.with_lse:
-        lse_length = _lse_length(q, call.shape, chunked=call.source.kind == "chunk")
-        out_shapes["lse"] = jax.ShapeDtypeStruct((rows, 1, lse_length), jnp.float32)
-    if call.with_modes:
-        q_tiles = -(-q.shape[1] // call.shape.block_q)
-        out_shapes["modes"] = jax.ShapeDtypeStruct((rows, 1, q_tiles * LANES), jnp.int32)
-    return out_shapes
-
-
-def _lse_length(q, shape: KernelShape, chunked: bool) -> int:
-    """The lse rows: the padded sequence, or whole q tiles of a chunked call's rows (q is
-    [rows, chunk tokens, d] then; with cube DMA it is 5-D, never chunked)."""
-    if not chunked:
-        return shape.padded_seq_len
-    return -(-q.shape[1] // shape.block_q) * shape.block_q

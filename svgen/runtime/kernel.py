@@ -31,7 +31,8 @@ from svgen.runtime.calls import (
     poison_unknown_patterns,
 )
 from svgen.runtime.cube import PlaceBoxes, cube_dma, cube_order
-from svgen.runtime.forward import ForwardCall, flat_attention
+from svgen.runtime.forward import flat_attention
+from svgen.runtime.forward_call import ForwardCall
 from svgen.runtime.softmax import LOG2_E
 from svgen.runtime.tpu_call import TableSource
 from svgen.core.program import ProgramLimits  # noqa: F401  (generated modules name it)
@@ -367,7 +368,7 @@ class TpuAttention(Attention):
 
     def _forward_call(self, interpret, q_scale: float, **options) -> ForwardCall:
         """A forward kernel call over this module's tables, codes and shape (options: the
-        other fields of forward.ForwardCall, or those three replaced)."""
+        other fields of forward_call.ForwardCall, or those three replaced)."""
         fields = dict(tables=self.tables, patterns=tuple(self.codes), shape=self.shape)
         return ForwardCall(interpret=interpret, q_scale=q_scale, **{**fields, **options})
 
