@@ -13,8 +13,10 @@ import importlib.util
 import itertools
 import os
 import pathlib
+import subprocess
 import sys
 import tempfile
+import textwrap
 import types
 from fractions import Fraction
 
@@ -267,6 +269,45 @@ def compile_spec_text(text: str, out_dir: pathlib.Path, **analyze_options):
     for filename, data in codegen.render(plan, "specs/test.yaml").items():
         (out_dir / filename).write_bytes(data)
     return plan, import_file(out_dir / codegen.module_filename(spec.name, plan.backend))
+
+
+# -- child processes -----------------------------------------------------------------------
+
+
+def run_python(*args: str, cwd=REPO, **options) -> subprocess.CompletedProcess:
+    """`python ARGS` with this interpreter in a child process, from ``cwd``, its output
+    captured as text; ``options`` go to subprocess.run (env, timeout, check)."""
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, **options
+    )
+
+
+def run_svgen(*args: str, cwd=REPO, **options) -> subprocess.CompletedProcess:
+    """`svgen ARGS` in a child process (python -m svgen.cli), as run_python runs it."""
+    return run_python("-m", "svgen.cli", *args, cwd=cwd, **options)
+
+
+# What run_on_cpu_devices runs first: the device count, set before JAX initialises.
+_ON_CPU_DEVICES = """\
+import os, sys, tempfile, pathlib
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count={devices}"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+sys.path.insert(0, {tests!r})
+"""
+
+
+def run_on_cpu_devices(body: str, devices: int, **fields) -> str:
+    """``body`` (a script, dedented and its {fields} formatted) in a child process of its own
+    on ``devices`` virtual CPU devices, after the lines that set them up and import os, sys,
+    tempfile, pathlib, jax, jnp, np, Mesh and P, with the tests folder on its path: it must
+    exit 0 having printed OK; returns what it printed."""
+    script = _ON_CPU_DEVICES.format(devices=devices, tests=str(REPO / "tests"))
+    script += textwrap.dedent(body).format(**fields)
+    result = run_python("-c", script, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr[-4000:]
+    assert "OK" in result.stdout
+    return result.stdout
 
 
 # -- random specs (the brute-force, codegen and alignment tests) --------------------------

@@ -7,8 +7,6 @@ float64 reference; the file's every way of being wrong against its message; and 
 generated files against themselves (deterministic, and stale when the file changes)."""
 
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,7 +18,7 @@ from svgen.spec import parse_spec
 from svgen.spec.errors import SpecError
 
 from helpers import brute_force_kinds, compile_spec_text, dense_keep, random_any_layout
-from helpers import lower_mask_dict, mask_spec_text
+from helpers import lower_mask_dict, mask_spec_text, run_svgen
 from kernel_helpers import POISONED, check_grads, check_per_head, mixed_inputs
 from tpu_helpers import v5e_gradient_hlo
 
@@ -191,12 +189,7 @@ def test_check_fails_when_the_file_changes(tmp_path):
     (tmp_path / "specs" / "calibrated.yaml").write_text(spec)
 
     def cli(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "svgen.cli", *args],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-        )
+        return run_svgen(*args, cwd=tmp_path)
 
     assert cli("compile", "specs/calibrated.yaml").returncode == 0
     assert cli("compile", "--check", "specs/calibrated.yaml").returncode == 0

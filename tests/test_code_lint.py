@@ -2,20 +2,15 @@
 100), over the code, the tests, the benches, the examples and the generated modules
 (configured in pyproject.toml; ruff comes with the dev install)."""
 
-import subprocess
-import sys
-
 import numpy as np
 
-from helpers import REPO, mask_spec_text, random_layout, random_mask
+from helpers import REPO, mask_spec_text, random_layout, random_mask, run_python
 
 CHECKED = ["svgen", "tests", "bench", "examples", "generated"]
 
 
 def _ruff(*args, cwd=REPO):
-    return subprocess.run(
-        [sys.executable, "-m", "ruff", *args], cwd=cwd, capture_output=True, text=True
-    )
+    return run_python("-m", "ruff", *args, cwd=cwd)
 
 
 def test_ruff_finds_nothing():

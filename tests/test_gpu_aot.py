@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import os
 import pathlib
-import subprocess
 import sys
 
 import pytest
@@ -22,7 +21,7 @@ from svgen.analysis import analyze
 from svgen.spec import SpecError, load_spec
 from svgen.analysis.targets import GPU_TARGETS
 
-from helpers import REPO, SPECS
+from helpers import REPO, SPECS, run_svgen
 
 
 def compiled_module(spec_path: pathlib.Path, target: str, out: pathlib.Path) -> pathlib.Path:
@@ -31,12 +30,6 @@ def compiled_module(spec_path: pathlib.Path, target: str, out: pathlib.Path) -> 
     for filename, data in codegen.render(plan, f"specs/{spec_path.name}").items():
         (out / filename).write_bytes(data)
     return out / codegen.module_filename(plan.spec.name, "gpu")
-
-
-def run_svgen(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "svgen.cli", *args], capture_output=True, text=True, cwd=cwd
-    )
 
 
 @pytest.mark.parametrize("target", sorted(GPU_TARGETS))
@@ -123,14 +116,8 @@ def test_compile_from_another_directory_finds_the_toolchain_beside_svgen(tmp_pat
     assert (gpu_aot.project_toolchain_dir() / "jax_cuda12_plugin").is_dir()
     path = write_spec(tmp_path, "elsewhere", "gpu:\n  block_q: 32\n  block_kv: 64\n")
     env = {k: v for k, v in os.environ.items() if k != gpu_aot.TOOLCHAIN_ENV}
-    done = subprocess.run(
-        [sys.executable, "-m", "svgen.cli", "compile", str(path.relative_to(tmp_path))]
-        + ["--target", "h100"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-    )
+    relative = str(path.relative_to(tmp_path))
+    done = run_svgen("compile", relative, "--target", "h100", cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr
     assert "compiled for h100" in done.stderr
     assert (tmp_path / "generated" / "elsewhere_gpu.py").exists()

@@ -9,9 +9,8 @@ from __future__ import annotations
 import dataclasses
 import re
 import subprocess
-import sys
 
-from helpers import REPO
+from helpers import REPO, run_python
 
 from svgen.analysis import analyze
 from svgen.spec import GpuTiling, load_spec
@@ -21,13 +20,7 @@ COMPILE_SPEC = "wan21_720p_band"
 
 
 def run_bench(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "svgen.chip.gpu_bench", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-    )
+    return run_python("-m", "svgen.chip.gpu_bench", *args, timeout=timeout)
 
 
 def table_rows(stdout: str) -> list[list[str]]:

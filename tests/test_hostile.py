@@ -16,14 +16,14 @@ message (file:line:col and key where it is about a spec), no traceback, nothing 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import time
 
 import pytest
 
 from svgen.cli import main
 from svgen.spec.limits import MAX_EXPR_DEPTH, MAX_HEADS, MAX_PARAM, MAX_SPEC_BYTES, MAX_YAML_NODES
+
+from helpers import run_svgen
 
 HEAD = """\
 svgen: 1
@@ -533,16 +533,9 @@ def test_align_over_the_analysis_budget_names_line_and_column(project, capsys, m
     ), line
 
 
-def _run(*args: str, cwd) -> subprocess.CompletedProcess:
-    """In a child process: `svgen cost` sets libtpu's flags for the whole process."""
-    return subprocess.run(
-        [sys.executable, "-m", "svgen.cli", *args], capture_output=True, text=True, cwd=cwd
-    )
-
-
 def _refused_in_child(project, args: list[str], *words: str) -> str:
     before = _files(project)
-    done = _run(*args, cwd=project)
+    done = run_svgen(*args, cwd=project)  # `svgen cost` sets libtpu's flags for the process
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     for word in words:

@@ -4,12 +4,9 @@ Every pattern a module carries adds its code, so two patterns make a larger prog
 from __future__ import annotations
 
 import os
-import pathlib
-import sys
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
-from test_chip_bench import MIXED
+from helpers import REPO, run_python
+from spec_corpus import TINY_MIXED as MIXED
 
 # The same module with one pattern: its temporal candidate left out.
 ONE = MIXED.replace("    - {pattern: temporal, layout: temporal_major}\n", "")
@@ -17,12 +14,8 @@ ONE = MIXED.replace("    - {pattern: temporal, layout: temporal_major}\n", "")
 
 def _run(*args: str) -> str:
     # libtpu takes its bundle-dump flags only when it loads: a fresh process, as `svgen cost` runs.
-    import subprocess
-
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=600
-    )
+    done = run_python(*args, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 

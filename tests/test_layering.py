@@ -6,10 +6,8 @@ svgen.core, the ground floor, nothing of svgen above it."""
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 
-from helpers import REPO, SPECS
+from helpers import REPO, SPECS, run_python
 
 _LOADED = """
 import sys
@@ -43,9 +41,7 @@ print(" ".join(sorted(m for m in sys.modules if m.startswith(heavy) and m not in
 
 
 def test_reading_specs_loads_no_later_stage():
-    result = subprocess.run(
-        [sys.executable, "-c", _LOADED, *map(str, SPECS)], capture_output=True, text=True, cwd=REPO
-    )
+    result = run_python("-c", _LOADED, *map(str, SPECS))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
 
@@ -93,12 +89,7 @@ print(" ".join(sorted(m for m in sys.modules if m.startswith("jax.experimental.p
 def test_compiling_specs_never_imports_pallas():
     """The table format (runs, pieces, transposed tables) is NumPy only: svgen compile
     analyzes and renders every shipped spec without loading Pallas (0.7 s of imports)."""
-    result = subprocess.run(
-        [sys.executable, "-c", _COMPILED, *map(str, SPECS)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
+    result = run_python("-c", _COMPILED, *map(str, SPECS))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 
 from svgen.runtime import libtpu_env
 
-from helpers import REPO
+from helpers import run_python
 
 # A meta-path finder ahead of every other that refuses jax and jaxlib, then the command line.
 _WITHOUT_JAX = """
@@ -34,9 +33,7 @@ sys.exit(status)
 
 
 def _run_without_jax(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", _WITHOUT_JAX, *args], capture_output=True, text=True, cwd=REPO
-    )
+    return run_python("-c", _WITHOUT_JAX, *args)
 
 
 def test_inspect_runs_without_jax():
@@ -88,9 +85,7 @@ def test_conftest_and_the_numpy_helpers_load_no_jax(modules, loads_jax):
     """pytest imports conftest.py before every test, and the spec, IR, analysis and codegen
     tests import helpers.py: neither loads JAX, so `pytest tests/test_spec.py` never does.
     Nor do the kernels' declared variants, which the cost model reads. kernel_helpers.py (Pallas's interpreter) does: the control that shows the check sees it."""
-    done = subprocess.run(
-        [sys.executable, "-c", _JAX_LOADED_BY, *modules], capture_output=True, text=True, cwd=REPO
-    )
+    done = run_python("-c", _JAX_LOADED_BY, *modules)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == (["jax", "jaxlib"] if loads_jax else []), done.stdout
 

@@ -2,12 +2,11 @@
 
 import json
 import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from helpers import REPO, unprepared_environment
+from helpers import run_python, unprepared_environment
 from svgen.estimate.tpu_schedule import DELAY_SLOTS, op_family, parse_bundles
 
 # A listing in libtpu's format: straight-line code, the grid loop [0x2, 0x1f] (exit test
@@ -151,7 +150,7 @@ E2E_SCRIPT = textwrap.dedent("""
 
 
 def test_end_to_end_tiny_pallas_kernel_for_v6e():
-    result = run_python(E2E_SCRIPT, env=unprepared_environment())
+    result = run_script(E2E_SCRIPT, env=unprepared_environment())
     assert result.returncode == 0, result.stderr[-3000:]
     # ensure_dump_flags() prepared libtpu's environment itself: none of its warnings here.
     assert "WARNING" not in result.stderr and "E0000" not in result.stderr, result.stderr
@@ -164,20 +163,13 @@ def test_end_to_end_tiny_pallas_kernel_for_v6e():
     assert report["costs"][str(matmul[0]["address"])] < report["cost_all"]
 
 
-def run_python(script: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+def run_script(script: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return run_python("-c", script, timeout=300, env=env)
 
 
 def test_dump_flags_after_libtpu_started_is_an_error():
     """Flags set after libtpu loaded would be ignored silently: refuse instead."""
-    result = run_python(
+    result = run_script(
         textwrap.dedent("""
         import jax
         jax.devices("cpu")  # probes the TPU plugin: libtpu loads

@@ -7,14 +7,13 @@ get its dump flags before it starts).
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 from svgen import cli
 from svgen.estimate import tune
 from svgen.spec import parse_spec
 from svgen.estimate.tune import Candidate, estimate_paths, rewrite_tiling
+from helpers import run_python
 from tune_helpers import SEQ_LEN, SPEC, fake_measure, synthetic_paths, write_spec
 
 
@@ -246,14 +245,7 @@ def test_a_small_real_tune(tmp_path):
         sys.exit(cli.main(["tune", {str(spec)!r}, "--json"]))
     """)
     env = {**os.environ, "SVGEN_CACHE_DIR": str(tmp_path / "cache")}
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=300,
-    )
+    result = run_python("-c", script, env=env, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["compiles"] == 1 and len(report["rows"]) == 1
