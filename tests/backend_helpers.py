@@ -1,7 +1,8 @@
 """The kernel backends as the shared kernel tests see them (tests/test_kernel_base.py): how
 each builds its `attention` from a compiled module and runs it on the CPU, unwritten output
 poisoned (the TPU interpreter starts buffers as NaN; the GPU one pads operands and starts
-outputs with NaN), and which dtypes it is checked in. A new backend is one more entry."""
+outputs with NaN), and which dtypes it is checked in. A new backend is one more entry. And
+what either backend's call hands its kernel functions (record_kernel_variants)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,22 @@ def _run_gpu(attention, q, k, v, head_pattern=None):
         return attention(q, k, v, interpret=True)
     run = jax.jit(lambda q, k, v, hp: attention(q, k, v, head_pattern=hp, interpret=True))
     return run(q, k, v, jnp.asarray(head_pattern, jnp.int32))
+
+
+def record_kernel_variants(monkeypatch, owner, *names: str) -> list:
+    """Wrap each kernel function ``owner.NAME`` (such as svgen.runtime.forward's
+    _attention_kernel) so that every call appends (its variant, how many refs it was given)
+    to the list returned, then runs the kernel."""
+    seen = []
+    for name in names:
+        real = getattr(owner, name)
+
+        def recording(*refs, variant, real=real):
+            seen.append((variant, len(refs)))
+            return real(*refs, variant=variant)
+
+        monkeypatch.setattr(owner, name, recording)
+    return seen
 
 
 TPU = KernelBackend("tpu", ("float32", "bfloat16"), lambda module: module.attention, _run_tpu)

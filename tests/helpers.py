@@ -29,6 +29,7 @@ from svgen.runtime import libtpu_env
 from svgen.core.kinds import TileKind
 from svgen.core.layout import Tiled, TokenLayout
 from svgen.spec import parse_spec
+from spec_corpus import any_of, spec_text
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SPECS = sorted((REPO / "specs").glob("*.yaml"))
@@ -347,13 +348,16 @@ def _temporal_stride(rng, lay):
     return params
 
 
-def _neighborhood(rng, lay):
+def random_neighborhood(rng, lay, sized=0.8, dilated=0.3, least_dilation=1) -> dict:
+    """Random parameters of a neighborhood on ``lay``: each axis given a size with chance
+    ``sized`` and a dilation from ``least_dilation`` to 3 with chance ``dilated``, causal with
+    chance 0.3."""
     params = {}
     for key, size in (("frames", lay.frames), ("rows", lay.height), ("cols", lay.width)):
-        if rng.random() < 0.8:
+        if rng.random() < sized:
             params[key] = int(rng.integers(1, size + 2))
-        if rng.random() < 0.3:
-            params[f"{key[:-1]}_dilation"] = int(rng.integers(1, 4))
+        if rng.random() < dilated:
+            params[f"{key[:-1]}_dilation"] = int(rng.integers(least_dilation, 4))
     if rng.random() < 0.3:
         params["causal"] = 1
     return params
@@ -385,7 +389,7 @@ PRIMITIVE_GENERATORS = {
         "rows": int(rng.integers(0, 2)),
         "cols": int(rng.integers(0, 3)),
     },
-    "neighborhood": lambda rng, lay: _neighborhood(rng, lay),
+    "neighborhood": lambda rng, lay: random_neighborhood(rng, lay),
     "radial": lambda rng, lay: (
         {} if rng.random() < 0.4 else {"width": int(rng.integers(1, lay.height * lay.width + 3))}
     ),
@@ -660,17 +664,10 @@ def scaled_spec_text(path, text_tokens=None, heads=2, tiling=None, dtype="float3
     return yaml.safe_dump(spec, sort_keys=False)
 
 
-# A band with a prefix sink at a small size (as the blog spec): 2 x 4 compute blocks a tile,
-# so its BOUNDARY tiles have straight-line words, and the last kv tile holds padding keys.
-STRAIGHT_BAND = """\
-svgen: 1
-name: {name}
-geometry: {{frames: 5, height: 8, width: 15}}
-attention: {{heads: 2, head_dim: 128, dtype: float32}}
-layout: frame_major
-mask:
-  any_of:
-    - band: {{width: 150}}
-    - prefix: {{tokens: 100}}
-tiling: {{block_q: 256, block_kv: 512, compute_q: 128, compute_kv: 128}}
-"""
+def straight_band(name: str, *, geometry=(5, 8, 15), tiling=None, beside=()) -> str:
+    """A band with a prefix sink at a small size (as the blog spec), and the terms ``beside``
+    them: 2 x 4 compute blocks a tile unless ``tiling`` says otherwise, so its BOUNDARY tiles
+    have straight-line words, and the last kv tile holds padding keys."""
+    mask = any_of("{band: {width: 150}}", "{prefix: {tokens: 100}}", *beside)
+    tiling = tiling or "{block_q: 256, block_kv: 512, compute_q: 128, compute_kv: 128}"
+    return spec_text(name, geometry, 2, layout="frame_major", mask=mask, tiling=tiling)

@@ -313,15 +313,21 @@ INVALID = [
 ]
 
 
+def refusal(text: str) -> ExprSyntaxError:
+    """The error parse_predicate must raise on ``text``."""
+    with pytest.raises(ExprSyntaxError) as info:
+        parse_predicate(text)
+    return info.value
+
+
 @pytest.mark.parametrize(
     "text,message,offset", INVALID, ids=[t or "<empty>" for t, _, _ in INVALID]
 )
 def test_invalid_predicates(text, message, offset):
-    with pytest.raises(ExprSyntaxError) as info:
-        parse_predicate(text)
-    assert info.value.message == message
-    assert info.value.offset == offset
-    assert isinstance(info.value, ValueError)
+    error = refusal(text)
+    assert error.message == message
+    assert error.offset == offset
+    assert isinstance(error, ValueError)
 
 
 def test_parser_never_evaluates_python():
@@ -349,19 +355,14 @@ def test_token_limit_is_exact():
     text = _sum_with_tokens(MAX_EXPR_TOKENS - 1)
     assert predicate_tokens(text) == MAX_EXPR_TOKENS - 1
     parse_predicate(text + "  \n")  # trailing blanks are not tokens
-    with pytest.raises(ExprSyntaxError) as info:
-        parse_predicate(_sum_with_tokens(MAX_EXPR_TOKENS + 1))
-    assert (
-        info.value.message
-        == f"the predicate has more than {MAX_EXPR_TOKENS} tokens (MAX_EXPR_TOKENS)"
-    )
+    message = refusal(_sum_with_tokens(MAX_EXPR_TOKENS + 1)).message
+    assert message == f"the predicate has more than {MAX_EXPR_TOKENS} tokens (MAX_EXPR_TOKENS)"
 
 
 def test_length_is_checked_before_tokenizing():
     text = "f_q < 1" + " " * MAX_EXPR_CHARS
-    with pytest.raises(ExprSyntaxError) as info:
-        parse_predicate(text)
-    assert "MAX_EXPR_CHARS" in info.value.message and info.value.offset == MAX_EXPR_CHARS
+    error = refusal(text)
+    assert "MAX_EXPR_CHARS" in error.message and error.offset == MAX_EXPR_CHARS
     with pytest.raises(ExprSyntaxError):
         predicate_tokens(text)
     parse_predicate(("f_q < 1" + " " * MAX_EXPR_CHARS)[:MAX_EXPR_CHARS])
@@ -377,12 +378,8 @@ def test_nesting_limit(open_, close):
         return text if open_ == "not " else text + " < 1"
 
     parse_predicate(nested(MAX_EXPR_DEPTH))
-    with pytest.raises(ExprSyntaxError) as info:
-        parse_predicate(nested(MAX_EXPR_DEPTH + 1))
-    assert (
-        info.value.message
-        == f"the predicate is nested more than {MAX_EXPR_DEPTH} deep (MAX_EXPR_DEPTH)"
-    )
+    message = refusal(nested(MAX_EXPR_DEPTH + 1)).message
+    assert message == f"the predicate is nested more than {MAX_EXPR_DEPTH} deep (MAX_EXPR_DEPTH)"
 
 
 def test_very_deep_nesting_is_an_error_not_a_recursion_error():
@@ -406,14 +403,13 @@ def test_nested_boolean_equalities_are_bounded():
     the limit is crossed."""
     text = _nested_equalities(30)
     assert predicate_tokens(text) <= MAX_EXPR_TOKENS and text.count("(") <= 2 * MAX_EXPR_DEPTH
-    with pytest.raises(ExprSyntaxError) as info:
-        parse_predicate(text)
-    assert info.value.message == (
+    error = refusal(text)
+    assert error.message == (
         "boolean '==' repeats both sides ((a and b) or (not a and not b)): here the predicate "
         f"would grow past {MAX_EXPR_NODES} nodes (MAX_EXPR_NODES); nest fewer boolean "
         "comparisons"
     )
-    assert text[info.value.offset : info.value.offset + 2] == "=="
+    assert text[error.offset : error.offset + 2] == "=="
     assert MAX_EXPR_NODES == 4 * MAX_EXPR_TOKENS
     parse_predicate(_nested_equalities(6))  # a few levels are fine
     # A chain repeats each operand at most four times: linear, never refused for size.
@@ -427,10 +423,9 @@ def test_integer_literals_fit_int32():
         SYMBOLS["f_q"], MAX_EXPR_LITERAL
     )
     for literal in (str(MAX_EXPR_LITERAL + 1), str(2**63), "9" * 4000):
-        with pytest.raises(ExprSyntaxError) as info:
-            parse_predicate(f"f_q < {literal}")
-        assert "MAX_EXPR_LITERAL" in info.value.message and info.value.offset == 6
-        assert len(info.value.message) < 200
+        error = refusal(f"f_q < {literal}")
+        assert "MAX_EXPR_LITERAL" in error.message and error.offset == 6
+        assert len(error.message) < 200
 
 
 # ----------------------------------------------------------------------------- end to end

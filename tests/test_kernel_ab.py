@@ -14,10 +14,10 @@ from svgen.chip import kernel_ab
 from svgen.core import straight
 from svgen.runtime import kernel
 
-from helpers import REPO, STRAIGHT_BAND
+from helpers import REPO, straight_band
 from kernel_helpers import POISONED, check_per_head, mixed_inputs
 
-BAND = STRAIGHT_BAND.format(name="ab_band")
+BAND = straight_band("ab_band")
 
 
 def test_runtime_settings_are_parsed_strictly():

@@ -8,7 +8,13 @@ import pytest
 
 from svgen.analysis.classify import TileGrid, classify_tiles
 
-from helpers import brute_force_kinds, dense_keep, lower_mask_dict, random_any_layout
+from helpers import (
+    brute_force_kinds,
+    dense_keep,
+    lower_mask_dict,
+    random_any_layout,
+    random_neighborhood,
+)
 
 
 def _natten_axis(x_q, x_k, size, kernel, dilation, causal):
@@ -75,14 +81,7 @@ def _check(mask_dict, want, lay):
 def test_neighborhood_is_natten(seed):
     rng = np.random.default_rng(4400 + seed)
     lay = random_any_layout(rng)
-    params = {}
-    for name, size in (("frames", lay.frames), ("rows", lay.height), ("cols", lay.width)):
-        if rng.random() < 0.85:
-            params[name] = int(rng.integers(1, size + 2))
-        if rng.random() < 0.4:
-            params[f"{name[:-1]}_dilation"] = int(rng.integers(2, 4))
-    if rng.random() < 0.3:
-        params["causal"] = 1
+    params = random_neighborhood(rng, lay, sized=0.85, dilated=0.4, least_dilation=2)
     _check({"neighborhood": params}, _natten_keep(lay, params), lay)
 
 

@@ -42,23 +42,11 @@ def test_report_check_passes_on_the_checkout(capsys):
 
 # ----------------------------------------------------------------------------- synthetic
 SPEC = "specs/tiny.yaml"
-PAGE = """# Measured
-
-<!-- svgen report: at-head (generated) -->
-<!-- svgen report: end of at-head -->
-<!-- svgen report: vs-splash (generated) -->
-<!-- svgen report: end of vs-splash -->
-<!-- svgen report: cliff (generated) -->
-<!-- svgen report: end of cliff -->
-<!-- svgen report: tilings (generated) -->
-<!-- svgen report: end of tilings -->
-<!-- svgen report: left-out (generated) -->
-<!-- svgen report: end of left-out -->
-<!-- svgen report: model (generated) -->
-<!-- svgen report: end of model -->
-<!-- svgen report: files (generated) -->
-<!-- svgen report: end of files -->
-"""
+# The results page's generated sections, each an empty pair of markers.
+PAGE = "# Measured\n\n" + "".join(
+    f"<!-- svgen report: {name} (generated) -->\n<!-- svgen report: end of {name} -->\n"
+    for name in ("at-head", "vs-splash", "cliff", "tilings", "left-out", "model", "files")
+)
 README = """# svgen
 
 <!-- svgen report: headline (generated) -->

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,9 +16,10 @@ from svgen.estimate import measure
 from svgen.runtime import backward, branch_tree, forward
 from svgen.runtime.variant import BackwardVariant, ForwardVariant, TableWalk, backward_branches
 
-from helpers import REPO, STRAIGHT_BAND
+from backend_helpers import record_kernel_variants
+from helpers import REPO, run_python, straight_band
 
-BAND = STRAIGHT_BAND.format(name="variant_band")
+BAND = straight_band("variant_band")
 
 
 def _variant(module, **fields) -> ForwardVariant:
@@ -74,14 +73,7 @@ def test_operands_are_named_in_call_order_and_unpacked_by_name(compile_text):
 
 def test_the_call_passes_the_kernel_exactly_its_variants_operands(compile_text, monkeypatch):
     _, module = compile_text(BAND)
-    seen = []
-    real = forward._attention_kernel
-
-    def recording(*refs, variant):
-        seen.append((variant, len(refs)))
-        return real(*refs, variant=variant)
-
-    monkeypatch.setattr(forward, "_attention_kernel", recording)
+    seen = record_kernel_variants(monkeypatch, forward, "_attention_kernel")
     x = jax.ShapeDtypeStruct((2, module.SEQ_LEN, 128), jnp.float32)
 
     def loss(q, k, v):
@@ -96,18 +88,11 @@ def test_the_call_passes_the_kernel_exactly_its_variants_operands(compile_text, 
 @pytest.mark.parametrize("fused", [True, False])
 def test_the_backward_kernels_get_exactly_their_variants_operands(compile_text, monkeypatch, fused):
     _, module = compile_text(BAND)
-    seen = {}
-    for name in ("_dq_kernel", "_dkv_kernel"):
-        real = getattr(backward, name)
-
-        def recording(*refs, variant, real=real):
-            seen[variant.kernel] = (variant, len(refs))
-            return real(*refs, variant=variant)
-
-        monkeypatch.setattr(backward, name, recording)
+    calls = record_kernel_variants(monkeypatch, backward, "_dq_kernel", "_dkv_kernel")
     monkeypatch.setattr(backward, "FUSED_DQ", fused)
     x = jax.ShapeDtypeStruct((2, module.SEQ_LEN, 128), jnp.float32)
     jax.make_jaxpr(jax.grad(lambda q, k, v: jnp.sum(module.attention(q, k, v))))(x, x, x)
+    seen = {variant.kernel: (variant, count) for variant, count in calls}  # the last of each
     assert sorted(seen) == (["dkv"] if fused else ["dkv", "dq"])
     for variant, count in seen.values():
         assert count == len(variant.operands())
@@ -155,9 +140,7 @@ def test_the_cost_cache_key_covers_every_module_the_kernels_import():
         "print('\\n'.join(m for m in sys.modules if m.split('.')[0] == 'svgen'))"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True
-    )
+    done = run_python("-c", script, env=env, check=True, cwd=None)
     loaded = {m for m in done.stdout.split() if m != "svgen"}
     sources = {str(p.relative_to(REPO)) for p in measure.kernel_sources()}
     files = {m.replace(".", "/") + ".py" for m in loaded}
