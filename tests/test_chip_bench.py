@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from helpers import brute_force_align, dense_keep
+from spec_corpus import spec_text
 from svgen.chip import bench_table, chip_bench, splash_mask
 from svgen.spec import parse_spec
 
@@ -426,19 +427,16 @@ def test_bench_times_each_program_asked_for_with_its_code_left_out(tmp_path, mon
     assert seen == [(ProgramLimits(), True), (ProgramLimits(pattern_calls=True), False)]
 
 
-UNTILED = """
-svgen: 1
-name: tiny_untiled
-geometry: {frames: 4, height: 16, width: 32}
-attention: {heads: 2, head_dim: 128, dtype: bfloat16}
-layout: frame_major
-patterns:
-  spatial: {spatial_window: {frames: 1}}
-  temporal: {temporal_stride: {rows: 0, cols: 0}}
-heads:
-  candidates: [{pattern: spatial}, {pattern: temporal}]
-  assign: runtime
-"""
+# Two patterns chosen at run time, no tiling: svgen picks one (svgen.chip.program_size).
+UNTILED = spec_text(
+    "tiny_untiled",
+    (4, 16, 32),
+    2,
+    dtype="bfloat16",
+    layout="frame_major",
+    patterns={"spatial": "{spatial_window: {frames: 1}}", "temporal": "{temporal_stride: {}}"},
+    tiling=None,
+)
 
 
 def test_bench_times_the_module_svgen_compile_writes(tmp_path, monkeypatch):
