@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from spec_corpus import ANCHOR, any_of
+from spec_corpus import spec_text as build_spec
+
 
 def random_segment_ids(rng, seq: int) -> np.ndarray:
     """Contiguous segments cut anywhere (tiles and compute blocks cut too), one-token ones
@@ -80,30 +83,25 @@ def check_element_grads(got, want, element: int, tolerance: float = 1e-4) -> Non
 
 GEOMETRY = "{frames: 5, height: 4, width: 26, text_tokens: 40, text_position: %s}"
 
-TWO_PATTERNS = """
-svgen: 1
-name: runtime_two
-geometry: %(geometry)s
-attention: {heads: 3, head_dim: 64, dtype: %(dtype)s}
-patterns:
-  spatial:
-    any_of:
-      - first_frame: {frames: 1}
-      - spatial_window: {frames: 1}
-      - text: {}
-  temporal:
-    any_of:
-      - first_frame: {frames: 1}
-      - temporal_stride: {rows: 0, cols: 0}
-      - expr: "is_text_q or is_text_k"
-heads:
-  candidates:
-    - {pattern: spatial}
-    - {pattern: temporal, layout: temporal_major}
-  assign: runtime
-tiling: {block_q: 128, block_kv: 256}
-runtime: {segments: true, text_lengths: true}
-"""
+#: The small specs' spatial pattern with text attending and attended globally.
+SPATIAL_AND_TEXT = any_of(ANCHOR, "{spatial_window: {frames: 1}}", "{text: {}}")
+#: Text queries and keys, as an expr.
+TEXT_EXPR = '{expr: "is_text_q or is_text_k"}'
+
+TWO_PATTERNS = build_spec(
+    "runtime_two",
+    "%(geometry)s",
+    3,
+    head_dim=64,
+    dtype="%(dtype)s",
+    patterns={
+        "spatial": SPATIAL_AND_TEXT,
+        "temporal": any_of(ANCHOR, "{temporal_stride: {rows: 0, cols: 0}}", TEXT_EXPR),
+    },
+    layouts={"temporal": "temporal_major"},
+    tiling="{block_q: 128, block_kv: 256}",
+    runtime="{segments: true, text_lengths: true}",
+)
 
 
 def spec_text(template: str, *, layout="frame_major", dtype="float32", text_position="last"):

@@ -25,6 +25,7 @@ from helpers import (
     random_mask,
 )
 from kernel_helpers import POISONED, check_grads, mixed_inputs
+from spec_corpus import spec_text
 
 MODES = [m for m in ALIGN_MODES if m != "exact"]
 
@@ -96,13 +97,7 @@ def test_balanced_promotes_by_fraction_and_reaches_the_closest_count(seed):
 
 
 def test_balanced_keeps_the_density_close_on_a_band():
-    lay_text = SPEC.format(
-        frames=8,
-        height=8,
-        width=16,
-        mask="band: {width: 300}",
-        tiling="block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128, align: balanced",
-    )
+    lay_text = aligned_spec((8, 8, 16), "band: {width: 300}", TWO_LEVEL_KEYS + ", align: balanced")
     pattern = analyze(parse_spec(lay_text)).only
     b = pattern.budget
     assert b.mode == "balanced"
@@ -111,20 +106,21 @@ def test_balanced_keeps_the_density_close_on_a_band():
 
 
 # ----------------------------------------------------------------------------- specs
-SPEC = """svgen: 1
-name: aligned
-geometry: {{frames: {frames}, height: {height}, width: {width}}}
-attention: {{heads: 2, head_dim: 128, dtype: float32}}
-mask:
-  {mask}
-tiling: {{{tiling}}}
-"""
+TWO_LEVEL_KEYS = "block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128"
+# An anchor frame and a window of places in every frame (520 tokens: a padding column).
+ANCHORED_STRIDE = "any_of: [{first_frame: {frames: 1}}, {temporal_stride: {rows: 1, cols: 2}}]"
+
+
+def aligned_spec(geometry, mask: str, tiling: str, layout=None) -> str:
+    """Two heads of ``mask`` over ``geometry`` (frames, height, width), ``mask`` and
+    ``tiling`` the entries of their flow mappings."""
+    return spec_text(
+        "aligned", geometry, 2, layout=layout, mask=f"{{{mask}}}", tiling=f"{{{tiling}}}"
+    )
 
 
 def test_align_is_read_and_keeps_old_digests():
-    base = SPEC.format(
-        frames=2, height=4, width=16, mask="band: {width: 30}", tiling="block_q: 128, block_kv: 128"
-    )
+    base = aligned_spec((2, 4, 16), "band: {width: 30}", "block_q: 128, block_kv: 128")
     plain = parse_spec(base)
     assert plain.tiling.align == "exact" and not plain.tiling.aligned
     explicit = parse_spec(base.replace("block_kv: 128}", "block_kv: 128, align: exact}"))
@@ -136,12 +132,8 @@ def test_align_is_read_and_keeps_old_digests():
 
 
 def test_bad_align_value_names_the_modes():
-    text = SPEC.format(
-        frames=2,
-        height=4,
-        width=16,
-        mask="band: {width: 30}",
-        tiling="block_q: 128, block_kv: 128, align: round",
+    text = aligned_spec(
+        (2, 4, 16), "band: {width: 30}", "block_q: 128, block_kv: 128, align: round"
     )
     with pytest.raises(SpecError) as info:
         parse_spec(text, source="specs/demo.yaml")
@@ -152,13 +144,7 @@ def test_bad_align_value_names_the_modes():
 
 
 def test_inspect_summary_reports_the_budget():
-    text = SPEC.format(
-        frames=5,
-        height=4,
-        width=26,
-        mask="band: {width: 60}",
-        tiling="block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128, align: nearest",
-    )
+    text = aligned_spec((5, 4, 26), "band: {width: 60}", TWO_LEVEL_KEYS + ", align: nearest")
     plan = analyze(parse_spec(text))
     s = plan.summary()
     assert s["align"] == "nearest"
@@ -206,14 +192,9 @@ def run_against_aligned_reference(plan, module, seed=0):
 def test_kernel_is_exact_for_the_aligned_mask_with_padding(mode, compile_text):
     """520 tokens, temporal-major with an anchor frame: the padding column is aligned too (its
     FULL blocks mask the padding keys), and the generated mask decodes no coordinates."""
-    text = SPEC.format(
-        frames=5,
-        height=4,
-        width=26,
-        mask="any_of: [{first_frame: {frames: 1}}, {temporal_stride: {rows: 1, cols: 2}}]",
-        tiling=f"block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128, align: {mode}",
+    text = aligned_spec(
+        (5, 4, 26), ANCHORED_STRIDE, TWO_LEVEL_KEYS + f", align: {mode}", "temporal_major"
     )
-    text = text.replace("mask:", "layout: temporal_major\nmask:")
     plan, module = compile_text(text)
     assert plan.only.budget.mode == mode
     assert module._PATTERNS[0].query_coords == () and module.boundary_mask(None, None) is True
@@ -224,13 +205,7 @@ def test_kernel_without_boundary_blocks_and_rows_emptied(compile_text):
     """512 tokens (no padding column): aligned kinds are FULL / EMPTY only. The diagonal of a
     self-only mask is dropped by `subset`; the rows of the first half keep a FULL block."""
     mask = 'any_of: [{spatial_window: {frames: 0, rows: 0, cols: 0}}, {expr: "i_q < 256 and i_k < 128"}]'
-    text = SPEC.format(
-        frames=4,
-        height=8,
-        width=16,
-        mask=mask,
-        tiling="block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128, align: subset",
-    )
+    text = aligned_spec((4, 8, 16), mask, TWO_LEVEL_KEYS + ", align: subset")
     plan, module = compile_text(text)
     pattern = plan.only
     assert not np.any(pattern.compute_kinds == TileKind.BOUNDARY)
@@ -243,13 +218,7 @@ def test_kernel_without_boundary_blocks_and_rows_emptied(compile_text):
 def test_gradients_of_an_aligned_mask(compile_text):
     """jax.grad through an aligned kernel equals the float64 gradient of the aligned mask
     (the backward walks the same FULL / EMPTY blocks; padding keys in the last column)."""
-    text = SPEC.format(
-        frames=5,
-        height=4,
-        width=26,
-        mask="any_of: [{first_frame: {frames: 1}}, {temporal_stride: {rows: 1, cols: 2}}]",
-        tiling="block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128, align: balanced",
-    )
+    text = aligned_spec((5, 4, 26), ANCHORED_STRIDE, TWO_LEVEL_KEYS + ", align: balanced")
     plan, module = compile_text(text)
     q, k, v = mixed_inputs(plan, "float32", seed=4, heads=plan.spec.attention.heads)
     heads = [0] * plan.spec.attention.heads

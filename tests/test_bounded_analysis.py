@@ -18,6 +18,7 @@ from svgen.core.tables import KernelShape, transposed_runs, transposed_tables
 from svgen.spec import parse_spec
 
 from helpers import brute_force_kinds, dense_keep, lower_mask_dict, random_layout, random_mask
+from spec_corpus import ANCHOR, any_of, spec_text
 
 
 def _random_per_axis(rng, lay, depth=0):
@@ -267,17 +268,18 @@ def test_transposed_tiles_give_the_runtime_transposed_runs(seed):
 
 
 def test_backward_check_refuses_as_the_runtime_tables_do():
-    text = """
-svgen: 1
-name: causal_small
-geometry: {frames: 9, height: 8, width: 16}
-attention: {heads: 3, head_dim: 128, dtype: bfloat16}
-patterns:
-  a: {any_of: [{first_frame: {frames: 1}}, {spatial_window: {frames: 1, cols: 3}}]}
-  b: {block_causal: {frames: 2}}
-heads: {candidates: [{pattern: a}, {pattern: b, layout: temporal_major}], assign: runtime}
-tiling: {block_q: 256, block_kv: 128, compute_q: 128, compute_kv: 128}
-"""
+    text = spec_text(
+        "causal_small",
+        (9, 8, 16),
+        3,
+        dtype="bfloat16",
+        patterns={
+            "a": any_of(ANCHOR, "{spatial_window: {frames: 1, cols: 3}}"),
+            "b": "{block_causal: {frames: 2}}",
+        },
+        layouts={"b": "temporal_major"},
+        tiling="{block_q: 256, block_kv: 128, compute_q: 128, compute_kv: 128}",
+    )
     plan = analyze(parse_spec(text))
     t = plan.spec.tiling
     shape = KernelShape(

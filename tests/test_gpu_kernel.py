@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
+from backend_helpers import record_kernel_variants
 from gpu_helpers import verified_triton_lowering
 from svgen.runtime import gpu
 from svgen.core.kinds import TileKind
@@ -49,6 +50,18 @@ def run_traced(attention, q, k, v, head_pattern):
     """The GPU attention under jit with a traced head_pattern, in interpret mode."""
     run = jax.jit(lambda q, k, v, hp: attention(q, k, v, head_pattern=hp, interpret=True))
     return run(q, k, v, jnp.asarray(head_pattern, jnp.int32))
+
+
+def compute_blocks(module):
+    """The kinds of the compute blocks of a module's first pattern, read back from its runs."""
+    shape = module.SHAPE
+    return compute_block_kinds(
+        module._PATTERNS[0].runs,
+        -(-shape.seq_len // shape.block_q),
+        -(-shape.seq_len // shape.block_kv),
+        shape.q_blocks_per_tile,
+        shape.kv_blocks_per_tile,
+    )
 
 
 def check_batched(plan, out, q, k, v, head_pattern, dtype):
@@ -263,13 +276,7 @@ def test_gpu_tile_kinds_are_sound(seed, compile_text):
         assert kinds.shape == truth.shape
         assert np.all(truth[kinds == TileKind.EMPTY] == TileKind.EMPTY)
         assert np.all(truth[kinds == TileKind.FULL] == TileKind.FULL)
-        blocks = compute_block_kinds(
-            module._PATTERNS[0].runs,
-            -(-shape.seq_len // shape.block_q),
-            -(-shape.seq_len // shape.block_kv),
-            shape.q_blocks_per_tile,
-            shape.kv_blocks_per_tile,
-        )
+        blocks = compute_blocks(module)
         rows = np.arange(kinds.shape[0]) * bq // 128
         cols = np.arange(kinds.shape[1]) * bkv // 128
         assert np.array_equal(kinds, blocks[np.ix_(rows, cols)])
@@ -290,14 +297,7 @@ def test_tables_of_a_shipped_module_are_csr():
     kinds = tables.entries[: tables.row_offsets[-1]] & 3
     assert set(np.unique(kinds).tolist()) == {TileKind.BOUNDARY, TileKind.FULL}
     # The TPU module's own compute blocks (read back from its runs), at a finer grain.
-    shape = module.SHAPE
-    blocks = compute_block_kinds(
-        module._PATTERNS[0].runs,
-        -(-shape.seq_len // shape.block_q),
-        -(-shape.seq_len // shape.block_kv),
-        shape.q_blocks_per_tile,
-        shape.kv_blocks_per_tile,
-    )
+    blocks = compute_blocks(module)
     assert tables.visited(0) / (tables.num_q_tiles * tables.num_kv_tiles) == pytest.approx(
         np.mean(blocks != TileKind.EMPTY), abs=2e-3
     )
@@ -402,14 +402,7 @@ def test_gpu_variant_names_operands_and_branches(compile_text):
 
 def test_gpu_call_passes_the_kernel_exactly_its_variants_operands(compile_text, monkeypatch):
     plan, module = compile_text(scaled_spec_text(spec("wan21_720p_mixed"), heads=2))
-    seen = []
-    real = gpu._attention_kernel
-
-    def recording(*refs, variant):
-        seen.append((variant, len(refs)))
-        return real(*refs, variant=variant)
-
-    monkeypatch.setattr(gpu, "_attention_kernel", recording)
+    seen = record_kernel_variants(monkeypatch, gpu, "_attention_kernel")
     attention = gpu.gpu_attention_of(module, block_q=64, block_kv=64)
     q, k, v = mixed_inputs(plan, "float32", seed=3, heads=2)
     out = attention(q, k, v, head_pattern=[1, 0], interpret=True)

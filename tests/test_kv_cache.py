@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import inspect
 import re
-import subprocess
-import sys
-import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -25,9 +22,11 @@ from helpers import (
     dense_keep,
     lower_mask_dict,
     random_mask,
+    run_on_cpu_devices,
+    run_svgen,
 )
 from kernel_helpers import POISONED
-from kv_cache_helpers import ONE_LEVEL, TWO_LEVEL, TWO_PATTERNS
+from kv_cache_helpers import ONE_LEVEL, TWO_LEVEL, TWO_PATTERNS, chunk_spec
 from svgen import ir
 from svgen.analysis.chunks import chunk_runs, runs_of_position
 from svgen.spec.errors import SpecError
@@ -37,19 +36,7 @@ from svgen.runtime.reference import masked_attention_reference
 from svgen.core.tables import compute_block_kinds
 from svgen.spec import Tiling, parse_spec
 
-SPEC = """
-svgen: 1
-name: kv_chunks
-geometry: {frames: 6, height: 8, width: 20}
-attention: {heads: 2, head_dim: 64, dtype: %(dtype)s}
-layout: frame_major
-mask:
-  any_of:
-    - first_frame: {frames: 1}
-    - spatial_window: {frames: 1, rows: 3}
-tiling: %(tiling)s
-runtime: {kv_cache: {chunk_frames: 2}}
-"""
+SPEC = chunk_spec("kv_chunks", 6, 1, "{chunk_frames: 2}")
 # 160 tokens a frame: a chunk of 2 frames is 320 rows, so chunks start at 0, 320, 640, none
 # of them a multiple of the 128-row q tiles.
 
@@ -445,43 +432,25 @@ def test_kv_cache_changes_the_digest_and_the_mask():
 def test_the_gpu_chunked_call_lowers_to_valid_triton_ir(tmp_path):
     """Lowered for CUDA (no device needed), bf16, a traced offset: one Triton kernel, its
     module verified."""
-    from jax._src.pallas.triton import lowering as triton_lowering
+    from gpu_helpers import verified_triton_module
 
     plan, module = compile_spec_text(
         SPEC % dict(dtype="bfloat16", tiling=ONE_LEVEL), tmp_path, target_name="h100"
     )
     rows = module.attention.kv_cache.rows
-    modules = []
-    original = triton_lowering.lower_jaxpr_to_triton_module
-
-    def verify(*args, **kwargs):
-        result = original(*args, **kwargs)
-        result.module.operation.verify()
-        modules.append(str(result.module))
-        return result
-
-    triton_lowering.lower_jaxpr_to_triton_module = verify
-    try:
-        chunk = jax.ShapeDtypeStruct((2, rows, 64), jnp.bfloat16)
-        cache = jax.ShapeDtypeStruct((2, plan.layout.seq_len, 64), jnp.bfloat16)
-        text = (
-            jax.jit(lambda q, k, v, f: module.attention(q, k, v, q_frame_offset=f))
-            .trace(chunk, cache, cache, jax.ShapeDtypeStruct((), jnp.int32))
-            .lower(lowering_platforms=("cuda",))
-            .as_text()
-        )
-    finally:
-        triton_lowering.lower_jaxpr_to_triton_module = original
-    assert text.count("__gpu$xla.gpu.triton") == 1 and len(modules) == 1
-    assert "scf.for" in modules[0]
+    chunk = jax.ShapeDtypeStruct((2, rows, 64), jnp.bfloat16)
+    cache = jax.ShapeDtypeStruct((2, plan.layout.seq_len, 64), jnp.bfloat16)
+    text = verified_triton_module(
+        lambda q, k, v, f: module.attention(q, k, v, q_frame_offset=f),
+        chunk,
+        cache,
+        cache,
+        jax.ShapeDtypeStruct((), jnp.int32),
+    )
+    assert "scf.for" in text
 
 
-SHARDED = textwrap.dedent("""
-    import os, sys, tempfile, pathlib
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
-    import jax, jax.numpy as jnp, numpy as np
-    from jax.sharding import Mesh, PartitionSpec as P
-    sys.path.insert(0, {tests!r})
+SHARDED = """
     from helpers import compile_spec_text
     from kv_cache_helpers import TWO_PATTERNS
 
@@ -508,17 +477,12 @@ SHARDED = textwrap.dedent("""
     want = jax.jit(jax.grad(lambda k: jnp.sum(call(q, k, v, hp, offset))))(k)
     assert np.max(np.abs(np.asarray(grad) - np.asarray(want))) <= 1e-5
     print("OK")
-""")
+"""
 
 
 def test_heads_sharded_with_shard_map():
     """Chunked calls inside shard_map over heads (2 virtual CPU devices), forward and dk."""
-    script = SHARDED.format(tests=str(REPO / "tests"))
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=600
-    )
-    assert result.returncode == 0, result.stdout + result.stderr[-4000:]
-    assert "OK" in result.stdout
+    run_on_cpu_devices(SHARDED, 2)
 
 
 def test_chunk_classification_over_the_work_limit_is_a_located_error(monkeypatch):
@@ -544,11 +508,8 @@ def test_chunk_classification_over_the_work_limit_is_a_located_error(monkeypatch
 
 
 def test_compile_summary_names_the_chunk_steps(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "svgen.cli", "compile", "--out", str(tmp_path / "out"),
-         str(REPO / "specs" / "self_forcing_chunks.yaml")],
-        capture_output=True, text=True, cwd=REPO,
-    )  # fmt: skip
+    spec = str(REPO / "specs" / "self_forcing_chunks.yaml")
+    result = run_svgen("compile", "--out", str(tmp_path / "out"), spec)
     assert result.returncode == 0, result.stderr
     assert (
         "KV-cache chunks of 3 frame(s) against a contiguous cache of the whole video: grid "

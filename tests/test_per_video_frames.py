@@ -17,7 +17,15 @@ import pytest
 
 from helpers import TOLERANCE, compile_spec_text, user_order_keep
 from kernel_helpers import POISONED, reference_grads
-from segment_helpers import check_element_grads, late_video_ids, packed_ids
+from segment_helpers import (
+    SPATIAL_AND_TEXT,
+    TEXT_EXPR,
+    check_element_grads,
+    late_video_ids,
+    packed_ids,
+)
+from spec_corpus import any_of
+from spec_corpus import spec_text as build_spec
 from svgen.spec.errors import SpecError
 from svgen.runtime import backward, segments
 from svgen.core.kinds import TileKind
@@ -409,32 +417,21 @@ def test_gpu_forward_against_float64(mask, tmp_path):
     check(plan, out, q, k, v, ids, lengths, "float32")
 
 
-TWO_PATTERNS = """
-svgen: 1
-name: per_video_two
-geometry: {frames: 6, height: 4, width: 26, text_tokens: 40, text_position: first}
-attention: {heads: 3, head_dim: 64, dtype: float32}
-patterns:
-  spatial:
-    any_of:
-      - first_frame: {frames: 1}
-      - spatial_window: {frames: 1}
-      - text: {}
-  temporal:
-    all_of:
-      - any_of:
-          - first_frame: {frames: 2}
-          - temporal_stride: {rows: 0, cols: 0}
-          - expr: "is_text_q or is_text_k"
-      - block_causal: {frames: 3}
-heads:
-  candidates:
-    - {pattern: spatial}
-    - {pattern: temporal, layout: temporal_major}
-  assign: runtime
-tiling: {block_q: 128, block_kv: 256}
-runtime: {segments: true, per_video_frames: true}
-"""
+TWO_PATTERNS = build_spec(
+    "per_video_two",
+    (6, 4, 26, 40, "first"),
+    3,
+    head_dim=64,
+    patterns={
+        "spatial": SPATIAL_AND_TEXT,
+        "temporal": "{all_of: ["
+        + any_of("{first_frame: {frames: 2}}", "{temporal_stride: {rows: 0, cols: 0}}", TEXT_EXPR)
+        + ", {block_causal: {frames: 3}}]}",
+    },
+    layouts={"temporal": "temporal_major"},
+    tiling="{block_q: 128, block_kv: 256}",
+    runtime="{segments: true, per_video_frames: true}",
+)
 
 
 def test_two_patterns_with_a_traced_head_pattern(tmp_path):
@@ -462,19 +459,13 @@ def test_two_patterns_with_a_traced_head_pattern(tmp_path):
 
 
 def test_generated_modules_are_formatted(tmp_path):
-    import subprocess
-    import sys
-
-    from helpers import REPO
+    from helpers import REPO, run_python
 
     for index, text in enumerate([spec_text("anchor"), spec_text("causal"), TWO_PATTERNS]):
         compile_spec_text(text, tmp_path / f"m{index}")
+    config = str(REPO / "pyproject.toml")
     for command in (["format", "--check"], ["check"]):
-        result = subprocess.run(
-            [sys.executable, "-m", "ruff", *command, "--config", str(REPO / "pyproject.toml"),
-             str(tmp_path)],
-            capture_output=True, text=True,
-        )  # fmt: skip
+        result = run_python("-m", "ruff", *command, "--config", config, str(tmp_path), cwd=None)
         assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -14,6 +14,7 @@ from svgen.runtime.cube import PlaceBoxes, tile_positions
 from svgen.core.kinds import TileKind
 
 from kernel_helpers import POISONED, check_grads, check_per_head, mixed_inputs
+from spec_corpus import TILES, spec_text
 from tpu_helpers import (
     compile_for_v6e,
     data_movement,
@@ -185,27 +186,36 @@ def _moved_shapes(hlo: str) -> list[tuple[int, ...]]:
 
 # -- heads of several layouts: a kernel call per run of heads of one layout --------------------
 
-MIXED = """\
-svgen: 1
-name: place_boxes_mixed
-geometry: {frames: 3, height: 16, width: 36}
-attention: {heads: 4, head_dim: 128, dtype: DTYPE}
-patterns:
-  spatial: {spatial_window: {frames: 0, rows: 2, cols: 3}}
-  temporal: WIDE_BAND
-  columns: {temporal_stride: {rows: 1, cols: 0}}
-heads:
-  candidates:
-    - {pattern: spatial}
-    - {pattern: temporal, layout: {order: [h, w, f]}}
-    - {pattern: columns, layout: {order: [w, h, f]}}
-  assign: ASSIGN
-tiling: {block_q: 384, block_kv: 384}
-""".replace("WIDE_BAND", WIDE_BAND)
+PLACES = "{order: [h, w, f]}"  # place boxes
+
+
+def three_layouts(name, geometry, dtype, temporal, third, assign, tiling=TILES) -> str:
+    """Four heads of three patterns, each in a layout of its own: a frame-major window of rows
+    and columns, ``temporal`` read in place boxes, and ``third`` (its name, term and axis
+    order)."""
+    third_name, third_term, third_order = third
+    return spec_text(
+        name,
+        geometry,
+        4,
+        dtype=dtype,
+        patterns={
+            "spatial": "{spatial_window: {frames: 0, rows: 2, cols: 3}}",
+            "temporal": temporal,
+            third_name: third_term,
+        },
+        layouts={"temporal": PLACES, third_name: third_order},
+        assign=assign,
+        tiling=tiling,
+    )
 
 
 def mixed_spec(assign: str, dtype: str = "float32") -> str:
-    return MIXED.replace("ASSIGN", assign).replace("DTYPE", dtype)
+    columns = ("columns", "{temporal_stride: {rows: 1, cols: 0}}", "{order: [w, h, f]}")
+    tiling = "{block_q: 384, block_kv: 384}"
+    return three_layouts(
+        "place_boxes_mixed", (3, 16, 36), dtype, WIDE_BAND, columns, assign, tiling
+    )
 
 
 RUNS = {
@@ -287,23 +297,10 @@ def _v5e_static_call_hlo(module) -> str:
     return call.lower(arg, arg, arg).compile().as_text()
 
 
-THREE_ORDERS = """\
-svgen: 1
-name: three_orders
-geometry: {frames: 4, height: 8, width: 32}
-attention: {heads: 4, head_dim: 128, dtype: DTYPE}
-patterns:
-  spatial: {spatial_window: {frames: 0, rows: 2, cols: 3}}
-  temporal: {temporal_stride: {rows: 0, cols: 1}}
-  rows: {spatial_window: {frames: 1, rows: 0, cols: 4}}
-heads:
-  candidates:
-    - {pattern: spatial}
-    - {pattern: temporal, layout: {order: [h, w, f]}}
-    - {pattern: rows, layout: {order: [h, f, w]}}
-  assign: [rows, temporal, spatial, rows]
-tiling: {block_q: 128, block_kv: 128}
-"""
+def three_orders(dtype: str) -> str:
+    rows = ("rows", "{spatial_window: {frames: 1, rows: 0, cols: 4}}", "{order: [h, f, w]}")
+    temporal, assign = "{temporal_stride: {rows: 0, cols: 1}}", "[rows, temporal, spatial, rows]"
+    return three_layouts("three_orders", (4, 8, 32), dtype, temporal, rows, assign)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -311,7 +308,7 @@ def test_head_runs_of_three_orders_with_cubes(dtype, compile_text):
     """[h, f, w] heads are cubes of every frame x 1 row x every column: at tiles of one cube
     their run reads cube boxes, beside a place box run and a frame-major one; each head
     equals float64, and the v5e program moves no token."""
-    plan, module = compile_text(THREE_ORDERS.replace("DTYPE", dtype))
+    plan, module = compile_text(three_orders(dtype))
     attention = module.attention
     kinds = [type(b).__name__ for b in attention.layout_boxes]
     assert kinds == ["NoneType", "PlaceBoxes", "CubeDma"]
@@ -334,7 +331,7 @@ def test_the_module_says_where_a_call_reads_its_tokens(compile_text):
     assert "place boxes of 3 frames x 128 places): a call in the user's order moves none" in (
         boxed.__doc__
     )
-    _, runs = compile_text(THREE_ORDERS.replace("DTYPE", "float32"))
+    _, runs = compile_text(three_orders("float32"))
     assert runs.attention._head_runs(np.asarray(runs.HEAD_PATTERN)) is not None
     line = "cube boxes of 4 frame(s) x 1 row(s) x 32 column(s); place boxes of 4 frames x 32 places"
     assert line in runs.__doc__ and "under a gradient they are moved" in runs.__doc__

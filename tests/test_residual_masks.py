@@ -35,6 +35,7 @@ from helpers import (
     random_predicate,
 )
 from kernel_helpers import POISONED, check_per_head, mixed_inputs
+from spec_corpus import any_of, spec_text
 
 
 @pytest.fixture
@@ -273,13 +274,13 @@ def test_the_model_charges_each_block_its_variant():
 
 # -- the slower-than-dense warning ----------------------------------------------------------
 
-_SCATTERED = """svgen: 1
-name: scattered
-geometry: {frames: 4, height: 16, width: 16}
-attention: {heads: 1, head_dim: 128, dtype: float32}
-mask: {expr: "(i_q * 7 + i_k * 3) % 5 != 0 and (i_q + 2 * i_k) % 7 != 1 and abs(i_q - i_k) % 3 != 2"}
-tiling: {block_q: 128, block_kv: 128}
-"""
+# (its mask on line 5, from column 7)
+_SCATTERED = spec_text(
+    "scattered",
+    (4, 16, 16),
+    1,
+    mask='{expr: "(i_q * 7 + i_k * 3) % 5 != 0 and (i_q + 2 * i_k) % 7 != 1 and abs(i_q - i_k) % 3 != 2"}',
+)
 
 
 def test_a_kernel_slower_than_dense_is_said(tmp_path, monkeypatch, capsys):
@@ -377,17 +378,17 @@ def test_no_residual_search_where_boundary_blocks_are_a_sliver(monkeypatch):
     assert len(calls) == 1
 
 
-_DECAY = """svgen: 1
-name: small_decay
-geometry: {frames: 16, height: 4, width: 16}
-attention: {heads: 2, head_dim: 128, dtype: float32}
-mask:
-  any_of:
-    - first_frame: {}
-    - spatial_window: {frames: 1}
-    - expr: "abs(f_q - f_k) <= 4 and (f_q - f_k) % 2 == 0 and abs(h_q - h_k) <= 1 and abs(w_q - w_k) <= 2"
-tiling: {block_q: 128, block_kv: 128}
-"""
+_DECAY = spec_text(
+    "small_decay",
+    (16, 4, 16),
+    2,
+    mask=any_of(
+        "{first_frame: {}}",
+        "{spatial_window: {frames: 1}}",
+        '{expr: "abs(f_q - f_k) <= 4 and (f_q - f_k) % 2 == 0 and abs(h_q - h_k) <= 1 and '
+        'abs(w_q - w_k) <= 2"}',
+    ),
+)
 
 
 def test_query_functions_are_decoded_once_and_shared_by_the_residual_masks(compile_text):

@@ -15,13 +15,14 @@ import pytest
 from helpers import (
     GRAD_TOLERANCE,
     TOLERANCE,
+    brute_force_kinds,
     compile_spec_text,
     dense_keep,
     lower_mask_dict,
     random_mask,
 )
 from kernel_helpers import POISONED, reference_grads
-from kv_cache_helpers import ONE_LEVEL, TWO_LEVEL
+from kv_cache_helpers import ONE_LEVEL, TWO_LEVEL, chunk_spec
 from svgen import ir
 from svgen.analysis import analyze
 from svgen.analysis.chunks import (
@@ -39,31 +40,11 @@ from svgen.runtime.reference import masked_attention_reference
 from svgen.core.tables import compute_block_kinds
 from svgen.spec import Tiling, canonical_json, parse_spec
 
-SPEC = """
-svgen: 1
-name: ring_chunks
-geometry: {frames: 8, height: 8, width: 20}
-attention: {heads: 2, head_dim: 64, dtype: %(dtype)s}
-layout: frame_major
-mask:
-  any_of:
-    - first_frame: {frames: 1}
-    - spatial_window: {frames: 2, rows: 3}
-tiling: %(tiling)s
-runtime: {kv_cache: {chunk_frames: 2, sink_frames: 1, window_frames: %(window)s}}
-"""
+SPEC = chunk_spec(
+    "ring_chunks", 8, 2, "{chunk_frames: 2, sink_frames: 1, window_frames: %(window)s}"
+)
 # 160 tokens a frame, a cache of 5 frames (800 keys): the ring wraps inside kv blocks of 128
 # and 256, and chunks start at 0, 320, 640, 960, none of them a multiple of the q tiles.
-
-
-def block_kinds(keep: np.ndarray, cq: int, ckv: int) -> np.ndarray:
-    nq, nk = -(-keep.shape[0] // cq), -(-keep.shape[1] // ckv)
-    kinds = np.empty((nq, nk), np.int8)
-    for i in range(nq):
-        for j in range(nk):
-            block = keep[i * cq : (i + 1) * cq, j * ckv : (j + 1) * ckv]
-            kinds[i, j] = TileKind.FULL if block.all() else TileKind.BOUNDARY if block.any() else 0
-    return kinds
 
 
 def physical_keep(keep, cache: KvCache, position: int) -> np.ndarray:
@@ -122,7 +103,7 @@ def test_ring_tables_and_evictions_against_brute_force(seed):
     q_tiles = -(-cache.rows // tiling.block_q)
     kv_tiles = -(-cache.cache_tokens // tiling.block_kv)
     for position in range(cache.positions):
-        want = block_kinds(physical_keep(keep, cache, position), tiling.cq, tiling.ckv)
+        want = brute_force_kinds(physical_keep(keep, cache, position), tiling.cq, tiling.ckv)
         if cache.cache_tokens % tiling.ckv:
             last = want[:, -1]
             last[last == TileKind.FULL] = TileKind.BOUNDARY
@@ -187,17 +168,26 @@ def garbage_cache(x, cache: KvCache, position: int) -> np.ndarray:
     return out
 
 
+def video_inputs(rng, plan, dtype, lead=(2,)):
+    """q, k, v over the whole video, [*lead, seq, 64] drawn from ``rng``, and float64
+    attention of them under the spec's mask."""
+    shape = (*lead, plan.layout.seq_len, 64)
+    q, k, v = (jnp.asarray(rng.standard_normal(shape), jnp.dtype(dtype)) for _ in range(3))
+    keep = dense_keep(plan.patterns[0].mask, plan.layout)
+    return q, k, v, masked_attention_reference(q, k, v, keep)
+
+
+def chunk_call(module):
+    """The module's chunk call in the interpreter, jitted with the frame offset traced."""
+    return jax.jit(lambda q, k, v, f: module.attention(q, k, v, q_frame_offset=f, interpret=True))
+
+
 @pytest.mark.parametrize("dtype, tiling", [("float32", TWO_LEVEL), ("bfloat16", ONE_LEVEL)])
 def test_every_ring_position_against_float64(dtype, tiling, tmp_path):
     plan, module = compile_spec_text(SPEC % dict(dtype=dtype, tiling=tiling, window=4), tmp_path)
     cache = module.attention.kv_cache
     assert cache.rolling and cache.cache_tokens == 5 * 160
-    rng = np.random.default_rng(3)
-    q, k, v = (
-        jnp.asarray(rng.standard_normal((2, 2, plan.layout.seq_len, 64)), jnp.dtype(dtype))
-        for _ in range(3)
-    )
-    want = masked_attention_reference(q, k, v, dense_keep(plan.patterns[0].mask, plan.layout))
+    q, k, v, want = video_inputs(np.random.default_rng(3), plan, dtype, lead=(2, 2))
     for position in range(cache.positions):
         rows = slice(position * cache.rows, (position + 1) * cache.rows)
         k_ring, v_ring = (jnp.asarray(garbage_cache(x, cache, position), x.dtype) for x in (k, v))
@@ -252,13 +242,8 @@ def test_one_compile_for_every_ring_position_and_vmap(tmp_path):
         SPEC % dict(dtype="float32", tiling=TWO_LEVEL, window=4), tmp_path
     )
     cache = module.attention.kv_cache
-    rng = np.random.default_rng(4)
-    q, k, v = (
-        jnp.asarray(rng.standard_normal((2, plan.layout.seq_len, 64)), jnp.float32)
-        for _ in range(3)
-    )
-    want = masked_attention_reference(q, k, v, dense_keep(plan.patterns[0].mask, plan.layout))
-    call = jax.jit(lambda q, k, v, f: module.attention(q, k, v, q_frame_offset=f, interpret=True))
+    q, k, v, want = video_inputs(np.random.default_rng(4), plan, "float32")
+    call = chunk_call(module)
     chunks, rings = [], []
     for position in range(cache.positions):
         rows = slice(position * cache.rows, (position + 1) * cache.rows)
@@ -366,13 +351,8 @@ def test_the_gpu_module_runs_every_ring_position(dtype, tmp_path):
     )
     cache = module.attention.kv_cache
     assert cache.rolling and "WINDOW_FRAMES = 4" in (tmp_path / "ring_chunks_gpu.py").read_text()
-    rng = np.random.default_rng(9)
-    q, k, v = (
-        jnp.asarray(rng.standard_normal((2, plan.layout.seq_len, 64)), jnp.dtype(dtype))
-        for _ in range(3)
-    )
-    want = masked_attention_reference(q, k, v, dense_keep(plan.patterns[0].mask, plan.layout))
-    call = jax.jit(lambda q, k, v, f: module.attention(q, k, v, q_frame_offset=f, interpret=True))
+    q, k, v, want = video_inputs(np.random.default_rng(9), plan, dtype)
+    call = chunk_call(module)
     chunks, rings = [], []
     for position in range(cache.positions):
         rows = slice(position * cache.rows, (position + 1) * cache.rows)
@@ -397,34 +377,21 @@ def test_the_gpu_module_runs_every_ring_position(dtype, tmp_path):
 def test_the_gpu_ring_call_lowers_to_valid_triton_ir(tmp_path):
     """Lowered for CUDA (no device needed), bf16, a traced offset: one Triton kernel, its
     module verified (the slot map's scalar loads included)."""
-    from jax._src.pallas.triton import lowering as triton_lowering
+    from gpu_helpers import verified_triton_module
 
     plan, module = compile_spec_text(
         SPEC % dict(dtype="bfloat16", tiling=ONE_LEVEL, window=4), tmp_path, target_name="h100"
     )
     cache = module.attention.kv_cache
-    modules = []
-    original = triton_lowering.lower_jaxpr_to_triton_module
-
-    def verify(*args, **kwargs):
-        result = original(*args, **kwargs)
-        result.module.operation.verify()
-        modules.append(str(result.module))
-        return result
-
-    triton_lowering.lower_jaxpr_to_triton_module = verify
-    try:
-        chunk = jax.ShapeDtypeStruct((2, cache.rows, 64), jnp.bfloat16)
-        ring = jax.ShapeDtypeStruct((2, cache.cache_tokens, 64), jnp.bfloat16)
-        text = (
-            jax.jit(lambda q, k, v, f: module.attention(q, k, v, q_frame_offset=f))
-            .trace(chunk, ring, ring, jax.ShapeDtypeStruct((), jnp.int32))
-            .lower(lowering_platforms=("cuda",))
-            .as_text()
-        )
-    finally:
-        triton_lowering.lower_jaxpr_to_triton_module = original
-    assert text.count("__gpu$xla.gpu.triton") == 1 and len(modules) == 1
+    chunk = jax.ShapeDtypeStruct((2, cache.rows, 64), jnp.bfloat16)
+    ring = jax.ShapeDtypeStruct((2, cache.cache_tokens, 64), jnp.bfloat16)
+    verified_triton_module(
+        lambda q, k, v, f: module.attention(q, k, v, q_frame_offset=f),
+        chunk,
+        ring,
+        ring,
+        jax.ShapeDtypeStruct((), jnp.int32),
+    )
 
 
 def test_the_ring_changes_the_digest_and_a_contiguous_digest_stays():

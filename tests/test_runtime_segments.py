@@ -5,16 +5,13 @@ compile for every run-time value, vmap / grad / shard_map, and the errors of bad
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import REPO, TOLERANCE, compile_spec_text, user_order_keep
+from helpers import TOLERANCE, compile_spec_text, run_on_cpu_devices, user_order_keep
 from kernel_helpers import POISONED, reference_grads
 from segment_helpers import TWO_PATTERNS, check_element_grads, random_segment_ids, spec_text
 from svgen.spec.errors import SpecError
@@ -89,6 +86,25 @@ def check_outputs(plan, out, q, k, v, head_pattern, segment_ids, text_lengths, d
             assert np.all(out[b, h][~keep.any(axis=1)] == 0.0), "a row with no key is not 0"
 
 
+def check_traced_calls(plan, module, rng, qkv, head_pattern, interpret):
+    """float32 q, k, v with a head_pattern, segment ids and text lengths traced under jit:
+    two draws of the run-time data (from ``rng``) against float64, one compile for both.
+    Returns the last segment ids and text lengths."""
+    batch, seq = qkv[0].shape[0], plan.layout.seq_len
+    run = jax.jit(
+        lambda q, k, v, hp, s, t: module.attention(
+            q, k, v, head_pattern=hp, segment_ids=s, text_lengths=t, interpret=interpret
+        )
+    )
+    for _ in range(2):
+        ids = np.stack([random_segment_ids(rng, seq) for _ in range(batch)])
+        lengths = random_text_lengths(rng, batch, plan.layout.text_tokens)
+        out = run(*qkv, head_pattern, ids, lengths)
+        check_outputs(plan, out, *qkv, np.asarray(head_pattern), ids, lengths, "float32")
+    assert run._cache_size() == 1
+    return ids, lengths
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["frame_major", "temporal_major", "tiled", "curve"])
 def test_one_pattern_against_float64(layout, dtype, tmp_path):
@@ -119,17 +135,7 @@ def test_two_patterns_with_traced_head_pattern(text_position, tmp_path):
     seq, batch = plan.layout.seq_len, 2
     q, k, v = inputs(rng, batch, 3, seq, 64, "float32")
     head_pattern = jnp.asarray([1, 0, 1], jnp.int32)
-    run = jax.jit(
-        lambda q, k, v, hp, s, t: module.attention(
-            q, k, v, head_pattern=hp, segment_ids=s, text_lengths=t, interpret=POISONED
-        )
-    )
-    for _ in range(2):
-        ids = np.stack([random_segment_ids(rng, seq) for _ in range(batch)])
-        lengths = random_text_lengths(rng, batch, plan.layout.text_tokens)
-        out = run(q, k, v, head_pattern, ids, lengths)
-        check_outputs(plan, out, q, k, v, [1, 0, 1], ids, lengths, "float32")
-    assert run._cache_size() == 1
+    check_traced_calls(plan, module, rng, (q, k, v), head_pattern, POISONED)
 
 
 def test_segments_alone_text_lengths_alone_and_unbatched(tmp_path):
@@ -304,12 +310,7 @@ def test_the_runtime_section_changes_the_digest_only_when_given():
     assert declared_false.digest == without.digest
 
 
-SHARDED = textwrap.dedent("""
-    import os, sys, tempfile, pathlib
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-    import jax, jax.numpy as jnp, numpy as np
-    from jax.sharding import Mesh, PartitionSpec as P
-    sys.path.insert(0, {tests!r})
+SHARDED = """
     from helpers import compile_spec_text
     from segment_helpers import TWO_PATTERNS, packed_ids, random_segment_ids, spec_text
 
@@ -344,17 +345,12 @@ SHARDED = textwrap.dedent("""
     want = jax.grad(lambda q: jnp.sum(call(q, k, v, hp, ids, lengths)))(q)
     assert np.max(np.abs(np.asarray(grad) - np.asarray(want))) <= 1e-5
     print("OK")
-""")
+"""
 
 
 @pytest.mark.parametrize("per_video", [False, True], ids=["sequence_frames", "per_video_frames"])
 def test_heads_sharded_with_shard_map(per_video):
-    script = SHARDED.format(tests=str(REPO / "tests"), per_video=per_video)
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=600
-    )
-    assert result.returncode == 0, result.stdout + result.stderr[-4000:]
-    assert "OK" in result.stdout
+    run_on_cpu_devices(SHARDED, 4, per_video=per_video)
 
 
 def test_the_cost_model_knows_the_run_time_kind():
@@ -380,17 +376,7 @@ def test_gpu_module_with_run_time_inputs(template, tmp_path):
     seq, batch, heads = plan.layout.seq_len, 2, module.HEADS
     q, k, v = inputs(rng, batch, heads, seq, 64, "float32")
     head_pattern = jnp.asarray(np.arange(heads) % len(plan.patterns), jnp.int32)
-    run = jax.jit(
-        lambda q, k, v, hp, s, t: module.attention(
-            q, k, v, head_pattern=hp, segment_ids=s, text_lengths=t, interpret=True
-        )
-    )
-    for _ in range(2):
-        ids = np.stack([random_segment_ids(rng, seq) for _ in range(batch)])
-        lengths = random_text_lengths(rng, batch, plan.layout.text_tokens)
-        out = run(q, k, v, head_pattern, ids, lengths)
-        check_outputs(plan, out, q, k, v, np.asarray(head_pattern), ids, lengths, "float32")
-    assert run._cache_size() == 1
+    ids, lengths = check_traced_calls(plan, module, rng, (q, k, v), head_pattern, True)
 
     def with_ids(q, k, v, head_pattern):
         return module.attention(

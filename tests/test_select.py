@@ -21,12 +21,8 @@ from helpers import HEADS_SELECT_SPECS, SELECT_SPECS, TWO_LEVEL, dense_keep, sca
 from kernel_helpers import POISONED
 from tpu_helpers import mosaic_kernels, v5e_gradient_hlo, v6e_device
 
-SPEC = """
-svgen: 1
-name: select_%(name)s
-geometry: {frames: 7, height: 10, width: 20}
-attention: {heads: 2, head_dim: 64, dtype: %(dtype)s}
-layout: %(layout)s
+# The one-pattern specs' mask, selection (its rule: %(rule)s) and tiling, the last sections.
+SELECTED_MASK = """\
 mask:
   any_of:
     - first_frame: {frames: 1}
@@ -36,6 +32,17 @@ select:
   %(rule)s
 tiling: {block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}
 """
+
+SPEC = (
+    """
+svgen: 1
+name: select_%(name)s
+geometry: {frames: 7, height: 10, width: 20}
+attention: {heads: 2, head_dim: 64, dtype: %(dtype)s}
+layout: %(layout)s
+"""
+    + SELECTED_MASK
+)
 
 TOP_K = "top_k: {k: 2, max: 4}"
 TOP_P = "top_p: {p: 0.5, min: 1, max: 5}"
@@ -738,22 +745,17 @@ def test_select_patterns_need_heads():
 
 # -- packed batches: segments and text lengths ------------------------------------------------
 
-SEGMENT_SPEC = """
+SEGMENT_SPEC = (
+    """
 svgen: 1
 name: select_segments_%(name)s
 geometry: {frames: 7, height: 10, width: 20, text_tokens: %(text)d}
 attention: {heads: 2, head_dim: 64, dtype: float32}
 layout: %(layout)s
 runtime: {segments: true, text_lengths: %(lengths)s}
-mask:
-  any_of:
-    - first_frame: {frames: 1}
-    - spatial_window: {frames: 1}
-select:
-  candidate: {spatial_window: {frames: 3}}
-  %(rule)s
-tiling: {block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}
 """
+    + SELECTED_MASK
+)
 
 
 def _segment_reference(plan, module, q, k, v, amount, query_ids, key_ids, with_keeps=False):

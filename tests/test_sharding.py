@@ -2,18 +2,11 @@
 activations, on 4 virtual CPU devices, against the unsharded call: outputs, and gradients
 through both recipes (jax.grad through shard_map, the all-to-alls and the kernel's VJP)."""
 
-import subprocess
-import sys
-import textwrap
+from helpers import REPO, run_on_cpu_devices
 
-from helpers import REPO
+SPEC = str(REPO / "specs" / "wan21_720p_mixed.yaml")
 
-SCRIPT = textwrap.dedent("""
-    import os, sys, tempfile, pathlib
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-    import jax, jax.numpy as jnp, numpy as np
-    from jax.sharding import Mesh, PartitionSpec as P
-    sys.path.insert(0, {tests!r})
+SCRIPT = """
     from helpers import compile_spec_text, scaled_spec_text
     from svgen.runtime.sharding import ulysses
 
@@ -44,24 +37,11 @@ SCRIPT = textwrap.dedent("""
     print("sequence-sharded (Ulysses) max diff", np.max(np.abs(got - expected)))
     assert np.max(np.abs(got - expected)) <= 1e-6
     print("OK")
-""")
-
-
-def run_script(script):
-    """Each script runs in its own process: XLA_FLAGS must be set before JAX initialises."""
-    script = script.format(
-        tests=str(REPO / "tests"), spec=str(REPO / "specs" / "wan21_720p_mixed.yaml")
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=600
-    )
-    assert result.returncode == 0, result.stdout + result.stderr[-4000:]
-    assert "OK" in result.stdout
-    return result.stdout
+"""
 
 
 def test_shard_map_over_heads_and_ulysses_match_the_unsharded_call():
-    run_script(SCRIPT)
+    run_on_cpu_devices(SCRIPT, 4, spec=SPEC)
 
 
 # Gradients of sum(attention(q, k, v) * do) through each recipe against the unsharded
@@ -73,12 +53,7 @@ def test_shard_map_over_heads_and_ulysses_match_the_unsharded_call():
 # device, or a dropped or doubled cotangent moves entries by far more. Against float64 the
 # kernel's own float32 error is ~5e-7 relative (norm), ~1.3e-6 max abs; 1e-5 relative is
 # 10x tighter than test_backward's float32 bound.
-GRAD_SCRIPT = textwrap.dedent('''
-    import os, sys, tempfile, pathlib
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-    import jax, jax.numpy as jnp, numpy as np
-    from jax.sharding import Mesh, PartitionSpec as P
-    sys.path.insert(0, {tests!r})
+GRAD_SCRIPT = '''
     from helpers import compile_spec_text, scaled_spec_text
     from kernel_helpers import reference_grads
     from svgen.runtime.sharding import ulysses
@@ -125,8 +100,8 @@ GRAD_SCRIPT = textwrap.dedent('''
             assert diff <= 1e-6, (recipe, name, diff)
             assert error <= 1e-5, (recipe, name, error)
     print("OK")
-''')
+'''
 
 
 def test_gradients_through_shard_map_over_heads_and_ulysses_match_the_unsharded_ones():
-    print(run_script(GRAD_SCRIPT))
+    print(run_on_cpu_devices(GRAD_SCRIPT, 4, spec=SPEC))

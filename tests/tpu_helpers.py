@@ -1,6 +1,7 @@
 """Helpers several test modules share (no test module imports another): AOT compiles for
-TPU v6e (or another TPU) on this CPU-only host, reading data movement out of compiled HLO, and specs used by
-more than one module."""
+TPU v6e (or another TPU) on this CPU-only host, reading data movement out of compiled HLO, a
+TPU kernel's heads against float64 under one keep mask, and specs used by more than one
+module."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import topologies
+
+from helpers import TOLERANCE
+from spec_corpus import ANCHOR, SPATIAL, any_of, spec_text
+from svgen.runtime.reference import masked_attention_reference
 
 
 @functools.lru_cache(maxsize=2)
@@ -58,6 +64,21 @@ def v5e_gradient_hlo(module, batch=None, **call_kwargs) -> str:
     return jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(arg, arg, arg).compile().as_text()
 
 
+def check_heads_on_keep(out, q, k, v, keep, dtype):
+    """Each head of a kernel's output ([heads, seq, d]) against float64 attention of its q, k,
+    v under ``keep`` (the user's order): every row written and finite, and the relative error
+    within TOLERANCE[dtype]."""
+    out = np.asarray(jnp.asarray(out, jnp.float32))
+    assert np.all(np.isfinite(out)), "unwritten (NaN) or non-finite output rows"
+    for head in range(len(out)):
+        q64, k64, v64 = (
+            np.asarray(jnp.asarray(x[head], jnp.float32), np.float64) for x in (q, k, v)
+        )
+        ref = masked_attention_reference(q64, k64, v64, keep)
+        err = np.max(np.abs(out[head] - ref)) / np.max(np.abs(ref))
+        assert err <= TOLERANCE[dtype], f"head {head}: relative error {err:.2e}"
+
+
 def mosaic_kernels(hlo: str) -> list[str]:
     """The Pallas kernels libtpu compiled into a program, in program order: the name of each
     tpu_custom_call instruction's pallas_call, from its op_name metadata, without the
@@ -73,28 +94,26 @@ def data_movement(hlo: str) -> set[str]:
     return set(re.findall(pattern, hlo))
 
 
-CUBE_DMA_SPEC = """\
-svgen: 1
-name: sta_dma
-geometry: {frames: 4, height: 8, width: 16}
-attention: {heads: 2, head_dim: 128, dtype: DTYPE}
-layout: {tiled: {frames: 2, rows: 4, cols: 16}}
-mask: {any_of: [{cube_window: {cube_frames: 2, cube_rows: 4, cube_cols: 16, frames: 1, rows: 0, cols: 0}}, {spatial_window: {frames: 0, rows: 1, cols: 3}}]}
-tiling: {block_q: 128, block_kv: 128}
-"""
+CUBE_DMA_SPEC = spec_text(
+    "sta_dma",
+    (4, 8, 16),
+    2,
+    dtype="DTYPE",
+    layout="{tiled: {frames: 2, rows: 4, cols: 16}}",
+    mask=any_of(
+        "{cube_window: {cube_frames: 2, cube_rows: 4, cube_cols: 16, frames: 1, rows: 0, cols: 0}}",
+        "{spatial_window: {frames: 0, rows: 1, cols: 3}}",
+    ),
+)
 
-MIXED_SPEC = """\
-svgen: 1
-name: mixed_permute
-geometry: {frames: 4, height: 8, width: 24, text_tokens: 40}
-attention: {heads: 3, head_dim: 128, dtype: DTYPE}
-patterns:
-  spatial: {any_of: [{first_frame: {frames: 1}}, {spatial_window: {frames: 1}}]}
-  temporal: {any_of: [{first_frame: {frames: 1}}, {temporal_stride: {rows: 0, cols: 1}}]}
-heads:
-  candidates:
-    - {pattern: spatial}
-    - {pattern: temporal, layout: temporal_major}
-  assign: runtime
-tiling: {block_q: 128, block_kv: 128}
-"""
+MIXED_SPEC = spec_text(
+    "mixed_permute",
+    (4, 8, 24, 40),
+    3,
+    dtype="DTYPE",
+    patterns={
+        "spatial": SPATIAL,
+        "temporal": any_of(ANCHOR, "{temporal_stride: {rows: 0, cols: 1}}"),
+    },
+    layouts={"temporal": "temporal_major"},
+)
