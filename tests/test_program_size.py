@@ -12,8 +12,9 @@ import re
 import numpy as np
 import pytest
 
-from helpers import import_file
+from helpers import import_file, straight_band
 from kernel_helpers import POISONED, check_per_head, mixed_inputs
+from spec_corpus import ANCHOR, any_of, spec_text
 from svgen import codegen
 from svgen.analysis import analyze, targets
 from svgen.core.program import SHRINK_STEPS, ProgramLimits
@@ -21,23 +22,9 @@ from svgen.chip import program_size
 from svgen.spec import parse_spec
 
 # A band with a prefix sink, 2 x 4 compute blocks per tile: two straight-line words.
-BAND = """\
-svgen: 1
-name: size_band
-geometry: {frames: 5, height: 8, width: 15}
-attention: {heads: 2, head_dim: 128, dtype: float32}
-layout: frame_major
-mask:
-  any_of:
-    - band: {width: 150}
-    - prefix: {tokens: 100}
-tiling: {block_q: 256, block_kv: 512, compute_q: 128, compute_kv: 128}
-"""
+BAND = straight_band("size_band")
 # ... with a frame-local expr beside them: residual-mask variants (and no straight words).
-RESIDUAL = BAND.replace("size_band", "size_residual").replace(
-    "    - prefix: {tokens: 100}\n",
-    '    - prefix: {tokens: 100}\n    - expr: "f_q == f_k and abs(h_q - h_k) <= 1"\n',
-)
+RESIDUAL = straight_band("size_residual", beside=['{expr: "f_q == f_k and abs(h_q - h_k) <= 1"}'])
 
 
 def _plan(text=BAND, target="v5e"):
@@ -181,10 +168,7 @@ def test_a_spec_without_a_tiling_gets_the_first_v5e_tiling_that_fits():
     """The chip-free pick: 1024x2048 / 512x512 where it fits with what the compiler may leave
     out, else 1024x1024 / 512x512, else 512x1024 / 512x512, else 512 x 512 (V5E_TILINGS);
     tilings the spec cannot take are passed over."""
-    big = BAND.replace("name: size_band", "name: size_big").replace(
-        "geometry: {frames: 5, height: 8, width: 15}",
-        "geometry: {frames: 9, height: 16, width: 32}",
-    )
+    big = straight_band("size_big", geometry=(9, 16, 32))
     plan = _plan(big)
     assert [t[:2] for t in program_size.V5E_TILINGS] == [
         (1024, 2048),
@@ -250,9 +234,8 @@ def test_small_tiles_are_not_counted():
     """Tiles of at most 512 x 512 pairs and at most four patterns: no count (a libtpu compile
     each), since no such program has come near a budget; larger tiles are counted."""
     assert program_size.small_by_construction(_plan())  # 256 x 512 tiles
-    big = BAND.replace(
-        "tiling: {block_q: 256, block_kv: 512, compute_q: 128, compute_kv: 128}",
-        "tiling: {block_q: 512, block_kv: 1024, compute_q: 256, compute_kv: 256}",
+    big = straight_band(
+        "size_band", tiling="{block_q: 512, block_kv: 1024, compute_q: 256, compute_kv: 256}"
     )
     assert not program_size.small_by_construction(_plan(big))
 
@@ -279,28 +262,18 @@ def test_inspect_prints_the_program_against_the_budget(tmp_path, monkeypatch, ca
 
 
 # Three patterns, two layouts, chosen per head at run time: one kernel call per pattern.
-THREE = """\
-svgen: 1
-name: size_three
-geometry: {frames: 4, height: 8, width: 16}
-attention: {heads: 4, head_dim: 128, dtype: float32}
-patterns:
-  near:
-    any_of:
-      - first_frame: {frames: 1}
-      - band: {width: 200}
-  place:
-    temporal_stride: {rows: 1, cols: 1}
-  frame:
-    expr: "f_q == f_k and abs(h_q - h_k) <= 2"
-heads:
-  candidates:
-    - {pattern: near, layout: frame_major}
-    - {pattern: place, layout: temporal_major}
-    - {pattern: frame, layout: frame_major}
-  assign: runtime
-tiling: {block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}
-"""
+THREE = spec_text(
+    "size_three",
+    (4, 8, 16),
+    4,
+    patterns={
+        "near": any_of(ANCHOR, "{band: {width: 200}}"),
+        "place": "{temporal_stride: {rows: 1, cols: 1}}",
+        "frame": '{expr: "f_q == f_k and abs(h_q - h_k) <= 2"}',
+    },
+    layouts={"near": "frame_major", "place": "temporal_major", "frame": "frame_major"},
+    tiling="{block_q: 256, block_kv: 256, compute_q: 128, compute_kv: 128}",
+)
 
 
 def _module_with(plan, limits, folder):
