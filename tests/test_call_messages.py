@@ -9,7 +9,6 @@ import inspect
 import os
 import pydoc
 import subprocess
-import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -19,7 +18,7 @@ from svgen.runtime import libtpu_env
 from svgen import spec as spec_reader
 from svgen.runtime import calls, gpu
 
-from helpers import REPO, import_file, unprepared_environment
+from helpers import REPO, import_file, run_python, unprepared_environment
 
 SPEC = """svgen: 1
 name: call_messages
@@ -165,13 +164,9 @@ LIBTPU_WARNINGS = ("accelerator type", "worker hostname", "host bounds", "E0000"
 
 
 def _start_jax(module_path: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", IMPORT_AND_START_JAX, module_path],
-        env=unprepared_environment(),  # a user's script: svgen's variables not set
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    # a user's script: svgen's variables not set
+    return run_python(
+        "-c", IMPORT_AND_START_JAX, module_path, env=unprepared_environment(), timeout=300
     )
 
 
@@ -193,13 +188,10 @@ print(jax.devices()[0].platform, out.shape, bool(jnp.all(jnp.isfinite(out))))
 
 
 def _run_script(module_path, first: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", SVGEN_THEN_JAX_THEN_MODULE, str(module_path), first],
-        env=unprepared_environment(),  # a user's script: svgen's variables not set
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    script = SVGEN_THEN_JAX_THEN_MODULE
+    # a user's script: svgen's variables not set
+    return run_python(
+        "-c", script, str(module_path), first, env=unprepared_environment(), timeout=300
     )
 
 

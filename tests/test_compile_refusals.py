@@ -2,8 +2,6 @@
 `svgen cost` says so in one line (exit 2) naming the tiling and the VMEM needed against the
 limit; `svgen tune` skips the candidate, with why, and ranks the rest."""
 
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -13,7 +11,7 @@ from svgen.estimate.cost import KernelOutOfVmem
 from svgen.spec.errors import SpecError
 from svgen.estimate.tune import Candidate
 
-from helpers import REPO
+from helpers import run_python
 from tune_helpers import fake_measure, write_spec
 
 OOM = (
@@ -78,13 +76,7 @@ def test_cost_reports_a_vmem_refusal_in_one_line(tmp_path):
 
     spec = tmp_path / "small_band.yaml"
     spec.write_text(SPEC)
-    result = subprocess.run(
-        [sys.executable, "-c", COST_AT_ONE_MIB, str(spec)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = run_python("-c", COST_AT_ONE_MIB, str(spec), timeout=600)
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("svgen: error:")]
     assert len(errors) == 1 and "Traceback" not in result.stderr

@@ -10,8 +10,6 @@ from __future__ import annotations
 import ast
 import json
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,6 +17,8 @@ import pytest
 from svgen import codegen
 from svgen.cli import main
 from svgen.spec.quoting import is_plain, safe_text, unquoted
+
+from helpers import run_python
 
 _CODE = "import builtins; builtins.PWNED = 1"
 # Names that would run _CODE if pasted into a docstring or a comment as they are; none holds
@@ -80,12 +80,8 @@ def _import_all(modules: list[pathlib.Path]) -> list[dict]:
         "    out.append({'pwned': hasattr(builtins, 'PWNED'), 'doc': module.__doc__})\n"
         "print(json.dumps(out))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script, *map(str, modules)],
-        capture_output=True,
-        text=True,
-        env={"JAX_PLATFORMS": "cpu", "PATH": ""},
-    )
+    environment = {"JAX_PLATFORMS": "cpu", "PATH": ""}
+    result = run_python("-c", script, *map(str, modules), env=environment, cwd=None)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.splitlines()[-1])
 
