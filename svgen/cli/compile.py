@@ -74,11 +74,7 @@ def _compile_one(
         return
     compiled.names[plan.spec.name] = spec_file
 
-    def render(plan: Plan) -> dict[str, bytes]:
-        return codegen.render(
-            plan, _spec_path_for_header(spec_file, out_dir), _regenerate_options(args, out_dir)
-        )
-
+    render = _renderer(spec_file, args, out_dir)
     files = render(plan)
     size = None
     if plan.backend == "tpu" and not getattr(args, "no_size_check", False):
@@ -145,13 +141,19 @@ def as_compiled(spec_file: str, target: str, quiet: bool) -> Plan:
     plan = plan_spec(spec_file, quiet, DEFAULT_SMEM_BUDGET, target, warn=False)
     if plan.backend != "tpu":
         return plan
+    return fit_program(plan, _renderer(spec_file, args, out_dir), spec_file, quiet)[0]
+
+
+def _renderer(spec_file: str, args, out_dir: pathlib.Path) -> Callable[[Plan], dict[str, bytes]]:
+    """render(plan) -> the module's files as `svgen compile` writes them into out_dir (their
+    headers name the spec and the options as the Regenerate line repeats them)."""
 
     def render(plan: Plan) -> dict[str, bytes]:
         return codegen.render(
             plan, _spec_path_for_header(spec_file, out_dir), _regenerate_options(args, out_dir)
         )
 
-    return fit_program(plan, render, spec_file, quiet)[0]
+    return render
 
 
 def _spec_path_for_header(spec_file: str, out_dir: pathlib.Path) -> str:
