@@ -645,22 +645,10 @@ def scaled_spec_text(path, text_tokens=None, heads=2, tiling=None, dtype="float3
     if isinstance(assign, list):  # the first `heads` heads' patterns
         spec["heads"]["assign"] = assign[:heads]
     spec["tiling"] = tiling or {"block_q": 128, "block_kv": 128}
+    # "the first frame's tokens" at either size, a band's width: scaled with the video
+    from svgen.chip.gpu_bench import scale_mask_terms
 
-    def scale(node):
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key == "prefix":  # "the first frame's tokens" at either size
-                    value["tokens"] = value["tokens"] * small_video // full_video
-                elif key == "band" and "width" in value:
-                    value["width"] = value["width"] * small_video // full_video
-                else:
-                    scale(value)
-        elif isinstance(node, list):
-            for item in node:
-                scale(item)
-
-    scale(spec.get("mask", {}))
-    scale(spec.get("patterns", {}))
+    scale_mask_terms(spec, small_video, full_video)
     return yaml.safe_dump(spec, sort_keys=False)
 
 

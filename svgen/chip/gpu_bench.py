@@ -438,9 +438,32 @@ def compile_mode(names, tiles, target: str) -> int:
 # -- timing mode ------------------------------------------------------------------------------
 
 
+def scale_mask_terms(spec: dict, small_video: int, full_video: int) -> None:
+    """Scale, in place, the terms of a spec's masks and patterns that count video tokens (a
+    prefix's tokens, a band's width) from a video of `full_video` tokens to one of
+    `small_video`: the same pattern at a smaller size (a spec read as YAML data)."""
+
+    def scale(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "prefix":
+                    value["tokens"] = value["tokens"] * small_video // full_video
+                elif key == "band" and "width" in value:
+                    value["width"] = value["width"] * small_video // full_video
+                else:
+                    scale(value)
+        elif isinstance(node, list):
+            for item in node:
+                scale(item)
+
+    scale(spec.get("mask", {}))
+    scale(spec.get("patterns", {}))
+
+
 def tiny_spec_text(path: pathlib.Path) -> str:
     """The spec at TINY_GEOMETRY (+ 40 text tokens if it has text), 2 heads, bf16; prefixes
-    and band widths scaled with the video (as tests/helpers.py's scaled_spec_text does)."""
+    and band widths scaled with the video (scale_mask_terms, as tests/helpers.py's
+    scaled_spec_text does)."""
     import yaml
 
     spec = yaml.safe_load(path.read_text())
@@ -459,22 +482,7 @@ def tiny_spec_text(path: pathlib.Path) -> str:
     spec["geometry"] = small
     spec["attention"] = dict(spec["attention"], heads=2, dtype="bfloat16")
     spec["tiling"] = {"block_q": 128, "block_kv": 128}
-
-    def scale(node):
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key == "prefix":
-                    value["tokens"] = value["tokens"] * small_video // full_video
-                elif key == "band" and "width" in value:
-                    value["width"] = value["width"] * small_video // full_video
-                else:
-                    scale(value)
-        elif isinstance(node, list):
-            for item in node:
-                scale(item)
-
-    scale(spec.get("mask", {}))
-    scale(spec.get("patterns", {}))
+    scale_mask_terms(spec, small_video, full_video)
     return yaml.safe_dump(spec, sort_keys=False)
 
 
