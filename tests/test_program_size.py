@@ -155,11 +155,22 @@ def test_compile_counts_the_program_and_refuses_one_over_budget(tmp_path, monkey
     assert "ProgramLimits(straight_words=0)" in (out / "size_band.py").read_text()
     capsys.readouterr()
 
-    monkeypatch.setitem(targets.TARGETS, "v5e", dataclasses.replace(tight, program_bundles=100))
+    # Under even the spec's tiling with its straight words left out (it has no residual masks
+    # to leave out): refused, naming the largest smaller tiling whose program fits (fewer
+    # compute blocks per tile, each counted), and nothing is written.
+    over = dataclasses.replace(tight, program_bundles=without_straight - 1)
+    monkeypatch.setitem(targets.TARGETS, "v5e", over)
     before = (out / "size_band.py").read_bytes()
     assert main(["compile", str(spec), "--target", "v5e", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "size.yaml:" in err and "tiling: the forward kernel's program is over" in err
+    suggested = re.search(
+        r"the tiling \{block_q: (\d+), block_kv: (\d+)[^}]*\} fits \(([\d,]+) bundles", err
+    )
+    assert suggested, err
+    spec_tiling = _plan().spec.tiling
+    assert int(suggested[1]) * int(suggested[2]) < spec_tiling.block_q * spec_tiling.block_kv
+    assert int(suggested[3].replace(",", "")) <= without_straight - 1
     assert "svgen: nothing written" in err
     assert (out / "size_band.py").read_bytes() == before
 
